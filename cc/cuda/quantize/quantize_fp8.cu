@@ -1,0 +1,65 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "core/fp8.h"
+#include "cuda/quantize/quantize_fp8.h"
+
+namespace a2a::cuda {
+namespace {
+
+template <typename T>
+__device__ __forceinline__ float to_f32(T v);
+template <>
+__device__ __forceinline__ float to_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+
+constexpr int kWarpsPerCta = 8;
+
+// Grid: one warp per (row, scale block). x [rows, hidden], q [rows, hidden], scale [rows, hidden/block].
+template <typename T>
+__global__ void __launch_bounds__(kWarpsPerCta * 32)
+    quantize_fp8_kernel(const T* __restrict__ x, __nv_fp8_storage_t* __restrict__ q,
+                        float* __restrict__ scale, int64_t total_blocks, int64_t block, bool pow2) {
+  const int lane = threadIdx.x & 31;
+  const int64_t blk = static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + (threadIdx.x >> 5);
+  if (blk >= total_blocks) return;
+  const T* src = x + blk * block;
+  float amax = 0.0f;
+  for (int64_t i = lane; i < block; i += 32) amax = fmaxf(amax, fabsf(to_f32(src[i])));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const float s = fp8_block_scale(amax, pow2);
+  if (lane == 0) scale[blk] = s;
+  __nv_fp8_storage_t* dst = q + blk * block;
+  for (int64_t i = lane; i < block; i += 32) {
+    dst[i] = __nv_cvt_float_to_fp8(__fdiv_rn(to_f32(src[i]), s), __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+template <typename T>
+cudaError_t launch_typed(const QuantizeParams& p, cudaStream_t stream) {
+  const int64_t total = p.rows * (p.hidden / p.scale_block);
+  if (total == 0) return cudaSuccess;
+  const unsigned grid = static_cast<unsigned>((total + kWarpsPerCta - 1) / kWarpsPerCta);
+  quantize_fp8_kernel<T><<<grid, kWarpsPerCta * 32, 0, stream>>>(
+      static_cast<const T*>(p.x), reinterpret_cast<__nv_fp8_storage_t*>(p.q), p.scale, total,
+      p.scale_block, p.pow2_scale);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_quantize_fp8(const QuantizeParams& p, cudaStream_t stream) {
+  switch (p.kind) {
+    case FloatKind::kF32: return launch_typed<float>(p, stream);
+    case FloatKind::kBF16: return launch_typed<__nv_bfloat16>(p, stream);
+    case FloatKind::kF16: return launch_typed<__half>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace a2a::cuda

@@ -1,0 +1,11 @@
+// Every XLA FFI handler symbol the extension exports. The Python side registers them by name
+// (jax_moe_a2a/_ffi.py); cc/python/module.cc wraps them into capsules.
+#pragma once
+
+#include "xla/ffi/api/api.h"
+
+// fp8 block quantiser: x [rows, hidden] f32/bf16/f16 -> q [rows, hidden] f8e4m3fn, scale [rows, hidden/block] f32.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aQuantizeFp8Cpu);
+#if defined(JAX_MOE_A2A_WITH_CUDA)
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aQuantizeFp8Cuda);
+#endif

@@ -1,0 +1,60 @@
+// The nanobind extension jax_moe_a2a._C: hands the FFI handlers to Python as capsules.
+#include <nanobind/nanobind.h>
+
+#include "ffi/handlers.h"
+
+namespace nb = nanobind;
+
+#if defined(JAX_MOE_A2A_WITH_LIBFABRIC)
+namespace a2a::python {
+void bind_transfer(nb::module_& m);  // cc/python/bind_transfer.cc
+}
+#endif
+
+namespace {
+
+template <typename Fn>
+nb::capsule capsule(Fn* fn) {
+  static_assert(std::is_invocable_r_v<XLA_FFI_Error*, Fn, XLA_FFI_CallFrame*>,
+                "an FFI handler must be an XLA_FFI_Handler");
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "jax_moe_a2a native extension: XLA FFI handlers (CPU and, when compiled, CUDA).";
+
+  m.def("cpu_targets", []() {
+    nb::dict d;
+    d["jax_moe_a2a_quantize_fp8"] = capsule(A2aQuantizeFp8Cpu);
+    return d;
+  }, "FFI handlers for the 'cpu' platform: {target name: capsule}.");
+
+  m.def("cuda_targets", []() {
+    nb::dict d;
+#if defined(JAX_MOE_A2A_WITH_CUDA)
+    d["jax_moe_a2a_quantize_fp8"] = capsule(A2aQuantizeFp8Cuda);
+#endif
+    return d;
+  }, "FFI handlers for the 'CUDA' platform: {target name: capsule}; empty without nvcc at build time.");
+
+#if defined(JAX_MOE_A2A_WITH_LIBFABRIC)
+  a2a::python::bind_transfer(m);
+#endif
+  m.def("built_with_libfabric", []() {
+#if defined(JAX_MOE_A2A_WITH_LIBFABRIC)
+    return true;
+#else
+    return false;
+#endif
+  });
+
+  m.def("built_with_cuda", []() {
+#if defined(JAX_MOE_A2A_WITH_CUDA)
+    return true;
+#else
+    return false;
+#endif
+  });
+}

@@ -1,0 +1,161 @@
+"""`Spec`: the static description of one MoE all-to-all (frozen, validated, hashable)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax.numpy as jnp
+import numpy as np
+
+LAYOUTS = ("ragged", "expert_major")
+FP8_DTYPES = (np.dtype(jnp.float8_e4m3fn),)
+WIRE_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32)) + FP8_DTYPES
+INPUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
+COMBINE_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
+
+
+def _pos_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"Spec.{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """Static shape of one MoE all-to-all, shared by every rank.
+
+    Attributes:
+      num_experts: E, total routed experts over the EP axis (E % num_ranks == 0).
+      experts_per_token: K, experts chosen per token (top-K).
+      hidden: H, features per token.
+      max_tokens_per_rank: T, static token capacity of one rank; `num_tokens <= T` is dynamic.
+      dispatch_dtype: what travels on the wire and what `Dispatched.x` holds: bf16, f16, f32 or
+        float8_e4m3fn (then one f32 scale per `scale_block` values travels with it).
+      scale_block: values per fp8 scale (divides H). Ignored for 16/32-bit dispatch.
+      pow2_scale: fp8 scales rounded up to powers of two (exact rescaling downstream).
+      combine_dtype: dtype of `combine_recv`'s [T, H] output (accumulation is always f32).
+      layout: "ragged" (rows sorted by local expert, [R, H] + group_sizes [L], what
+        `jax.lax.ragged_dot` takes) or "expert_major" ([L, C, H] + counts [L]).
+      recv_capacity: ragged: rows R of the receive buffer; expert_major: rows C per local expert.
+        None means the worst case (no row can ever be dropped). Smaller values save memory;
+        rows beyond it are dropped (deterministically, see `docs/api.md`) and counted.
+      tp_size: consecutive ranks holding the same tokens (tensor-parallel attention); each token
+        is dispatched once per DP group and every member receives the combined output.
+      slots: independent sets of communication buffers (micro-batches in flight at once).
+    """
+
+    num_experts: int
+    experts_per_token: int
+    hidden: int
+    max_tokens_per_rank: int
+    dispatch_dtype: object = jnp.bfloat16
+    scale_block: int = 128
+    pow2_scale: bool = False
+    combine_dtype: object = jnp.bfloat16
+    layout: str = "ragged"
+    recv_capacity: Optional[int] = None
+    tp_size: int = 1
+    slots: int = 2
+
+    def __post_init__(self):
+        for name in ("num_experts", "experts_per_token", "hidden", "max_tokens_per_rank", "tp_size", "slots"):
+            object.__setattr__(self, name, _pos_int(name, getattr(self, name)))
+        try:
+            dd = np.dtype(self.dispatch_dtype)
+        except TypeError as e:
+            raise ValueError(f"Spec.dispatch_dtype: not a dtype: {self.dispatch_dtype!r}") from e
+        if dd not in WIRE_DTYPES:
+            raise ValueError(f"Spec.dispatch_dtype must be one of {[str(d) for d in WIRE_DTYPES]}, got {dd}")
+        object.__setattr__(self, "dispatch_dtype", dd)
+        try:
+            cd = np.dtype(self.combine_dtype)
+        except TypeError as e:
+            raise ValueError(f"Spec.combine_dtype: not a dtype: {self.combine_dtype!r}") from e
+        if cd not in COMBINE_DTYPES:
+            raise ValueError(f"Spec.combine_dtype must be one of {[str(d) for d in COMBINE_DTYPES]}, got {cd}")
+        object.__setattr__(self, "combine_dtype", cd)
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"Spec.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(
+                f"Spec.experts_per_token ({self.experts_per_token}) must be <= num_experts ({self.num_experts})")
+        if self.is_fp8:
+            object.__setattr__(self, "scale_block", _pos_int("scale_block", self.scale_block))
+            if self.hidden % self.scale_block:
+                raise ValueError(
+                    f"Spec.scale_block ({self.scale_block}) must divide hidden ({self.hidden}) for fp8 dispatch")
+        if self.recv_capacity is not None:
+            object.__setattr__(self, "recv_capacity", _pos_int("recv_capacity", self.recv_capacity))
+        object.__setattr__(self, "pow2_scale", bool(self.pow2_scale))
+
+    # ---- derived quantities ------------------------------------------------------------------
+    @property
+    def is_fp8(self) -> bool:
+        return self.dispatch_dtype in FP8_DTYPES
+
+    @property
+    def num_scales(self) -> int:
+        """f32 scales per token (H / scale_block for fp8, else 0)."""
+        return self.hidden // self.scale_block if self.is_fp8 else 0
+
+    def check_ranks(self, num_ranks: int) -> None:
+        """Raises ValueError unless this spec fits an EP axis of `num_ranks` ranks."""
+        if num_ranks <= 0:
+            raise ValueError(f"the EP axis must have at least one rank, got {num_ranks}")
+        if self.num_experts % num_ranks:
+            raise ValueError(
+                f"Spec.num_experts ({self.num_experts}) must be divisible by the number of ranks ({num_ranks})")
+        if num_ranks % self.tp_size:
+            raise ValueError(f"the number of ranks ({num_ranks}) must be divisible by Spec.tp_size ({self.tp_size})")
+
+    def local_experts(self, num_ranks: int) -> int:
+        """L = E / N."""
+        self.check_ranks(num_ranks)
+        return self.num_experts // num_ranks
+
+    def tokens_per_member(self) -> int:
+        """Tokens one tp member sends at most: ceil(T / tp_size) (token t is sent by member t % tp_size)."""
+        return -(-self.max_tokens_per_rank // self.tp_size)
+
+    def rows_per_peer(self, num_ranks: int) -> int:
+        """Worst-case rows one rank sends to one peer: ceil(T / tp) * min(K, L)."""
+        return self.tokens_per_member() * min(self.experts_per_token, self.local_experts(num_ranks))
+
+    def worst_case_rows(self, num_ranks: int) -> int:
+        """Ragged worst case R = N * ceil(T / tp) * min(K, L) (= T * N * min(K, L) for tp 1)."""
+        return num_ranks * self.rows_per_peer(num_ranks)
+
+    def worst_case_per_expert(self, num_ranks: int) -> int:
+        """expert_major worst case C = N * ceil(T / tp): every token of every group to one expert."""
+        return num_ranks * self.tokens_per_member()
+
+    def recv_rows(self, num_ranks: int) -> int:
+        """Rows of the ragged receive buffer (R) or per local expert (C), capacity applied."""
+        worst = (self.worst_case_rows(num_ranks) if self.layout == "ragged"
+                 else self.worst_case_per_expert(num_ranks))
+        return worst if self.recv_capacity is None else min(self.recv_capacity, worst)
+
+    def recv_shape(self, num_ranks: int) -> tuple:
+        """Shape of `Dispatched.x` without H: (R,) ragged or (L, C) expert_major."""
+        if self.layout == "ragged":
+            return (self.recv_rows(num_ranks),)
+        return (self.local_experts(num_ranks), self.recv_rows(num_ranks))
+
+    def token_bytes(self) -> int:
+        """Bytes one dispatched row carries on the wire (payload + fp8 scales)."""
+        return self.hidden * self.dispatch_dtype.itemsize + 4 * self.num_scales
+
+    def describe(self) -> str:
+        return (f"E={self.num_experts} K={self.experts_per_token} H={self.hidden} T={self.max_tokens_per_rank} "
+                f"{self.dispatch_dtype}->{self.combine_dtype} {self.layout} tp={self.tp_size}")
+
+    def replace(self, **changes) -> "Spec":
+        return dataclasses.replace(self, **changes)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+__all__ = ["Spec", "LAYOUTS", "ceil_div"]
