@@ -2,7 +2,7 @@
 //
 // A block of `scale_block` consecutive values of one row shares one f32 scale:
 //   amax  = max |x| over the block (f32)
-//   scale = max(amax, kMinAmax) / 448            (or that value rounded up to a power of two)
+//   scale = max(amax, kMinAmax) * f32(1/448)           (or that value rounded up to a power of two)
 //   q     = e4m3fn(x / scale), round to nearest even, saturating at +-448
 // Dequantisation is q * scale. These rules are the contract the NumPy oracle mirrors.
 #pragma once
@@ -21,6 +21,9 @@ namespace a2a {
 
 constexpr float kFp8E4M3Max = 448.0f;
 constexpr float kMinAmax = 1e-12f;
+// scale = amax * (1/448) with the reciprocal rounded to f32: a multiply, so that XLA (which turns
+// division by a constant into this multiply) and every other implementation agree bit for bit.
+constexpr float kInvFp8E4M3Max = 1.0f / 448.0f;
 
 A2A_HD uint32_t f32_bits(float f) {
 #if defined(__CUDA_ARCH__)
@@ -45,7 +48,7 @@ A2A_HD float bits_f32(uint32_t b) {
 // The per-block scale from the block's max-abs value. pow2: round the scale up to a power of two
 // (exact bit arithmetic, so every implementation agrees).
 A2A_HD float fp8_block_scale(float amax, bool pow2) {
-  float s = fmaxf(amax, kMinAmax) / kFp8E4M3Max;
+  float s = fmaxf(amax, kMinAmax) * kInvFp8E4M3Max;
   if (pow2) {
     uint32_t b = f32_bits(s);
     if (b & 0x007FFFFFu) b = (b & 0x7F800000u) + 0x00800000u;

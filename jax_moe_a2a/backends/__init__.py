@@ -1,0 +1,60 @@
+"""Backend registry: name -> factory, and which are usable in this process."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import jax
+
+from .base import Backend, Ctx  # noqa: F401
+
+_FACTORIES: Dict[str, Callable[[], Backend]] = {}
+_AVAILABLE: Dict[str, Callable[[], "str | None"]] = {}
+
+# Order of preference for backend="auto" (first available wins).
+AUTO_ORDER = ("cuda", "nvshmem", "host", "reference")
+
+
+def register(name: str, factory: Callable[[], Backend], unavailable_reason: Callable[[], "str | None"]):
+    """Registers a backend; `unavailable_reason()` returns None when usable here, else why not."""
+    _FACTORIES[name] = factory
+    _AVAILABLE[name] = unavailable_reason
+
+
+def known() -> list:
+    return list(_FACTORIES)
+
+
+def why_unavailable(name: str) -> "str | None":
+    if name not in _FACTORIES:
+        return f"unknown backend {name!r} (known: {known()})"
+    return _AVAILABLE[name]()
+
+
+def available() -> list:
+    """Backends usable in this process, in AUTO_ORDER."""
+    return [b for b in AUTO_ORDER if b in _FACTORIES and _AVAILABLE[b]() is None]
+
+
+def create(name: str) -> Backend:
+    if name == "auto":
+        avail = available()
+        if not avail:
+            raise RuntimeError("no jax_moe_a2a backend is available")
+        name = avail[0]
+    reason = why_unavailable(name)
+    if reason is not None:
+        raise ValueError(f"backend {name!r} is not available here: {reason}")
+    return _FACTORIES[name]()
+
+
+def _reference():
+    from .reference import ReferenceBackend
+    return ReferenceBackend()
+
+
+register("reference", _reference, lambda: None)
+
+
+def platform() -> str:
+    return jax.default_backend()

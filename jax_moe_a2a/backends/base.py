@@ -1,0 +1,53 @@
+"""The interface every backend implements. The communicator validates, the backend moves data.
+
+All methods run inside `jax.shard_map` on one rank's shard; shapes in `jax_moe_a2a.types`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from ..spec import Spec
+
+
+@dataclasses.dataclass(frozen=True)
+class Ctx:
+    """Static facts a backend needs on every call, plus the traced rank."""
+
+    spec: Spec
+    num_ranks: int
+    axis: Any           # mesh axis name(s) of the EP axis
+    rank: Any           # [] int32, jax.lax.axis_index(axis)
+    comm_id: int
+    call_id: int        # distinct per call site, so XLA never merges two calls
+    options: dict
+
+
+class Backend:
+    """Backend protocol. Subclasses fill in the four halves."""
+
+    name = "?"
+
+    def buffer_bytes(self, spec: Spec, num_ranks: int) -> int:
+        """Communication buffer bytes one rank holds (all slots)."""
+        raise NotImplementedError
+
+    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot: int):
+        """x [T, H] (input dtype, or fp8 with x_scale [T, S]); topk_ids [T, K] int32;
+        topk_weights [T, K] f32; num_tokens [] int32.
+        Returns (handle_arrays: dict, route_arrays: dict, num_dropped [] int32)."""
+        raise NotImplementedError
+
+    def dispatch_recv(self, ctx: Ctx, handle_arrays: dict, route_arrays: dict, slot: int):
+        """Returns (x, scale|None, group_sizes [L], weights, src, num_overflow [], route_arrays)."""
+        raise NotImplementedError
+
+    def combine_send(self, ctx: Ctx, y, route, slot: int) -> dict:
+        """y in the layout of Dispatched.x (bf16/f16/f32). Returns handle arrays."""
+        raise NotImplementedError
+
+    def combine_recv(self, ctx: Ctx, handle_arrays: dict, route, slot: int, out: Optional[Any]):
+        """Returns [T, H] in Spec.combine_dtype: sum_k w * y_row (f32 accumulation), plus `out`
+        when given; rows at or past num_tokens are 0 (or `out`)."""
+        raise NotImplementedError

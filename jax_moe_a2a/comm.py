@@ -1,0 +1,260 @@
+"""The communicator: validates every call at trace time and forwards it to a backend.
+
+Use it inside `jax.shard_map` over the EP axis; every array argument is one rank's shard.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import backends as _backends
+from .backends.base import Ctx
+from .spec import FP8_DTYPES, INPUT_DTYPES, COMBINE_DTYPES, Spec
+from .types import CombineHandle, DispatchHandle, Dispatched, Route
+
+_COMM_IDS = itertools.count(1)
+
+
+def _shape_err(arg: str, expected, got) -> ValueError:
+    return ValueError(f"{arg}: expected {expected}, got {got}")
+
+
+class DroppedRowsError(RuntimeError):
+    """Raised (debug=True) when a dispatch dropped pairs or overflowed a receive buffer."""
+
+
+class Communicator:
+    """One MoE all-to-all over one mesh axis. Create with `jax_moe_a2a.init`.
+
+    Attributes: spec, mesh, axis, num_ranks, backend_name, debug, timeout_s.
+    """
+
+    def __init__(self, spec: Spec, mesh, axis, backend: str = "auto", *, debug: bool = False,
+                 timeout_s: float = 60.0, collect_stats: bool = True, **options):
+        if not isinstance(spec, Spec):
+            raise ValueError(f"spec: expected a jax_moe_a2a.Spec, got {type(spec).__name__}")
+        axes = axis if isinstance(axis, tuple) else (axis,)
+        for a in axes:
+            if a not in mesh.shape:
+                raise ValueError(f"axis: {a!r} is not an axis of the mesh (axes: {tuple(mesh.shape)})")
+        self.spec = spec
+        self.mesh = mesh
+        self.axis = axis
+        self.num_ranks = int(np.prod([mesh.shape[a] for a in axes]))
+        spec.check_ranks(self.num_ranks)
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s: expected > 0, got {timeout_s}")
+        self.debug = bool(debug)
+        self.timeout_s = float(timeout_s)
+        self.collect_stats = bool(collect_stats) or self.debug
+        self.options = dict(options)
+        self._backend = _backends.create(backend)
+        self.backend_name = self._backend.name
+        self.comm_id = next(_COMM_IDS)
+        self._call_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0}
+        init_fn = getattr(self._backend, "init", None)
+        if init_fn is not None:
+            init_fn(self)
+
+    def __repr__(self):
+        return (f"Communicator(backend={self.backend_name!r}, ranks={self.num_ranks}, axis={self.axis!r}, "
+                f"{self.spec.describe()})")
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _ctx(self) -> Ctx:
+        try:
+            rank = jax.lax.axis_index(self.axis)
+        except NameError as e:
+            raise ValueError(
+                f"jax_moe_a2a ops must run inside jax.shard_map over axis {self.axis!r}") from e
+        return Ctx(self.spec, self.num_ranks, self.axis, rank.astype(jnp.int32), self.comm_id,
+                   next(self._call_ids), self.options)
+
+    def _check_slot(self, slot):
+        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.spec.slots:
+            raise ValueError(f"slot: expected an int in [0, {self.spec.slots}), got {slot!r}")
+        return int(slot)
+
+    def _check_mine(self, arg: str, obj):
+        if getattr(obj, "comm_id", None) != self.comm_id:
+            raise ValueError(f"{arg}: was produced by another communicator (spec or mesh mismatch); "
+                             f"expected comm_id {self.comm_id}, got {getattr(obj, 'comm_id', None)}")
+
+    def _num_tokens(self, num_tokens):
+        t = self.spec.max_tokens_per_rank
+        if num_tokens is None:
+            return jnp.int32(t)
+        if isinstance(num_tokens, (int, np.integer)) and not isinstance(num_tokens, bool):
+            if not 0 <= num_tokens <= t:
+                raise ValueError(f"num_tokens: expected 0 <= num_tokens <= {t}, got {num_tokens}")
+            return jnp.int32(num_tokens)
+        n = jnp.asarray(num_tokens)
+        if n.size != 1 or not jnp.issubdtype(n.dtype, jnp.integer):
+            raise ValueError(f"num_tokens: expected an integer scalar (shape () or (1,)), got "
+                             f"{n.dtype}{list(n.shape)}")
+        return jnp.clip(n.reshape(()).astype(jnp.int32), 0, t)
+
+    def _validate_dispatch(self, x, topk_ids, topk_weights, x_scale):
+        s = self.spec
+        t, h, k = s.max_tokens_per_rank, s.hidden, s.experts_per_token
+        if tuple(x.shape) != (t, h):
+            raise _shape_err("x", f"shape [T, H] = {[t, h]} (one rank's shard)", list(x.shape))
+        xd = np.dtype(x.dtype)
+        if xd in FP8_DTYPES:
+            if not s.is_fp8:
+                raise ValueError(f"x: fp8 input needs Spec.dispatch_dtype fp8, spec has {s.dispatch_dtype}")
+            if x_scale is None:
+                raise ValueError("x_scale: required when x is already fp8, shape [T, H / scale_block] f32")
+            if tuple(x_scale.shape) != (t, s.num_scales) or np.dtype(x_scale.dtype) != np.float32:
+                raise _shape_err("x_scale", f"float32{[t, s.num_scales]}", f"{x_scale.dtype}{list(x_scale.shape)}")
+        elif xd not in INPUT_DTYPES:
+            raise ValueError(f"x: expected dtype bf16, f16, f32 (or fp8 with x_scale), got {xd}")
+        elif x_scale is not None:
+            raise ValueError("x_scale: only valid with fp8 x")
+        if tuple(topk_ids.shape) != (t, k):
+            raise _shape_err("topk_ids", f"shape [T, K] = {[t, k]}", list(topk_ids.shape))
+        if np.dtype(topk_ids.dtype) != np.int32:
+            raise _shape_err("topk_ids", "dtype int32", topk_ids.dtype)
+        if tuple(topk_weights.shape) != (t, k):
+            raise _shape_err("topk_weights", f"shape [T, K] = {[t, k]}", list(topk_weights.shape))
+        if np.dtype(topk_weights.dtype) != np.float32:
+            raise _shape_err("topk_weights", "dtype float32", topk_weights.dtype)
+
+    def _record_stats(self, dropped, overflow):
+        if not self.collect_stats:
+            return
+
+        def record(d, o):
+            d, o = int(d), int(o)
+            with self._lock:
+                self._stats["dispatches"] += 1
+                self._stats["dropped"] += d
+                self._stats["overflow"] += o
+            if self.debug and (d or o):
+                raise DroppedRowsError(
+                    f"jax_moe_a2a: dispatch dropped {d} pair(s) with bad expert ids and {o} row(s) past "
+                    f"recv_capacity on one rank (debug=True)")
+
+        jax.debug.callback(record, dropped, overflow)
+
+    # ---- the four halves ---------------------------------------------------------------------
+    def dispatch_send(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0,
+                      x_scale=None) -> DispatchHandle:
+        """Starts sending this rank's tokens to the ranks hosting their experts.
+
+        Args:
+          x: [T, H] bf16/f16/f32, or float8_e4m3fn with `x_scale` [T, H/scale_block] f32.
+          topk_ids: [T, K] int32 expert ids in [0, E); -1 = not routed; others dropped+counted.
+          topk_weights: [T, K] f32 router weights (used by combine).
+          num_tokens: [] int32 device scalar (or int); rows at or past it are ignored. Default T.
+          slot: buffer slot in [0, Spec.slots) (static).
+        Returns: a DispatchHandle for `dispatch_recv`.
+        """
+        slot = self._check_slot(slot)
+        self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
+        n = self._num_tokens(num_tokens)
+        ctx = self._ctx()
+        arrays, route_arrays, dropped = self._backend.dispatch_send(
+            ctx, x, x_scale, topk_ids, topk_weights, n, slot)
+        route = Route(topk_weights.astype(jnp.float32), n, route_arrays, self.comm_id)
+        arrays = dict(arrays, _dropped=dropped)
+        return DispatchHandle(arrays, route, slot, self.comm_id)
+
+    def dispatch_recv(self, handle: DispatchHandle) -> Dispatched:
+        """Waits for this rank's incoming tokens and lays them out (see `Dispatched`)."""
+        if not isinstance(handle, DispatchHandle):
+            raise ValueError(f"handle: expected the DispatchHandle from dispatch_send, got {type(handle).__name__}")
+        self._check_mine("handle", handle)
+        ctx = self._ctx()
+        arrays = dict(handle.arrays)
+        dropped = arrays.pop("_dropped")
+        x, scale, sizes, weights, src, overflow, route_arrays = self._backend.dispatch_recv(
+            ctx, arrays, handle.route.arrays, handle.slot)
+        self._record_stats(dropped, overflow)
+        route = Route(handle.route.topk_weights, handle.route.num_tokens, route_arrays, self.comm_id)
+        return Dispatched(x, scale, sizes, weights, src, dropped, overflow, route, handle.slot, self.comm_id)
+
+    def combine_send(self, y, got: Dispatched, *, slot: Optional[int] = None) -> CombineHandle:
+        """Starts sending expert outputs back to their tokens' ranks.
+
+        Args:
+          y: expert outputs in `got.x`'s layout ([R, H] or [L, C, H]), bf16/f16/f32.
+          got: the `Dispatched` of the matching dispatch.
+          slot: buffer slot (default: the dispatch's).
+        """
+        if not isinstance(got, Dispatched):
+            raise ValueError(f"got: expected the Dispatched from dispatch_recv, got {type(got).__name__}")
+        self._check_mine("got", got)
+        slot = got.slot if slot is None else self._check_slot(slot)
+        expected = tuple(self.spec.recv_shape(self.num_ranks)) + (self.spec.hidden,)
+        if tuple(y.shape) != expected:
+            raise _shape_err("y", f"shape {list(expected)} (the layout of got.x)", list(y.shape))
+        if np.dtype(y.dtype) not in COMBINE_DTYPES:
+            raise _shape_err("y", "dtype bf16, f16 or f32", y.dtype)
+        ctx = self._ctx()
+        arrays = self._backend.combine_send(ctx, y, got.route, slot)
+        return CombineHandle(arrays, got.route, slot, self.comm_id)
+
+    def combine_recv(self, handle: CombineHandle, out=None):
+        """Waits for the expert outputs and reduces them.
+
+        Returns [T, H] in Spec.combine_dtype: for t < num_tokens, sum over routed pairs of
+        weight * expert output (f32 accumulation), plus `out[t]` when `out` is given; rows at or
+        past num_tokens are 0, or `out` unchanged.
+        """
+        if not isinstance(handle, CombineHandle):
+            raise ValueError(f"handle: expected the CombineHandle from combine_send, got {type(handle).__name__}")
+        self._check_mine("handle", handle)
+        s = self.spec
+        if out is not None and tuple(out.shape) != (s.max_tokens_per_rank, s.hidden):
+            raise _shape_err("out", f"shape [T, H] = {[s.max_tokens_per_rank, s.hidden]}", list(out.shape))
+        ctx = self._ctx()
+        return self._backend.combine_recv(ctx, handle.arrays, handle.route, handle.slot, out)
+
+    # ---- one-shot ----------------------------------------------------------------------------
+    def dispatch(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0, x_scale=None) -> Dispatched:
+        """dispatch_send then dispatch_recv."""
+        return self.dispatch_recv(self.dispatch_send(x, topk_ids, topk_weights, num_tokens, slot=slot,
+                                                     x_scale=x_scale))
+
+    def combine(self, y, got: Dispatched, out=None, *, slot: Optional[int] = None):
+        """combine_send then combine_recv."""
+        return self.combine_recv(self.combine_send(y, got, slot=slot), out=out)
+
+    # ---- introspection -----------------------------------------------------------------------
+    def buffer_bytes(self) -> int:
+        """Communication buffer bytes per rank (all slots)."""
+        return int(self._backend.buffer_bytes(self.spec, self.num_ranks))
+
+    def stats(self) -> dict:
+        """Counters gathered from executed dispatches of this process's ranks (collect_stats=True):
+        dispatches (rank-calls), dropped pairs (bad expert ids), overflow rows (past
+        recv_capacity); plus buffer bytes per rank and the backend."""
+        with self._lock:
+            out = dict(self._stats)
+        out.update(backend=self.backend_name, num_ranks=self.num_ranks, collecting=self.collect_stats,
+                   buffer_bytes_per_rank=self.buffer_bytes(),
+                   recv_rows=self.spec.recv_rows(self.num_ranks))
+        return out
+
+    def reset_stats(self):
+        with self._lock:
+            self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0}
+
+
+def init(spec: Spec, mesh, axis="ep", backend: str = "auto", **kwargs) -> Communicator:
+    """Creates a communicator for `spec` over `mesh`'s `axis` (collective: call on every process).
+
+    backend: "auto" (best available), "reference", or another name from `available_backends()`.
+    kwargs: debug (raise on drops/overflow), timeout_s (default 60), collect_stats (default True),
+    and backend-specific options.
+    """
+    return Communicator(spec, mesh, axis, backend, **kwargs)

@@ -1,0 +1,197 @@
+"""The NumPy oracle: from every rank's inputs, every rank's expected outputs. No collectives.
+
+The canonical arrangement (what every backend produces, and what `recv_capacity` drops):
+received rows are ordered by (local expert, source rank, source token index); a pair (t, k) of
+DP group g is sent by member g * tp + t % tp; a token id repeated within its row is routed once;
+ids outside [0, E) other than -1 are dropped and counted. Ragged: rows at canonical position >=
+R are dropped. expert_major: rows at index >= C within their expert are dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, Optional
+
+import ml_dtypes
+import numpy as np
+
+from .spec import Spec
+
+FP8 = ml_dtypes.float8_e4m3fn
+_INV_448 = np.float32(1.0) / np.float32(448.0)
+
+
+def quantize_fp8(x: np.ndarray, block: int = 128, pow2: bool = False):
+    """x [rows, H] float -> (q [rows, H] float8_e4m3fn, scale [rows, H/block] f32)."""
+    x = np.asarray(x).astype(np.float32)
+    rows, h = x.shape
+    xb = x.reshape(rows, h // block, block)
+    amax = np.max(np.abs(xb), axis=-1)
+    scale = (np.maximum(amax, np.float32(1e-12)) * _INV_448).astype(np.float32)
+    if pow2:
+        b = scale.view(np.uint32)
+        up = (b & np.uint32(0x7F800000)) + np.uint32(0x00800000)
+        scale = np.where((b & np.uint32(0x007FFFFF)) != 0, up, b).astype(np.uint32).view(np.float32)
+    q = np.clip(xb / scale[..., None], -448.0, 448.0).astype(FP8)
+    return q.reshape(rows, h), scale
+
+
+def dequantize_fp8(q, scale, block: int = 128) -> np.ndarray:
+    q = np.asarray(q)
+    h = q.shape[-1]
+    x = q.astype(np.float32).reshape(*q.shape[:-1], h // block, block) * np.asarray(scale)[..., None]
+    return x.reshape(q.shape)
+
+
+@dataclasses.dataclass
+class RankInputs:
+    """One rank's dispatch inputs: x [T, H] (float, or fp8 with x_scale [T, S]), topk_ids [T, K]
+    int32, topk_weights [T, K] f32, num_tokens int."""
+
+    x: np.ndarray
+    topk_ids: np.ndarray
+    topk_weights: np.ndarray
+    num_tokens: int
+    x_scale: Optional[np.ndarray] = None
+
+
+@dataclasses.dataclass
+class RankDispatch:
+    """One rank's expected dispatch outputs (same fields as `jax_moe_a2a.Dispatched`), plus
+    `rows`: list over local experts of [(src rank, token)] in canonical order (kept rows only)."""
+
+    x: np.ndarray
+    scale: Optional[np.ndarray]
+    group_sizes: np.ndarray
+    weights: np.ndarray
+    src: np.ndarray
+    num_dropped: int
+    num_overflow: int
+    rows: list
+
+
+def _wire(spec: Spec, inp: RankInputs):
+    """The rows as they travel: (x [T, H] wire dtype, scale [T, S] or None)."""
+    if spec.is_fp8:
+        if inp.x_scale is not None:
+            return np.asarray(inp.x).astype(FP8), np.asarray(inp.x_scale, np.float32)
+        return quantize_fp8(inp.x, spec.scale_block, spec.pow2_scale)
+    return np.asarray(inp.x).astype(spec.dispatch_dtype), None
+
+
+def routed_pairs(spec: Spec, inp: RankInputs):
+    """(routed [T, K] bool, bad [T, K] bool), as documented in the module docstring."""
+    ids = np.asarray(inp.topk_ids)
+    t, k = ids.shape
+    active = (np.arange(t) < inp.num_tokens)[:, None]
+    in_range = (ids >= 0) & (ids < spec.num_experts)
+    dup = np.zeros_like(in_range)
+    for j in range(k):
+        for i in range(j):
+            dup[:, j] |= ids[:, i] == ids[:, j]
+    routed = active & in_range & ~dup
+    bad = active & (ids != -1) & ~routed
+    return routed, bad
+
+
+def dispatch(spec: Spec, inputs: List[RankInputs]) -> List[RankDispatch]:
+    """Every rank's expected `Dispatched`. inputs[r] is rank r's inputs (members of one tp group
+    should hold identical inputs; member s sends the tokens t with t % tp == s % tp)."""
+    n = len(inputs)
+    l_count = spec.local_experts(n)
+    tp = spec.tp_size
+    wire = [_wire(spec, inp) for inp in inputs]
+    pairs = [routed_pairs(spec, inp) for inp in inputs]
+    # incoming[e][l] = canonical list of (src, t, k)
+    incoming = [[[] for _ in range(l_count)] for _ in range(n)]
+    dropped = [0] * n
+    for s in range(n):
+        routed, bad = pairs[s]
+        member_mask = (np.arange(routed.shape[0]) % tp == s % tp)[:, None]
+        dropped[s] = int(np.sum(bad & member_mask))
+        ids = np.asarray(inputs[s].topk_ids)
+        for t in range(routed.shape[0]):
+            if t % tp != s % tp:
+                continue
+            for k in range(routed.shape[1]):
+                if routed[t, k]:
+                    e, l = divmod(int(ids[t, k]), l_count)
+                    incoming[e][l].append((s, t, k))
+    out = []
+    h, sc = spec.hidden, spec.num_scales
+    cap = spec.recv_rows(n)
+    for e in range(n):
+        shape = spec.recv_shape(n)
+        size = int(np.prod(shape))
+        x = np.zeros((size, h), dtype=FP8 if spec.is_fp8 else spec.dispatch_dtype)
+        scale = np.zeros((size, sc), np.float32) if spec.is_fp8 else None
+        weights = np.zeros(size, np.float32)
+        src = np.full((size, 2), -1, np.int32)
+        sizes = np.zeros(l_count, np.int32)
+        rows = []
+        overflow = 0
+        pos = 0
+        for l in range(l_count):
+            kept = []
+            for j, (s, t, k) in enumerate(incoming[e][l]):
+                if spec.layout == "ragged":
+                    p, ok = pos, pos < cap
+                    pos += 1
+                else:
+                    p, ok = l * cap + j, j < cap
+                if not ok:
+                    overflow += 1
+                    continue
+                x[p] = wire[s][0][t]
+                if scale is not None:
+                    scale[p] = wire[s][1][t]
+                weights[p] = inputs[s].topk_weights[t, k]
+                src[p] = (s, t)
+                kept.append((s, t))
+            sizes[l] = len(kept)
+            rows.append(kept)
+        out.append(RankDispatch(x.reshape(*shape, h), None if scale is None else scale.reshape(*shape, sc),
+                                sizes, weights.reshape(shape), src.reshape(*shape, 2), dropped[e], overflow, rows))
+    return out
+
+
+def combine(spec: Spec, inputs: List[RankInputs], expert_fn: Callable, y_dtype,
+            out: Optional[List[np.ndarray]] = None) -> List[np.ndarray]:
+    """Every rank's expected `combine_recv` output [T, H] (combine_dtype).
+
+    expert_fn(rows_f32 [n, H], local_expert int) -> [n, H]: the expert applied to dequantised
+    received rows (the test applies the same function in JAX); its result is cast to y_dtype
+    (as the expert output travels), then summed in f32 with the router weights.
+    """
+    n = len(inputs)
+    l_count = spec.local_experts(n)
+    tp = spec.tp_size
+    got = dispatch(spec, inputs)
+    kept = set()
+    for e in range(n):
+        for l, rows in enumerate(got[e].rows):
+            for s, t in rows:
+                kept.add((s, t, e * l_count + l))
+    routed_all = [routed_pairs(spec, inp)[0] for inp in inputs]
+    rows_all = []
+    for inp in inputs:
+        xw, xs = _wire(spec, inp)
+        rows_all.append(dequantize_fp8(xw, xs, spec.scale_block) if spec.is_fp8 else xw.astype(np.float32))
+    results = []
+    for r in range(n):
+        g0 = r // tp * tp
+        inp = inputs[r]
+        t_count = inp.topk_ids.shape[0]
+        acc = np.zeros((t_count, spec.hidden), np.float32)
+        for t in range(min(inp.num_tokens, t_count)):
+            s = g0 + t % tp
+            routed, row = routed_all[s], rows_all[s][t]
+            for k in range(inp.topk_ids.shape[1]):
+                ex = int(inputs[s].topk_ids[t, k])
+                if routed[t, k] and (s, t, ex) in kept:
+                    y = np.asarray(expert_fn(row[None], ex % l_count)).astype(y_dtype).astype(np.float32)[0]
+                    acc[t] += np.float32(inputs[s].topk_weights[t, k]) * y
+        if out is not None:
+            acc = acc + np.asarray(out[r]).astype(np.float32)
+        results.append(acc.astype(spec.combine_dtype))
+    return results

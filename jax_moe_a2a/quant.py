@@ -1,0 +1,77 @@
+"""fp8 (e4m3fn) block quantisation: the FFI op (CPU and CUDA) and its pure-JAX twin.
+
+Rules (shared with cc/core/fp8.h and the NumPy oracle): for each block of `block` consecutive
+values of a row, amax = max|x|, scale = max(amax, 1e-12) * f32(1/448) (optionally rounded up to a power
+of two), q = e4m3fn(x / scale) rounded to nearest even and saturated at +-448.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _ffi
+
+FP8 = jnp.float8_e4m3fn
+FP8_MAX = 448.0
+MIN_AMAX = 1e-12
+INV_FP8_MAX = np.float32(1.0) / np.float32(FP8_MAX)  # f32(1/448), as in cc/core/fp8.h
+
+
+def _check(x, block: int):
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D [rows, hidden], got shape {x.shape}")
+    if np.dtype(x.dtype) not in (np.dtype(jnp.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16)):
+        raise ValueError(f"x must be f32, bf16 or f16, got {x.dtype}")
+    if block <= 0 or x.shape[1] % block:
+        raise ValueError(f"block ({block}) must divide hidden ({x.shape[1]})")
+
+
+def _pow2_round_up(s):
+    bits = jax.lax.bitcast_convert_type(s, jnp.uint32)
+    up = (bits & jnp.uint32(0x7F800000)) + jnp.uint32(0x00800000)
+    bits = jnp.where((bits & jnp.uint32(0x007FFFFF)) != 0, up, bits)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def quantize_fp8_jax(x, block: int = 128, pow2_scale: bool = False):
+    """Pure-JAX quantiser. x [rows, H] f32/bf16/f16 -> (q [rows, H] e4m3fn, scale [rows, H/block] f32)."""
+    _check(x, block)
+    rows, h = x.shape
+    xb = x.astype(jnp.float32).reshape(rows, h // block, block)
+    amax = jnp.max(jnp.abs(xb), axis=-1)
+    scale = jnp.maximum(amax, np.float32(MIN_AMAX)) * INV_FP8_MAX
+    if pow2_scale:
+        scale = _pow2_round_up(scale)
+    q = jnp.clip(xb / scale[..., None], -FP8_MAX, FP8_MAX).astype(FP8)
+    return q.reshape(rows, h), scale
+
+
+def quantize_fp8(x, block: int = 128, pow2_scale: bool = False):
+    """fp8 block quantiser as an XLA FFI call (CPU handler, or the CUDA kernel on GPUs).
+
+    Args:
+      x: [rows, H] f32, bf16 or f16.
+      block: values per scale; must divide H.
+      pow2_scale: round each scale up to a power of two.
+    Returns:
+      (q [rows, H] float8_e4m3fn, scale [rows, H / block] float32); x ~= q * scale per block.
+    """
+    _check(x, block)
+    _ffi.register_targets()
+    rows, h = x.shape
+    call = jax.ffi.ffi_call(
+        "jax_moe_a2a_quantize_fp8",
+        (jax.ShapeDtypeStruct((rows, h), FP8), jax.ShapeDtypeStruct((rows, h // block), jnp.float32)),
+        vmap_method="sequential",
+    )
+    return call(x, block=np.int64(block), pow2=np.int32(bool(pow2_scale)))
+
+
+def dequantize_fp8(q, scale, block: int = 128):
+    """q [rows, H] e4m3fn, scale [rows, H/block] f32 -> [rows, H] f32."""
+    rows, h = q.shape[-2:]
+    lead = q.shape[:-2]
+    x = q.astype(jnp.float32).reshape(*lead, rows, h // block, block) * scale[..., None]
+    return x.reshape(*lead, rows, h)

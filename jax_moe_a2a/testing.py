@@ -1,0 +1,248 @@
+"""Shared by tests and the benchmark: random inputs, running the ops on every rank, and
+comparing each rank's outputs with the NumPy oracle."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from . import oracle
+from .comm import Communicator
+from .spec import Spec
+
+shard_map = getattr(jax, "shard_map", None)
+if shard_map is None:  # pragma: no cover - older jax
+    from jax.experimental.shard_map import shard_map
+
+
+def make_mesh(num_ranks: Optional[int] = None, axis: str = "ep") -> Mesh:
+    """A 1-D mesh over the first `num_ranks` global devices (all by default)."""
+    devs = jax.devices()
+    num_ranks = len(devs) if num_ranks is None else num_ranks
+    if num_ranks > len(devs):
+        raise ValueError(f"num_ranks {num_ranks} > {len(devs)} devices")
+    return Mesh(np.array(devs[:num_ranks]), (axis,))
+
+
+def make_inputs(spec: Spec, num_ranks: int, seed: int, *, routing: str = "random",
+                num_tokens=None, invalid_frac: float = 0.0, minus_one_frac: float = 0.0,
+                input_dtype=np.float32, prequantized: bool = False) -> List[oracle.RankInputs]:
+    """Random per-rank inputs from one seed (every process derives the same), replicated within
+    each tp group.
+
+    routing: "random" (distinct experts per token), "one_hot" (every token to expert 0 first),
+      "empty" (ranks with odd index route nothing: all -1), "skewed" (experts of rank 0 favoured).
+    num_tokens: int for all ranks, a list per DP group, or None (random in [0, T]).
+    invalid_frac / minus_one_frac: share of ids replaced by out-of-range values / -1.
+    """
+    rng = np.random.default_rng(seed)
+    t, k, e, h = spec.max_tokens_per_rank, spec.experts_per_token, spec.num_experts, spec.hidden
+    groups = num_ranks // spec.tp_size
+    out = []
+    for g in range(groups):
+        x = (rng.standard_normal((t, h)) * rng.uniform(0.1, 4.0, (t, 1))).astype(np.float32)
+        if routing == "one_hot":  # every token's first choice is expert 0 (one hot expert)
+            ids = np.argsort(rng.random((t, e)), axis=1)[:, :k].astype(np.int32)
+            for row in range(t):
+                j = np.where(ids[row] == 0)[0]
+                if j.size:
+                    ids[row, j[0]] = ids[row, 0]
+                ids[row, 0] = 0
+        elif routing == "skewed":
+            p = np.ones(e)
+            p[: spec.local_experts(num_ranks)] = 20.0
+            ids = np.stack([rng.choice(e, size=k, replace=False, p=p / p.sum()) for _ in range(t)]).astype(np.int32)
+        else:
+            ids = np.argsort(rng.random((t, e)), axis=1)[:, :k].astype(np.int32)
+        if routing == "empty" and g % 2 == 1:
+            ids[:] = -1
+        if invalid_frac:
+            m = rng.random(ids.shape) < invalid_frac
+            ids[m] = rng.choice([e, e + 7, -2, -1000, 2**30], size=int(m.sum()))
+        if minus_one_frac:
+            ids[rng.random(ids.shape) < minus_one_frac] = -1
+        w = rng.random((t, k)).astype(np.float32)
+        if num_tokens is None:
+            n = int(rng.integers(0, t + 1))
+        elif isinstance(num_tokens, (list, tuple)):
+            n = int(num_tokens[g])
+        else:
+            n = int(num_tokens)
+        xs = None
+        xin = x.astype(input_dtype)
+        if prequantized:
+            xin, xs = oracle.quantize_fp8(x, spec.scale_block, spec.pow2_scale)
+        for _ in range(spec.tp_size):
+            out.append(oracle.RankInputs(xin, ids.copy(), w, n, xs))
+    return out
+
+
+def stack_global(mesh: Mesh, axis, per_rank: List[np.ndarray]):
+    """Per-rank arrays -> one global array [N * d0, ...] sharded over `axis` (process-local
+    shards are built from the full list, which every process holds)."""
+    full = np.concatenate([np.asarray(a)[None] for a in per_rank])  # [N, ...]
+    full = full.reshape(-1, *full.shape[2:]) if full.ndim > 1 else full
+    sharding = NamedSharding(mesh, P(axis))
+    return jax.make_array_from_callback(full.shape, sharding, lambda idx: full[idx])
+
+
+def local_ranks_of(arr) -> Dict[int, np.ndarray]:
+    """Global array [N, ...] sharded over ranks -> {rank: its row} for this process's shards."""
+    out = {}
+    for sh in arr.addressable_shards:
+        start = sh.index[0].start or 0
+        data = np.asarray(sh.data)
+        for i in range(data.shape[0]):
+            out[start + i] = data[i]
+    return out
+
+
+def poison_devices(mesh: Mesh, nbytes: int = 1 << 22):
+    """Fills and frees device memory with NaN bytes so that stale allocations are visible."""
+    for d in mesh.devices.flat:
+        if d.process_index == jax.process_index():
+            a = jax.device_put(np.full(nbytes // 4, np.nan, np.float32), d)
+            a.block_until_ready()
+            a.delete()
+
+
+def row_expert(spec: Spec, num_ranks: int, got) -> jax.Array:
+    """Local expert of each received row: [R] (ragged) or [L, C] (expert_major) int32."""
+    shape = spec.recv_shape(num_ranks)
+    if spec.layout == "ragged":
+        ends = jnp.cumsum(got.group_sizes)
+        return jnp.searchsorted(ends, jnp.arange(shape[0]), side="right").astype(jnp.int32)
+    return jnp.broadcast_to(jnp.arange(shape[0], dtype=jnp.int32)[:, None], shape)
+
+
+def expert_fn_np(rows: np.ndarray, local_expert: int) -> np.ndarray:
+    """The toy expert of the tests: rows * (1 + local_expert / 4), in f32."""
+    return rows * np.float32(1.0 + local_expert / 4.0)
+
+
+def expert_fn_jax(spec: Spec, num_ranks: int, got, y_dtype):
+    """JAX twin of `expert_fn_np` applied to `got` (dequantising fp8)."""
+    x = got.x.astype(jnp.float32)
+    if spec.is_fp8:
+        x = (x.reshape(*x.shape[:-1], spec.num_scales, spec.scale_block) * got.scale[..., None]).reshape(x.shape)
+    factor = 1.0 + row_expert(spec, num_ranks, got).astype(jnp.float32) / 4.0
+    return (x * factor[..., None]).astype(y_dtype)
+
+
+def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.bfloat16,
+            out: Optional[List[np.ndarray]] = None, split: bool = True, slot: int = 0):
+    """Runs dispatch then combine (toy expert in between) on every rank under jit + shard_map.
+
+    Returns {rank: {"got": Dispatched fields as numpy, "out": [T, H]}} for this process's ranks.
+    """
+    spec, n, axis, mesh = comm.spec, comm.num_ranks, comm.axis, comm.mesh
+    args = [stack_global(mesh, axis, [i.x for i in inputs]),
+            stack_global(mesh, axis, [i.topk_ids for i in inputs]),
+            stack_global(mesh, axis, [i.topk_weights for i in inputs]),
+            stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs])]
+    has_scale = inputs[0].x_scale is not None
+    has_out = out is not None
+    if has_scale:
+        args.append(stack_global(mesh, axis, [i.x_scale for i in inputs]))
+    if has_out:
+        args.append(stack_global(mesh, axis, out))
+
+    def per_rank(x, ids, w, nt, *rest):
+        rest = list(rest)
+        xs = rest.pop(0) if has_scale else None
+        o = rest.pop(0) if has_out else None
+        if split:
+            h = comm.dispatch_send(x, ids, w, nt, slot=slot, x_scale=xs)
+            got = comm.dispatch_recv(h)
+        else:
+            got = comm.dispatch(x, ids, w, nt, slot=slot, x_scale=xs)
+        y = expert_fn_jax(spec, n, got, y_dtype)
+        if split:
+            res = comm.combine_recv(comm.combine_send(y, got), out=o)
+        else:
+            res = comm.combine(y, got, out=o)
+        fields = {"x": got.x, "group_sizes": got.group_sizes, "weights": got.weights, "src": got.src,
+                  "num_dropped": got.num_dropped, "num_overflow": got.num_overflow, "out": res}
+        if got.scale is not None:
+            fields["scale"] = got.scale
+        return jax.tree.map(lambda a: a[None], fields)
+
+    f = jax.jit(shard_map(per_rank, mesh=mesh, in_specs=tuple(P(axis) for _ in args), out_specs=P(axis)))
+    poison_devices(mesh)
+    res = f(*args)
+    per = {k: local_ranks_of(v) for k, v in res.items()}
+    ranks = sorted(per["out"])
+    return {r: {k: per[k][r] for k in per} for r in ranks}
+
+
+def _as_f32(spec: Spec, x, scale):
+    x = np.asarray(x)
+    if spec.is_fp8:
+        return oracle.dequantize_fp8(x.astype(oracle.FP8), scale, spec.scale_block)
+    return x.astype(np.float32)
+
+
+def check_dispatch(spec: Spec, num_ranks: int, rank: int, want: oracle.RankDispatch, got: dict,
+                   *, exact_fp8: bool = True):
+    """Compares one rank's Dispatched with the oracle: counts exactly; per expert the multiset of
+    (source, token) exactly; rows, scales and weights exactly per (source, token)."""
+    np.testing.assert_array_equal(got["group_sizes"], want.group_sizes, err_msg=f"rank {rank}: group_sizes")
+    assert int(got["num_dropped"]) == want.num_dropped, f"rank {rank}: num_dropped {got['num_dropped']} != {want.num_dropped}"
+    assert int(got["num_overflow"]) == want.num_overflow, f"rank {rank}: num_overflow {got['num_overflow']} != {want.num_overflow}"
+    l_count = spec.local_experts(num_ranks)
+    h = spec.hidden
+    gx = np.asarray(got["x"]).reshape(-1, h)
+    wx = np.asarray(want.x).reshape(-1, h)
+    gs = np.asarray(got["scale"]).reshape(gx.shape[0], -1) if spec.is_fp8 else None
+    ws = np.asarray(want.scale).reshape(wx.shape[0], -1) if spec.is_fp8 else None
+    gsrc = np.asarray(got["src"]).reshape(-1, 2)
+    wsrc = np.asarray(want.src).reshape(-1, 2)
+    gw = np.asarray(got["weights"]).reshape(-1)
+    ww = np.asarray(want.weights).reshape(-1)
+    starts = np.concatenate([[0], np.cumsum(want.group_sizes)[:-1]])
+    cap = spec.recv_rows(num_ranks)
+    for l in range(l_count):
+        cnt = int(want.group_sizes[l])
+        lo = int(starts[l]) if spec.layout == "ragged" else l * cap
+        sl = slice(lo, lo + cnt)
+        key_g = [tuple(v) for v in gsrc[sl]]
+        key_w = [tuple(v) for v in wsrc[sl]]
+        assert sorted(key_g) == sorted(key_w), f"rank {rank} expert {l}: received (src, token) differ"
+        og = np.lexsort((gsrc[sl, 1], gsrc[sl, 0]))
+        ow = np.lexsort((wsrc[sl, 1], wsrc[sl, 0]))
+        xg, xw = gx[sl][og], wx[sl][ow]
+        if spec.is_fp8 and exact_fp8:
+            np.testing.assert_array_equal(xg.view(np.uint8), np.asarray(xw).view(np.uint8),
+                                          err_msg=f"rank {rank} expert {l}: fp8 rows")
+            np.testing.assert_array_equal(gs[sl][og], ws[sl][ow], err_msg=f"rank {rank} expert {l}: scales")
+        elif spec.is_fp8:
+            np.testing.assert_allclose(_as_f32(spec, xg, gs[sl][og]), _as_f32(spec, xw, ws[sl][ow]),
+                                       rtol=0.07, atol=1e-6, err_msg=f"rank {rank} expert {l}: fp8 rows")
+        else:
+            np.testing.assert_array_equal(np.asarray(xg).astype(np.float32), np.asarray(xw).astype(np.float32),
+                                          err_msg=f"rank {rank} expert {l}: rows")
+        np.testing.assert_array_equal(gw[sl][og], ww[sl][ow], err_msg=f"rank {rank} expert {l}: weights")
+
+
+def check_combine(spec: Spec, rank: int, want: np.ndarray, got: np.ndarray):
+    """Combined output vs oracle: f32 sums in another order, then a cast to combine_dtype."""
+    got = np.asarray(got)
+    assert got.dtype == np.dtype(spec.combine_dtype), f"rank {rank}: dtype {got.dtype}"
+    tol = {np.dtype(jnp.float32): 1e-5, np.dtype(jnp.float16): 2e-3}.get(np.dtype(spec.combine_dtype), 1.6e-2)
+    np.testing.assert_allclose(got.astype(np.float32), np.asarray(want).astype(np.float32), rtol=tol,
+                               atol=tol, err_msg=f"rank {rank}: combine output")
+
+
+def check_all(comm: Communicator, inputs, results, *, y_dtype=jnp.bfloat16, out=None, exact_fp8=True):
+    """Oracle comparison of run_ops' results for every rank present in `results`."""
+    spec, n = comm.spec, comm.num_ranks
+    want_d = oracle.dispatch(spec, inputs)
+    want_c = oracle.combine(spec, inputs, expert_fn_np, np.dtype(y_dtype), out=out)
+    assert results, "no rank results in this process"
+    for r, res in results.items():
+        check_dispatch(spec, n, r, want_d[r], res, exact_fp8=exact_fp8)
+        check_combine(spec, r, want_c[r], res["out"])

@@ -1,0 +1,110 @@
+"""Pytrees that carry data and routing state between the four halves.
+
+All arrays are per rank (the shard seen inside `jax.shard_map`). N ranks, L local experts,
+T = max_tokens_per_rank, K = experts_per_token, H = hidden, S = H / scale_block (fp8 only),
+R = ragged receive rows, C = expert_major rows per local expert.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import jax
+
+
+def _register(cls, data, meta):
+    return jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """Everything combine needs to know about one dispatch, as arrays (backend-defined contents).
+
+    Common fields:
+      topk_weights: [T, K] f32, the router weights given to dispatch (used by combine_recv).
+      num_tokens:   [] int32, rows at or past it are ignored / zero in combine's output.
+      arrays:       dict of backend-specific int32 arrays (e.g. where each pair went).
+    """
+
+    topk_weights: Any
+    num_tokens: Any
+    arrays: dict
+    comm_id: int = 0
+
+
+_register(Route, ["topk_weights", "num_tokens", "arrays"], ["comm_id"])
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatchHandle:
+    """In-flight dispatch, from `dispatch_send` to `dispatch_recv` (pass it on unchanged).
+
+    Fields:
+      arrays: dict of backend-defined arrays (the wire buffers or a small token array).
+      route:  `Route` of this dispatch.
+      slot:   static buffer slot; comm_id: the communicator that made it.
+    """
+
+    arrays: dict
+    route: Route
+    slot: int = 0
+    comm_id: int = 0
+
+
+_register(DispatchHandle, ["arrays", "route"], ["slot", "comm_id"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Dispatched:
+    """What a rank receives from dispatch (the `got` of the examples).
+
+    Fields (ragged layout / expert_major layout):
+      x:           [R, H] / [L, C, H] in Spec.dispatch_dtype; rows sorted by local expert.
+                   Rows past the counts are unspecified.
+      scale:       [R, S] / [L, C, S] f32 fp8 block scales (x ~= x * scale per block), or None
+                   when dispatch is 16/32-bit.
+      group_sizes: [L] int32 rows per local expert (ragged: `jax.lax.ragged_dot`'s group_sizes;
+                   expert_major: valid rows of each [C, H] slab).
+      weights:     [R] / [L, C] f32 router weight of each received row (0 past the counts).
+      src:         [R, 2] / [L, C, 2] int32 (source rank, source token index) of each row,
+                   -1 past the counts.
+      num_dropped: [] int32 pairs this rank could not route (expert id out of range or repeated
+                   within its token); they contribute nothing to combine.
+      num_overflow: [] int32 rows that arrived at this rank beyond its capacity (dropped).
+      route:       `Route` for combine (pass `got` to `combine_send`).
+    """
+
+    x: Any
+    scale: Optional[Any]
+    group_sizes: Any
+    weights: Any
+    src: Any
+    num_dropped: Any
+    num_overflow: Any
+    route: Route
+    slot: int = 0
+    comm_id: int = 0
+
+
+_register(Dispatched, ["x", "scale", "group_sizes", "weights", "src", "num_dropped", "num_overflow", "route"],
+          ["slot", "comm_id"])
+
+
+@dataclasses.dataclass(frozen=True)
+class CombineHandle:
+    """In-flight combine, from `combine_send` to `combine_recv`.
+
+    Fields:
+      arrays: dict of backend-defined arrays.
+      route:  the dispatch's `Route` (weights, num_tokens, where each pair went).
+      out_dtype: static dtype of the combined output.
+    """
+
+    arrays: dict
+    route: Route
+    slot: int = 0
+    comm_id: int = 0
+
+
+_register(CombineHandle, ["arrays", "route"], ["slot", "comm_id"])
