@@ -129,21 +129,28 @@ class Communicator:
             raise _shape_err("topk_weights", "dtype float32", topk_weights.dtype)
 
     def _record_stats(self, dropped, overflow):
-        if not self.collect_stats:
-            return
-
+        """Counts drops/overflow on the host (collect_stats) and, with debug=True, raises.
+        Returns `dropped` (threaded through the debug check so XLA cannot drop the check)."""
         def record(d, o):
-            d, o = int(d), int(o)
             with self._lock:
                 self._stats["dispatches"] += 1
-                self._stats["dropped"] += d
-                self._stats["overflow"] += o
-            if self.debug and (d or o):
-                raise DroppedRowsError(
-                    f"jax_moe_a2a: dispatch dropped {d} pair(s) with bad expert ids and {o} row(s) past "
-                    f"recv_capacity on one rank (debug=True)")
+                self._stats["dropped"] += int(d)
+                self._stats["overflow"] += int(o)
 
-        jax.debug.callback(record, dropped, overflow)
+        if self.collect_stats and not self.debug:
+            jax.debug.callback(record, dropped, overflow)
+        if self.debug:  # a pure callback whose result is used: the error surfaces at the outputs
+            def check(d, o):
+                record(d, o)
+                d, o = int(d), int(o)
+                if d or o:
+                    raise DroppedRowsError(
+                        f"jax_moe_a2a: dispatch dropped {d} pair(s) with bad expert ids and {o} row(s) "
+                        f"past recv_capacity on one rank (debug=True)")
+                return np.int32(d)
+
+            dropped = jax.pure_callback(check, jax.ShapeDtypeStruct((), jnp.int32), dropped, overflow)
+        return dropped
 
     # ---- the four halves ---------------------------------------------------------------------
     def dispatch_send(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0,
@@ -178,7 +185,7 @@ class Communicator:
         dropped = arrays.pop("_dropped")
         x, scale, sizes, weights, src, overflow, route_arrays = self._backend.dispatch_recv(
             ctx, arrays, handle.route.arrays, handle.slot)
-        self._record_stats(dropped, overflow)
+        dropped = self._record_stats(dropped, overflow)
         route = Route(handle.route.topk_weights, handle.route.num_tokens, route_arrays, self.comm_id)
         return Dispatched(x, scale, sizes, weights, src, dropped, overflow, route, handle.slot, self.comm_id)
 

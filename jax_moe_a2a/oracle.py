@@ -32,7 +32,8 @@ def quantize_fp8(x: np.ndarray, block: int = 128, pow2: bool = False):
         b = scale.view(np.uint32)
         up = (b & np.uint32(0x7F800000)) + np.uint32(0x00800000)
         scale = np.where((b & np.uint32(0x007FFFFF)) != 0, up, b).astype(np.uint32).view(np.float32)
-    q = np.clip(xb / scale[..., None], -448.0, 448.0).astype(FP8)
+    inv = (np.float32(1.0) / scale).astype(np.float32)
+    q = np.clip(xb * inv[..., None], -448.0, 448.0).astype(FP8)
     return q.reshape(rows, h), scale
 
 

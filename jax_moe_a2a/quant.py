@@ -2,7 +2,7 @@
 
 Rules (shared with cc/core/fp8.h and the NumPy oracle): for each block of `block` consecutive
 values of a row, amax = max|x|, scale = max(amax, 1e-12) * f32(1/448) (optionally rounded up to a power
-of two), q = e4m3fn(x / scale) rounded to nearest even and saturated at +-448.
+of two), q = e4m3fn(x * (1 / scale)) rounded to nearest even and saturated at +-448.
 """
 
 from __future__ import annotations
@@ -35,6 +35,19 @@ def _pow2_round_up(s):
     return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
+def _round_to_e4m3(v):
+    """Rounds f32 values (|v| <= 448) to the nearest e4m3fn value, ties to even, staying in f32.
+
+    XLA:CPU converts f32 -> f8e4m3fn through f16 (double rounding: 75.99999 -> 76 -> 80 instead
+    of 72), so the rounding is done here exactly and the final cast only changes the type.
+    """
+    bits = jax.lax.bitcast_convert_type(v, jnp.uint32)
+    lsb = (bits >> 20) & jnp.uint32(1)
+    normal = jax.lax.bitcast_convert_type((bits + jnp.uint32(0x7FFFF) + lsb) & jnp.uint32(0xFFF00000), jnp.float32)
+    sub = jnp.round(v * 512.0) / 512.0          # below 2^-6: multiples of 2^-9 (round half to even)
+    return jnp.where(jnp.abs(v) < 2.0**-6, sub, normal)
+
+
 def quantize_fp8_jax(x, block: int = 128, pow2_scale: bool = False):
     """Pure-JAX quantiser. x [rows, H] f32/bf16/f16 -> (q [rows, H] e4m3fn, scale [rows, H/block] f32)."""
     _check(x, block)
@@ -44,7 +57,8 @@ def quantize_fp8_jax(x, block: int = 128, pow2_scale: bool = False):
     scale = jnp.maximum(amax, np.float32(MIN_AMAX)) * INV_FP8_MAX
     if pow2_scale:
         scale = _pow2_round_up(scale)
-    q = jnp.clip(xb / scale[..., None], -FP8_MAX, FP8_MAX).astype(FP8)
+    inv = 1.0 / scale
+    q = _round_to_e4m3(jnp.clip(xb * inv[..., None], -FP8_MAX, FP8_MAX)).astype(FP8)
     return q.reshape(rows, h), scale
 
 

@@ -3,7 +3,9 @@
 // A block of `scale_block` consecutive values of one row shares one f32 scale:
 //   amax  = max |x| over the block (f32)
 //   scale = max(amax, kMinAmax) * f32(1/448)           (or that value rounded up to a power of two)
-//   q     = e4m3fn(x / scale), round to nearest even, saturating at +-448
+//   q     = e4m3fn(x * (1 / scale)), round to nearest even, saturating at +-448
+// (a reciprocal then a multiply: what XLA makes of a division by a broadcast scale, so the
+// pure-JAX twin agrees bit for bit)
 // Dequantisation is q * scale. These rules are the contract the NumPy oracle mirrors.
 #pragma once
 

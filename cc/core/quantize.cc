@@ -41,9 +41,10 @@ void quantize_fp8_rows(const QuantizeParams& p, int64_t row_begin, int64_t row_e
         amax = std::fmax(amax, std::fabs(load_as_f32(p.x, base + i, p.kind)));
       }
       const float s = fp8_block_scale(amax, p.pow2_scale);
+      const float inv = 1.0f / s;
       p.scale[r * nblocks + b] = s;
       for (int64_t i = 0; i < p.scale_block; ++i) {
-        p.q[base + i] = f32_to_e4m3fn(load_as_f32(p.x, base + i, p.kind) / s);
+        p.q[base + i] = f32_to_e4m3fn(load_as_f32(p.x, base + i, p.kind) * inv);
       }
     }
   }

@@ -33,10 +33,11 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
   const float s = fp8_block_scale(amax, pow2);
+  const float inv = __frcp_rn(s);
   if (lane == 0) scale[blk] = s;
   __nv_fp8_storage_t* dst = q + blk * block;
   for (int64_t i = lane; i < block; i += 32) {
-    dst[i] = __nv_cvt_float_to_fp8(__fdiv_rn(to_f32(src[i]), s), __NV_SATFINITE, __NV_E4M3);
+    dst[i] = __nv_cvt_float_to_fp8(__fmul_rn(to_f32(src[i]), inv), __NV_SATFINITE, __NV_E4M3);
   }
 }
 

@@ -1,0 +1,54 @@
+"""Test harness: 8 CPU devices in one process, or one JAX process per Open MPI rank.
+
+Single process: `pytest tests/` (JAX_MOE_A2A_TEST_DEVICES, default 8, CPU devices).
+Several processes: `mpirun -n 2 python -m pytest -m mpi --color=no tests/`; each process gets
+JAX_MOE_A2A_TEST_DEVICES devices (default 1) and jax.distributed is initialised from Open MPI's
+environment. Tests marked `mpi` run in both modes over every global device.
+"""
+
+import os
+
+_MPI_SIZE = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1")))
+_DEVICES = int(os.environ.get("JAX_MOE_A2A_TEST_DEVICES", "8" if _MPI_SIZE == 1 else "1"))
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           f" --xla_force_host_platform_device_count={_DEVICES}").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+if _MPI_SIZE > 1:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    from jax._src import distributed as _dist  # noqa: E402
+
+    if _dist.global_state.client is None:
+        jax.distributed.initialize()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _MPI_SIZE > 1:  # leave together: a process exiting early aborts the others' coordination
+        jax.distributed.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _MPI_SIZE > 1:
+        skip = pytest.mark.skip(reason="single-process test (run without mpirun)")
+        for item in items:
+            if "mpi" not in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def num_ranks():
+    return jax.device_count()
+
+
+@pytest.fixture(scope="session")
+def mesh():
+    from jax_moe_a2a.testing import make_mesh
+    return make_mesh()
+
+
+def pytest_report_header(config):
+    return (f"jax {jax.__version__}, process {jax.process_index()}/{jax.process_count()}, "
+            f"{jax.local_device_count()} local / {jax.device_count()} global devices")

@@ -1,0 +1,112 @@
+"""Every backend against the NumPy oracle on fresh random inputs, outputs poisoned beforehand.
+
+Marked `mpi`: also runs under mpirun (one JAX process per rank or several devices each).
+"""
+
+import os
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_moe_a2a as a2a
+from jax_moe_a2a import testing as T
+
+pytestmark = pytest.mark.mpi
+
+BACKENDS = [b for b in os.environ.get("JAX_MOE_A2A_TEST_BACKENDS", ",".join(a2a.available_backends())).split(",") if b]
+FP8 = jnp.float8_e4m3fn
+BASE = dict(num_experts=32, experts_per_token=4, hidden=256, max_tokens_per_rank=24)
+
+# (id, spec overrides, make_inputs kwargs, run kwargs)
+CASES = [
+    ("bf16-random", {}, {}, {}),
+    ("fp8-random", dict(dispatch_dtype=FP8), {}, {}),
+    ("fp8-pow2", dict(dispatch_dtype=FP8, pow2_scale=True), {}, {}),
+    ("fp8-prequantized", dict(dispatch_dtype=FP8), dict(prequantized=True), {}),
+    ("fp8-bf16-input", dict(dispatch_dtype=FP8), dict(input_dtype=jnp.bfloat16), {}),
+    ("f32-wire-f32-out", dict(dispatch_dtype=jnp.float32, combine_dtype=jnp.float32), {}, dict(y_dtype=jnp.float32)),
+    ("f16-wire", dict(dispatch_dtype=jnp.float16, combine_dtype=jnp.float16), dict(input_dtype=jnp.float16),
+     dict(y_dtype=jnp.float16)),
+    ("expert-major", dict(layout="expert_major"), {}, {}),
+    ("expert-major-fp8", dict(layout="expert_major", dispatch_dtype=FP8), {}, {}),
+    ("one-hot-expert", {}, dict(routing="one_hot"), {}),
+    ("one-hot-expert-major", dict(layout="expert_major"), dict(routing="one_hot"), {}),
+    ("skewed", dict(dispatch_dtype=FP8), dict(routing="skewed"), {}),
+    ("empty-ranks", {}, dict(routing="empty"), {}),
+    ("all-minus-one", {}, dict(minus_one_frac=1.0), {}),
+    ("minus-one-and-invalid", {}, dict(minus_one_frac=0.2, invalid_frac=0.2), {}),
+    ("num-tokens-zero", {}, dict(num_tokens=0), {}),
+    ("num-tokens-full", {}, dict(num_tokens=24), {}),
+    ("tp2", dict(tp_size=2), {}, {}),
+    ("tp2-fp8-expert-major", dict(tp_size=2, dispatch_dtype=FP8, layout="expert_major"), {}, {}),
+    ("overflow-ragged", dict(recv_capacity=20), {}, {}),
+    ("overflow-ragged-hot", dict(recv_capacity=30), dict(routing="one_hot"), {}),
+    ("overflow-expert-major", dict(layout="expert_major", recv_capacity=2), {}, {}),
+    ("k-greater-than-l", dict(num_experts=16, experts_per_token=6), {}, {}),
+    ("odd-sizes", dict(num_experts=24, experts_per_token=3, hidden=96, max_tokens_per_rank=7,
+                       dispatch_dtype=FP8, scale_block=32), {}, {}),
+    ("one-shot", {}, {}, dict(split=False)),
+    ("combine-into-out", dict(combine_dtype=jnp.float32), {}, dict(with_out=True)),
+    ("slot1", dict(slots=2), {}, dict(slot=1)),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case_id, spec_kw, input_kw, run_kw", CASES, ids=[c[0] for c in CASES])
+def test_against_oracle(backend, case_id, spec_kw, input_kw, run_kw, num_ranks, mesh):
+    spec_kw = dict(spec_kw)
+    if spec_kw.get("num_experts", 32) % num_ranks or num_ranks % spec_kw.get("tp_size", 1):
+        pytest.skip(f"{case_id} does not fit {num_ranks} ranks")
+    spec = a2a.Spec(**{**BASE, **spec_kw})
+    comm = a2a.init(spec, mesh, "ep", backend=backend)
+    run_kw = dict(run_kw)
+    seed = zlib.crc32(case_id.encode()) % 10**6 + 17 * num_ranks  # same in every process
+    inputs = T.make_inputs(spec, num_ranks, seed, **input_kw)
+    out = None
+    if run_kw.pop("with_out", False):
+        rng = np.random.default_rng(seed + 1)
+        out = [rng.standard_normal((spec.max_tokens_per_rank, spec.hidden)).astype(np.float32)
+               for _ in range(num_ranks)]
+    y_dtype = run_kw.pop("y_dtype", jnp.bfloat16)
+    results = T.run_ops(comm, inputs, y_dtype=y_dtype, out=out, **run_kw)
+    T.check_all(comm, inputs, results, y_dtype=y_dtype, out=out)
+    if case_id.startswith("overflow"):
+        assert sum(int(r["num_overflow"]) for r in results.values()) > 0 or jax.process_count() > 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_repeated_steps_fresh_inputs(backend, num_ranks, mesh):
+    """The same compiled step on several fresh random routings (buffers reused across steps)."""
+    spec = a2a.Spec(**BASE, dispatch_dtype=FP8)
+    comm = a2a.init(spec, mesh, "ep", backend=backend)
+    for step in range(4):
+        inputs = T.make_inputs(spec, num_ranks, 1000 + step, invalid_frac=0.05, minus_one_frac=0.05)
+        T.check_all(comm, inputs, T.run_ops(comm, inputs))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stats_count_drops_and_overflow(backend, num_ranks, mesh):
+    spec = a2a.Spec(**BASE, recv_capacity=8)
+    comm = a2a.init(spec, mesh, "ep", backend=backend)
+    inputs = T.make_inputs(spec, num_ranks, 5, invalid_frac=0.1, num_tokens=24)
+    res = T.run_ops(comm, inputs)
+    st = comm.stats()
+    assert st["dispatches"] == len(res)
+    assert st["dropped"] == sum(int(r["num_dropped"]) for r in res.values()) > 0
+    assert st["overflow"] == sum(int(r["num_overflow"]) for r in res.values()) > 0
+    assert st["buffer_bytes_per_rank"] > 0 and st["backend"] == backend
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_debug_raises_on_drop(backend, num_ranks, mesh):
+    spec = a2a.Spec(**BASE)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, debug=True)
+    inputs = T.make_inputs(spec, num_ranks, 6, invalid_frac=0.2, num_tokens=24)
+    with pytest.raises(Exception, match="dropped"):
+        T.run_ops(comm, inputs)
+    # JAX keeps the failed computation's runtime token and would raise it again at exit.
+    from jax._src import dispatch
+    dispatch.runtime_tokens.clear()
