@@ -169,8 +169,9 @@ class Communicator:
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
         n = self._num_tokens(num_tokens)
         ctx = self._ctx()
-        arrays, route_arrays, dropped = self._backend.dispatch_send(
-            ctx, x, x_scale, topk_ids, topk_weights, n, slot)
+        with jax.named_scope("a2a_dispatch_send"):
+            arrays, route_arrays, dropped = self._backend.dispatch_send(
+                ctx, x, x_scale, topk_ids, topk_weights, n, slot)
         route = Route(topk_weights.astype(jnp.float32), n, route_arrays, self.comm_id)
         arrays = dict(arrays, _dropped=dropped)
         return DispatchHandle(arrays, route, slot, self.comm_id)
@@ -183,8 +184,9 @@ class Communicator:
         ctx = self._ctx()
         arrays = dict(handle.arrays)
         dropped = arrays.pop("_dropped")
-        x, scale, sizes, weights, src, overflow, route_arrays = self._backend.dispatch_recv(
-            ctx, arrays, handle.route.arrays, handle.slot)
+        with jax.named_scope("a2a_dispatch_recv"):
+            x, scale, sizes, weights, src, overflow, route_arrays = self._backend.dispatch_recv(
+                ctx, arrays, handle.route.arrays, handle.slot)
         dropped = self._record_stats(dropped, overflow)
         route = Route(handle.route.topk_weights, handle.route.num_tokens, route_arrays, self.comm_id)
         return Dispatched(x, scale, sizes, weights, src, dropped, overflow, route, handle.slot, self.comm_id)
@@ -207,7 +209,8 @@ class Communicator:
         if np.dtype(y.dtype) not in COMBINE_DTYPES:
             raise _shape_err("y", "dtype bf16, f16 or f32", y.dtype)
         ctx = self._ctx()
-        arrays = self._backend.combine_send(ctx, y, got.route, slot)
+        with jax.named_scope("a2a_combine_send"):
+            arrays = self._backend.combine_send(ctx, y, got.route, slot)
         return CombineHandle(arrays, got.route, slot, self.comm_id)
 
     def combine_recv(self, handle: CombineHandle, out=None):
@@ -224,7 +227,8 @@ class Communicator:
         if out is not None and tuple(out.shape) != (s.max_tokens_per_rank, s.hidden):
             raise _shape_err("out", f"shape [T, H] = {[s.max_tokens_per_rank, s.hidden]}", list(out.shape))
         ctx = self._ctx()
-        return self._backend.combine_recv(ctx, handle.arrays, handle.route, handle.slot, out)
+        with jax.named_scope("a2a_combine_recv"):
+            return self._backend.combine_recv(ctx, handle.arrays, handle.route, handle.slot, out)
 
     # ---- one-shot ----------------------------------------------------------------------------
     def dispatch(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0, x_scale=None) -> Dispatched:

@@ -179,13 +179,6 @@ def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.
     return {r: {k: per[k][r] for k in per} for r in ranks}
 
 
-def _as_f32(spec: Spec, x, scale):
-    x = np.asarray(x)
-    if spec.is_fp8:
-        return oracle.dequantize_fp8(x.astype(oracle.FP8), scale, spec.scale_block)
-    return x.astype(np.float32)
-
-
 def check_dispatch(spec: Spec, num_ranks: int, rank: int, want: oracle.RankDispatch, got: dict,
                    *, exact_fp8: bool = True):
     """Compares one rank's Dispatched with the oracle: counts exactly; per expert the multiset of
@@ -220,8 +213,10 @@ def check_dispatch(spec: Spec, num_ranks: int, rank: int, want: oracle.RankDispa
                                           err_msg=f"rank {rank} expert {l}: fp8 rows")
             np.testing.assert_array_equal(gs[sl][og], ws[sl][ow], err_msg=f"rank {rank} expert {l}: scales")
         elif spec.is_fp8:
-            np.testing.assert_allclose(_as_f32(spec, xg, gs[sl][og]), _as_f32(spec, xw, ws[sl][ow]),
-                                       rtol=0.07, atol=1e-6, err_msg=f"rank {rank} expert {l}: fp8 rows")
+            np.testing.assert_array_equal(gs[sl][og], ws[sl][ow], err_msg=f"rank {rank} expert {l}: scales")
+            codes = np.abs(xg.view(np.uint8).astype(np.int16) - np.asarray(xw).view(np.uint8).astype(np.int16))
+            assert codes.max(initial=0) <= 1 and np.mean(codes != 0) < 1e-4, \
+                f"rank {rank} expert {l}: fp8 rows differ by up to {codes.max()} codes in {np.mean(codes != 0):.2e} of values"
         else:
             np.testing.assert_array_equal(np.asarray(xg).astype(np.float32), np.asarray(xw).astype(np.float32),
                                           err_msg=f"rank {rank} expert {l}: rows")
@@ -237,9 +232,18 @@ def check_combine(spec: Spec, rank: int, want: np.ndarray, got: np.ndarray):
                                atol=tol, err_msg=f"rank {rank}: combine output")
 
 
-def check_all(comm: Communicator, inputs, results, *, y_dtype=jnp.bfloat16, out=None, exact_fp8=True):
+def exact_fp8_expected(comm: Communicator) -> bool:
+    """fp8 rows must match the oracle bit for bit, except the reference backend's pure-JAX
+    quantiser off XLA:CPU (XLA:GPU's f32 reciprocal can differ in the last bit, which moves a
+    rare value by one e4m3 code)."""
+    return not (comm.backend_name == "reference" and jax.default_backend() != "cpu")
+
+
+def check_all(comm: Communicator, inputs, results, *, y_dtype=jnp.bfloat16, out=None, exact_fp8=None):
     """Oracle comparison of run_ops' results for every rank present in `results`."""
     spec, n = comm.spec, comm.num_ranks
+    if exact_fp8 is None:
+        exact_fp8 = exact_fp8_expected(comm)
     want_d = oracle.dispatch(spec, inputs)
     want_c = oracle.combine(spec, inputs, expert_fn_np, np.dtype(y_dtype), out=out)
     assert results, "no rank results in this process"

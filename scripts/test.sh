@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sets up everything and runs every test: one process with 8 CPU devices, then the multi-process
+# suite under mpirun (2 processes x 2 devices, 4 processes x 1 device). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+cd tests   # import the installed package, not the source tree
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+echo "== single process, 8 CPU devices"
+timeout 1800 python -m pytest -q -p no:cacheprovider "$@" .
+if command -v mpirun >/dev/null; then
+  echo "== mpirun -n 2, 2 CPU devices per process"
+  JAX_MOE_A2A_TEST_DEVICES=2 timeout 1200 "${MPIRUN[@]}" -n 2 python -m pytest -q --color=no -p no:cacheprovider -m mpi "$@" .
+  echo "== mpirun -n 4, 1 CPU device per process"
+  JAX_MOE_A2A_TEST_DEVICES=1 timeout 1200 "${MPIRUN[@]}" -n 4 python -m pytest -q --color=no -p no:cacheprovider -m mpi "$@" .
+else
+  echo "mpirun not found: multi-process tests not run" >&2
+  exit 1
+fi
