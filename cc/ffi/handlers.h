@@ -6,6 +6,13 @@
 
 // fp8 block quantiser: x [rows, hidden] f32/bf16/f16 -> q [rows, hidden] f8e4m3fn, scale [rows, hidden/block] f32.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aQuantizeFp8Cpu);
+#if defined(JAX_MOE_A2A_WITH_LIBFABRIC)
+// host backend (cc/host): the four halves on CPU devices, over the TransferEngine.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aHostDispatchSend);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aHostDispatchRecv);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aHostCombineSend);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aHostCombineRecv);
+#endif
 #if defined(JAX_MOE_A2A_WITH_CUDA)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aQuantizeFp8Cuda);
 #endif

@@ -8,6 +8,7 @@ namespace nb = nanobind;
 #if defined(JAX_MOE_A2A_WITH_LIBFABRIC)
 namespace a2a::python {
 void bind_transfer(nb::module_& m);  // cc/python/bind_transfer.cc
+void bind_host(nb::module_& m);      // cc/python/bind_host.cc
 }
 #endif
 
@@ -28,6 +29,12 @@ NB_MODULE(_C, m) {
   m.def("cpu_targets", []() {
     nb::dict d;
     d["jax_moe_a2a_quantize_fp8"] = capsule(A2aQuantizeFp8Cpu);
+#if defined(JAX_MOE_A2A_WITH_LIBFABRIC)
+    d["jax_moe_a2a_host_dispatch_send"] = capsule(A2aHostDispatchSend);
+    d["jax_moe_a2a_host_dispatch_recv"] = capsule(A2aHostDispatchRecv);
+    d["jax_moe_a2a_host_combine_send"] = capsule(A2aHostCombineSend);
+    d["jax_moe_a2a_host_combine_recv"] = capsule(A2aHostCombineRecv);
+#endif
     return d;
   }, "FFI handlers for the 'cpu' platform: {target name: capsule}.");
 
@@ -41,6 +48,7 @@ NB_MODULE(_C, m) {
 
 #if defined(JAX_MOE_A2A_WITH_LIBFABRIC)
   a2a::python::bind_transfer(m);
+  a2a::python::bind_host(m);
 #endif
   m.def("built_with_libfabric", []() {
 #if defined(JAX_MOE_A2A_WITH_LIBFABRIC)

@@ -53,7 +53,18 @@ def _reference():
     return ReferenceBackend()
 
 
+def _host():
+    from .host import HostBackend
+    return HostBackend()
+
+
+def _host_reason():
+    from .host import unavailable_reason
+    return unavailable_reason()
+
+
 register("reference", _reference, lambda: None)
+register("host", _host, _host_reason)
 
 
 def platform() -> str:

@@ -1,0 +1,185 @@
+// FFI handlers of the `host` backend (CPU). Decode buffers, validate, forward to cc/host.
+// They block (recv halves wait for peers), so they are not command-buffer compatible.
+#include <exception>
+#include <string>
+
+#include "ffi/common.h"
+#include "ffi/handlers.h"
+#include "host/host_comm.h"
+#include "transfer/errors.h"
+
+namespace ffi = xla::ffi;
+using a2a::ElemKind;
+
+namespace {
+
+bool elem_kind(ffi::DataType t, ElemKind* k) {
+  switch (t) {
+    case ffi::DataType::F32: *k = ElemKind::kF32; return true;
+    case ffi::DataType::BF16: *k = ElemKind::kBF16; return true;
+    case ffi::DataType::F16: *k = ElemKind::kF16; return true;
+    case ffi::DataType::F8E4M3FN: *k = ElemKind::kF8E4M3; return true;
+    default: return false;
+  }
+}
+
+// Runs one half; exceptions become FFI errors naming the op (timeouts: DEADLINE_EXCEEDED) and
+// mark the communicator unusable.
+template <typename F>
+ffi::Error run(const char* op, int64_t comm_id, int rank, F&& f) {
+  std::shared_ptr<a2a::host::HostComm> comm;
+  try {
+    comm = a2a::host::find_comm(comm_id);
+    comm->check_usable();
+    f(comm->rank(rank));
+    return ffi::Error::Success();
+  } catch (const a2a::transfer::TimeoutError& e) {
+    if (comm) comm->fail(e.what());
+    return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, e.what());
+  } catch (const std::exception& e) {
+    if (comm) comm->fail(std::string(op) + ": " + e.what());
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_moe_a2a host ") + op + " (rank " +
+                                                     std::to_string(rank) + "): " + e.what());
+  }
+}
+
+ffi::Error DispatchSend(ffi::Buffer<ffi::S32> rank, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> x_scale,
+                        ffi::Buffer<ffi::S32> ids, ffi::Buffer<ffi::F32> weights,
+                        ffi::Buffer<ffi::S32> num_tokens, ffi::Result<ffi::Buffer<ffi::S32>> handle,
+                        ffi::Result<ffi::Buffer<ffi::S32>> dest, ffi::Result<ffi::Buffer<ffi::S32>> pair_slot,
+                        ffi::Result<ffi::Buffer<ffi::S32>> dropped, int64_t comm_id, int32_t slot,
+                        int64_t call_id) {
+  (void)call_id;  // distinct per call site so that XLA never merges two sends
+  a2a::host::DispatchSendArgs a{};
+  if (!elem_kind(x.element_type(), &a.x_kind)) return a2a::ffi_util::invalid("host dispatch_send: x dtype");
+  a.x = x.untyped_data();
+  a.x_scale = x_scale.element_count() ? x_scale.typed_data() : nullptr;
+  a.ids = ids.typed_data();
+  a.weights = weights.typed_data();
+  a.num_tokens = num_tokens.typed_data()[0];
+  a.slot = slot;
+  a.handle = handle->typed_data();
+  a.dest = dest->typed_data();
+  a.pair_slot = pair_slot->typed_data();
+  a.dropped = dropped->typed_data();
+  const int r = rank.typed_data()[0];
+  return run("dispatch_send", comm_id, r, [&](a2a::host::RankComm& c) { c.dispatch_send(a); });
+}
+
+ffi::Error DispatchRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::AnyBuffer> x,
+                        ffi::Result<ffi::Buffer<ffi::F32>> scale, ffi::Result<ffi::Buffer<ffi::S32>> group_sizes,
+                        ffi::Result<ffi::Buffer<ffi::F32>> weights, ffi::Result<ffi::Buffer<ffi::S32>> src,
+                        ffi::Result<ffi::Buffer<ffi::S32>> recv_slot, ffi::Result<ffi::Buffer<ffi::S32>> recv_counts,
+                        ffi::Result<ffi::Buffer<ffi::S32>> overflow, int64_t comm_id, int32_t slot) {
+  a2a::host::DispatchRecvArgs a{};
+  a.handle = handle.typed_data();
+  a.slot = slot;
+  a.x = x->untyped_data();
+  a.scale = scale->element_count() ? scale->typed_data() : nullptr;
+  a.group_sizes = group_sizes->typed_data();
+  a.weights = weights->typed_data();
+  a.src = src->typed_data();
+  a.recv_slot = recv_slot->typed_data();
+  a.recv_counts = recv_counts->typed_data();
+  a.overflow = overflow->typed_data();
+  const int r = rank.typed_data()[0];
+  return run("dispatch_recv", comm_id, r, [&](a2a::host::RankComm& c) { c.dispatch_recv(a); });
+}
+
+ffi::Error CombineSend(ffi::Buffer<ffi::S32> rank, ffi::AnyBuffer y, ffi::Buffer<ffi::S32> src,
+                       ffi::Buffer<ffi::S32> recv_slot, ffi::Buffer<ffi::S32> recv_counts,
+                       ffi::Result<ffi::Buffer<ffi::S32>> handle, int64_t comm_id, int32_t slot, int64_t call_id) {
+  (void)call_id;
+  a2a::host::CombineSendArgs a{};
+  if (!elem_kind(y.element_type(), &a.y_kind) || a.y_kind == ElemKind::kF8E4M3)
+    return a2a::ffi_util::invalid("host combine_send: y must be bf16, f16 or f32");
+  a.y = y.untyped_data();
+  a.recv_src = src.typed_data();
+  a.recv_src_stride = 2;
+  a.recv_slot = recv_slot.typed_data();
+  a.recv_counts = recv_counts.typed_data();
+  a.slot = slot;
+  a.handle = handle->typed_data();
+  const int r = rank.typed_data()[0];
+  return run("combine_send", comm_id, r, [&](a2a::host::RankComm& c) { c.combine_send(a); });
+}
+
+ffi::Error CombineRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> handle, ffi::Buffer<ffi::S32> dest,
+                       ffi::Buffer<ffi::S32> pair_slot, ffi::Buffer<ffi::F32> weights,
+                       ffi::Buffer<ffi::S32> num_tokens, ffi::AnyBuffer out_in, ffi::Result<ffi::AnyBuffer> out,
+                       int64_t comm_id, int32_t slot, int32_t y_kind) {
+  a2a::host::CombineRecvArgs a{};
+  a.handle = handle.typed_data();
+  a.y_kind = static_cast<ElemKind>(y_kind);
+  a.dest = dest.typed_data();
+  a.pair_slot = pair_slot.typed_data();
+  a.weights = weights.typed_data();
+  a.num_tokens = num_tokens.typed_data()[0];
+  a.out_in = out_in.element_count() ? out_in.untyped_data() : nullptr;
+  if (a.out_in && !elem_kind(out_in.element_type(), &a.out_in_kind))
+    return a2a::ffi_util::invalid("host combine_recv: out dtype");
+  if (!elem_kind(out->element_type(), &a.out_kind)) return a2a::ffi_util::invalid("host combine_recv: result dtype");
+  a.out = out->untyped_data();
+  a.slot = slot;
+  const int r = rank.typed_data()[0];
+  return run("combine_recv", comm_id, r, [&](a2a::host::RankComm& c) { c.combine_recv(a); });
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostDispatchSend, DispatchSend,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int32_t>("slot")
+                                  .Attr<int64_t>("call_id"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostDispatchRecv, DispatchRecv,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int32_t>("slot"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostCombineSend, CombineSend,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int32_t>("slot")
+                                  .Attr<int64_t>("call_id"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostCombineRecv, CombineRecv,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int32_t>("slot")
+                                  .Attr<int32_t>("y_kind"));

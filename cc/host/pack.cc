@@ -1,0 +1,84 @@
+#include "host/pack.h"
+
+#include <cstring>
+
+#include "core/quantize.h"
+#include "host/host_comm.h"
+
+namespace a2a::host {
+
+RowPacker::RowPacker(const HostOptions& o, const void* x, ElemKind x_kind, const float* x_scale)
+    : o_(o), x_(x), x_kind_(x_kind), x_scale_(x_scale) {
+  payload_ = o.shape.payload_bytes();
+  scales_ = int64_t(o.shape.num_scales) * 4;
+  cache_.resize(int64_t(o.shape.max_tokens) * (payload_ + scales_));
+  filled_.assign(o.shape.max_tokens, 0);
+}
+
+void RowPacker::pack(int t, float w, uint8_t* dst) {
+  const MoeShape& s = o_.shape;
+  const int64_t H = s.hidden;
+  uint8_t* c = cache_.data() + int64_t(t) * (payload_ + scales_);
+  if (!filled_[t]) {
+    if (o_.wire == ElemKind::kF8E4M3) {
+      if (x_kind_ == ElemKind::kF8E4M3) {  // pre-quantised input: copy bits and scales
+        std::memcpy(c, static_cast<const uint8_t*>(x_) + t * H, H);
+        std::memcpy(c + payload_, x_scale_ + int64_t(t) * s.num_scales, scales_);
+      } else {
+        QuantizeParams p;  // one row: token t
+        p.x = static_cast<const uint8_t*>(x_) + t * H * elem_bytes(x_kind_);
+        p.kind = static_cast<FloatKind>(static_cast<int>(x_kind_));
+        p.rows = 1;
+        p.hidden = H;
+        p.scale_block = s.scale_block;
+        p.pow2_scale = o_.pow2_scale;
+        p.q = c;
+        std::vector<float> sc(s.num_scales);
+        p.scale = sc.data();
+        quantize_fp8(p);
+        std::memcpy(c + payload_, sc.data(), scales_);
+      }
+    } else if (x_kind_ == o_.wire) {
+      std::memcpy(c, static_cast<const uint8_t*>(x_) + t * payload_, payload_);
+    } else {
+      for (int64_t h = 0; h < H; ++h) store_elem(c, h, o_.wire, load_elem(x_, t * H + h, x_kind_));
+    }
+    filled_[t] = 1;
+  }
+  std::memcpy(dst, c, payload_ + scales_);
+  const int32_t tok = t;
+  std::memcpy(dst + payload_ + scales_, &tok, 4);
+  std::memcpy(dst + payload_ + scales_ + 4, &w, 4);
+}
+
+RowUnpacker::RowUnpacker(const HostOptions& o, void* x, float* scale)
+    : payload_(o.shape.payload_bytes()), scales_(int64_t(o.shape.num_scales) * 4),
+      x_(static_cast<uint8_t*>(x)), scale_(scale) {}
+
+float RowUnpacker::unpack(const uint8_t* row, int64_t pos, int32_t* tok) {
+  std::memcpy(x_ + pos * payload_, row, payload_);
+  if (scales_) std::memcpy(reinterpret_cast<uint8_t*>(scale_) + pos * scales_, row + payload_, scales_);
+  float w;
+  std::memcpy(tok, row + payload_ + scales_, 4);
+  std::memcpy(&w, row + payload_ + scales_ + 4, 4);
+  return w;
+}
+
+void accumulate_row(float* acc, const uint8_t* row, ElemKind kind, int H, float w) {
+  switch (kind) {
+    case ElemKind::kF32: {
+      const float* r = reinterpret_cast<const float*>(row);
+      for (int h = 0; h < H; ++h) acc[h] += w * r[h];
+      break;
+    }
+    case ElemKind::kBF16: {
+      const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
+      for (int h = 0; h < H; ++h) acc[h] += w * bits_f32(uint32_t(r[h]) << 16);
+      break;
+    }
+    default:
+      for (int h = 0; h < H; ++h) acc[h] += w * load_elem(row, h, kind);
+  }
+}
+
+}  // namespace a2a::host

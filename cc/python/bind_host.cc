@@ -1,0 +1,108 @@
+// jax_moe_a2a._C.host: creating and connecting the host backend's communicators from Python.
+// Bootstrap data (engine addresses, region descriptors) travels through Python (the JAX
+// key-value store between processes); the FFI handlers find communicators by id.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "host/host_comm.h"
+#include "transfer/engine.h"
+#include "transfer/local_engine.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace a2a::python {
+namespace {
+
+transfer::Bytes to_bytes(const nb::bytes& b) {
+  const auto* p = static_cast<const uint8_t*>(b.data());
+  return transfer::Bytes(p, p + b.size());
+}
+
+nb::bytes from_bytes(const transfer::Bytes& b) {
+  return nb::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+}  // namespace
+
+void bind_host(nb::module_& m) {
+  nb::module_ h = m.def_submodule("host", "host backend communicators (cc/host)");
+
+  h.def(
+      "create",
+      [](int64_t comm_id, int num_ranks, int num_experts, int topk, int hidden, int max_tokens, int tp,
+         int num_scales, int scale_block, int wire_kind, int layout, int capacity, bool pow2, int slots,
+         int priv_rows, double timeout_s, std::vector<int> local_ranks, const std::string& engine,
+         const std::string& provider) {
+        host::HostOptions o;
+        o.shape.num_ranks = num_ranks;
+        o.shape.num_experts = num_experts;
+        o.shape.topk = topk;
+        o.shape.hidden = hidden;
+        o.shape.max_tokens = max_tokens;
+        o.shape.tp = tp;
+        o.shape.num_scales = num_scales;
+        o.shape.scale_block = scale_block;
+        o.wire = static_cast<ElemKind>(wire_kind);
+        o.shape.wire_elem_bytes = elem_bytes(o.wire);
+        o.shape.layout = static_cast<Layout>(layout);
+        o.shape.capacity = capacity;
+        o.pow2_scale = pow2;
+        o.slots = slots;
+        o.priv_rows = priv_rows;
+        o.timeout_s = timeout_s;
+        std::vector<std::shared_ptr<transfer::Engine>> engines;
+        if (engine == "local") {
+          if (int(local_ranks.size()) != num_ranks)
+            throw std::invalid_argument("host.create: the local engine needs every rank in this process");
+          for (auto& e : transfer::LocalHub::create(num_ranks)) engines.push_back(e);
+        } else if (engine == "fabric") {
+          for (int r : local_ranks) {
+            transfer::EngineOptions eo;
+            eo.provider = provider;
+            eo.rank = r;
+            eo.world_size = num_ranks;
+            engines.push_back(transfer::make_fabric_engine(eo));
+          }
+        } else {
+          throw std::invalid_argument("host.create: engine must be 'local' or 'fabric', got '" + engine + "'");
+        }
+        host::register_comm(comm_id, std::make_shared<host::HostComm>(o, std::move(engines), local_ranks));
+      },
+      "comm_id"_a, "num_ranks"_a, "num_experts"_a, "topk"_a, "hidden"_a, "max_tokens"_a, "tp"_a,
+      "num_scales"_a, "scale_block"_a, "wire_kind"_a, "layout"_a, "capacity"_a, "pow2"_a, "slots"_a,
+      "priv_rows"_a, "timeout_s"_a, "local_ranks"_a, "engine"_a, "provider"_a,
+      "Creates the communicator `comm_id` for this process's ranks (engine 'local' or 'fabric').");
+
+  h.def(
+      "bootstrap_info",
+      [](int64_t comm_id, int rank) {
+        auto& rc = host::find_comm(comm_id)->rank(rank);
+        std::vector<nb::bytes> descs;
+        for (auto& d : rc.descriptors()) descs.push_back(from_bytes(d));
+        return nb::make_tuple(from_bytes(rc.engine().address()), descs, rc.engine().provider());
+      },
+      "comm_id"_a, "rank"_a, "(engine address, [region descriptors], provider) of one local rank.");
+
+  h.def(
+      "connect",
+      [](int64_t comm_id, int rank, const std::vector<std::tuple<int, nb::bytes, std::vector<nb::bytes>>>& peers) {
+        auto& rc = host::find_comm(comm_id)->rank(rank);
+        std::vector<transfer::PeerAddress> addrs;
+        std::map<int, std::vector<transfer::Bytes>> descs;
+        for (auto& [r, addr, ds] : peers) {
+          if (r != rank) addrs.push_back({r, to_bytes(addr)});
+          for (auto& d : ds) descs[r].push_back(to_bytes(d));
+        }
+        nb::gil_scoped_release release;
+        rc.engine().add_peers(addrs);
+        rc.connect(descs);
+      },
+      "comm_id"_a, "rank"_a, "peers"_a, "Connects one local rank to every rank: [(rank, address, descriptors)].");
+
+  h.def("destroy", &host::unregister_comm, "comm_id"_a, "Closes the engines and forgets the communicator.");
+}
+
+}  // namespace a2a::python

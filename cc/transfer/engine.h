@@ -1,0 +1,156 @@
+// TransferEngine: one-sided writes with 32-bit immediate data between ranks, counted at the
+// receiver. Knows nothing about MoE: regions, peers, groups, writes, immediates.
+//
+//   auto e = make_engine(opts);                   // libfabric (FabricEngine) ...
+//   auto es = LocalHub::create(n);                // ... or n ranks inside one process (LocalEngine)
+//   e->add_peers({{r, address_bytes_of_r}, ...}); // addresses travel through the job's KV store
+//   auto reg = e->register_memory(ptr, bytes);    // reg->descriptor() travels the same way
+//   RemoteRegion dst = e->remote(descriptor_of_peer);
+//   auto g = e->peer_group({1, 2, 3});
+//   e->scatter(*g, *reg, {{0, 0, 64, &dst1, 0}, {1, 64, 0, nullptr, 0}}, imm);
+//   e->wait(imm, n, 5.0);                        // n arrivals of imm, whatever the order
+//
+// Thread safety: every call may come from several threads at once, except close() (no other call
+// may run during or after it).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transfer/counters.h"
+#include "transfer/errors.h"
+#include "transfer/imm.h"
+#include "transfer/memory.h"
+#include "transfer/peer_group.h"
+#include "transfer/progress.h"
+#include "transfer/wire.h"
+
+namespace a2a::transfer {
+
+struct EngineOptions {
+  std::string provider;  // "" -> $JAX_MOE_A2A_PROVIDER -> "shm"
+  int num_domains = 1;   // domains (NICs) per rank; peer r uses domain r % num_domains
+  int rank = 0;
+  int world_size = 1;
+  std::string iface;        // "" -> $JAX_MOE_A2A_IFACE; comma-separated domain names ("lo")
+  bool hmem = false;        // or $JAX_MOE_A2A_HMEM=1: ask the provider for FI_HMEM
+  double post_timeout_s = 30;  // or $JAX_MOE_A2A_POST_TIMEOUT_S: -FI_EAGAIN retries give up after
+  size_t rx_cq_size = 16384;   // or $JAX_MOE_A2A_RX_CQ_SIZE
+  ProgressOptions progress = ProgressOptions::from_env();
+
+  // Fills the empty fields from the environment and checks ranges.
+  EngineOptions resolved() const;
+};
+
+struct PeerAddress {
+  int rank;
+  Bytes address;
+};
+
+// One slice of a scatter: `length` bytes from `src_offset` of the source region to `dst_offset` of
+// `dst` at group member `peer`. length == 0 sends only the immediate (dst may be null).
+struct ScatterEntry {
+  uint32_t peer;
+  uint64_t src_offset;
+  uint64_t length;
+  const RemoteRegion* dst;
+  uint64_t dst_offset;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  uint64_t instance() const { return instance_; }  // random id of this engine incarnation
+  virtual EngineKind kind() const = 0;
+  virtual std::string provider() const = 0;
+  virtual int num_domains() const = 0;
+
+  // --- addressing -------------------------------------------------------------------------------
+  virtual Bytes address() const = 0;  // serialised EngineAddress
+  // Adds peers (our own rank is always known). Re-adding the same address is a no-op; a
+  // different address for a known rank, another provider or world size is refused.
+  virtual void add_peers(const std::vector<PeerAddress>& peers) = 0;
+  std::vector<int> peers() const;  // known ranks, ascending
+  bool has_peer(int rank) const { return peer_instance(rank) != 0; }
+
+  // --- memory -----------------------------------------------------------------------------------
+  virtual std::shared_ptr<Region> register_memory(void* data, uint64_t size,
+                                                  MemoryKind kind = MemoryKind::kHost,
+                                                  int device = 0) = 0;
+  // Parses and validates a peer's descriptor: refused unless its owner is a known peer of this
+  // engine with the same engine instance (unknown, stale and forged descriptors raise).
+  RemoteRegion remote(const Bytes& descriptor) const;
+
+  // --- groups and writes ------------------------------------------------------------------------
+  virtual std::shared_ptr<PeerGroup> peer_group(const std::vector<int>& ranks) = 0;
+  // One write to `peer` (a rank). dst may be null when length == 0.
+  virtual void write(int peer, const Region& src, uint64_t src_offset, uint64_t length,
+                     const RemoteRegion* dst, uint64_t dst_offset, uint32_t imm) = 0;
+  // Every entry is validated before anything is posted; then one write per entry.
+  virtual void scatter(const PeerGroup& group, const Region& src,
+                       const std::vector<ScatterEntry>& entries, uint32_t imm) = 0;
+  // A zero-byte write carrying imm to every member of the group.
+  virtual void signal(const PeerGroup& group, uint32_t imm) = 0;
+  // signal(group, imm), then wait(imm, group.size()). Consecutive barriers on one group must
+  // alternate between two imm values at least (e.g. epoch parity), else a fast peer's next
+  // arrival could count for this one.
+  void barrier(const PeerGroup& group, uint32_t imm, double timeout_s);
+  // Same with imm = pack_imm(tag, epoch, our rank); a timeout names the missing ranks.
+  void barrier_ranked(const PeerGroup& group, uint32_t tag, uint32_t epoch, double timeout_s);
+
+  // --- immediate counters -----------------------------------------------------------------------
+  // Blocks until n arrivals of imm were seen, then consumes them. TimeoutError after timeout_s
+  // says how many of how many arrived.
+  void wait(uint32_t imm, uint64_t n, double timeout_s);
+  // One arrival of pack_imm(tag, epoch, r) for every r in ranks; TimeoutError names the missing.
+  void wait_ranks(uint32_t tag, uint32_t epoch, const std::vector<int>& ranks, double timeout_s);
+  uint64_t count(uint32_t imm) const { return counters_.count(imm); }
+  std::vector<std::pair<uint32_t, uint64_t>> counts() const { return counters_.snapshot(); }
+
+  // --- completion and shutdown ------------------------------------------------------------------
+  // Waits until every posted write completed locally (source buffers reusable); raises the
+  // completion errors seen since the last flush, TimeoutError if writes are still in flight.
+  virtual void flush(double timeout_s) = 0;
+  virtual uint64_t pending() const = 0;  // writes posted and not completed
+  virtual void close() = 0;              // idempotent
+  virtual bool closed() const = 0;
+
+ protected:
+  Engine(int rank, int world_size, uint64_t instance)
+      : rank_(rank), world_size_(world_size), instance_(instance) {}
+
+  // Blocks until ready() returns true (true) or the deadline passes (false).
+  virtual bool await(Predicate ready, Clock::time_point deadline) = 0;
+  // Instance id of a known peer, 0 if unknown; num_domains of that peer.
+  virtual uint64_t peer_instance(int rank) const = 0;
+  virtual int peer_domains(int rank) const = 0;
+  // Text of errors not reported yet (appended to timeout messages); "" if none.
+  virtual std::string error_summary() const { return {}; }
+
+  // Shared validation (throws TransferError / std::invalid_argument naming `call` and the peer).
+  void check_open(const char* call) const;
+  void check_source(const Region& src, uint64_t offset, uint64_t length, const char* call) const;
+  void check_target(int peer, const RemoteRegion* dst, uint64_t offset, uint64_t length,
+                    const char* call) const;
+  void check_group(const PeerGroup& group, const char* call) const;
+  std::vector<int> check_group_ranks(const std::vector<int>& ranks) const;
+
+  static Clock::time_point deadline_after(double timeout_s);
+
+  int rank_;
+  int world_size_;
+  uint64_t instance_;
+  ImmCounters counters_;
+};
+
+// The libfabric engine for opts (provider, domains, rank...).
+std::unique_ptr<Engine> make_fabric_engine(const EngineOptions& opts);
+
+}  // namespace a2a::transfer

@@ -1,0 +1,95 @@
+// FabricEngine: the Engine over libfabric RDM endpoints (RMA writes with remote CQ data).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "transfer/address.h"
+#include "transfer/engine.h"
+#include "transfer/fabric.h"
+
+namespace a2a::transfer {
+
+class FabricEngine final : public Engine, private CompletionSink {
+ public:
+  explicit FabricEngine(const EngineOptions& opts);  // opts are resolved() here
+  ~FabricEngine() override;
+
+  EngineKind kind() const override { return EngineKind::kFabric; }
+  std::string provider() const override { return provider_; }
+  int num_domains() const override { return static_cast<int>(domains_.size()); }
+  const Domain& domain(int d) const { return *domains_[d]; }
+
+  Bytes address() const override { return address_; }
+  void add_peers(const std::vector<PeerAddress>& peers) override;
+
+  std::shared_ptr<Region> register_memory(void* data, uint64_t size, MemoryKind kind,
+                                          int device) override;
+  std::shared_ptr<PeerGroup> peer_group(const std::vector<int>& ranks) override;
+  void write(int peer, const Region& src, uint64_t src_offset, uint64_t length,
+             const RemoteRegion* dst, uint64_t dst_offset, uint32_t imm) override;
+  void scatter(const PeerGroup& group, const Region& src, const std::vector<ScatterEntry>& entries,
+               uint32_t imm) override;
+  void signal(const PeerGroup& group, uint32_t imm) override;
+
+  void flush(double timeout_s) override;
+  uint64_t pending() const override { return outstanding_.load(std::memory_order_acquire); }
+  void close() override;
+  bool closed() const override { return closed_.load(std::memory_order_acquire); }
+
+  // Polls every domain's CQs once; returns the completions handled.
+  int progress();
+
+ protected:
+  bool await(Predicate ready, Clock::time_point deadline) override;
+  uint64_t peer_instance(int rank) const override;
+  int peer_domains(int rank) const override;
+  std::string error_summary() const override;
+
+ private:
+  struct Peer {
+    std::atomic<bool> known{false};
+    uint64_t instance = 0;
+    int num_domains = 0;
+    Bytes address;
+    WriteTemplate tpl;
+  };
+
+  // CompletionSink (called by Domain::poll).
+  void on_arrivals(const uint32_t* imms, size_t n) override;
+  void on_sent(size_t n) override;
+  void on_send_error(void* context, const std::string& text, bool completed) override;
+  void on_recv_error(const std::string& text) override;
+
+  WriteTemplate make_template(int rank, const EngineAddress& peer) const;
+  // Posts one write (retrying -FI_EAGAIN while progressing, up to post_timeout_s). src == nullptr
+  // sends a zero-byte write to the peer's signal region. Self writes are memcpy + counter.
+  void post(const WriteTemplate& t, const Region* src, uint64_t src_offset, uint64_t length,
+            const RemoteRegion* dst, uint64_t dst_offset, uint32_t imm, const char* call);
+  void record_error(std::string text);
+
+  EngineOptions opts_;
+  std::string provider_;
+  std::vector<std::unique_ptr<Domain>> domains_;
+  Bytes address_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // by rank; slots never move
+  std::mutex peers_mu_;                       // serialises add_peers
+  std::shared_ptr<RegionRegistry> registry_ = std::make_shared<RegionRegistry>();
+
+  std::atomic<uint64_t> outstanding_{0};
+  std::atomic<int> waiters_{0};
+  std::atomic<bool> closed_{false};
+  std::mutex close_mu_;
+
+  mutable std::mutex errors_mu_;
+  std::vector<std::string> errors_;  // first few since the last flush
+  uint64_t error_count_ = 0;
+  std::atomic<bool> has_errors_{false};
+
+  std::unique_ptr<ProgressThread> progress_thread_;  // last member: stops first
+};
+
+}  // namespace a2a::transfer

@@ -1,0 +1,108 @@
+#include "transfer/progress.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "transfer/errors.h"
+
+namespace a2a::transfer {
+namespace {
+
+double env_double(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  double d = std::strtod(v, &end);
+  if (end == v || d < 0) throw TransferError(format("%s=%s: expected a non-negative number", name, v));
+  return d;
+}
+
+double elapsed_us(Clock::time_point since) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - since).count();
+}
+
+}  // namespace
+
+ProgressOptions ProgressOptions::from_env() {
+  ProgressOptions o;
+  if (const char* mode = std::getenv("JAX_MOE_A2A_PROGRESS"); mode && *mode) {
+    if (std::strcmp(mode, "spin") == 0) o.spin = true;
+    else if (std::strcmp(mode, "adaptive") != 0)
+      throw TransferError(format("JAX_MOE_A2A_PROGRESS=%s: expected 'adaptive' or 'spin'", mode));
+  }
+  o.spin_us = env_double("JAX_MOE_A2A_PROGRESS_SPIN_US", o.spin_us);
+  o.max_sleep_us = env_double("JAX_MOE_A2A_PROGRESS_MAX_SLEEP_US", o.max_sleep_us);
+  o.waiter_spin_us = env_double("JAX_MOE_A2A_WAIT_SPIN_US", o.waiter_spin_us);
+  o.waiter_yield_us = env_double("JAX_MOE_A2A_WAIT_YIELD_US", o.waiter_yield_us);
+  return o;
+}
+
+void Backoff::pause() {
+  // Reading the clock costs ~20 ns; do it every 64 polls only.
+  if ((++polls_ & 63) != 0) {
+    cpu_relax();
+    return;
+  }
+  double us = elapsed_us(start_);
+  if (us < opts_.waiter_spin_us) cpu_relax();
+  else if (us < opts_.waiter_yield_us) sched_yield();
+  else std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
+
+ProgressThread::ProgressThread(ProgressOptions opts, std::function<int()> poll,
+                               std::function<bool()> busy, const std::atomic<int>* waiters)
+    : opts_(opts), poll_(std::move(poll)), busy_(std::move(busy)), waiters_(waiters) {
+  thread_ = std::thread([this] { run(); });
+}
+
+void ProgressThread::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_.store(true);
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ProgressThread::run() {
+  auto last_event = Clock::now();
+  double sleep_us = 2;
+  auto sleep = [&](double us) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::duration<double, std::micro>(us), [&] { return stop_.load(); });
+  };
+  while (!stop_.load(std::memory_order_relaxed)) {
+    if (!opts_.spin && waiters_->load(std::memory_order_relaxed) > 0) {
+      // Waiters poll for themselves; two pollers only fight over the CQ lock and the cores.
+      sleep(std::max(opts_.max_sleep_us, 2.0));
+      continue;
+    }
+    int events = 0;
+    try {
+      events = poll_();
+    } catch (...) {
+      // poll() records errors itself; never let an exception kill the process from this thread.
+    }
+    if (events > 0 || opts_.spin) {
+      if (events > 0) {
+        last_event = Clock::now();
+        sleep_us = 2;
+      }
+      continue;
+    }
+    if (busy_()) {
+      sched_yield();  // writes in flight: only polling completes them (manual progress providers)
+    } else if (elapsed_us(last_event) < opts_.spin_us) {
+      cpu_relax();
+    } else {
+      sleep(sleep_us);
+      sleep_us = std::min(sleep_us * 2, std::max(opts_.max_sleep_us, 2.0));
+    }
+  }
+}
+
+}  // namespace a2a::transfer

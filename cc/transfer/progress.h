@@ -1,0 +1,101 @@
+// Polling policy: how a waiting thread and the engine's progress thread spend idle time.
+//
+// Waiters poll the completion queues themselves (lowest latency: the thread that needs an arrival
+// sees it first), so the progress thread steps aside while anyone waits and otherwise backs off from
+// spinning to short sleeps. Nothing spins forever: every loop has a deadline or a stop flag.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "transfer/counters.h"
+
+namespace a2a::transfer {
+
+struct ProgressOptions {
+  // Progress thread: keep polling this long after the last event before sleeping.
+  double spin_us = 50;
+  // Progress thread: longest sleep between polls when idle (sleeps grow from 2 us to this).
+  double max_sleep_us = 500;
+  // Progress thread polls without ever sleeping or stepping aside for waiters (dedicated core).
+  bool spin = false;
+  // Waiters: busy-poll this long, then sched_yield, then (after yield_us) sleep 20 us per poll.
+  double waiter_spin_us = 100;
+  double waiter_yield_us = 20000;
+
+  // Reads JAX_MOE_A2A_PROGRESS (adaptive|spin), JAX_MOE_A2A_PROGRESS_SPIN_US,
+  // JAX_MOE_A2A_PROGRESS_MAX_SLEEP_US, JAX_MOE_A2A_WAIT_SPIN_US, JAX_MOE_A2A_WAIT_YIELD_US.
+  static ProgressOptions from_env();
+};
+
+// A non-owning reference to a `bool()` callable (no allocation, unlike std::function): the
+// readiness test of a wait, called on every poll.
+class Predicate {
+ public:
+  template <typename F>
+  Predicate(F& f) : obj_(&f), call_([](void* o) { return (*static_cast<F*>(o))(); }) {}  // NOLINT
+  bool operator()() const { return call_(obj_); }
+
+ private:
+  void* obj_;
+  bool (*call_)(void*);
+};
+
+// One waiter's backoff: call pause() after every unsuccessful poll.
+class Backoff {
+ public:
+  explicit Backoff(const ProgressOptions& o) : opts_(o), start_(Clock::now()) {}
+  void pause();
+
+ private:
+  const ProgressOptions& opts_;
+  Clock::time_point start_;
+  uint32_t polls_ = 0;
+};
+
+// A thread that calls poll() (returns the number of events handled) until stopped.
+class ProgressThread {
+ public:
+  // busy(): true while work is outstanding that only polling completes (posted writes); the
+  // thread then never sleeps longer than a yield. waiters: steps aside while it is > 0.
+  ProgressThread(ProgressOptions opts, std::function<int()> poll, std::function<bool()> busy,
+                 const std::atomic<int>* waiters);
+  ~ProgressThread() { stop(); }
+  void stop();  // idempotent; joins
+
+ private:
+  void run();
+  ProgressOptions opts_;
+  std::function<int()> poll_;
+  std::function<bool()> busy_;
+  const std::atomic<int>* waiters_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::thread thread_;
+};
+
+// RAII: counts a thread as waiting while alive.
+class WaiterScope {
+ public:
+  explicit WaiterScope(std::atomic<int>& n) : n_(n) { n_.fetch_add(1, std::memory_order_relaxed); }
+  ~WaiterScope() { n_.fetch_sub(1, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int>& n_;
+};
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace a2a::transfer
