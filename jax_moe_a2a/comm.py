@@ -154,7 +154,7 @@ class Communicator:
 
     # ---- the four halves ---------------------------------------------------------------------
     def dispatch_send(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0,
-                      x_scale=None) -> DispatchHandle:
+                      x_scale=None, after=None) -> DispatchHandle:
         """Starts sending this rank's tokens to the ranks hosting their experts.
 
         Args:
@@ -163,6 +163,9 @@ class Communicator:
           topk_weights: [T, K] f32 router weights (used by combine).
           num_tokens: [] int32 device scalar (or int); rows at or past it are ignored. Default T.
           slot: buffer slot in [0, Spec.slots) (static).
+          after: optional array this send must run after. XLA orders the halves only through data;
+            two uses of one slot that share no data (e.g. a backward pass reusing the forward's
+            slot) need it.
         Returns: a DispatchHandle for `dispatch_recv`.
         """
         slot = self._check_slot(slot)
@@ -171,8 +174,8 @@ class Communicator:
         ctx = self._ctx()
         with jax.named_scope("a2a_dispatch_send"):
             arrays, route_arrays, dropped = self._backend.dispatch_send(
-                ctx, x, x_scale, topk_ids, topk_weights, n, slot)
-        route = Route(topk_weights.astype(jnp.float32), n, route_arrays, self.comm_id)
+                ctx, x, x_scale, topk_ids, topk_weights, n, slot, after=after)
+        route = Route(topk_weights.astype(jnp.float32), n, dict(route_arrays, topk_ids=topk_ids), self.comm_id)
         arrays = dict(arrays, _dropped=dropped)
         return DispatchHandle(arrays, route, slot, self.comm_id)
 
@@ -191,7 +194,7 @@ class Communicator:
         route = Route(handle.route.topk_weights, handle.route.num_tokens, route_arrays, self.comm_id)
         return Dispatched(x, scale, sizes, weights, src, dropped, overflow, route, handle.slot, self.comm_id)
 
-    def combine_send(self, y, got: Dispatched, *, slot: Optional[int] = None) -> CombineHandle:
+    def combine_send(self, y, got: Dispatched, *, slot: Optional[int] = None, after=None) -> CombineHandle:
         """Starts sending expert outputs back to their tokens' ranks.
 
         Args:
@@ -210,7 +213,7 @@ class Communicator:
             raise _shape_err("y", "dtype bf16, f16 or f32", y.dtype)
         ctx = self._ctx()
         with jax.named_scope("a2a_combine_send"):
-            arrays = self._backend.combine_send(ctx, y, got.route, slot)
+            arrays = self._backend.combine_send(ctx, y, got.route, slot, after=after)
         return CombineHandle(arrays, got.route, slot, self.comm_id)
 
     def combine_recv(self, handle: CombineHandle, out=None):
@@ -223,22 +226,35 @@ class Communicator:
         if not isinstance(handle, CombineHandle):
             raise ValueError(f"handle: expected the CombineHandle from combine_send, got {type(handle).__name__}")
         self._check_mine("handle", handle)
+        return self._combine_recv(handle, out)
+
+    def _combine_recv(self, handle, out, pairs=False):
         s = self.spec
         if out is not None and tuple(out.shape) != (s.max_tokens_per_rank, s.hidden):
             raise _shape_err("out", f"shape [T, H] = {[s.max_tokens_per_rank, s.hidden]}", list(out.shape))
         ctx = self._ctx()
         with jax.named_scope("a2a_combine_recv"):
-            return self._backend.combine_recv(ctx, handle.arrays, handle.route, handle.slot, out)
+            return self._backend.combine_recv(ctx, handle.arrays, handle.route, handle.slot, out, pairs=pairs)
 
     # ---- one-shot ----------------------------------------------------------------------------
     def dispatch(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0, x_scale=None) -> Dispatched:
-        """dispatch_send then dispatch_recv."""
-        return self.dispatch_recv(self.dispatch_send(x, topk_ids, topk_weights, num_tokens, slot=slot,
-                                                     x_scale=x_scale))
+        """dispatch_send then dispatch_recv; differentiable w.r.t. x and topk_weights."""
+        if self._backend.autodiff or x_scale is not None:
+            return self.dispatch_recv(self.dispatch_send(x, topk_ids, topk_weights, num_tokens, slot=slot,
+                                                         x_scale=x_scale))
+        from . import autodiff
+        self._check_slot(slot)
+        self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
+        return autodiff.dispatch(self, x, topk_ids, topk_weights, self._num_tokens(num_tokens), slot)
 
     def combine(self, y, got: Dispatched, out=None, *, slot: Optional[int] = None):
-        """combine_send then combine_recv."""
-        return self.combine_recv(self.combine_send(y, got, slot=slot), out=out)
+        """combine_send then combine_recv; differentiable w.r.t. y, the router weights and out."""
+        if self._backend.autodiff:
+            return self.combine_recv(self.combine_send(y, got, slot=slot), out=out)
+        from . import autodiff
+        if not isinstance(got, Dispatched):
+            raise ValueError(f"got: expected the Dispatched from dispatch_recv, got {type(got).__name__}")
+        return autodiff.combine(self, y, got, out, got.slot if slot is None else self._check_slot(slot))
 
     # ---- introspection -----------------------------------------------------------------------
     def buffer_bytes(self) -> int:

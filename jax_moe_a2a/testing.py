@@ -133,23 +133,15 @@ def expert_fn_jax(spec: Spec, num_ranks: int, got, y_dtype):
     return (x * factor[..., None]).astype(y_dtype)
 
 
-def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.bfloat16,
-            out: Optional[List[np.ndarray]] = None, split: bool = True, slot: int = 0):
-    """Runs dispatch then combine (toy expert in between) on every rank under jit + shard_map.
+_STEP_CACHE: dict = {}
 
-    Returns {rank: {"got": Dispatched fields as numpy, "out": [T, H]}} for this process's ranks.
-    """
+
+def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split: bool, slot: int):
+    """The jitted per-rank step of run_ops, compiled once per (communicator, variant)."""
+    key = (id(comm), comm.comm_id, has_scale, has_out, np.dtype(y_dtype).name, split, slot)
+    if key in _STEP_CACHE:
+        return _STEP_CACHE[key]
     spec, n, axis, mesh = comm.spec, comm.num_ranks, comm.axis, comm.mesh
-    args = [stack_global(mesh, axis, [i.x for i in inputs]),
-            stack_global(mesh, axis, [i.topk_ids for i in inputs]),
-            stack_global(mesh, axis, [i.topk_weights for i in inputs]),
-            stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs])]
-    has_scale = inputs[0].x_scale is not None
-    has_out = out is not None
-    if has_scale:
-        args.append(stack_global(mesh, axis, [i.x_scale for i in inputs]))
-    if has_out:
-        args.append(stack_global(mesh, axis, out))
 
     def per_rank(x, ids, w, nt, *rest):
         rest = list(rest)
@@ -171,8 +163,35 @@ def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.
             fields["scale"] = got.scale
         return jax.tree.map(lambda a: a[None], fields)
 
-    f = jax.jit(shard_map(per_rank, mesh=mesh, in_specs=tuple(P(axis) for _ in args), out_specs=P(axis)))
-    poison_devices(mesh)
+    nargs = 4 + int(has_scale) + int(has_out)
+    f = jax.jit(shard_map(per_rank, mesh=mesh, in_specs=(P(axis),) * nargs, out_specs=P(axis)))
+    if len(_STEP_CACHE) > 64:
+        _STEP_CACHE.clear()
+    _STEP_CACHE[key] = f
+    return f
+
+
+def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.bfloat16,
+            out: Optional[List[np.ndarray]] = None, split: bool = True, slot: int = 0, poison: bool = True):
+    """Runs dispatch then combine (toy expert in between) on every rank under jit + shard_map.
+
+    The compiled step is cached per communicator, so repeated calls (soak tests) reuse it.
+    Returns {rank: {"x", "scale", "group_sizes", "weights", "src", "num_dropped", "num_overflow",
+    "out"}} as numpy, for this process's ranks.
+    """
+    mesh, axis = comm.mesh, comm.axis
+    args = [stack_global(mesh, axis, [i.x for i in inputs]),
+            stack_global(mesh, axis, [i.topk_ids for i in inputs]),
+            stack_global(mesh, axis, [i.topk_weights for i in inputs]),
+            stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs])]
+    has_scale = inputs[0].x_scale is not None
+    if has_scale:
+        args.append(stack_global(mesh, axis, [i.x_scale for i in inputs]))
+    if out is not None:
+        args.append(stack_global(mesh, axis, out))
+    f = _step_fn(comm, has_scale, out is not None, y_dtype, split, slot)
+    if poison:
+        poison_devices(mesh)
     res = f(*args)
     per = {k: local_ranks_of(v) for k, v in res.items()}
     ranks = sorted(per["out"])

@@ -45,11 +45,14 @@ ffi::Error run(const char* op, int64_t comm_id, int rank, F&& f) {
 
 ffi::Error DispatchSend(ffi::Buffer<ffi::S32> rank, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> x_scale,
                         ffi::Buffer<ffi::S32> ids, ffi::Buffer<ffi::F32> weights,
-                        ffi::Buffer<ffi::S32> num_tokens, ffi::Result<ffi::Buffer<ffi::S32>> handle,
-                        ffi::Result<ffi::Buffer<ffi::S32>> dest, ffi::Result<ffi::Buffer<ffi::S32>> pair_slot,
-                        ffi::Result<ffi::Buffer<ffi::S32>> dropped, int64_t comm_id, int32_t slot,
-                        int64_t call_id) {
-  (void)call_id;  // distinct per call site so that XLA never merges two sends
+                        ffi::Buffer<ffi::S32> num_tokens, ffi::AnyBuffer after,
+                        ffi::Result<ffi::Buffer<ffi::S32>> handle, ffi::Result<ffi::Buffer<ffi::S32>> dest,
+                        ffi::Result<ffi::Buffer<ffi::S32>> pair_slot, ffi::Result<ffi::Buffer<ffi::S32>> dropped,
+                        int64_t comm_id, int32_t slot, int64_t call_id) {
+  // call_id: distinct per call site so that XLA never merges two sends. after: any array this
+  // send must follow (XLA orders custom calls only by data), never read.
+  (void)call_id;
+  (void)after;
   a2a::host::DispatchSendArgs a{};
   if (!elem_kind(x.element_type(), &a.x_kind)) return a2a::ffi_util::invalid("host dispatch_send: x dtype");
   a.x = x.untyped_data();
@@ -87,9 +90,10 @@ ffi::Error DispatchRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> handle
 }
 
 ffi::Error CombineSend(ffi::Buffer<ffi::S32> rank, ffi::AnyBuffer y, ffi::Buffer<ffi::S32> src,
-                       ffi::Buffer<ffi::S32> recv_slot, ffi::Buffer<ffi::S32> recv_counts,
+                       ffi::Buffer<ffi::S32> recv_slot, ffi::Buffer<ffi::S32> recv_counts, ffi::AnyBuffer after,
                        ffi::Result<ffi::Buffer<ffi::S32>> handle, int64_t comm_id, int32_t slot, int64_t call_id) {
   (void)call_id;
+  (void)after;
   a2a::host::CombineSendArgs a{};
   if (!elem_kind(y.element_type(), &a.y_kind) || a.y_kind == ElemKind::kF8E4M3)
     return a2a::ffi_util::invalid("host combine_send: y must be bf16, f16 or f32");
@@ -107,7 +111,7 @@ ffi::Error CombineSend(ffi::Buffer<ffi::S32> rank, ffi::AnyBuffer y, ffi::Buffer
 ffi::Error CombineRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> handle, ffi::Buffer<ffi::S32> dest,
                        ffi::Buffer<ffi::S32> pair_slot, ffi::Buffer<ffi::F32> weights,
                        ffi::Buffer<ffi::S32> num_tokens, ffi::AnyBuffer out_in, ffi::Result<ffi::AnyBuffer> out,
-                       int64_t comm_id, int32_t slot, int32_t y_kind) {
+                       ffi::Result<ffi::Buffer<ffi::F32>> pairs, int64_t comm_id, int32_t slot, int32_t y_kind) {
   a2a::host::CombineRecvArgs a{};
   a.handle = handle.typed_data();
   a.y_kind = static_cast<ElemKind>(y_kind);
@@ -120,6 +124,7 @@ ffi::Error CombineRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> handle,
     return a2a::ffi_util::invalid("host combine_recv: out dtype");
   if (!elem_kind(out->element_type(), &a.out_kind)) return a2a::ffi_util::invalid("host combine_recv: result dtype");
   a.out = out->untyped_data();
+  a.pairs = pairs->element_count() ? pairs->typed_data() : nullptr;
   a.slot = slot;
   const int r = rank.typed_data()[0];
   return run("combine_recv", comm_id, r, [&](a2a::host::RankComm& c) { c.combine_recv(a); });
@@ -135,6 +140,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostDispatchSend, DispatchSend,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
@@ -165,6 +171,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostCombineSend, CombineSend,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("comm_id")
                                   .Attr<int32_t>("slot")
@@ -180,6 +187,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostCombineRecv, CombineRecv,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("comm_id")
                                   .Attr<int32_t>("slot")
                                   .Attr<int32_t>("y_kind"));

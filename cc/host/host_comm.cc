@@ -276,6 +276,7 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
   const int64_t stride = int64_t(H) * elem_bytes(a.y_kind);
   std::vector<float> acc(H);
   const int n = std::max(0, std::min(a.num_tokens, T));
+  if (a.pairs) std::fill(a.pairs, a.pairs + int64_t(T) * K * H, 0.0f);
   for (int t = 0; t < T; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0f);
     if (t < n) {
@@ -288,6 +289,7 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
         const uint8_t* row = sl.c_recv.data() + ((int64_t(d) * tp + t % tp) * lay_.P + j) * stride;
         const float w = a.weights[pk];
         accumulate_row(acc.data(), row, a.y_kind, H, w);
+        if (a.pairs) accumulate_row(a.pairs + pk * H, row, a.y_kind, H, 1.0f);
       }
     }
     if (a.out_in) {

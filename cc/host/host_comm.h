@@ -107,6 +107,7 @@ struct CombineRecvArgs {
   int slot;
   void* out;                  // [T, H] in out_kind
   ElemKind out_kind;
+  float* pairs;               // [T, K, H] f32 unweighted row of every pair (0 if none), or null
 };
 
 class RankComm {

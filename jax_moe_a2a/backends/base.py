@@ -24,6 +24,28 @@ class Ctx:
     options: dict
 
 
+def varying(tree, axis):
+    """Marks FFI outputs as varying over the EP axis inside shard_map (they differ per rank);
+    without it JAX types them as replicated and autodiff/check_vma reject them. No-op on JAX
+    versions without `jax.lax.pcast`."""
+    import jax
+
+    pcast = getattr(jax.lax, "pcast", None)
+    if pcast is None:
+        return tree
+    axes = axis if isinstance(axis, tuple) else (axis,)
+
+    def cast(a):
+        if a is None or getattr(a, "dtype", None) == jax.dtypes.float0:
+            return a
+        try:
+            return pcast(a, axes, to="varying")
+        except (ValueError, TypeError, NameError):  # already varying, or outside shard_map
+            return a
+
+    return jax.tree.map(cast, tree)
+
+
 class Backend:
     """Backend protocol. Subclasses fill in the four halves."""
 
@@ -33,9 +55,10 @@ class Backend:
         """Communication buffer bytes one rank holds (all slots)."""
         raise NotImplementedError
 
-    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot: int):
+    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot: int, after=None):
         """x [T, H] (input dtype, or fp8 with x_scale [T, S]); topk_ids [T, K] int32;
-        topk_weights [T, K] f32; num_tokens [] int32.
+        topk_weights [T, K] f32; num_tokens [] int32; after: an array this send must follow
+        (XLA orders calls only by data dependencies), or None.
         Returns (handle_arrays: dict, route_arrays: dict, num_dropped [] int32)."""
         raise NotImplementedError
 
@@ -43,11 +66,18 @@ class Backend:
         """Returns (x, scale|None, group_sizes [L], weights, src, num_overflow [], route_arrays)."""
         raise NotImplementedError
 
-    def combine_send(self, ctx: Ctx, y, route, slot: int) -> dict:
+    def combine_send(self, ctx: Ctx, y, route, slot: int, after=None) -> dict:
         """y in the layout of Dispatched.x (bf16/f16/f32). Returns handle arrays."""
         raise NotImplementedError
 
-    def combine_recv(self, ctx: Ctx, handle_arrays: dict, route, slot: int, out: Optional[Any]):
+    # True when JAX autodiff differentiates the halves directly (pure-JAX backends); otherwise the
+    # communicator wraps the one-shot ops in custom_vjp (jax_moe_a2a/autodiff.py).
+    autodiff = False
+
+    def combine_recv(self, ctx: Ctx, handle_arrays: dict, route, slot: int, out: Optional[Any],
+                     pairs: bool = False):
         """Returns [T, H] in Spec.combine_dtype: sum_k w * y_row (f32 accumulation), plus `out`
-        when given; rows at or past num_tokens are 0 (or `out`)."""
+        when given; rows at or past num_tokens are 0 (or `out`). With pairs=True also returns the
+        unweighted row of every pair, [T, K, H] f32 (0 where the pair was not routed or dropped),
+        which the weight gradient needs."""
         raise NotImplementedError

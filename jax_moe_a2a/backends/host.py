@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _ffi
-from .base import Backend, Ctx
+from .base import Backend, Ctx, varying
 
 _WIRE = {np.dtype(jnp.float32): 0, np.dtype(jnp.bfloat16): 1, np.dtype(jnp.float16): 2,
          np.dtype(jnp.float8_e4m3fn): 3}
@@ -28,6 +28,11 @@ def unavailable_reason():
     if jax.default_backend() != "cpu":
         return f"the host backend runs on CPU devices (default backend here: {jax.default_backend()})"
     return None
+
+
+def _after(after):
+    """The ordering operand of the send halves: any array (never read), or an empty one."""
+    return jnp.zeros((0,), jnp.int32) if after is None else after
 
 
 def _kv_client():
@@ -107,16 +112,16 @@ class HostBackend(Backend):
         return spec.slots * _layout_bytes(spec, num_ranks, self._priv_rows)
 
     # ---- the four halves -----------------------------------------------------------------
-    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot):
+    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None):
         t, k = topk_ids.shape
         i32 = jnp.int32
         outs = (jax.ShapeDtypeStruct((2,), i32), jax.ShapeDtypeStruct((t, k), i32),
                 jax.ShapeDtypeStruct((t, k), i32), jax.ShapeDtypeStruct((), i32))
         xs = x_scale if x_scale is not None else jnp.zeros((0,), jnp.float32)
         call = jax.ffi.ffi_call("jax_moe_a2a_host_dispatch_send", outs, has_side_effect=True)
-        handle, dest, pair_slot, dropped = call(
+        handle, dest, pair_slot, dropped = varying(call(
             ctx.rank.reshape(()), x, xs, topk_ids, topk_weights.astype(jnp.float32), num_tokens.reshape(()),
-            comm_id=np.int64(ctx.comm_id), slot=np.int32(slot), call_id=np.int64(ctx.call_id))
+            _after(after), comm_id=np.int64(ctx.comm_id), slot=np.int32(slot), call_id=np.int64(ctx.call_id)), ctx.axis)
         return {"handle": handle}, {"dest": dest, "slot": pair_slot}, dropped
 
     def dispatch_recv(self, ctx: Ctx, arrays, route, slot):
@@ -133,30 +138,33 @@ class HostBackend(Backend):
                 jax.ShapeDtypeStruct((n,), i32),
                 jax.ShapeDtypeStruct((), i32))
         call = jax.ffi.ffi_call("jax_moe_a2a_host_dispatch_recv", outs, has_side_effect=True)
-        x, scale, sizes, weights, src, recv_slot, recv_counts, overflow = call(
-            ctx.rank.reshape(()), arrays["handle"], comm_id=np.int64(ctx.comm_id), slot=np.int32(slot))
+        x, scale, sizes, weights, src, recv_slot, recv_counts, overflow = varying(call(
+            ctx.rank.reshape(()), arrays["handle"], comm_id=np.int64(ctx.comm_id), slot=np.int32(slot)), ctx.axis)
         route = dict(route, recv_src=src, recv_slot=recv_slot, recv_counts=recv_counts)
         x = x.reshape(*shape, spec.hidden)
         scale = scale.reshape(*shape, spec.num_scales) if spec.is_fp8 else None
         return x, scale, sizes, weights.reshape(shape), src.reshape(*shape, 2), overflow, route
 
-    def combine_send(self, ctx: Ctx, y, route, slot):
+    def combine_send(self, ctx: Ctx, y, route, slot, after=None):
         spec = ctx.spec
         a = route.arrays
         call = jax.ffi.ffi_call("jax_moe_a2a_host_combine_send", jax.ShapeDtypeStruct((2,), jnp.int32),
                                 has_side_effect=True)
-        handle = call(ctx.rank.reshape(()), y.reshape(-1, spec.hidden), a["recv_src"], a["recv_slot"],
-                      a["recv_counts"], comm_id=np.int64(ctx.comm_id), slot=np.int32(slot),
-                      call_id=np.int64(ctx.call_id))
+        handle = varying(call(ctx.rank.reshape(()), y.reshape(-1, spec.hidden), a["recv_src"], a["recv_slot"],
+                              a["recv_counts"], _after(after), comm_id=np.int64(ctx.comm_id), slot=np.int32(slot),
+                              call_id=np.int64(ctx.call_id)), ctx.axis)
         return {"handle": handle, "y_dtype": jnp.zeros((0,), y.dtype)}  # zero-size: carries y's dtype
 
-    def combine_recv(self, ctx: Ctx, arrays, route, slot, out):
+    def combine_recv(self, ctx: Ctx, arrays, route, slot, out, pairs=False):
         spec = ctx.spec
-        t, h = spec.max_tokens_per_rank, spec.hidden
+        t, h, k = spec.max_tokens_per_rank, spec.hidden, spec.experts_per_token
         y_kind = _WIRE[np.dtype(arrays["y_dtype"].dtype)]
         out_in = out if out is not None else jnp.zeros((0,), spec.combine_dtype)
-        call = jax.ffi.ffi_call("jax_moe_a2a_host_combine_recv",
-                                jax.ShapeDtypeStruct((t, h), spec.combine_dtype), has_side_effect=True)
-        return call(ctx.rank.reshape(()), arrays["handle"], route.arrays["dest"], route.arrays["slot"],
-                    route.topk_weights.astype(jnp.float32), route.num_tokens.reshape(()), out_in,
-                    comm_id=np.int64(ctx.comm_id), slot=np.int32(slot), y_kind=np.int32(y_kind))
+        outs = (jax.ShapeDtypeStruct((t, h), spec.combine_dtype),
+                jax.ShapeDtypeStruct((t, k, h) if pairs else (0,), jnp.float32))
+        call = jax.ffi.ffi_call("jax_moe_a2a_host_combine_recv", outs, has_side_effect=True)
+        res, rows = varying(call(ctx.rank.reshape(()), arrays["handle"], route.arrays["dest"], route.arrays["slot"],
+                                 route.topk_weights.astype(jnp.float32), route.num_tokens.reshape(()), out_in,
+                                 comm_id=np.int64(ctx.comm_id), slot=np.int32(slot), y_kind=np.int32(y_kind)),
+                            ctx.axis)
+        return (res, rows) if pairs else res

@@ -41,6 +41,7 @@ def routed_pairs(spec, num_ranks, topk_ids, num_tokens):
 
 class ReferenceBackend(Backend):
     name = "reference"
+    autodiff = True
 
     def buffer_bytes(self, spec, num_ranks):
         p = spec.rows_per_peer(num_ranks)
@@ -49,7 +50,7 @@ class ReferenceBackend(Backend):
         return 2 * (wire + back)  # send and receive copies (XLA temporaries, not pinned)
 
     # -- dispatch ------------------------------------------------------------------------------
-    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot):
+    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None):
         spec, n = ctx.spec, ctx.num_ranks
         t_count, k = topk_ids.shape
         l_count = spec.local_experts(n)
@@ -153,7 +154,7 @@ class ReferenceBackend(Backend):
         return x, scale, group_sizes.astype(jnp.int32), weights, src, num_overflow, route
 
     # -- combine -------------------------------------------------------------------------------
-    def combine_send(self, ctx: Ctx, y, route, slot):
+    def combine_send(self, ctx: Ctx, y, route, slot, after=None):
         spec, n = ctx.spec, ctx.num_ranks
         tp = spec.tp_size
         flat = y.reshape(-1, spec.hidden)
@@ -163,7 +164,7 @@ class ReferenceBackend(Backend):
         members = (jnp.arange(n) // tp * tp)[:, None] + jnp.arange(tp)[None, :]
         return {"y": _a2a(rows[members], ctx.axis)}
 
-    def combine_recv(self, ctx: Ctx, arrays, route, slot, out):
+    def combine_recv(self, ctx: Ctx, arrays, route, slot, out, pairs=False):
         spec, n = ctx.spec, ctx.num_ranks
         tp = spec.tp_size
         back = arrays["y"]                                        # [N(expert rank), tp, P, H]
@@ -180,4 +181,5 @@ class ReferenceBackend(Backend):
         acc = jnp.where(active, acc, 0.0)
         if out is not None:
             acc = acc + out.astype(jnp.float32)
-        return acc.astype(spec.combine_dtype)
+        acc = acc.astype(spec.combine_dtype)
+        return (acc, jnp.where(active[..., None], rows, 0.0)) if pairs else acc

@@ -1,0 +1,112 @@
+"""custom_vjp rules for backends that JAX cannot differentiate (FFI calls).
+
+The cotangent of dispatch is a combine of the row cotangents with unit weights; the cotangent of
+combine is a dispatch of the output cotangent (rows scaled by their router weight) plus the weight
+gradient <cotangent, expert row>, for which the forward combine also returns every pair's row.
+Only the one-shot `dispatch` / `combine` are differentiable; the split halves are for inference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .backends.base import varying
+from .types import Dispatched, Route
+
+
+def _zero_cotangent(tree, axis):
+    def z(a):
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            return varying(jnp.zeros(a.shape, a.dtype), axis)
+        return np.zeros(a.shape, jax.dtypes.float0)
+    return jax.tree.map(z, tree)
+
+
+def _fp8_error():
+    return NotImplementedError(
+        "jax_moe_a2a: gradients through a non-JAX backend need a 16/32-bit Spec.dispatch_dtype "
+        "(fp8 rows have no useful cotangent); use bf16 dispatch for training")
+
+
+def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot):
+    """Differentiable one-shot dispatch (w.r.t. x and topk_weights). Shapes as Communicator.dispatch."""
+    spec = comm.spec
+
+    def raw(x, ids, w, n):
+        return comm.dispatch_recv(comm.dispatch_send(x, ids, w, n, slot=slot))
+
+    @jax.custom_vjp
+    def f(x, ids, w, n):
+        return raw(x, ids, w, n)
+
+    def fwd(x, ids, w, n):
+        got = raw(x, ids, w, n)
+        return got, (got, jnp.zeros((0,), x.dtype))
+
+    def bwd(res, g):
+        got, x_dtype_carrier = res
+        if spec.is_fp8:
+            raise _fp8_error()
+        # rows past the counts carry no gradient
+        valid = got.src[..., 0] >= 0
+        gx = jnp.where(valid[..., None], g.x.astype(jnp.float32), 0.0)
+        unit = Route(jnp.ones_like(got.route.topk_weights), got.route.num_tokens, got.route.arrays,
+                     got.route.comm_id)
+        back = comm.combine_recv(comm.combine_send(gx, dataclasses.replace(got, route=unit), after=g.x))
+        if spec.tp_size > 1:  # only the member that sent a token gets its gradient
+            rank = jax.lax.axis_index(comm.axis)
+            t = jnp.arange(spec.max_tokens_per_rank)
+            back = jnp.where((t % spec.tp_size == rank % spec.tp_size)[:, None], back, 0)
+        grad_x = back.astype(x_dtype_carrier.dtype)
+        grad_w = g.route.topk_weights
+        return varying(grad_x, comm.axis), None, varying(grad_w, comm.axis), None
+
+    f.defvjp(fwd, bwd)
+    return f(x, topk_ids, topk_weights, num_tokens)
+
+
+def combine(comm, y, got: Dispatched, out, slot):
+    """Differentiable one-shot combine (w.r.t. y, the router weights in got.route, and out)."""
+    spec = comm.spec
+    has_out = out is not None
+
+    @jax.custom_vjp
+    def f(y, got, out):
+        h = comm.combine_send(y, got, slot=slot)
+        return comm.combine_recv(h, out=out if has_out else None)
+
+    def fwd(y, got, out):
+        h = comm.combine_send(y, got, slot=slot)
+        res, pairs = comm._combine_recv(h, out if has_out else None, pairs=True)
+        return res, (got, pairs, jnp.zeros((0,), y.dtype))
+
+    def bwd(res, g):
+        got, pairs, y_carrier = res
+        if spec.tp_size > 1:
+            raise NotImplementedError(
+                "jax_moe_a2a: combine gradients with tp_size > 1 on a non-JAX backend are not supported "
+                "yet (the cotangent must first be summed over the tp group); use backend='reference'")
+        gf = g.astype(jnp.float32)
+        grad_w = jnp.einsum("th,tkh->tk", gf, pairs)
+        r = got.route
+        if spec.is_fp8:
+            raise _fp8_error()
+        # `after=pairs`: this second dispatch on the slot must follow the forward's combine_recv
+        # (its FREE signals), and nothing else in the data says so.
+        got_g = comm.dispatch_recv(comm.dispatch_send(gf, r.arrays["topk_ids"], r.topk_weights, r.num_tokens,
+                                                      slot=slot, after=pairs))
+        valid = got.src[..., 0] >= 0
+        rows = got_g.x.astype(jnp.float32) * got.weights[..., None]
+        grad_y = jnp.where(valid[..., None], rows, 0.0).astype(y_carrier.dtype)
+        grad_got = _zero_cotangent(got, comm.axis)
+        grad_out = varying(g, comm.axis) if has_out else None
+        grad_w = varying(grad_w, comm.axis)
+        grad_got = dataclasses.replace(grad_got, route=dataclasses.replace(grad_got.route, topk_weights=grad_w))
+        return varying(grad_y, comm.axis), grad_got, grad_out
+
+    f.defvjp(fwd, bwd)
+    return f(y, got, out if has_out else None)
