@@ -272,6 +272,13 @@ class Communicator:
                    recv_rows=self.spec.recv_rows(self.num_ranks))
         return out
 
+    def close(self):
+        """Releases the backend's buffers, engines and threads now (also done when the
+        communicator is garbage-collected). The communicator is unusable afterwards."""
+        close = getattr(self._backend, "close", None)
+        if close is not None:
+            close()
+
     def reset_stats(self):
         with self._lock:
             self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0}

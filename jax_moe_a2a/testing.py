@@ -133,14 +133,12 @@ def expert_fn_jax(spec: Spec, num_ranks: int, got, y_dtype):
     return (x * factor[..., None]).astype(y_dtype)
 
 
-_STEP_CACHE: dict = {}
-
-
 def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split: bool, slot: int):
     """The jitted per-rank step of run_ops, compiled once per (communicator, variant)."""
-    key = (id(comm), comm.comm_id, has_scale, has_out, np.dtype(y_dtype).name, split, slot)
-    if key in _STEP_CACHE:
-        return _STEP_CACHE[key]
+    cache = comm.__dict__.setdefault("_test_steps", {})  # lives and dies with the communicator
+    key = (has_scale, has_out, np.dtype(y_dtype).name, split, slot)
+    if key in cache:
+        return cache[key]
     spec, n, axis, mesh = comm.spec, comm.num_ranks, comm.axis, comm.mesh
 
     def per_rank(x, ids, w, nt, *rest):
@@ -165,9 +163,7 @@ def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split:
 
     nargs = 4 + int(has_scale) + int(has_out)
     f = jax.jit(shard_map(per_rank, mesh=mesh, in_specs=(P(axis),) * nargs, out_specs=P(axis)))
-    if len(_STEP_CACHE) > 64:
-        _STEP_CACHE.clear()
-    _STEP_CACHE[key] = f
+    cache[key] = f
     return f
 
 

@@ -1,20 +1,36 @@
 #!/usr/bin/env bash
-# Build and test on a GPU machine (the H200 machine of DESIGN.md section 12): the CUDA FFI
-# handlers against the NumPy oracle, the op tests on the GPU, then the benchmark.
-# Logs go to ${OUT:-gpu-out}. Uses the machine's Python and jax (no venv, no downloads).
+# Build and test on a GPU machine (the H200 machine of DESIGN.md section 12), then benchmark.
+# Several processes share the one GPU, each one JAX rank (XLA's own collectives refuse that, so
+# the multi-process runs use the cuda backend and the NumPy oracle only).
+# Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
-} 2>&1 | tee "$OUT/env.log"
-python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -20 | tee "$OUT/build.log"
-python3 -c "import jax_moe_a2a._C as c; print('cuda:', c.built_with_cuda(), 'libfabric:', c.built_with_libfabric())" | tee -a "$OUT/build.log"
+export PYTHONUNBUFFERED=1 JAX_MOE_A2A_COMMIT=${JAX_MOE_A2A_COMMIT:-unknown}
+STAGES=${STAGES:-build single mpi bench}
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+if has build; then
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    python3 -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee "$OUT/env.log"
+  python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -20 | tee "$OUT/build.log"
+  python3 -c "import jax_moe_a2a._C as c; print('cuda:', c.built_with_cuda(), 'libfabric:', c.built_with_libfabric())" | tee -a "$OUT/build.log"
+fi
 cd tests
-JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 python3 -m pytest -q -p no:cacheprovider \
-  test_quant.py test_ops.py test_errors.py test_grad.py 2>&1 | tee "$OUT/tests.log"
+if has single; then
+  JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 300 python3 -m pytest -q -p no:cacheprovider \
+    test_quant.py test_ops.py test_errors.py test_grad.py 2>&1 | tail -40 | tee "$OUT/single.log"
+fi
+if has mpi; then
+  for n in ${NPROCS:-2 4 8}; do
+    JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.6/$n, 3))") \
+      timeout 400 "${MPIRUN[@]}" -n "$n" python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x \
+      test_ops.py test_grad.py 2>&1 | grep -vE "^\s*$" | tail -30 | tee "$OUT/mpi$n.log"
+  done
+fi
 cd ..
-JAX_PLATFORMS=cuda,cpu python3 -m jax_moe_a2a.bench --backend reference --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 \
-  | grep -v "it/s\|step/s" | tee "$OUT/bench.log"
+if has bench; then
+  JAX_PLATFORMS=cuda,cpu timeout 300 python3 -m jax_moe_a2a.bench --out "$OUT/bench1" ${BENCH_ARGS:-} 2>&1 \
+    | grep -v "step/s" | tee "$OUT/bench1.log"
+fi

@@ -22,7 +22,10 @@ if _MPI_SIZE > 1:
     from jax._src import distributed as _dist  # noqa: E402
 
     if _dist.global_state.client is None:
-        jax.distributed.initialize()
+        # Several processes sharing one GPU (how the GPU suite runs on one H200): every process
+        # takes the same local device ids, e.g. JAX_MOE_A2A_LOCAL_DEVICE_IDS=0.
+        ids = os.environ.get("JAX_MOE_A2A_LOCAL_DEVICE_IDS")
+        jax.distributed.initialize(local_device_ids=[int(i) for i in ids.split(",")] if ids else None)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -36,6 +39,14 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "mpi" not in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _collect_communicators():
+    """Communicators own engines and threads: collect the ones a test dropped right away."""
+    yield
+    import gc
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,10 @@ import pytest
 import jax_moe_a2a as a2a
 from jax_moe_a2a import testing as T
 
-pytestmark = pytest.mark.mpi
+# Cases that also run under mpirun (each process compiles every case, so the multi-process
+# suites take a representative subset; the single-process suite runs them all).
+MPI_CASES = {"fp8-random", "expert-major", "one-hot-expert", "empty-ranks", "minus-one-and-invalid",
+             "tp2-fp8-expert-major", "overflow-ragged", "combine-into-out"}
 
 BACKENDS = [b for b in os.environ.get("JAX_MOE_A2A_TEST_BACKENDS", ",".join(a2a.available_backends())).split(",") if b]
 FP8 = jnp.float8_e4m3fn
@@ -55,7 +58,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case_id, spec_kw, input_kw, run_kw", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case_id, spec_kw, input_kw, run_kw",
+                         [pytest.param(*c, marks=[pytest.mark.mpi] if c[0] in MPI_CASES else [], id=c[0])
+                          for c in CASES])
 def test_against_oracle(backend, case_id, spec_kw, input_kw, run_kw, num_ranks, mesh):
     spec_kw = dict(spec_kw)
     if spec_kw.get("num_experts", 32) % num_ranks or num_ranks % spec_kw.get("tp_size", 1):
@@ -77,6 +82,7 @@ def test_against_oracle(backend, case_id, spec_kw, input_kw, run_kw, num_ranks, 
         assert sum(int(r["num_overflow"]) for r in results.values()) > 0 or jax.process_count() > 1
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_repeated_steps_fresh_inputs(backend, num_ranks, mesh):
     """The same compiled step on several fresh random routings (buffers reused across steps)."""
@@ -87,6 +93,7 @@ def test_repeated_steps_fresh_inputs(backend, num_ranks, mesh):
         T.check_all(comm, inputs, T.run_ops(comm, inputs))
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_stats_count_drops_and_overflow(backend, num_ranks, mesh):
     spec = a2a.Spec(**BASE, recv_capacity=8)
@@ -100,6 +107,7 @@ def test_stats_count_drops_and_overflow(backend, num_ranks, mesh):
     assert st["buffer_bytes_per_rank"] > 0 and st["backend"] == backend
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_debug_raises_on_drop(backend, num_ranks, mesh):
     spec = a2a.Spec(**BASE)

@@ -49,6 +49,11 @@ def conn(request):
         yield c
 
 
+def leftover(e):
+    """Unconsumed arrivals, except the closing barrier's (fast peers may have sent theirs)."""
+    return {k: v for k, v in e.counts().items() if transfer.unpack_imm(k)[0] != FINAL_TAG}
+
+
 def other_ranks(c):
     return [r for r in range(c.world_size) if r != c.rank]
 
@@ -127,7 +132,7 @@ def test_barrier_repeated(conn):
     e.barrier(group, transfer.pack_imm(5, 0, 0), T)
     if conn.rank != 0:
         assert time.monotonic() - t0 > 0.2
-    assert e.counts() == {}
+    assert leftover(e) == {}
 
 
 @pytest.mark.mpi

@@ -15,4 +15,9 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aHostCombineRecv);
 #endif
 #if defined(JAX_MOE_A2A_WITH_CUDA)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aQuantizeFp8Cuda);
+// cuda backend (cc/cuda): the four halves on NVIDIA GPUs, peers over NVLink / peer mappings.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaDispatchSend);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaDispatchRecv);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaCombineSend);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaCombineRecv);
 #endif

@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "transfer/bench_loops.h"
+#include "transfer/bench_raw.h"
 #include "transfer/engine.h"
 #include "transfer/fabric_engine.h"
 #include "transfer/local_engine.h"
@@ -232,6 +233,14 @@ void bind_helpers(nb::module_& m) {
         },
         "engine"_a, "group"_a, "src"_a, "dsts"_a, "size"_a, "my_slot"_a, "iters"_a, "warmup"_a,
         "imm"_a, "timeout_s"_a = kDefaultTimeout);
+  nb::class_<bench::RawPingPong>(m, "RawPingPong",
+                                 "Raw fi_writedata ping-pong (no engine): the latency baseline.")
+      .def(nb::init<const std::string&, const std::string&, uint64_t>(), "provider"_a = "",
+           "iface"_a = "", "max_size"_a = 1 << 22)
+      .def("blob", [](const bench::RawPingPong& r) { return from_bytes(r.blob()); })
+      .def("connect", [](bench::RawPingPong& r, const nb::bytes& b) { r.connect(to_bytes(b)); })
+      .def("run", &bench::RawPingPong::run, "size"_a, "iters"_a, "initiator"_a,
+           "timeout_s"_a = kDefaultTimeout, Release());
   m.def("bench_barrier", &bench::barrier_loop, "engine"_a, "group"_a, "iters"_a, "warmup"_a,
         "imm"_a, "timeout_s"_a = kDefaultTimeout, Release());
 }

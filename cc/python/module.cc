@@ -11,6 +11,11 @@ void bind_transfer(nb::module_& m);  // cc/python/bind_transfer.cc
 void bind_host(nb::module_& m);      // cc/python/bind_host.cc
 }
 #endif
+#if defined(JAX_MOE_A2A_WITH_CUDA)
+namespace a2a::python {
+void bind_cuda(nb::module_& m);  // cc/python/bind_cuda.cc
+}
+#endif
 
 namespace {
 
@@ -42,6 +47,10 @@ NB_MODULE(_C, m) {
     nb::dict d;
 #if defined(JAX_MOE_A2A_WITH_CUDA)
     d["jax_moe_a2a_quantize_fp8"] = capsule(A2aQuantizeFp8Cuda);
+    d["jax_moe_a2a_cuda_dispatch_send"] = capsule(A2aCudaDispatchSend);
+    d["jax_moe_a2a_cuda_dispatch_recv"] = capsule(A2aCudaDispatchRecv);
+    d["jax_moe_a2a_cuda_combine_send"] = capsule(A2aCudaCombineSend);
+    d["jax_moe_a2a_cuda_combine_recv"] = capsule(A2aCudaCombineRecv);
 #endif
     return d;
   }, "FFI handlers for the 'CUDA' platform: {target name: capsule}; empty without nvcc at build time.");
@@ -49,6 +58,9 @@ NB_MODULE(_C, m) {
 #if defined(JAX_MOE_A2A_WITH_LIBFABRIC)
   a2a::python::bind_transfer(m);
   a2a::python::bind_host(m);
+#endif
+#if defined(JAX_MOE_A2A_WITH_CUDA)
+  a2a::python::bind_cuda(m);
 #endif
   m.def("built_with_libfabric", []() {
 #if defined(JAX_MOE_A2A_WITH_LIBFABRIC)

@@ -137,8 +137,8 @@ Domain::Domain(const fi_info* info, int index, size_t rx_cq_size)
     fi_check(fi_domain(fabric_, const_cast<fi_info*>(info), &domain_, nullptr),
              ("fi_domain for " + where).c_str());
 
-    // One CQ for local write completions and remote writes with CQ data: we post no receives,
-    // so entries with our (never null) context are our writes, the others are arrivals.
+    // One CQ for local write completions and remote writes with CQ data: entries whose context
+    // is one of ours (set_context_range) are our writes; we post no receives.
     fi_cq_attr cq_attr{};
     cq_attr.format = FI_CQ_FORMAT_DATA;
     cq_attr.wait_obj = FI_WAIT_NONE;
@@ -256,7 +256,7 @@ void Domain::read_cq_error(CompletionSink& sink) {
     sink.on_recv_error(fi_error_text(format("fi_cq_readerr on domain %d", index_), rc));
     return;
   }
-  bool tx = err.op_context != nullptr;  // ours: a failed write
+  bool tx = ours(err.op_context);  // a failed write of ours, else a remote one
   const char* detail = fi_cq_strerror(cq_, err.prov_errno, err.err_data, nullptr, 0);
   std::string text = format("%s completion error on domain %d (%s): %s (%d); provider: %s",
                             tx ? "write" : "remote write", index_, provider_.c_str(),
@@ -275,8 +275,9 @@ int Domain::poll(CompletionSink& sink) {
     uint32_t imms[kBatch];
     size_t arrivals = 0, sent = 0;
     for (ssize_t i = 0; i < n; ++i) {
-      if (e[i].op_context != nullptr) ++sent;
+      if (ours(e[i].op_context)) ++sent;
       else if (e[i].flags & FI_REMOTE_CQ_DATA) imms[arrivals++] = static_cast<uint32_t>(e[i].data);
+      else sink.on_unexpected(e[i].flags);
     }
     if (arrivals) sink.on_arrivals(imms, arrivals);
     if (sent) sink.on_sent(sent);

@@ -57,6 +57,8 @@ class CompletionSink {
   virtual void on_sent(size_t n) = 0;                            // local write completions
   // A failed write (completed == true: it counts as completed) or a failed CQ read.
   virtual void on_send_error(void* context, const std::string& text, bool completed) = 0;
+  // A completion that is neither our write nor a remote write with CQ data (flags given).
+  virtual void on_unexpected(uint64_t flags) = 0;
   virtual void on_recv_error(const std::string& text) = 0;
 };
 
@@ -88,6 +90,12 @@ class Domain {
   // One fi_writemsg attempt under the post lock; returns its rc (0, -FI_EAGAIN, error).
   ssize_t try_write(const fi_msg_rma& msg, uint64_t flags);
 
+  // Completions whose context lies in [begin, end) are our writes; all others are remote.
+  void set_context_range(const void* begin, const void* end) {
+    ctx_begin_ = static_cast<const char*>(begin);
+    ctx_end_ = static_cast<const char*>(end);
+  }
+
   // Reads the CQ once (one batch). Returns the number of completions handled; 0 if another
   // thread is polling this domain right now.
   int poll(CompletionSink& sink);
@@ -103,7 +111,14 @@ class Domain {
   uint64_t mr_mode_ = 0;
   size_t inject_size_ = 0;
   bool has_hmem_ = false;
-  bool serialized_;  // FI_THREAD_DOMAIN: posting and polling share one lock
+  bool ours(const void* ctx) const {
+    auto* c = static_cast<const char*>(ctx);
+    return c >= ctx_begin_ && c < ctx_end_;
+  }
+
+  bool serialized_;
+  const char* ctx_begin_ = nullptr;
+  const char* ctx_end_ = nullptr;  // FI_THREAD_DOMAIN: posting and polling share one lock
   std::atomic<uint64_t> next_key_{1};
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;

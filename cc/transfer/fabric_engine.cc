@@ -15,9 +15,10 @@ std::unique_ptr<Engine> make_fabric_engine(const EngineOptions& opts) {
   return std::make_unique<FabricEngine>(opts);
 }
 
-FabricEngine::FabricEngine(const EngineOptions& options)
-    : Engine(options.resolved().rank, options.resolved().world_size, new_instance_id()),
-      opts_(options.resolved()) {
+FabricEngine::FabricEngine(const EngineOptions& options) : FabricEngine(options.resolved(), 0) {}
+
+FabricEngine::FabricEngine(EngineOptions resolved, int)
+    : Engine(resolved.rank, resolved.world_size, new_instance_id()), opts_(std::move(resolved)) {
   FabricOptions fo;
   fo.provider = opts_.provider;
   fo.iface = opts_.iface;
@@ -28,8 +29,11 @@ FabricEngine::FabricEngine(const EngineOptions& options)
     fo.thread_safe = false;
   std::vector<InfoPtr> infos = select_infos(fo);
   provider_ = infos.front()->fabric_attr->prov_name;
-  for (int d = 0; d < opts_.num_domains; ++d)
+  contexts_.reset(new uint8_t[world_size_]());
+  for (int d = 0; d < opts_.num_domains; ++d) {
     domains_.push_back(std::make_unique<Domain>(infos[d].get(), d, opts_.rx_cq_size));
+    domains_.back()->set_context_range(contexts_.get(), contexts_.get() + world_size_);
+  }
 
   EngineAddress me;
   me.kind = EngineKind::kFabric;
@@ -58,7 +62,7 @@ WriteTemplate FabricEngine::make_template(int rank, const EngineAddress& peer) c
   t.remote_domain = rank_ % static_cast<int>(peer.domains.size());
   t.domain = domains_[t.local_domain].get();
   t.signal = peer.domains[t.remote_domain].signal;
-  t.context = peers_[rank].get();
+  t.context = &contexts_[rank];
   t.msg.context = t.context;
   t.msg.iov_count = 1;
   t.msg.rma_iov_count = 1;
@@ -285,17 +289,32 @@ std::string FabricEngine::error_summary() const {
 
 void FabricEngine::on_arrivals(const uint32_t* imms, size_t n) { counters_.add_batch(imms, n); }
 
-void FabricEngine::on_sent(size_t n) { outstanding_.fetch_sub(n, std::memory_order_acq_rel); }
+void FabricEngine::on_sent(size_t n) {
+  // Never below zero: more completions than posted writes would be a provider (or our) bug;
+  // say so at the next flush instead of waiting forever for 2^64 writes.
+  uint64_t have = outstanding_.load(std::memory_order_acquire);
+  while (!outstanding_.compare_exchange_weak(have, have >= n ? have - n : 0,
+                                             std::memory_order_acq_rel)) {
+  }
+  if (have < n)
+    record_error(format("%llu write completion(s) more than writes posted",
+                        (unsigned long long)(n - have)));
+}
 
 void FabricEngine::on_send_error(void* context, const std::string& text, bool completed) {
-  if (completed) outstanding_.fetch_sub(1, std::memory_order_acq_rel);
+  if (completed) on_sent(1);
   int rank = -1;
-  for (int r = 0; r < world_size_ && context; ++r)
-    if (peers_[r].get() == context) rank = r;
+  auto* c = static_cast<uint8_t*>(context);
+  if (c >= contexts_.get() && c < contexts_.get() + world_size_) rank = int(c - contexts_.get());
   record_error(rank >= 0 ? format("write to rank %d: %s", rank, text.c_str()) : text);
 }
 
 void FabricEngine::on_recv_error(const std::string& text) { record_error(text); }
+
+void FabricEngine::on_unexpected(uint64_t flags) {
+  record_error(format("unexpected completion (flags 0x%llx): neither our write nor a remote write "
+                      "with CQ data", (unsigned long long)flags));
+}
 
 void FabricEngine::close() {
   std::lock_guard<std::mutex> lock(close_mu_);

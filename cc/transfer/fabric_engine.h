@@ -50,6 +50,8 @@ class FabricEngine final : public Engine, private CompletionSink {
   std::string error_summary() const override;
 
  private:
+  FabricEngine(EngineOptions resolved, int);  // opts already resolved
+
   struct Peer {
     std::atomic<bool> known{false};
     uint64_t instance = 0;
@@ -63,6 +65,7 @@ class FabricEngine final : public Engine, private CompletionSink {
   void on_sent(size_t n) override;
   void on_send_error(void* context, const std::string& text, bool completed) override;
   void on_recv_error(const std::string& text) override;
+  void on_unexpected(uint64_t flags) override;
 
   WriteTemplate make_template(int rank, const EngineAddress& peer) const;
   // Posts one write (retrying -FI_EAGAIN while progressing, up to post_timeout_s). src == nullptr
@@ -76,11 +79,13 @@ class FabricEngine final : public Engine, private CompletionSink {
   std::vector<std::unique_ptr<Domain>> domains_;
   Bytes address_;
   std::vector<std::unique_ptr<Peer>> peers_;  // by rank; slots never move
+  // Completion contexts: &contexts_[r] marks a write to rank r (Domain tells ours by the range).
+  std::unique_ptr<uint8_t[]> contexts_;
   std::mutex peers_mu_;                       // serialises add_peers
   std::shared_ptr<RegionRegistry> registry_ = std::make_shared<RegionRegistry>();
 
   std::atomic<uint64_t> outstanding_{0};
-  std::atomic<int> waiters_{0};
+  std::atomic<uint64_t> waiters_{0};  // WaiterScope
   std::atomic<bool> closed_{false};
   std::mutex close_mu_;
 

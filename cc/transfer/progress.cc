@@ -54,7 +54,7 @@ void Backoff::pause() {
 }
 
 ProgressThread::ProgressThread(ProgressOptions opts, std::function<int()> poll,
-                               std::function<bool()> busy, const std::atomic<int>* waiters)
+                               std::function<bool()> busy, const std::atomic<uint64_t>* waiters)
     : opts_(opts), poll_(std::move(poll)), busy_(std::move(busy)), waiters_(waiters) {
   thread_ = std::thread([this] { run(); });
 }
@@ -75,9 +75,12 @@ void ProgressThread::run() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::duration<double, std::micro>(us), [&] { return stop_.load(); });
   };
+  uint64_t seen_waits = ~uint64_t(0);
   while (!stop_.load(std::memory_order_relaxed)) {
-    if (!opts_.spin && waiters_->load(std::memory_order_relaxed) > 0) {
+    uint64_t w = waiters_->load(std::memory_order_relaxed);
+    if (!opts_.spin && ((w & 0xffffffffu) != 0 || (w >> 32) != seen_waits)) {
       // Waiters poll for themselves; two pollers only fight over the CQ lock and the cores.
+      seen_waits = w >> 32;
       sleep(std::max(opts_.max_sleep_us, 2.0));
       continue;
     }

@@ -62,9 +62,11 @@ class Backoff {
 class ProgressThread {
  public:
   // busy(): true while work is outstanding that only polling completes (posted writes); the
-  // thread then never sleeps longer than a yield. waiters: steps aside while it is > 0.
+  // thread then never sleeps longer than a yield. waiters (see WaiterScope): the thread steps
+  // aside while a thread waits, and for one more sleep after any wait began (a caller that
+  // waits again and again, like a ping-pong, polls alone).
   ProgressThread(ProgressOptions opts, std::function<int()> poll, std::function<bool()> busy,
-                 const std::atomic<int>* waiters);
+                 const std::atomic<uint64_t>* waiters);
   ~ProgressThread() { stop(); }
   void stop();  // idempotent; joins
 
@@ -73,21 +75,26 @@ class ProgressThread {
   ProgressOptions opts_;
   std::function<int()> poll_;
   std::function<bool()> busy_;
-  const std::atomic<int>* waiters_;
+  const std::atomic<uint64_t>* waiters_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   std::thread thread_;
 };
 
-// RAII: counts a thread as waiting while alive.
+// RAII: counts a thread as waiting while alive. The counter holds the number of waits begun in
+// its high 32 bits and the number of threads waiting now in its low 32 bits (one atomic add each
+// way, as cheap as a plain count).
 class WaiterScope {
  public:
-  explicit WaiterScope(std::atomic<int>& n) : n_(n) { n_.fetch_add(1, std::memory_order_relaxed); }
+  static constexpr uint64_t kBegun = uint64_t(1) << 32;
+  explicit WaiterScope(std::atomic<uint64_t>& n) : n_(n) {
+    n_.fetch_add(kBegun + 1, std::memory_order_relaxed);
+  }
   ~WaiterScope() { n_.fetch_sub(1, std::memory_order_relaxed); }
 
  private:
-  std::atomic<int>& n_;
+  std::atomic<uint64_t>& n_;
 };
 
 inline void cpu_relax() {

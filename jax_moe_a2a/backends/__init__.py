@@ -63,7 +63,18 @@ def _host_reason():
     return unavailable_reason()
 
 
+def _cuda():
+    from .cuda import CudaBackend
+    return CudaBackend()
+
+
+def _cuda_reason():
+    from .cuda import unavailable_reason
+    return unavailable_reason()
+
+
 register("reference", _reference, lambda: None)
+register("cuda", _cuda, _cuda_reason)
 register("host", _host, _host_reason)
 
 

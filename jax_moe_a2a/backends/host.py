@@ -4,16 +4,14 @@
 
 from __future__ import annotations
 
-import base64
 import os
-import pickle
 import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _ffi
+from .. import _ffi, runtime
 from .base import Backend, Ctx, varying
 
 _WIRE = {np.dtype(jnp.float32): 0, np.dtype(jnp.bfloat16): 1, np.dtype(jnp.float16): 2,
@@ -33,14 +31,6 @@ def unavailable_reason():
 def _after(after):
     """The ordering operand of the send halves: any array (never read), or an empty one."""
     return jnp.zeros((0,), jnp.int32) if after is None else after
-
-
-def _kv_client():
-    from jax._src import distributed
-    client = distributed.global_state.client
-    if client is None:
-        raise RuntimeError("host backend across processes needs jax.distributed.initialize() first")
-    return client
 
 
 def _layout_bytes(spec, n, priv_rows):
@@ -89,24 +79,18 @@ class HostBackend(Backend):
                       _WIRE[spec.dispatch_dtype], 0 if spec.layout == "ragged" else 1, spec.recv_rows(n),
                       spec.pow2_scale, spec.slots, -1 if priv is None else int(priv), comm.timeout_s,
                       local, engine, provider)
-        weakref.finalize(comm, c.host.destroy, comm.comm_id)
+        self._finalizer = weakref.finalize(comm, c.host.destroy, comm.comm_id)
         info = {r: c.host.bootstrap_info(comm.comm_id, r) for r in local}
         self.provider = next(iter(info.values()))[2] if info else provider
-        if jax.process_count() == 1:
-            table = {r: (addr, descs) for r, (addr, descs, _) in info.items()}
-        else:
-            client = _kv_client()
-            prefix = f"jax_moe_a2a/host/{comm.comm_id}"
-            for r, (addr, descs, _) in info.items():
-                blob = base64.b64encode(pickle.dumps((bytes(addr), [bytes(d) for d in descs]))).decode()
-                client.key_value_set(f"{prefix}/{r}", blob)
-            table = {}
-            for r in range(n):
-                blob = client.blocking_key_value_get(f"{prefix}/{r}", int(comm.timeout_s * 1000))
-                table[r] = pickle.loads(base64.b64decode(blob))
+        mine = {r: (bytes(addr), [bytes(d) for d in descs]) for r, (addr, descs, _) in info.items()}
+        table = runtime.exchange(f"jax_moe_a2a/host/{comm.comm_id}", mine, n, comm.timeout_s)
         peers = [(r, table[r][0], list(table[r][1])) for r in range(n)]
         for r in local:
             c.host.connect(comm.comm_id, r, peers)
+
+    def close(self):
+        if getattr(self, "_finalizer", None) is not None:
+            self._finalizer()  # runs destroy once
 
     def buffer_bytes(self, spec, num_ranks):
         return spec.slots * _layout_bytes(spec, num_ranks, self._priv_rows)

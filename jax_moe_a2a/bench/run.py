@@ -45,11 +45,14 @@ def setup_runtime(args):
     import jax
     if mpi_size > 1:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize()
+        ids = os.environ.get("JAX_MOE_A2A_LOCAL_DEVICE_IDS")  # e.g. "0": processes sharing one GPU
+        jax.distributed.initialize(local_device_ids=[int(i) for i in ids.split(",")] if ids else None)
     return jax
 
 
 def git_commit() -> str:
+    if os.environ.get("JAX_MOE_A2A_COMMIT"):  # set by scripts that run on a copy without .git
+        return os.environ["JAX_MOE_A2A_COMMIT"]
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         c = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

@@ -1,0 +1,71 @@
+// combine recv: wait for every expert rank's rows, reduce each token's pairs in f32 with the
+// router weights (plus `out`), then free our combine region for the expert ranks.
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+
+namespace a2a::cuda {
+namespace {
+
+__global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParams P) {
+  const Geometry& g = P.g;
+  cg::grid_group grid = cg::this_grid();
+  const int lane = threadIdx.x & 31;
+  const int gwarp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int nwarps = (gridDim.x * blockDim.x) >> 5;
+  const int me = P.p.rank;
+  const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
+  SyncFlags* mine = flags_of(P.p, me);
+  if (blockIdx.x == 0) wait_flags(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1);
+  grid.sync();
+  const int n = max(0, min(*P.num_tokens, g.T));
+  const int64_t stride = int64_t(g.H) * elem_bytes(P.y_kind);
+  const uint8_t* region = P.p.peer_shared[me] + g.off_c_rows;
+  for (int t = gwarp; t < g.T; t += nwarps) {  // warp per token
+    for (int h = lane; h < g.H; h += 32) {
+      float acc = 0.f;
+      if (t < n) {
+        for (int k = 0; k < g.K; ++k) {
+          const int64_t q = int64_t(t) * g.K + k;
+          const int d = P.dest[q];
+          if (d < 0 || d >= g.N) continue;
+          const uint8_t* row = region + ((int64_t(d) * g.tp + t % g.tp) * g.P + P.pair_slot[q]) * stride;
+          const float v = load_elem(row, h, P.y_kind);
+          acc += P.weights[q] * v;
+          if (P.pairs) P.pairs[q * g.H + h] = v;
+        }
+      }
+      if (P.pairs && t >= n)
+        for (int k = 0; k < g.K; ++k) P.pairs[(int64_t(t) * g.K + k) * g.H + h] = 0.f;
+      if (P.pairs && t < n)
+        for (int k = 0; k < g.K; ++k) {
+          const int d = P.dest[int64_t(t) * g.K + k];
+          if (d < 0 || d >= g.N) P.pairs[(int64_t(t) * g.K + k) * g.H + h] = 0.f;
+        }
+      if (P.out_in) acc += load_elem(P.out_in, int64_t(t) * g.H + h, P.out_in_kind);
+      store_elem(P.out, int64_t(t) * g.H + h, P.out_kind, acc);
+    }
+  }
+  grid.sync();
+  if (blockIdx.x == 0 && threadIdx.x < g.N)
+    ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->c_free[me], epoch + 1);
+}
+
+}  // namespace
+
+cudaError_t launch_combine_recv(const CombineRecvParams& p, int blocks, cudaStream_t stream) {
+  void* args[] = {const_cast<CombineRecvParams*>(&p)};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(combine_recv_kernel), blocks, kThreads, args, 0, stream);
+}
+
+int64_t scratch_bytes(const Geometry& g) {
+  return arrangement_offset(g) + 8 * Arrangement::scratch_elems(g.N, g.L);
+}
+
+int grid_blocks(int device) {
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) sms = 1;
+  // One block of kThreads per SM is always co-resident (the kernels use little shared memory).
+  return sms;
+}
+
+}  // namespace a2a::cuda

@@ -1,0 +1,66 @@
+// combine send: put each received row's expert output back at its source, at the slot the
+// source chose, for every member of the source's tp group; zeros for rows the capacity rule
+// dropped. Then raise each rank's combine arrival flag.
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+
+namespace a2a::cuda {
+namespace {
+
+__global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParams P) {
+  const Geometry& g = P.g;
+  cg::grid_group grid = cg::this_grid();
+  const int lane = threadIdx.x & 31;
+  const int gwarp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int nwarps = (gridDim.x * blockDim.x) >> 5;
+  const int me = P.p.rank;
+  Epochs* ep = reinterpret_cast<Epochs*>(P.p.priv + g.off_epochs);
+  const uint64_t epoch = ep->c_send;
+  int64_t* arr_scratch = reinterpret_cast<int64_t*>(P.p.priv + g.off_scratch + arrangement_offset(g));
+  SyncFlags* mine = flags_of(P.p, me);
+
+  if (blockIdx.x == 0) {
+    wait_flags(P.p, g, 2, [&](int r) { return &mine->c_free[r]; }, epoch);
+    if (threadIdx.x == 0) compute_arrangement(g, P.recv_counts, arr_scratch, nullptr, nullptr);
+  }
+  grid.sync();
+  const Arrangement a = arrangement_view(g, arr_scratch);
+  const int ybytes = elem_bytes(P.y_kind);
+  const int64_t stride = int64_t(g.H) * ybytes;
+  for (int64_t w = gwarp; w < int64_t(g.N) * g.P; w += nwarps) {
+    const int s = w / g.P;
+    const int64_t j = w % g.P;
+    if (j >= a.rows_from[s]) continue;
+    int l;
+    const int64_t pos = row_position(g, a, s, j, &l);
+    const int g0 = s / g.tp * g.tp;
+    for (int m = g0; m < g0 + g.tp; ++m) {  // every member of the source's group gets the row
+      uint8_t* dst = P.p.peer_shared[m] + g.off_c_rows + ((int64_t(me) * g.tp + s % g.tp) * g.P + j) * stride;
+      if (pos >= 0)
+        warp_copy(dst, static_cast<const uint8_t*>(P.y) + pos * stride, stride, lane);
+      else
+        warp_zero(dst, stride, lane);
+    }
+  }
+  grid.sync();
+  if (blockIdx.x == 0) {
+    if (threadIdx.x < g.N) {
+      __threadfence_system();
+      ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->c_arrived[me], epoch + 1);
+    }
+    if (threadIdx.x == 0) {
+      ep->c_send = epoch + 1;
+      P.handle[0] = static_cast<int32_t>(epoch);
+      P.handle[1] = P.p.slot;
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_combine_send(const CombineSendParams& p, int blocks, cudaStream_t stream) {
+  void* args[] = {const_cast<CombineSendParams*>(&p)};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(combine_send_kernel), blocks, kThreads, args, 0, stream);
+}
+
+}  // namespace a2a::cuda

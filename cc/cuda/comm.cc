@@ -1,0 +1,184 @@
+#include "cuda/comm.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <stdexcept>
+
+#include "cuda/kernels.h"
+
+namespace a2a::cuda {
+
+namespace {
+
+void check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) throw std::runtime_error(std::string("jax_moe_a2a cuda: ") + what + ": " + cudaGetErrorString(rc));
+}
+
+int64_t pad16(int64_t b) { return (b + 15) / 16 * 16; }
+
+}  // namespace
+
+uint64_t process_token() {
+  static const uint64_t token = [] {
+    std::random_device rd;
+    return (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(getpid());
+  }();
+  return token;
+}
+
+void finish_geometry(Geometry* g, int slots, int64_t* shared_bytes, int64_t* private_bytes) {
+  const int wire_bytes = g->wire_kind == 0 ? 4 : g->wire_kind == 3 ? 1 : 2;
+  g->L = g->E / g->N;
+  const int per_member = (g->T + g->tp - 1) / g->tp;
+  g->P = per_member * (g->K < g->L ? g->K : g->L);
+  g->payload = int64_t(g->H) * wire_bytes;
+  g->row = pad16(g->payload + 4 * int64_t(g->S) + 8);
+  g->c_stride_max = int64_t(g->H) * 4;
+  g->off_counts = pad16(sizeof(SyncFlags));
+  g->off_rows = g->off_counts + pad16(int64_t(g->N) * g->L * 4);
+  g->off_c_rows = g->off_rows + int64_t(g->N) * g->P * g->row;
+  g->shared_slot_bytes = pad16(g->off_c_rows + int64_t(g->N) * g->tp * g->P * g->c_stride_max);
+  g->off_staging = 0;
+  g->off_scratch = int64_t(g->T) * g->row;
+  g->off_epochs = g->off_scratch + pad16(scratch_bytes(*g));
+  g->private_slot_bytes = pad16(g->off_epochs + sizeof(Epochs));
+  *shared_bytes = g->shared_slot_bytes * slots;
+  *private_bytes = g->private_slot_bytes * slots;
+}
+
+RankState::RankState(const CudaOptions& o, int rank, int device) : o_(o), rank_(rank), device_(device) {
+  if (o_.g.N > kMaxRanks) throw std::invalid_argument("jax_moe_a2a cuda: at most 64 ranks");
+  finish_geometry(&o_.g, o_.slots, &shared_bytes_, &private_bytes_);
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  check(cudaMalloc(reinterpret_cast<void**>(&shared_), shared_bytes_), "cudaMalloc (shared buffers)");
+  check(cudaMemset(shared_, 0, shared_bytes_), "cudaMemset");
+  check(cudaMalloc(reinterpret_cast<void**>(&private_), private_bytes_), "cudaMalloc (private buffers)");
+  check(cudaMemset(private_, 0, private_bytes_), "cudaMemset");
+  check(cudaHostAlloc(reinterpret_cast<void**>(&err_), sizeof(ErrorRecord), cudaHostAllocMapped), "cudaHostAlloc (error record)");
+  std::memset(err_, 0, sizeof(ErrorRecord));
+  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&err_dev_), err_, 0), "cudaHostGetDevicePointer");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  blocks_ = grid_blocks(device_);
+  peers_.assign(o_.g.N, nullptr);
+}
+
+RankState::~RankState() {
+  cudaSetDevice(device_);
+  cudaDeviceSynchronize();
+  for (uint8_t* p : opened_) cudaIpcCloseMemHandle(p);
+  if (shared_) cudaFree(shared_);
+  if (private_) cudaFree(private_);
+  if (err_) cudaFreeHost(err_);
+}
+
+std::string RankState::bootstrap_info() const {
+  cudaIpcMemHandle_t h;
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  check(cudaIpcGetMemHandle(&h, shared_), "cudaIpcGetMemHandle");
+  std::string out(reinterpret_cast<const char*>(&h), sizeof(h));
+  const uint64_t tok = process_token();
+  out.append(reinterpret_cast<const char*>(&tok), 8);
+  return out;
+}
+
+void RankState::connect(const std::vector<std::string>& peers, const std::map<int, RankState*>& local) {
+  if (int(peers.size()) != o_.g.N) throw std::invalid_argument("jax_moe_a2a cuda connect: one entry per rank");
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  for (int r = 0; r < o_.g.N; ++r) {
+    const std::string& info = peers[r];
+    if (info.size() != sizeof(cudaIpcMemHandle_t) + 8)
+      throw std::invalid_argument("jax_moe_a2a cuda connect: bad bootstrap info for rank " + std::to_string(r));
+    uint64_t tok;
+    std::memcpy(&tok, info.data() + sizeof(cudaIpcMemHandle_t), 8);
+    auto it = local.find(r);
+    if (tok == process_token()) {
+      if (it == local.end()) throw std::invalid_argument("jax_moe_a2a cuda connect: rank " + std::to_string(r) + " claims this process");
+      peers_[r] = it->second->shared_base();
+      if (it->second->device() != device_) {
+        cudaError_t rc = cudaDeviceEnablePeerAccess(it->second->device(), 0);
+        if (rc != cudaSuccess && rc != cudaErrorPeerAccessAlreadyEnabled) check(rc, "cudaDeviceEnablePeerAccess");
+        cudaGetLastError();
+      }
+      continue;
+    }
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, info.data(), sizeof(h));
+    void* p = nullptr;
+    check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
+          ("cudaIpcOpenMemHandle (rank " + std::to_string(r) + ")").c_str());
+    peers_[r] = static_cast<uint8_t*>(p);
+    opened_.push_back(peers_[r]);
+  }
+}
+
+SlotPtrs RankState::slot(int z) const {
+  SlotPtrs p{};
+  for (int r = 0; r < o_.g.N; ++r) p.peer_shared[r] = peers_[r] ? peers_[r] + o_.g.shared_slot_bytes * z : nullptr;
+  p.priv = private_ + o_.g.private_slot_bytes * z;
+  p.err = err_dev_;
+  p.rank = rank_;
+  p.slot = z;
+  p.timeout_ns = static_cast<int64_t>(o_.timeout_s * 1e9);
+  return p;
+}
+
+void RankState::check_error() const {
+  if (err_->code == 0) return;
+  static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
+  std::string missing;
+  for (int r = 0; r < 64; ++r)
+    if (err_->missing >> r & 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  throw std::runtime_error("jax_moe_a2a cuda " + std::string(names[err_->op & 3]) + " (slot " +
+                           std::to_string(err_->slot) + ", rank " + std::to_string(err_->rank) + "): ranks [" +
+                           missing + "] did not arrive within " + std::to_string(o_.timeout_s) +
+                           " s; the kernel trapped and this process's CUDA context is unusable");
+}
+
+CudaComm::CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices) {
+  if (ranks.size() != devices.size()) throw std::invalid_argument("CudaComm: one device per local rank");
+  for (size_t i = 0; i < ranks.size(); ++i) ranks_[ranks[i]] = std::make_unique<RankState>(o, ranks[i], devices[i]);
+}
+
+RankState& CudaComm::rank(int r) {
+  auto it = ranks_.find(r);
+  if (it == ranks_.end()) throw std::invalid_argument("jax_moe_a2a cuda: rank " + std::to_string(r) + " is not local");
+  return *it->second;
+}
+
+std::map<int, RankState*> CudaComm::locals() {
+  std::map<int, RankState*> m;
+  for (auto& [r, s] : ranks_) m[r] = s.get();
+  return m;
+}
+
+namespace {
+std::mutex g_mu;
+std::map<int64_t, std::shared_ptr<CudaComm>> g_comms;
+}  // namespace
+
+void register_comm(int64_t id, std::shared_ptr<CudaComm> comm) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_comms[id] = std::move(comm);
+}
+
+std::shared_ptr<CudaComm> find_comm(int64_t id) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_comms.find(id);
+  if (it == g_comms.end()) throw std::invalid_argument("jax_moe_a2a: no cuda communicator with id " + std::to_string(id));
+  return it->second;
+}
+
+void unregister_comm(int64_t id) {
+  std::shared_ptr<CudaComm> c;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_comms.find(id);
+    if (it == g_comms.end()) return;
+    c = it->second;
+    g_comms.erase(it);
+  }
+}
+
+}  // namespace a2a::cuda

@@ -1,0 +1,78 @@
+// The cuda backend's communicator: library-owned device memory per local rank, shared with the
+// other ranks of the node through CUDA IPC (other processes) or plain pointers (this process),
+// plus the registry the FFI handlers use to find it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda/params.h"
+
+namespace a2a::cuda {
+
+struct CudaOptions {
+  Geometry g;            // N, E, L, K, H, T, tp, S, scale_block, wire_kind, layout, capacity, pow2 set
+  int slots = 2;
+  double timeout_s = 60.0;
+};
+
+// Fills P, row, payload and every offset of g (the shape fields must be set).
+void finish_geometry(Geometry* g, int slots, int64_t* shared_bytes, int64_t* private_bytes);
+
+class RankState {
+ public:
+  RankState(const CudaOptions& o, int rank, int device);
+  ~RankState();
+  RankState(const RankState&) = delete;
+  RankState& operator=(const RankState&) = delete;
+
+  // 64-byte cudaIpcMemHandle_t of our shared allocation, then our process token (8 bytes).
+  std::string bootstrap_info() const;
+  // peers[r] = bootstrap_info of rank r; `local` maps ranks of this process to their states.
+  void connect(const std::vector<std::string>& peers, const std::map<int, RankState*>& local);
+
+  SlotPtrs slot(int z) const;
+  const Geometry& geometry() const { return o_.g; }
+  int device() const { return device_; }
+  int blocks() const { return blocks_; }
+  int rank() const { return rank_; }
+  // Throws std::runtime_error describing a kernel timeout recorded earlier, if any.
+  void check_error() const;
+  uint8_t* shared_base() const { return shared_; }
+
+ private:
+  CudaOptions o_;
+  int rank_, device_, blocks_;
+  int64_t shared_bytes_, private_bytes_;
+  uint8_t* shared_ = nullptr;
+  uint8_t* private_ = nullptr;
+  ErrorRecord* err_ = nullptr;  // cudaHostAlloc(mapped)
+  ErrorRecord* err_dev_ = nullptr;
+  std::vector<uint8_t*> peers_;     // shared base of every rank, as mapped here
+  std::vector<uint8_t*> opened_;    // IPC mappings to close
+};
+
+class CudaComm {
+ public:
+  CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices);
+  RankState& rank(int r);
+  std::map<int, RankState*> locals();
+
+ private:
+  std::map<int, std::unique_ptr<RankState>> ranks_;
+};
+
+void register_comm(int64_t id, std::shared_ptr<CudaComm> comm);
+std::shared_ptr<CudaComm> find_comm(int64_t id);
+void unregister_comm(int64_t id);
+
+// Process token: distinguishes this process from others in bootstrap data.
+uint64_t process_token();
+
+}  // namespace a2a::cuda

@@ -1,0 +1,190 @@
+// Device helpers shared by the cuda backend's kernels: element conversion, flag waits with
+// timeouts, region addressing, 16-byte copies.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "cuda/params.h"
+#include "cuda/ptx.cuh"
+
+namespace a2a::cuda {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 512;
+
+__device__ __forceinline__ float load_elem(const void* base, int64_t i, int kind) {
+  switch (kind) {
+    case 0: return static_cast<const float*>(base)[i];
+    case 1: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    case 2: return __half2float(static_cast<const __half*>(base)[i]);
+    default: {
+      __nv_fp8_e4m3 v;
+      v.__x = static_cast<const __nv_fp8_storage_t*>(base)[i];
+      return float(v);
+    }
+  }
+}
+
+__device__ __forceinline__ void store_elem(void* base, int64_t i, int kind, float v) {
+  switch (kind) {
+    case 0: static_cast<float*>(base)[i] = v; break;
+    case 1: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v); break;
+    case 2: static_cast<__half*>(base)[i] = __float2half_rn(v); break;
+    default:
+      static_cast<__nv_fp8_storage_t*>(base)[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+__device__ __forceinline__ int elem_bytes(int kind) { return kind == 0 ? 4 : kind == 3 ? 1 : 2; }
+
+__device__ __forceinline__ SyncFlags* flags_of(const SlotPtrs& p, int rank) {
+  return reinterpret_cast<SyncFlags*>(p.peer_shared[rank]);
+}
+
+// Warp-cooperative copy of `bytes` (multiple of 16 for the vector part; any tail bytewise).
+__device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
+  const int64_t nv = bytes / 16;
+  const int4* s4 = reinterpret_cast<const int4*>(src);
+  int4* d4 = reinterpret_cast<int4*>(dst);
+  for (int64_t i = lane; i < nv; i += 32) d4[i] = ptx::ld_volatile_v4(s4 + i);
+  for (int64_t i = nv * 16 + lane; i < bytes; i += 32) dst[i] = src[i];
+}
+
+__device__ __forceinline__ void warp_zero(uint8_t* dst, int64_t bytes, int lane) {
+  const int64_t nv = bytes / 16;
+  int4* d4 = reinterpret_cast<int4*>(dst);
+  for (int64_t i = lane; i < nv; i += 32) d4[i] = make_int4(0, 0, 0, 0);
+  for (int64_t i = nv * 16 + lane; i < bytes; i += 32) dst[i] = 0;
+}
+
+// Threads 0..N-1 of the calling block each wait until *flag(r) >= want. On timeout the missing
+// ranks are recorded in the mapped error record, printed, and the kernel traps (a loud failure
+// that the caller sees as a CUDA error, never a hang).
+template <typename FlagFn>
+__device__ void wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want) {
+  __shared__ unsigned long long missing;
+  if (threadIdx.x == 0) missing = 0;
+  __syncthreads();
+  if (threadIdx.x < g.N) {
+    const int r = threadIdx.x;
+    const uint64_t* f = flag(r);
+    const uint64_t start = ptx::globaltimer();
+    while (ptx::ld_acquire_sys(f) < want) {
+      if (ptx::globaltimer() - start > static_cast<uint64_t>(p.timeout_ns)) {
+        atomicOr(&missing, 1ull << (r & 63));
+        break;
+      }
+      __nanosleep(64);
+    }
+  }
+  __syncthreads();
+  if (missing != 0) {
+    if (threadIdx.x == 0) {
+      static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
+      p.err->missing = missing;
+      p.err->op = op;
+      p.err->slot = p.slot;
+      p.err->rank = p.rank;
+      __threadfence_system();
+      p.err->code = 1;
+      __threadfence_system();
+      printf("jax_moe_a2a cuda %s (slot %d, rank %d): ranks with bits 0x%llx set never arrived within "
+             "%.1f s (crashed process, or calls out of order?)\n",
+             names[op], p.slot, p.rank, missing, p.timeout_ns * 1e-9);
+    }
+    __syncthreads();
+    __trap();
+  }
+}
+
+// Arrangement of the rows a receiver got: from counts [N][L] (rows per source and local expert).
+// scratch layout (int64): src_start [N*L] | before_src [N*L] | expert_off [L] | rows_from [N]
+struct Arrangement {
+  const int64_t* src_start;
+  const int64_t* before_src;
+  const int64_t* expert_off;
+  const int64_t* rows_from;
+  static __host__ __device__ int64_t scratch_elems(int N, int L) { return 2 * int64_t(N) * L + L + N; }
+};
+
+// One thread computes the arrangement (N*L is small) into scratch; returns group sizes/overflow.
+__device__ inline void compute_arrangement(const Geometry& g, const int32_t* counts, int64_t* scratch,
+                                           int32_t* group_sizes, int32_t* overflow) {
+  const int N = g.N, L = g.L;
+  int64_t* src_start = scratch;
+  int64_t* before = scratch + int64_t(N) * L;
+  int64_t* eoff = before + int64_t(N) * L;
+  int64_t* rows_from = eoff + L;
+  int64_t over = 0, off = 0;
+  for (int s = 0; s < N; ++s) {
+    int64_t run = 0;
+    for (int l = 0; l < L; ++l) {
+      src_start[int64_t(s) * L + l] = run;
+      run += counts[int64_t(s) * L + l];
+    }
+    rows_from[s] = run;
+  }
+  for (int l = 0; l < L; ++l) {
+    int64_t tot = 0;
+    for (int s = 0; s < N; ++s) {
+      before[int64_t(s) * L + l] = tot;
+      tot += counts[int64_t(s) * L + l];
+    }
+    eoff[l] = off;
+    int64_t kept;
+    if (g.layout == 0) {
+      const int64_t lo = off < g.capacity ? off : g.capacity;
+      const int64_t hi = off + tot < g.capacity ? off + tot : g.capacity;
+      kept = hi - lo;
+    } else {
+      kept = tot < g.capacity ? tot : g.capacity;
+    }
+    if (group_sizes) group_sizes[l] = static_cast<int32_t>(kept);
+    over += tot - kept;
+    off += tot;
+  }
+  if (overflow) *overflow = static_cast<int32_t>(over);
+}
+
+// Byte offset of the arrangement tables inside a slot's scratch (after dispatch_send's tables).
+__host__ __device__ inline int64_t arrangement_offset(const Geometry& g) {
+  const int64_t send_ints = 2 * int64_t(g.T) * g.K + 2 * int64_t(g.tp) * g.E;
+  return (send_ints * 4 + 15) / 16 * 16;
+}
+
+__device__ __forceinline__ Arrangement arrangement_view(const Geometry& g, const int64_t* scratch) {
+  Arrangement a;
+  a.src_start = scratch;
+  a.before_src = scratch + int64_t(g.N) * g.L;
+  a.expert_off = a.before_src + int64_t(g.N) * g.L;
+  a.rows_from = a.expert_off + g.L;
+  return a;
+}
+
+// For row j of source s: its local expert l (last l whose start <= j) and output position
+// (-1 when the capacity rule drops it).
+__device__ __forceinline__ int64_t row_position(const Geometry& g, const Arrangement& a, int s, int64_t j, int* l_out) {
+  const int64_t* st = a.src_start + int64_t(s) * g.L;
+  int lo = 0, hi = g.L - 1;
+  while (lo < hi) {  // last l with st[l] <= j
+    const int mid = (lo + hi + 1) / 2;
+    if (st[mid] <= j) lo = mid; else hi = mid - 1;
+  }
+  const int l = lo;
+  *l_out = l;
+  const int64_t within = a.before_src[int64_t(s) * g.L + l] + (j - st[l]);
+  if (g.layout == 0) {
+    const int64_t pos = a.expert_off[l] + within;
+    return pos < g.capacity ? pos : -1;
+  }
+  return within < g.capacity ? int64_t(l) * g.capacity + within : -1;
+}
+
+}  // namespace a2a::cuda

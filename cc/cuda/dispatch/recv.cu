@@ -1,0 +1,71 @@
+// dispatch recv: wait for every source's arrival flag, lay the rows out canonically (local
+// expert, source, token) with the capacity rule, then free the sources' rows.
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+
+namespace a2a::cuda {
+namespace {
+
+__global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvParams P) {
+  const Geometry& g = P.g;
+  cg::grid_group grid = cg::this_grid();
+  const int lane = threadIdx.x & 31;
+  const int gwarp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int nwarps = (gridDim.x * blockDim.x) >> 5;
+  const int64_t gtid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, gstride = int64_t(gridDim.x) * blockDim.x;
+  const int me = P.p.rank;
+  const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
+  SyncFlags* mine = flags_of(P.p, me);
+  int64_t* arr_scratch = reinterpret_cast<int64_t*>(P.p.priv + g.off_scratch + arrangement_offset(g));
+  const int32_t* counts = reinterpret_cast<const int32_t*>(P.p.peer_shared[me] + g.off_counts);
+
+  if (blockIdx.x == 0) {
+    wait_flags(P.p, g, 1, [&](int r) { return &mine->d_arrived[r]; }, epoch + 1);
+    if (threadIdx.x == 0) compute_arrangement(g, counts, arr_scratch, P.group_sizes, P.overflow);
+  }
+  const int64_t rows_out = g.layout == 0 ? g.capacity : int64_t(g.L) * g.capacity;
+  for (int64_t i = gtid; i < rows_out; i += gstride) {  // rows past the counts: weight 0, src -1
+    P.weights[i] = 0.f;
+    P.src[2 * i] = -1;
+    P.src[2 * i + 1] = -1;
+    P.recv_slot[i] = -1;
+  }
+  grid.sync();
+  for (int64_t i = gtid; i < int64_t(g.N) * g.L; i += gstride) P.recv_counts[i] = counts[i];
+  const Arrangement a = arrangement_view(g, arr_scratch);
+  // Warp per received row (source s, slot j).
+  for (int64_t w = gwarp; w < int64_t(g.N) * g.P; w += nwarps) {
+    const int s = w / g.P;
+    const int64_t j = w % g.P;
+    if (j >= a.rows_from[s]) continue;
+    int l;
+    const int64_t pos = row_position(g, a, s, j, &l);
+    if (pos < 0) continue;
+    const uint8_t* row = P.p.peer_shared[me] + g.off_rows + (int64_t(s) * g.P + j) * g.row;
+    warp_copy(static_cast<uint8_t*>(P.x) + pos * g.payload, row, g.payload, lane);
+    if (P.scale)
+      for (int b = lane; b < g.S; b += 32) P.scale[pos * g.S + b] = reinterpret_cast<const float*>(row + g.payload)[b];
+    if (lane == 0) {
+      int32_t tok;
+      float wt;
+      memcpy(&tok, row + g.payload + 4 * int64_t(g.S), 4);
+      memcpy(&wt, row + g.payload + 4 * int64_t(g.S) + 4, 4);
+      P.weights[pos] = wt;
+      P.src[2 * pos] = s;
+      P.src[2 * pos + 1] = tok;
+      P.recv_slot[pos] = static_cast<int32_t>(j);
+    }
+  }
+  grid.sync();
+  if (blockIdx.x == 0 && threadIdx.x < g.N)  // sources may reuse their rows here
+    ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->d_free[me], epoch + 1);
+}
+
+}  // namespace
+
+cudaError_t launch_dispatch_recv(const DispatchRecvParams& p, int blocks, cudaStream_t stream) {
+  void* args[] = {const_cast<DispatchRecvParams*>(&p)};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(dispatch_recv_kernel), blocks, kThreads, args, 0, stream);
+}
+
+}  // namespace a2a::cuda

@@ -1,0 +1,116 @@
+// Named parameter structs of the cuda backend's kernels (host and device visible), and the
+// layout of one rank's communication memory. Shapes and dtypes are given per field.
+//
+// Per rank, one device allocation shared with peers (CUDA IPC, or peer access in-process):
+//   for each slot: SyncFlags | counts [N src][L] int32 | rows [N src][P][row] | c_rows [N][tp][P][H*4]
+// and one private allocation: for each slot: staging [T][row] | scratch (int32) | epochs.
+#pragma once
+
+#include <cstdint>
+
+namespace a2a::cuda {
+
+constexpr int kMaxRanks = 64;
+
+// Flags written by peers into our shared memory (monotonic epoch + 1 values).
+struct SyncFlags {
+  uint64_t d_arrived[kMaxRanks];  // source s wrote its rows and counts for epoch e: e + 1
+  uint64_t d_free[kMaxRanks];     // receiver d finished reading our rows of epoch e: e + 1
+  uint64_t c_arrived[kMaxRanks];  // expert rank e wrote our combine rows for epoch c: c + 1
+  uint64_t c_free[kMaxRanks];     // rank m finished reading our combine rows of epoch c: c + 1
+};
+
+struct Epochs {  // device-side counters so that kernels need no per-call host parameters
+  uint64_t d_send, c_send;
+};
+
+// Error record in mapped host memory: set by a kernel that timed out (then it traps).
+struct ErrorRecord {
+  int32_t code;      // 0: none, 1: timeout
+  int32_t op;        // 0 dispatch_send, 1 dispatch_recv, 2 combine_send, 3 combine_recv
+  int32_t slot;
+  int32_t rank;
+  uint64_t missing;  // bit r: rank r never arrived (ranks < 64)
+};
+
+// Static shape of the all-to-all plus byte offsets of one slot's regions.
+struct Geometry {
+  int N, E, L, K, H, T, tp, S, scale_block, P;
+  int wire_kind;     // 0 f32, 1 bf16, 2 f16, 3 fp8 e4m3
+  int layout;        // 0 ragged, 1 expert_major
+  int capacity;      // R or C
+  int pow2;
+  int64_t row;       // bytes of one wire row (payload, scales, token, weight; 16-byte multiple)
+  int64_t payload;   // H * wire bytes
+  // shared slot area
+  int64_t off_counts, off_rows, off_c_rows, shared_slot_bytes;
+  // private slot area
+  int64_t off_staging, off_scratch, off_epochs, private_slot_bytes;
+  int64_t c_stride_max;  // H * 4
+};
+
+// Pointers for one rank and one slot.
+struct SlotPtrs {
+  uint8_t* peer_shared[kMaxRanks];  // every rank's shared slot area, as mapped here (ours included)
+  uint8_t* priv;                    // our private slot area
+  ErrorRecord* err;                 // mapped host memory
+  int rank;
+  int slot;
+  int64_t timeout_ns;
+};
+
+struct DispatchSendParams {
+  Geometry g;
+  SlotPtrs p;
+  const void* x;            // [T, H] x_kind (or fp8 with x_scale)
+  int x_kind;               // 0 f32, 1 bf16, 2 f16, 3 fp8
+  const float* x_scale;     // [T, S] or null
+  const int32_t* ids;       // [T, K]
+  const float* weights;     // [T, K]
+  const int32_t* num_tokens;  // [] device scalar
+  int32_t* handle;          // [2] out: epoch, slot
+  int32_t* dest;            // [T, K] out
+  int32_t* pair_slot;       // [T, K] out
+  int32_t* dropped;         // [] out
+};
+
+struct DispatchRecvParams {
+  Geometry g;
+  SlotPtrs p;
+  const int32_t* handle;    // [2]
+  void* x;                  // [R', H] wire dtype
+  float* scale;             // [R', S] or null
+  int32_t* group_sizes;     // [L]
+  float* weights;           // [R']
+  int32_t* src;             // [R', 2]
+  int32_t* recv_slot;       // [R']
+  int32_t* recv_counts;     // [N, L] rows per (source, local expert)
+  int32_t* overflow;        // []
+};
+
+struct CombineSendParams {
+  Geometry g;
+  SlotPtrs p;
+  const void* y;            // [R', H] y_kind
+  int y_kind;
+  const int32_t* recv_counts;  // [N, L] from dispatch_recv
+  int32_t* handle;          // [2] out
+};
+
+struct CombineRecvParams {
+  Geometry g;
+  SlotPtrs p;
+  const int32_t* handle;    // [2]
+  int y_kind;
+  const int32_t* dest;      // [T, K]
+  const int32_t* pair_slot; // [T, K]
+  const float* weights;     // [T, K]
+  const int32_t* num_tokens;  // []
+  const void* out_in;       // [T, H] or null
+  int out_in_kind;
+  void* out;                // [T, H] out_kind
+  int out_kind;
+  float* pairs;             // [T, K, H] or null
+};
+
+}  // namespace a2a::cuda

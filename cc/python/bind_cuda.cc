@@ -1,0 +1,59 @@
+// jax_moe_a2a._C.cuda: creating and connecting the cuda backend's communicators from Python.
+// IPC handles travel through Python (the JAX key-value store between processes).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "cuda/comm.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace a2a::python {
+
+void bind_cuda(nb::module_& m) {
+  nb::module_ c = m.def_submodule("cuda", "cuda backend communicators (cc/cuda)");
+  c.def(
+      "create",
+      [](int64_t comm_id, int N, int E, int K, int H, int T, int tp, int S, int scale_block, int wire_kind, int layout,
+         int capacity, bool pow2, int slots, double timeout_s, std::vector<int> ranks, std::vector<int> devices) {
+        cuda::CudaOptions o;
+        o.g.N = N;
+        o.g.E = E;
+        o.g.K = K;
+        o.g.H = H;
+        o.g.T = T;
+        o.g.tp = tp;
+        o.g.S = S;
+        o.g.scale_block = scale_block;
+        o.g.wire_kind = wire_kind;
+        o.g.layout = layout;
+        o.g.capacity = capacity;
+        o.g.pow2 = pow2;
+        o.slots = slots;
+        o.timeout_s = timeout_s;
+        cuda::register_comm(comm_id, std::make_shared<cuda::CudaComm>(o, ranks, devices));
+      },
+      "comm_id"_a, "N"_a, "E"_a, "K"_a, "H"_a, "T"_a, "tp"_a, "S"_a, "scale_block"_a, "wire_kind"_a, "layout"_a,
+      "capacity"_a, "pow2"_a, "slots"_a, "timeout_s"_a, "ranks"_a, "devices"_a);
+  c.def("bootstrap_info", [](int64_t comm_id, int rank) {
+    std::string s = cuda::find_comm(comm_id)->rank(rank).bootstrap_info();
+    return nb::bytes(s.data(), s.size());
+  });
+  c.def("connect", [](int64_t comm_id, int rank, const std::vector<nb::bytes>& peers) {
+    auto comm = cuda::find_comm(comm_id);
+    std::vector<std::string> infos;
+    for (auto& b : peers) infos.emplace_back(static_cast<const char*>(b.data()), b.size());
+    comm->rank(rank).connect(infos, comm->locals());
+  });
+  c.def("buffer_bytes", [](int N, int E, int K, int H, int T, int tp, int S, int wire_kind, int slots) {
+    cuda::Geometry g{};
+    g.N = N; g.E = E; g.K = K; g.H = H; g.T = T; g.tp = tp; g.S = S; g.wire_kind = wire_kind;
+    int64_t shared = 0, priv = 0;
+    cuda::finish_geometry(&g, slots, &shared, &priv);
+    return shared + priv;
+  });
+  c.def("destroy", &cuda::unregister_comm, "comm_id"_a);
+}
+
+}  // namespace a2a::python

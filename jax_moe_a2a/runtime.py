@@ -1,0 +1,37 @@
+"""Process-level runtime helpers: bootstrap data exchange through the JAX key-value store."""
+
+from __future__ import annotations
+
+import base64
+import pickle
+from typing import Any, Dict
+
+import jax
+
+
+def kv_client():
+    """The jax.distributed key-value store client (RuntimeError if not initialised)."""
+    from jax._src import distributed
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError("jax_moe_a2a across processes needs jax.distributed.initialize() first")
+    return client
+
+
+def exchange(prefix: str, local: Dict[int, Any], num_ranks: int, timeout_s: float) -> Dict[int, Any]:
+    """Every process publishes {rank: picklable value} for its ranks; returns all ranks' values.
+
+    In one process nothing travels. Keys live under `prefix` (unique per communicator)."""
+    if jax.process_count() == 1:
+        missing = [r for r in range(num_ranks) if r not in local]
+        if missing:
+            raise ValueError(f"ranks {missing} have no bootstrap data in this single process")
+        return dict(local)
+    client = kv_client()
+    for r, v in local.items():
+        client.key_value_set(f"{prefix}/{r}", base64.b64encode(pickle.dumps(v)).decode())
+    out = {}
+    for r in range(num_ranks):
+        blob = client.blocking_key_value_get(f"{prefix}/{r}", int(timeout_s * 1000))
+        out[r] = pickle.loads(base64.b64decode(blob))
+    return out
