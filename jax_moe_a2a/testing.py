@@ -229,6 +229,8 @@ def check_dispatch(spec: Spec, num_ranks: int, rank: int, want: oracle.RankDispa
             np.testing.assert_array_equal(gs[sl][og], ws[sl][ow], err_msg=f"rank {rank} expert {l}: scales")
         elif spec.is_fp8:
             np.testing.assert_array_equal(gs[sl][og], ws[sl][ow], err_msg=f"rank {rank} expert {l}: scales")
+            if xg.size == 0:
+                continue
             codes = np.abs(xg.view(np.uint8).astype(np.int16) - np.asarray(xw).view(np.uint8).astype(np.int16))
             assert codes.max(initial=0) <= 1 and np.mean(codes != 0) < 1e-4, \
                 f"rank {rank} expert {l}: fp8 rows differ by up to {codes.max()} codes in {np.mean(codes != 0):.2e} of values"
@@ -238,13 +240,18 @@ def check_dispatch(spec: Spec, num_ranks: int, rank: int, want: oracle.RankDispa
         np.testing.assert_array_equal(gw[sl][og], ww[sl][ow], err_msg=f"rank {rank} expert {l}: weights")
 
 
-def check_combine(spec: Spec, rank: int, want: np.ndarray, got: np.ndarray):
-    """Combined output vs oracle: f32 sums in another order, then a cast to combine_dtype."""
+def check_combine(spec: Spec, rank: int, want: np.ndarray, got: np.ndarray, *, exact_fp8: bool = True):
+    """Combined output vs oracle: f32 sums in another order, then a cast to combine_dtype.
+    With exact_fp8=False (fp8 rows allowed one code off), a 1e-4 share of elements may differ."""
     got = np.asarray(got)
     assert got.dtype == np.dtype(spec.combine_dtype), f"rank {rank}: dtype {got.dtype}"
     tol = {np.dtype(jnp.float32): 1e-5, np.dtype(jnp.float16): 2e-3}.get(np.dtype(spec.combine_dtype), 1.6e-2)
-    np.testing.assert_allclose(got.astype(np.float32), np.asarray(want).astype(np.float32), rtol=tol,
-                               atol=tol, err_msg=f"rank {rank}: combine output")
+    g, w = got.astype(np.float32), np.asarray(want).astype(np.float32)
+    if spec.is_fp8 and not exact_fp8:
+        bad = ~np.isclose(g, w, rtol=tol, atol=tol)
+        assert bad.mean() <= 1e-4, f"rank {rank}: combine output differs in {bad.mean():.2e} of elements"
+        return
+    np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"rank {rank}: combine output")
 
 
 def exact_fp8_expected(comm: Communicator) -> bool:
@@ -264,4 +271,4 @@ def check_all(comm: Communicator, inputs, results, *, y_dtype=jnp.bfloat16, out=
     assert results, "no rank results in this process"
     for r, res in results.items():
         check_dispatch(spec, n, r, want_d[r], res, exact_fp8=exact_fp8)
-        check_combine(spec, r, want_c[r], res["out"])
+        check_combine(spec, r, want_c[r], res["out"], exact_fp8=exact_fp8)

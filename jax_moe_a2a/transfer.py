@@ -120,6 +120,20 @@ def jax_kv():
 _connect_seq = itertools.count()
 
 
+def _check_array(array):
+    """The array itself (never a copy): registered memory must be the caller's buffer."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"register: expected a numpy array, got {type(array).__name__}")
+    if not array.flags.c_contiguous:
+        raise ValueError("register: the array must be C-contiguous (a copy would be registered "
+                         "instead of your buffer)")
+    if not array.flags.writeable:
+        raise ValueError("register: the array must be writeable (peers write into it)")
+    if array.nbytes == 0:
+        raise ValueError("register: empty array")
+    return array
+
+
 class Connection:
     """An engine plus the key-value store and namespace it was bootstrapped with."""
 
@@ -152,7 +166,7 @@ class Connection:
         """Registers a C-contiguous host array. The region (which keeps the array alive) stays
         registered until release(region) or close(), even if the caller drops it: peers may hold
         its descriptor."""
-        region = self.engine.register_array(array)
+        region = self.engine.register_array(_check_array(array))
         self._regions.append(region)
         return region
 

@@ -5,4 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
-python -m jax_moe_a2a.bench --out "${BENCH_OUT:-bench-out}" "$@"
+OUT_DIR=$(mkdir -p "${BENCH_OUT:-bench-out}" && cd "${BENCH_OUT:-bench-out}" && pwd)
+# run outside the source tree, so that the installed package (with its compiled _C) is imported
+cd "$(mktemp -d)" && python -m jax_moe_a2a.bench --out "$OUT_DIR" "$@"

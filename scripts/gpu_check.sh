@@ -5,7 +5,8 @@
 # Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench").
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+RUNDIR=$(mktemp -d)  # run Python outside the source tree so the installed package (with _C) is imported
 export PYTHONUNBUFFERED=1 JAX_MOE_A2A_COMMIT=${JAX_MOE_A2A_COMMIT:-unknown}
 STAGES=${STAGES:-build single mpi bench}
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
@@ -14,7 +15,7 @@ if has build; then
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee "$OUT/env.log"
   python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -20 | tee "$OUT/build.log"
-  python3 -c "import jax_moe_a2a._C as c; print('cuda:', c.built_with_cuda(), 'libfabric:', c.built_with_libfabric())" | tee -a "$OUT/build.log"
+  (cd "$RUNDIR" && python3 -c "import jax_moe_a2a._C as c; print('cuda:', c.built_with_cuda(), 'libfabric:', c.built_with_libfabric())") 2>&1 | tee -a "$OUT/build.log"
 fi
 cd tests
 if has single; then
@@ -29,8 +30,27 @@ if has mpi; then
       test_ops.py test_grad.py 2>&1 | grep -vE "^\s*$" | tail -30 | tee "$OUT/mpi$n.log"
   done
 fi
-cd ..
-if has bench; then
+if has nocmdbuf; then  # the same single-process suite with XLA command buffers (CUDA graphs) disabled
+  JAX_PLATFORMS=cuda,cpu XLA_FLAGS="--xla_gpu_enable_command_buffer=" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 300 \
+    python3 -m pytest -q -p no:cacheprovider test_ops.py -k cuda 2>&1 | tail -5 | tee "$OUT/nocmdbuf.log"
+fi
+if has sanitizer; then  # compute-sanitizer on a small case, one rank
+  for tool in memcheck racecheck; do
+    JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 400 compute-sanitizer --tool $tool \
+      --target-processes all python3 -m pytest -q -p no:cacheprovider test_ops.py -k "cuda and (fp8-random or tp2 or overflow-ragged)" \
+      2>&1 | grep -E "ERROR SUMMARY|passed|failed|Invalid|Race" | head -20 | tee "$OUT/sanitizer-$tool.log"
+  done
+fi
+cd "$RUNDIR"
+if has bench; then  # one process, one rank: cuda next to reference, decode and prefill
   JAX_PLATFORMS=cuda,cpu timeout 300 python3 -m jax_moe_a2a.bench --out "$OUT/bench1" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "step/s" | tee "$OUT/bench1.log"
+fi
+if has mpibench; then  # N processes time-slicing the one GPU: kernel + synchronisation overhead
+  for n in ${NPROCS:-2 4 8}; do
+    JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") \
+      timeout 300 "${MPIRUN[@]}" -n "$n" python3 -m jax_moe_a2a.bench --backend cuda --shape decode \
+      --out "$OUT/bench$n" ${BENCH_ARGS:-} 2>&1 | grep -v "step/s" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" > "$OUT/bench$n.log"
+    rm -f "$OUT/bench$n/latency.png"
+  done
 fi

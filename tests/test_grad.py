@@ -14,7 +14,7 @@ from jax_moe_a2a import testing as T
 pytestmark = pytest.mark.mpi
 
 
-BACKENDS = a2a.available_backends()
+from test_ops import BACKENDS  # noqa: E402  (JAX_MOE_A2A_TEST_BACKENDS or every available one)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -429,6 +429,20 @@ def test_bounds_and_argument_errors():
         e1.close()
 
 
+def test_register_refuses_copies_and_readonly_arrays():
+    with transfer.connect("shm", transfer.DictKV(), name="register-checks") as c:
+        with pytest.raises(ValueError, match="C-contiguous"):
+            c.register(np.zeros((4, 4))[:, ::2])
+        ro = np.zeros(8)
+        ro.setflags(write=False)
+        with pytest.raises(ValueError, match="writeable"):
+            c.register(ro)
+        with pytest.raises(TypeError):  # the binding itself never converts (no hidden copy)
+            c.engine.register_array(np.zeros((4, 4))[:, ::2])
+        r = c.register(np.zeros(16, np.float32))
+        assert r.size == 64 and r.memory == "host"
+
+
 def test_close_deregisters_and_refuses_calls():
     e0, e1 = _pair("shm")
     r0 = e0.register_array(np.zeros(8, np.uint8))

@@ -29,19 +29,20 @@ int kind_of(ffi::DataType t) {
 // Finds the rank's state (rank read from a host copy is impossible inside a graph, so the rank
 // comes as an attribute-free operand only for validation; the communicator maps one local rank
 // per device).
+// `dev` is XLA's device ordinal for this call (no stream queries: they are not allowed while XLA
+// captures a command buffer).
 template <typename F>
-ffi::Error run(const char* op, int64_t comm_id, cudaStream_t stream, F&& f) {
+ffi::Error run(const char* op, int64_t comm_id, int32_t dev, F&& f) {
   try {
     auto comm = cu::find_comm(comm_id);
-    int dev = -1;
-    cudaError_t rc = cudaStreamGetDevice(stream, &dev);
-    if (rc != cudaSuccess) return ffi::Error(ffi::ErrorCode::kInternal, std::string("cudaStreamGetDevice: ") + cudaGetErrorString(rc));
+    cudaError_t rc = cudaSuccess;
     cu::RankState* st = nullptr;
     for (auto& [r, s] : comm->locals())
       if (s->device() == dev) st = s;
     if (!st) return ffi::Error(ffi::ErrorCode::kInternal, "jax_moe_a2a cuda: no local rank on this stream's device");
     st->check_error();
-    rc = cudaSetDevice(dev);
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != dev) rc = cudaSetDevice(dev);
     if (rc == cudaSuccess) rc = f(*st);
     if (rc != cudaSuccess)
       return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_moe_a2a cuda ") + op + ": " + cudaGetErrorString(rc));
@@ -51,14 +52,14 @@ ffi::Error run(const char* op, int64_t comm_id, cudaStream_t stream, F&& f) {
   }
 }
 
-ffi::Error DispatchSend(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> x_scale, ffi::Buffer<ffi::S32> ids,
+ffi::Error DispatchSend(cudaStream_t stream, int32_t dev, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> x_scale, ffi::Buffer<ffi::S32> ids,
                         ffi::Buffer<ffi::F32> weights, ffi::Buffer<ffi::S32> num_tokens, ffi::AnyBuffer after,
                         ffi::Result<ffi::Buffer<ffi::S32>> handle, ffi::Result<ffi::Buffer<ffi::S32>> dest,
                         ffi::Result<ffi::Buffer<ffi::S32>> pair_slot, ffi::Result<ffi::Buffer<ffi::S32>> dropped,
                         int64_t comm_id, int32_t slot, int64_t call_id) {
   (void)after;
   (void)call_id;
-  return run("dispatch_send", comm_id, stream, [&](cu::RankState& st) {
+  return run("dispatch_send", comm_id, dev, [&](cu::RankState& st) {
     cu::DispatchSendParams p{};
     p.g = st.geometry();
     p.p = st.slot(slot);
@@ -77,12 +78,12 @@ ffi::Error DispatchSend(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::
   });
 }
 
-ffi::Error DispatchRecv(cudaStream_t stream, ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::AnyBuffer> x,
+ffi::Error DispatchRecv(cudaStream_t stream, int32_t dev, ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::AnyBuffer> x,
                         ffi::Result<ffi::Buffer<ffi::F32>> scale, ffi::Result<ffi::Buffer<ffi::S32>> group_sizes,
                         ffi::Result<ffi::Buffer<ffi::F32>> weights, ffi::Result<ffi::Buffer<ffi::S32>> src,
                         ffi::Result<ffi::Buffer<ffi::S32>> recv_slot, ffi::Result<ffi::Buffer<ffi::S32>> recv_counts,
                         ffi::Result<ffi::Buffer<ffi::S32>> overflow, int64_t comm_id, int32_t slot) {
-  return run("dispatch_recv", comm_id, stream, [&](cu::RankState& st) {
+  return run("dispatch_recv", comm_id, dev, [&](cu::RankState& st) {
     cu::DispatchRecvParams p{};
     p.g = st.geometry();
     p.p = st.slot(slot);
@@ -99,11 +100,11 @@ ffi::Error DispatchRecv(cudaStream_t stream, ffi::Buffer<ffi::S32> handle, ffi::
   });
 }
 
-ffi::Error CombineSend(cudaStream_t stream, ffi::AnyBuffer y, ffi::Buffer<ffi::S32> recv_counts, ffi::AnyBuffer after,
+ffi::Error CombineSend(cudaStream_t stream, int32_t dev, ffi::AnyBuffer y, ffi::Buffer<ffi::S32> recv_counts, ffi::AnyBuffer after,
                        ffi::Result<ffi::Buffer<ffi::S32>> handle, int64_t comm_id, int32_t slot, int64_t call_id) {
   (void)after;
   (void)call_id;
-  return run("combine_send", comm_id, stream, [&](cu::RankState& st) {
+  return run("combine_send", comm_id, dev, [&](cu::RankState& st) {
     cu::CombineSendParams p{};
     p.g = st.geometry();
     p.p = st.slot(slot);
@@ -116,11 +117,11 @@ ffi::Error CombineSend(cudaStream_t stream, ffi::AnyBuffer y, ffi::Buffer<ffi::S
   });
 }
 
-ffi::Error CombineRecv(cudaStream_t stream, ffi::Buffer<ffi::S32> handle, ffi::Buffer<ffi::S32> dest,
+ffi::Error CombineRecv(cudaStream_t stream, int32_t dev, ffi::Buffer<ffi::S32> handle, ffi::Buffer<ffi::S32> dest,
                        ffi::Buffer<ffi::S32> pair_slot, ffi::Buffer<ffi::F32> weights, ffi::Buffer<ffi::S32> num_tokens,
                        ffi::AnyBuffer out_in, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> pairs,
                        int64_t comm_id, int32_t slot, int32_t y_kind) {
-  return run("combine_recv", comm_id, stream, [&](cu::RankState& st) {
+  return run("combine_recv", comm_id, dev, [&](cu::RankState& st) {
     cu::CombineRecvParams p{};
     p.g = st.geometry();
     p.p = st.slot(slot);
@@ -144,6 +145,7 @@ ffi::Error CombineRecv(cudaStream_t stream, ffi::Buffer<ffi::S32> handle, ffi::B
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaDispatchSend, DispatchSend,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
@@ -162,6 +164,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaDispatchSend, DispatchSend,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaDispatchRecv, DispatchRecv,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
@@ -178,6 +181,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaDispatchRecv, DispatchRecv,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaCombineSend, CombineSend,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::AnyBuffer>()
@@ -190,6 +194,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaCombineSend, CombineSend,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaCombineRecv, CombineRecv,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()

@@ -120,8 +120,9 @@ void bind_engine(nb::module_& m) {
              if (a.nbytes() == 0) throw std::invalid_argument("register_array: empty array");
              return e.register_memory(a.data(), a.nbytes(), MemoryKind::kHost, 0);
            },
-           "array"_a, nb::keep_alive<0, 2>(),
-           "Registers a C-contiguous host array (kept alive by the region).")
+           // noconvert: never register a temporary contiguous copy (writes would land there)
+           nb::arg("array").noconvert(), nb::keep_alive<0, 2>(),
+           "Registers a C-contiguous, writeable host array (kept alive by the region).")
       .def("register_ptr",
            [](Engine& e, uintptr_t ptr, uint64_t size, const std::string& memory, int device) {
              return e.register_memory(reinterpret_cast<void*>(ptr), size, memory_kind(memory), device);

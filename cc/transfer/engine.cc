@@ -20,8 +20,8 @@ EngineOptions EngineOptions::resolved() const {
   EngineOptions o = *this;
   if (o.provider.empty()) o.provider = env_or("JAX_MOE_A2A_PROVIDER", "shm");
   if (o.iface.empty()) o.iface = env_or("JAX_MOE_A2A_IFACE", "");
-  std::string hmem = env_or("JAX_MOE_A2A_HMEM", "");
-  if (!hmem.empty()) o.hmem = o.hmem || (hmem != "0" && hmem != "false");
+  std::string hmem_env = env_or("JAX_MOE_A2A_HMEM", "");
+  if (!hmem_env.empty()) o.hmem = o.hmem || (hmem_env != "0" && hmem_env != "false");
   std::string t = env_or("JAX_MOE_A2A_POST_TIMEOUT_S", "");
   if (!t.empty()) o.post_timeout_s = std::strtod(t.c_str(), nullptr);
   std::string cq = env_or("JAX_MOE_A2A_RX_CQ_SIZE", "");

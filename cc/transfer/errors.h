@@ -18,9 +18,12 @@ class TransferError : public std::runtime_error {
 // did not arrive when the wait knew which ranks it waited for (wait_ranks, barrier_ranked).
 class TimeoutError : public TransferError {
  public:
-  TimeoutError(const std::string& what, uint64_t arrived, uint64_t expected,
-               std::vector<int> missing = {})
-      : TransferError(what), arrived(arrived), expected(expected), missing(std::move(missing)) {}
+  TimeoutError(const std::string& what, uint64_t arrived_n, uint64_t expected_n,
+               std::vector<int> missing_ranks = {})
+      : TransferError(what),
+        arrived(arrived_n),
+        expected(expected_n),
+        missing(std::move(missing_ranks)) {}
   uint64_t arrived;
   uint64_t expected;
   std::vector<int> missing;

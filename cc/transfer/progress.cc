@@ -100,7 +100,7 @@ void ProgressThread::run() {
     if (busy_()) {
       sched_yield();  // writes in flight: only polling completes them (manual progress providers)
     } else if (elapsed_us(last_event) < opts_.spin_us) {
-      cpu_relax();
+      sched_yield();
     } else {
       sleep(sleep_us);
       sleep_us = std::min(sleep_us * 2, std::max(opts_.max_sleep_us, 2.0));

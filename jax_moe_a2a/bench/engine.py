@@ -6,7 +6,9 @@
 Per provider (tcp stays on loopback unless --iface says otherwise):
   latency    half round trip of a `size`-byte write + immediate, ping-pong between ranks 0 and 1
              (timing loop in C++: no Python in the measured path; median and best of --blocks
-             blocks), plus the same from Python (engine.write + engine.wait per hop) for 8 bytes;
+             blocks), next to a raw fi_writedata ping-pong (own endpoint and CQ, one polling
+             thread, no engine) run in the same processes block by block in between, and the
+             same from Python (engine.write + engine.wait per hop) for 8 bytes;
   bandwidth  rank 0 streams `count` writes of `size` bytes to rank 1, which acknowledges the last;
   scatter    every rank scatters `size` bytes to every other rank and waits for all of theirs
              (time per round, max over ranks);
@@ -84,6 +86,14 @@ def bench_provider(provider: str, args, rank: int, world: int, kv, tag: str) -> 
         return max(json.loads(v) for v in vals)
 
     only = set(args.only.split(","))
+    # Raw fi_writedata baseline in the same processes (ranks 0 and 1), interleaved block by block
+    # with the engine's ping-pong so that both see the same placement and load.
+    raw = None
+    if "latency" in only and args.baseline:
+        raw = native.RawPingPong(provider, iface, maxsize) if rank < 2 else None
+        blobs = conn.all_gather("raw-baseline", raw.blob() if raw else b"")
+        if raw:
+            raw.connect(blobs[1 - rank])
     step = 0
     # --- latency: ping-pong 0 <-> 1 ------------------------------------------------------------
     for size in LAT_SIZES if "latency" in only else []:
@@ -93,16 +103,26 @@ def bench_provider(provider: str, args, rank: int, world: int, kv, tag: str) -> 
             n = _iters(base, size)
             blocks = max(1, min(args.blocks, n // 10))
             per = max(1, n // blocks)
-            times = []
-            for b in range(blocks):  # the timing loop is C++; blocks only split the statistics
+            times, raw_times = [], []
+            with_raw = raw is not None and size <= args.baseline_max
+            if with_raw:
+                raw.run(size, max(10, per // 10), rank == 0, timeout)  # warm-up
+            for b in range(blocks):  # the timing loops are C++; blocks only split the statistics
+                if with_raw:
+                    raw_times.append(raw.run(size, per, rank == 0, timeout) / per / 2 * 1e6)
                 t = native.bench_pingpong(e, 1 - rank, rsrc, dsts[1 - rank], size, per,
                                           max(10, per // 10) if b == 0 else 0, rank == 0,
                                           transfer.pack_imm(20, 0, 0), timeout)
                 times.append(t / per / 2 * 1e6)
             if rank == 0:
-                out["latency"].append({"size": size, "iters": per * blocks, "blocks": blocks,
-                                       "half_rtt_us": float(np.median(times)),
-                                       "best_block_us": min(times)})
+                row = {"size": size, "iters": per * blocks, "blocks": blocks,
+                       "half_rtt_us": float(np.median(times)), "best_block_us": min(times)}
+                if with_raw:
+                    row.update(raw_half_rtt_us=float(np.median(raw_times)),
+                               raw_best_block_us=min(raw_times),
+                               ratio=float(np.median(np.array(times) / np.array(raw_times))))
+                out["latency"].append(row)
+    del raw
     # The same from Python, one write + one wait per hop (what a Python caller would see).
     step += 1
     sync(step)
@@ -174,10 +194,13 @@ def print_table(r: dict) -> None:
     print(f"\n== TransferEngine on {r['provider']} (domains {', '.join(r['domains'])}), "
           f"{r['world_size']} ranks ==")
     if r["latency"]:
-        print(f"{'size':>8} {'half RTT (us)':>14} {'best block':>11} {'iters':>7}")
+        print(f"{'size':>8} {'half RTT (us)':>14} {'best block':>11} {'raw fi_writedata':>17} "
+              f"{'engine/raw':>11} {'iters':>7}")
     for x in r["latency"]:
+        raw = (f"{x['raw_half_rtt_us']:>17.3f} {x['ratio']:>11.2f}" if "ratio" in x
+               else f"{'':>17} {'':>11}")
         print(f"{_fmt_size(x['size']):>8} {x['half_rtt_us']:>14.3f} {x['best_block_us']:>11.3f} "
-              f"{x['iters']:>7}")
+              f"{raw} {x['iters']:>7}")
     if "python_write_wait_8B_half_rtt_us" in r:
         print(f"{'8 B':>8} {r['python_write_wait_8B_half_rtt_us']:>14.3f}  (from Python: write + wait)")
     if r["bandwidth"]:
@@ -201,6 +224,10 @@ def main(argv=None) -> int:
     p.add_argument("--iface", default=None, help="domain/interface names (default: lo for tcp)")
     p.add_argument("--num-domains", type=int, default=1)
     p.add_argument("--iters", type=int, default=20000, help="ping-pong iterations for small sizes")
+    p.add_argument("--no-baseline", dest="baseline", action="store_false",
+                   help="latency: skip the raw fi_writedata baseline")
+    p.add_argument("--baseline-max", type=int, default=64 * KIB,
+                   help="latency: largest size with a raw baseline")
     p.add_argument("--blocks", type=int, default=20,
                    help="latency: split the iterations into blocks, report median and best block")
     p.add_argument("--stream-mib", type=int, default=256, help="bytes per bandwidth point (MiB)")

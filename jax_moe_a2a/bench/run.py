@@ -165,7 +165,7 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress):
             for v in samples.values():
                 v.pop()
         progress.update(f"{comm.backend_name}/{shape_name} iter")
-    record["timings"] = {h: timing.summarize(timing.max_over_processes(v)) for h, v in samples.items()}
+    record["timings"] = {h: timing.summarize(timing.max_over_processes(v, h)) for h, v in samples.items()}
     for op in ("dispatch", "combine"):
         p50 = record["timings"][op]["p50_us"]
         record.setdefault("goodput_GBps", {})[op] = record[f"{op}_bytes_per_rank"] / (p50 * 1e3) if p50 else 0.0

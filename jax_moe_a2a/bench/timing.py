@@ -1,12 +1,19 @@
-"""Timing helpers: per-iteration wall times, max across processes, percentiles."""
+"""Timing helpers: per-iteration wall times, max across processes, percentiles.
+
+Barriers and gathers go through the jax.distributed key-value store, not XLA collectives, so
+they also work where XLA's collectives cannot (several processes sharing one GPU)."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import time
 from typing import Callable, List
 
 import jax
 import numpy as np
+
+_BARRIERS = itertools.count()
 
 
 def block(tree):
@@ -14,10 +21,10 @@ def block(tree):
     return tree
 
 
-def barrier(name: str = "bench"):
+def barrier(name: str = "bench", timeout_s: float = 300.0):
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices(name)
+        from ..runtime import kv_client
+        kv_client().wait_at_barrier(f"jax_moe_a2a_bench_{name}_{next(_BARRIERS)}", int(timeout_s * 1000))
 
 
 def time_once(fn: Callable, *args):
@@ -27,12 +34,16 @@ def time_once(fn: Callable, *args):
     return out, time.perf_counter() - t0
 
 
-def max_over_processes(samples: List[float]) -> np.ndarray:
+def max_over_processes(samples: List[float], name: str = "times") -> np.ndarray:
     """[iters] seconds per process -> [iters] max over processes (the slowest rank decides)."""
     arr = np.asarray(samples, np.float64)
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        arr = np.asarray(multihost_utils.process_allgather(arr)).reshape(jax.process_count(), -1).max(axis=0)
+        from ..runtime import kv_client
+        client = kv_client()
+        key = f"jax_moe_a2a_bench_{name}_{next(_BARRIERS)}"
+        client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(arr.tolist()))
+        rows = [json.loads(client.blocking_key_value_get(f"{key}/{p}", 300_000)) for p in range(jax.process_count())]
+        arr = np.max(np.asarray(rows, np.float64), axis=0)
     return arr
 
 
