@@ -6,6 +6,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "core/registry.h"
 #include "cuda/kernels.h"
 
 namespace a2a::cuda {
@@ -154,31 +155,14 @@ std::map<int, RankState*> CudaComm::locals() {
 }
 
 namespace {
-std::mutex g_mu;
-std::map<int64_t, std::shared_ptr<CudaComm>> g_comms;
+Registry<CudaComm>& registry() {
+  static Registry<CudaComm> r("cuda");
+  return r;
+}
 }  // namespace
 
-void register_comm(int64_t id, std::shared_ptr<CudaComm> comm) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_comms[id] = std::move(comm);
-}
-
-std::shared_ptr<CudaComm> find_comm(int64_t id) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = g_comms.find(id);
-  if (it == g_comms.end()) throw std::invalid_argument("jax_moe_a2a: no cuda communicator with id " + std::to_string(id));
-  return it->second;
-}
-
-void unregister_comm(int64_t id) {
-  std::shared_ptr<CudaComm> c;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    auto it = g_comms.find(id);
-    if (it == g_comms.end()) return;
-    c = it->second;
-    g_comms.erase(it);
-  }
-}
+void register_comm(int64_t id, std::shared_ptr<CudaComm> comm) { registry().add(id, std::move(comm)); }
+std::shared_ptr<CudaComm> find_comm(int64_t id) { return registry().find(id); }
+void unregister_comm(int64_t id) { registry().remove(id); }  // freed when the last user lets go
 
 }  // namespace a2a::cuda

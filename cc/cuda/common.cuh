@@ -19,6 +19,18 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 512;
 
+// Where the calling thread sits in a 1-D grid: lane, global warp, global thread, strides.
+struct GridIdx {
+  int lane, gwarp, nwarps;
+  int64_t gtid, gstride;
+  __device__ GridIdx()
+      : lane(threadIdx.x & 31),
+        gwarp(static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5)),
+        nwarps(static_cast<int>((gridDim.x * blockDim.x) >> 5)),
+        gtid(int64_t(blockIdx.x) * blockDim.x + threadIdx.x),
+        gstride(int64_t(gridDim.x) * blockDim.x) {}
+};
+
 __device__ __forceinline__ float load_elem(const void* base, int64_t i, int kind) {
   switch (kind) {
     case 0: return static_cast<const float*>(base)[i];

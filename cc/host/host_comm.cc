@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "core/fp8.h"
+#include "core/registry.h"
 #include "host/pack.h"
 #include "transfer/errors.h"
 #include "transfer/imm.h"
@@ -332,32 +333,16 @@ void HostComm::close() {
 }
 
 namespace {
-std::mutex g_mu;
-std::map<int64_t, std::shared_ptr<HostComm>> g_comms;
+Registry<HostComm>& registry() {
+  static Registry<HostComm> r("host");
+  return r;
+}
 }  // namespace
 
-void register_comm(int64_t id, std::shared_ptr<HostComm> comm) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_comms[id] = std::move(comm);
-}
-
-std::shared_ptr<HostComm> find_comm(int64_t id) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = g_comms.find(id);
-  if (it == g_comms.end()) throw std::invalid_argument(format("jax_moe_a2a: no host communicator with id %lld", (long long)id));
-  return it->second;
-}
-
+void register_comm(int64_t id, std::shared_ptr<HostComm> comm) { registry().add(id, std::move(comm)); }
+std::shared_ptr<HostComm> find_comm(int64_t id) { return registry().find(id); }
 void unregister_comm(int64_t id) {
-  std::shared_ptr<HostComm> c;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    auto it = g_comms.find(id);
-    if (it == g_comms.end()) return;
-    c = it->second;
-    g_comms.erase(it);
-  }
-  c->close();
+  if (auto c = registry().remove(id)) c->close();
 }
 
 }  // namespace a2a::host

@@ -46,6 +46,36 @@ def varying(tree, axis):
     return jax.tree.map(cast, tree)
 
 
+def recv_result_shapes(spec, n, counts_shape):
+    """Result shapes of an FFI dispatch_recv: x, scale, group_sizes, weights, src, recv_slot,
+    recv_counts (counts_shape), overflow; rows flattened to R' = prod(recv_shape)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rows = int(np.prod(spec.recv_shape(n)))
+    i32, f32 = jnp.int32, jnp.float32
+    return (jax.ShapeDtypeStruct((rows, spec.hidden), spec.dispatch_dtype),
+            jax.ShapeDtypeStruct((rows, spec.num_scales), f32),
+            jax.ShapeDtypeStruct((spec.local_experts(n),), i32),
+            jax.ShapeDtypeStruct((rows,), f32),
+            jax.ShapeDtypeStruct((rows, 2), i32),
+            jax.ShapeDtypeStruct((rows,), i32),
+            jax.ShapeDtypeStruct(counts_shape, i32),
+            jax.ShapeDtypeStruct((), i32))
+
+
+def finish_recv(spec, n, outs, route):
+    """FFI dispatch_recv results -> the tuple Backend.dispatch_recv returns (layout reshapes,
+    routing arrays for combine added to `route`)."""
+    x, scale, sizes, weights, src, recv_slot, recv_counts, overflow = outs
+    shape = spec.recv_shape(n)
+    route = dict(route, recv_src=src, recv_slot=recv_slot, recv_counts=recv_counts)
+    x = x.reshape(*shape, spec.hidden)
+    scale = scale.reshape(*shape, spec.num_scales) if spec.is_fp8 else None
+    return x, scale, sizes, weights.reshape(shape), src.reshape(*shape, 2), overflow, route
+
+
 class Backend:
     """Backend protocol. Subclasses fill in the four halves."""
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _ffi, runtime
-from .base import Backend, Ctx, varying
+from .base import Backend, Ctx, finish_recv, recv_result_shapes, varying
 from .host import _WIRE, _after
 
 
@@ -77,25 +77,10 @@ class CudaBackend(Backend):
 
     def dispatch_recv(self, ctx: Ctx, arrays, route, slot):
         spec, n = ctx.spec, ctx.num_ranks
-        shape = spec.recv_shape(n)
-        rows = int(np.prod(shape))
-        l_count = spec.local_experts(n)
-        i32, f32 = jnp.int32, jnp.float32
-        outs = (jax.ShapeDtypeStruct((rows, spec.hidden), spec.dispatch_dtype),
-                jax.ShapeDtypeStruct((rows, spec.num_scales), f32),
-                jax.ShapeDtypeStruct((l_count,), i32),
-                jax.ShapeDtypeStruct((rows,), f32),
-                jax.ShapeDtypeStruct((rows, 2), i32),
-                jax.ShapeDtypeStruct((rows,), i32),
-                jax.ShapeDtypeStruct((n, l_count), i32),
-                jax.ShapeDtypeStruct((), i32))
-        call = jax.ffi.ffi_call("jax_moe_a2a_cuda_dispatch_recv", outs, has_side_effect=True)
-        x, scale, sizes, weights, src, recv_slot, recv_counts, overflow = varying(call(
-            arrays["handle"], comm_id=np.int64(ctx.comm_id), slot=np.int32(slot)), ctx.axis)
-        route = dict(route, recv_src=src, recv_slot=recv_slot, recv_counts=recv_counts)
-        x = x.reshape(*shape, spec.hidden)
-        scale = scale.reshape(*shape, spec.num_scales) if spec.is_fp8 else None
-        return x, scale, sizes, weights.reshape(shape), src.reshape(*shape, 2), overflow, route
+        call = jax.ffi.ffi_call("jax_moe_a2a_cuda_dispatch_recv",
+                                recv_result_shapes(spec, n, (n, spec.local_experts(n))), has_side_effect=True)
+        outs = varying(call(arrays["handle"], comm_id=np.int64(ctx.comm_id), slot=np.int32(slot)), ctx.axis)
+        return finish_recv(spec, n, outs, route)
 
     def combine_send(self, ctx: Ctx, y, route, slot, after=None):
         spec = ctx.spec

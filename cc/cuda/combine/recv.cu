@@ -9,9 +9,8 @@ namespace {
 __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParams P) {
   const Geometry& g = P.g;
   cg::grid_group grid = cg::this_grid();
-  const int lane = threadIdx.x & 31;
-  const int gwarp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int nwarps = (gridDim.x * blockDim.x) >> 5;
+  const GridIdx ix;
+  const int lane = ix.lane, gwarp = ix.gwarp, nwarps = ix.nwarps;
   const int me = P.p.rank;
   const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
   SyncFlags* mine = flags_of(P.p, me);

@@ -115,9 +115,8 @@ __device__ void stage_token(const DispatchSendParams& P, int t, int lane) {
 __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendParams P) {
   const Geometry& g = P.g;
   cg::grid_group grid = cg::this_grid();
-  const int lane = threadIdx.x & 31;
-  const int gwarp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int nwarps = (gridDim.x * blockDim.x) >> 5;
+  const GridIdx ix;
+  const int lane = ix.lane, gwarp = ix.gwarp, nwarps = ix.nwarps;
   const int me = P.p.rank, member = me % g.tp;
   Epochs* ep = reinterpret_cast<Epochs*>(P.p.priv + g.off_epochs);
   const uint64_t epoch = ep->d_send;
