@@ -272,6 +272,13 @@ class Communicator:
                    recv_rows=self.spec.recv_rows(self.num_ranks))
         return out
 
+    def last_error(self):
+        """A failure the backend recorded out of band, or None. The cuda backend's kernels end a
+        wait for a peer that never arrives by recording which ranks are missing and trapping; XLA
+        then raises a generic CUDA error, and this returns the named one."""
+        fn = getattr(self._backend, "last_error", None)
+        return fn(self) if fn is not None else None
+
     def close(self):
         """Releases the backend's buffers, engines and threads now (also done when the
         communicator is garbage-collected). The communicator is unusable afterwards."""

@@ -26,9 +26,16 @@ if has mpi; then
   for n in ${NPROCS:-2 4 8}; do
     JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda \
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.6/$n, 3))") \
-      timeout 400 "${MPIRUN[@]}" -n "$n" python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x \
-      test_ops.py test_grad.py 2>&1 | grep -vE "^\s*$" | tail -30 | tee "$OUT/mpi$n.log"
+      JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 100) timeout 400 "${MPIRUN[@]}" -n "$n" python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x \
+      test_ops.py test_grad.py test_protocol.py 2>&1 | grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" \
+      | tail -30 | tee "$OUT/mpi$n.log"
   done
+fi
+if has timeout; then  # a rank that never calls: the others must fail naming it (kills their CUDA context)
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_TEST_TIMEOUT=1 \
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout 150 "${MPIRUN[@]}" -n 2 --output-filename "$OUT/timeout" \
+    python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi test_protocol.py -k never_calls \
+    > /dev/null 2>&1
 fi
 if has nocmdbuf; then  # the same single-process suite with XLA command buffers (CUDA graphs) disabled
   JAX_PLATFORMS=cuda,cpu XLA_FLAGS="--xla_gpu_enable_command_buffer=" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 300 \

@@ -126,15 +126,19 @@ SlotPtrs RankState::slot(int z) const {
 }
 
 void RankState::check_error() const {
-  if (err_->code == 0) return;
+  const std::string text = error_text();
+  if (!text.empty()) throw std::runtime_error(text);
+}
+
+std::string RankState::error_text() const {
+  if (err_->code == 0) return "";
   static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
   std::string missing;
   for (int r = 0; r < 64; ++r)
     if (err_->missing >> r & 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-  throw std::runtime_error("jax_moe_a2a cuda " + std::string(names[err_->op & 3]) + " (slot " +
-                           std::to_string(err_->slot) + ", rank " + std::to_string(err_->rank) + "): ranks [" +
-                           missing + "] did not arrive within " + std::to_string(o_.timeout_s) +
-                           " s; the kernel trapped and this process's CUDA context is unusable");
+  return "jax_moe_a2a cuda " + std::string(names[err_->op & 3]) + " (slot " + std::to_string(err_->slot) +
+         ", rank " + std::to_string(err_->rank) + "): ranks [" + missing + "] did not arrive within " +
+         std::to_string(o_.timeout_s) + " s; the kernel trapped and this process's CUDA context is unusable";
 }
 
 CudaComm::CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices) {

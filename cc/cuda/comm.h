@@ -44,6 +44,8 @@ class RankState {
   int rank() const { return rank_; }
   // Throws std::runtime_error describing a kernel timeout recorded earlier, if any.
   void check_error() const;
+  // The same description, or "" (reads mapped host memory: works after the context died).
+  std::string error_text() const;
   uint8_t* shared_base() const { return shared_; }
 
  private:

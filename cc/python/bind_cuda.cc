@@ -54,6 +54,14 @@ void bind_cuda(nb::module_& m) {
     return shared + priv;
   });
   c.def("destroy", &cuda::unregister_comm, "comm_id"_a);
+  c.def("last_error", [](int64_t comm_id) {
+    std::string out;
+    for (auto& [r, s] : cuda::find_comm(comm_id)->locals()) {
+      const std::string t = s->error_text();
+      if (!t.empty()) out += (out.empty() ? "" : "\n") + t;
+    }
+    return out;
+  }, "comm_id"_a, "Timeouts recorded by this process's kernels (\"\" if none).");
 }
 
 }  // namespace a2a::python

@@ -53,6 +53,11 @@ class CudaBackend(Backend):
         for r in local:
             c.cuda.connect(comm.comm_id, r, [table[i] for i in range(n)])
 
+    def last_error(self, comm):
+        """What a kernel recorded before trapping (a peer that never arrived), or None."""
+        text = _ffi.require_native().cuda.last_error(comm.comm_id)
+        return text or None
+
     def close(self):
         if getattr(self, "_finalizer", None) is not None:
             self._finalizer()
