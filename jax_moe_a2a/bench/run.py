@@ -22,7 +22,8 @@ def parse_args(argv):
     p.add_argument("--backend", default="", help="comma-separated backends (default: every available one)")
     p.add_argument("--shape", default="decode,prefill", help="comma-separated: decode, prefill")
     p.add_argument("--quick", action="store_true", help="small shapes and few iterations (smoke run)")
-    p.add_argument("--iters", type=int, default=None, help="timed iterations per half (default 50, quick 5)")
+    p.add_argument("--iters", type=int, default=None,
+                   help="timed iterations per half (default 50 on GPUs, 20 on CPUs, 5 with --quick)")
     p.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default 5, quick 2)")
     p.add_argument("--ranks", type=int, default=None, help="EP ranks (default: all global devices)")
     p.add_argument("--tokens", type=int, default=None, help="override T for every shape")
@@ -200,8 +201,8 @@ def main(argv=None):
         if s not in table:
             raise SystemExit(f"--shape: unknown shape {s!r} (known: {sorted(table)})")
     backends = [b for b in args.backend.split(",") if b] or a2a.available_backends()
-    iters = args.iters or (5 if args.quick else 50)
-    warmup = args.warmup if args.warmup is not None else (2 if args.quick else 5)
+    iters = args.iters or (5 if args.quick else (20 if platform == "cpu" else 50))
+    warmup = args.warmup if args.warmup is not None else (2 if args.quick else (3 if platform == "cpu" else 5))
     mesh = testing.make_mesh(args.ranks)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "commit": git_commit(), "jax": jax.__version__, "platform": platform,
