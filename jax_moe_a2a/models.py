@@ -1,0 +1,103 @@
+"""An example DeepSeek-V3-shaped MoE block on top of the communicator, in plain JAX.
+
+Params are a dict of arrays; the routed experts' weights are sharded over the EP axis (leading
+expert dimension), everything else replicated. Use inside `jax.shard_map` over that axis:
+
+    params = init_moe_params(key, cfg)
+    shard = moe_param_specs(axis)                      # PartitionSpecs for shard_map in_specs
+    out = moe_block(comm, cfg, local_params, x, num_tokens)   # x [T, H] -> [T, H]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+    """hidden H, expert FFN width F, E routed experts, K per token, shared-expert FFN width,
+    router scores "softmax" or "sigmoid" (DeepSeek-V3: sigmoid, top-K renormalised), and a
+    scale applied to the routed weights."""
+
+    hidden: int
+    ffn: int
+    num_experts: int
+    topk: int
+    shared_ffn: int = 0
+    score: str = "softmax"
+    route_scale: float = 1.0
+    param_dtype: object = jnp.bfloat16
+
+
+def init_moe_params(key, cfg: MoEConfig) -> dict:
+    """router [H, E] f32; w1 [E, H, F], w2 [E, F, H] and shared w1s [H, Fs], w2s [Fs, H] in param_dtype."""
+    k = jax.random.split(key, 5)
+    h, f, e = cfg.hidden, cfg.ffn, cfg.num_experts
+    p = {"router": jax.random.normal(k[0], (h, e), jnp.float32) / jnp.sqrt(h),
+         "w1": (jax.random.normal(k[1], (e, h, f)) / jnp.sqrt(h)).astype(cfg.param_dtype),
+         "w2": (jax.random.normal(k[2], (e, f, h)) / jnp.sqrt(f)).astype(cfg.param_dtype)}
+    if cfg.shared_ffn:
+        p["w1s"] = (jax.random.normal(k[3], (h, cfg.shared_ffn)) / jnp.sqrt(h)).astype(cfg.param_dtype)
+        p["w2s"] = (jax.random.normal(k[4], (cfg.shared_ffn, h)) / jnp.sqrt(cfg.shared_ffn)).astype(cfg.param_dtype)
+    return p
+
+
+def moe_param_specs(cfg: MoEConfig, axis="ep") -> dict:
+    """shard_map in_specs for init_moe_params' dict: routed experts split over `axis`."""
+    s = {"router": P(), "w1": P(axis), "w2": P(axis)}
+    if cfg.shared_ffn:
+        s.update(w1s=P(), w2s=P())
+    return s
+
+
+def route(cfg: MoEConfig, router_w, x):
+    """x [T, H] -> (topk_ids [T, K] int32, topk_weights [T, K] f32)."""
+    logits = x.astype(jnp.float32) @ router_w
+    if cfg.score == "sigmoid":
+        scores = jax.nn.sigmoid(logits)
+        w, ids = jax.lax.top_k(scores, cfg.topk)
+        w = w / jnp.sum(w, axis=-1, keepdims=True)
+    elif cfg.score == "softmax":
+        w, ids = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), cfg.topk)
+    else:
+        raise ValueError(f"score: expected 'softmax' or 'sigmoid', got {cfg.score!r}")
+    return ids.astype(jnp.int32), (w * cfg.route_scale).astype(jnp.float32)
+
+
+def _ffn(x, w1, w2):
+    return jax.nn.silu(x @ w1) @ w2
+
+
+def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None):
+    """One rank's MoE layer: x [T, H] -> [T, H] = shared expert + sum_k w_k * expert_k(x).
+
+    Routed experts run as `jax.lax.ragged_dot` on the ragged layout (w1/w2 are the local
+    [L, H, F] / [L, F, H] shards). fp8 dispatch is dequantised before the expert GEMMs.
+    Differentiable w.r.t. x and every parameter (the router through the combine weights).
+    """
+    spec = comm.spec
+    if spec.layout != "ragged":
+        raise ValueError("moe_block: needs Spec.layout='ragged'")
+    ids, w = route(cfg, params["router"], x)
+    got = comm.dispatch(x, ids, w, num_tokens)
+    xin = got.x
+    if spec.is_fp8:
+        from .quant import dequantize_fp8
+        xin = dequantize_fp8(got.x, got.scale, spec.scale_block)
+    xin = xin.astype(params["w1"].dtype)
+    h = jax.nn.silu(jax.lax.ragged_dot(xin, params["w1"], got.group_sizes))
+    y = jax.lax.ragged_dot(h.astype(params["w2"].dtype), params["w2"], got.group_sizes)
+    shared = _ffn(x.astype(params["w1s"].dtype), params["w1s"], params["w2s"]) if cfg.shared_ffn else None
+    return comm.combine(y.astype(spec.combine_dtype), got,
+                        out=None if shared is None else shared.astype(spec.combine_dtype))
+
+
+def toy_model(comm, cfg: MoEConfig, layers: list, x, num_tokens=None):
+    """A stack of residual MoE layers: x [T, H] -> [T, H] (the test model of issue 7)."""
+    for p in layers:
+        x = (x.astype(jnp.float32) + moe_block(comm, cfg, p, x, num_tokens).astype(jnp.float32)).astype(x.dtype)
+    return x
