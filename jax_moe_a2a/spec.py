@@ -154,8 +154,4 @@ class Spec:
         return dataclasses.replace(self, **changes)
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-__all__ = ["Spec", "LAYOUTS", "ceil_div"]
+__all__ = ["Spec", "LAYOUTS"]

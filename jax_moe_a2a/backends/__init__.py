@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Callable, Dict
 
-import jax
-
 from .base import Backend, Ctx  # noqa: F401
 
 _FACTORIES: Dict[str, Callable[[], Backend]] = {}
@@ -76,7 +74,3 @@ def _cuda_reason():
 register("reference", _reference, lambda: None)
 register("cuda", _cuda, _cuda_reason)
 register("host", _host, _host_reason)
-
-
-def platform() -> str:
-    return jax.default_backend()

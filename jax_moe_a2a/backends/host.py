@@ -12,25 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _ffi, runtime
-from .base import Backend, Ctx, finish_recv, recv_result_shapes, varying
-
-_WIRE = {np.dtype(jnp.float32): 0, np.dtype(jnp.bfloat16): 1, np.dtype(jnp.float16): 2,
-         np.dtype(jnp.float8_e4m3fn): 3}
+from .ffi import WIRE, FfiBackend, native_reason
 
 
 def unavailable_reason():
-    if not _ffi.native_available():
-        return "the native extension is not built"
-    if not _ffi.built_with_libfabric():
-        return "the extension was built without libfabric (install libfabric-dev and rebuild)"
-    if jax.default_backend() != "cpu":
-        return f"the host backend runs on CPU devices (default backend here: {jax.default_backend()})"
-    return None
-
-
-def _after(after):
-    """The ordering operand of the send halves: any array (never read), or an empty one."""
-    return jnp.zeros((0,), jnp.int32) if after is None else after
+    why = native_reason("built_with_libfabric",
+                        "the extension was built without libfabric (install libfabric-dev and rebuild)")
+    if why is None and jax.default_backend() != "cpu":
+        why = f"the host backend runs on CPU devices (default backend here: {jax.default_backend()})"
+    return why
 
 
 def _layout_bytes(spec, n, priv_rows):
@@ -47,8 +37,9 @@ def _layout_bytes(spec, n, priv_rows):
     return d_recv + d_send + c_send + c_recv
 
 
-class HostBackend(Backend):
+class HostBackend(FfiBackend):
     name = "host"
+    target = "host"
 
     def __init__(self):
         self._priv_rows = None
@@ -76,7 +67,7 @@ class HostBackend(Backend):
         _ffi.register_targets()
         c.host.create(comm.comm_id, n, spec.num_experts, spec.experts_per_token, spec.hidden,
                       spec.max_tokens_per_rank, spec.tp_size, spec.num_scales, spec.scale_block,
-                      _WIRE[spec.dispatch_dtype], 0 if spec.layout == "ragged" else 1, spec.recv_rows(n),
+                      WIRE[spec.dispatch_dtype], 0 if spec.layout == "ragged" else 1, spec.recv_rows(n),
                       spec.pow2_scale, spec.slots, -1 if priv is None else int(priv), comm.timeout_s,
                       local, engine, provider)
         self._finalizer = weakref.finalize(comm, c.host.destroy, comm.comm_id)
@@ -95,47 +86,12 @@ class HostBackend(Backend):
     def buffer_bytes(self, spec, num_ranks):
         return spec.slots * _layout_bytes(spec, num_ranks, self._priv_rows)
 
-    # ---- the four halves -----------------------------------------------------------------
-    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None):
-        t, k = topk_ids.shape
-        i32 = jnp.int32
-        outs = (jax.ShapeDtypeStruct((2,), i32), jax.ShapeDtypeStruct((t, k), i32),
-                jax.ShapeDtypeStruct((t, k), i32), jax.ShapeDtypeStruct((), i32))
-        xs = x_scale if x_scale is not None else jnp.zeros((0,), jnp.float32)
-        call = jax.ffi.ffi_call("jax_moe_a2a_host_dispatch_send", outs, has_side_effect=True)
-        handle, dest, pair_slot, dropped = varying(call(
-            ctx.rank.reshape(()), x, xs, topk_ids, topk_weights.astype(jnp.float32), num_tokens.reshape(()),
-            _after(after), comm_id=np.int64(ctx.comm_id), slot=np.int32(slot), call_id=np.int64(ctx.call_id)), ctx.axis)
-        return {"handle": handle}, {"dest": dest, "slot": pair_slot}, dropped
+    # ---- FfiBackend hooks: the CPU handlers take the rank as an operand ------------------
+    def _rank(self, ctx):
+        return (ctx.rank.reshape(()),)
 
-    def dispatch_recv(self, ctx: Ctx, arrays, route, slot):
-        spec, n = ctx.spec, ctx.num_ranks
-        call = jax.ffi.ffi_call("jax_moe_a2a_host_dispatch_recv", recv_result_shapes(spec, n, (n,)),
-                                has_side_effect=True)
-        outs = varying(call(ctx.rank.reshape(()), arrays["handle"], comm_id=np.int64(ctx.comm_id),
-                            slot=np.int32(slot)), ctx.axis)
-        return finish_recv(spec, n, outs, route)
+    def _counts_shape(self, spec, n):
+        return (n,)
 
-    def combine_send(self, ctx: Ctx, y, route, slot, after=None):
-        spec = ctx.spec
-        a = route.arrays
-        call = jax.ffi.ffi_call("jax_moe_a2a_host_combine_send", jax.ShapeDtypeStruct((2,), jnp.int32),
-                                has_side_effect=True)
-        handle = varying(call(ctx.rank.reshape(()), y.reshape(-1, spec.hidden), a["recv_src"], a["recv_slot"],
-                              a["recv_counts"], _after(after), comm_id=np.int64(ctx.comm_id), slot=np.int32(slot),
-                              call_id=np.int64(ctx.call_id)), ctx.axis)
-        return {"handle": handle, "y_dtype": jnp.zeros((0,), y.dtype)}  # zero-size: carries y's dtype
-
-    def combine_recv(self, ctx: Ctx, arrays, route, slot, out, pairs=False):
-        spec = ctx.spec
-        t, h, k = spec.max_tokens_per_rank, spec.hidden, spec.experts_per_token
-        y_kind = _WIRE[np.dtype(arrays["y_dtype"].dtype)]
-        out_in = out if out is not None else jnp.zeros((0,), spec.combine_dtype)
-        outs = (jax.ShapeDtypeStruct((t, h), spec.combine_dtype),
-                jax.ShapeDtypeStruct((t, k, h) if pairs else (0,), jnp.float32))
-        call = jax.ffi.ffi_call("jax_moe_a2a_host_combine_recv", outs, has_side_effect=True)
-        res, rows = varying(call(ctx.rank.reshape(()), arrays["handle"], route.arrays["dest"], route.arrays["slot"],
-                                 route.topk_weights.astype(jnp.float32), route.num_tokens.reshape(()), out_in,
-                                 comm_id=np.int64(ctx.comm_id), slot=np.int32(slot), y_kind=np.int32(y_kind)),
-                            ctx.axis)
-        return (res, rows) if pairs else res
+    def _combine_send_routing(self, a):
+        return (a["recv_src"], a["recv_slot"], a["recv_counts"])

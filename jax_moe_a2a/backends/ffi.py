@@ -1,0 +1,90 @@
+"""Shared plumbing of the backends whose halves are XLA FFI calls (host, cuda): the wire dtype
+codes, the ordering operand, and the four `jax.ffi.ffi_call`s. A subclass names its targets and
+says which extra operands its handlers take."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _ffi
+from .base import Backend, Ctx, finish_recv, recv_result_shapes, varying
+
+# dtype -> the element-kind code the C++ side uses (cc/core/floats.h ElemKind, cc/cuda params).
+WIRE = {np.dtype(jnp.float32): 0, np.dtype(jnp.bfloat16): 1, np.dtype(jnp.float16): 2,
+        np.dtype(jnp.float8_e4m3fn): 3}
+
+
+def after_operand(after):
+    """The ordering operand of the send halves: any array (never read), or an empty one."""
+    return jnp.zeros((0,), jnp.int32) if after is None else after
+
+
+def native_reason(flag: str, missing: str):
+    """None when the extension is built with `flag` (e.g. 'built_with_cuda'), else why not."""
+    if not _ffi.native_available():
+        return "the native extension is not built"
+    if not getattr(_ffi, flag)():
+        return missing
+    return None
+
+
+class FfiBackend(Backend):
+    """The four halves as FFI calls to `jax_moe_a2a_<target>_<half>`."""
+
+    target = "?"
+
+    # ---- what differs between backends -----------------------------------------------------
+    def _rank(self, ctx: Ctx) -> tuple:
+        """Leading operands naming the rank (host: the axis index; cuda: none, the device is it)."""
+        return ()
+
+    def _counts_shape(self, spec, n) -> tuple:
+        """Shape of dispatch_recv's per-source counts (route array `recv_counts`)."""
+        raise NotImplementedError
+
+    def _combine_send_routing(self, route_arrays) -> tuple:
+        """Routing operands of combine_send, from the route arrays dispatch_recv produced."""
+        raise NotImplementedError
+
+    # ---- the four halves -----------------------------------------------------------------
+    def _call(self, half, outs, ctx, *operands, **attrs):
+        call = jax.ffi.ffi_call(f"jax_moe_a2a_{self.target}_{half}", outs, has_side_effect=True)
+        return varying(call(*self._rank(ctx), *operands, comm_id=np.int64(ctx.comm_id), **attrs), ctx.axis)
+
+    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None):
+        t, k = topk_ids.shape
+        i32 = jnp.int32
+        outs = (jax.ShapeDtypeStruct((2,), i32), jax.ShapeDtypeStruct((t, k), i32),
+                jax.ShapeDtypeStruct((t, k), i32), jax.ShapeDtypeStruct((), i32))
+        xs = x_scale if x_scale is not None else jnp.zeros((0,), jnp.float32)
+        handle, dest, pair_slot, dropped = self._call(
+            "dispatch_send", outs, ctx, x, xs, topk_ids, topk_weights.astype(jnp.float32), num_tokens.reshape(()),
+            after_operand(after), slot=np.int32(slot), call_id=np.int64(ctx.call_id))
+        return {"handle": handle}, {"dest": dest, "slot": pair_slot}, dropped
+
+    def dispatch_recv(self, ctx: Ctx, arrays, route, slot):
+        spec, n = ctx.spec, ctx.num_ranks
+        outs = self._call("dispatch_recv", recv_result_shapes(spec, n, self._counts_shape(spec, n)), ctx,
+                          arrays["handle"], slot=np.int32(slot))
+        return finish_recv(spec, n, outs, route)
+
+    def combine_send(self, ctx: Ctx, y, route, slot, after=None):
+        spec = ctx.spec
+        handle = self._call("combine_send", jax.ShapeDtypeStruct((2,), jnp.int32), ctx, y.reshape(-1, spec.hidden),
+                            *self._combine_send_routing(route.arrays), after_operand(after), slot=np.int32(slot),
+                            call_id=np.int64(ctx.call_id))
+        return {"handle": handle, "y_dtype": jnp.zeros((0,), y.dtype)}  # zero-size: carries y's dtype
+
+    def combine_recv(self, ctx: Ctx, arrays, route, slot, out, pairs=False):
+        spec = ctx.spec
+        t, h, k = spec.max_tokens_per_rank, spec.hidden, spec.experts_per_token
+        out_in = out if out is not None else jnp.zeros((0,), spec.combine_dtype)
+        outs = (jax.ShapeDtypeStruct((t, h), spec.combine_dtype),
+                jax.ShapeDtypeStruct((t, k, h) if pairs else (0,), jnp.float32))
+        res, rows = self._call("combine_recv", outs, ctx, arrays["handle"], route.arrays["dest"],
+                               route.arrays["slot"], route.topk_weights.astype(jnp.float32),
+                               route.num_tokens.reshape(()), out_in, slot=np.int32(slot),
+                               y_kind=np.int32(WIRE[np.dtype(arrays["y_dtype"].dtype)]))
+        return (res, rows) if pairs else res
