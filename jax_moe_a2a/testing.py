@@ -213,6 +213,13 @@ def check_dispatch(spec: Spec, num_ranks: int, rank: int, want: oracle.RankDispa
     ww = np.asarray(want.weights).reshape(-1)
     starts = np.concatenate([[0], np.cumsum(want.group_sizes)[:-1]])
     cap = spec.recv_rows(num_ranks)
+    # Past the counts the contract fixes weights (0) and src (-1); x and scale are unspecified.
+    if spec.layout == "ragged":
+        past = np.arange(gw.size) >= int(np.sum(want.group_sizes))
+    else:
+        past = (np.arange(cap)[None, :] >= np.asarray(want.group_sizes)[:, None]).reshape(-1)
+    assert np.all(gw[past] == 0), f"rank {rank}: weights past the counts must be 0"
+    assert np.all(gsrc[past] == -1), f"rank {rank}: src past the counts must be -1"
     for l in range(l_count):
         cnt = int(want.group_sizes[l])
         lo = int(starts[l]) if spec.layout == "ragged" else l * cap
