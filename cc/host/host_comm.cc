@@ -47,6 +47,7 @@ struct RankComm::Slot {
   std::vector<transfer::RemoteRegion> d_recv_peer, c_recv_peer;  // [N]
   uint32_t d_epoch = 0, c_epoch = 0;
   SendPlan plan;  // from the last dispatch_send, used by dispatch_recv's overflow writes
+  std::vector<uint8_t> pack_cache, pack_filled;  // RowPacker's per-token rows, reused per dispatch
 };
 
 RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Engine> engine)
@@ -144,7 +145,7 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
 
   // Our count matrix [N][L] goes at the start of the send buffer, the rows after it.
   std::memcpy(sl.d_send.data(), p.counts.data(), sizeof(int32_t) * N * L);
-  RowPacker packer(o_, a.x, a.x_kind, a.x_scale);
+  RowPacker packer(o_, a.x, a.x_kind, a.x_scale, sl.pack_cache, sl.pack_filled);
   for (int d = 0; d < N; ++d) {
     uint8_t* base = sl.d_send.data() + lay_.d_send_rows_off + int64_t(d) * lay_.P * lay_.row;
     for (size_t j = 0; j < p.order[d].size(); ++j) {

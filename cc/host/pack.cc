@@ -7,12 +7,14 @@
 
 namespace a2a::host {
 
-RowPacker::RowPacker(const HostOptions& o, const void* x, ElemKind x_kind, const float* x_scale)
-    : o_(o), x_(x), x_kind_(x_kind), x_scale_(x_scale) {
+RowPacker::RowPacker(const HostOptions& o, const void* x, ElemKind x_kind, const float* x_scale,
+                     std::vector<uint8_t>& cache, std::vector<uint8_t>& filled)
+    : o_(o), x_(x), x_kind_(x_kind), x_scale_(x_scale), cache_(cache), filled_(filled) {
   payload_ = o.shape.payload_bytes();
   scales_ = int64_t(o.shape.num_scales) * 4;
   cache_.resize(int64_t(o.shape.max_tokens) * (payload_ + scales_));
   filled_.assign(o.shape.max_tokens, 0);
+  scale_tmp_.resize(o.shape.num_scales);
 }
 
 void RowPacker::pack(int t, float w, uint8_t* dst) {
@@ -33,10 +35,9 @@ void RowPacker::pack(int t, float w, uint8_t* dst) {
         p.scale_block = s.scale_block;
         p.pow2_scale = o_.pow2_scale;
         p.q = c;
-        std::vector<float> sc(s.num_scales);
-        p.scale = sc.data();
+        p.scale = scale_tmp_.data();
         quantize_fp8(p);
-        std::memcpy(c + payload_, sc.data(), scales_);
+        std::memcpy(c + payload_, scale_tmp_.data(), scales_);
       }
     } else if (x_kind_ == o_.wire) {
       std::memcpy(c, static_cast<const uint8_t*>(x_) + t * payload_, payload_);

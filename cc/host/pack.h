@@ -15,7 +15,10 @@ struct HostOptions;
 class RowPacker {
  public:
   // x [T, H] in x_kind; x_scale [T, S] when x is already fp8 (x_kind == kF8E4M3), else null.
-  RowPacker(const HostOptions& o, const void* x, ElemKind x_kind, const float* x_scale);
+  // cache and filled are the caller's reusable buffers (sized here on first use), so that a
+  // dispatch allocates nothing once warm.
+  RowPacker(const HostOptions& o, const void* x, ElemKind x_kind, const float* x_scale,
+            std::vector<uint8_t>& cache, std::vector<uint8_t>& filled);
   // Writes token t's row with router weight w to dst (row_bytes bytes).
   void pack(int t, float w, uint8_t* dst);
 
@@ -25,8 +28,9 @@ class RowPacker {
   ElemKind x_kind_;
   const float* x_scale_;
   int64_t payload_, scales_;
-  std::vector<uint8_t> cache_;   // [T][payload + scales], filled on first use
-  std::vector<uint8_t> filled_;  // [T]
+  std::vector<uint8_t>& cache_;   // [T][payload + scales], filled on first use
+  std::vector<uint8_t>& filled_;  // [T]
+  std::vector<float> scale_tmp_;  // [S] one token's fp8 scales
 };
 
 // Copies wire rows into Dispatched outputs: x [R, H] wire dtype, scale [R, S] (or null).
