@@ -35,4 +35,5 @@ python -c "import jax" 2>/dev/null || python -m pip install -q "jax>=0.6"
 python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" cmake ninja
 # Build against the jaxlib that runs it (the FFI headers must match): no build isolation.
 python -m pip install -q --no-build-isolation ".[${JAX_MOE_A2A_EXTRAS:-bench,test}]"
-python -c "import jax_moe_a2a._C as c; print('setup: jax_moe_a2a built; cuda kernels:', c.built_with_cuda(), '; libfabric engine:', c.built_with_libfabric())"
+# check from outside the source tree: there jax_moe_a2a/ has no _C and would shadow the install
+(cd "${TMPDIR:-/tmp}" && python -c "import jax_moe_a2a._C as c; print('setup: jax_moe_a2a built; cuda kernels:', c.built_with_cuda(), '; libfabric engine:', c.built_with_libfabric())")
