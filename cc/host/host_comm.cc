@@ -4,125 +4,100 @@
 #include <cstring>
 #include <stdexcept>
 
+#include <chrono>
+#include <thread>
+
 #include "core/fp8.h"
 #include "core/registry.h"
 #include "host/pack.h"
+#include "proxy/ctrl.h"
+#include "proxy/proxy.h"
 #include "transfer/errors.h"
 #include "transfer/imm.h"
 
 namespace a2a::host {
 
+using protocol::kCombineRecv;
+using protocol::kCombineSend;
+using protocol::kDispatchRecv;
+using protocol::kDispatchSend;
 using transfer::Bytes;
 using transfer::format;
 
 namespace {
 
-// Immediate tags: kind * 8 + slot; combine data: 64 + member * 8 + slot.
-enum Kind { kCounts = 1, kPriv = 2, kOver = 3, kFreeD = 4, kFreeC = 5, kComb = 8 };
-
-int64_t pad16(int64_t b) { return (b + 15) / 16 * 16; }
+protocol::ExchangeOptions exchange_options(const HostOptions& o) {
+  protocol::ExchangeOptions x;
+  x.shape = o.shape;
+  x.slots = o.slots;
+  x.priv_rows = o.priv_rows;
+  x.node_size = 0;  // every pair, ourselves included, through the engine
+  x.timeout_s = o.timeout_s;
+  return x;
+}
 
 }  // namespace
 
-SlotLayout::SlotLayout(const HostOptions& o) {
-  const MoeShape& s = o.shape;
-  const int N = s.num_ranks, L = s.local_experts();
-  P = s.rows_per_peer();
-  priv = o.priv_rows < 0 ? P : std::min(o.priv_rows, P);
-  row = s.row_bytes();
-  counts_bytes = pad16(int64_t(N) * N * L * 4);
-  priv_off = counts_bytes;
-  over_off = priv_off + int64_t(N) * priv * row;
-  d_recv_bytes = over_off + int64_t(N) * (P - priv) * row;
-  d_send_rows_off = pad16(int64_t(N) * L * 4);
-  d_send_bytes = d_send_rows_off + int64_t(N) * P * row;
-  c_row_stride_max = int64_t(s.hidden) * 4;
-  c_send_bytes = int64_t(N) * P * c_row_stride_max;
-  c_recv_bytes = int64_t(N) * s.tp * P * c_row_stride_max;
-}
-
 struct RankComm::Slot {
-  std::vector<uint8_t> d_send, d_recv, c_send, c_recv;
-  std::shared_ptr<transfer::Region> d_send_r, d_recv_r, c_send_r, c_recv_r;
-  std::vector<transfer::RemoteRegion> d_recv_peer, c_recv_peer;  // [N]
   uint32_t d_epoch = 0, c_epoch = 0;
-  SendPlan plan;  // from the last dispatch_send, used by dispatch_recv's overflow writes
+  SendPlan plan;  // from the last dispatch_send
   std::vector<uint8_t> pack_cache, pack_filled;  // RowPacker's per-token rows, reused per dispatch
+  std::vector<int64_t> over_base;                // [N] inline mode: from Exchange::overflow_bases
 };
 
 RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Engine> engine)
-    : o_(o), lay_(o), rank_(rank), engine_(std::move(engine)) {
-  if (o.slots < 1 || o.slots > 8) throw std::invalid_argument("host backend: slots must be in [1, 8]");
-  if (o.shape.tp < 1 || o.shape.tp > 8) throw std::invalid_argument("host backend: tp_size must be in [1, 8]");
-  for (int r = 0; r < o.shape.num_ranks; ++r) all_ranks_.push_back(r);
+    : o_(o), rank_(rank) {
+  const protocol::ExchangeOptions xo = exchange_options(o);
+  const SlotLayout lay(xo);
+  std::vector<protocol::SlotBuffers> bufs;
   for (int z = 0; z < o.slots; ++z) {
-    auto s = std::make_unique<Slot>();
-    s->d_send.assign(lay_.d_send_bytes, 0);
-    s->d_recv.assign(lay_.d_recv_bytes, 0);
-    s->c_send.assign(lay_.c_send_bytes, 0);
-    s->c_recv.assign(lay_.c_recv_bytes, 0);
-    s->d_send_r = engine_->register_memory(s->d_send.data(), s->d_send.size());
-    s->d_recv_r = engine_->register_memory(s->d_recv.data(), s->d_recv.size());
-    s->c_send_r = engine_->register_memory(s->c_send.data(), s->c_send.size());
-    s->c_recv_r = engine_->register_memory(s->c_recv.data(), s->c_recv.size());
-    slots_.push_back(std::move(s));
+    protocol::SlotBuffers b{};
+    for (auto [ptr, bytes] : {std::pair<uint8_t**, int64_t>{&b.d_send, lay.d_send_bytes}, {&b.d_recv, lay.d_recv_bytes},
+                              {&b.c_send, lay.c_send_bytes}, {&b.c_recv, lay.c_recv_bytes}}) {
+      storage_.emplace_back(bytes, 0);
+      *ptr = storage_.back().data();
+    }
+    bufs.push_back(b);
+    slots_.push_back(std::make_unique<Slot>());
+    slots_.back()->over_base.assign(o.shape.num_ranks, 0);
+  }
+  ex_ = std::make_unique<protocol::Exchange>(xo, rank, std::move(engine), bufs);
+  if (o.proxied) {
+    if (o.shape.num_ranks > proxy::kMaxRanks) throw std::invalid_argument("host backend: proxied mode supports at most 64 ranks");
+    ctrl_ = std::make_unique<proxy::Ctrl>();
   }
 }
 
-RankComm::~RankComm() = default;
+RankComm::~RankComm() { stop(); }
 
-std::vector<Bytes> RankComm::descriptors() const {
-  std::vector<Bytes> out;
-  for (auto& s : slots_) {
-    out.push_back(s->d_recv_r->descriptor());
-    out.push_back(s->c_recv_r->descriptor());
-  }
-  return out;
+void RankComm::stop() {
+  if (proxy_) proxy_->stop();
 }
 
 void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs) {
-  for (int z = 0; z < o_.slots; ++z) {
-    slots_[z]->d_recv_peer.resize(o_.shape.num_ranks);
-    slots_[z]->c_recv_peer.resize(o_.shape.num_ranks);
-  }
-  for (int r : all_ranks_) {
-    auto it = descs.find(r);
-    if (it == descs.end()) throw std::invalid_argument(format("host backend: no descriptors for rank %d", r));
-    if (it->second.size() != size_t(2 * o_.slots))
-      throw std::invalid_argument(format("host backend: rank %d sent %zu descriptors, expected %d", r,
-                                         it->second.size(), 2 * o_.slots));
-    for (int z = 0; z < o_.slots; ++z) {
-      slots_[z]->d_recv_peer[r] = engine_->remote(it->second[2 * z]);
-      slots_[z]->c_recv_peer[r] = engine_->remote(it->second[2 * z + 1]);
-      if (slots_[z]->d_recv_peer[r].size < uint64_t(lay_.d_recv_bytes) ||
-          slots_[z]->c_recv_peer[r].size < uint64_t(lay_.c_recv_bytes))
-        throw std::invalid_argument(format("host backend: rank %d's buffers are smaller than ours (spec mismatch)", r));
-    }
-  }
+  ex_->connect(descs);
+  if (o_.proxied) proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_.get(), proxy::ProxyOptions::from_env(0));
   connected_ = true;
 }
 
-uint32_t RankComm::imm(int kind, int slot, uint32_t epoch, int sub) const {
-  const uint32_t tag = kind == kComb ? 64 + sub * 8 + slot : kind * 8 + slot;
-  return transfer::pack_imm(tag, epoch & transfer::kImmMaxEpoch, rank_);
-}
+void RankComm::raise(uint64_t* flag, uint64_t value) { proxy::store_release(flag, value); }
 
-void RankComm::wait_all(int kind, int slot, uint32_t epoch, const char* op, int sub) {
-  const uint32_t tag = kind == kComb ? 64 + sub * 8 + slot : kind * 8 + slot;
-  try {
-    engine_->wait_ranks(tag, epoch & transfer::kImmMaxEpoch, all_ranks_, o_.timeout_s);
-  } catch (const transfer::TimeoutError& e) {
-    throw transfer::TimeoutError(
-        format("jax_moe_a2a host %s (slot %d, rank %d): ranks [%s] did not arrive within %.1f s "
-               "(crashed process, or calls out of order?) [%s]",
-               op, slot, rank_, transfer::join_ranks(e.missing).c_str(), o_.timeout_s, e.what()),
-        e.arrived, e.expected, e.missing);
+void RankComm::wait_flag(const uint64_t* flag, uint64_t want, int op, int slot) {
+  using Clock = std::chrono::steady_clock;
+  raise(&ctrl_->slot[slot].waiting[op], want);
+  const auto t0 = Clock::now();
+  double sleep_us = 1;
+  for (uint64_t i = 0;; ++i) {
+    if (proxy::load_acquire(flag) >= want) return;
+    if (proxy::error_code(ctrl_.get()) != 0) throw std::runtime_error(proxy_->error_text());
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (waited > o_.timeout_s + 5)  // the proxy names missing ranks after timeout_s; this is the backstop
+      throw std::runtime_error(format("jax_moe_a2a host %s (slot %d, rank %d): the proxy thread raised no flag "
+                                      "within %.1f s", protocol::op_name(op), slot, rank_, waited));
+    if (waited < 20e-6) continue;
+    std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(sleep_us));
+    sleep_us = std::min(sleep_us * 2, 50.0);
   }
-}
-
-void RankComm::signal_all(int kind, int slot, uint32_t epoch) {
-  const uint32_t v = imm(kind, slot, epoch);
-  for (int r : all_ranks_) engine_->write(r, *slots_[slot]->d_send_r, 0, 0, nullptr, 0, v);
 }
 
 // ---- dispatch --------------------------------------------------------------------------------
@@ -130,10 +105,16 @@ void RankComm::signal_all(int kind, int slot, uint32_t epoch) {
 void RankComm::dispatch_send(const DispatchSendArgs& a) {
   Slot& sl = *slots_[a.slot];
   const MoeShape& s = o_.shape;
+  const SlotLayout& lay = ex_->layout();
+  const protocol::SlotBuffers& buf = ex_->buffers(a.slot);
   const int N = s.num_ranks, L = s.local_experts(), K = s.topk, T = s.max_tokens;
   const uint32_t e = sl.d_epoch;
-  if (e > 0) wait_all(kFreeD, a.slot, e - 1, "dispatch_send (waiting for peers to free the slot)");
-  engine_->flush(o_.timeout_s);  // our previous writes from this slot's send buffer are done
+  if (o_.proxied) {
+    wait_flag(&ctrl_->slot[a.slot].d_send_ok, e + 1, kDispatchSend, a.slot);
+  } else {
+    if (e > 0) ex_->wait(ex_->expect_free_d(a.slot, e - 1), kDispatchSend, a.slot, "waiting for peers to free the slot");
+    engine().flush(o_.timeout_s);  // our previous writes from this slot's send buffer are done
+  }
 
   sl.plan = plan_sends(s, rank_, a.ids, a.num_tokens);
   const SendPlan& p = sl.plan;
@@ -144,26 +125,19 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   a.handle[1] = a.slot;
 
   // Our count matrix [N][L] goes at the start of the send buffer, the rows after it.
-  std::memcpy(sl.d_send.data(), p.counts.data(), sizeof(int32_t) * N * L);
+  std::memcpy(buf.d_send, p.counts.data(), sizeof(int32_t) * N * L);
+  if (o_.proxied) raise(&ctrl_->slot[a.slot].d_counts, e + 1);
+  else ex_->post_counts(a.slot, e);
   RowPacker packer(o_, a.x, a.x_kind, a.x_scale, sl.pack_cache, sl.pack_filled);
   for (int d = 0; d < N; ++d) {
-    uint8_t* base = sl.d_send.data() + lay_.d_send_rows_off + int64_t(d) * lay_.P * lay_.row;
+    uint8_t* base = buf.d_send + lay.d_send_rows_off + int64_t(d) * lay.P * lay.row;
     for (size_t j = 0; j < p.order[d].size(); ++j) {
       const auto [t, k] = p.order[d][j];
-      packer.pack(t, a.weights[int64_t(t) * K + k], base + int64_t(j) * lay_.row);
+      packer.pack(t, a.weights[int64_t(t) * K + k], base + int64_t(j) * lay.row);
     }
   }
-  const int64_t cbytes = int64_t(N) * L * 4;
-  for (int d = 0; d < N; ++d) {
-    engine_->write(d, *sl.d_send_r, 0, cbytes, &sl.d_recv_peer[d], int64_t(rank_) * cbytes,
-                   imm(kCounts, a.slot, e));
-  }
-  for (int d = 0; d < N; ++d) {
-    const int64_t rows = std::min(p.rows_to[d], lay_.priv);
-    engine_->write(d, *sl.d_send_r, lay_.d_send_rows_off + int64_t(d) * lay_.P * lay_.row, rows * lay_.row,
-                   rows ? &sl.d_recv_peer[d] : nullptr, lay_.priv_off + int64_t(rank_) * lay_.priv * lay_.row,
-                   imm(kPriv, a.slot, e));
-  }
+  if (o_.proxied) raise(&ctrl_->slot[a.slot].d_packed, e + 1);
+  else ex_->post_private(a.slot, e);
   sl.d_epoch = e + 1;
 }
 
@@ -173,39 +147,26 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
   const int N = s.num_ranks, L = s.local_experts();
   const uint32_t e = static_cast<uint32_t>(a.handle[0]);
   if (a.handle[1] != a.slot) throw std::invalid_argument("host dispatch_recv: handle from another slot");
-  wait_all(kCounts, a.slot, e, "dispatch_recv (route counts)");
-
-  // Every source's full count matrix: M[src][d][l].
-  const int32_t* M = reinterpret_cast<const int32_t*>(sl.d_recv.data());
-  auto rows_between = [&](int src, int d) {
-    int64_t n = 0;
-    for (int l = 0; l < L; ++l) n += M[(int64_t(src) * N + d) * L + l];
-    return n;
-  };
-  // Our overflow: rows past `priv` go to each destination's overflow region at the exact offset
-  // after the overflow of lower-ranked sources. One write per destination (zero-length if none).
-  for (int d = 0; d < N; ++d) {
-    const int64_t rows = sl.plan.rows_to[d];
-    const int64_t over = std::max<int64_t>(0, rows - lay_.priv);
-    int64_t off = 0;
-    for (int src = 0; src < rank_; ++src) off += std::max<int64_t>(0, rows_between(src, d) - lay_.priv);
-    engine_->write(d, *sl.d_send_r, lay_.d_send_rows_off + (int64_t(d) * lay_.P + lay_.priv) * lay_.row,
-                   over * lay_.row, over ? &sl.d_recv_peer[d] : nullptr, lay_.over_off + off * lay_.row,
-                   imm(kOver, a.slot, e));
+  const int64_t* over_base = sl.over_base.data();
+  if (o_.proxied) {
+    wait_flag(&ctrl_->slot[a.slot].d_landed, e + 1, kDispatchRecv, a.slot);
+    over_base = ctrl_->slot[a.slot].over_base;
+  } else {
+    ex_->wait(ex_->expect_counts(a.slot, e), kDispatchRecv, a.slot, "route counts");
+    ex_->post_overflow(a.slot, e);
+    ex_->wait(ex_->expect_rows(a.slot, e), kDispatchRecv, a.slot, "private and overflow rows");
+    ex_->overflow_bases(a.slot, sl.over_base.data());
   }
-  wait_all(kPriv, a.slot, e, "dispatch_recv (private rows)");
-  wait_all(kOver, a.slot, e, "dispatch_recv (overflow rows)");
 
   std::vector<int32_t> to_me(int64_t(N) * L);
   for (int src = 0; src < N; ++src)
-    for (int l = 0; l < L; ++l) to_me[int64_t(src) * L + l] = M[(int64_t(src) * N + rank_) * L + l];
+    std::memcpy(&to_me[int64_t(src) * L], ex_->counts_of(a.slot, src) + int64_t(rank_) * L, sizeof(int32_t) * L);
   RecvArrangement arr(s, to_me.data());
   const int64_t R = s.recv_rows_total();
   std::fill(a.weights, a.weights + R, 0.0f);
   std::fill(a.src, a.src + 2 * R, -1);
   std::fill(a.recv_slot, a.recv_slot + R, -1);
   RowUnpacker unpacker(o_, a.x, a.scale);
-  int64_t over_base = 0;
   for (int src = 0; src < N; ++src) {
     a.recv_counts[src] = arr.rows_from(src);
     for (int l = 0; l < L; ++l) {
@@ -214,21 +175,18 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
         const int64_t pos = arr.position(src, l, i);
         if (pos < 0) continue;
         const int32_t j = arr.src_expert_start(src, l) + i;
-        const uint8_t* row = j < lay_.priv
-                                 ? sl.d_recv.data() + lay_.priv_off + (int64_t(src) * lay_.priv + j) * lay_.row
-                                 : sl.d_recv.data() + lay_.over_off + (over_base + j - lay_.priv) * lay_.row;
         int32_t tok;
-        a.weights[pos] = unpacker.unpack(row, pos, &tok);
+        a.weights[pos] = unpacker.unpack(ex_->landed_row(a.slot, src, j, over_base[src]), pos, &tok);
         a.src[2 * pos] = src;
         a.src[2 * pos + 1] = tok;
         a.recv_slot[pos] = j;
       }
     }
-    over_base += std::max<int64_t>(0, arr.rows_from(src) - lay_.priv);
   }
   for (int l = 0; l < L; ++l) a.group_sizes[l] = arr.group_size(l);
   *a.overflow = static_cast<int32_t>(arr.overflow());
-  signal_all(kFreeD, a.slot, e);
+  if (o_.proxied) raise(&ctrl_->slot[a.slot].d_consumed, e + 1);
+  else ex_->signal_free_d(a.slot, e);
 }
 
 // ---- combine ---------------------------------------------------------------------------------
@@ -236,32 +194,36 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
 void RankComm::combine_send(const CombineSendArgs& a) {
   Slot& sl = *slots_[a.slot];
   const MoeShape& s = o_.shape;
-  const int N = s.num_ranks, tp = s.tp;
+  const int N = s.num_ranks;
+  const int P = ex_->layout().P;
+  uint8_t* c_send = ex_->buffers(a.slot).c_send;
   const uint32_t e = sl.c_epoch;
-  if (e > 0) wait_all(kFreeC, a.slot, e - 1, "combine_send (waiting for peers to free the slot)");
-  engine_->flush(o_.timeout_s);
+  if (o_.proxied) {
+    wait_flag(&ctrl_->slot[a.slot].c_send_ok, e + 1, kCombineSend, a.slot);
+  } else {
+    if (e > 0) ex_->wait(ex_->expect_free_c(a.slot, e - 1), kCombineSend, a.slot, "waiting for peers to free the slot");
+    engine().flush(o_.timeout_s);
+  }
   const int64_t stride = int64_t(s.hidden) * elem_bytes(a.y_kind);
   for (int src = 0; src < N; ++src)  // dropped rows (capacity) come back as zeros
-    std::memset(sl.c_send.data() + int64_t(src) * lay_.P * stride, 0, int64_t(a.recv_counts[src]) * stride);
+    std::memset(c_send + int64_t(src) * P * stride, 0, int64_t(a.recv_counts[src]) * stride);
   const int64_t R = s.recv_rows_total();
   const uint8_t* y = static_cast<const uint8_t*>(a.y);
   for (int64_t pos = 0; pos < R; ++pos) {
     const int32_t src = a.recv_src[pos * a.recv_src_stride];
     if (src < 0) continue;
     const int32_t j = a.recv_slot[pos];
-    if (src >= N || j < 0 || j >= lay_.P || j >= a.recv_counts[src])
+    if (src >= N || j < 0 || j >= P || j >= a.recv_counts[src])
       throw std::invalid_argument(format("host combine_send: routing arrays corrupted at row %lld", (long long)pos));
-    std::memcpy(sl.c_send.data() + (int64_t(src) * lay_.P + j) * stride, y + pos * stride, stride);
+    std::memcpy(c_send + (int64_t(src) * P + j) * stride, y + pos * stride, stride);
   }
-  // To every rank m: the rows of each member j of m's tp group, into m's region [us][j].
-  for (int m = 0; m < N; ++m) {
-    const int g0 = m / tp * tp;
-    for (int j = 0; j < tp; ++j) {
-      const int src = g0 + j;
-      const int64_t bytes = int64_t(a.recv_counts[src]) * stride;
-      engine_->write(m, *sl.c_send_r, int64_t(src) * lay_.P * stride, bytes, bytes ? &sl.c_recv_peer[m] : nullptr,
-                     (int64_t(rank_) * tp + j) * lay_.P * stride, imm(kComb, a.slot, e, j));
-    }
+  if (o_.proxied) {
+    proxy::SlotCtrl& c = ctrl_->slot[a.slot];
+    std::memcpy(c.rows_from, a.recv_counts, sizeof(int32_t) * N);
+    c.c_stride = stride;
+    raise(&c.c_packed, e + 1);
+  } else {
+    ex_->post_combine(a.slot, e, a.recv_counts, stride);
   }
   a.handle[0] = static_cast<int32_t>(e);
   a.handle[1] = a.slot;
@@ -269,12 +231,14 @@ void RankComm::combine_send(const CombineSendArgs& a) {
 }
 
 void RankComm::combine_recv(const CombineRecvArgs& a) {
-  Slot& sl = *slots_[a.slot];
   const MoeShape& s = o_.shape;
   const int N = s.num_ranks, K = s.topk, T = s.max_tokens, H = s.hidden, tp = s.tp;
+  const int P = ex_->layout().P;
+  const uint8_t* c_recv = ex_->buffers(a.slot).c_recv;
   const uint32_t e = static_cast<uint32_t>(a.handle[0]);
   if (a.handle[1] != a.slot) throw std::invalid_argument("host combine_recv: handle from another slot");
-  for (int j = 0; j < tp; ++j) wait_all(kComb, a.slot, e, "combine_recv (expert outputs)", j);
+  if (o_.proxied) wait_flag(&ctrl_->slot[a.slot].c_landed, e + 1, kCombineRecv, a.slot);
+  else ex_->wait(ex_->expect_comb(a.slot, e), kCombineRecv, a.slot, "expert outputs");
   const int64_t stride = int64_t(H) * elem_bytes(a.y_kind);
   std::vector<float> acc(H);
   const int n = std::max(0, std::min(a.num_tokens, T));
@@ -287,8 +251,8 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
         const int d = a.dest[pk];
         if (d < 0 || d >= N) continue;
         const int32_t j = a.pair_slot[pk];
-        if (j < 0 || j >= lay_.P) throw std::invalid_argument("host combine_recv: routing arrays corrupted");
-        const uint8_t* row = sl.c_recv.data() + ((int64_t(d) * tp + t % tp) * lay_.P + j) * stride;
+        if (j < 0 || j >= P) throw std::invalid_argument("host combine_recv: routing arrays corrupted");
+        const uint8_t* row = c_recv + ((int64_t(d) * tp + t % tp) * P + j) * stride;
         const float w = a.weights[pk];
         accumulate_row(acc.data(), row, a.y_kind, H, w);
         if (a.pairs) accumulate_row(a.pairs + pk * H, row, a.y_kind, H, 1.0f);
@@ -299,7 +263,8 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
     }
     for (int h = 0; h < H; ++h) store_elem(a.out, int64_t(t) * H + h, a.out_kind, acc[h]);
   }
-  signal_all(kFreeC, a.slot, e);
+  if (o_.proxied) raise(&ctrl_->slot[a.slot].c_consumed, e + 1);
+  else ex_->signal_free_c(a.slot, e);
 }
 
 // ---- HostComm and the registry ---------------------------------------------------------------
@@ -330,6 +295,7 @@ void HostComm::check_usable() const {
 }
 
 void HostComm::close() {
+  for (auto& [r, c] : comms_) c->stop();  // proxy threads first: they use the engines
   for (auto& [r, c] : comms_) c->engine().close();
 }
 

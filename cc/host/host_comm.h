@@ -3,18 +3,12 @@
 // libfabric between processes). One HostComm per (communicator, process) holds one RankComm per
 // local rank; the FFI handlers (cc/ffi/host_handlers.cc) find them by communicator id and rank.
 //
-// Protocol of one dispatch on slot z, epoch e, seen from rank r (imm = tag | epoch | sender):
-//   send: wait FREE_D(z, e-1) from every peer (they have read the previous use of our rows
-//         there); plan the routing; pack rows per destination sorted by (local expert, token);
-//         write our full [N, L] count matrix to every peer (COUNTS); write the first `priv` rows
-//         for each peer into our private region there (PRIV, zero-length if none).
-//   recv: wait COUNTS from every peer; now the exact overflow offsets are known: write the rows
-//         past `priv` to each peer's overflow region with one write (OVER, zero-length if none);
-//         wait PRIV and OVER from every peer; lay rows out canonically; signal FREE_D.
-// Combine on slot z, epoch c: send waits FREE_C(z, c-1), packs outputs per source in the
-// source's slot order and writes them back with one write per (member, source) (COMB); recv
-// waits COMB from every expert rank, reduces in f32, signals FREE_C. Completions are counted by
-// immediate value per sender; nothing assumes ordering between writes.
+// RankComm plans, packs and unpacks (the work the cuda backend's kernels do); the protocol between
+// packing and unpacking is protocol::Exchange (cc/protocol/exchange.h, docs/protocol.md), driven
+// either inline on the calling thread (the default) or, with `proxied`, by a proxy thread
+// (cc/proxy) exactly as the cuda backend drives it for remote peers: RankComm then plays the
+// kernels' part, raising and waiting on the flags of a Ctrl block in plain memory. That mode is
+// how the proxy's state machine is tested on machines without GPUs.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +20,13 @@
 
 #include "core/floats.h"
 #include "core/moe_layout.h"
+#include "protocol/exchange.h"
 #include "transfer/engine.h"
+
+namespace a2a::proxy {
+struct Ctrl;
+class Proxy;
+}  // namespace a2a::proxy
 
 namespace a2a::host {
 
@@ -37,23 +37,10 @@ struct HostOptions {
   int slots = 2;
   int priv_rows = -1;               // private rows per sender; -1: rows_per_peer (never overflows)
   double timeout_s = 60.0;
+  bool proxied = false;             // run the protocol on a proxy thread (cc/proxy), as the cuda backend does
 };
 
-// Byte offsets inside one slot's buffers (identical on every rank).
-struct SlotLayout {
-  explicit SlotLayout(const HostOptions& o);
-  int64_t counts_bytes;   // [N][N*L] int32 count matrices, one per source (16-byte padded)
-  int64_t priv_off;       // [N][priv][row]
-  int64_t over_off;       // [N*(P-priv)][row]
-  int64_t d_recv_bytes;
-  int64_t d_send_rows_off;  // d_send: our [N*L] counts, then [N][P][row]
-  int64_t d_send_bytes;
-  int64_t c_row_stride_max;  // H * 4 (f32 outputs at most)
-  int64_t c_send_bytes;      // [N][P][H*4]
-  int64_t c_recv_bytes;      // [N][tp][P][H*4]
-  int P, priv;
-  int64_t row;
-};
+using protocol::SlotLayout;
 
 // One dispatch's inputs on one rank (views of XLA buffers).
 struct DispatchSendArgs {
@@ -116,12 +103,14 @@ class RankComm {
   ~RankComm();
 
   int rank() const { return rank_; }
-  transfer::Engine& engine() { return *engine_; }
+  transfer::Engine& engine() { return ex_->engine(); }
   // Descriptors of our remotely written regions, [slot0 d_recv, slot0 c_recv, slot1 ...].
-  std::vector<transfer::Bytes> descriptors() const;
-  // Peers' descriptors in the same order, for every rank (ours included).
+  std::vector<transfer::Bytes> descriptors() const { return ex_->descriptors(); }
+  // Peers' descriptors in the same order, for every rank (ours included). Starts the proxy.
   void connect(const std::map<int, std::vector<transfer::Bytes>>& descriptors);
   bool connected() const { return connected_; }
+  // Stops the proxy thread (if any); idempotent.
+  void stop();
 
   void dispatch_send(const DispatchSendArgs& a);
   void dispatch_recv(const DispatchRecvArgs& a);
@@ -130,16 +119,18 @@ class RankComm {
 
  private:
   struct Slot;
-  uint32_t imm(int kind, int slot, uint32_t epoch, int sub = 0) const;
-  void wait_all(int kind, int slot, uint32_t epoch, const char* op, int sub = 0);
-  void signal_all(int kind, int slot, uint32_t epoch);
+  // Proxied mode: wait until *flag >= want (a flag the proxy raises), else throw the proxy's error
+  // or, past the timeout plus a margin, our own.
+  void wait_flag(const uint64_t* flag, uint64_t want, int op, int slot);
+  void raise(uint64_t* flag, uint64_t value);
 
   HostOptions o_;
-  SlotLayout lay_;
   int rank_;
-  std::shared_ptr<transfer::Engine> engine_;
+  std::vector<std::vector<uint8_t>> storage_;  // every slot's four buffers
+  std::unique_ptr<protocol::Exchange> ex_;
   std::vector<std::unique_ptr<Slot>> slots_;
-  std::vector<int> all_ranks_;
+  std::unique_ptr<proxy::Ctrl> ctrl_;          // proxied mode
+  std::unique_ptr<proxy::Proxy> proxy_;
   bool connected_ = false;
 };
 

@@ -202,4 +202,23 @@ void Engine::wait_ranks(uint32_t tag, uint32_t epoch, const std::vector<int>& ra
   }
 }
 
+bool Engine::poll_ranks(uint32_t tag, uint32_t epoch, const std::vector<int>& ranks,
+                        std::vector<uint8_t>& seen) {
+  check_open("poll_ranks");
+  if (seen.size() != ranks.size()) throw std::invalid_argument("poll_ranks: seen must have one entry per rank");
+  std::vector<uint32_t> imms;
+  imms.reserve(ranks.size());
+  for (int r : ranks) imms.push_back(pack_imm(tag, epoch, static_cast<uint32_t>(r)));
+  auto ready = [&] { return counters_.consume_each(imms.data(), seen.data(), imms.size()) == imms.size(); };
+  return await(ready, Clock::now());
+}
+
+bool Engine::poll_flush() {
+  check_open("poll_flush");
+  auto idle = [&] { return pending() == 0; };
+  if (!await(idle, Clock::now())) return false;
+  flush(0);
+  return true;
+}
+
 }  // namespace a2a::transfer

@@ -111,6 +111,14 @@ class Engine {
   void wait(uint32_t imm, uint64_t n, double timeout_s);
   // One arrival of pack_imm(tag, epoch, r) for every r in ranks; TimeoutError names the missing.
   void wait_ranks(uint32_t tag, uint32_t epoch, const std::vector<int>& ranks, double timeout_s);
+  // Non-blocking wait_ranks for loops that must never block (the cuda backend's proxy thread):
+  // polls the transport once, then consumes one arrival of pack_imm(tag, epoch, ranks[i]) for
+  // every i with !seen[i] that has one and sets seen[i]. True when every rank is seen. `seen`
+  // (ranks.size() entries) is the caller's between polls.
+  bool poll_ranks(uint32_t tag, uint32_t epoch, const std::vector<int>& ranks, std::vector<uint8_t>& seen);
+  // Non-blocking flush: polls the transport once; true when no write is in flight (then the
+  // completion errors seen since the last flush raise as in flush()).
+  bool poll_flush();
   uint64_t count(uint32_t imm) const { return counters_.count(imm); }
   std::vector<std::pair<uint32_t, uint64_t>> counts() const { return counters_.snapshot(); }
 

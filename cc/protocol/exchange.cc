@@ -1,0 +1,269 @@
+#include "protocol/exchange.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "transfer/errors.h"
+#include "transfer/imm.h"
+
+namespace a2a::protocol {
+
+using transfer::Bytes;
+using transfer::format;
+
+namespace {
+
+// Immediate tags: kind * 8 + slot; combine data: 64 + tp member * 8 + slot.
+enum Kind : uint32_t { kCounts = 1, kPriv = 2, kOver = 3, kFreeD = 4, kFreeC = 5 };
+uint32_t tag_of(uint32_t kind, int z) { return kind * 8 + z; }
+uint32_t comb_tag(int member, int z) { return 64 + member * 8 + z; }
+
+int64_t pad16(int64_t b) { return (b + 15) / 16 * 16; }
+
+}  // namespace
+
+const char* op_name(int op) {
+  static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
+  return op >= 0 && op < 4 ? names[op] : "?";
+}
+
+SlotLayout::SlotLayout(const ExchangeOptions& o) {
+  const MoeShape& s = o.shape;
+  const int N = s.num_ranks, L = s.local_experts();
+  P = s.rows_per_peer();
+  priv = o.priv_rows < 0 ? P : std::min(o.priv_rows, P);
+  row = s.row_bytes();
+  counts_bytes = pad16(int64_t(N) * N * L * 4);
+  priv_off = counts_bytes;
+  over_off = priv_off + int64_t(N) * priv * row;
+  d_recv_bytes = over_off + int64_t(N) * (P - priv) * row;
+  d_send_rows_off = pad16(int64_t(N) * L * 4);
+  d_send_bytes = d_send_rows_off + int64_t(N) * P * row;
+  c_row_stride_max = int64_t(s.hidden) * 4;
+  c_send_bytes = int64_t(N) * P * c_row_stride_max;
+  c_recv_bytes = int64_t(N) * s.tp * P * c_row_stride_max;
+}
+
+std::vector<int> Arrivals::missing() const {
+  std::vector<int> out;
+  for (const Part& p : parts)
+    for (size_t i = 0; i < p.ranks.size(); ++i)
+      if (!p.seen[i]) out.push_back(p.ranks[i]);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+struct Exchange::Regions {
+  std::shared_ptr<transfer::Region> d_send, d_recv, c_send, c_recv;
+  std::vector<transfer::RemoteRegion> d_recv_peer, c_recv_peer;  // [N]
+};
+
+Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer::Engine> engine,
+                   const std::vector<SlotBuffers>& buffers)
+    : o_(o), lay_(o), rank_(rank), engine_(std::move(engine)), bufs_(buffers) {
+  if (o.slots < 1 || o.slots > 8) throw std::invalid_argument("jax_moe_a2a: slots must be in [1, 8]");
+  if (o.shape.tp < 1 || o.shape.tp > 8) throw std::invalid_argument("jax_moe_a2a: tp_size must be in [1, 8]");
+  if (o.node_size < 0) throw std::invalid_argument("jax_moe_a2a: node_size must be >= 0");
+  if (int(buffers.size()) != o.slots) throw std::invalid_argument("Exchange: one SlotBuffers per slot");
+  for (int r = 0; r < o.shape.num_ranks; ++r) {
+    all_.push_back(r);
+    if (remote(rank_, r)) remote_.push_back(r);
+  }
+  for (const SlotBuffers& b : bufs_) {
+    Regions g;
+    g.d_send = engine_->register_memory(b.d_send, lay_.d_send_bytes);
+    g.d_recv = engine_->register_memory(b.d_recv, lay_.d_recv_bytes);
+    g.c_send = engine_->register_memory(b.c_send, lay_.c_send_bytes);
+    g.c_recv = engine_->register_memory(b.c_recv, lay_.c_recv_bytes);
+    regions_.push_back(std::move(g));
+  }
+}
+
+Exchange::~Exchange() {
+  for (Regions& g : regions_)
+    for (auto* r : {&g.d_send, &g.d_recv, &g.c_send, &g.c_recv})
+      if (*r) (*r)->close();
+}
+
+std::vector<Bytes> Exchange::descriptors() const {
+  std::vector<Bytes> out;
+  for (const Regions& g : regions_) {
+    out.push_back(g.d_recv->descriptor());
+    out.push_back(g.c_recv->descriptor());
+  }
+  return out;
+}
+
+void Exchange::connect(const std::map<int, std::vector<Bytes>>& descs) {
+  for (Regions& g : regions_) {
+    g.d_recv_peer.resize(o_.shape.num_ranks);
+    g.c_recv_peer.resize(o_.shape.num_ranks);
+  }
+  for (int r : all_) {
+    auto it = descs.find(r);
+    if (it == descs.end()) throw std::invalid_argument(format("jax_moe_a2a: no descriptors for rank %d", r));
+    if (it->second.size() != size_t(2 * o_.slots))
+      throw std::invalid_argument(format("jax_moe_a2a: rank %d sent %zu descriptors, expected %d", r,
+                                         it->second.size(), 2 * o_.slots));
+    for (int z = 0; z < o_.slots; ++z) {
+      Regions& g = regions_[z];
+      g.d_recv_peer[r] = engine_->remote(it->second[2 * z]);
+      g.c_recv_peer[r] = engine_->remote(it->second[2 * z + 1]);
+      if (g.d_recv_peer[r].size < uint64_t(lay_.d_recv_bytes) || g.c_recv_peer[r].size < uint64_t(lay_.c_recv_bytes))
+        throw std::invalid_argument(format("jax_moe_a2a: rank %d's buffers are smaller than ours (spec mismatch)", r));
+    }
+  }
+}
+
+// ---- waits -----------------------------------------------------------------------------------
+
+uint32_t Exchange::imm(uint32_t tag, uint32_t epoch) const {
+  return transfer::pack_imm(tag, epoch & transfer::kImmMaxEpoch, rank_);
+}
+
+Arrivals Exchange::expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const {
+  Arrivals a;
+  a.epoch = epoch & transfer::kImmMaxEpoch;
+  for (uint32_t t : tags) a.parts.push_back({t, ranks, std::vector<uint8_t>(ranks.size(), 0)});
+  return a;
+}
+
+Arrivals Exchange::expect_free_d(int z, uint32_t e) const { return expect({tag_of(kFreeD, z)}, remote_, e); }
+Arrivals Exchange::expect_counts(int z, uint32_t e) const { return expect({tag_of(kCounts, z)}, all_, e); }
+Arrivals Exchange::expect_rows(int z, uint32_t e) const {
+  return expect({tag_of(kPriv, z), tag_of(kOver, z)}, remote_, e);
+}
+Arrivals Exchange::expect_free_c(int z, uint32_t c) const { return expect({tag_of(kFreeC, z)}, remote_, c); }
+Arrivals Exchange::expect_comb(int z, uint32_t c) const {
+  std::vector<uint32_t> tags;
+  for (int j = 0; j < o_.shape.tp; ++j) tags.push_back(comb_tag(j, z));
+  return expect(tags, remote_, c);
+}
+
+bool Exchange::poll(Arrivals& a) {
+  bool all = true;
+  for (Arrivals::Part& p : a.parts)
+    if (!engine_->poll_ranks(p.tag, a.epoch, p.ranks, p.seen)) all = false;
+  return all;
+}
+
+void Exchange::timed_out(const Arrivals& a, int op, int z, const char* what, const std::string& detail) const {
+  const std::vector<int> missing = a.missing();
+  throw transfer::TimeoutError(
+      format("jax_moe_a2a %s (%s; slot %d, rank %d): ranks [%s] did not arrive within %.1f s "
+             "(crashed process, or calls out of order?)%s%s",
+             op_name(op), what, z, rank_, transfer::join_ranks(missing).c_str(), o_.timeout_s,
+             detail.empty() ? "" : " ", detail.c_str()),
+      0, 0, missing);
+}
+
+void Exchange::wait(Arrivals a, int op, int z, const char* what) {
+  const auto deadline = transfer::Clock::now() + std::chrono::duration_cast<transfer::Clock::duration>(
+                                                     std::chrono::duration<double>(o_.timeout_s));
+  for (Arrivals::Part& p : a.parts) {
+    const double left = std::chrono::duration<double>(deadline - transfer::Clock::now()).count();
+    try {
+      engine_->wait_ranks(p.tag, a.epoch, p.ranks, std::max(0.0, left));
+      std::fill(p.seen.begin(), p.seen.end(), 1);
+    } catch (const transfer::TimeoutError& e) {
+      for (size_t i = 0; i < p.ranks.size(); ++i)
+        p.seen[i] = std::find(e.missing.begin(), e.missing.end(), p.ranks[i]) == e.missing.end();
+      timed_out(a, op, z, what, std::string("[") + e.what() + "]");
+    }
+  }
+}
+
+// ---- steps -----------------------------------------------------------------------------------
+
+void Exchange::post_counts(int z, uint32_t e) {
+  const int64_t cbytes = int64_t(o_.shape.num_ranks) * o_.shape.local_experts() * 4;
+  for (int d : all_)
+    engine_->write(d, *regions_[z].d_send, 0, cbytes, &regions_[z].d_recv_peer[d], int64_t(rank_) * cbytes,
+                   imm(tag_of(kCounts, z), e));
+}
+
+void Exchange::post_private(int z, uint32_t e) {
+  const int L = o_.shape.local_experts();
+  const int32_t* mine = reinterpret_cast<const int32_t*>(bufs_[z].d_send);
+  for (int d : remote_) {
+    int64_t to_d = 0;
+    for (int l = 0; l < L; ++l) to_d += mine[int64_t(d) * L + l];
+    const int64_t rows = std::min<int64_t>(to_d, lay_.priv);
+    engine_->write(d, *regions_[z].d_send, lay_.d_send_rows_off + int64_t(d) * lay_.P * lay_.row, rows * lay_.row,
+                   rows ? &regions_[z].d_recv_peer[d] : nullptr,
+                   lay_.priv_off + int64_t(rank_) * lay_.priv * lay_.row, imm(tag_of(kPriv, z), e));
+  }
+}
+
+const int32_t* Exchange::counts_of(int z, int src) const {
+  const int64_t NL = int64_t(o_.shape.num_ranks) * o_.shape.local_experts();
+  return reinterpret_cast<const int32_t*>(bufs_[z].d_recv) + src * NL;
+}
+
+int64_t Exchange::rows_between(int z, int src, int dst) const {
+  const int L = o_.shape.local_experts();
+  const int32_t* m = counts_of(z, src) + int64_t(dst) * L;
+  int64_t n = 0;
+  for (int l = 0; l < L; ++l) n += m[l];
+  return n;
+}
+
+void Exchange::post_overflow(int z, uint32_t e) {
+  // Rows past `priv` go to each remote destination's overflow region right after the overflow of
+  // the lower-ranked sources remote to it: one write per destination (zero-length if none).
+  for (int d : remote_) {
+    const int64_t over = std::max<int64_t>(0, rows_between(z, rank_, d) - lay_.priv);
+    int64_t off = 0;
+    for (int src = 0; src < rank_; ++src)
+      if (remote(src, d)) off += std::max<int64_t>(0, rows_between(z, src, d) - lay_.priv);
+    engine_->write(d, *regions_[z].d_send, lay_.d_send_rows_off + (int64_t(d) * lay_.P + lay_.priv) * lay_.row,
+                   over * lay_.row, over ? &regions_[z].d_recv_peer[d] : nullptr, lay_.over_off + off * lay_.row,
+                   imm(tag_of(kOver, z), e));
+  }
+}
+
+void Exchange::overflow_bases(int z, int64_t* over_base) const {
+  int64_t base = 0;
+  for (int src = 0; src < o_.shape.num_ranks; ++src) {
+    over_base[src] = remote(src, rank_) ? base : 0;
+    if (remote(src, rank_)) base += std::max<int64_t>(0, rows_between(z, src, rank_) - lay_.priv);
+  }
+}
+
+const uint8_t* Exchange::landed_row(int z, int src, int64_t j, int64_t over_base) const {
+  const uint8_t* d = bufs_[z].d_recv;
+  return j < lay_.priv ? d + lay_.priv_off + (int64_t(src) * lay_.priv + j) * lay_.row
+                       : d + lay_.over_off + (over_base + j - lay_.priv) * lay_.row;
+}
+
+void Exchange::signal_remote(int z, uint32_t tag, uint32_t epoch) {
+  const uint32_t v = imm(tag, epoch);
+  for (int r : remote_) engine_->write(r, *regions_[z].d_send, 0, 0, nullptr, 0, v);
+}
+
+void Exchange::signal_free_d(int z, uint32_t e) { signal_remote(z, tag_of(kFreeD, z), e); }
+void Exchange::signal_free_c(int z, uint32_t c) { signal_remote(z, tag_of(kFreeC, z), c); }
+
+void Exchange::post_combine(int z, uint32_t c, const int32_t* rows_from, int64_t stride) {
+  const int tp = o_.shape.tp;
+  if (stride <= 0 || stride > lay_.c_row_stride_max)
+    throw std::invalid_argument(format("jax_moe_a2a combine: row stride %lld outside (0, %lld]",
+                                       (long long)stride, (long long)lay_.c_row_stride_max));
+  // To every remote rank m: the rows of each member j of m's tp group, into m's region [us][j].
+  for (int m : remote_) {
+    const int g0 = m / tp * tp;
+    for (int j = 0; j < tp; ++j) {
+      const int src = g0 + j;
+      if (rows_from[src] < 0 || rows_from[src] > lay_.P)
+        throw std::invalid_argument(format("jax_moe_a2a combine: %d rows from rank %d (at most %d)", rows_from[src],
+                                           src, lay_.P));
+      const int64_t bytes = int64_t(rows_from[src]) * stride;
+      engine_->write(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride, bytes,
+                     bytes ? &regions_[z].c_recv_peer[m] : nullptr, (int64_t(rank_) * tp + j) * lay_.P * stride,
+                     imm(comb_tag(j, z), c));
+    }
+  }
+}
+
+}  // namespace a2a::protocol

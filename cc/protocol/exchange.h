@@ -1,0 +1,156 @@
+// The route-exchange protocol of DESIGN.md 5.1 over the TransferEngine (docs/protocol.md): buffer
+// layout, immediates and the steps of one dispatch / combine, written once and driven two ways:
+// inline by the host backend (cc/host, blocking waits on the calling thread) and by the cuda
+// backend's proxy thread (cc/proxy, non-blocking polls between GPU flags). It knows the MoE layout
+// of the buffers but not who packs them (C++ on CPUs, or GPU kernels writing pinned host memory).
+//
+// Pairs of ranks: with node_size 0 every pair (a rank and itself included) goes through the engine
+// (the host backend). With node_size > 0, ranks a and b share a node iff a / node_size ==
+// b / node_size and such pairs never touch the engine (the cuda backend's NVLink path); only the
+// count matrices go to every rank, because exact overflow offsets at a remote receiver depend on
+// the counts of every sender remote to it, our node-local peers included.
+//
+// Steps of dispatch (slot z, epoch e) at rank r, sources and destinations "remote" as above:
+//   wait FREE_D(e-1) from remote ranks; flush      -> our send buffer and their regions are reusable
+//   post_counts: our [N, L] count matrix (send buffer offset 0) to every rank          (COUNTS)
+//   post_private: first `priv` rows for each remote destination into our private region (PRIV)
+//   wait COUNTS from every rank; post_overflow: rows past `priv` at the exact offset      (OVER)
+//   wait PRIV and OVER from remote ranks; the rows have landed; read them; signal FREE_D(e).
+// Combine (slot z, epoch c): wait FREE_C(c-1); post_combine (COMB, one write per (remote rank,
+// member of its tp group)); wait COMB from remote ranks for every member; read; signal FREE_C(c).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/moe_layout.h"
+#include "transfer/engine.h"
+
+namespace a2a::protocol {
+
+// The four halves, as error records and messages name them.
+enum Op : int { kDispatchSend = 0, kDispatchRecv = 1, kCombineSend = 2, kCombineRecv = 3 };
+const char* op_name(int op);
+
+struct ExchangeOptions {
+  MoeShape shape;
+  int slots = 2;
+  int priv_rows = -1;   // private rows per sender; -1: rows_per_peer (nothing overflows)
+  int node_size = 0;    // 0: every pair through the engine; else ranks a, b share a node iff a/ns == b/ns
+  double timeout_s = 60.0;
+};
+
+// Byte offsets inside one slot's buffers (identical on every rank).
+struct SlotLayout {
+  explicit SlotLayout(const ExchangeOptions& o);
+  int64_t counts_bytes;      // [N][N*L] int32 count matrices, one per source (16-byte padded)
+  int64_t priv_off;          // [N][priv][row]
+  int64_t over_off;          // [N*(P-priv)][row]
+  int64_t d_recv_bytes;
+  int64_t d_send_rows_off;   // d_send: our [N*L] counts, then [N dest][P][row]
+  int64_t d_send_bytes;
+  int64_t c_row_stride_max;  // H * 4 (f32 outputs at most)
+  int64_t c_send_bytes;      // [N src][P][H*4]
+  int64_t c_recv_bytes;      // [N expert rank][tp][P][H*4]
+  int P, priv;
+  int64_t row;
+};
+
+// One slot's buffers, owned by the caller (host vectors, or pinned host memory that GPU kernels
+// read and write through mapped pointers). Sizes as in SlotLayout.
+struct SlotBuffers {
+  uint8_t* d_send;
+  uint8_t* d_recv;
+  uint8_t* c_send;
+  uint8_t* c_recv;
+};
+
+// One wait in progress: arrivals of (tag, epoch, rank) for a set of tags and ranks.
+struct Arrivals {
+  struct Part {
+    uint32_t tag;
+    std::vector<int> ranks;
+    std::vector<uint8_t> seen;
+  };
+  std::vector<Part> parts;
+  uint32_t epoch = 0;
+  std::vector<int> missing() const;  // ranks not yet seen in some part, ascending, unique
+};
+
+class Exchange {
+ public:
+  // Registers every slot's buffers with the engine.
+  Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer::Engine> engine,
+           const std::vector<SlotBuffers>& buffers);
+  ~Exchange();
+  Exchange(const Exchange&) = delete;
+  Exchange& operator=(const Exchange&) = delete;
+
+  int rank() const { return rank_; }
+  const ExchangeOptions& options() const { return o_; }
+  const SlotLayout& layout() const { return lay_; }
+  transfer::Engine& engine() { return *engine_; }
+  const SlotBuffers& buffers(int z) const { return bufs_[z]; }
+  // Does the pair (a, b) go through the engine?
+  bool remote(int a, int b) const { return o_.node_size <= 0 || a / o_.node_size != b / o_.node_size; }
+  const std::vector<int>& remote_ranks() const { return remote_; }  // ranks remote to us, ascending
+  bool any_remote() const { return !remote_.empty(); }
+
+  // Descriptors of our remotely written regions, [slot0 d_recv, slot0 c_recv, slot1 ...].
+  std::vector<transfer::Bytes> descriptors() const;
+  // Peers' descriptors in the same order, for every rank (ours included).
+  void connect(const std::map<int, std::vector<transfer::Bytes>>& descriptors);
+
+  // ---- what each step waits for ------------------------------------------------------------
+  Arrivals expect_free_d(int z, uint32_t e) const;  // FREE_D(e) from remote ranks
+  Arrivals expect_counts(int z, uint32_t e) const;  // COUNTS(e) from every rank
+  Arrivals expect_rows(int z, uint32_t e) const;    // PRIV(e) and OVER(e) from remote ranks
+  Arrivals expect_free_c(int z, uint32_t c) const;  // FREE_C(c) from remote ranks
+  Arrivals expect_comb(int z, uint32_t c) const;    // COMB(c) for every tp member from remote ranks
+  // Non-blocking: true when everything arrived (arrivals are consumed as they are seen).
+  bool poll(Arrivals& a);
+  // Blocking, up to timeout_s; throws transfer::TimeoutError naming op, slot and missing ranks.
+  void wait(Arrivals a, int op, int z, const char* what);
+  // Throws TimeoutError with the message the inline and the proxied paths share.
+  [[noreturn]] void timed_out(const Arrivals& a, int op, int z, const char* what, const std::string& detail) const;
+
+  // ---- the steps (writes return at once; completion is counted at the receiver) ----------------
+  void post_counts(int z, uint32_t e);    // our count matrix, d_send[0, N*L*4), to every rank
+  void post_private(int z, uint32_t e);   // needs our count matrix in d_send
+  void post_overflow(int z, uint32_t e);  // needs every rank's count matrix (after COUNTS)
+  void signal_free_d(int z, uint32_t e);
+  // rows_from[src]: rows we received from src in the matching dispatch; c_send holds them at
+  // [src][P][stride] (stride = H * output itemsize).
+  void post_combine(int z, uint32_t c, const int32_t* rows_from, int64_t stride);
+  void signal_free_c(int z, uint32_t c);
+
+  // ---- reading what landed -------------------------------------------------------------------
+  // Count matrix of source src: [N dest][L] in d_recv (valid after COUNTS).
+  const int32_t* counts_of(int z, int src) const;
+  // Rows src sends dst in this dispatch (sum over local experts).
+  int64_t rows_between(int z, int src, int dst) const;
+  // over_base[src] (N entries): first row of src's overflow in our overflow region, for sources
+  // remote to us (0 for others). Valid after COUNTS.
+  void overflow_bases(int z, int64_t* over_base) const;
+  // Row j of remote source src in d_recv, given its overflow base.
+  const uint8_t* landed_row(int z, int src, int64_t j, int64_t over_base) const;
+
+ private:
+  uint32_t imm(uint32_t tag, uint32_t epoch) const;
+  Arrivals expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const;
+  void signal_remote(int z, uint32_t tag, uint32_t epoch);
+
+  ExchangeOptions o_;
+  SlotLayout lay_;
+  int rank_;
+  std::shared_ptr<transfer::Engine> engine_;
+  std::vector<SlotBuffers> bufs_;
+  struct Regions;
+  std::vector<Regions> regions_;
+  std::vector<int> all_, remote_;
+};
+
+}  // namespace a2a::protocol

@@ -1,0 +1,73 @@
+// The flag block between a rank's packer/unpacker (GPU kernels, or the host backend's C++ in its
+// proxied mode) and its proxy thread (cc/proxy/proxy.h). It lives in memory both sides address:
+// cudaHostAlloc(mapped) pinned memory on GPUs, plain memory on CPUs. Plain data, no CUDA types, so
+// it is included by .cu and .cc files alike.
+//
+// Every flag holds epoch + 1 of the last event and only grows. The side that writes data first
+// and then a flag stores the flag with release semantics (GPU: __threadfence_system + st.release.sys;
+// CPU: __atomic_store_n RELEASE); the reader loads it with acquire (GPU: ld.acquire.sys; CPU:
+// __atomic_load_n ACQUIRE) before reading the data.
+//
+// One dispatch on slot z, epoch e:
+//   kernel: wait d_send_ok > e (proxy: FREE_D(e-1) from remote ranks arrived and our writes are
+//           done); write our [N, L] count matrix at d_send offset 0, raise d_counts = e + 1; pack
+//           rows for remote destinations into d_send [dest][P][row], raise d_packed = e + 1.
+//   proxy:  COUNTS to every rank on d_counts; PRIV on d_packed; OVER once every count matrix is
+//           in; over_base[] and d_landed = e + 1 once PRIV and OVER arrived from every remote rank.
+//   kernel: wait d_landed > e; read remote rows from d_recv; raise d_consumed = e + 1.
+//   proxy:  FREE_D(e) to remote ranks on d_consumed.
+// One combine on slot z, epoch c: kernel waits c_send_ok > c, writes rows into c_send
+// [src][P][stride], rows_from[] and c_stride, raises c_packed; the proxy writes them back (COMB)
+// and raises c_landed once every remote rank's rows arrived; the kernel reduces and raises
+// c_consumed; the proxy signals FREE_C(c).
+// A kernel that waits on the proxy first raises waiting[op] = epoch + 1: the proxy's timeout for
+// that step runs from then (a step is not late while nobody waits for it).
+#pragma once
+
+#include <cstdint>
+
+namespace a2a::proxy {
+
+constexpr int kMaxRanks = 64;
+constexpr int kMaxSlots = 8;
+
+struct alignas(64) SlotCtrl {
+  // ---- written by the kernel, read by the proxy ----
+  uint64_t d_counts;    // e + 1: our count matrix [N][L] int32 is at d_send offset 0
+  uint64_t d_packed;    // e + 1: rows for remote destinations are in d_send
+  uint64_t d_consumed;  // e + 1: the remote rows of epoch e were read
+  uint64_t c_packed;    // c + 1: combine rows in c_send, rows_from and c_stride set
+  uint64_t c_consumed;  // c + 1: the remote combine rows of epoch c were read
+  uint64_t waiting[4];  // per op (protocol::Op): epoch + 1 the kernel waits on the proxy for
+  int64_t c_stride;     // bytes per combine row (H * itemsize(y))
+  int32_t rows_from[kMaxRanks];  // rows we received from each source in the matching dispatch
+  // ---- written by the proxy, read by the kernel ----
+  alignas(64) uint64_t d_send_ok;  // e + 1: epoch e may overwrite d_send (and remote regions)
+  uint64_t d_landed;               // e + 1: every remote row of epoch e landed; over_base valid
+  uint64_t c_send_ok;              // c + 1
+  uint64_t c_landed;               // c + 1
+  int64_t over_base[kMaxRanks];    // first row of each remote source's overflow in our region
+};
+
+// Written once by the proxy when it fails (then it stops): code 1 timeout (missing ranks set),
+// 2 transport error. Kernels and the host read `code` while they wait.
+struct ProxyError {
+  int32_t code;
+  int32_t op;      // protocol::Op
+  int32_t slot;
+  int32_t rank;
+  uint64_t missing;  // bit r: rank r did not arrive (r < 64)
+  char text[1000];   // the full message, NUL-terminated
+};
+
+struct Ctrl {
+  SlotCtrl slot[kMaxSlots];
+  ProxyError error;
+};
+
+// ---- host side of the flags (the proxy, and the host backend's proxied mode) -------------------
+inline uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline void store_release(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+inline int32_t error_code(const Ctrl* c) { return __atomic_load_n(&c->error.code, __ATOMIC_ACQUIRE); }
+
+}  // namespace a2a::proxy

@@ -1,0 +1,292 @@
+#include "proxy/proxy.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+#include "transfer/errors.h"
+
+namespace a2a::proxy {
+
+using Clock = std::chrono::steady_clock;
+using protocol::kCombineRecv;
+using protocol::kCombineSend;
+using protocol::kDispatchRecv;
+using protocol::kDispatchSend;
+
+namespace {
+
+double env_double(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtod(v, nullptr) : fallback;
+}
+
+uint64_t ns_since(Clock::time_point t0) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+}  // namespace
+
+ProxyOptions ProxyOptions::from_env(int local_index) {
+  ProxyOptions o;
+  o.spin_us = env_double("JAX_MOE_A2A_PROXY_SPIN_US", o.spin_us);
+  o.max_sleep_us = env_double("JAX_MOE_A2A_PROXY_MAX_SLEEP_US", o.max_sleep_us);
+  o.idle_ms = env_double("JAX_MOE_A2A_PROXY_IDLE_MS", o.idle_ms);
+  o.idle_sleep_us = env_double("JAX_MOE_A2A_PROXY_IDLE_SLEEP_US", o.idle_sleep_us);
+  const char* mode = std::getenv("JAX_MOE_A2A_PROXY");
+  o.spin = mode && std::string(mode) == "spin";
+  if (const char* cpus = std::getenv("JAX_MOE_A2A_PROXY_CPUS")) {  // "3,7": CPU of local rank 0, 1
+    std::stringstream ss(cpus);
+    std::string item;
+    for (int i = 0; std::getline(ss, item, ','); ++i)
+      if (i == local_index && !item.empty()) o.cpu = std::atoi(item.c_str());
+  }
+  return o;
+}
+
+Proxy::Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o)
+    : ex_(ex), ctrl_(ctrl), o_(o), slots_(ex.options().slots) {
+  if (ex.options().shape.num_ranks > kMaxRanks || ex.options().slots > kMaxSlots)
+    throw std::invalid_argument("jax_moe_a2a proxy: at most 64 ranks and 8 slots");
+  thread_ = std::thread([this] { run(); });
+  if (o_.cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(o_.cpu, &set);
+    pthread_setaffinity_np(thread_.native_handle(), sizeof(set), &set);  // best effort
+  }
+}
+
+Proxy::~Proxy() { stop(); }
+
+void Proxy::stop() {
+  stop_.store(true, std::memory_order_release);
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string Proxy::error_text() const {
+  if (!failed()) return "";
+  return std::string(ctrl_->error.text, strnlen(ctrl_->error.text, sizeof(ctrl_->error.text)));
+}
+
+ProxyStats Proxy::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+void Proxy::fail(int code, int op, int z, const std::vector<int>& missing, const std::string& text) {
+  ProxyError& e = ctrl_->error;
+  if (error_code(ctrl_) != 0) return;
+  e.op = op;
+  e.slot = z;
+  e.rank = ex_.rank();
+  e.missing = 0;
+  for (int r : missing)
+    if (r >= 0 && r < 64) e.missing |= 1ull << r;
+  const size_t n = std::min(text.size(), sizeof(e.text) - 1);
+  std::memcpy(e.text, text.data(), n);
+  e.text[n] = 0;
+  __atomic_store_n(&e.code, code, __ATOMIC_RELEASE);
+}
+
+void Proxy::check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what, Clock::time_point& since) {
+  if (load_acquire(&ctrl_->slot[z].waiting[op]) < uint64_t(e) + 1) return;  // nobody waits yet
+  const auto now = Clock::now();
+  if (since == Clock::time_point{}) since = now;
+  if (std::chrono::duration<double>(now - since).count() > ex_.options().timeout_s)
+    ex_.timed_out(a, op, z, what, "(the proxy thread gave up)");
+}
+
+bool Proxy::step_dispatch(int z, SlotState& s) {
+  SlotCtrl& c = ctrl_->slot[z];
+  const uint32_t e = s.de;
+  switch (s.d) {
+    case kDFree:
+      cur_op_ = kDispatchSend;
+      if (e > 0) {
+        if (!s.d_armed) {
+          s.d_wait = ex_.expect_free_d(z, e - 1);
+          s.d_armed = true;
+          s.d_since = {};
+        }
+        const bool freed = ex_.poll(s.d_wait);
+        if (!freed || !ex_.engine().poll_flush()) {
+          check_late(kDispatchSend, z, e, s.d_wait, "waiting for remote peers to free the slot", s.d_since);
+          return false;
+        }
+      }
+      s.d_armed = false;
+      store_release(&c.d_send_ok, uint64_t(e) + 1);
+      s.d = kDCounts;
+      return true;
+    case kDCounts:
+      if (load_acquire(&c.d_counts) < uint64_t(e) + 1) return false;
+      cur_op_ = kDispatchSend;
+      ex_.post_counts(z, e);
+      s.counts_out = Clock::now();
+      s.d = kDPriv;
+      return true;
+    case kDPriv:
+      if (load_acquire(&c.d_packed) < uint64_t(e) + 1) return false;
+      cur_op_ = kDispatchSend;
+      ex_.post_private(z, e);
+      s.d = kDCountsIn;
+      s.d_since = {};
+      return true;
+    case kDCountsIn:
+      cur_op_ = kDispatchRecv;
+      if (!s.d_armed) {
+        s.d_wait = ex_.expect_counts(z, e);
+        s.d_armed = true;
+      }
+      if (!ex_.poll(s.d_wait)) {
+        check_late(kDispatchRecv, z, e, s.d_wait, "route counts", s.d_since);
+        return false;
+      }
+      ex_.post_overflow(z, e);
+      ex_.overflow_bases(z, c.over_base);
+      s.d_wait = ex_.expect_rows(z, e);
+      s.d = kDRowsIn;
+      return true;
+    case kDRowsIn:
+      cur_op_ = kDispatchRecv;
+      if (!ex_.poll(s.d_wait)) {
+        check_late(kDispatchRecv, z, e, s.d_wait, "private and overflow rows", s.d_since);
+        return false;
+      }
+      s.d_armed = false;
+      store_release(&c.d_landed, uint64_t(e) + 1);
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_.counts_to_landed_ns += ns_since(s.counts_out);
+      }
+      s.d = kDConsumed;
+      return true;
+    case kDConsumed:
+      if (load_acquire(&c.d_consumed) < uint64_t(e) + 1) return false;
+      cur_op_ = kDispatchRecv;
+      ex_.signal_free_d(z, e);
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        ++stats_.dispatches;
+      }
+      s.de = e + 1;
+      s.d = kDFree;
+      return true;
+  }
+  return false;
+}
+
+bool Proxy::step_combine(int z, SlotState& s) {
+  SlotCtrl& c = ctrl_->slot[z];
+  const uint32_t e = s.ce;
+  switch (s.c) {
+    case kCFree:
+      cur_op_ = kCombineSend;
+      if (e > 0) {
+        if (!s.c_armed) {
+          s.c_wait = ex_.expect_free_c(z, e - 1);
+          s.c_armed = true;
+          s.c_since = {};
+        }
+        const bool freed = ex_.poll(s.c_wait);
+        if (!freed || !ex_.engine().poll_flush()) {
+          check_late(kCombineSend, z, e, s.c_wait, "waiting for remote peers to free the slot", s.c_since);
+          return false;
+        }
+      }
+      s.c_armed = false;
+      store_release(&c.c_send_ok, uint64_t(e) + 1);
+      s.c = kCPacked;
+      return true;
+    case kCPacked:
+      if (load_acquire(&c.c_packed) < uint64_t(e) + 1) return false;
+      cur_op_ = kCombineSend;
+      ex_.post_combine(z, e, c.rows_from, c.c_stride);
+      s.comb_out = Clock::now();
+      s.c_wait = ex_.expect_comb(z, e);
+      s.c_since = {};
+      s.c = kCLanded;
+      return true;
+    case kCLanded:
+      cur_op_ = kCombineRecv;
+      if (!ex_.poll(s.c_wait)) {
+        check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
+        return false;
+      }
+      store_release(&c.c_landed, uint64_t(e) + 1);
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_.comb_to_landed_ns += ns_since(s.comb_out);
+      }
+      s.c = kCConsumed;
+      return true;
+    case kCConsumed:
+      if (load_acquire(&c.c_consumed) < uint64_t(e) + 1) return false;
+      cur_op_ = kCombineRecv;
+      ex_.signal_free_c(z, e);
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        ++stats_.combines;
+      }
+      s.ce = e + 1;
+      s.c = kCFree;
+      return true;
+  }
+  return false;
+}
+
+void Proxy::run() {
+  auto last_progress = Clock::now();
+  double sleep_us = 1;
+  uint64_t polls = 0, sleeps = 0;
+  while (!stop_.load(std::memory_order_acquire)) {
+    bool progressed = false;
+    if (!failed()) {
+      for (int z = 0; z < int(slots_.size()); ++z) {
+        cur_slot_ = z;
+        try {
+          while (step_dispatch(z, slots_[z])) progressed = true;
+          while (step_combine(z, slots_[z])) progressed = true;
+        } catch (const transfer::TimeoutError& e) {
+          fail(1, cur_op_, z, e.missing, e.what());
+        } catch (const std::exception& e) {
+          fail(2, cur_op_, z, {},
+               transfer::format("jax_moe_a2a %s (slot %d, rank %d): the proxy thread failed: %s",
+                                protocol::op_name(cur_op_), z, ex_.rank(), e.what()));
+        }
+        if (failed()) break;
+      }
+    }
+    ++polls;
+    if (progressed) {
+      last_progress = Clock::now();
+      sleep_us = 1;
+      continue;
+    }
+    const double idle_us = std::chrono::duration<double, std::micro>(Clock::now() - last_progress).count();
+    if (o_.spin || idle_us < o_.spin_us) {
+      sched_yield();
+      continue;
+    }
+    ++sleeps;
+    std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(sleep_us));
+    const double cap = failed() || idle_us > o_.idle_ms * 1e3 ? o_.idle_sleep_us : o_.max_sleep_us;
+    sleep_us = std::min(sleep_us * 2, cap);
+    if ((polls & 1023) == 0) {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_.polls = polls;
+      stats_.sleeps = sleeps;
+    }
+  }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.polls = polls;
+  stats_.sleeps = sleeps;
+}
+
+}  // namespace a2a::proxy

@@ -1,0 +1,97 @@
+// The proxy: one worker thread per rank that drives the route-exchange protocol
+// (protocol::Exchange) for the rank's remote peers, reacting to the flags its packer raises in the
+// Ctrl block (cc/proxy/ctrl.h) and raising flags back. Used by the cuda backend for peers on other
+// nodes (the kernels pack and unpack pinned host memory) and by the host backend's proxied mode
+// (C++ packs), which is how the state machine is tested on machines without GPUs.
+//
+// Each slot runs two independent pipelines of steps, advanced without ever blocking:
+//   dispatch: FREE (FREE_D(e-1) in, writes flushed) -> raise d_send_ok | on d_counts: COUNTS out |
+//             on d_packed: PRIV out | COUNTS in: OVER out, over_base | PRIV+OVER in: raise
+//             d_landed | on d_consumed: FREE_D(e) out, next epoch
+//   combine:  FREE (FREE_C(c-1) in, flushed) -> raise c_send_ok | on c_packed: COMB out |
+//             COMB in: raise c_landed | on c_consumed: FREE_C(c) out, next epoch
+// Failure: a step whose kernel waits (Ctrl::waiting) longer than the timeout, or any transport
+// error, writes Ctrl::error (op, slot, missing ranks, message) and stops the machine; waiters see
+// the error code. Idle: polls for spin_us after the last progress, then sleeps from 1 us growing to
+// max_sleep_us, and after idle_ms up to idle_sleep_us (a communicator nobody uses costs ~nothing);
+// never spins forever. Shutdown: stop() (idempotent) joins the thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "protocol/exchange.h"
+#include "proxy/ctrl.h"
+
+namespace a2a::proxy {
+
+struct ProxyOptions {
+  double spin_us = 20;        // JAX_MOE_A2A_PROXY_SPIN_US: keep polling this long after progress
+  double max_sleep_us = 100;  // JAX_MOE_A2A_PROXY_MAX_SLEEP_US: longest sleep in the first idle_ms
+  double idle_ms = 20;        // JAX_MOE_A2A_PROXY_IDLE_MS: after this long without progress ...
+  double idle_sleep_us = 2000;  // JAX_MOE_A2A_PROXY_IDLE_SLEEP_US: ... sleeps grow up to this
+  bool spin = false;          // JAX_MOE_A2A_PROXY=spin: never sleep (a dedicated core)
+  int cpu = -1;               // pin the thread to this CPU (JAX_MOE_A2A_PROXY_CPUS, by local index)
+  static ProxyOptions from_env(int local_index);
+};
+
+// Counters a benchmark reads (nanoseconds of steady_clock, summed over steps).
+struct ProxyStats {
+  uint64_t dispatches = 0, combines = 0;
+  uint64_t polls = 0, sleeps = 0;
+  uint64_t post_ns = 0;     // time spent posting writes (COUNTS, PRIV, OVER, COMB, FREE)
+  uint64_t counts_to_landed_ns = 0;  // from our COUNTS out to d_landed raised, per dispatch
+  uint64_t comb_to_landed_ns = 0;    // from our COMB out to c_landed raised, per combine
+};
+
+class Proxy {
+ public:
+  // Starts the thread. `ex` (connected) and `ctrl` outlive the proxy.
+  Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o);
+  ~Proxy();
+  Proxy(const Proxy&) = delete;
+  Proxy& operator=(const Proxy&) = delete;
+
+  void stop();  // idempotent; joins the thread
+  bool failed() const { return error_code(ctrl_) != 0; }
+  std::string error_text() const;  // "" while healthy
+  ProxyStats stats() const;
+
+ private:
+  enum DStage { kDFree, kDCounts, kDPriv, kDCountsIn, kDRowsIn, kDConsumed };
+  enum CStage { kCFree, kCPacked, kCLanded, kCConsumed };
+  struct SlotState {
+    DStage d = kDFree;
+    CStage c = kCFree;
+    uint32_t de = 0, ce = 0;
+    protocol::Arrivals d_wait, c_wait;
+    bool d_armed = false, c_armed = false;  // d_wait / c_wait built for the current stage
+    std::chrono::steady_clock::time_point d_since{}, c_since{};  // kernel started waiting (0: not yet)
+    std::chrono::steady_clock::time_point counts_out{}, comb_out{};
+  };
+
+  void run();
+  bool step_dispatch(int z, SlotState& s);
+  bool step_combine(int z, SlotState& s);
+  // Whether the kernel of `op` waits for epoch e; starts / checks its clock. Throws on timeout.
+  void check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what,
+                  std::chrono::steady_clock::time_point& since);
+  void fail(int code, int op, int z, const std::vector<int>& missing, const std::string& text);
+
+  protocol::Exchange& ex_;
+  Ctrl* ctrl_;
+  ProxyOptions o_;
+  std::vector<SlotState> slots_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  mutable std::mutex stats_mu_;
+  ProxyStats stats_;
+  int cur_op_ = -1, cur_slot_ = -1;  // the step being run (error attribution)
+};
+
+}  // namespace a2a::proxy
