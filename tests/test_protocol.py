@@ -23,10 +23,14 @@ pytestmark = pytest.mark.skipif(not FFI_BACKENDS, reason="no FFI backend built h
 @pytest.mark.parametrize("backend", FFI_BACKENDS)
 def test_two_slots_interleaved(backend, num_ranks, mesh):
     """send A (slot 0), send B (slot 1), recv A, recv B, then both combines, several steps."""
-    from jax.sharding import PartitionSpec as P
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=8, slots=2)
-    comm = a2a.init(spec, mesh, "ep", backend=backend, timeout_s=20)
-    n = num_ranks
+    check_two_slots(a2a.init(spec, mesh, "ep", backend=backend, timeout_s=20), mesh)
+
+
+def check_two_slots(comm, mesh, steps=5):
+    """Two dispatches in flight on slots 0 and 1 of `comm`, then both combines, against the oracle."""
+    from jax.sharding import PartitionSpec as P
+    spec, n = comm.spec, comm.num_ranks
 
     def per_rank(xa, ia, wa, xb, ib, wb):
         ha = comm.dispatch_send(xa, ia, wa, slot=0)
@@ -39,9 +43,9 @@ def test_two_slots_interleaved(backend, num_ranks, mesh):
 
     f = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 6, out_specs=P("ep")))
     from jax_moe_a2a import oracle
-    for step in range(5):
-        a = T.make_inputs(spec, n, 100 + step, num_tokens=8)
-        b = T.make_inputs(spec, n, 200 + step, num_tokens=8, invalid_frac=0.1)
+    for step in range(steps):
+        a = T.make_inputs(spec, n, 100 + step, num_tokens=spec.max_tokens_per_rank)
+        b = T.make_inputs(spec, n, 200 + step, num_tokens=spec.max_tokens_per_rank, invalid_frac=0.1)
         args = []
         for inp in (a, b):
             args += [T.stack_global(mesh, "ep", [getattr(i, k) for i in inp]) for k in ("x", "topk_ids", "topk_weights")]
@@ -84,14 +88,18 @@ def test_rank_that_never_calls_times_out(backend, num_ranks, mesh):
         pytest.skip("needs several processes (a rank that never calls cannot be made in one program)")
     if backend == "cuda" and os.environ.get("JAX_MOE_A2A_TEST_TIMEOUT") != "1":
         pytest.skip("kills the CUDA context: run alone with JAX_MOE_A2A_TEST_TIMEOUT=1")
-    from jax._src import distributed
-    from jax.sharding import PartitionSpec as P
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
-    comm = a2a.init(spec, mesh, "ep", backend=backend, timeout_s=2.0)
+    check_never_calls(a2a.init(spec, mesh, "ep", backend=backend, timeout_s=2.0), mesh)
+
+
+def check_never_calls(comm, mesh):
+    """The last process never calls; every other must fail within seconds naming its ranks."""
+    from jax._src import distributed
+    spec, num_ranks = comm.spec, comm.num_ranks
     silent = jax.process_count() - 1
     silent_ranks = [r for r, d in enumerate(mesh.devices.flat) if d.process_index == silent]
     if jax.process_index() != silent:
-        inputs = T.make_inputs(spec, num_ranks, 3, num_tokens=4)
+        inputs = T.make_inputs(spec, num_ranks, 3, num_tokens=spec.max_tokens_per_rank)
         t0 = time.monotonic()
         with pytest.raises(Exception) as info:
             T.run_ops(comm, inputs)
@@ -102,4 +110,4 @@ def test_rank_that_never_calls_times_out(backend, num_ranks, mesh):
         assert "did not arrive" in msg and "dispatch" in msg, msg
         assert any(str(r) in msg for r in silent_ranks), msg
         assert took < 30, f"took {took:.1f} s"
-    distributed.global_state.client.wait_at_barrier("jax_moe_a2a_never_calls", 60_000)
+    distributed.global_state.client.wait_at_barrier(f"jax_moe_a2a_never_calls_{comm.comm_id}", 60_000)

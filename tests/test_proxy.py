@@ -1,0 +1,105 @@
+"""The proxy thread (cc/proxy) that drives the route-exchange protocol for the cuda backend's remote
+peers, tested on CPUs. The host backend's proxied mode plays the kernels' part: it packs rows into
+the registered send buffer, raises the Ctrl flags and waits on the proxy's, then unpacks from the
+receive buffer with the proxy's overflow bases, as the GPU kernels do through mapped memory; one
+proxy thread per rank runs the protocol over the TransferEngine (LocalEngine in one process;
+libfabric shm / tcp;ofi_rxm under mpirun). Every result is checked against the NumPy oracle.
+
+    pytest tests/test_proxy.py
+    mpirun -n 2 python -m pytest -m mpi tests/test_proxy.py          (JAX_MOE_A2A_PROVIDER=shm)
+    JAX_MOE_A2A_PROVIDER="tcp;ofi_rxm" JAX_MOE_A2A_IFACE=lo mpirun -n 4 ... (the same)
+"""
+
+import gc
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_moe_a2a as a2a
+from jax_moe_a2a import testing as T
+
+from test_protocol import check_never_calls, check_two_slots
+
+pytestmark = pytest.mark.skipif("host" not in a2a.available_backends(), reason="host backend not built")
+
+FP8 = jnp.float8_e4m3fn
+BASE = dict(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12)
+CASES = [
+    ("fp8-random", dict(dispatch_dtype=FP8, scale_block=32), {}),
+    ("bf16-one-hot", {}, dict(routing="one_hot")),
+    ("expert-major-skewed", dict(layout="expert_major"), dict(routing="skewed", minus_one_frac=0.2)),
+    ("overflow-ragged", dict(recv_capacity=10), dict(invalid_frac=0.1)),
+    ("tp2-fp8", dict(tp_size=2, dispatch_dtype=FP8, scale_block=32), {}),
+    ("empty", {}, dict(routing="empty")),
+]
+
+
+def proxied(spec, mesh, priv=None, timeout_s=60.0):
+    return a2a.init(spec, mesh, "ep", backend="host", proxied=True, max_private_tokens=priv, timeout_s=timeout_s)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("priv", [0, 1, None], ids=["priv0-all-overflow", "priv1", "priv-full"])
+@pytest.mark.parametrize("case_id, spec_kw, input_kw", CASES, ids=[c[0] for c in CASES])
+def test_proxied_against_oracle(case_id, spec_kw, input_kw, priv, num_ranks, mesh):
+    """Rows, counts, routing arrays and combine results over the proxy, 3 steps per case."""
+    if num_ranks % spec_kw.get("tp_size", 1) or BASE["num_experts"] % num_ranks:
+        pytest.skip(f"{case_id} does not fit {num_ranks} ranks")
+    spec = a2a.Spec(**{**BASE, **spec_kw})
+    comm = proxied(spec, mesh, priv)
+    for step in range(3):
+        inputs = T.make_inputs(spec, num_ranks, 500 + 7 * step + len(case_id), num_tokens=[None, 5, 0][step],
+                               **input_kw)
+        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+    comm.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("priv", [0, None], ids=["priv0", "priv-full"])
+def test_proxied_two_slots(priv, num_ranks, mesh):
+    """Two dispatches in flight on two slots: each slot's pipeline in the proxy runs on its own."""
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=8, slots=2)
+    check_two_slots(proxied(spec, mesh, priv), mesh)
+
+
+@pytest.mark.mpi
+def test_proxied_soak(num_ranks, mesh):
+    """Many steps through one compiled step (epochs wrap the 8-bit immediate field past 256)."""
+    steps = int(os.environ.get("JAX_MOE_A2A_PROXY_SOAK_STEPS", "300"))
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=6,
+                    dispatch_dtype=FP8, scale_block=16, recv_capacity=4 * num_ranks)
+    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, max_private_tokens=1, timeout_s=60,
+                    collect_stats=False)
+    routings = ["random", "one_hot", "empty", "skewed"]
+    for step in range(steps):
+        inputs = T.make_inputs(spec, num_ranks, 20_000 + step, routing=routings[step % 4], minus_one_frac=0.1)
+        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=step % 50 == 0))
+
+
+@pytest.mark.mpi
+def test_proxied_rank_that_never_calls(num_ranks, mesh):
+    """The proxy gives up after timeout_s of a waiting half and names the missing ranks."""
+    if jax.process_count() < 2:
+        pytest.skip("needs several processes (a rank that never calls cannot be made in one program)")
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    check_never_calls(proxied(spec, mesh, priv=1, timeout_s=2.0), mesh)
+
+
+def test_proxy_threads_end_at_close(mesh, num_ranks):
+    """close() stops and joins every proxy thread (and the engines), leaving no thread behind."""
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    gc.collect()
+    before = threads()
+    comm = proxied(spec, mesh)
+    assert threads() >= before + jax.local_device_count(), "one proxy thread per local rank"
+    comm.close()
+    deadline = time.monotonic() + 5
+    while threads() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threads() <= before
