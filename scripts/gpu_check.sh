@@ -2,7 +2,8 @@
 # Build and test on a GPU machine (the H200 machine of DESIGN.md section 12), then benchmark.
 # Several processes share the one GPU, each one JAX rank (XLA's own collectives refuse that, so
 # the multi-process runs use the cuda backend and the NumPy oracle only).
-# Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench").
+# Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench";
+# also: timeout nocmdbuf sanitizer mpibench mpsbench).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -32,10 +33,15 @@ if has mpi; then
   done
 fi
 if has timeout; then  # a rank that never calls: the others must fail naming it (kills their CUDA context)
+  rm -rf "$RUNDIR/timeout"
   JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_TEST_TIMEOUT=1 \
-  XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout 150 "${MPIRUN[@]}" -n 2 --output-filename "$OUT/timeout" \
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout 150 "${MPIRUN[@]}" -n 2 --output-filename "$RUNDIR/timeout" \
     python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi test_protocol.py -k never_calls \
     > /dev/null 2>&1
+  echo "exit $?" > "$OUT/timeout.log"
+  for f in $(find "$RUNDIR/timeout" -type f | sort); do
+    echo "== $f"; grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" "$f" | tail -60
+  done >> "$OUT/timeout.log"
 fi
 if has nocmdbuf; then  # the same single-process suite with XLA command buffers (CUDA graphs) disabled
   JAX_PLATFORMS=cuda,cpu XLA_FLAGS="--xla_gpu_enable_command_buffer=" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 300 \
@@ -50,14 +56,26 @@ if has sanitizer; then  # compute-sanitizer on a small case, one rank
 fi
 cd "$RUNDIR"
 if has bench; then  # one process, one rank: cuda next to reference, decode and prefill
-  JAX_PLATFORMS=cuda,cpu timeout 300 python3 -m jax_moe_a2a.bench --out "$OUT/bench1" ${BENCH_ARGS:-} 2>&1 \
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" timeout 300 python3 -m jax_moe_a2a.bench --out "$OUT/bench1" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "step/s" | tee "$OUT/bench1.log"
 fi
-if has mpibench; then  # N processes time-slicing the one GPU: kernel + synchronisation overhead
-  for n in ${NPROCS:-2 4 8}; do
-    JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") \
-      timeout 300 "${MPIRUN[@]}" -n "$n" python3 -m jax_moe_a2a.bench --backend cuda --shape decode \
-      --out "$OUT/bench$n" ${BENCH_ARGS:-} 2>&1 | grep -v "step/s" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" > "$OUT/bench$n.log"
-    rm -f "$OUT/bench$n/latency.png"
-  done
+# N processes sharing the one GPU: kernel + synchronisation overhead, never NVLink. mpibench
+# time-slices the GPU; mpsbench runs the ranks side by side under the CUDA MPS daemon, each with
+# 100/N % of the SMs (closer to N GPUs). Both record CUDA-event kernel times next to wall times
+# (command buffers off there: a launch captured into a CUDA graph is not timed).
+mpi_bench() {  # $1 = label, $2 = n, extra env before the command
+  local label=$1 n=$2; shift 2
+  env "$@" JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") \
+    timeout 300 "${MPIRUN[@]}" -n "$n" python3 -m jax_moe_a2a.bench --backend cuda --shape decode \
+    --out "$OUT/$label$n" ${BENCH_ARGS:-} 2>&1 | grep -v "step/s" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" > "$OUT/$label$n.log"
+  rm -f "$OUT/$label$n/latency.png"
+}
+if has mpibench; then
+  for n in ${NPROCS:-2 4 8}; do mpi_bench bench "$n"; done
+fi
+if has mpsbench; then
+  nvidia-cuda-mps-control -d && sleep 1
+  for n in ${NPROCS:-2 4 8}; do mpi_bench mps "$n" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / n)); done
+  echo quit | nvidia-cuda-mps-control
 fi

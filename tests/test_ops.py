@@ -97,7 +97,7 @@ def test_repeated_steps_fresh_inputs(backend, num_ranks, mesh):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_stats_count_drops_and_overflow(backend, num_ranks, mesh):
     spec = a2a.Spec(**BASE, recv_capacity=8)
-    comm = a2a.init(spec, mesh, "ep", backend=backend)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=True)  # default off on GPUs
     inputs = T.make_inputs(spec, num_ranks, 5, invalid_frac=0.1, num_tokens=24)
     res = T.run_ops(comm, inputs)
     st = comm.stats()

@@ -1,7 +1,9 @@
 """Protocol tests for every backend that runs the real protocol (FFI backends): two slots in
 flight, a long soak, a rank that never calls. Backends from JAX_MOE_A2A_TEST_BACKENDS or all."""
 
+import faulthandler
 import os
+import sys
 import time
 
 import jax
@@ -88,6 +90,8 @@ def test_rank_that_never_calls_times_out(backend, num_ranks, mesh):
     from jax.sharding import PartitionSpec as P
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
     comm = a2a.init(spec, mesh, "ep", backend=backend, timeout_s=2.0)
+    if backend != "host":  # if this hangs anyway, show where every process is stuck
+        faulthandler.dump_traceback_later(20, repeat=True, file=sys.stderr)
     silent = jax.process_count() - 1
     silent_ranks = [r for r, d in enumerate(mesh.devices.flat) if d.process_index == silent]
     if jax.process_index() != silent:
@@ -103,3 +107,5 @@ def test_rank_that_never_calls_times_out(backend, num_ranks, mesh):
         assert any(str(r) in msg for r in silent_ranks), msg
         assert took < 30, f"took {took:.1f} s"
     distributed.global_state.client.wait_at_barrier("jax_moe_a2a_never_calls", 60_000)
+    if backend != "host":
+        faulthandler.cancel_dump_traceback_later()

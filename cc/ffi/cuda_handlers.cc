@@ -31,6 +31,14 @@ int kind_of(ffi::DataType t) {
 // per device).
 // `dev` is XLA's device ordinal for this call (no stream queries: they are not allowed while XLA
 // captures a command buffer).
+// Launches through the rank's timer (CUDA events when JAX_MOE_A2A_KERNEL_TIMING=1).
+template <typename Params, cudaError_t (*Launch)(const Params&, int, cudaStream_t)>
+cudaError_t launch(cu::RankState& st, int op, cudaStream_t stream, const Params& p) {
+  return st.launch_timed(
+      op, stream, [](const void* q, int blocks, cudaStream_t s) { return Launch(*static_cast<const Params*>(q), blocks, s); },
+      &p);
+}
+
 template <typename F>
 ffi::Error run(const char* op, int64_t comm_id, int32_t dev, F&& f) {
   try {
@@ -74,7 +82,7 @@ ffi::Error DispatchSend(cudaStream_t stream, int32_t dev, ffi::AnyBuffer x, ffi:
     p.pair_slot = pair_slot->typed_data();
     p.dropped = dropped->typed_data();
     if (p.x_kind < 0) return cudaErrorInvalidValue;
-    return cu::launch_dispatch_send(p, st.blocks(), stream);
+    return launch<cu::DispatchSendParams, cu::launch_dispatch_send>(st, 0, stream, p);
   });
 }
 
@@ -96,7 +104,7 @@ ffi::Error DispatchRecv(cudaStream_t stream, int32_t dev, ffi::Buffer<ffi::S32> 
     p.recv_slot = recv_slot->typed_data();
     p.recv_counts = recv_counts->typed_data();
     p.overflow = overflow->typed_data();
-    return cu::launch_dispatch_recv(p, st.blocks(), stream);
+    return launch<cu::DispatchRecvParams, cu::launch_dispatch_recv>(st, 1, stream, p);
   });
 }
 
@@ -113,7 +121,7 @@ ffi::Error CombineSend(cudaStream_t stream, int32_t dev, ffi::AnyBuffer y, ffi::
     p.recv_counts = recv_counts.typed_data();
     p.handle = handle->typed_data();
     if (p.y_kind < 0 || p.y_kind == 3) return cudaErrorInvalidValue;
-    return cu::launch_combine_send(p, st.blocks(), stream);
+    return launch<cu::CombineSendParams, cu::launch_combine_send>(st, 2, stream, p);
   });
 }
 
@@ -136,7 +144,7 @@ ffi::Error CombineRecv(cudaStream_t stream, int32_t dev, ffi::Buffer<ffi::S32> h
     p.out = out->untyped_data();
     p.out_kind = kind_of(out->element_type());
     p.pairs = pairs->element_count() ? pairs->typed_data() : nullptr;
-    return cu::launch_combine_recv(p, st.blocks(), stream);
+    return launch<cu::CombineRecvParams, cu::launch_combine_recv>(st, 3, stream, p);
   });
 }
 

@@ -54,6 +54,11 @@ void bind_cuda(nb::module_& m) {
     return shared + priv;
   });
   c.def("destroy", &cuda::unregister_comm, "comm_id"_a);
+  c.def("kernel_ms", [](int64_t comm_id, int rank, int op) { return cuda::find_comm(comm_id)->rank(rank).kernel_ms(op); },
+        "comm_id"_a, "rank"_a, "op"_a,
+        "Milliseconds of the last timed launch of op (0 dispatch_send .. 3 combine_recv) on a local rank; "
+        "negative when none was timed (JAX_MOE_A2A_KERNEL_TIMING=1 not set, or the launch was captured in a "
+        "command buffer).");
   c.def("last_error", [](int64_t comm_id) {
     std::string out;
     for (auto& [r, s] : cuda::find_comm(comm_id)->locals()) {

@@ -55,6 +55,17 @@ class CudaBackend(FfiBackend):
         text = _ffi.require_native().cuda.last_error(comm.comm_id)
         return text or None
 
+    def kernel_seconds(self, comm, half):
+        """Seconds the last kernel of `half` (e.g. "dispatch_send") took on the slowest local rank,
+        from CUDA events recorded around the launch when JAX_MOE_A2A_KERNEL_TIMING=1 was set at
+        init; None when not recorded (timing off, or the launch was inside a command buffer)."""
+        op = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv").index(half)
+        c = _ffi.require_native()
+        devices = list(comm.mesh.devices.flat)
+        local = [r for r, d in enumerate(devices) if d.process_index == jax.process_index()]
+        ms = [c.cuda.kernel_ms(comm.comm_id, r, op) for r in local]
+        return None if not ms or min(ms) < 0 else max(ms) * 1e-3
+
     def close(self):
         if getattr(self, "_finalizer", None) is not None:
             self._finalizer()
