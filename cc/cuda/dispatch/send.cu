@@ -11,6 +11,7 @@ struct SendScratch {
   int32_t* pair_expert;  // [T*K] expert id of a routed pair, -1 otherwise
   int32_t* pos_in;       // [T*K] index among (member, expert)'s pairs in token order
   int32_t* cnt;          // [tp*E]
+  int32_t* start;        // [tp*E] first slot of (member, expert) within (member, dest)
 };
 
 __device__ SendScratch send_scratch(const Geometry& g, uint8_t* priv) {
@@ -20,44 +21,31 @@ __device__ SendScratch send_scratch(const Geometry& g, uint8_t* priv) {
   s.pair_expert = base;
   s.pos_in = base + tk;
   s.cnt = base + 2 * tk;
+  s.start = s.cnt + int64_t(g.tp) * g.E;
   return s;
 }
 
-// Phase 1, grid-wide: validity and dedup of every pair -> pair_expert, dest.
-__device__ void route_pairs(const DispatchSendParams& P, const SendScratch& s, int n, int64_t gtid, int64_t gstride) {
+// Block 0: validity, dedup, per-(member, expert) order by token, slots.
+__device__ void route(const DispatchSendParams& P, const SendScratch& s, int n) {
   const Geometry& g = P.g;
-  for (int64_t q = gtid; q < int64_t(g.T) * g.K; q += gstride) {
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5;
+  const int me = P.p.rank % g.tp;
+  __shared__ int dropped;
+  if (tid == 0) dropped = 0;
+  __syncthreads();
+  for (int64_t q = tid; q < int64_t(g.T) * g.K; q += nthreads) {
     const int t = q / g.K, k = q % g.K;
     const int32_t id = P.ids[q];
     bool routed = t < n && id >= 0 && id < g.E;
     for (int j = 0; routed && j < k; ++j) routed = P.ids[int64_t(t) * g.K + j] != id;
+    if (!routed && t < n && id != -1 && t % g.tp == me) atomicAdd(&dropped, 1);
     s.pair_expert[q] = routed ? id : -1;
     P.dest[q] = routed ? id / g.L : g.N;
   }
-}
-
-// Block 0 after phase 1: pairs of our member dropped (invalid or repeated ids; -1 is not a drop).
-__device__ void count_dropped(const DispatchSendParams& P, const SendScratch& s, int n) {
-  const Geometry& g = P.g;
-  const int me = P.p.rank % g.tp;
-  __shared__ int dropped;
-  if (threadIdx.x == 0) dropped = 0;
   __syncthreads();
-  int mine = 0;
-  for (int64_t q = threadIdx.x; q < int64_t(n) * g.K; q += blockDim.x) {
-    const int t = q / g.K;
-    if (s.pair_expert[q] < 0 && P.ids[q] != -1 && t % g.tp == me) ++mine;
-  }
-  if (mine) atomicAdd(&dropped, mine);
-  __syncthreads();
-  if (threadIdx.x == 0) *P.dropped = dropped;
-}
-
-// Phase 2, grid-wide: one warp per (member, expert) scans that member's tokens in order, 32 at a
-// time, giving each pair its index among the expert's pairs (token order) and the expert's count.
-__device__ void scan_experts(const DispatchSendParams& P, const SendScratch& s, int n, int gwarp, int nwarps, int lane) {
-  const Geometry& g = P.g;
-  for (int me_e = gwarp; me_e < g.tp * g.E; me_e += nwarps) {
+  // One warp per (member, expert): scan tokens of that member in order, 32 at a time.
+  for (int me_e = warp; me_e < g.tp * g.E; me_e += nwarps) {
     const int m = me_e / g.E, e = me_e % g.E;
     int running = 0;
     for (int t0 = 0; t0 < n; t0 += 32) {
@@ -72,17 +60,23 @@ __device__ void scan_experts(const DispatchSendParams& P, const SendScratch& s, 
     }
     if (lane == 0) s.cnt[me_e] = running;
   }
-}
-
-// Phase 3, warp-cooperative: slot of pair (member m, expert e) inside (m, dest)'s run = rows of
-// m for the dest's earlier local experts + the pair's index. Every lane gets the result.
-__device__ __forceinline__ int pair_slot_of(const Geometry& g, const SendScratch& s, int m, int e, int pos_in, int lane) {
-  const int d = e / g.L, l = e % g.L;
-  const int32_t* c = s.cnt + int64_t(m) * g.E + int64_t(d) * g.L;
-  int before = 0;
-  for (int i = lane; i < l; i += 32) before += c[i];
-  for (int off = 16; off > 0; off >>= 1) before += __shfl_xor_sync(0xffffffffu, before, off);
-  return before + pos_in;
+  __syncthreads();
+  for (int md = tid; md < g.tp * g.N; md += nthreads) {  // prefix over local experts per (member, dest)
+    const int m = md / g.N, d = md % g.N;
+    int run = 0;
+    for (int l = 0; l < g.L; ++l) {
+      const int64_t i = int64_t(m) * g.E + d * g.L + l;
+      s.start[i] = run;
+      run += s.cnt[i];
+    }
+  }
+  __syncthreads();
+  for (int64_t q = tid; q < int64_t(g.T) * g.K; q += nthreads) {
+    const int e = s.pair_expert[q];
+    const int t = q / g.K;
+    P.pair_slot[q] = e >= 0 ? s.start[int64_t(t % g.tp) * g.E + e] + s.pos_in[q] : 0;
+  }
+  if (tid == 0) *P.dropped = dropped;
 }
 
 // Token t of our member -> staging row (payload, scales). One warp per token.
@@ -129,36 +123,25 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   const int n = max(0, min(*P.num_tokens, g.T));
   SendScratch s = send_scratch(g, P.p.priv);
 
-  // Phase 1: route pairs and stage (quantise) our member's tokens; block 0 also waits until
-  // every peer has finished reading our previous rows, since phase 3 overwrites them.
-  route_pairs(P, s, n, ix.gtid, ix.gstride);
-  for (int t = gwarp; t < n; t += nwarps)
+  if (blockIdx.x == 0) {
+    route(P, s, n);
+    // Peers must have finished reading our previous rows before we overwrite them.
+    wait_flags(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch);
+  }
+  for (int t = gwarp; t < n; t += nwarps)  // stage our member's tokens
     if (t % g.tp == member) stage_token(P, t, lane);
-  if (blockIdx.x == 0) wait_flags(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch);
   grid.sync();
 
-  // Phase 2: per-(member, expert) order and counts; the dropped count.
-  if (blockIdx.x == 0) count_dropped(P, s, n);
-  scan_experts(P, s, n, gwarp, nwarps, lane);
-  grid.sync();
-
-  // Phase 3: every pair's slot (all members: combine_recv reads the whole group's tokens); push
-  // our member's rows into the destination's region for us, one warp per pair.
-  const int64_t body = g.payload + 4 * int64_t(g.S);
+  // Push every routed pair of ours: warp per pair.
   for (int64_t q = gwarp; q < int64_t(g.T) * g.K; q += nwarps) {
     const int e = s.pair_expert[q];
     const int t = q / g.K;
-    if (e < 0) {
-      if (lane == 0) P.pair_slot[q] = 0;
-      continue;
-    }
-    const int m = t % g.tp;
-    const int j = pair_slot_of(g, s, m, e, s.pos_in[q], lane);
-    if (lane == 0) P.pair_slot[q] = j;
-    if (m != member) continue;
+    if (e < 0 || t % g.tp != member) continue;
     const int d = e / g.L;
+    const int64_t j = s.start[int64_t(member) * g.E + e] + s.pos_in[q];
     uint8_t* dst = P.p.peer_shared[d] + g.off_rows + (int64_t(me) * g.P + j) * g.row;
     const uint8_t* src = P.p.priv + g.off_staging + int64_t(t) * g.row;
+    const int64_t body = g.payload + 4 * int64_t(g.S);
     warp_copy(dst, src, body / 16 * 16, lane);
     if (lane == 0) {
       for (int64_t b = body / 16 * 16; b < body; ++b) dst[b] = src[b];
@@ -169,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
     }
   }
   // Our counts column into every peer: counts[me][l] = rows we send it for local expert l.
-  for (int64_t i = ix.gtid; i < int64_t(g.N) * g.L; i += ix.gstride) {
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < int64_t(g.N) * g.L; i += gridDim.x * blockDim.x) {
     const int d = i / g.L, l = i % g.L;
     int32_t* c = reinterpret_cast<int32_t*>(P.p.peer_shared[d] + g.off_counts) + int64_t(me) * g.L + l;
     *c = s.cnt[int64_t(member) * g.E + d * g.L + l];
