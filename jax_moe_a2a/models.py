@@ -96,8 +96,17 @@ def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None):
                         out=None if shared is None else shared.astype(spec.combine_dtype))
 
 
-def toy_model(comm, cfg: MoEConfig, layers: list, x, num_tokens=None):
-    """A stack of residual MoE layers: x [T, H] -> [T, H] (the test model of issue 7)."""
+def toy_model(comm, cfg: MoEConfig, layers: list, x, num_tokens=None, *, remat: bool = False):
+    """A stack of residual MoE layers: x [T, H] -> [T, H] (the test model of issue 7).
+
+    remat=True wraps each layer in `jax.checkpoint`: the backward pass recomputes the router,
+    experts and shared expert, while the dispatch/combine results are kept (communication halves
+    are never recomputed, see jax_moe_a2a.commcall)."""
+    def layer(p, x, num_tokens):
+        return (x.astype(jnp.float32) + moe_block(comm, cfg, p, x, num_tokens).astype(jnp.float32)).astype(x.dtype)
+
+    if remat:
+        layer = jax.checkpoint(layer)
     for p in layers:
-        x = (x.astype(jnp.float32) + moe_block(comm, cfg, p, x, num_tokens).astype(jnp.float32)).astype(x.dtype)
+        x = layer(p, x, num_tokens)
     return x
