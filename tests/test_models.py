@@ -84,3 +84,15 @@ def test_remat_matches_plain(backend, mesh, num_ranks):
     if backend != "reference":
         # 2 layers x (forward dispatch + combine, backward combine + dispatch) x 2 halves
         assert _comm_calls(plain[4]) == _comm_calls(rem[4]) == 16, (_comm_calls(plain[4]), _comm_calls(rem[4]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overlap_layer_matches_one_shot(backend, mesh, num_ranks):
+    """moe_layer(overlap=True) (split halves, shared expert in flight) gives the one-shot forward."""
+    cfg, spec, params, x = _small_model(num_ranks)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=False)
+    n = jnp.asarray(np.arange(num_ranks) % 9, jnp.int32)
+    outs = [np.asarray(jax.jit(lambda p, x, n: models.moe_layer(comm, cfg, p, x, n, overlap=o))(params[0], x, n))
+            for o in (False, True)]
+    assert np.abs(outs[0]).max() > 0
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
