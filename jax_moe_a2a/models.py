@@ -149,6 +149,31 @@ def moe_layer(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap
     return shard_map(fn, mesh=comm.mesh, in_specs=(specs, row, row), out_specs=row)(params, x, num_tokens)
 
 
+def dense_moe_block(cfg: MoEConfig, spec, params: dict, x, num_tokens=None):
+    """What moe_block computes, on one device without communication (every expert, dense):
+    x [T, H] -> [T, H] in spec.combine_dtype, for checking serving outputs. The routed rows
+    pass through spec.dispatch_dtype as on the wire (fp8: quantised with the library's scales).
+    """
+    t = x.shape[0]
+    ids, w = route(cfg, params["router"], x)
+    n = t if num_tokens is None else jnp.asarray(num_tokens).reshape(())
+    w = jnp.where((jnp.arange(t) < n)[:, None], w, 0.0)
+    if spec.is_fp8:
+        from .quant import dequantize_fp8, quantize_fp8_jax
+        xw = dequantize_fp8(*quantize_fp8_jax(x, spec.scale_block, spec.pow2_scale), spec.scale_block)
+    else:
+        xw = x.astype(spec.dispatch_dtype)
+    xw = xw.astype(params["w1"].dtype)
+    hid = jax.nn.silu(jnp.einsum("th,ehf->etf", xw, params["w1"]))
+    y = jnp.einsum("etf,efh->eth", hid.astype(params["w2"].dtype), params["w2"]).astype(spec.combine_dtype)
+    gate = jnp.sum(jax.nn.one_hot(ids, cfg.num_experts, dtype=jnp.float32) * w[..., None], axis=1)   # [T, E]
+    out = jnp.einsum("te,eth->th", gate, y.astype(jnp.float32))
+    if cfg.shared_ffn:
+        shared = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"]).astype(jnp.float32)
+        out = out + shared
+    return out.astype(spec.combine_dtype)
+
+
 def toy_model(comm, cfg: MoEConfig, layers: list, x, num_tokens=None, *, remat: bool = False):
     """A stack of residual MoE layers: x [T, H] -> [T, H] (the test model of issue 7).
 

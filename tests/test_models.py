@@ -88,7 +88,8 @@ def test_remat_matches_plain(backend, mesh, num_ranks):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_overlap_layer_matches_one_shot(backend, mesh, num_ranks):
-    """moe_layer(overlap=True) (split halves, shared expert in flight) gives the one-shot forward."""
+    """moe_layer(overlap=True) (split halves, shared expert in flight) gives the one-shot forward
+    and the dense computation (dense_moe_block)."""
     cfg, spec, params, x = _small_model(num_ranks)
     comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=False)
     n = jnp.asarray(np.arange(num_ranks) % 9, jnp.int32)
@@ -96,3 +97,7 @@ def test_overlap_layer_matches_one_shot(backend, mesh, num_ranks):
             for o in (False, True)]
     assert np.abs(outs[0]).max() > 0
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    t = spec.max_tokens_per_rank   # and the dense single-device computation (examples/serve.py's check)
+    for r in range(num_ranks):
+        want = np.asarray(models.dense_moe_block(cfg, spec, params[0], x[r * t:(r + 1) * t], n[r]))
+        np.testing.assert_allclose(outs[1][r * t:(r + 1) * t], want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
