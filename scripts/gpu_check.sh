@@ -19,7 +19,7 @@ if has build; then
 fi
 cd tests
 if has single; then
-  JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 300 python3 -m pytest -q -p no:cacheprovider \
+  JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 420 python3 -m pytest -q -p no:cacheprovider \
     test_quant.py test_ops.py test_errors.py test_grad.py test_readme_example.py test_models.py test_nnx.py \
     test_overlap_schedule.py 2>&1 | tail -40 | tee "$OUT/single.log"
 fi
