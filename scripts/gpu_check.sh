@@ -2,7 +2,8 @@
 # Build and test on a GPU machine (the H200 machine of DESIGN.md section 12), then benchmark.
 # Several processes share the one GPU, each one JAX rank (XLA's own collectives refuse that, so
 # the multi-process runs use the cuda backend and the NumPy oracle only).
-# Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench").
+# Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench";
+# also: serve timeout nocmdbuf sanitizer mpibench).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -31,6 +32,11 @@ if has mpi; then
       test_ops.py test_grad.py test_protocol.py 2>&1 | grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" \
       | tail -30 | tee "$OUT/mpi$n.log"
   done
+fi
+if has serve; then  # the serving example: 2 processes sharing the GPU, cuda backend, checked against a dense layer
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout 200 "${MPIRUN[@]}" -n 2 \
+    python3 ../examples/serve.py --steps 8 --tokens 128 --hidden 1024 --backend cuda 2>&1 \
+    | grep -E "^(step|process|[0-9]+ processes)|MISMATCH|Error" | tee "$OUT/serve.log"
 fi
 if has timeout; then  # a rank that never calls: the others must fail naming it (kills their CUDA context)
   JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_TEST_TIMEOUT=1 \
