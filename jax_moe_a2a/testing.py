@@ -11,12 +11,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from . import oracle
+from ._compat import shard_map  # noqa: F401  (tests and the benchmark use testing.shard_map)
 from .comm import Communicator
 from .spec import Spec
 
-shard_map = getattr(jax, "shard_map", None)
-if shard_map is None:  # pragma: no cover - older jax
-    from jax.experimental.shard_map import shard_map
 
 
 def make_mesh(num_ranks: Optional[int] = None, axis: str = "ep") -> Mesh:

@@ -3,7 +3,7 @@
 # Several processes share the one GPU, each one JAX rank (XLA's own collectives refuse that, so
 # the multi-process runs use the cuda backend and the NumPy oracle only).
 # Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench";
-# also: timeout nocmdbuf sanitizer mpibench mpsbench).
+# also: serve timeout nocmdbuf sanitizer mpibench mpsbench).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -20,8 +20,9 @@ if has build; then
 fi
 cd tests
 if has single; then
-  JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 300 python3 -m pytest -q -p no:cacheprovider \
-    test_quant.py test_ops.py test_errors.py test_grad.py test_readme_example.py 2>&1 | tail -40 | tee "$OUT/single.log"
+  JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 420 python3 -m pytest -q -p no:cacheprovider \
+    test_quant.py test_ops.py test_errors.py test_grad.py test_readme_example.py test_models.py test_nnx.py \
+    test_overlap_schedule.py 2>&1 | tail -40 | tee "$OUT/single.log"
 fi
 if has mpi; then
   for n in ${NPROCS:-2 4 8}; do
@@ -31,6 +32,11 @@ if has mpi; then
       test_ops.py test_grad.py test_protocol.py 2>&1 | grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" \
       | tail -30 | tee "$OUT/mpi$n.log"
   done
+fi
+if has serve; then  # the serving example: 2 processes sharing the GPU, cuda backend, checked against a dense layer
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout 200 "${MPIRUN[@]}" -n 2 \
+    python3 ../examples/serve.py --steps 8 --tokens 128 --hidden 1024 --backend cuda 2>&1 \
+    | grep -E "^(step|process|[0-9]+ processes)|MISMATCH|Error" | tee "$OUT/serve.log"
 fi
 if has timeout; then  # a rank that never calls: the others must fail naming it (kills their CUDA context)
   rm -rf "$RUNDIR/timeout"
