@@ -61,8 +61,9 @@ int ensure_initialized(int pe, int npes, const std::string& uid, int device) {
   nvshmemi_version_t version = {NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION, NVSHMEM_VENDOR_PATCH_VERSION};
   int provided = 0;
   int rc;
-  if (init_status() >= NVSHMEM_STATUS_IS_INITIALIZED) {
-    // Someone (another library, JAX) initialised NVSHMEM: register our device code with it only.
+  if (init_status() >= NVSHMEM_STATUS_IS_BOOTSTRAPPED) {
+    // Someone (another library, JAX) bootstrapped or initialised NVSHMEM: no second bootstrap;
+    // this finishes the initialisation if needed and registers our device code with it.
     rc = nvshmemi_init_thread(NVSHMEM_THREAD_SERIALIZED, &provided, 0, nullptr, version);
     if (rc != 0) fail("attaching to the NVSHMEM runtime already initialised in this process failed (" + std::to_string(rc) + ")");
   } else {
