@@ -3,7 +3,8 @@
 # Several processes share the one GPU, each one JAX rank (XLA's own collectives refuse that, so
 # the multi-process runs use the cuda backend and the NumPy oracle only).
 # Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench";
-# also: serve timeout nocmdbuf sanitizer mpibench mpsbench).
+# also: serve timeout nocmdbuf sanitizer mpibench mpsbench nvshmem nvshmem-timeout),
+#      NVSHMEM_NPROCS (process counts of the nvshmem stage, default "1 2 4"; 1 = no mpirun).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -16,11 +17,11 @@ if has build; then
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee "$OUT/env.log"
   python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -20 | tee "$OUT/build.log"
-  (cd "$RUNDIR" && python3 -c "import jax_moe_a2a._C as c; print('cuda:', c.built_with_cuda(), 'libfabric:', c.built_with_libfabric())") 2>&1 | tee -a "$OUT/build.log"
+  (cd "$RUNDIR" && python3 -c "import jax_moe_a2a._C as c; print('cuda:', c.built_with_cuda(), 'nvshmem:', c.built_with_nvshmem(), 'libfabric:', c.built_with_libfabric())") 2>&1 | tee -a "$OUT/build.log"
 fi
 cd tests
 if has single; then
-  JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 420 python3 -m pytest -q -p no:cacheprovider \
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_TEST_BACKENDS=${SINGLE_BACKENDS:-cuda,reference} XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 420 python3 -m pytest -q -p no:cacheprovider \
     test_quant.py test_ops.py test_errors.py test_grad.py test_readme_example.py test_models.py test_nnx.py \
     test_overlap_schedule.py 2>&1 | tail -40 | tee "$OUT/single.log"
 fi
@@ -59,6 +60,30 @@ if has sanitizer; then  # compute-sanitizer on a small case, one rank
       --target-processes all python3 -m pytest -q -p no:cacheprovider test_ops.py -k "cuda and (fp8-random or tp2 or overflow-ragged)" \
       2>&1 | grep -E "ERROR SUMMARY|passed|failed|Invalid|Race" | head -20 | tee "$OUT/sanitizer-$tool.log"
   done
+fi
+if has nvshmem; then  # the nvshmem backend on the oracle: every case, the protocol tests and a soak
+  # NVSHMEM_REMOTE_TRANSPORT=none: several PEs on the one GPU run in NVSHMEM's limited MPG mode.
+  NV_ENV=(JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_TEST_BACKENDS=nvshmem NVSHMEM_REMOTE_TRANSPORT=none)
+  for n in ${NVSHMEM_NPROCS:-1 2 4}; do
+    if [ "$n" = 1 ]; then  # one process, one rank (N = 1): every test of these files
+      env "${NV_ENV[@]}" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout 500 \
+        python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py test_errors.py 2>&1 \
+        | tail -30 | tee "$OUT/nvshmem1.log"
+      continue
+    fi
+    env "${NV_ENV[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_MPI_ALL_CASES=1 \
+      XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.5/$n, 3))") \
+      JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 200) timeout 560 "${MPIRUN[@]}" -n "$n" \
+      python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py 2>&1 \
+      | grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" | tail -30 \
+      | tee "$OUT/nvshmem-mpi$n.log"
+  done
+fi
+if has nvshmem-timeout; then  # a rank that never calls: the other must fail naming it (kills its CUDA context)
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=nvshmem NVSHMEM_REMOTE_TRANSPORT=none \
+  JAX_MOE_A2A_TEST_TIMEOUT=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout 150 "${MPIRUN[@]}" -n 2 \
+    --output-filename "$OUT/nvshmem-timeout" python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi \
+    test_protocol.py -k never_calls > /dev/null 2>&1
 fi
 cd "$RUNDIR"
 if has bench; then  # one process, one rank: cuda next to reference, decode and prefill

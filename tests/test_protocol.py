@@ -79,12 +79,12 @@ def test_soak_1000_steps(backend, mesh, num_ranks):
 @pytest.mark.parametrize("backend", FFI_BACKENDS)
 def test_rank_that_never_calls_times_out(backend, num_ranks, mesh):
     """Every process but the last calls dispatch; the last compiles the step but never runs it.
-    The callers must get an error naming the missing ranks within the timeout, not hang. The cuda backend ends the wait
-    by trapping (the CUDA context is gone afterwards), so it runs only when
-    JAX_MOE_A2A_TEST_TIMEOUT=1, in a process of its own (scripts/gpu_check.sh)."""
+    The callers must get an error naming the missing ranks within the timeout, not hang. The cuda
+    and nvshmem backends end the wait by trapping (the CUDA context is gone afterwards), so they
+    run only when JAX_MOE_A2A_TEST_TIMEOUT=1, in a process of their own (scripts/gpu_check.sh)."""
     if jax.process_count() < 2:
         pytest.skip("needs several processes (a rank that never calls cannot be made in one program)")
-    if backend == "cuda" and os.environ.get("JAX_MOE_A2A_TEST_TIMEOUT") != "1":
+    if backend in ("cuda", "nvshmem") and os.environ.get("JAX_MOE_A2A_TEST_TIMEOUT") != "1":
         pytest.skip("kills the CUDA context: run alone with JAX_MOE_A2A_TEST_TIMEOUT=1")
     from jax._src import distributed
     from jax.sharding import PartitionSpec as P

@@ -171,15 +171,17 @@ void RankState::check_error() const {
   if (!text.empty()) throw std::runtime_error(text);
 }
 
-std::string RankState::error_text() const {
-  if (err_->code == 0) return "";
+std::string RankState::error_text() const { return describe_error(*err_, o_.timeout_s, "cuda"); }
+
+std::string describe_error(const ErrorRecord& e, double timeout_s, const char* backend) {
+  if (e.code == 0) return "";
   static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
   std::string missing;
   for (int r = 0; r < 64; ++r)
-    if (err_->missing >> r & 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-  return "jax_moe_a2a cuda " + std::string(names[err_->op & 3]) + " (slot " + std::to_string(err_->slot) +
-         ", rank " + std::to_string(err_->rank) + "): ranks [" + missing + "] did not arrive within " +
-         std::to_string(o_.timeout_s) + " s; the kernel trapped and this process's CUDA context is unusable";
+    if (e.missing >> r & 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  return "jax_moe_a2a " + std::string(backend) + " " + names[e.op & 3] + " (slot " + std::to_string(e.slot) +
+         ", rank " + std::to_string(e.rank) + "): ranks [" + missing + "] did not arrive within " +
+         std::to_string(timeout_s) + " s; the kernel trapped and this process's CUDA context is unusable";
 }
 
 CudaComm::CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices) {

@@ -85,6 +85,9 @@ void register_comm(int64_t id, std::shared_ptr<CudaComm> comm);
 std::shared_ptr<CudaComm> find_comm(int64_t id);
 void unregister_comm(int64_t id);
 
+// Text of a kernel timeout recorded in `e` ("" when none), naming the backend.
+std::string describe_error(const ErrorRecord& e, double timeout_s, const char* backend);
+
 // Process token: distinguishes this process from others in bootstrap data.
 uint64_t process_token();
 

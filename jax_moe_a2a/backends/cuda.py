@@ -27,6 +27,11 @@ class CudaBackend(FfiBackend):
     name = "cuda"
     target = "cuda"
 
+    @staticmethod
+    def _native(c):
+        """The extension's submodule of this backend (communicators, buffer sizes, errors)."""
+        return c.cuda
+
     def init(self, comm):
         spec, n = comm.spec, comm.num_ranks
         if n > 64:
@@ -52,7 +57,7 @@ class CudaBackend(FfiBackend):
 
     def last_error(self, comm):
         """What a kernel recorded before trapping (a peer that never arrived), or None."""
-        text = _ffi.require_native().cuda.last_error(comm.comm_id)
+        text = self._native(_ffi.require_native()).last_error(comm.comm_id)
         return text or None
 
     def kernel_seconds(self, comm, half):
@@ -72,7 +77,7 @@ class CudaBackend(FfiBackend):
 
     def buffer_bytes(self, spec, num_ranks):
         c = _ffi.require_native()
-        return int(c.cuda.buffer_bytes(num_ranks, spec.num_experts, spec.experts_per_token, spec.hidden,
+        return int(self._native(c).buffer_bytes(num_ranks, spec.num_experts, spec.experts_per_token, spec.hidden,
                                        spec.max_tokens_per_rank, spec.tp_size, spec.num_scales,
                                        WIRE[spec.dispatch_dtype], spec.slots))
 
