@@ -45,3 +45,7 @@ def built_with_cuda() -> bool:
 
 def built_with_libfabric() -> bool:
     return bool(_C is not None and _C.built_with_libfabric())
+
+
+def built_with_nvshmem() -> bool:
+    return bool(_C is not None and _C.built_with_nvshmem())

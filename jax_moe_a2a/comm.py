@@ -36,7 +36,7 @@ class Communicator:
     """
 
     def __init__(self, spec: Spec, mesh, axis, backend: str = "auto", *, debug: bool = False,
-                 timeout_s: float = 60.0, collect_stats: bool = True, **options):
+                 timeout_s: float = 60.0, collect_stats: Optional[bool] = None, **options):
         if not isinstance(spec, Spec):
             raise ValueError(f"spec: expected a jax_moe_a2a.Spec, got {type(spec).__name__}")
         axes = axis if isinstance(axis, tuple) else (axis,)
@@ -52,6 +52,8 @@ class Communicator:
             raise ValueError(f"timeout_s: expected > 0, got {timeout_s}")
         self.debug = bool(debug)
         self.timeout_s = float(timeout_s)
+        if collect_stats is None:  # a host callback per dispatch: fine on CPUs, a stream sync on GPUs
+            collect_stats = all(d.platform == "cpu" for d in mesh.devices.flat)
         self.collect_stats = bool(collect_stats) or self.debug
         self.options = dict(options)
         self._backend = _backends.create(backend)
@@ -295,7 +297,8 @@ def init(spec: Spec, mesh, axis="ep", backend: str = "auto", **kwargs) -> Commun
     """Creates a communicator for `spec` over `mesh`'s `axis` (collective: call on every process).
 
     backend: "auto" (best available), "reference", or another name from `available_backends()`.
-    kwargs: debug (raise on drops/overflow), timeout_s (default 60), collect_stats (default True),
+    kwargs: debug (raise on drops/overflow), timeout_s (default 60), collect_stats (default: True on
+    CPU devices, False on GPUs, where its host callback would synchronise the stream),
     and backend-specific options.
     """
     return Communicator(spec, mesh, axis, backend, **kwargs)

@@ -6,15 +6,20 @@ expert dimension), everything else replicated. Use inside `jax.shard_map` over t
     params = init_moe_params(key, cfg)
     shard = moe_param_specs(axis)                      # PartitionSpecs for shard_map in_specs
     out = moe_block(comm, cfg, local_params, x, num_tokens)   # x [T, H] -> [T, H]
+
+or on global arrays (the shard_map is done for you): `moe_layer(comm, cfg, params, x, num_tokens)`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
+
+from ._compat import shard_map
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,22 +73,8 @@ def route(cfg: MoEConfig, router_w, x):
     return ids.astype(jnp.int32), (w * cfg.route_scale).astype(jnp.float32)
 
 
-def _ffn(x, w1, w2):
-    return jax.nn.silu(x @ w1) @ w2
-
-
-def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None):
-    """One rank's MoE layer: x [T, H] -> [T, H] = shared expert + sum_k w_k * expert_k(x).
-
-    Routed experts run as `jax.lax.ragged_dot` on the ragged layout (w1/w2 are the local
-    [L, H, F] / [L, F, H] shards). fp8 dispatch is dequantised before the expert GEMMs.
-    Differentiable w.r.t. x and every parameter (the router through the combine weights).
-    """
-    spec = comm.spec
-    if spec.layout != "ragged":
-        raise ValueError("moe_block: needs Spec.layout='ragged'")
-    ids, w = route(cfg, params["router"], x)
-    got = comm.dispatch(x, ids, w, num_tokens)
+def _experts(spec, params, got):
+    """Routed experts on the ragged layout: got.x [R, H] -> [R, H] (ragged_dot over local experts)."""
     xin = got.x
     if spec.is_fp8:
         from .quant import dequantize_fp8
@@ -91,13 +82,109 @@ def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None):
     xin = xin.astype(params["w1"].dtype)
     h = jax.nn.silu(jax.lax.ragged_dot(xin, params["w1"], got.group_sizes))
     y = jax.lax.ragged_dot(h.astype(params["w2"].dtype), params["w2"], got.group_sizes)
-    shared = _ffn(x.astype(params["w1s"].dtype), params["w1s"], params["w2s"]) if cfg.shared_ffn else None
-    return comm.combine(y.astype(spec.combine_dtype), got,
-                        out=None if shared is None else shared.astype(spec.combine_dtype))
+    return y.astype(spec.combine_dtype)
 
 
-def toy_model(comm, cfg: MoEConfig, layers: list, x, num_tokens=None):
-    """A stack of residual MoE layers: x [T, H] -> [T, H] (the test model of issue 7)."""
+def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap: bool = False):
+    """One rank's MoE layer: x [T, H] -> [T, H] = shared expert + sum_k w_k * expert_k(x).
+
+    Routed experts run as `jax.lax.ragged_dot` on the ragged layout (w1/w2 are the local
+    [L, H, F] / [L, F, H] shards). fp8 dispatch is dequantised before the expert GEMMs.
+
+    overlap=False: the one-shot dispatch/combine; differentiable w.r.t. x and every parameter
+    (the router through the combine weights) on every backend.
+    overlap=True: the split halves with the shared expert's two halves placed in flight with
+    `jax_moe_a2a.overlap`: silu(x @ w1s) between dispatch_send and dispatch_recv, @ w2s between
+    combine_send and combine_recv (see docs/overlap.md). For inference: the split halves are
+    differentiable only on the reference backend.
+    """
+    spec = comm.spec
+    if spec.layout != "ragged":
+        raise ValueError("moe_block: needs Spec.layout='ragged'")
+    ids, w = route(cfg, params["router"], x)
+    if not overlap:
+        got = comm.dispatch(x, ids, w, num_tokens)
+        shared = None
+        if cfg.shared_ffn:
+            shared = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"])
+        return comm.combine(_experts(spec, params, got), got, out=shared)
+    from .overlap import overlap as in_flight
+    sent = comm.dispatch_send(x, ids, w, num_tokens)
+    if cfg.shared_ffn:   # the weights go through the barrier too: all of the work waits for the send
+        sent, h = in_flight(sent, shared_up, x, params["w1s"])
+    got = comm.dispatch_recv(sent)
+    back = comm.combine_send(_experts(spec, params, got), got)
+    shared = None
+    if cfg.shared_ffn:
+        back, shared = in_flight(back, functools.partial(shared_down, spec), h, params["w2s"])
+    return comm.combine_recv(back, out=shared)
+
+
+def shared_up(x, w1s):
+    """First half of the shared expert: x [T, H] -> silu(x @ w1s) [T, Fs] (named scope
+    `shared_expert_up`, which the HLO-schedule test looks for)."""
+    with jax.named_scope("shared_expert_up"):
+        return jax.nn.silu(x.astype(w1s.dtype) @ w1s)
+
+
+def shared_down(spec, h, w2s):
+    """Second half: h [T, Fs] -> h @ w2s [T, H] in Spec.combine_dtype (scope `shared_expert_down`)."""
+    with jax.named_scope("shared_expert_down"):
+        return (h @ w2s).astype(spec.combine_dtype)
+
+
+def moe_layer(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap: bool = False):
+    """moe_block on global arrays: `jax.shard_map` over comm.mesh and comm.axis.
+
+    x [N*T, H] (rank r's tokens are rows r*T .. r*T+T-1); num_tokens None or [N] int32 (one per
+    rank); params as init_moe_params (global; routed experts get split over the axis). Returns
+    [N*T, H] in Spec.combine_dtype. Works inside and outside `jax.jit`.
+    """
+    specs = moe_param_specs(cfg, comm.axis)
+    row = P(comm.axis)
+    if num_tokens is None:
+        fn = lambda p, x: moe_block(comm, cfg, p, x, overlap=overlap)
+        return shard_map(fn, mesh=comm.mesh, in_specs=(specs, row), out_specs=row)(params, x)
+    fn = lambda p, x, n: moe_block(comm, cfg, p, x, n, overlap=overlap)
+    return shard_map(fn, mesh=comm.mesh, in_specs=(specs, row, row), out_specs=row)(params, x, num_tokens)
+
+
+def dense_moe_block(cfg: MoEConfig, spec, params: dict, x, num_tokens=None):
+    """What moe_block computes, on one device without communication (every expert, dense):
+    x [T, H] -> [T, H] in spec.combine_dtype, for checking serving outputs. The routed rows
+    pass through spec.dispatch_dtype as on the wire (fp8: quantised with the library's scales).
+    """
+    t = x.shape[0]
+    ids, w = route(cfg, params["router"], x)
+    n = t if num_tokens is None else jnp.asarray(num_tokens).reshape(())
+    w = jnp.where((jnp.arange(t) < n)[:, None], w, 0.0)
+    if spec.is_fp8:
+        from .quant import dequantize_fp8, quantize_fp8_jax
+        xw = dequantize_fp8(*quantize_fp8_jax(x, spec.scale_block, spec.pow2_scale), spec.scale_block)
+    else:
+        xw = x.astype(spec.dispatch_dtype)
+    xw = xw.astype(params["w1"].dtype)
+    hid = jax.nn.silu(jnp.einsum("th,ehf->etf", xw, params["w1"]))
+    y = jnp.einsum("etf,efh->eth", hid.astype(params["w2"].dtype), params["w2"]).astype(spec.combine_dtype)
+    gate = jnp.sum(jax.nn.one_hot(ids, cfg.num_experts, dtype=jnp.float32) * w[..., None], axis=1)   # [T, E]
+    out = jnp.einsum("te,eth->th", gate, y.astype(jnp.float32))
+    if cfg.shared_ffn:
+        shared = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"]).astype(jnp.float32)
+        out = out + shared
+    return out.astype(spec.combine_dtype)
+
+
+def toy_model(comm, cfg: MoEConfig, layers: list, x, num_tokens=None, *, remat: bool = False):
+    """A stack of residual MoE layers: x [T, H] -> [T, H] (the test model of issue 7).
+
+    remat=True wraps each layer in `jax.checkpoint`: the backward pass recomputes the router,
+    experts and shared expert, while the dispatch/combine results are kept (communication halves
+    are never recomputed, see jax_moe_a2a.commcall)."""
+    def layer(p, x, num_tokens):
+        return (x.astype(jnp.float32) + moe_block(comm, cfg, p, x, num_tokens).astype(jnp.float32)).astype(x.dtype)
+
+    if remat:
+        layer = jax.checkpoint(layer)
     for p in layers:
-        x = (x.astype(jnp.float32) + moe_block(comm, cfg, p, x, num_tokens).astype(jnp.float32)).astype(x.dtype)
+        x = layer(p, x, num_tokens)
     return x

@@ -11,12 +11,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from . import oracle
+from ._compat import shard_map  # noqa: F401  (tests and the benchmark use testing.shard_map)
 from .comm import Communicator
 from .spec import Spec
 
-shard_map = getattr(jax, "shard_map", None)
-if shard_map is None:  # pragma: no cover - older jax
-    from jax.experimental.shard_map import shard_map
 
 
 def make_mesh(num_ranks: Optional[int] = None, axis: str = "ep") -> Mesh:
@@ -168,12 +166,16 @@ def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split:
 
 
 def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.bfloat16,
-            out: Optional[List[np.ndarray]] = None, split: bool = True, slot: int = 0, poison: bool = True):
+            out: Optional[List[np.ndarray]] = None, split: bool = True, slot: int = 0, poison: bool = True,
+            compile_only: bool = False):
     """Runs dispatch then combine (toy expert in between) on every rank under jit + shard_map.
 
     The compiled step is cached per communicator, so repeated calls (soak tests) reuse it.
     Returns {rank: {"x", "scale", "group_sizes", "weights", "src", "num_dropped", "num_overflow",
-    "out"}} as numpy, for this process's ranks.
+    "out"}} as numpy, for this process's ranks. compile_only=True compiles the step and returns
+    None: a process that must not run it still has to compile it, because XLA:GPU shares
+    autotuning between the processes compiling one program (--xla_gpu_shard_autotuning) and
+    the others' compilation waits for it.
     """
     mesh, axis = comm.mesh, comm.axis
     args = [stack_global(mesh, axis, [i.x for i in inputs]),
@@ -186,6 +188,9 @@ def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.
     if out is not None:
         args.append(stack_global(mesh, axis, out))
     f = _step_fn(comm, has_scale, out is not None, y_dtype, split, slot)
+    if compile_only:
+        f.lower(*args).compile()
+        return None
     if poison:
         poison_devices(mesh)
     res = f(*args)

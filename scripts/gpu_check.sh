@@ -2,7 +2,9 @@
 # Build and test on a GPU machine (the H200 machine of DESIGN.md section 12), then benchmark.
 # Several processes share the one GPU, each one JAX rank (XLA's own collectives refuse that, so
 # the multi-process runs use the cuda backend and the NumPy oracle only).
-# Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench").
+# Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench";
+# also: serve timeout nocmdbuf sanitizer mpibench mpsbench nvshmem nvshmem-timeout),
+#      NVSHMEM_NPROCS (process counts of the nvshmem stage, default "1 2 4"; 1 = no mpirun).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -15,12 +17,13 @@ if has build; then
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee "$OUT/env.log"
   python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -20 | tee "$OUT/build.log"
-  (cd "$RUNDIR" && python3 -c "import jax_moe_a2a._C as c; print('cuda:', c.built_with_cuda(), 'libfabric:', c.built_with_libfabric())") 2>&1 | tee -a "$OUT/build.log"
+  (cd "$RUNDIR" && python3 -c "import jax_moe_a2a._C as c; print('cuda:', c.built_with_cuda(), 'nvshmem:', c.built_with_nvshmem(), 'libfabric:', c.built_with_libfabric())") 2>&1 | tee -a "$OUT/build.log"
 fi
 cd tests
 if has single; then
-  JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 300 python3 -m pytest -q -p no:cacheprovider \
-    test_quant.py test_ops.py test_errors.py test_grad.py test_readme_example.py 2>&1 | tail -40 | tee "$OUT/single.log"
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_TEST_BACKENDS=${SINGLE_BACKENDS:-cuda,reference} XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 420 python3 -m pytest -q -p no:cacheprovider \
+    test_quant.py test_ops.py test_errors.py test_grad.py test_readme_example.py test_models.py test_nnx.py \
+    test_overlap_schedule.py 2>&1 | tail -40 | tee "$OUT/single.log"
 fi
 if has mpi; then
   for n in ${NPROCS:-2 4 8}; do
@@ -31,11 +34,21 @@ if has mpi; then
       | tail -30 | tee "$OUT/mpi$n.log"
   done
 fi
+if has serve; then  # the serving example: 2 processes sharing the GPU, cuda backend, checked against a dense layer
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout 200 "${MPIRUN[@]}" -n 2 \
+    python3 ../examples/serve.py --steps 8 --tokens 128 --hidden 1024 --backend cuda 2>&1 \
+    | grep -E "^(step|process|[0-9]+ processes)|MISMATCH|Error" | tee "$OUT/serve.log"
+fi
 if has timeout; then  # a rank that never calls: the others must fail naming it (kills their CUDA context)
+  rm -rf "$RUNDIR/timeout"
   JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_TEST_TIMEOUT=1 \
-  XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout 150 "${MPIRUN[@]}" -n 2 --output-filename "$OUT/timeout" \
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout 150 "${MPIRUN[@]}" -n 2 --output-filename "$RUNDIR/timeout" \
     python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi test_protocol.py -k never_calls \
     > /dev/null 2>&1
+  echo "exit $?" > "$OUT/timeout.log"
+  for f in $(find "$RUNDIR/timeout" -type f | sort); do
+    echo "== $f"; grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" "$f" | tail -60
+  done >> "$OUT/timeout.log"
 fi
 if has nocmdbuf; then  # the same single-process suite with XLA command buffers (CUDA graphs) disabled
   JAX_PLATFORMS=cuda,cpu XLA_FLAGS="--xla_gpu_enable_command_buffer=" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 300 \
@@ -48,16 +61,52 @@ if has sanitizer; then  # compute-sanitizer on a small case, one rank
       2>&1 | grep -E "ERROR SUMMARY|passed|failed|Invalid|Race" | head -20 | tee "$OUT/sanitizer-$tool.log"
   done
 fi
+if has nvshmem; then  # the nvshmem backend on the oracle: every case, the protocol tests and a soak
+  # NVSHMEM_REMOTE_TRANSPORT=none: several PEs on the one GPU run in NVSHMEM's limited MPG mode.
+  NV_ENV=(JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_TEST_BACKENDS=nvshmem NVSHMEM_REMOTE_TRANSPORT=none)
+  for n in ${NVSHMEM_NPROCS:-1 2 4}; do
+    if [ "$n" = 1 ]; then  # one process, one rank (N = 1): every test of these files
+      env "${NV_ENV[@]}" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout 500 \
+        python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py test_errors.py 2>&1 \
+        | tail -30 | tee "$OUT/nvshmem1.log"
+      continue
+    fi
+    env "${NV_ENV[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_MPI_ALL_CASES=1 \
+      XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.5/$n, 3))") \
+      JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 200) timeout 560 "${MPIRUN[@]}" -n "$n" \
+      python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py 2>&1 \
+      | grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" | tail -30 \
+      | tee "$OUT/nvshmem-mpi$n.log"
+  done
+fi
+if has nvshmem-timeout; then  # a rank that never calls: the other must fail naming it (kills its CUDA context)
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=nvshmem NVSHMEM_REMOTE_TRANSPORT=none \
+  JAX_MOE_A2A_TEST_TIMEOUT=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout 150 "${MPIRUN[@]}" -n 2 \
+    --output-filename "$OUT/nvshmem-timeout" python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi \
+    test_protocol.py -k never_calls > /dev/null 2>&1
+fi
 cd "$RUNDIR"
 if has bench; then  # one process, one rank: cuda next to reference, decode and prefill
-  JAX_PLATFORMS=cuda,cpu timeout 300 python3 -m jax_moe_a2a.bench --out "$OUT/bench1" ${BENCH_ARGS:-} 2>&1 \
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" timeout 300 python3 -m jax_moe_a2a.bench --out "$OUT/bench1" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "step/s" | tee "$OUT/bench1.log"
 fi
-if has mpibench; then  # N processes time-slicing the one GPU: kernel + synchronisation overhead
-  for n in ${NPROCS:-2 4 8}; do
-    JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") \
-      timeout 300 "${MPIRUN[@]}" -n "$n" python3 -m jax_moe_a2a.bench --backend cuda --shape decode \
-      --out "$OUT/bench$n" ${BENCH_ARGS:-} 2>&1 | grep -v "step/s" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" > "$OUT/bench$n.log"
-    rm -f "$OUT/bench$n/latency.png"
-  done
+# N processes sharing the one GPU: kernel + synchronisation overhead, never NVLink. mpibench
+# time-slices the GPU; mpsbench runs the ranks side by side under the CUDA MPS daemon, each with
+# 100/N % of the SMs (closer to N GPUs). Both record CUDA-event kernel times next to wall times
+# (command buffers off there: a launch captured into a CUDA graph is not timed).
+mpi_bench() {  # $1 = label, $2 = n, extra env before the command
+  local label=$1 n=$2; shift 2
+  env "$@" JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") \
+    timeout 300 "${MPIRUN[@]}" -n "$n" python3 -m jax_moe_a2a.bench --backend cuda --shape decode \
+    --out "$OUT/$label$n" ${BENCH_ARGS:-} 2>&1 | grep -v "step/s" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" > "$OUT/$label$n.log"
+  rm -f "$OUT/$label$n/latency.png"
+}
+if has mpibench; then
+  for n in ${NPROCS:-2 4 8}; do mpi_bench bench "$n"; done
+fi
+if has mpsbench; then
+  nvidia-cuda-mps-control -d && sleep 1
+  for n in ${NPROCS:-2 4 8}; do mpi_bench mps "$n" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / n)); done
+  echo quit | nvidia-cuda-mps-control
 fi

@@ -33,7 +33,17 @@ fi
 python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 python -c "import jax" 2>/dev/null || python -m pip install -q "jax>=0.6"
 python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" cmake ninja
+# NVSHMEM headers and libraries for the nvshmem backend: only where nvcc exists (CMake builds the
+# backend when it finds both), from the wheel matching the toolkit's CUDA major version.
+if command -v nvcc >/dev/null; then
+  cuda_major=$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+  case "$cuda_major" in
+    12|13) python -m pip install -q "nvidia-nvshmem-cu${cuda_major}>=3.4" \
+             || echo "setup: could not install nvidia-nvshmem-cu${cuda_major}; the nvshmem backend will not be built" ;;
+    *) echo "setup: CUDA ${cuda_major:-?} has no nvidia-nvshmem wheel; the nvshmem backend will not be built" ;;
+  esac
+fi
 # Build against the jaxlib that runs it (the FFI headers must match): no build isolation.
 python -m pip install -q --no-build-isolation ".[${JAX_MOE_A2A_EXTRAS:-bench,test}]"
 # check from outside the source tree: there jax_moe_a2a/ has no _C and would shadow the install
-(cd "${TMPDIR:-/tmp}" && python -c "import jax_moe_a2a._C as c; print('setup: jax_moe_a2a built; cuda kernels:', c.built_with_cuda(), '; libfabric engine:', c.built_with_libfabric())")
+(cd "${TMPDIR:-/tmp}" && python -c "import jax_moe_a2a._C as c; print('setup: jax_moe_a2a built; cuda kernels:', c.built_with_cuda(), '; nvshmem backend:', c.built_with_nvshmem(), '; libfabric engine:', c.built_with_libfabric())")

@@ -16,6 +16,8 @@ from jax_moe_a2a import testing as T
 
 # Cases that also run under mpirun (each process compiles every case, so the multi-process
 # suites take a representative subset; the single-process suite runs them all).
+# JAX_MOE_A2A_MPI_ALL_CASES=1 runs every case under mpirun too (the GPU checks do).
+MPI_ALL_CASES = os.environ.get("JAX_MOE_A2A_MPI_ALL_CASES") == "1"
 MPI_CASES = {"fp8-random", "expert-major", "one-hot-expert", "empty-ranks", "minus-one-and-invalid",
              "tp2-fp8-expert-major", "overflow-ragged", "combine-into-out"}
 
@@ -59,7 +61,7 @@ CASES = [
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case_id, spec_kw, input_kw, run_kw",
-                         [pytest.param(*c, marks=[pytest.mark.mpi] if c[0] in MPI_CASES else [], id=c[0])
+                         [pytest.param(*c, marks=[pytest.mark.mpi] if MPI_ALL_CASES or c[0] in MPI_CASES else [], id=c[0])
                           for c in CASES])
 def test_against_oracle(backend, case_id, spec_kw, input_kw, run_kw, num_ranks, mesh):
     spec_kw = dict(spec_kw)
@@ -97,7 +99,7 @@ def test_repeated_steps_fresh_inputs(backend, num_ranks, mesh):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_stats_count_drops_and_overflow(backend, num_ranks, mesh):
     spec = a2a.Spec(**BASE, recv_capacity=8)
-    comm = a2a.init(spec, mesh, "ep", backend=backend)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=True)  # default off on GPUs
     inputs = T.make_inputs(spec, num_ranks, 5, invalid_frac=0.1, num_tokens=24)
     res = T.run_ops(comm, inputs)
     st = comm.stats()

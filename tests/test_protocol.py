@@ -1,7 +1,9 @@
 """Protocol tests for every backend that runs the real protocol (FFI backends): two slots in
 flight, a long soak, a rank that never calls. Backends from JAX_MOE_A2A_TEST_BACKENDS or all."""
 
+import faulthandler
 import os
+import sys
 import time
 
 import jax
@@ -80,26 +82,33 @@ def test_soak_1000_steps(backend, mesh, num_ranks):
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", FFI_BACKENDS)
 def test_rank_that_never_calls_times_out(backend, num_ranks, mesh):
-    """Every process but the last calls dispatch; the last never does. The callers must get an
-    error naming the missing ranks within the timeout, not hang. The cuda backend ends the wait
-    by trapping (the CUDA context is gone afterwards), so it runs only when
-    JAX_MOE_A2A_TEST_TIMEOUT=1, in a process of its own (scripts/gpu_check.sh)."""
+    """Every process but the last calls dispatch; the last compiles the step but never runs it.
+    The callers must get an error naming the missing ranks within the timeout, not hang. The cuda
+    and nvshmem backends end the wait by trapping (the CUDA context is gone afterwards), so they
+    run only when JAX_MOE_A2A_TEST_TIMEOUT=1, in a process of their own (scripts/gpu_check.sh)."""
     if jax.process_count() < 2:
         pytest.skip("needs several processes (a rank that never calls cannot be made in one program)")
-    if backend == "cuda" and os.environ.get("JAX_MOE_A2A_TEST_TIMEOUT") != "1":
+    if backend in ("cuda", "nvshmem") and os.environ.get("JAX_MOE_A2A_TEST_TIMEOUT") != "1":
         pytest.skip("kills the CUDA context: run alone with JAX_MOE_A2A_TEST_TIMEOUT=1")
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
-    check_never_calls(a2a.init(spec, mesh, "ep", backend=backend, timeout_s=2.0), mesh)
+    check_never_calls(a2a.init(spec, mesh, "ep", backend=backend, timeout_s=2.0), mesh, backend)
 
 
-def check_never_calls(comm, mesh):
-    """The last process never calls; every other must fail within seconds naming its ranks."""
+def check_never_calls(comm, mesh, backend):
+    """The last process compiles the step but never runs it; every other must fail within
+    seconds with an error naming the silent process's ranks."""
     from jax._src import distributed
     spec, num_ranks = comm.spec, comm.num_ranks
+    if backend != "host":  # if this hangs anyway, show where every process is stuck
+        faulthandler.dump_traceback_later(20, repeat=True, file=sys.stderr)
     silent = jax.process_count() - 1
     silent_ranks = [r for r, d in enumerate(mesh.devices.flat) if d.process_index == silent]
-    if jax.process_index() != silent:
-        inputs = T.make_inputs(spec, num_ranks, 3, num_tokens=spec.max_tokens_per_rank)
+    inputs = T.make_inputs(spec, num_ranks, 3, num_tokens=spec.max_tokens_per_rank)
+    if jax.process_index() == silent:
+        # Compiles but never runs: on GPUs the others' compilation waits for this process's share
+        # of the autotuning (XLA shards it over the processes compiling one program).
+        T.run_ops(comm, inputs, compile_only=True)
+    else:
         t0 = time.monotonic()
         with pytest.raises(Exception) as info:
             T.run_ops(comm, inputs)
@@ -111,3 +120,5 @@ def check_never_calls(comm, mesh):
         assert any(str(r) in msg for r in silent_ranks), msg
         assert took < 30, f"took {took:.1f} s"
     distributed.global_state.client.wait_at_barrier(f"jax_moe_a2a_never_calls_{comm.comm_id}", 60_000)
+    if backend != "host":
+        faulthandler.cancel_dump_traceback_later()

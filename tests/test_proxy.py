@@ -85,7 +85,7 @@ def test_proxied_rank_that_never_calls(num_ranks, mesh):
     if jax.process_count() < 2:
         pytest.skip("needs several processes (a rank that never calls cannot be made in one program)")
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
-    check_never_calls(proxied(spec, mesh, priv=1, timeout_s=2.0), mesh)
+    check_never_calls(proxied(spec, mesh, priv=1, timeout_s=2.0), mesh, "host")
 
 
 def test_proxy_threads_end_at_close(mesh, num_ranks):

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -63,6 +64,43 @@ RankState::RankState(const CudaOptions& o, int rank, int device) : o_(o), rank_(
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   blocks_ = grid_blocks(device_);
   peers_.assign(o_.g.N, nullptr);
+  const char* timing = std::getenv("JAX_MOE_A2A_KERNEL_TIMING");
+  timing_ = timing && std::string(timing) == "1";
+  if (timing_)
+    for (auto& pair : events_)
+      for (auto& e : pair) check(cudaEventCreate(&e), "cudaEventCreate");
+}
+
+cudaError_t RankState::launch_timed(int op, cudaStream_t stream, cudaError_t (*launch)(const void*, int, cudaStream_t),
+                                    const void* params) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const bool timed = timing_ && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+                     capture == cudaStreamCaptureStatusNone;
+  if (timed && cudaEventRecord(events_[op][0], stream) != cudaSuccess) return cudaGetLastError();
+  cudaError_t rc = launch(params, blocks_, stream);
+  while (rc == cudaErrorCooperativeLaunchTooLarge && blocks_ > 1) {
+    // Fewer SMs than the device reports (an MPS client limited by CUDA_MPS_ACTIVE_THREAD_PERCENTAGE):
+    // the kernels loop over any grid size, so use a smaller co-resident grid from now on.
+    cudaGetLastError();
+    blocks_ = blocks_ / 2;
+    rc = launch(params, blocks_, stream);
+  }
+  if (rc != cudaSuccess) return rc;
+  if (timed) {
+    const cudaError_t e = cudaEventRecord(events_[op][1], stream);
+    recorded_[op] = e == cudaSuccess;
+    return e;
+  }
+  return cudaSuccess;
+}
+
+float RankState::kernel_ms(int op) {
+  if (op < 0 || op > 3 || !recorded_[op]) return -1.f;
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  check(cudaEventSynchronize(events_[op][1]), "cudaEventSynchronize");
+  float ms = -1.f;
+  check(cudaEventElapsedTime(&ms, events_[op][0], events_[op][1]), "cudaEventElapsedTime");
+  return ms;
 }
 
 RankState::~RankState() {
@@ -72,6 +110,9 @@ RankState::~RankState() {
   if (shared_) cudaFree(shared_);
   if (private_) cudaFree(private_);
   if (err_) cudaFreeHost(err_);
+  if (timing_)
+    for (auto& pair : events_)
+      for (auto& e : pair) cudaEventDestroy(e);
 }
 
 std::string RankState::bootstrap_info() const {
@@ -130,15 +171,17 @@ void RankState::check_error() const {
   if (!text.empty()) throw std::runtime_error(text);
 }
 
-std::string RankState::error_text() const {
-  if (err_->code == 0) return "";
+std::string RankState::error_text() const { return describe_error(*err_, o_.timeout_s, "cuda"); }
+
+std::string describe_error(const ErrorRecord& e, double timeout_s, const char* backend) {
+  if (e.code == 0) return "";
   static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
   std::string missing;
   for (int r = 0; r < 64; ++r)
-    if (err_->missing >> r & 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-  return "jax_moe_a2a cuda " + std::string(names[err_->op & 3]) + " (slot " + std::to_string(err_->slot) +
-         ", rank " + std::to_string(err_->rank) + "): ranks [" + missing + "] did not arrive within " +
-         std::to_string(o_.timeout_s) + " s; the kernel trapped and this process's CUDA context is unusable";
+    if (e.missing >> r & 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  return "jax_moe_a2a " + std::string(backend) + " " + names[e.op & 3] + " (slot " + std::to_string(e.slot) +
+         ", rank " + std::to_string(e.rank) + "): ranks [" + missing + "] did not arrive within " +
+         std::to_string(timeout_s) + " s; the kernel trapped and this process's CUDA context is unusable";
 }
 
 CudaComm::CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices) {

@@ -48,6 +48,14 @@ class RankState {
   std::string error_text() const;
   uint8_t* shared_base() const { return shared_; }
 
+  // Kernel timing (JAX_MOE_A2A_KERNEL_TIMING=1 at creation): CUDA events around each launch,
+  // op 0..3 = dispatch_send, dispatch_recv, combine_send, combine_recv. Not recorded while XLA
+  // captures a command buffer (events there would time graph construction, not the kernel).
+  cudaError_t launch_timed(int op, cudaStream_t stream, cudaError_t (*launch)(const void*, int, cudaStream_t),
+                           const void* params);
+  // Milliseconds of op's last timed launch (waits for it); negative when none was recorded.
+  float kernel_ms(int op);
+
  private:
   CudaOptions o_;
   int rank_, device_, blocks_;
@@ -58,6 +66,9 @@ class RankState {
   ErrorRecord* err_dev_ = nullptr;
   std::vector<uint8_t*> peers_;     // shared base of every rank, as mapped here
   std::vector<uint8_t*> opened_;    // IPC mappings to close
+  bool timing_ = false;
+  cudaEvent_t events_[4][2] = {};
+  bool recorded_[4] = {};
 };
 
 class CudaComm {
@@ -73,6 +84,9 @@ class CudaComm {
 void register_comm(int64_t id, std::shared_ptr<CudaComm> comm);
 std::shared_ptr<CudaComm> find_comm(int64_t id);
 void unregister_comm(int64_t id);
+
+// Text of a kernel timeout recorded in `e` ("" when none), naming the backend.
+std::string describe_error(const ErrorRecord& e, double timeout_s, const char* backend);
 
 // Process token: distinguishes this process from others in bootstrap data.
 uint64_t process_token();

@@ -76,19 +76,21 @@ __device__ __forceinline__ void warp_zero(uint8_t* dst, int64_t bytes, int lane)
   for (int64_t i = nv * 16 + lane; i < bytes; i += 32) dst[i] = 0;
 }
 
-// Threads 0..N-1 of the calling block each wait until *flag(r) >= want. On timeout the missing
-// ranks are recorded in the mapped error record, printed, and the kernel traps (a loud failure
-// that the caller sees as a CUDA error, never a hang).
-template <typename FlagFn>
-__device__ void wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want) {
+// Threads 0..N-1 of the calling block each wait until *flag(r) >= want(r). On timeout the missing
+// ranks are recorded in the mapped error record, printed (naming `backend`), and the kernel traps
+// (a loud failure that the caller sees as a CUDA error, never a hang).
+template <typename FlagFn, typename WantFn>
+__device__ void wait_flags_each(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want,
+                                const char* backend) {
   __shared__ unsigned long long missing;
   if (threadIdx.x == 0) missing = 0;
   __syncthreads();
   if (threadIdx.x < g.N) {
     const int r = threadIdx.x;
     const uint64_t* f = flag(r);
+    const uint64_t w = want(r);
     const uint64_t start = ptx::globaltimer();
-    while (ptx::ld_acquire_sys(f) < want) {
+    while (ptx::ld_acquire_sys(f) < w) {
       if (ptx::globaltimer() - start > static_cast<uint64_t>(p.timeout_ns)) {
         atomicOr(&missing, 1ull << (r & 63));
         break;
@@ -107,13 +109,19 @@ __device__ void wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn 
       __threadfence_system();
       p.err->code = 1;
       __threadfence_system();
-      printf("jax_moe_a2a cuda %s (slot %d, rank %d): ranks with bits 0x%llx set never arrived within "
+      printf("jax_moe_a2a %s %s (slot %d, rank %d): ranks with bits 0x%llx set never arrived within "
              "%.1f s (crashed process, or calls out of order?)\n",
-             names[op], p.slot, p.rank, missing, p.timeout_ns * 1e-9);
+             backend, names[op], p.slot, p.rank, missing, p.timeout_ns * 1e-9);
     }
     __syncthreads();
     __trap();
   }
+}
+
+// The same wait with one target for every rank (the cuda backend's epoch flags).
+template <typename FlagFn>
+__device__ void wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want) {
+  wait_flags_each(p, g, op, flag, [want](int) { return want; }, "cuda");
 }
 
 // Arrangement of the rows a receiver got: from counts [N][L] (rows per source and local expert).

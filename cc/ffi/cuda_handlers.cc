@@ -8,22 +8,21 @@
 
 #include "cuda/comm.h"
 #include "cuda/kernels.h"
-#include "ffi/common.h"
+#include "ffi/gpu_handlers.h"
 #include "ffi/handlers.h"
 
 namespace ffi = xla::ffi;
 namespace cu = a2a::cuda;
+using a2a::ffi_gpu::decode;
 
 namespace {
 
-int kind_of(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F32: return 0;
-    case ffi::DataType::BF16: return 1;
-    case ffi::DataType::F16: return 2;
-    case ffi::DataType::F8E4M3FN: return 3;
-    default: return -1;
-  }
+// Launches through the rank's timer (CUDA events when JAX_MOE_A2A_KERNEL_TIMING=1).
+template <typename Params, cudaError_t (*Launch)(const Params&, int, cudaStream_t)>
+cudaError_t launch(cu::RankState& st, int op, cudaStream_t stream, const Params& p) {
+  return st.launch_timed(
+      op, stream, [](const void* q, int blocks, cudaStream_t s) { return Launch(*static_cast<const Params*>(q), blocks, s); },
+      &p);
 }
 
 // Finds the rank's state (rank read from a host copy is impossible inside a graph, so the rank
@@ -63,18 +62,8 @@ ffi::Error DispatchSend(cudaStream_t stream, int32_t dev, ffi::AnyBuffer x, ffi:
     cu::DispatchSendParams p{};
     p.g = st.geometry();
     p.p = st.slot(slot);
-    p.x = x.untyped_data();
-    p.x_kind = kind_of(x.element_type());
-    p.x_scale = x_scale.element_count() ? x_scale.typed_data() : nullptr;
-    p.ids = ids.typed_data();
-    p.weights = weights.typed_data();
-    p.num_tokens = num_tokens.typed_data();
-    p.handle = handle->typed_data();
-    p.dest = dest->typed_data();
-    p.pair_slot = pair_slot->typed_data();
-    p.dropped = dropped->typed_data();
-    if (p.x_kind < 0) return cudaErrorInvalidValue;
-    return cu::launch_dispatch_send(p, st.blocks(), stream);
+    if (cudaError_t rc = decode(&p, x, x_scale, ids, weights, num_tokens, handle, dest, pair_slot, dropped)) return rc;
+    return launch<cu::DispatchSendParams, cu::launch_dispatch_send>(st, 0, stream, p);
   });
 }
 
@@ -87,16 +76,8 @@ ffi::Error DispatchRecv(cudaStream_t stream, int32_t dev, ffi::Buffer<ffi::S32> 
     cu::DispatchRecvParams p{};
     p.g = st.geometry();
     p.p = st.slot(slot);
-    p.handle = handle.typed_data();
-    p.x = x->untyped_data();
-    p.scale = scale->element_count() ? scale->typed_data() : nullptr;
-    p.group_sizes = group_sizes->typed_data();
-    p.weights = weights->typed_data();
-    p.src = src->typed_data();
-    p.recv_slot = recv_slot->typed_data();
-    p.recv_counts = recv_counts->typed_data();
-    p.overflow = overflow->typed_data();
-    return cu::launch_dispatch_recv(p, st.blocks(), stream);
+    decode(&p, handle, x, scale, group_sizes, weights, src, recv_slot, recv_counts, overflow);
+    return launch<cu::DispatchRecvParams, cu::launch_dispatch_recv>(st, 1, stream, p);
   });
 }
 
@@ -108,12 +89,8 @@ ffi::Error CombineSend(cudaStream_t stream, int32_t dev, ffi::AnyBuffer y, ffi::
     cu::CombineSendParams p{};
     p.g = st.geometry();
     p.p = st.slot(slot);
-    p.y = y.untyped_data();
-    p.y_kind = kind_of(y.element_type());
-    p.recv_counts = recv_counts.typed_data();
-    p.handle = handle->typed_data();
-    if (p.y_kind < 0 || p.y_kind == 3) return cudaErrorInvalidValue;
-    return cu::launch_combine_send(p, st.blocks(), stream);
+    if (cudaError_t rc = decode(&p, y, recv_counts, handle)) return rc;
+    return launch<cu::CombineSendParams, cu::launch_combine_send>(st, 2, stream, p);
   });
 }
 
@@ -125,85 +102,14 @@ ffi::Error CombineRecv(cudaStream_t stream, int32_t dev, ffi::Buffer<ffi::S32> h
     cu::CombineRecvParams p{};
     p.g = st.geometry();
     p.p = st.slot(slot);
-    p.handle = handle.typed_data();
-    p.y_kind = y_kind;
-    p.dest = dest.typed_data();
-    p.pair_slot = pair_slot.typed_data();
-    p.weights = weights.typed_data();
-    p.num_tokens = num_tokens.typed_data();
-    p.out_in = out_in.element_count() ? out_in.untyped_data() : nullptr;
-    p.out_in_kind = kind_of(out_in.element_type());
-    p.out = out->untyped_data();
-    p.out_kind = kind_of(out->element_type());
-    p.pairs = pairs->element_count() ? pairs->typed_data() : nullptr;
-    return cu::launch_combine_recv(p, st.blocks(), stream);
+    decode(&p, handle, dest, pair_slot, weights, num_tokens, out_in, out, pairs, y_kind);
+    return launch<cu::CombineRecvParams, cu::launch_combine_recv>(st, 3, stream, p);
   });
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaDispatchSend, DispatchSend,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int32_t>("slot")
-                                  .Attr<int64_t>("call_id"),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaDispatchRecv, DispatchRecv,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int32_t>("slot"),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaCombineSend, CombineSend,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int32_t>("slot")
-                                  .Attr<int64_t>("call_id"),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaCombineRecv, CombineRecv,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int32_t>("slot")
-                                  .Attr<int32_t>("y_kind"),
-                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaDispatchSend, DispatchSend, A2A_GPU_BIND_DISPATCH_SEND, {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaDispatchRecv, DispatchRecv, A2A_GPU_BIND_DISPATCH_RECV, {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaCombineSend, CombineSend, A2A_GPU_BIND_COMBINE_SEND, {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aCudaCombineRecv, CombineRecv, A2A_GPU_BIND_COMBINE_RECV, {ffi::Traits::kCmdBufferCompatible});

@@ -21,3 +21,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaDispatchRecv);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaCombineSend);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaCombineRecv);
 #endif
+#if defined(JAX_MOE_A2A_WITH_NVSHMEM)
+// nvshmem backend (cc/nvshmem): the four halves on NVIDIA GPUs, peers over NVSHMEM puts and signals.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aNvshmemDispatchSend);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aNvshmemDispatchRecv);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aNvshmemCombineSend);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aNvshmemCombineRecv);
+#endif

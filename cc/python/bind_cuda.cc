@@ -5,6 +5,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "cuda/comm.h"
+#include "python/gpu_options.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -17,21 +18,8 @@ void bind_cuda(nb::module_& m) {
       "create",
       [](int64_t comm_id, int N, int E, int K, int H, int T, int tp, int S, int scale_block, int wire_kind, int layout,
          int capacity, bool pow2, int slots, double timeout_s, std::vector<int> ranks, std::vector<int> devices) {
-        cuda::CudaOptions o;
-        o.g.N = N;
-        o.g.E = E;
-        o.g.K = K;
-        o.g.H = H;
-        o.g.T = T;
-        o.g.tp = tp;
-        o.g.S = S;
-        o.g.scale_block = scale_block;
-        o.g.wire_kind = wire_kind;
-        o.g.layout = layout;
-        o.g.capacity = capacity;
-        o.g.pow2 = pow2;
-        o.slots = slots;
-        o.timeout_s = timeout_s;
+        const cuda::CudaOptions o =
+            gpu_options(N, E, K, H, T, tp, S, scale_block, wire_kind, layout, capacity, pow2, slots, timeout_s);
         cuda::register_comm(comm_id, std::make_shared<cuda::CudaComm>(o, ranks, devices));
       },
       "comm_id"_a, "N"_a, "E"_a, "K"_a, "H"_a, "T"_a, "tp"_a, "S"_a, "scale_block"_a, "wire_kind"_a, "layout"_a,
@@ -54,6 +42,11 @@ void bind_cuda(nb::module_& m) {
     return shared + priv;
   });
   c.def("destroy", &cuda::unregister_comm, "comm_id"_a);
+  c.def("kernel_ms", [](int64_t comm_id, int rank, int op) { return cuda::find_comm(comm_id)->rank(rank).kernel_ms(op); },
+        "comm_id"_a, "rank"_a, "op"_a,
+        "Milliseconds of the last timed launch of op (0 dispatch_send .. 3 combine_recv) on a local rank; "
+        "negative when none was timed (JAX_MOE_A2A_KERNEL_TIMING=1 not set, or the launch was captured in a "
+        "command buffer).");
   c.def("last_error", [](int64_t comm_id) {
     std::string out;
     for (auto& [r, s] : cuda::find_comm(comm_id)->locals()) {

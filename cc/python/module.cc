@@ -16,6 +16,11 @@ namespace a2a::python {
 void bind_cuda(nb::module_& m);  // cc/python/bind_cuda.cc
 }
 #endif
+#if defined(JAX_MOE_A2A_WITH_NVSHMEM)
+namespace a2a::python {
+void bind_nvshmem(nb::module_& m);  // cc/python/bind_nvshmem.cc
+}
+#endif
 
 namespace {
 
@@ -52,6 +57,12 @@ NB_MODULE(_C, m) {
     d["jax_moe_a2a_cuda_combine_send"] = capsule(A2aCudaCombineSend);
     d["jax_moe_a2a_cuda_combine_recv"] = capsule(A2aCudaCombineRecv);
 #endif
+#if defined(JAX_MOE_A2A_WITH_NVSHMEM)
+    d["jax_moe_a2a_nvshmem_dispatch_send"] = capsule(A2aNvshmemDispatchSend);
+    d["jax_moe_a2a_nvshmem_dispatch_recv"] = capsule(A2aNvshmemDispatchRecv);
+    d["jax_moe_a2a_nvshmem_combine_send"] = capsule(A2aNvshmemCombineSend);
+    d["jax_moe_a2a_nvshmem_combine_recv"] = capsule(A2aNvshmemCombineRecv);
+#endif
     return d;
   }, "FFI handlers for the 'CUDA' platform: {target name: capsule}; empty without nvcc at build time.");
 
@@ -61,6 +72,9 @@ NB_MODULE(_C, m) {
 #endif
 #if defined(JAX_MOE_A2A_WITH_CUDA)
   a2a::python::bind_cuda(m);
+#endif
+#if defined(JAX_MOE_A2A_WITH_NVSHMEM)
+  a2a::python::bind_nvshmem(m);
 #endif
   m.def("built_with_libfabric", []() {
 #if defined(JAX_MOE_A2A_WITH_LIBFABRIC)
@@ -72,6 +86,14 @@ NB_MODULE(_C, m) {
 
   m.def("built_with_cuda", []() {
 #if defined(JAX_MOE_A2A_WITH_CUDA)
+    return true;
+#else
+    return false;
+#endif
+  });
+
+  m.def("built_with_nvshmem", []() {
+#if defined(JAX_MOE_A2A_WITH_NVSHMEM)
     return true;
 #else
     return false;

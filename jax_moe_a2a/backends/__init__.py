@@ -71,6 +71,17 @@ def _cuda_reason():
     return unavailable_reason()
 
 
+def _nvshmem():
+    from .nvshmem import NvshmemBackend
+    return NvshmemBackend()
+
+
+def _nvshmem_reason():
+    from .nvshmem import unavailable_reason
+    return unavailable_reason()
+
+
 register("reference", _reference, lambda: None)
 register("cuda", _cuda, _cuda_reason)
+register("nvshmem", _nvshmem, _nvshmem_reason)
 register("host", _host, _host_reason)

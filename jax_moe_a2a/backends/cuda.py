@@ -27,6 +27,11 @@ class CudaBackend(FfiBackend):
     name = "cuda"
     target = "cuda"
 
+    @staticmethod
+    def _native(c):
+        """The extension's submodule of this backend (communicators, buffer sizes, errors)."""
+        return c.cuda
+
     def init(self, comm):
         spec, n = comm.spec, comm.num_ranks
         if n > 64:
@@ -52,8 +57,19 @@ class CudaBackend(FfiBackend):
 
     def last_error(self, comm):
         """What a kernel recorded before trapping (a peer that never arrived), or None."""
-        text = _ffi.require_native().cuda.last_error(comm.comm_id)
+        text = self._native(_ffi.require_native()).last_error(comm.comm_id)
         return text or None
+
+    def kernel_seconds(self, comm, half):
+        """Seconds the last kernel of `half` (e.g. "dispatch_send") took on the slowest local rank,
+        from CUDA events recorded around the launch when JAX_MOE_A2A_KERNEL_TIMING=1 was set at
+        init; None when not recorded (timing off, or the launch was inside a command buffer)."""
+        op = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv").index(half)
+        c = _ffi.require_native()
+        devices = list(comm.mesh.devices.flat)
+        local = [r for r, d in enumerate(devices) if d.process_index == jax.process_index()]
+        ms = [c.cuda.kernel_ms(comm.comm_id, r, op) for r in local]
+        return None if not ms or min(ms) < 0 else max(ms) * 1e-3
 
     def close(self):
         if getattr(self, "_finalizer", None) is not None:
@@ -61,7 +77,7 @@ class CudaBackend(FfiBackend):
 
     def buffer_bytes(self, spec, num_ranks):
         c = _ffi.require_native()
-        return int(c.cuda.buffer_bytes(num_ranks, spec.num_experts, spec.experts_per_token, spec.hidden,
+        return int(self._native(c).buffer_bytes(num_ranks, spec.num_experts, spec.experts_per_token, spec.hidden,
                                        spec.max_tokens_per_rank, spec.tp_size, spec.num_scales,
                                        WIRE[spec.dispatch_dtype], spec.slots))
 

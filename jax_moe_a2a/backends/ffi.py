@@ -1,5 +1,6 @@
 """Shared plumbing of the backends whose halves are XLA FFI calls (host, cuda): the wire dtype
-codes, the ordering operand, and the four `jax.ffi.ffi_call`s. A subclass names its targets and
+codes, the ordering operand, and the four FFI calls (`comm_call`: side-effecting custom calls
+that `jax.checkpoint` accepts and never recomputes). A subclass names its targets and
 says which extra operands its handlers take."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _ffi
+from ..commcall import comm_call
 from .base import Backend, Ctx, finish_recv, recv_result_shapes, varying
 
 # dtype -> the element-kind code the C++ side uses (cc/core/floats.h ElemKind, cc/cuda params).
@@ -50,7 +52,7 @@ class FfiBackend(Backend):
 
     # ---- the four halves -----------------------------------------------------------------
     def _call(self, half, outs, ctx, *operands, **attrs):
-        call = jax.ffi.ffi_call(f"jax_moe_a2a_{self.target}_{half}", outs, has_side_effect=True)
+        call = comm_call(f"jax_moe_a2a_{self.target}_{half}", outs)
         return varying(call(*self._rank(ctx), *operands, comm_id=np.int64(ctx.comm_id), **attrs), ctx.axis)
 
     def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None):

@@ -141,21 +141,34 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress):
     f_c = sm(lambda y, g: add(comm.combine(rm(y), rm(g))), 2)
 
     samples = {h: [] for h in HALVES}
+    # Kernel-only times (cuda backend with JAX_MOE_A2A_KERNEL_TIMING=1): CUDA events around each
+    # half's kernel, free of Python dispatch and host synchronisation.
+    kernel_of = getattr(comm._backend, "kernel_seconds", None)
+    kernel = {h: [] for h in HALVES[:4]}
+
+    def kernel_sample(half):
+        sec = kernel_of(comm, half) if kernel_of else None
+        if sec is not None:
+            kernel[half].append(sec)
     for it in range(warmup + iters):
         timed = it >= warmup
         timing.barrier("ds")
         h, t = timing.time_once(f_ds, *glob)
         samples["dispatch_send"].append(t)
+        kernel_sample("dispatch_send")
         timing.barrier("dr")
         got, t = timing.time_once(f_dr, h)
         samples["dispatch_recv"].append(t)
+        kernel_sample("dispatch_recv")
         y = timing.block(f_y(got))
         timing.barrier("cs")
         ch, t = timing.time_once(f_cs, y, got)
         samples["combine_send"].append(t)
+        kernel_sample("combine_send")
         timing.barrier("cr")
         _, t = timing.time_once(f_cr, ch)
         samples["combine_recv"].append(t)
+        kernel_sample("combine_recv")
         timing.barrier("d")
         _, t = timing.time_once(f_d, *glob)
         samples["dispatch"].append(t)
@@ -163,10 +176,13 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress):
         _, t = timing.time_once(f_c, y, got)
         samples["combine"].append(t)
         if not timed:
-            for v in samples.values():
-                v.pop()
+            for v in list(samples.values()) + list(kernel.values()):
+                if v:
+                    v.pop()
         progress.update(f"{comm.backend_name}/{shape_name} iter")
     record["timings"] = {h: timing.summarize(timing.max_over_processes(v, h)) for h, v in samples.items()}
+    if all(len(v) == iters for v in kernel.values()):
+        record["kernel_timings"] = {h: timing.summarize(timing.max_over_processes(v, "k" + h)) for h, v in kernel.items()}
     for op in ("dispatch", "combine"):
         p50 = record["timings"][op]["p50_us"]
         record.setdefault("goodput_GBps", {})[op] = record[f"{op}_bytes_per_rank"] / (p50 * 1e3) if p50 else 0.0
@@ -184,6 +200,10 @@ def print_table(results):
         cells = " ".join(f"{r['timings'][h]['p50_us']:>8.0f}/{r['timings'][h]['p99_us']:<8.0f}" for h in HALVES)
         chk = "ok" if r["check"] == "ok" else ("skip" if r["check"] == "skipped" else "FAIL")
         print(f"{r['backend']:<11} {r['shape']:<8} {chk:<6} {cells}   {r['buffer_bytes_per_rank'] / 2**20:8.1f} MiB")
+        if "kernel_timings" in r:  # CUDA-event time of each half's kernel alone
+            kt = r["kernel_timings"]
+            cells = " ".join(f"{kt[h]['p50_us']:>8.1f}/{kt[h]['p99_us']:<8.1f}" for h in HALVES[:4])
+            print(f"{'  (kernel)':<27}{cells}")
 
 
 def main(argv=None):

@@ -1,0 +1,66 @@
+// nvshmem combine recv: count the rows each expert rank owes us (our routed pairs; the whole tp
+// group's, since every member gets every row), wait until c_rows reaches them, reduce each
+// token's pairs in f32 with the router weights (plus `out`), then free our combine region.
+#include "nvshmem/device.cuh"
+#include "nvshmem/kernels.h"
+
+namespace a2a::nvshmem {
+namespace {
+
+__global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::CombineRecvParams P, NvSlot nv) {
+  const Geometry& g = P.g;
+  const Layout& lay = nv.lay;
+  cuda::cg::grid_group grid = cuda::cg::this_grid();
+  const cuda::GridIdx ix;
+  const int me = P.p.rank;
+  const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
+  const int n = max(0, min(*P.num_tokens, g.T));
+
+  if (blockIdx.x == 0) {
+    __shared__ int expect[kMaxRanks];
+    if (threadIdx.x < g.N) expect[threadIdx.x] = 0;
+    __syncthreads();
+    for (int64_t q = threadIdx.x; q < int64_t(n) * g.K; q += blockDim.x) {
+      const int d = P.dest[q];
+      if (d >= 0 && d < g.N) atomicAdd(&expect[d], 1);
+    }
+    __syncthreads();
+    uint64_t* consumed = seen(P.p, lay, 1, g);
+    Signals* mine = signals_at(P.p, me);
+    wait_signals(P.p, g, 3, [&](int r) { return &mine->c_rows[r]; },
+                 [&](int r) { return consumed[r] + static_cast<uint64_t>(expect[r]); });
+    if (threadIdx.x < g.N) consumed[threadIdx.x] += static_cast<uint64_t>(expect[threadIdx.x]);
+  }
+  grid.sync();
+  const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
+  const uint8_t* region = P.p.peer_shared[me] + lay.off_c_rows;  // [N expert rank][tp][P][stride]
+  for (int t = ix.gwarp; t < g.T; t += ix.nwarps) {  // warp per token
+    for (int h = ix.lane; h < g.H; h += 32) {
+      float acc = 0.f;
+      for (int k = 0; k < g.K; ++k) {
+        const int64_t q = int64_t(t) * g.K + k;
+        const int d = t < n ? P.dest[q] : -1;
+        float v = 0.f;
+        if (d >= 0 && d < g.N) {
+          v = cuda::load_elem(region + ((int64_t(d) * g.tp + t % g.tp) * g.P + P.pair_slot[q]) * stride, h, P.y_kind);
+          acc += P.weights[q] * v;
+        }
+        if (P.pairs) P.pairs[q * g.H + h] = v;
+      }
+      if (P.out_in) acc += cuda::load_elem(P.out_in, int64_t(t) * g.H + h, P.out_in_kind);
+      cuda::store_elem(P.out, int64_t(t) * g.H + h, P.out_kind, acc);
+    }
+  }
+  grid.sync();
+  if (blockIdx.x == 0 && threadIdx.x < g.N)  // expert ranks may overwrite our combine region now
+    nvshmemx_signal_op(&signals_at(P.p, threadIdx.x)->c_free[me], epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[threadIdx.x]);
+}
+
+}  // namespace
+
+cudaError_t launch_combine_recv(const cuda::CombineRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
+  void* args[] = {const_cast<cuda::CombineRecvParams*>(&p), const_cast<NvSlot*>(&nv)};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(combine_recv_kernel), blocks, cuda::kThreads, args, 0, stream);
+}
+
+}  // namespace a2a::nvshmem

@@ -1,0 +1,134 @@
+#include "nvshmem/comm.h"
+
+#include <nvshmem_host.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "core/registry.h"
+#include "cuda/kernels.h"
+#include "nvshmem/runtime.h"
+
+namespace a2a::nvshmem {
+
+namespace {
+
+void check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) throw std::runtime_error(std::string("jax_moe_a2a nvshmem: ") + what + ": " + cudaGetErrorString(rc));
+}
+
+int64_t pad16(int64_t b) { return (b + 15) / 16 * 16; }
+
+}  // namespace
+
+Layout make_layout(cuda::Geometry* g) {
+  int64_t shared_unused = 0, private_bytes = 0;
+  cuda::finish_geometry(g, 1, &shared_unused, &private_bytes);
+  Layout l{};
+  l.meta_stride = pad16(4 * meta_words(*g));
+  l.off_meta = pad16(sizeof(Signals));
+  l.off_rows = l.off_meta + int64_t(g->N) * l.meta_stride;
+  l.off_c_rows = l.off_rows + int64_t(g->N) * g->P * g->row;
+  l.off_priv = pad16(l.off_c_rows + int64_t(g->N) * g->tp * g->P * g->c_stride_max);
+  l.off_meta_stage = g->private_slot_bytes;
+  l.off_seen = l.off_meta_stage + int64_t(g->N) * l.meta_stride;
+  l.off_zero = l.off_seen + pad16(2 * 8 * int64_t(g->N));
+  l.slot_bytes = (l.off_priv + l.off_zero + g->c_stride_max + 255) / 256 * 256;
+  return l;
+}
+
+NvComm::NvComm(const cuda::CudaOptions& o, int rank, int device, int64_t arena_bytes) : o_(o), rank_(rank), device_(device) {
+  if (o_.g.N > kMaxRanks) throw std::invalid_argument("jax_moe_a2a nvshmem: at most 64 ranks");
+  nv_.lay = make_layout(&o_.g);
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  barrier_all();
+  uint8_t* arena_base = arena(arena_bytes);
+  offset_ = arena_alloc(block_bytes());
+  if (offset_ < 0)
+    throw std::runtime_error("jax_moe_a2a nvshmem: this communicator needs " + std::to_string(block_bytes() >> 20) +
+                             " MiB of the NVSHMEM arena (" + std::to_string(arena_size() >> 20) +
+                             " MiB, fixed by the first communicator of the process): set JAX_MOE_A2A_NVSHMEM_ARENA "
+                             "(bytes) and NVSHMEM_SYMMETRIC_SIZE larger before the first one, or close() others");
+  base_ = arena_base + offset_;
+  check(cudaMemset(base_, 0, block_bytes()), "cudaMemset");
+  check(cudaHostAlloc(reinterpret_cast<void**>(&err_), sizeof(cuda::ErrorRecord), cudaHostAllocMapped),
+        "cudaHostAlloc (error record)");
+  std::memset(err_, 0, sizeof(cuda::ErrorRecord));
+  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&err_dev_), err_, 0), "cudaHostGetDevicePointer");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  blocks_ = cuda::grid_blocks(device_);
+  peer_base_.assign(o_.g.N, nullptr);
+}
+
+NvComm::~NvComm() {
+  cudaSetDevice(device_);
+  cudaDeviceSynchronize();
+  if (offset_ >= 0) arena_free(offset_);  // reused only after the barrier of a later NvComm
+  if (err_) cudaFreeHost(err_);
+}
+
+std::string NvComm::bootstrap_info() const {
+  const int32_t pe = my_pe();
+  std::string out(reinterpret_cast<const char*>(&pe), 4);
+  out.append(reinterpret_cast<const char*>(&offset_), 8);
+  return out;
+}
+
+void NvComm::connect(const std::vector<std::string>& peers) {
+  if (int(peers.size()) != o_.g.N) throw std::invalid_argument("jax_moe_a2a nvshmem connect: one entry per rank");
+  uint8_t* arena_base = base_ - offset_;
+  for (int r = 0; r < o_.g.N; ++r) {
+    if (peers[r].size() != 12)
+      throw std::invalid_argument("jax_moe_a2a nvshmem connect: bad bootstrap info for rank " + std::to_string(r));
+    int32_t pe;
+    int64_t off;
+    std::memcpy(&pe, peers[r].data(), 4);
+    std::memcpy(&off, peers[r].data() + 4, 8);
+    if (off < 0 || off + block_bytes() > arena_size())
+      throw std::invalid_argument("jax_moe_a2a nvshmem connect: rank " + std::to_string(r) + "'s block lies outside the arena");
+    nv_.pe[r] = pe;
+    peer_base_[r] = arena_base + off;
+    // Combine puts read XLA's buffers (not symmetric): only peers reached by loads and stores
+    // (NVLink, or the same GPU) accept them. Remote transports (IBGDA, IBRC, libfabric) would need
+    // a registered staging copy; until then refuse instead of failing inside a kernel.
+    if (nvshmem_ptr(peer_base_[r], pe) == nullptr)
+      throw std::runtime_error("jax_moe_a2a nvshmem: rank " + std::to_string(r) + " (PE " + std::to_string(pe) +
+                               ") is not reachable peer to peer; this backend supports peers on NVLink or the same "
+                               "GPU only (remote NVSHMEM transports are not implemented)");
+  }
+  if (peer_base_[rank_] != base_) throw std::invalid_argument("jax_moe_a2a nvshmem connect: our own entry does not match");
+}
+
+cuda::SlotPtrs NvComm::slot(int z) const {
+  cuda::SlotPtrs p{};
+  const int64_t at = nv_.lay.slot_bytes * z;
+  for (int r = 0; r < o_.g.N; ++r) p.peer_shared[r] = peer_base_[r] ? peer_base_[r] + at : nullptr;
+  p.priv = base_ + at + nv_.lay.off_priv;
+  p.err = err_dev_;
+  p.rank = rank_;
+  p.slot = z;
+  p.timeout_ns = static_cast<int64_t>(o_.timeout_s * 1e9);
+  return p;
+}
+
+void NvComm::check_error() const {
+  const std::string text = error_text();
+  if (!text.empty()) throw std::runtime_error(text);
+}
+
+std::string NvComm::error_text() const {
+  return cuda::describe_error(*err_, o_.timeout_s, "nvshmem");
+}
+
+namespace {
+Registry<NvComm>& registry() {
+  static Registry<NvComm> r("nvshmem");
+  return r;
+}
+}  // namespace
+
+void register_comm(int64_t id, std::shared_ptr<NvComm> comm) { registry().add(id, std::move(comm)); }
+std::shared_ptr<NvComm> find_comm(int64_t id) { return registry().find(id); }
+void unregister_comm(int64_t id) { registry().remove(id); }
+
+}  // namespace a2a::nvshmem

@@ -1,0 +1,62 @@
+// The nvshmem backend's communicator: one EP rank per process (one process drives one GPU), its
+// buffers a block of the process's NVSHMEM arena (cc/nvshmem/runtime.h), its peers reached with
+// NVSHMEM puts and signals at their blocks' symmetric addresses; plus the registry the FFI
+// handlers use to find it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/comm.h"
+#include "nvshmem/params.h"
+
+namespace a2a::nvshmem {
+
+// Fills the cuda geometry (cuda::finish_geometry) and this backend's slot layout.
+Layout make_layout(cuda::Geometry* g);
+
+class NvComm {
+ public:
+  // Collective over every PE: waits until every PE's earlier device work is done (so a freed
+  // arena block that peers may still have been signalling is safe to reuse), then takes and
+  // zeroes this rank's block. `arena_bytes` sizes the arena when this is the first communicator.
+  NvComm(const cuda::CudaOptions& o, int rank, int device, int64_t arena_bytes);
+  ~NvComm();
+  NvComm(const NvComm&) = delete;
+  NvComm& operator=(const NvComm&) = delete;
+
+  // Our PE (int32) and block offset in the arena (int64): 12 bytes.
+  std::string bootstrap_info() const;
+  // peers[r] = bootstrap_info of rank r. Throws if a peer is not reachable peer to peer.
+  void connect(const std::vector<std::string>& peers);
+
+  cuda::SlotPtrs slot(int z) const;
+  const NvSlot& nv() const { return nv_; }
+  const cuda::Geometry& geometry() const { return o_.g; }
+  int device() const { return device_; }
+  int blocks() const { return blocks_; }
+  int rank() const { return rank_; }
+  int64_t block_bytes() const { return int64_t(o_.slots) * nv_.lay.slot_bytes; }
+  void check_error() const;
+  std::string error_text() const;
+
+ private:
+  cuda::CudaOptions o_;
+  int rank_, device_, blocks_;
+  NvSlot nv_{};
+  int64_t offset_ = -1;
+  uint8_t* base_ = nullptr;           // our block (local address)
+  std::vector<uint8_t*> peer_base_;   // every rank's block, as a symmetric address valid here
+  cuda::ErrorRecord* err_ = nullptr;  // cudaHostAlloc(mapped)
+  cuda::ErrorRecord* err_dev_ = nullptr;
+};
+
+void register_comm(int64_t id, std::shared_ptr<NvComm> comm);
+std::shared_ptr<NvComm> find_comm(int64_t id);
+void unregister_comm(int64_t id);
+
+}  // namespace a2a::nvshmem

@@ -1,0 +1,76 @@
+// nvshmem dispatch send: route and stage (the cuda backend's helpers), then put every routed
+// pair's row into its private slot at the destination (put-with-signal, +1 on d_rows[me] there),
+// then one meta block per destination (counts per local expert, token and weight per row) whose
+// signal d_meta[me] = epoch + 1 tells the receiver how many rows to wait for.
+#include "cuda/route.cuh"
+#include "nvshmem/device.cuh"
+#include "nvshmem/kernels.h"
+
+namespace a2a::nvshmem {
+namespace {
+
+__global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::DispatchSendParams P, NvSlot nv) {
+  const Geometry& g = P.g;
+  const Layout& lay = nv.lay;
+  cuda::cg::grid_group grid = cuda::cg::this_grid();
+  const cuda::GridIdx ix;
+  const int me = P.p.rank, member = me % g.tp;
+  cuda::Epochs* ep = reinterpret_cast<cuda::Epochs*>(P.p.priv + g.off_epochs);
+  const uint64_t epoch = ep->d_send;
+  const int n = max(0, min(*P.num_tokens, g.T));
+  const cuda::SendScratch s = cuda::send_scratch(g, P.p.priv);
+  int32_t* stage_meta = reinterpret_cast<int32_t*>(P.p.priv + lay.off_meta_stage);  // [N dest][meta_stride / 4]
+  const int64_t words = lay.meta_stride / 4;
+  const int32_t* cnt = s.cnt + int64_t(member) * g.E;  // [E] rows of our member per expert
+
+  if (blockIdx.x == 0) {
+    cuda::route(P, s, n);  // also writes dest, pair_slot, dropped
+    // Every receiver must have read our previous rows and meta before we overwrite them.
+    wait_signals(P.p, g, 0, [&](int r) { return &signals_at(P.p, me)->d_free[r]; }, [&](int) { return epoch; });
+  }
+  for (int t = ix.gwarp; t < n; t += ix.nwarps)
+    if (t % g.tp == member) cuda::stage_token(P, t, ix.lane);
+  grid.sync();
+
+  for (int64_t i = ix.gtid; i < int64_t(g.N) * g.L; i += ix.gstride)
+    stage_meta[(i / g.L) * words + i % g.L] = cnt[i];
+  const int64_t body = g.payload + 4 * int64_t(g.S);  // payload then fp8 scales
+  for (int64_t q = ix.gwarp; q < int64_t(g.T) * g.K; q += ix.nwarps) {  // warp per pair of our member
+    const int e = s.pair_expert[q];
+    const int t = q / g.K;
+    if (e < 0 || t % g.tp != member) continue;
+    const int d = e / g.L;
+    const int64_t j = P.pair_slot[q];
+    if (ix.lane == 0) {
+      int32_t* m = stage_meta + d * words + g.L + 2 * j;
+      m[0] = t;
+      m[1] = __float_as_int(P.weights[q]);
+    }
+    put_row_signal(P.p.peer_shared[d] + lay.off_rows + (int64_t(me) * g.P + j) * g.row,
+                   P.p.priv + g.off_staging + int64_t(t) * g.row, body, &signals_at(P.p, d)->d_rows[me], nv.pe[d]);
+  }
+  grid.sync();
+
+  for (int d = ix.gwarp; d < g.N; d += ix.nwarps) {  // warp per destination: its meta block
+    int rows = 0;
+    for (int l = ix.lane; l < g.L; l += 32) rows += cnt[int64_t(d) * g.L + l];
+    for (int off = 16; off > 0; off >>= 1) rows += __shfl_xor_sync(0xffffffffu, rows, off);
+    nvshmemx_putmem_signal_nbi_warp(meta_at(P.p, lay, d, me), stage_meta + d * words,
+                                    4 * static_cast<size_t>(g.L + 2 * int64_t(rows)), &signals_at(P.p, d)->d_meta[me],
+                                    epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[d]);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    ep->d_send = epoch + 1;
+    P.handle[0] = static_cast<int32_t>(epoch);
+    P.handle[1] = P.p.slot;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_dispatch_send(const cuda::DispatchSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
+  void* args[] = {const_cast<cuda::DispatchSendParams*>(&p), const_cast<NvSlot*>(&nv)};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(dispatch_send_kernel), blocks, cuda::kThreads, args, 0, stream);
+}
+
+}  // namespace a2a::nvshmem

@@ -1,0 +1,18 @@
+// Launchers of the nvshmem backend's kernels (one cooperative kernel per half, the cuda
+// backend's parameter structs plus NvSlot). Each returns the launch error; a peer that never
+// arrives makes the kernel record an ErrorRecord in mapped host memory and trap.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/params.h"
+#include "nvshmem/params.h"
+
+namespace a2a::nvshmem {
+
+cudaError_t launch_dispatch_send(const cuda::DispatchSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream);
+cudaError_t launch_dispatch_recv(const cuda::DispatchRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream);
+cudaError_t launch_combine_send(const cuda::CombineSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream);
+cudaError_t launch_combine_recv(const cuda::CombineRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream);
+
+}  // namespace a2a::nvshmem

@@ -1,0 +1,48 @@
+// The nvshmem backend's per-slot memory layout and kernel parameters. The kernels reuse the cuda
+// backend's Geometry (shapes, wire row, private staging/scratch offsets) and parameter structs;
+// this adds what differs: NVSHMEM signals, per-source metadata blocks, PE numbers.
+//
+// Per rank, one block of the NVSHMEM symmetric heap; per slot (all symmetric: peers write the
+// shared part, puts read the private part):
+//   shared:  Signals | meta [N src][L + 2P] int32 | rows [N src][P][row] | c_rows [N exp][tp][P][H*4]
+//   private: cuda private area (staging [T][row], scratch, Epochs) | meta_stage [N dest][L + 2P] int32
+//            | seen [2][N] uint64 | zero row [H*4]
+// meta block of one (source -> receiver) pair: counts [L] (rows per local expert), then (token
+// int32, weight f32 bits) for each of the source's P row slots; only the first rows_from are sent.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/params.h"
+
+namespace a2a::nvshmem {
+
+using cuda::kMaxRanks;
+
+// Written by peers with NVSHMEM signal operations (put-with-signal or nvshmemx_signal_op).
+struct Signals {
+  uint64_t d_meta[kMaxRanks];  // source s put its meta block for epoch e: SET e + 1
+  uint64_t d_rows[kMaxRanks];  // rows landed from source s: ADD 1 per row, cumulative over epochs
+  uint64_t d_free[kMaxRanks];  // receiver d finished reading our rows and meta of epoch e: SET e + 1
+  uint64_t c_rows[kMaxRanks];  // combine rows landed from expert rank x: ADD 1 per row, cumulative
+  uint64_t c_free[kMaxRanks];  // rank m finished reading our combine rows of epoch c: SET c + 1
+};
+
+// Byte offsets inside one slot of a rank's symmetric block (see the header comment).
+struct Layout {
+  int64_t meta_stride;                      // 4 * (L + 2P), padded to 16
+  int64_t off_meta, off_rows, off_c_rows;   // shared part, from the slot start
+  int64_t off_priv;                         // start of the private part (cuda private area)
+  int64_t off_meta_stage, off_seen, off_zero;  // from the private start
+  int64_t slot_bytes;
+};
+
+// What the kernels need beyond the cuda parameter structs.
+struct NvSlot {
+  Layout lay;
+  int pe[kMaxRanks];  // NVSHMEM PE of every EP rank
+};
+
+__host__ __device__ inline int64_t meta_words(const cuda::Geometry& g) { return int64_t(g.L) + 2 * int64_t(g.P); }
+
+}  // namespace a2a::nvshmem

@@ -1,0 +1,62 @@
+// jax_moe_a2a._C.nvshmem: the NVSHMEM runtime (status, unique id, one initialisation per process)
+// and the nvshmem backend's communicators. Bootstrap data travels through Python (the JAX
+// key-value store between processes), never through NVSHMEM collectives (they abort in limited
+// MPG mode, several PEs per GPU).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "nvshmem/comm.h"
+#include "nvshmem/runtime.h"
+#include "python/gpu_options.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace a2a::python {
+
+void bind_nvshmem(nb::module_& m) {
+  nb::module_ c = m.def_submodule("nvshmem", "nvshmem backend: runtime and communicators (cc/nvshmem)");
+  c.def("status", &nvshmem::init_status, "nvshmemx_init_status(): 0 none, 1 bootstrapped, 2 initialised, 3/4 MPG.");
+  c.def("status_name", [](int s) { return std::string(nvshmem::status_name(s)); });
+  c.def("unique_id", []() {
+    const std::string s = nvshmem::unique_id();
+    return nb::bytes(s.data(), s.size());
+  }, "A fresh 128-byte NVSHMEM unique id (made by one process, read by the others).");
+  c.def("ensure_initialized", [](int pe, int npes, nb::bytes uid, int device) {
+    return nvshmem::ensure_initialized(pe, npes, std::string(static_cast<const char*>(uid.data()), uid.size()), device);
+  }, "pe"_a, "npes"_a, "uid"_a, "device"_a,
+     "Initialises NVSHMEM once per process by unique id (or attaches to a runtime already up); returns the status.");
+  c.def("my_pe", &nvshmem::my_pe);
+  c.def("n_pes", &nvshmem::n_pes);
+  c.def("arena_size", &nvshmem::arena_size, "Bytes of this process's symmetric arena (0 before the first communicator).");
+  c.def(
+      "create",
+      [](int64_t comm_id, int N, int E, int K, int H, int T, int tp, int S, int scale_block, int wire_kind, int layout,
+         int capacity, bool pow2, int slots, double timeout_s, int rank, int device, int64_t arena_bytes) {
+        const cuda::CudaOptions o =
+            gpu_options(N, E, K, H, T, tp, S, scale_block, wire_kind, layout, capacity, pow2, slots, timeout_s);
+        nvshmem::register_comm(comm_id, std::make_shared<nvshmem::NvComm>(o, rank, device, arena_bytes));
+      },
+      "comm_id"_a, "N"_a, "E"_a, "K"_a, "H"_a, "T"_a, "tp"_a, "S"_a, "scale_block"_a, "wire_kind"_a, "layout"_a,
+      "capacity"_a, "pow2"_a, "slots"_a, "timeout_s"_a, "rank"_a, "device"_a, "arena_bytes"_a,
+      "Collective over every PE (a host barrier, and the arena's nvshmem_malloc the first time).");
+  c.def("bootstrap_info", [](int64_t comm_id) {
+    const std::string s = nvshmem::find_comm(comm_id)->bootstrap_info();
+    return nb::bytes(s.data(), s.size());
+  });
+  c.def("connect", [](int64_t comm_id, const std::vector<nb::bytes>& peers) {
+    std::vector<std::string> infos;
+    for (auto& b : peers) infos.emplace_back(static_cast<const char*>(b.data()), b.size());
+    nvshmem::find_comm(comm_id)->connect(infos);
+  });
+  c.def("buffer_bytes", [](int N, int E, int K, int H, int T, int tp, int S, int wire_kind, int slots) {
+    cuda::CudaOptions o = gpu_options(N, E, K, H, T, tp, S, 1, wire_kind, 0, 1, false, slots, 1.0);
+    return int64_t(slots) * nvshmem::make_layout(&o.g).slot_bytes;
+  }, "Symmetric heap bytes one rank's communicator takes (all slots).");
+  c.def("destroy", &nvshmem::unregister_comm, "comm_id"_a);
+  c.def("last_error", [](int64_t comm_id) { return nvshmem::find_comm(comm_id)->error_text(); }, "comm_id"_a,
+        "A timeout recorded by this process's kernels (\"\" if none).");
+}
+
+}  // namespace a2a::python

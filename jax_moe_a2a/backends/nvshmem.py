@@ -1,0 +1,105 @@
+"""`nvshmem` backend: the portable NVSHMEM design (DESIGN.md 5.2). Rows travel with
+`nvshmemx_putmem_signal_nbi_warp` into a private region per (source, local expert) at every
+receiver, counts and row metadata with one put-with-signal per destination, frees with
+`nvshmemx_signal_op`; receivers wait on the signals with timeouts. See cc/nvshmem.
+
+One process drives one GPU (one EP rank per process), and the mesh spans every JAX process (they
+are the NVSHMEM PEs). NVSHMEM is initialised once per process, by a unique id carried through the
+jax.distributed key-value store, or reused when something else in the process already initialised
+it. Communicators take blocks of one symmetric arena allocated with the first one (its size:
+JAX_MOE_A2A_NVSHMEM_ARENA bytes, default twice the first communicator's need and at least
+256 MiB); NVSHMEM_SYMMETRIC_SIZE defaults to the arena plus 256 MiB for NVSHMEM itself.
+
+Every FFI call only launches kernels on XLA's stream (command-buffer compatible)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import weakref
+
+import jax
+
+from .. import _ffi, runtime
+from .cuda import CudaBackend
+from .ffi import WIRE, native_reason
+
+_MIB = 1 << 20
+ARENA_MIN = 256 * _MIB
+NVSHMEM_RESERVE = 256 * _MIB  # symmetric heap NVSHMEM keeps for itself (teams, barriers, signals)
+_UID_KEY = "jax_moe_a2a/nvshmem/unique_id"
+
+
+def unavailable_reason():
+    why = native_reason("built_with_nvshmem",
+                        "the extension was built without NVSHMEM (needs nvcc and the nvidia-nvshmem-cu13 wheel)")
+    if why is None and jax.default_backend() != "gpu":
+        why = f"the nvshmem backend runs on NVIDIA GPUs (default backend here: {jax.default_backend()})"
+    return why
+
+
+def arena_bytes(need: int) -> int:
+    """Arena size for a process whose first communicator needs `need` bytes."""
+    env = os.environ.get("JAX_MOE_A2A_NVSHMEM_ARENA")
+    size = int(env) if env else max(2 * need, ARENA_MIN)
+    return -(-size // (2 * _MIB)) * (2 * _MIB)
+
+
+def start_runtime(c, device: int, arena: int, timeout_s: float) -> int:
+    """Initialises NVSHMEM in this process once (PE = jax.process_index()), or attaches to a
+    runtime already up; returns nvshmemx_init_status()."""
+    nv = c.nvshmem
+    if nv.status() != 0:
+        return nv.ensure_initialized(0, 0, b"", device)  # reuse: only registers our device code
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(arena + NVSHMEM_RESERVE))
+    if jax.process_count() == 1:
+        uid = bytes(nv.unique_id())
+    else:  # process 0 makes the id; the others read it from the key-value store
+        client = runtime.kv_client()
+        if jax.process_index() == 0:
+            uid = bytes(nv.unique_id())
+            client.key_value_set(_UID_KEY, base64.b64encode(uid).decode())
+        else:
+            uid = base64.b64decode(client.blocking_key_value_get(_UID_KEY, int(timeout_s * 1000)))
+    return nv.ensure_initialized(jax.process_index(), jax.process_count(), uid, device)
+
+
+class NvshmemBackend(CudaBackend):
+    name = "nvshmem"
+    target = "nvshmem"
+
+    @staticmethod
+    def _native(c):
+        return c.nvshmem
+
+    def init(self, comm):
+        spec, n = comm.spec, comm.num_ranks
+        if n > 64:
+            raise ValueError("nvshmem backend: at most 64 ranks")
+        devices = list(comm.mesh.devices.flat)
+        for d in devices:
+            if d.platform != "gpu":
+                raise ValueError(f"nvshmem backend: mesh device {d} is not a GPU")
+        if len({d.process_index for d in devices}) != jax.process_count():
+            raise ValueError("nvshmem backend: the mesh must span every JAX process (they are the NVSHMEM PEs, and "
+                             "creating a communicator is collective over all of them)")
+        me = jax.process_index()
+        local = [r for r, d in enumerate(devices) if d.process_index == me]
+        if len(local) != 1:
+            raise NotImplementedError(
+                f"nvshmem backend: one process drives one GPU (one EP rank per process); this process holds ranks "
+                f"{local}. Launch one process per GPU, or use the cuda backend")
+        rank = local[0]
+        device = devices[rank].local_hardware_id
+        c = _ffi.require_native()
+        _ffi.register_targets()
+        arena = arena_bytes(self.buffer_bytes(spec, n))
+        start_runtime(c, device, arena, comm.timeout_s)
+        c.nvshmem.create(comm.comm_id, n, spec.num_experts, spec.experts_per_token, spec.hidden,
+                         spec.max_tokens_per_rank, spec.tp_size, spec.num_scales, spec.scale_block,
+                         WIRE[spec.dispatch_dtype], 0 if spec.layout == "ragged" else 1, spec.recv_rows(n),
+                         spec.pow2_scale, spec.slots, comm.timeout_s, rank, device, arena)
+        self._finalizer = weakref.finalize(comm, c.nvshmem.destroy, comm.comm_id)
+        mine = {rank: bytes(c.nvshmem.bootstrap_info(comm.comm_id))}
+        table = runtime.exchange(f"jax_moe_a2a/nvshmem/{comm.comm_id}", mine, n, comm.timeout_s)
+        c.nvshmem.connect(comm.comm_id, [table[i] for i in range(n)])
