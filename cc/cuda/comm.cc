@@ -9,6 +9,13 @@
 
 #include "core/registry.h"
 #include "cuda/kernels.h"
+#ifdef JAX_MOE_A2A_WITH_LIBFABRIC
+#include "cuda/remote_path.h"
+#else
+namespace a2a::cuda {
+class RemotePath {};  // never constructed: node_size with remote peers raises without libfabric
+}  // namespace a2a::cuda
+#endif
 
 namespace a2a::cuda {
 
@@ -50,8 +57,11 @@ void finish_geometry(Geometry* g, int slots, int64_t* shared_bytes, int64_t* pri
   *private_bytes = g->private_slot_bytes * slots;
 }
 
-RankState::RankState(const CudaOptions& o, int rank, int device) : o_(o), rank_(rank), device_(device) {
+RankState::RankState(const CudaOptions& o, int rank, int device, int local_index) : o_(o), rank_(rank), device_(device) {
   if (o_.g.N > kMaxRanks) throw std::invalid_argument("jax_moe_a2a cuda: at most 64 ranks");
+  if (o_.node_size < 0) throw std::invalid_argument("jax_moe_a2a cuda: node_size must be >= 0");
+  bool any_remote = false;
+  for (int r = 0; r < o_.g.N; ++r) any_remote = any_remote || !on_my_node(r);
   finish_geometry(&o_.g, o_.slots, &shared_bytes_, &private_bytes_);
   check(cudaSetDevice(device_), "cudaSetDevice");
   check(cudaMalloc(reinterpret_cast<void**>(&shared_), shared_bytes_), "cudaMalloc (shared buffers)");
@@ -69,6 +79,31 @@ RankState::RankState(const CudaOptions& o, int rank, int device) : o_(o), rank_(
   if (timing_)
     for (auto& pair : events_)
       for (auto& e : pair) check(cudaEventCreate(&e), "cudaEventCreate");
+  if (any_remote) {
+#ifdef JAX_MOE_A2A_WITH_LIBFABRIC
+    protocol::ExchangeOptions xo;
+    xo.shape.num_ranks = o_.g.N;
+    xo.shape.num_experts = o_.g.E;
+    xo.shape.topk = o_.g.K;
+    xo.shape.hidden = o_.g.H;
+    xo.shape.max_tokens = o_.g.T;
+    xo.shape.tp = o_.g.tp;
+    xo.shape.num_scales = o_.g.S;
+    xo.shape.scale_block = o_.g.scale_block;
+    xo.shape.wire_elem_bytes = o_.g.wire_kind == 0 ? 4 : o_.g.wire_kind == 3 ? 1 : 2;
+    xo.shape.layout = static_cast<Layout>(o_.g.layout);
+    xo.shape.capacity = o_.g.capacity;
+    xo.slots = o_.slots;
+    xo.priv_rows = o_.priv_rows;
+    xo.node_size = o_.node_size;
+    xo.timeout_s = o_.timeout_s;
+    if (xo.shape.row_bytes() != o_.g.row) throw std::logic_error("jax_moe_a2a cuda: wire row sizes disagree");
+    remote_ = std::make_unique<RemotePath>(xo, rank_, o_.provider, local_index);
+#else
+    throw std::invalid_argument("jax_moe_a2a cuda: node_size " + std::to_string(o_.node_size) +
+                                " puts peers on other nodes, which needs the TransferEngine: rebuild with libfabric");
+#endif
+  }
 }
 
 cudaError_t RankState::launch_timed(int op, cudaStream_t stream, cudaError_t (*launch)(const void*, int, cudaStream_t),
@@ -106,6 +141,7 @@ float RankState::kernel_ms(int op) {
 RankState::~RankState() {
   cudaSetDevice(device_);
   cudaDeviceSynchronize();
+  remote_.reset();  // proxy thread, engine, pinned buffers
   for (uint8_t* p : opened_) cudaIpcCloseMemHandle(p);
   if (shared_) cudaFree(shared_);
   if (private_) cudaFree(private_);
@@ -135,6 +171,7 @@ void RankState::connect(const std::vector<std::string>& peers, const std::map<in
     uint64_t tok;
     std::memcpy(&tok, info.data() + sizeof(cudaIpcMemHandle_t), 8);
     auto it = local.find(r);
+    if (!on_my_node(r)) continue;  // through the proxy
     if (tok == process_token()) {
       if (it == local.end()) throw std::invalid_argument("jax_moe_a2a cuda connect: rank " + std::to_string(r) + " claims this process");
       peers_[r] = it->second->shared_base();
@@ -163,6 +200,9 @@ SlotPtrs RankState::slot(int z) const {
   p.rank = rank_;
   p.slot = z;
   p.timeout_ns = static_cast<int64_t>(o_.timeout_s * 1e9);
+#ifdef JAX_MOE_A2A_WITH_LIBFABRIC
+  if (remote_) p.remote = remote_->ptrs(z);
+#endif
   return p;
 }
 
@@ -171,7 +211,16 @@ void RankState::check_error() const {
   if (!text.empty()) throw std::runtime_error(text);
 }
 
-std::string RankState::error_text() const { return describe_error(*err_, o_.timeout_s, "cuda"); }
+std::string RankState::error_text() const {
+#ifdef JAX_MOE_A2A_WITH_LIBFABRIC
+  if (remote_) {  // the proxy names what the kernel could not see (missing remote ranks, transport errors)
+    const std::string text = remote_->error_text();
+    if (!text.empty())
+      return text + (err_->code ? "; the kernel trapped and this process's CUDA context is unusable" : "");
+  }
+#endif
+  return describe_error(*err_, o_.timeout_s, "cuda");
+}
 
 std::string describe_error(const ErrorRecord& e, double timeout_s, const char* backend) {
   if (e.code == 0) return "";
@@ -186,7 +235,8 @@ std::string describe_error(const ErrorRecord& e, double timeout_s, const char* b
 
 CudaComm::CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices) {
   if (ranks.size() != devices.size()) throw std::invalid_argument("CudaComm: one device per local rank");
-  for (size_t i = 0; i < ranks.size(); ++i) ranks_[ranks[i]] = std::make_unique<RankState>(o, ranks[i], devices[i]);
+  for (size_t i = 0; i < ranks.size(); ++i)
+    ranks_[ranks[i]] = std::make_unique<RankState>(o, ranks[i], devices[i], static_cast<int>(i));
 }
 
 RankState& CudaComm::rank(int r) {

@@ -20,14 +20,21 @@ struct CudaOptions {
   Geometry g;            // N, E, L, K, H, T, tp, S, scale_block, wire_kind, layout, capacity, pow2 set
   int slots = 2;
   double timeout_s = 60.0;
+  // Ranks a, b share a node iff a / node_size == b / node_size (0: every rank in one node). Peers
+  // on other nodes go through the proxy and a TransferEngine over `provider` (cuda/remote_path.h).
+  int node_size = 0;
+  int priv_rows = -1;    // private rows per remote sender (-1: all; protocol::ExchangeOptions)
+  std::string provider;  // "" -> $JAX_MOE_A2A_PROVIDER -> shm
 };
+
+class RemotePath;
 
 // Fills P, row, payload and every offset of g (the shape fields must be set).
 void finish_geometry(Geometry* g, int slots, int64_t* shared_bytes, int64_t* private_bytes);
 
 class RankState {
  public:
-  RankState(const CudaOptions& o, int rank, int device);
+  RankState(const CudaOptions& o, int rank, int device, int local_index = 0);
   ~RankState();
   RankState(const RankState&) = delete;
   RankState& operator=(const RankState&) = delete;
@@ -35,7 +42,11 @@ class RankState {
   // 64-byte cudaIpcMemHandle_t of our shared allocation, then our process token (8 bytes).
   std::string bootstrap_info() const;
   // peers[r] = bootstrap_info of rank r; `local` maps ranks of this process to their states.
+  // Ranks on other nodes are skipped (their IPC handles are not opened).
   void connect(const std::vector<std::string>& peers, const std::map<int, RankState*>& local);
+  bool on_my_node(int r) const { return o_.node_size <= 0 || r / o_.node_size == rank_ / o_.node_size; }
+  // The inter-node path (null when every peer is on our node).
+  RemotePath* remote() const { return remote_.get(); }
 
   SlotPtrs slot(int z) const;
   const Geometry& geometry() const { return o_.g; }
@@ -66,6 +77,7 @@ class RankState {
   ErrorRecord* err_dev_ = nullptr;
   std::vector<uint8_t*> peers_;     // shared base of every rank, as mapped here
   std::vector<uint8_t*> opened_;    // IPC mappings to close
+  std::unique_ptr<RemotePath> remote_;
   bool timing_ = false;
   cudaEvent_t events_[4][2] = {};
   bool recorded_[4] = {};

@@ -118,10 +118,12 @@ __device__ void wait_flags_each(const SlotPtrs& p, const Geometry& g, int op, Fl
   }
 }
 
-// The same wait with one target for every rank (the cuda backend's epoch flags).
+// The same wait with one target for every node-local rank (the cuda backend's epoch flags); ranks
+// on other nodes are the proxy's (cuda/remote.cuh).
 template <typename FlagFn>
 __device__ void wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want) {
-  wait_flags_each(p, g, op, flag, [want](int) { return want; }, "cuda");
+  const uint64_t remote = p.remote.mask;
+  wait_flags_each(p, g, op, flag, [want, remote](int r) { return remote >> r & 1 ? 0 : want; }, "cuda");
 }
 
 // Arrangement of the rows a receiver got: from counts [N][L] (rows per source and local expert).

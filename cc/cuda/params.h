@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "proxy/ctrl.h"
+
 namespace a2a::cuda {
 
 constexpr int kMaxRanks = 64;
@@ -49,6 +51,22 @@ struct Geometry {
   int64_t c_stride_max;  // H * 4
 };
 
+// The inter-node path of one slot (device functions in cuda/remote.cuh, host side in
+// cuda/remote_path.h): pinned host memory registered with the TransferEngine that kernels read and
+// write through mapped pointers, in the layout of protocol::SlotLayout, and the flag block shared
+// with the rank's proxy thread. mask == 0: every peer is node-local and nothing here is used.
+struct RemotePtrs {
+  uint64_t mask;                   // bit r: rank r is on another node (its rows go through the proxy)
+  proxy::SlotCtrl* ctrl;           // this slot's flags (mapped)
+  const proxy::ProxyError* error;  // the proxy's failure record (mapped)
+  uint8_t* d_send;                 // our counts [N][L] int32 (16-byte padded) | rows [N dest][P][row]
+  const uint8_t* d_recv;           // counts [N src][N][L] | private [N src][priv][row] | overflow [N*(P-priv)][row]
+  uint8_t* c_send;                 // [N src][P][H * itemsize(y)]
+  const uint8_t* c_recv;           // [N expert rank][tp][P][H * itemsize(y)]
+  int64_t d_send_rows_off, priv_off, over_off;
+  int priv;
+};
+
 // Pointers for one rank and one slot.
 struct SlotPtrs {
   uint8_t* peer_shared[kMaxRanks];  // every rank's shared slot area, as mapped here (ours included)
@@ -57,6 +75,7 @@ struct SlotPtrs {
   int rank;
   int slot;
   int64_t timeout_ns;
+  RemotePtrs remote;                // peers on other nodes (cuda backend with node_size < N)
 };
 
 struct DispatchSendParams {

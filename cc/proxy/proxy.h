@@ -44,7 +44,6 @@ struct ProxyOptions {
 struct ProxyStats {
   uint64_t dispatches = 0, combines = 0;
   uint64_t polls = 0, sleeps = 0;
-  uint64_t post_ns = 0;     // time spent posting writes (COUNTS, PRIV, OVER, COMB, FREE)
   uint64_t counts_to_landed_ns = 0;  // from our COUNTS out to d_landed raised, per dispatch
   uint64_t comb_to_landed_ns = 0;    // from our COMB out to c_landed raised, per combine
 };

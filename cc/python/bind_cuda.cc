@@ -2,9 +2,13 @@
 // IPC handles travel through Python (the JAX key-value store between processes).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "cuda/comm.h"
+#ifdef JAX_MOE_A2A_WITH_LIBFABRIC
+#include "cuda/remote_path.h"
+#endif
 #include "python/gpu_options.h"
 
 namespace nb = nanobind;
@@ -17,13 +21,67 @@ void bind_cuda(nb::module_& m) {
   c.def(
       "create",
       [](int64_t comm_id, int N, int E, int K, int H, int T, int tp, int S, int scale_block, int wire_kind, int layout,
-         int capacity, bool pow2, int slots, double timeout_s, std::vector<int> ranks, std::vector<int> devices) {
-        const cuda::CudaOptions o =
+         int capacity, bool pow2, int slots, double timeout_s, std::vector<int> ranks, std::vector<int> devices,
+         int node_size, int priv_rows, const std::string& provider) {
+        cuda::CudaOptions o =
             gpu_options(N, E, K, H, T, tp, S, scale_block, wire_kind, layout, capacity, pow2, slots, timeout_s);
+        o.node_size = node_size;
+        o.priv_rows = priv_rows;
+        o.provider = provider;
         cuda::register_comm(comm_id, std::make_shared<cuda::CudaComm>(o, ranks, devices));
       },
       "comm_id"_a, "N"_a, "E"_a, "K"_a, "H"_a, "T"_a, "tp"_a, "S"_a, "scale_block"_a, "wire_kind"_a, "layout"_a,
-      "capacity"_a, "pow2"_a, "slots"_a, "timeout_s"_a, "ranks"_a, "devices"_a);
+      "capacity"_a, "pow2"_a, "slots"_a, "timeout_s"_a, "ranks"_a, "devices"_a, "node_size"_a = 0,
+      "priv_rows"_a = -1, "provider"_a = "",
+      "Creates the communicator; node_size > 0 puts ranks r // node_size on one node each, and peers on "
+      "other nodes go through a proxy thread and the TransferEngine over `provider`.");
+#ifdef JAX_MOE_A2A_WITH_LIBFABRIC
+  c.def(
+      "remote_info",
+      [](int64_t comm_id, int rank) -> nb::object {
+        cuda::RemotePath* rp = cuda::find_comm(comm_id)->rank(rank).remote();
+        if (!rp) return nb::none();
+        const transfer::Bytes addr = rp->address();
+        nb::list descs;
+        for (const auto& d : rp->descriptors()) descs.append(nb::bytes(reinterpret_cast<const char*>(d.data()), d.size()));
+        return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(addr.data()), addr.size()), descs, rp->provider());
+      },
+      "comm_id"_a, "rank"_a, "(engine address, [descriptors], provider) of a rank's inter-node path, or None.");
+  c.def(
+      "connect_remote",
+      [](int64_t comm_id, int rank, const std::vector<std::tuple<int, nb::bytes, std::vector<nb::bytes>>>& peers) {
+        auto as_bytes = [](const nb::bytes& b) {
+          const auto* p = static_cast<const uint8_t*>(b.data());
+          return transfer::Bytes(p, p + b.size());
+        };
+        std::vector<std::tuple<int, transfer::Bytes, std::vector<transfer::Bytes>>> ps;
+        for (const auto& [r, addr, ds] : peers) {
+          std::vector<transfer::Bytes> d;
+          for (const auto& x : ds) d.push_back(as_bytes(x));
+          ps.emplace_back(r, as_bytes(addr), std::move(d));
+        }
+        cuda::RemotePath* rp = cuda::find_comm(comm_id)->rank(rank).remote();
+        if (!rp) throw std::invalid_argument("jax_moe_a2a cuda: rank has no peers on other nodes");
+        nb::gil_scoped_release release;
+        rp->connect(ps);
+      },
+      "comm_id"_a, "rank"_a, "peers"_a, "Connects a rank's inter-node path: [(rank, address, descriptors)] of every rank.");
+  c.def(
+      "proxy_stats",
+      [](int64_t comm_id, int rank) {
+        cuda::RemotePath* rp = cuda::find_comm(comm_id)->rank(rank).remote();
+        const proxy::ProxyStats s = rp ? rp->stats() : proxy::ProxyStats{};
+        nb::dict d;
+        d["dispatches"] = s.dispatches;
+        d["combines"] = s.combines;
+        d["polls"] = s.polls;
+        d["sleeps"] = s.sleeps;
+        d["counts_to_landed_ns"] = s.counts_to_landed_ns;
+        d["comb_to_landed_ns"] = s.comb_to_landed_ns;
+        return d;
+      },
+      "comm_id"_a, "rank"_a, "Counters of a rank's proxy thread (zeros without one).");
+#endif
   c.def("bootstrap_info", [](int64_t comm_id, int rank) {
     std::string s = cuda::find_comm(comm_id)->rank(rank).bootstrap_info();
     return nb::bytes(s.data(), s.size());

@@ -1,11 +1,14 @@
 """`cuda` backend: one cooperative kernel per half on NVIDIA GPUs; peers inside a node write
 straight into each other's library-owned buffers (CUDA IPC between processes, plain pointers
-with peer access inside one process). See cc/cuda and docs/protocol.md.
+with peer access inside one process). Peers on other nodes (option `node_size`) go through a
+proxy thread per rank and the TransferEngine: the kernels pack and unpack pinned host memory that
+the proxy moves (cc/cuda/remote.cuh, cc/proxy). See cc/cuda and docs/protocol.md.
 
 Every FFI call only launches kernels on XLA's stream (command-buffer compatible)."""
 
 from __future__ import annotations
 
+import os
 import weakref
 
 import jax
@@ -42,18 +45,59 @@ class CudaBackend(FfiBackend):
                 raise ValueError(f"cuda backend: mesh device {d} is not a GPU")
         me = jax.process_index()
         local = [r for r, d in enumerate(devices) if d.process_index == me]
+        node_size, priv, provider = self._remote_options(comm, n)
         c = _ffi.require_native()
         _ffi.register_targets()
+        remote = node_size < n
+        if remote and not hasattr(c.cuda, "connect_remote"):
+            raise ValueError(f"cuda backend: node_size={node_size} puts peers on other nodes, which needs the "
+                             "TransferEngine: rebuild the extension with libfabric")
         c.cuda.create(comm.comm_id, n, spec.num_experts, spec.experts_per_token, spec.hidden,
                       spec.max_tokens_per_rank, spec.tp_size, spec.num_scales, spec.scale_block,
                       WIRE[spec.dispatch_dtype], 0 if spec.layout == "ragged" else 1, spec.recv_rows(n),
                       spec.pow2_scale, spec.slots, comm.timeout_s, local,
-                      [devices[r].local_hardware_id for r in local])
+                      [devices[r].local_hardware_id for r in local], node_size if remote else 0,
+                      -1 if priv is None else priv, provider)
         self._finalizer = weakref.finalize(comm, c.cuda.destroy, comm.comm_id)
         mine = {r: bytes(c.cuda.bootstrap_info(comm.comm_id, r)) for r in local}
         table = runtime.exchange(f"jax_moe_a2a/cuda/{comm.comm_id}", mine, n, comm.timeout_s)
         for r in local:
             c.cuda.connect(comm.comm_id, r, [table[i] for i in range(n)])
+        self.node_size = node_size
+        if remote:  # every rank has peers on another node: exchange engine addresses and regions
+            info = {r: c.cuda.remote_info(comm.comm_id, r) for r in local}
+            self.provider = next(iter(info.values()))[2] if info else provider
+            mine = {r: (bytes(a), [bytes(d) for d in ds]) for r, (a, ds, _) in info.items()}
+            table = runtime.exchange(f"jax_moe_a2a/cuda-remote/{comm.comm_id}", mine, n, comm.timeout_s)
+            peers = [(r, table[r][0], list(table[r][1])) for r in range(n)]
+            for r in local:
+                c.cuda.connect_remote(comm.comm_id, r, peers)
+
+    @staticmethod
+    def _remote_options(comm, n):
+        """node_size (ranks r // node_size share a node; default: all ranks, or
+        $JAX_MOE_A2A_NODE_SIZE), max_private_tokens and provider of the inter-node path."""
+        opts = comm.options
+        node_size = opts.get("node_size")
+        if node_size is None:
+            node_size = int(os.environ.get("JAX_MOE_A2A_NODE_SIZE", "0") or 0) or n
+        if isinstance(node_size, bool) or not isinstance(node_size, (int, np.integer)) or node_size < 1:
+            raise ValueError(f"node_size: expected a positive int, got {node_size!r}")
+        node_size = min(int(node_size), n)
+        priv = opts.get("max_private_tokens")
+        if priv is not None and int(priv) < 0:
+            raise ValueError(f"max_private_tokens: expected >= 0, got {priv}")
+        provider = opts.get("provider") or os.environ.get("JAX_MOE_A2A_PROVIDER", "shm")
+        return node_size, None if priv is None else int(priv), provider
+
+    def proxy_stats(self, comm):
+        """Counters of this process's proxy threads ({rank: dict}); {} without remote peers."""
+        c = _ffi.require_native()
+        if getattr(self, "node_size", comm.num_ranks) >= comm.num_ranks:
+            return {}
+        devices = list(comm.mesh.devices.flat)
+        local = [r for r, d in enumerate(devices) if d.process_index == jax.process_index()]
+        return {r: dict(c.cuda.proxy_stats(comm.comm_id, r)) for r in local}
 
     def last_error(self, comm):
         """What a kernel recorded before trapping (a peer that never arrived), or None."""

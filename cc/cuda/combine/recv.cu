@@ -2,6 +2,7 @@
 // router weights (plus `out`), then free our combine region for the expert ranks.
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/remote.cuh"
 
 namespace a2a::cuda {
 namespace {
@@ -14,7 +15,10 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
   const int me = P.p.rank;
   const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
   SyncFlags* mine = flags_of(P.p, me);
-  if (blockIdx.x == 0) wait_flags(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1);
+  if (blockIdx.x == 0) {
+    wait_flags(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1);
+    if (remote::any(P.p)) remote::wait_proxy(P.p, 3, &P.p.remote.ctrl->c_landed, epoch + 1);
+  }
   grid.sync();
   const int n = max(0, min(*P.num_tokens, g.T));
   const int64_t stride = int64_t(g.H) * elem_bytes(P.y_kind);
@@ -27,7 +31,8 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
           const int64_t q = int64_t(t) * g.K + k;
           const int d = P.dest[q];
           if (d < 0 || d >= g.N) continue;
-          const uint8_t* row = region + ((int64_t(d) * g.tp + t % g.tp) * g.P + P.pair_slot[q]) * stride;
+          const int64_t at = ((int64_t(d) * g.tp + t % g.tp) * g.P + P.pair_slot[q]) * stride;
+          const uint8_t* row = remote::is_remote(P.p, d) ? P.p.remote.c_recv + at : region + at;
           const float v = load_elem(row, h, P.y_kind);
           acc += P.weights[q] * v;
           if (P.pairs) P.pairs[q * g.H + h] = v;
@@ -45,8 +50,11 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
     }
   }
   grid.sync();
-  if (blockIdx.x == 0 && threadIdx.x < g.N)
-    ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->c_free[me], epoch + 1);
+  if (blockIdx.x == 0) {
+    if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x))
+      ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->c_free[me], epoch + 1);
+    if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->c_consumed, epoch + 1);
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // dropped. Then raise each rank's combine arrival flag.
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/remote.cuh"
 
 namespace a2a::cuda {
 namespace {
@@ -20,7 +21,15 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
 
   if (blockIdx.x == 0) {
     wait_flags(P.p, g, 2, [&](int r) { return &mine->c_free[r]; }, epoch);
-    if (threadIdx.x == 0) compute_arrangement(g, P.recv_counts, arr_scratch, nullptr, nullptr);
+    if (remote::any(P.p)) remote::wait_proxy(P.p, 2, &P.p.remote.ctrl->c_send_ok, epoch + 1);
+    if (threadIdx.x == 0) {
+      compute_arrangement(g, P.recv_counts, arr_scratch, nullptr, nullptr);
+      if (remote::any(P.p)) {  // what the proxy needs to write our rows back
+        const Arrangement a = arrangement_view(g, arr_scratch);
+        for (int s = 0; s < g.N; ++s) P.p.remote.ctrl->rows_from[s] = static_cast<int32_t>(a.rows_from[s]);
+        P.p.remote.ctrl->c_stride = int64_t(g.H) * elem_bytes(P.y_kind);
+      }
+    }
   }
   grid.sync();
   const Arrangement a = arrangement_view(g, arr_scratch);
@@ -33,17 +42,23 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
     int l;
     const int64_t pos = row_position(g, a, s, j, &l);
     const int g0 = s / g.tp * g.tp;
-    for (int m = g0; m < g0 + g.tp; ++m) {  // every member of the source's group gets the row
-      uint8_t* dst = P.p.peer_shared[m] + g.off_c_rows + ((int64_t(me) * g.tp + s % g.tp) * g.P + j) * stride;
+    const bool to_proxy = remote::group_has_remote(P.p, g, s);  // once into c_send [s][P][stride]
+    for (int m = g0; m < g0 + g.tp + (to_proxy ? 1 : 0); ++m) {  // every member of the source's group gets the row
+      if (m < g0 + g.tp && remote::is_remote(P.p, m)) continue;
+      uint8_t* dst = m == g0 + g.tp
+                         ? P.p.remote.c_send + (int64_t(s) * g.P + j) * stride
+                         : P.p.peer_shared[m] + g.off_c_rows + ((int64_t(me) * g.tp + s % g.tp) * g.P + j) * stride;
       if (pos >= 0)
         warp_copy(dst, static_cast<const uint8_t*>(P.y) + pos * stride, stride, lane);
       else
         warp_zero(dst, stride, lane);
     }
   }
+  if (remote::any(P.p)) __threadfence_system();  // our rows in c_send, before the proxy's flag
   grid.sync();
   if (blockIdx.x == 0) {
-    if (threadIdx.x < g.N) {
+    if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->c_packed, epoch + 1);
+    if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x)) {
       __threadfence_system();
       ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->c_arrived[me], epoch + 1);
     }

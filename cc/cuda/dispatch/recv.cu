@@ -2,6 +2,7 @@
 // expert, source, token) with the capacity rule, then free the sources' rows.
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/remote.cuh"
 
 namespace a2a::cuda {
 namespace {
@@ -20,7 +21,11 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
 
   if (blockIdx.x == 0) {
     wait_flags(P.p, g, 1, [&](int r) { return &mine->d_arrived[r]; }, epoch + 1);
-    if (threadIdx.x == 0) compute_arrangement(g, counts, arr_scratch, P.group_sizes, P.overflow);
+    if (remote::any(P.p)) remote::wait_proxy(P.p, 1, &P.p.remote.ctrl->d_landed, epoch + 1);
+    if (threadIdx.x == 0) {
+      if (remote::any(P.p)) remote::pull_remote_counts(P.p, g, const_cast<int32_t*>(counts));
+      compute_arrangement(g, counts, arr_scratch, P.group_sizes, P.overflow);
+    }
   }
   const int64_t rows_out = g.layout == 0 ? g.capacity : int64_t(g.L) * g.capacity;
   for (int64_t i = gtid; i < rows_out; i += gstride) {  // rows past the counts: weight 0, src -1
@@ -40,7 +45,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
     int l;
     const int64_t pos = row_position(g, a, s, j, &l);
     if (pos < 0) continue;
-    const uint8_t* row = P.p.peer_shared[me] + g.off_rows + (int64_t(s) * g.P + j) * g.row;
+    const uint8_t* row = remote::is_remote(P.p, s) ? remote::landed_row(P.p, g, s, j)
+                                                   : P.p.peer_shared[me] + g.off_rows + (int64_t(s) * g.P + j) * g.row;
     warp_copy(static_cast<uint8_t*>(P.x) + pos * g.payload, row, g.payload, lane);
     if (P.scale)
       for (int b = lane; b < g.S; b += 32) P.scale[pos * g.S + b] = reinterpret_cast<const float*>(row + g.payload)[b];
@@ -56,8 +62,11 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
     }
   }
   grid.sync();
-  if (blockIdx.x == 0 && threadIdx.x < g.N)  // sources may reuse their rows here
-    ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->d_free[me], epoch + 1);
+  if (blockIdx.x == 0) {  // sources may reuse their rows here
+    if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x))
+      ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->d_free[me], epoch + 1);
+    if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->d_consumed, epoch + 1);
+  }
 }
 
 }  // namespace

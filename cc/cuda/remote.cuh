@@ -1,0 +1,101 @@
+// Device side of the cuda backend's inter-node path: what the kernels do for peers on other nodes.
+// Their rows go through pinned host memory (RemotePtrs, mapped) that the rank's proxy thread
+// (cc/proxy) moves with the TransferEngine; kernels and proxy talk through the flags of
+// proxy::SlotCtrl (see cc/proxy/ctrl.h for the sequence). Every helper is a no-op when
+// p.remote.mask == 0 (all peers node-local).
+#pragma once
+
+#include "cuda/common.cuh"
+#include "proxy/ctrl.h"
+
+namespace a2a::cuda::remote {
+
+__device__ __forceinline__ bool any(const SlotPtrs& p) { return p.remote.mask != 0; }
+__device__ __forceinline__ bool is_remote(const SlotPtrs& p, int r) { return p.remote.mask >> (r & 63) & 1; }
+
+// Thread 0 of the calling block waits until *flag >= want, a flag the proxy raises. It first
+// raises waiting[op] = want (the proxy's timeout for the step runs from then). The proxy names the
+// missing ranks when peers do not arrive; this wait gives up a little later (timeout * 1.5 + 2 s)
+// or as soon as the proxy recorded a failure: then it records the ErrorRecord (op, slot, the
+// proxy's missing ranks) and traps, like wait_flags. Call from every thread of the block.
+__device__ inline void wait_proxy(const SlotPtrs& p, int op, const uint64_t* flag, uint64_t want) {
+  __shared__ int failed;
+  if (threadIdx.x == 0) {
+    failed = 0;
+    ptx::st_release_sys(&p.remote.ctrl->waiting[op], want);
+    const uint64_t start = ptx::globaltimer();
+    const uint64_t limit = static_cast<uint64_t>(p.timeout_ns) * 3 / 2 + 2000000000ull;
+    while (ptx::ld_acquire_sys(flag) < want) {
+      if (ptx::ld_acquire_sys_s32(&p.remote.error->code) != 0) {
+        failed = 1;
+        break;
+      }
+      if (ptx::globaltimer() - start > limit) {
+        failed = 2;
+        break;
+      }
+      __nanosleep(128);
+    }
+    if (failed) {
+      static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
+      p.err->missing = failed == 1 ? *reinterpret_cast<const volatile uint64_t*>(&p.remote.error->missing) : 0;
+      p.err->op = op;
+      p.err->slot = p.slot;
+      p.err->rank = p.rank;
+      __threadfence_system();
+      p.err->code = 1;
+      __threadfence_system();
+      printf("jax_moe_a2a cuda %s (slot %d, rank %d): %s\n", names[op & 3], p.slot, p.rank,
+             failed == 1 ? "the proxy thread failed (see last_error())" : "the proxy thread raised no flag in time");
+    }
+  }
+  __syncthreads();
+  if (failed) __trap();
+}
+
+// Makes this thread's earlier stores to mapped memory visible system-wide, then (thread 0 of the
+// block, after a __syncthreads) raises a flag for the proxy. Call from every thread of the block.
+__device__ inline void raise_for_proxy(uint64_t* flag, uint64_t value) {
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) ptx::st_release_sys(flag, value);
+}
+
+// Where dispatch_send packs row j of ours for remote destination d: d_send [d][P][row].
+__device__ __forceinline__ uint8_t* send_row(const SlotPtrs& p, const Geometry& g, int d, int64_t j) {
+  return p.remote.d_send + p.remote.d_send_rows_off + (int64_t(d) * g.P + j) * g.row;
+}
+
+// Block 0 of dispatch_send: our whole count matrix [N][L] (rows we send each destination per local
+// expert; cnt[d * L + l]) into d_send, then d_counts = epoch + 1. Call from every thread of block 0.
+__device__ inline void publish_counts(const SlotPtrs& p, const Geometry& g, const int32_t* cnt, uint64_t epoch) {
+  int32_t* out = reinterpret_cast<int32_t*>(p.remote.d_send);
+  for (int i = threadIdx.x; i < g.N * g.L; i += blockDim.x) out[i] = cnt[i];
+  raise_for_proxy(&p.remote.ctrl->d_counts, epoch + 1);
+}
+
+// Thread 0 of dispatch_recv, after d_landed: copies what remote sources send us per local expert
+// (their count matrices in d_recv, row `me`) into counts [N src][L] next to the node-local ones.
+__device__ inline void pull_remote_counts(const SlotPtrs& p, const Geometry& g, int32_t* counts) {
+  const volatile int32_t* m = reinterpret_cast<const volatile int32_t*>(p.remote.d_recv);
+  for (int s = 0; s < g.N; ++s)
+    if (is_remote(p, s))
+      for (int l = 0; l < g.L; ++l) counts[int64_t(s) * g.L + l] = m[(int64_t(s) * g.N + p.rank) * g.L + l];
+}
+
+// Row j that remote source s sent us (private region, or overflow at the proxy's base for s).
+__device__ __forceinline__ const uint8_t* landed_row(const SlotPtrs& p, const Geometry& g, int s, int64_t j) {
+  if (j < p.remote.priv) return p.remote.d_recv + p.remote.priv_off + (int64_t(s) * p.remote.priv + j) * g.row;
+  const int64_t base = *reinterpret_cast<const volatile int64_t*>(&p.remote.ctrl->over_base[s]);
+  return p.remote.d_recv + p.remote.over_off + (base + j - p.remote.priv) * g.row;
+}
+
+// Does the tp group of source s hold a rank on another node (then its rows go to c_send too)?
+__device__ __forceinline__ bool group_has_remote(const SlotPtrs& p, const Geometry& g, int s) {
+  const int g0 = s / g.tp * g.tp;
+  for (int m = g0; m < g0 + g.tp; ++m)
+    if (is_remote(p, m)) return true;
+  return false;
+}
+
+}  // namespace a2a::cuda::remote

@@ -1,0 +1,98 @@
+#include "cuda/remote_path.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <map>
+#include <stdexcept>
+
+namespace a2a::cuda {
+
+namespace {
+
+void check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess)
+    throw std::runtime_error(std::string("jax_moe_a2a cuda (inter-node path): ") + what + ": " + cudaGetErrorString(rc));
+}
+
+}  // namespace
+
+uint8_t* RemotePath::pinned(int64_t bytes) {
+  void* p = nullptr;
+  check(cudaHostAlloc(&p, bytes > 0 ? bytes : 16, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
+  allocations_.push_back(p);
+  std::memset(p, 0, bytes > 0 ? bytes : 16);
+  return static_cast<uint8_t*>(p);
+}
+
+template <typename T>
+T* RemotePath::device_ptr(T* host) const {
+  void* d = nullptr;
+  check(cudaHostGetDevicePointer(&d, const_cast<void*>(static_cast<const void*>(host)), 0), "cudaHostGetDevicePointer");
+  return static_cast<T*>(d);
+}
+
+RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std::string& provider, int local_index)
+    : rank_(rank), local_index_(local_index) {
+  if (xo.node_size <= 0) throw std::invalid_argument("RemotePath: node_size must be > 0");
+  if (xo.slots > proxy::kMaxSlots || xo.shape.num_ranks > proxy::kMaxRanks)
+    throw std::invalid_argument("jax_moe_a2a cuda: the inter-node path supports at most 8 slots and 64 ranks");
+  try {
+    const protocol::SlotLayout lay(xo);
+    ctrl_ = reinterpret_cast<proxy::Ctrl*>(pinned(sizeof(proxy::Ctrl)));
+    for (int z = 0; z < xo.slots; ++z)
+      bufs_.push_back({pinned(lay.d_send_bytes), pinned(lay.d_recv_bytes), pinned(lay.c_send_bytes),
+                       pinned(lay.c_recv_bytes)});
+    transfer::EngineOptions eo;
+    eo.provider = provider;
+    eo.rank = rank;
+    eo.world_size = xo.shape.num_ranks;
+    engine_ = transfer::make_fabric_engine(eo);
+    ex_ = std::make_unique<protocol::Exchange>(xo, rank, engine_, bufs_);
+  } catch (...) {
+    ex_.reset();
+    if (engine_) engine_->close();
+    for (void* p : allocations_) cudaFreeHost(p);
+    allocations_.clear();
+    throw;
+  }
+}
+
+RemotePath::~RemotePath() {
+  if (proxy_) proxy_->stop();
+  ex_.reset();  // deregisters the buffers
+  if (engine_) engine_->close();
+  for (void* p : allocations_) cudaFreeHost(p);  // errors ignored: the context may be gone
+}
+
+void RemotePath::connect(const std::vector<std::tuple<int, transfer::Bytes, std::vector<transfer::Bytes>>>& peers) {
+  std::vector<transfer::PeerAddress> addrs;
+  std::map<int, std::vector<transfer::Bytes>> descs;
+  for (const auto& [r, addr, ds] : peers) {
+    if (r != rank_) addrs.push_back({r, addr});
+    descs[r] = ds;
+  }
+  engine_->add_peers(addrs);
+  ex_->connect(descs);
+  for (int z = 0; z < ex_->options().slots; ++z) ptrs_.push_back(slot_ptrs(z));
+  proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_, proxy::ProxyOptions::from_env(local_index_));
+}
+
+RemotePtrs RemotePath::slot_ptrs(int z) const {
+  const protocol::SlotLayout& lay = ex_->layout();
+  RemotePtrs p{};
+  for (int r : ex_->remote_ranks()) p.mask |= 1ull << r;
+  p.ctrl = device_ptr(&ctrl_->slot[z]);
+  p.error = device_ptr(&ctrl_->error);
+  p.d_send = device_ptr(bufs_[z].d_send);
+  p.d_recv = device_ptr(bufs_[z].d_recv);
+  p.c_send = device_ptr(bufs_[z].c_send);
+  p.c_recv = device_ptr(bufs_[z].c_recv);
+  p.d_send_rows_off = lay.d_send_rows_off;
+  p.priv_off = lay.priv_off;
+  p.over_off = lay.over_off;
+  p.priv = lay.priv;
+  return p;
+}
+
+}  // namespace a2a::cuda
