@@ -18,18 +18,24 @@ void check(cudaError_t rc, const char* what) {
 }  // namespace
 
 uint8_t* RemotePath::pinned(int64_t bytes) {
+  bytes = bytes > 0 ? bytes : 16;
   void* p = nullptr;
-  check(cudaHostAlloc(&p, bytes > 0 ? bytes : 16, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
-  allocations_.push_back(p);
-  std::memset(p, 0, bytes > 0 ? bytes : 16);
+  check(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
+  void* d = nullptr;
+  const cudaError_t rc = cudaHostGetDevicePointer(&d, p, 0);
+  if (rc != cudaSuccess) cudaFreeHost(p);
+  check(rc, "cudaHostGetDevicePointer");
+  allocations_.push_back({static_cast<uint8_t*>(p), static_cast<uint8_t*>(d), bytes});
+  std::memset(p, 0, bytes);
   return static_cast<uint8_t*>(p);
 }
 
 template <typename T>
-T* RemotePath::device_ptr(T* host) const {
-  void* d = nullptr;
-  check(cudaHostGetDevicePointer(&d, const_cast<void*>(static_cast<const void*>(host)), 0), "cudaHostGetDevicePointer");
-  return static_cast<T*>(d);
+T* RemotePath::device_ptr(T* host) const {  // the allocation's device base plus the offset
+  const uint8_t* h = reinterpret_cast<const uint8_t*>(host);
+  for (const Allocation& a : allocations_)
+    if (h >= a.host && h < a.host + a.bytes) return reinterpret_cast<T*>(a.device + (h - a.host));
+  throw std::logic_error("RemotePath: pointer outside the pinned buffers");
 }
 
 RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std::string& provider, int local_index)
@@ -52,7 +58,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
   } catch (...) {
     ex_.reset();
     if (engine_) engine_->close();
-    for (void* p : allocations_) cudaFreeHost(p);
+    for (const Allocation& a : allocations_) cudaFreeHost(a.host);
     allocations_.clear();
     throw;
   }
@@ -62,7 +68,7 @@ RemotePath::~RemotePath() {
   if (proxy_) proxy_->stop();
   ex_.reset();  // deregisters the buffers
   if (engine_) engine_->close();
-  for (void* p : allocations_) cudaFreeHost(p);  // errors ignored: the context may be gone
+  for (const Allocation& a : allocations_) cudaFreeHost(a.host);  // errors ignored: the context may be gone
 }
 
 void RemotePath::connect(const std::vector<std::tuple<int, transfer::Bytes, std::vector<transfer::Bytes>>>& peers) {

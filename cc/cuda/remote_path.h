@@ -44,7 +44,12 @@ class RemotePath {
   T* device_ptr(T* host) const;
 
   int rank_, local_index_;
-  std::vector<void*> allocations_;
+  struct Allocation {
+    uint8_t* host;
+    uint8_t* device;  // cudaHostGetDevicePointer of host
+    int64_t bytes;
+  };
+  std::vector<Allocation> allocations_;
   proxy::Ctrl* ctrl_ = nullptr;
   std::vector<protocol::SlotBuffers> bufs_;
   std::shared_ptr<transfer::Engine> engine_;

@@ -76,7 +76,9 @@ class CudaBackend(FfiBackend):
     @staticmethod
     def _remote_options(comm, n):
         """node_size (ranks r // node_size share a node; default: all ranks, or
-        $JAX_MOE_A2A_NODE_SIZE), max_private_tokens and provider of the inter-node path."""
+        $JAX_MOE_A2A_NODE_SIZE), max_private_tokens (rows per remote sender written before the
+        counts arrive; default all, or $JAX_MOE_A2A_MAX_PRIVATE_TOKENS) and provider
+        ($JAX_MOE_A2A_PROVIDER, default shm) of the inter-node path."""
         opts = comm.options
         node_size = opts.get("node_size")
         if node_size is None:
@@ -84,7 +86,7 @@ class CudaBackend(FfiBackend):
         if isinstance(node_size, bool) or not isinstance(node_size, (int, np.integer)) or node_size < 1:
             raise ValueError(f"node_size: expected a positive int, got {node_size!r}")
         node_size = min(int(node_size), n)
-        priv = opts.get("max_private_tokens")
+        priv = opts.get("max_private_tokens", os.environ.get("JAX_MOE_A2A_MAX_PRIVATE_TOKENS") or None)
         if priv is not None and int(priv) < 0:
             raise ValueError(f"max_private_tokens: expected >= 0, got {priv}")
         provider = opts.get("provider") or os.environ.get("JAX_MOE_A2A_PROVIDER", "shm")
