@@ -3,7 +3,7 @@
 # Several processes share the one GPU, each one JAX rank (XLA's own collectives refuse that, so
 # the multi-process runs use the cuda backend and the NumPy oracle only).
 # Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench";
-# also: serve timeout nocmdbuf sanitizer mpibench mpsbench nvshmem nvshmem-timeout),
+# also: serve timeout nocmdbuf sanitizer mpibench mpsbench nvshmem nvshmem-timeout proxy proxybench),
 #      NVSHMEM_NPROCS (process counts of the nvshmem stage, default "1 2 4"; 1 = no mpirun).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +85,44 @@ if has nvshmem-timeout; then  # a rank that never calls: the other must fail nam
     --output-filename "$OUT/nvshmem-timeout" python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi \
     test_protocol.py -k never_calls > /dev/null 2>&1
 fi
+# The cuda backend's inter-node path: JAX_MOE_A2A_NODE_SIZE=1 makes every peer remote (proxy thread +
+# TransferEngine over pinned host memory), 2 keeps pairs of ranks on NVLink/IPC (hybrid). Needs an
+# extension built with libfabric (PKG_CONFIG_PATH / LD_LIBRARY_PATH from ../shared/tools/device-libfabric.sh).
+# PROXY_RUNS: "n:node_size:provider:what" items; what = full (test_ops + test_protocol + test_grad),
+# ops (test_ops + test_protocol), priv0 / priv1 (test_ops subset with 0 / 1 private rows: overflow).
+proxy_run() {  # $1 = n, $2 = node_size, $3 = provider, $4 = what
+  local n=$1 ns=$2 prov=$3 what=$4 label files kexpr="" priv=""
+  label="proxy-n$1-ns$2-${3%%;*}-$4"
+  case $what in
+    full) files="test_ops.py test_protocol.py test_grad.py";;
+    ops) files="test_ops.py test_protocol.py";;
+    priv*) files="test_ops.py test_protocol.py"; priv=${what#priv}; kexpr="fp8-random or expert-major or tp2 or overflow or one-hot or two_slots";;
+  esac
+  env JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_NODE_SIZE="$ns" \
+    JAX_MOE_A2A_PROVIDER="$prov" JAX_MOE_A2A_IFACE="$([ "$prov" = shm ] || echo lo)" JAX_MOE_A2A_MAX_PRIVATE_TOKENS="$priv" \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.5/$n, 3))") \
+    JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 200) timeout 560 "${MPIRUN[@]}" -n "$n" \
+    python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x ${kexpr:+-k "$kexpr"} $files 2>&1 \
+    | grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" | tail -30 | tee "$OUT/$label.log"
+}
+if has proxy; then
+  python3 -c "import jax_moe_a2a._C as c; assert c.built_with_libfabric(), 'built without libfabric'" 2>&1 | tee "$OUT/proxy.log" || exit 1
+  for run in ${PROXY_RUNS:-2:1:shm:full 4:1:shm:ops 4:2:shm:ops "2:1:tcp;ofi_rxm:ops" "4:2:tcp;ofi_rxm:ops" 4:1:shm:priv0 "4:2:tcp;ofi_rxm:priv1"}; do
+    IFS=: read -r n ns prov what <<< "$run"
+    proxy_run "$n" "$ns" "$prov" "$what"
+  done
+  for ns in 1 2; do  # a rank that never calls (node_size 2 with 4 ranks: the silent one is remote to two of them)
+    n=$((2 * ns)); rm -rf "$RUNDIR/proxy-timeout$ns"
+    JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_TEST_TIMEOUT=1 \
+    JAX_MOE_A2A_NODE_SIZE=$ns JAX_MOE_A2A_PROVIDER=shm XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout 150 "${MPIRUN[@]}" -n "$n" \
+      --output-filename "$RUNDIR/proxy-timeout$ns" python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 \
+      -m mpi test_protocol.py -k never_calls > /dev/null 2>&1
+    echo "exit $?" > "$OUT/proxy-timeout-ns$ns.log"
+    for f in $(find "$RUNDIR/proxy-timeout$ns" -type f | sort); do
+      echo "== $f"; grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" "$f" | tail -40
+    done >> "$OUT/proxy-timeout-ns$ns.log"
+  done
+fi
 cd "$RUNDIR"
 if has bench; then  # one process, one rank: cuda next to reference, decode and prefill
   JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" timeout 300 python3 -m jax_moe_a2a.bench --out "$OUT/bench1" ${BENCH_ARGS:-} 2>&1 \
@@ -104,6 +142,17 @@ mpi_bench() {  # $1 = label, $2 = n, extra env before the command
 }
 if has mpibench; then
   for n in ${NPROCS:-2 4 8}; do mpi_bench bench "$n"; done
+fi
+if has proxybench; then  # the inter-node path on one GPU: signalling round trip, then halves + breakdown
+  JAX_PLATFORMS=cuda,cpu timeout 120 python3 -m jax_moe_a2a.bench.proxy --signal 2>&1 | tee "$OUT/proxybench-signal.log"
+  for run in ${PROXYBENCH_RUNS:-2:1:shm 4:1:shm 4:2:shm "2:1:tcp;ofi_rxm"}; do
+    IFS=: read -r n ns prov <<< "$run"
+    env JAX_MOE_A2A_NODE_SIZE="$ns" JAX_MOE_A2A_PROVIDER="$prov" JAX_MOE_A2A_IFACE="$([ "$prov" = shm ] || echo lo)" \
+      JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
+      XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") timeout 300 "${MPIRUN[@]}" -n "$n" \
+      python3 -m jax_moe_a2a.bench.proxy --shape decode 2>&1 | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" \
+      | tee "$OUT/proxybench-n$n-ns$ns-${prov%%;*}.log"
+  done
 fi
 if has mpsbench; then
   nvidia-cuda-mps-control -d && sleep 1
