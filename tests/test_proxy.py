@@ -37,32 +37,46 @@ CASES = [
 ]
 
 
-def proxied(spec, mesh, priv=None, timeout_s=60.0):
-    return a2a.init(spec, mesh, "ep", backend="host", proxied=True, max_private_tokens=priv, timeout_s=timeout_s)
+def proxied(spec, mesh, priv=None, timeout_s=60.0, node_size=0):
+    return a2a.init(spec, mesh, "ep", backend="host", proxied=True, max_private_tokens=priv, timeout_s=timeout_s,
+                    node_size=node_size)
+
+
+def skip_unless_node_fits(node_size, num_ranks):
+    """A node's ranks must live in one process here (the node-local path copies in memory)."""
+    if node_size and (jax.local_device_count() % node_size or node_size >= num_ranks):
+        pytest.skip(f"node_size {node_size} does not fit {jax.local_device_count()} device(s) per process "
+                    f"and {num_ranks} ranks")
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("priv", [0, 1, None], ids=["priv0-all-overflow", "priv1", "priv-full"])
+@pytest.mark.parametrize("node_size, priv", [(0, 0), (0, None), (1, 1), (2, 0), (2, 1)],
+                         ids=["engine-priv0", "engine-privfull", "node1-priv1", "node2-priv0", "node2-priv1"])
 @pytest.mark.parametrize("case_id, spec_kw, input_kw", CASES, ids=[c[0] for c in CASES])
-def test_proxied_against_oracle(case_id, spec_kw, input_kw, priv, num_ranks, mesh):
-    """Rows, counts, routing arrays and combine results over the proxy, 3 steps per case."""
+def test_proxied_against_oracle(case_id, spec_kw, input_kw, priv, node_size, num_ranks, mesh):
+    """Rows, counts, routing arrays and combine results over the proxy, 2 steps per case. node_size
+    0 sends every pair (ourselves included) through the engine (the host backend's layout); 1 keeps
+    each rank's rows to itself node-local, as on GPUs; 2 makes pairs of ranks nodes (hybrid)."""
     if num_ranks % spec_kw.get("tp_size", 1) or BASE["num_experts"] % num_ranks:
         pytest.skip(f"{case_id} does not fit {num_ranks} ranks")
+    skip_unless_node_fits(node_size, num_ranks)
     spec = a2a.Spec(**{**BASE, **spec_kw})
-    comm = proxied(spec, mesh, priv)
-    for step in range(3):
-        inputs = T.make_inputs(spec, num_ranks, 500 + 7 * step + len(case_id), num_tokens=[None, 5, 0][step],
+    comm = proxied(spec, mesh, priv, node_size=node_size)
+    for step in range(2):
+        inputs = T.make_inputs(spec, num_ranks, 500 + 7 * step + len(case_id), num_tokens=[None, 5][step],
                                **input_kw)
         T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
     comm.close()
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("node_size", [0, 2], ids=["all-via-engine", "node2-hybrid"])
 @pytest.mark.parametrize("priv", [0, None], ids=["priv0", "priv-full"])
-def test_proxied_two_slots(priv, num_ranks, mesh):
+def test_proxied_two_slots(priv, node_size, num_ranks, mesh):
     """Two dispatches in flight on two slots: each slot's pipeline in the proxy runs on its own."""
+    skip_unless_node_fits(node_size, num_ranks)
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=8, slots=2)
-    check_two_slots(proxied(spec, mesh, priv), mesh)
+    check_two_slots(proxied(spec, mesh, priv, node_size=node_size), mesh)
 
 
 @pytest.mark.mpi
@@ -71,8 +85,10 @@ def test_proxied_soak(num_ranks, mesh):
     steps = int(os.environ.get("JAX_MOE_A2A_PROXY_SOAK_STEPS", "300"))
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=6,
                     dispatch_dtype=FP8, scale_block=16, recv_capacity=4 * num_ranks)
+    node_size = 1 if jax.local_device_count() == 1 else 2
+    skip_unless_node_fits(node_size, num_ranks)
     comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, max_private_tokens=1, timeout_s=60,
-                    collect_stats=False)
+                    collect_stats=False, node_size=node_size)
     routings = ["random", "one_hot", "empty", "skewed"]
     for step in range(steps):
         inputs = T.make_inputs(spec, num_ranks, 20_000 + step, routing=routings[step % 4], minus_one_frac=0.1)

@@ -31,12 +31,21 @@ protocol::ExchangeOptions exchange_options(const HostOptions& o) {
   x.shape = o.shape;
   x.slots = o.slots;
   x.priv_rows = o.priv_rows;
-  x.node_size = 0;  // every pair, ourselves included, through the engine
+  x.node_size = o.proxied ? o.node_size : 0;  // 0: every pair, ourselves included, through the engine
   x.timeout_s = o.timeout_s;
   return x;
 }
 
 }  // namespace
+
+// What node-local peers write straight into us (the stand-in of the cuda backend's IPC buffers),
+// with epoch + 1 flags like cuda::SyncFlags: arrived[s] (s wrote), free[r] (r read our rows there).
+struct RankComm::Local {
+  std::vector<uint8_t> rows;     // [N src][P][row]
+  std::vector<int32_t> counts;   // [N src][L]
+  std::vector<uint8_t> c_rows;   // [N expert rank][tp][P][H*4]
+  std::vector<uint64_t> d_arrived, d_free, c_arrived, c_free;  // [N]
+};
 
 struct RankComm::Slot {
   uint32_t d_epoch = 0, c_epoch = 0;
@@ -62,6 +71,17 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
     slots_.back()->over_base.assign(o.shape.num_ranks, 0);
   }
   ex_ = std::make_unique<protocol::Exchange>(xo, rank, std::move(engine), bufs);
+  if (o.node_size < 0 || (o.node_size > 0 && !o.proxied))
+    throw std::invalid_argument("host backend: node_size needs proxied=True (and must be >= 0)");
+  for (int z = 0; z < o.slots && o.node_size > 0; ++z) {
+    const int N = o.shape.num_ranks;
+    auto l = std::make_unique<Local>();
+    l->rows.assign(int64_t(N) * lay.P * lay.row, 0);
+    l->counts.assign(int64_t(N) * o.shape.local_experts(), 0);
+    l->c_rows.assign(int64_t(N) * o.shape.tp * lay.P * lay.c_row_stride_max, 0);
+    for (auto* f : {&l->d_arrived, &l->d_free, &l->c_arrived, &l->c_free}) f->assign(N, 0);
+    local_.push_back(std::move(l));
+  }
   if (o.proxied) {
     if (o.shape.num_ranks > proxy::kMaxRanks) throw std::invalid_argument("host backend: proxied mode supports at most 64 ranks");
     ctrl_ = std::make_unique<proxy::Ctrl>();
@@ -74,7 +94,18 @@ void RankComm::stop() {
   if (proxy_) proxy_->stop();
 }
 
-void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs) {
+RankComm::Local& RankComm::local(int z) const { return *local_[z]; }
+
+void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std::map<int, RankComm*>& locals) {
+  for (int r = 0; r < o_.shape.num_ranks && !local_.empty(); ++r) {
+    if (!on_node(r)) continue;
+    auto it = locals.find(r);
+    if (it == locals.end())
+      throw std::invalid_argument(format("host backend: node_size %d puts rank %d on rank %d's node, but it lives in "
+                                         "another process (the proxied mode needs a node's ranks in one process)",
+                                         o_.node_size, r, rank_));
+    node_[r] = it->second;
+  }
   ex_->connect(descs);
   if (o_.proxied) proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_.get(), proxy::ProxyOptions::from_env(0));
   connected_ = true;
@@ -82,18 +113,23 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs) {
 
 void RankComm::raise(uint64_t* flag, uint64_t value) { proxy::store_release(flag, value); }
 
-void RankComm::wait_flag(const uint64_t* flag, uint64_t want, int op, int slot) {
+void RankComm::wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, int peer) {
   using Clock = std::chrono::steady_clock;
-  raise(&ctrl_->slot[slot].waiting[op], want);
+  if (peer < 0) raise(&ctrl_->slot[slot].waiting[op], want);
+  const double limit = peer < 0 ? o_.timeout_s + 5 : o_.timeout_s;
   const auto t0 = Clock::now();
   double sleep_us = 1;
   for (uint64_t i = 0;; ++i) {
     if (proxy::load_acquire(flag) >= want) return;
     if (proxy::error_code(ctrl_.get()) != 0) throw std::runtime_error(proxy_->error_text());
     const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (waited > o_.timeout_s + 5)  // the proxy names missing ranks after timeout_s; this is the backstop
+    if (waited > limit && peer < 0)  // the proxy names missing ranks after timeout_s; this is the backstop
       throw std::runtime_error(format("jax_moe_a2a host %s (slot %d, rank %d): the proxy thread raised no flag "
                                       "within %.1f s", protocol::op_name(op), slot, rank_, waited));
+    if (waited > limit)
+      throw transfer::TimeoutError(format("jax_moe_a2a %s (node-local; slot %d, rank %d): ranks [%d] did not arrive "
+                                          "within %.1f s", protocol::op_name(op), slot, rank_, peer, o_.timeout_s),
+                                   0, 1, {peer});
     if (waited < 20e-6) continue;
     std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(sleep_us));
     sleep_us = std::min(sleep_us * 2, 50.0);
@@ -136,6 +172,15 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
       packer.pack(t, a.weights[int64_t(t) * K + k], base + int64_t(j) * lay.row);
     }
   }
+  for (auto [d, peer] : node_) {  // node-local destinations: straight into their memory
+    Local& mine = local(a.slot);
+    wait_flag(&mine.d_free[d], e, kDispatchSend, a.slot, d);
+    Local& there = peer->local(a.slot);
+    std::memcpy(&there.rows[int64_t(rank_) * lay.P * lay.row], buf.d_send + lay.d_send_rows_off + int64_t(d) * lay.P * lay.row,
+                int64_t(p.rows_to[d]) * lay.row);
+    std::memcpy(&there.counts[int64_t(rank_) * L], &p.counts[int64_t(d) * L], sizeof(int32_t) * L);
+    raise(&there.d_arrived[rank_], e + 1);
+  }
   if (o_.proxied) raise(&ctrl_->slot[a.slot].d_packed, e + 1);
   else ex_->post_private(a.slot, e);
   sl.d_epoch = e + 1;
@@ -158,9 +203,12 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
     ex_->overflow_bases(a.slot, sl.over_base.data());
   }
 
+  for (auto [s, peer] : node_) wait_flag(&local(a.slot).d_arrived[s], e + 1, kDispatchRecv, a.slot, s);
   std::vector<int32_t> to_me(int64_t(N) * L);
   for (int src = 0; src < N; ++src)
-    std::memcpy(&to_me[int64_t(src) * L], ex_->counts_of(a.slot, src) + int64_t(rank_) * L, sizeof(int32_t) * L);
+    std::memcpy(&to_me[int64_t(src) * L],
+                node_.count(src) ? &local(a.slot).counts[int64_t(src) * L] : ex_->counts_of(a.slot, src) + int64_t(rank_) * L,
+                sizeof(int32_t) * L);
   RecvArrangement arr(s, to_me.data());
   const int64_t R = s.recv_rows_total();
   std::fill(a.weights, a.weights + R, 0.0f);
@@ -176,7 +224,10 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
         if (pos < 0) continue;
         const int32_t j = arr.src_expert_start(src, l) + i;
         int32_t tok;
-        a.weights[pos] = unpacker.unpack(ex_->landed_row(a.slot, src, j, over_base[src]), pos, &tok);
+        const SlotLayout& lay = ex_->layout();
+        const uint8_t* row = node_.count(src) ? &local(a.slot).rows[(int64_t(src) * lay.P + j) * lay.row]
+                                              : ex_->landed_row(a.slot, src, j, over_base[src]);
+        a.weights[pos] = unpacker.unpack(row, pos, &tok);
         a.src[2 * pos] = src;
         a.src[2 * pos + 1] = tok;
         a.recv_slot[pos] = j;
@@ -185,6 +236,7 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
   }
   for (int l = 0; l < L; ++l) a.group_sizes[l] = arr.group_size(l);
   *a.overflow = static_cast<int32_t>(arr.overflow());
+  for (auto [s, peer] : node_) raise(&peer->local(a.slot).d_free[rank_], e + 1);
   if (o_.proxied) raise(&ctrl_->slot[a.slot].d_consumed, e + 1);
   else ex_->signal_free_d(a.slot, e);
 }
@@ -217,6 +269,15 @@ void RankComm::combine_send(const CombineSendArgs& a) {
       throw std::invalid_argument(format("host combine_send: routing arrays corrupted at row %lld", (long long)pos));
     std::memcpy(c_send + (int64_t(src) * P + j) * stride, y + pos * stride, stride);
   }
+  for (auto [m, peer] : node_) {  // node-local ranks: every member j of m's tp group
+    wait_flag(&local(a.slot).c_free[m], e, kCombineSend, a.slot, m);
+    Local& there = peer->local(a.slot);
+    const int g0 = m / s.tp * s.tp;
+    for (int j = 0; j < s.tp; ++j)
+      std::memcpy(&there.c_rows[(int64_t(rank_) * s.tp + j) * P * stride], c_send + int64_t(g0 + j) * P * stride,
+                  int64_t(a.recv_counts[g0 + j]) * stride);
+    raise(&there.c_arrived[rank_], e + 1);
+  }
   if (o_.proxied) {
     proxy::SlotCtrl& c = ctrl_->slot[a.slot];
     std::memcpy(c.rows_from, a.recv_counts, sizeof(int32_t) * N);
@@ -239,6 +300,7 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
   if (a.handle[1] != a.slot) throw std::invalid_argument("host combine_recv: handle from another slot");
   if (o_.proxied) wait_flag(&ctrl_->slot[a.slot].c_landed, e + 1, kCombineRecv, a.slot);
   else ex_->wait(ex_->expect_comb(a.slot, e), kCombineRecv, a.slot, "expert outputs");
+  for (auto [d, peer] : node_) wait_flag(&local(a.slot).c_arrived[d], e + 1, kCombineRecv, a.slot, d);
   const int64_t stride = int64_t(H) * elem_bytes(a.y_kind);
   std::vector<float> acc(H);
   const int n = std::max(0, std::min(a.num_tokens, T));
@@ -252,7 +314,8 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
         if (d < 0 || d >= N) continue;
         const int32_t j = a.pair_slot[pk];
         if (j < 0 || j >= P) throw std::invalid_argument("host combine_recv: routing arrays corrupted");
-        const uint8_t* row = c_recv + ((int64_t(d) * tp + t % tp) * P + j) * stride;
+        const int64_t at = ((int64_t(d) * tp + t % tp) * P + j) * stride;
+        const uint8_t* row = node_.count(d) ? &local(a.slot).c_rows[at] : c_recv + at;
         const float w = a.weights[pk];
         accumulate_row(acc.data(), row, a.y_kind, H, w);
         if (a.pairs) accumulate_row(a.pairs + pk * H, row, a.y_kind, H, 1.0f);
@@ -263,6 +326,7 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
     }
     for (int h = 0; h < H; ++h) store_elem(a.out, int64_t(t) * H + h, a.out_kind, acc[h]);
   }
+  for (auto [d, peer] : node_) raise(&peer->local(a.slot).c_free[rank_], e + 1);
   if (o_.proxied) raise(&ctrl_->slot[a.slot].c_consumed, e + 1);
   else ex_->signal_free_c(a.slot, e);
 }

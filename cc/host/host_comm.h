@@ -8,7 +8,10 @@
 // either inline on the calling thread (the default) or, with `proxied`, by a proxy thread
 // (cc/proxy) exactly as the cuda backend drives it for remote peers: RankComm then plays the
 // kernels' part, raising and waiting on the flags of a Ctrl block in plain memory. That mode is
-// how the proxy's state machine is tested on machines without GPUs.
+// how the proxy's state machine is tested on machines without GPUs. With node_size > 0 it also
+// plays the cuda backend's node-local path: ranks of one node (all in this process) copy rows
+// straight into each other's memory with epoch flags, and only pairs on different nodes go
+// through the proxy.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +41,7 @@ struct HostOptions {
   int priv_rows = -1;               // private rows per sender; -1: rows_per_peer (never overflows)
   double timeout_s = 60.0;
   bool proxied = false;             // run the protocol on a proxy thread (cc/proxy), as the cuda backend does
+  int node_size = 0;                // proxied only: ranks r / node_size share a node (0: none do)
 };
 
 using protocol::SlotLayout;
@@ -106,8 +110,9 @@ class RankComm {
   transfer::Engine& engine() { return ex_->engine(); }
   // Descriptors of our remotely written regions, [slot0 d_recv, slot0 c_recv, slot1 ...].
   std::vector<transfer::Bytes> descriptors() const { return ex_->descriptors(); }
-  // Peers' descriptors in the same order, for every rank (ours included). Starts the proxy.
-  void connect(const std::map<int, std::vector<transfer::Bytes>>& descriptors);
+  // Peers' descriptors in the same order, for every rank (ours included); `locals`: this process's
+  // ranks (the node-local path needs every rank of our node among them). Starts the proxy.
+  void connect(const std::map<int, std::vector<transfer::Bytes>>& descriptors, const std::map<int, RankComm*>& locals);
   bool connected() const { return connected_; }
   // Stops the proxy thread (if any); idempotent.
   void stop();
@@ -119,10 +124,14 @@ class RankComm {
 
  private:
   struct Slot;
-  // Proxied mode: wait until *flag >= want (a flag the proxy raises), else throw the proxy's error
-  // or, past the timeout plus a margin, our own.
-  void wait_flag(const uint64_t* flag, uint64_t want, int op, int slot);
+  // Proxied mode: wait until *flag >= want, a flag the proxy raises (peer < 0) or node-local rank
+  // `peer` raises; else throw the proxy's error or, past the timeout (plus a margin for the proxy's
+  // flags, which the proxy times out itself), our own naming the peer.
+  void wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, int peer = -1);
   void raise(uint64_t* flag, uint64_t value);
+  bool on_node(int r) const { return !ex_->remote(rank_, r); }  // a node-local peer (proxied, node_size > 0)
+  struct Local;
+  Local& local(int z) const;
 
   HostOptions o_;
   int rank_;
@@ -131,6 +140,8 @@ class RankComm {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<proxy::Ctrl> ctrl_;          // proxied mode
   std::unique_ptr<proxy::Proxy> proxy_;
+  std::vector<std::unique_ptr<Local>> local_;  // per slot: what node-local peers write into us
+  std::map<int, RankComm*> node_;              // node-local ranks (ourselves included)
   bool connected_ = false;
 };
 

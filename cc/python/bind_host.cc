@@ -35,7 +35,7 @@ void bind_host(nb::module_& m) {
       [](int64_t comm_id, int num_ranks, int num_experts, int topk, int hidden, int max_tokens, int tp,
          int num_scales, int scale_block, int wire_kind, int layout, int capacity, bool pow2, int slots,
          int priv_rows, double timeout_s, std::vector<int> local_ranks, const std::string& engine,
-         const std::string& provider, bool proxied) {
+         const std::string& provider, bool proxied, int node_size) {
         host::HostOptions o;
         o.shape.num_ranks = num_ranks;
         o.shape.num_experts = num_experts;
@@ -54,6 +54,7 @@ void bind_host(nb::module_& m) {
         o.priv_rows = priv_rows;
         o.timeout_s = timeout_s;
         o.proxied = proxied;
+        o.node_size = node_size;
         std::vector<std::shared_ptr<transfer::Engine>> engines;
         if (engine == "local") {
           if (int(local_ranks.size()) != num_ranks)
@@ -74,7 +75,7 @@ void bind_host(nb::module_& m) {
       },
       "comm_id"_a, "num_ranks"_a, "num_experts"_a, "topk"_a, "hidden"_a, "max_tokens"_a, "tp"_a,
       "num_scales"_a, "scale_block"_a, "wire_kind"_a, "layout"_a, "capacity"_a, "pow2"_a, "slots"_a,
-      "priv_rows"_a, "timeout_s"_a, "local_ranks"_a, "engine"_a, "provider"_a, "proxied"_a = false,
+      "priv_rows"_a, "timeout_s"_a, "local_ranks"_a, "engine"_a, "provider"_a, "proxied"_a = false, "node_size"_a = 0,
       "Creates the communicator `comm_id` for this process's ranks (engine 'local' or 'fabric'); "
       "proxied: the protocol runs on a proxy thread per rank (cc/proxy), as in the cuda backend.");
 
@@ -100,7 +101,10 @@ void bind_host(nb::module_& m) {
         }
         nb::gil_scoped_release release;
         rc.engine().add_peers(addrs);
-        rc.connect(descs);
+        std::map<int, host::RankComm*> locals;
+        auto comm = host::find_comm(comm_id);
+        for (int r : comm->ranks()) locals[r] = &comm->rank(r);
+        rc.connect(descs, locals);
       },
       "comm_id"_a, "rank"_a, "peers"_a, "Connects one local rank to every rank: [(rank, address, descriptors)].");
 

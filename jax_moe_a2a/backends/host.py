@@ -64,13 +64,16 @@ class HostBackend(FfiBackend):
         engine = opts.get("engine") or ("local" if jax.process_count() == 1 else "fabric")
         provider = opts.get("provider") or os.environ.get("JAX_MOE_A2A_PROVIDER", "shm")
         proxied = bool(opts.get("proxied", os.environ.get("JAX_MOE_A2A_HOST_PROXIED", "0") not in ("", "0")))
+        node_size = int(opts.get("node_size") or 0)  # proxied: ranks r // node_size share a node
+        if node_size and not proxied:
+            raise ValueError("host backend: node_size needs proxied=True")
         c = _ffi.require_native()
         _ffi.register_targets()
         c.host.create(comm.comm_id, n, spec.num_experts, spec.experts_per_token, spec.hidden,
                       spec.max_tokens_per_rank, spec.tp_size, spec.num_scales, spec.scale_block,
                       WIRE[spec.dispatch_dtype], 0 if spec.layout == "ragged" else 1, spec.recv_rows(n),
                       spec.pow2_scale, spec.slots, -1 if priv is None else int(priv), comm.timeout_s,
-                      local, engine, provider, proxied)
+                      local, engine, provider, proxied, node_size)
         self._finalizer = weakref.finalize(comm, c.host.destroy, comm.comm_id)
         info = {r: c.host.bootstrap_info(comm.comm_id, r) for r in local}
         self.provider = next(iter(info.values()))[2] if info else provider
