@@ -1,0 +1,38 @@
+"""The build compiled what this machine can build: CUDA kernels wherever nvcc exists, the
+nvshmem backend wherever nvcc and the nvidia-nvshmem wheel exist, the TransferEngine wherever
+libfabric's development files exist. CI runs on CPU machines, so this is where a silently
+skipped part of the build (a CMake test that stopped finding something) shows up."""
+
+import importlib.util
+import shutil
+import subprocess
+
+import pytest
+
+from jax_moe_a2a import _ffi
+
+
+def _c():
+    return _ffi.require_native()  # raises, naming the import error, when the module is missing
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")
+def test_cuda_kernels_compiled_where_nvcc_exists():
+    assert _c().built_with_cuda(), "nvcc is on PATH but the extension was built without the CUDA kernels"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or importlib.util.find_spec("nvidia.nvshmem") is None,
+                    reason="needs nvcc and the nvidia-nvshmem wheel")
+def test_nvshmem_backend_compiled_where_the_wheel_exists():
+    assert _c().built_with_nvshmem(), "nvcc and the NVSHMEM wheel exist but the nvshmem backend was not built"
+
+
+def _has_libfabric_dev():
+    if shutil.which("pkg-config") is None:
+        return False
+    return subprocess.run(["pkg-config", "--exists", "libfabric"]).returncode == 0
+
+
+@pytest.mark.skipif(not _has_libfabric_dev(), reason="no libfabric development files")
+def test_transfer_engine_compiled_where_libfabric_exists():
+    assert _c().built_with_libfabric(), "libfabric is installed but the TransferEngine was not built"
