@@ -36,3 +36,10 @@ def _has_libfabric_dev():
 @pytest.mark.skipif(not _has_libfabric_dev(), reason="no libfabric development files")
 def test_transfer_engine_compiled_where_libfabric_exists():
     assert _c().built_with_libfabric(), "libfabric is installed but the TransferEngine was not built"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or not _has_libfabric_dev(), reason="needs nvcc and libfabric")
+def test_cuda_inter_node_path_compiled_where_nvcc_and_libfabric_exist():
+    c = _c().cuda
+    assert hasattr(c, "connect_remote") and hasattr(c, "signal_roundtrip"), \
+        "nvcc and libfabric exist but the cuda backend's inter-node path (proxy) was not built"
