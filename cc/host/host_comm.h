@@ -117,6 +117,7 @@ class RankComm {
 
   int rank() const { return rank_; }
   transfer::Engine& engine() { return *engine_; }
+  double timeout_s() const { return o_.timeout_s; }
   // Descriptors of our remotely written regions, [slot0 d_recv, slot0 c_recv, slot1 ...].
   std::vector<transfer::Bytes> descriptors() const;
   // Peers' descriptors in the same order, for every rank (ours included).
