@@ -232,6 +232,7 @@ def connect(provider: str | None = None, kv: KeyValueStore | None = None, *,
     try:
         addresses = conn.all_gather("address", engine.address())
         engine.add_peers(list(enumerate(addresses)))
+        engine.connect_in_order(timeout_s)  # first writes one way only: no simultaneous connects
     except BaseException:
         engine.close()
         raise

@@ -6,6 +6,8 @@
 #include <map>
 #include <stdexcept>
 
+#include "transfer/connect_order.h"
+
 namespace a2a::cuda {
 
 namespace {
@@ -79,6 +81,7 @@ void RemotePath::connect(const std::vector<std::tuple<int, transfer::Bytes, std:
     descs[r] = ds;
   }
   engine_->add_peers(addrs);
+  transfer::connect_in_order(*engine_, ex_->options().timeout_s);  // tcp;ofi_rxm: one connect per pair
   ex_->connect(descs);
   for (int z = 0; z < ex_->options().slots; ++z) ptrs_.push_back(slot_ptrs(z));
   proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_, proxy::ProxyOptions::from_env(local_index_));

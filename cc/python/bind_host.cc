@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "host/host_comm.h"
+#include "transfer/connect_order.h"
 #include "transfer/engine.h"
 #include "transfer/local_engine.h"
 
@@ -101,6 +102,7 @@ void bind_host(nb::module_& m) {
         }
         nb::gil_scoped_release release;
         rc.engine().add_peers(addrs);
+        if (rc.engine().kind() == transfer::EngineKind::kFabric) transfer::connect_in_order(rc.engine(), rc.timeout_s());
         std::map<int, host::RankComm*> locals;
         auto comm = host::find_comm(comm_id);
         for (int r : comm->ranks()) locals[r] = &comm->rank(r);

@@ -11,6 +11,7 @@
 
 #include "transfer/bench_loops.h"
 #include "transfer/bench_raw.h"
+#include "transfer/connect_order.h"
 #include "transfer/engine.h"
 #include "transfer/fabric_engine.h"
 #include "transfer/local_engine.h"
@@ -114,6 +115,14 @@ void bind_engine(nb::module_& m) {
              e.add_peers(list);
            },
            "peers"_a, "Adds [(rank, address bytes), ...].")
+      .def("connect_in_order",
+           [](Engine& e, double timeout_s) {
+             nb::gil_scoped_release release;
+             connect_in_order(e, timeout_s);
+           },
+           "timeout_s"_a,
+           "Collective: the first write of every pair goes from the lower rank to the higher "
+           "(avoids simultaneous connects on connection-oriented providers); see connect_order.h.")
       .def("peers", &Engine::peers, "Known ranks (ourselves included).")
       .def("register_array",
            [](Engine& e, nb::ndarray<nb::c_contig, nb::device::cpu> a) {
