@@ -107,12 +107,8 @@ class RankComm {
   ~RankComm();
 
   int rank() const { return rank_; }
-<<<<<<< HEAD
   transfer::Engine& engine() { return ex_->engine(); }
-=======
-  transfer::Engine& engine() { return *engine_; }
   double timeout_s() const { return o_.timeout_s; }
->>>>>>> main
   // Descriptors of our remotely written regions, [slot0 d_recv, slot0 c_recv, slot1 ...].
   std::vector<transfer::Bytes> descriptors() const { return ex_->descriptors(); }
   // Peers' descriptors in the same order, for every rank (ours included); `locals`: this process's
