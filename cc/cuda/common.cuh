@@ -76,6 +76,28 @@ __device__ __forceinline__ void warp_zero(uint8_t* dst, int64_t bytes, int lane)
   for (int64_t i = nv * 16 + lane; i < bytes; i += 32) dst[i] = 0;
 }
 
+// Names of the four halves by op index (ErrorRecord::op).
+__device__ __forceinline__ const char* op_name(int op) {
+  switch (op & 3) {
+    case 0: return "dispatch_send";
+    case 1: return "dispatch_recv";
+    case 2: return "combine_send";
+    default: return "combine_recv";
+  }
+}
+
+// One thread records a timeout in the mapped error record (missing: bit r = rank r), fields
+// first and code last, each made visible to the host before the next.
+__device__ inline void record_timeout(const SlotPtrs& p, int op, uint64_t missing) {
+  p.err->missing = missing;
+  p.err->op = op;
+  p.err->slot = p.slot;
+  p.err->rank = p.rank;
+  __threadfence_system();
+  p.err->code = 1;
+  __threadfence_system();
+}
+
 // Threads 0..N-1 of the calling block each wait until *flag(r) >= want(r). On timeout the missing
 // ranks are recorded in the mapped error record, printed (naming `backend`), and the kernel traps
 // (a loud failure that the caller sees as a CUDA error, never a hang).
@@ -101,17 +123,10 @@ __device__ void wait_flags_each(const SlotPtrs& p, const Geometry& g, int op, Fl
   __syncthreads();
   if (missing != 0) {
     if (threadIdx.x == 0) {
-      static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
-      p.err->missing = missing;
-      p.err->op = op;
-      p.err->slot = p.slot;
-      p.err->rank = p.rank;
-      __threadfence_system();
-      p.err->code = 1;
-      __threadfence_system();
+      record_timeout(p, op, missing);
       printf("jax_moe_a2a %s %s (slot %d, rank %d): ranks with bits 0x%llx set never arrived within "
              "%.1f s (crashed process, or calls out of order?)\n",
-             backend, names[op], p.slot, p.rank, missing, p.timeout_ns * 1e-9);
+             backend, op_name(op), p.slot, p.rank, missing, p.timeout_ns * 1e-9);
     }
     __syncthreads();
     __trap();

@@ -37,15 +37,8 @@ __device__ inline void wait_proxy(const SlotPtrs& p, int op, const uint64_t* fla
       __nanosleep(128);
     }
     if (failed) {
-      static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
-      p.err->missing = failed == 1 ? *reinterpret_cast<const volatile uint64_t*>(&p.remote.error->missing) : 0;
-      p.err->op = op;
-      p.err->slot = p.slot;
-      p.err->rank = p.rank;
-      __threadfence_system();
-      p.err->code = 1;
-      __threadfence_system();
-      printf("jax_moe_a2a cuda %s (slot %d, rank %d): %s\n", names[op & 3], p.slot, p.rank,
+      record_timeout(p, op, failed == 1 ? *reinterpret_cast<const volatile uint64_t*>(&p.remote.error->missing) : 0);
+      printf("jax_moe_a2a cuda %s (slot %d, rank %d): %s\n", op_name(op), p.slot, p.rank,
              failed == 1 ? "the proxy thread failed (see last_error())" : "the proxy thread raised no flag in time");
     }
   }
