@@ -68,8 +68,11 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
 
 RemotePath::~RemotePath() {
   if (proxy_) proxy_->stop();
-  ex_.reset();  // deregisters the buffers
+  // The engine first: close() lets our posted writes finish (bounded) and only then deregisters
+  // every region; closing the regions first (~Exchange) would pull the registrations from under
+  // writes still in flight (the last COMB / FREE writes are never awaited by a kernel).
   if (engine_) engine_->close();
+  ex_.reset();  // its regions are already closed: no-op
   for (const Allocation& a : allocations_) cudaFreeHost(a.host);  // errors ignored: the context may be gone
 }
 

@@ -22,7 +22,7 @@ class RemotePath {
  public:
   // xo.node_size > 0; `local_index` picks the proxy's CPU from JAX_MOE_A2A_PROXY_CPUS.
   RemotePath(const protocol::ExchangeOptions& xo, int rank, const std::string& provider, int local_index);
-  ~RemotePath();  // stops the proxy, deregisters, closes the engine, frees the pinned memory
+  ~RemotePath();  // stops the proxy, closes the engine (drains, deregisters), frees the pinned memory
   RemotePath(const RemotePath&) = delete;
   RemotePath& operator=(const RemotePath&) = delete;
 

@@ -160,6 +160,11 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   a.handle[0] = static_cast<int32_t>(e);
   a.handle[1] = a.slot;
 
+  // Node-local peers must be done with our previous epoch before our counts go out: the proxy
+  // writes our count matrix into every rank's d_recv, node-local ones included, and a node-local
+  // peer's proxy reads it there (post_overflow, overflow_bases) until its d_landed, which precedes
+  // its d_free. FREE_D covers remote ranks only (the cuda kernels wait the same way).
+  for (auto [d, peer] : node_) wait_flag(&local(a.slot).d_free[d], e, kDispatchSend, a.slot, d);
   // Our count matrix [N][L] goes at the start of the send buffer, the rows after it.
   std::memcpy(buf.d_send, p.counts.data(), sizeof(int32_t) * N * L);
   if (o_.proxied) raise(&ctrl_->slot[a.slot].d_counts, e + 1);
@@ -173,8 +178,6 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
     }
   }
   for (auto [d, peer] : node_) {  // node-local destinations: straight into their memory
-    Local& mine = local(a.slot);
-    wait_flag(&mine.d_free[d], e, kDispatchSend, a.slot, d);
     Local& there = peer->local(a.slot);
     std::memcpy(&there.rows[int64_t(rank_) * lay.P * lay.row], buf.d_send + lay.d_send_rows_off + int64_t(d) * lay.P * lay.row,
                 int64_t(p.rows_to[d]) * lay.row);
