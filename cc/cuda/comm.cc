@@ -228,9 +228,14 @@ std::string describe_error(const ErrorRecord& e, double timeout_s, const char* b
   std::string missing;
   for (int r = 0; r < 64; ++r)
     if (e.missing >> r & 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  const std::string what = missing.empty()
+                               // only the proxy knows who is missing, and it raised nothing in time
+                               ? "the inter-node proxy raised no flag within " + std::to_string(timeout_s * 1.5 + 2) +
+                                     " s (its thread stalled, or remote ranks are missing)"
+                               : "ranks [" + missing + "] did not arrive within " + std::to_string(timeout_s) + " s";
   return "jax_moe_a2a " + std::string(backend) + " " + names[e.op & 3] + " (slot " + std::to_string(e.slot) +
-         ", rank " + std::to_string(e.rank) + "): ranks [" + missing + "] did not arrive within " +
-         std::to_string(timeout_s) + " s; the kernel trapped and this process's CUDA context is unusable";
+         ", rank " + std::to_string(e.rank) + "): " + what +
+         "; the kernel trapped and this process's CUDA context is unusable";
 }
 
 CudaComm::CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices) {
