@@ -80,10 +80,15 @@ if has nvshmem; then  # the nvshmem backend on the oracle: every case, the proto
   done
 fi
 if has nvshmem-timeout; then  # a rank that never calls: the other must fail naming it (kills its CUDA context)
+  rm -rf "$RUNDIR/nvshmem-timeout"
   JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=nvshmem NVSHMEM_REMOTE_TRANSPORT=none \
   JAX_MOE_A2A_TEST_TIMEOUT=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout 150 "${MPIRUN[@]}" -n 2 \
-    --output-filename "$OUT/nvshmem-timeout" python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi \
+    --output-filename "$RUNDIR/nvshmem-timeout" python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi \
     test_protocol.py -k never_calls > /dev/null 2>&1
+  echo "exit $?" > "$OUT/nvshmem-timeout.log"  # 0: both processes passed; 124: something hung
+  for f in $(find "$RUNDIR/nvshmem-timeout" -type f | sort); do
+    echo "== $f"; grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" "$f" | tail -60
+  done >> "$OUT/nvshmem-timeout.log"
 fi
 # The cuda backend's inter-node path: JAX_MOE_A2A_NODE_SIZE=1 makes every peer remote (proxy thread +
 # TransferEngine over pinned host memory), 2 keeps pairs of ranks on NVLink/IPC (hybrid). Needs an

@@ -124,3 +124,13 @@ def test_init_errors(mesh):
         a2a.init({"num_experts": 16}, mesh, "ep")
     with pytest.raises(ValueError, match="tp_size"):
         a2a.init(SPEC.replace(tp_size=mesh.size + 1), mesh, "ep", backend="reference")
+
+
+def test_auto_never_picks_nvshmem(monkeypatch):
+    """backend="auto" skips nvshmem even where it is the only one usable (it is used by name only)."""
+    from jax_moe_a2a import backends
+    for name in backends.known():
+        monkeypatch.setitem(backends._AVAILABLE, name, (lambda n: lambda: None if n == "nvshmem" else "off")(name))
+    assert a2a.available_backends() == ["nvshmem"]
+    with pytest.raises(RuntimeError, match="no jax_moe_a2a backend is available"):
+        backends.create("auto")

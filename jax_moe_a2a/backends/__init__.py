@@ -9,8 +9,12 @@ from .base import Backend, Ctx  # noqa: F401
 _FACTORIES: Dict[str, Callable[[], Backend]] = {}
 _AVAILABLE: Dict[str, Callable[[], "str | None"]] = {}
 
-# Order of preference for backend="auto" (first available wins).
-AUTO_ORDER = ("cuda", "nvshmem", "host", "reference")
+# Every backend, best first (what available() lists).
+ORDER = ("cuda", "nvshmem", "host", "reference")
+# What backend="auto" tries, first available wins. Never nvshmem: it needs one process per GPU
+# (the cuda backend also drives several GPUs from one process) and has not run on a GPU yet; it is
+# used only when named.
+AUTO_ORDER = ("cuda", "host", "reference")
 
 
 def register(name: str, factory: Callable[[], Backend], unavailable_reason: Callable[[], "str | None"]):
@@ -30,13 +34,13 @@ def why_unavailable(name: str) -> "str | None":
 
 
 def available() -> list:
-    """Backends usable in this process, in AUTO_ORDER."""
-    return [b for b in AUTO_ORDER if b in _FACTORIES and _AVAILABLE[b]() is None]
+    """Backends usable in this process, in ORDER."""
+    return [b for b in ORDER if b in _FACTORIES and _AVAILABLE[b]() is None]
 
 
 def create(name: str) -> Backend:
     if name == "auto":
-        avail = available()
+        avail = [b for b in available() if b in AUTO_ORDER]
         if not avail:
             raise RuntimeError("no jax_moe_a2a backend is available")
         name = avail[0]
