@@ -72,11 +72,6 @@ class NvshmemBackend(CudaBackend):
     def _native(c):
         return c.nvshmem
 
-    def kernel_seconds(self, comm, half):
-        """No CUDA-event timing in this backend yet: None (the bench then reports wall times).
-        The inherited method would look the communicator up in the cuda backend's registry."""
-        return None
-
     def init(self, comm):
         spec, n = comm.spec, comm.num_ranks
         if n > 64:
