@@ -60,25 +60,25 @@ A2A_HD float fp8_block_scale(float amax, bool pow2) {
 }
 
 // float -> e4m3fn bits, round to nearest even, saturating to +-448, NaN -> 0x7F.
-// Host reference implementation (the CUDA kernels use the hardware conversion, which agrees).
+// Host implementation on the f32 bits (the CUDA kernels use the hardware conversion, which
+// agrees; tests/test_quant.py checks every e4m3 value and every midpoint against the oracle).
 inline uint8_t f32_to_e4m3fn(float f) {
-  uint8_t sign = (f32_bits(f) >> 24) & 0x80;
-  float a = std::fabs(f);
-  if (std::isnan(a)) return sign | 0x7F;
-  if (a >= kFp8E4M3Max) return sign | 0x7E;
-  if (a < 0.015625f) {  // below 2^-6: subnormal, code == mantissa in units of 2^-9 (8 -> 2^-6)
-    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  const uint32_t bits = f32_bits(f);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t mag = bits & 0x7FFFFFFFu;
+  if (mag > 0x7F800000u) return sign | 0x7F;  // NaN
+  if (mag >= 0x43E00000u) return sign | 0x7E;  // >= 448 (and inf): saturate
+  if (mag < 0x3C800000u) {
+    // below 2^-6: subnormal, the code is |f| in units of 2^-9 (8 -> 2^-6, the first normal).
+    // |f| * 512 is exact and < 8; adding and removing 2^23 rounds it to nearest even.
+    const float units = bits_f32(mag) * 512.0f;
+    const float rounded = (units + 8388608.0f) - 8388608.0f;
+    return sign | static_cast<uint8_t>(rounded);
   }
-  int e;
-  float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  m *= 2.0f;
-  e -= 1;                        // a = m * 2^e, m in [1, 2)
-  int q = static_cast<int>(std::nearbyint((m - 1.0f) * 8.0f));
-  if (q == 8) {
-    q = 0;
-    e += 1;
-  }
-  return sign | static_cast<uint8_t>(((e + 7) << 3) | q);
+  // normal: keep 3 mantissa bits, round to nearest even (a carry moves into the exponent), and
+  // rebias the exponent from 127 to 7.
+  const uint32_t r = mag + 0x7FFFFu + ((mag >> 20) & 1u);
+  return sign | static_cast<uint8_t>((r >> 20) - (120u << 3));
 }
 
 // e4m3fn bits -> float (exact).

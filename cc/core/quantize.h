@@ -1,14 +1,39 @@
 // CPU fp8 block quantiser (the CPU twin of cc/cuda/quantize/quantize_fp8.cu).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+
+#include "core/fp8.h"
 
 namespace a2a {
 
 enum class FloatKind : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
-// Decodes one 16- or 32-bit float element to f32.
-float load_as_f32(const void* base, int64_t index, FloatKind kind);
+// Decodes one 16- or 32-bit float element to f32 (inline: it sits in every element loop).
+inline float load_as_f32(const void* base, int64_t index, FloatKind kind) {
+  switch (kind) {
+    case FloatKind::kF32:
+      return static_cast<const float*>(base)[index];
+    case FloatKind::kBF16: {
+      uint32_t b = static_cast<uint32_t>(static_cast<const uint16_t*>(base)[index]) << 16;
+      return bits_f32(b);
+    }
+    case FloatKind::kF16: {
+      uint16_t h = static_cast<const uint16_t*>(base)[index];
+      uint32_t sign = (h & 0x8000u) << 16;
+      int e = (h >> 10) & 0x1F;
+      uint32_t m = h & 0x3FFu;
+      if (e == 0x1F) return bits_f32(sign | 0x7F800000u | (m << 13));
+      if (e == 0) {
+        float v = std::ldexp(static_cast<float>(m), -24);
+        return sign ? -v : v;
+      }
+      return bits_f32(sign | (static_cast<uint32_t>(e - 15 + 127) << 23) | (m << 13));
+    }
+  }
+  return 0.0f;
+}
 
 struct QuantizeParams {
   const void* x = nullptr;   // [rows, hidden] in `kind`
