@@ -35,3 +35,17 @@ def exchange(prefix: str, local: Dict[int, Any], num_ranks: int, timeout_s: floa
         blob = client.blocking_key_value_get(f"{prefix}/{r}", int(timeout_s * 1000))
         out[r] = pickle.loads(base64.b64decode(blob))
     return out
+
+
+def connect_engines(prefix: str, info: Dict[int, Any], num_ranks: int, timeout_s: float, connect, provider: str) -> str:
+    """Connects this process's ranks' TransferEngines to every rank (collective).
+
+    info: {local rank: (engine address, [region descriptors], provider)} from the native side;
+    connect(rank, peers) is called per local rank with [(rank, address, [descriptors])] of all
+    ranks. Returns the provider the engines opened (`provider` when this process has no rank)."""
+    mine = {r: (bytes(addr), [bytes(d) for d in descs]) for r, (addr, descs, _) in info.items()}
+    table = exchange(prefix, mine, num_ranks, timeout_s)
+    peers = [(r, table[r][0], list(table[r][1])) for r in range(num_ranks)]
+    for r in sorted(info):  # ascending: the engines' connect_in_order waits only on lower ranks
+        connect(r, peers)
+    return next(iter(info.values()))[2] if info else provider

@@ -35,14 +35,19 @@ class CudaBackend(FfiBackend):
         """The extension's submodule of this backend (communicators, buffer sizes, errors)."""
         return c.cuda
 
-    def init(self, comm):
-        spec, n = comm.spec, comm.num_ranks
-        if n > 64:
-            raise ValueError("cuda backend: at most 64 ranks")
+    def _gpu_mesh(self, comm):
+        """The mesh's devices in rank order, after checking they are GPUs and at most 64."""
+        if comm.num_ranks > 64:
+            raise ValueError(f"{self.name} backend: at most 64 ranks")
         devices = list(comm.mesh.devices.flat)
         for d in devices:
             if d.platform != "gpu":
-                raise ValueError(f"cuda backend: mesh device {d} is not a GPU")
+                raise ValueError(f"{self.name} backend: mesh device {d} is not a GPU")
+        return devices
+
+    def init(self, comm):
+        spec, n = comm.spec, comm.num_ranks
+        devices = self._gpu_mesh(comm)
         me = jax.process_index()
         local = [r for r, d in enumerate(devices) if d.process_index == me]
         node_size, priv, provider = self._remote_options(comm, n)
@@ -65,13 +70,9 @@ class CudaBackend(FfiBackend):
             c.cuda.connect(comm.comm_id, r, [table[i] for i in range(n)])
         self.node_size = node_size
         if remote:  # every rank has peers on another node: exchange engine addresses and regions
-            info = {r: c.cuda.remote_info(comm.comm_id, r) for r in local}
-            self.provider = next(iter(info.values()))[2] if info else provider
-            mine = {r: (bytes(a), [bytes(d) for d in ds]) for r, (a, ds, _) in info.items()}
-            table = runtime.exchange(f"jax_moe_a2a/cuda-remote/{comm.comm_id}", mine, n, comm.timeout_s)
-            peers = [(r, table[r][0], list(table[r][1])) for r in range(n)]
-            for r in local:
-                c.cuda.connect_remote(comm.comm_id, r, peers)
+            self.provider = runtime.connect_engines(
+                f"jax_moe_a2a/cuda-remote/{comm.comm_id}", {r: c.cuda.remote_info(comm.comm_id, r) for r in local},
+                n, comm.timeout_s, lambda r, peers: c.cuda.connect_remote(comm.comm_id, r, peers), provider)
 
     @staticmethod
     def _remote_options(comm, n):

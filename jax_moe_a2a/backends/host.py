@@ -75,13 +75,9 @@ class HostBackend(FfiBackend):
                       spec.pow2_scale, spec.slots, -1 if priv is None else int(priv), comm.timeout_s,
                       local, engine, provider, proxied, node_size)
         self._finalizer = weakref.finalize(comm, c.host.destroy, comm.comm_id)
-        info = {r: c.host.bootstrap_info(comm.comm_id, r) for r in local}
-        self.provider = next(iter(info.values()))[2] if info else provider
-        mine = {r: (bytes(addr), [bytes(d) for d in descs]) for r, (addr, descs, _) in info.items()}
-        table = runtime.exchange(f"jax_moe_a2a/host/{comm.comm_id}", mine, n, comm.timeout_s)
-        peers = [(r, table[r][0], list(table[r][1])) for r in range(n)]
-        for r in local:
-            c.host.connect(comm.comm_id, r, peers)
+        self.provider = runtime.connect_engines(
+            f"jax_moe_a2a/host/{comm.comm_id}", {r: c.host.bootstrap_info(comm.comm_id, r) for r in local},
+            n, comm.timeout_s, lambda r, peers: c.host.connect(comm.comm_id, r, peers), provider)
 
     def close(self):
         if getattr(self, "_finalizer", None) is not None:

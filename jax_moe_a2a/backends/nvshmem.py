@@ -74,12 +74,7 @@ class NvshmemBackend(CudaBackend):
 
     def init(self, comm):
         spec, n = comm.spec, comm.num_ranks
-        if n > 64:
-            raise ValueError("nvshmem backend: at most 64 ranks")
-        devices = list(comm.mesh.devices.flat)
-        for d in devices:
-            if d.platform != "gpu":
-                raise ValueError(f"nvshmem backend: mesh device {d} is not a GPU")
+        devices = self._gpu_mesh(comm)
         if len({d.process_index for d in devices}) != jax.process_count():
             raise ValueError("nvshmem backend: the mesh must span every JAX process (they are the NVSHMEM PEs, and "
                              "creating a communicator is collective over all of them)")
