@@ -7,12 +7,12 @@ source scripts/setup.sh
 cd tests   # import the installed package, not the source tree
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 echo "== single process, 8 CPU devices"
-timeout 1800 python -m pytest -q -p no:cacheprovider "$@" .
+timeout -k 60 1800 python -m pytest -q -p no:cacheprovider "$@" .
 if command -v mpirun >/dev/null; then
   echo "== mpirun -n 2, 2 CPU devices per process, host backend over shm"
-  JAX_MOE_A2A_TEST_DEVICES=2 timeout 1200 "${MPIRUN[@]}" -n 2 python -m pytest -q --color=no -p no:cacheprovider -m mpi "$@" .
+  JAX_MOE_A2A_TEST_DEVICES=2 timeout -k 60 1200 "${MPIRUN[@]}" -n 2 python -m pytest -q --color=no -p no:cacheprovider -m mpi "$@" .
   echo "== mpirun -n 4, 1 CPU device per process, host backend over tcp;ofi_rxm (loopback)"
-  JAX_MOE_A2A_PROVIDER="tcp;ofi_rxm" JAX_MOE_A2A_TEST_DEVICES=1 timeout 1200 "${MPIRUN[@]}" -n 4 python -m pytest -q --color=no -p no:cacheprovider -m mpi "$@" .
+  JAX_MOE_A2A_PROVIDER="tcp;ofi_rxm" JAX_MOE_A2A_TEST_DEVICES=1 timeout -k 60 1200 "${MPIRUN[@]}" -n 4 python -m pytest -q --color=no -p no:cacheprovider -m mpi "$@" .
 else
   echo "mpirun not found: multi-process tests not run" >&2
   exit 1
