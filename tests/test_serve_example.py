@@ -4,6 +4,7 @@ mismatch. Runs in the single-process suite (it launches mpirun itself)."""
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -30,4 +31,5 @@ def test_serve_example_mpirun_2():
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     assert "process 0: ranks [0]: OK" in out and "process 1: ranks [1]: OK" in out, out[-4000:]
-    assert sum(line.startswith("step ") for line in res.stdout.splitlines()) == 4, res.stdout
+    # two processes share the pipe: a line of one can land inside a line of the other
+    assert len(re.findall(r"step \d+: tokens/rank", res.stdout)) == 4, res.stdout
