@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp

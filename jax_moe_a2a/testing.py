@@ -3,7 +3,7 @@ comparing each rank's outputs with the NumPy oracle."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +14,6 @@ from . import oracle
 from ._compat import shard_map  # noqa: F401  (tests and the benchmark use testing.shard_map)
 from .comm import Communicator
 from .spec import Spec
-
 
 
 def make_mesh(num_ranks: Optional[int] = None, axis: str = "ep") -> Mesh:

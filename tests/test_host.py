@@ -1,11 +1,7 @@
-"""host backend specifics: private region sizes, a long soak, a rank that never calls."""
+"""host backend specifics: private region sizes (0 rows: everything through the exact-offset
+overflow path; full: nothing). The soak and the never-calls test live in test_protocol.py."""
 
-import os
-import time
-
-import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import jax_moe_a2a as a2a

@@ -1,6 +1,5 @@
 """Property test: random specs, rank counts and routings against the oracle (single process)."""
 
-import jax
 import jax.numpy as jnp
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st

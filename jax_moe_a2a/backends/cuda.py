@@ -12,7 +12,6 @@ import os
 import weakref
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .. import _ffi, runtime
@@ -20,10 +19,7 @@ from .ffi import WIRE, FfiBackend, native_reason
 
 
 def unavailable_reason():
-    why = native_reason("built_with_cuda", "the extension was built without nvcc")
-    if why is None and jax.default_backend() != "gpu":
-        why = f"the cuda backend runs on NVIDIA GPUs (default backend here: {jax.default_backend()})"
-    return why
+    return native_reason("built_with_cuda", "the extension was built without nvcc", "cuda", "gpu")
 
 
 class CudaBackend(FfiBackend):

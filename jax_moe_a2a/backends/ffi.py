@@ -23,12 +23,16 @@ def after_operand(after):
     return jnp.zeros((0,), jnp.int32) if after is None else after
 
 
-def native_reason(flag: str, missing: str):
-    """None when the extension is built with `flag` (e.g. 'built_with_cuda'), else why not."""
+def native_reason(flag: str, missing: str, backend: str, platform: str):
+    """None when the extension is built with `flag` (e.g. 'built_with_cuda') and JAX's default
+    backend is `platform` ("gpu", "cpu"), else why not (naming `backend`)."""
     if not _ffi.native_available():
         return "the native extension is not built"
     if not getattr(_ffi, flag)():
         return missing
+    if jax.default_backend() != platform:
+        where = "NVIDIA GPUs" if platform == "gpu" else "CPU devices"
+        return f"the {backend} backend runs on {where} (default backend here: {jax.default_backend()})"
     return None
 
 

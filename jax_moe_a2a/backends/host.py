@@ -8,19 +8,14 @@ import os
 import weakref
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from .. import _ffi, runtime
 from .ffi import WIRE, FfiBackend, native_reason
 
 
 def unavailable_reason():
-    why = native_reason("built_with_libfabric",
-                        "the extension was built without libfabric (install libfabric-dev and rebuild)")
-    if why is None and jax.default_backend() != "cpu":
-        why = f"the host backend runs on CPU devices (default backend here: {jax.default_backend()})"
-    return why
+    return native_reason("built_with_libfabric",
+                         "the extension was built without libfabric (install libfabric-dev and rebuild)", "host", "cpu")
 
 
 def _layout_bytes(spec, n, priv_rows):

@@ -31,11 +31,9 @@ _UID_KEY = "jax_moe_a2a/nvshmem/unique_id"
 
 
 def unavailable_reason():
-    why = native_reason("built_with_nvshmem",
-                        "the extension was built without NVSHMEM (needs nvcc and the nvidia-nvshmem-cu13 wheel)")
-    if why is None and jax.default_backend() != "gpu":
-        why = f"the nvshmem backend runs on NVIDIA GPUs (default backend here: {jax.default_backend()})"
-    return why
+    return native_reason("built_with_nvshmem",
+                         "the extension was built without NVSHMEM (needs nvcc and the nvidia-nvshmem-cu13 wheel)",
+                         "nvshmem", "gpu")
 
 
 def arena_bytes(need: int) -> int:
