@@ -250,6 +250,12 @@ RankState& CudaComm::rank(int r) {
   return *it->second;
 }
 
+RankState* CudaComm::on_device(int device) {
+  for (auto& [r, s] : ranks_)
+    if (s->device() == device) return s.get();
+  return nullptr;
+}
+
 std::map<int, RankState*> CudaComm::locals() {
   std::map<int, RankState*> m;
   for (auto& [r, s] : ranks_) m[r] = s.get();

@@ -88,6 +88,8 @@ class CudaComm {
   CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices);
   RankState& rank(int r);
   std::map<int, RankState*> locals();
+  // The local rank on CUDA device `device`, or null (the handlers' per-call lookup: no allocation).
+  RankState* on_device(int device);
 
  private:
   std::map<int, std::unique_ptr<RankState>> ranks_;

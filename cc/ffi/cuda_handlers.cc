@@ -35,9 +35,7 @@ ffi::Error run(const char* op, int64_t comm_id, int32_t dev, F&& f) {
   try {
     auto comm = cu::find_comm(comm_id);
     cudaError_t rc = cudaSuccess;
-    cu::RankState* st = nullptr;
-    for (auto& [r, s] : comm->locals())
-      if (s->device() == dev) st = s;
+    cu::RankState* st = comm->on_device(dev);
     if (!st) return ffi::Error(ffi::ErrorCode::kInternal, "jax_moe_a2a cuda: no local rank on this stream's device");
     st->check_error();
     int cur = -1;
