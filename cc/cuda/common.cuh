@@ -141,6 +141,32 @@ __device__ void wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn 
   wait_flags_each(p, g, op, flag, [want, remote](int r) { return remote >> r & 1 ? 0 : want; }, "cuda");
 }
 
+// combine_recv's reduction, shared by the GPU backends: one warp per token t of [0, T),
+//   out[t, h] = sum_k weights[t, k] * row(t, k, d)[h] (+ out_in[t, h]), f32 accumulation in k order,
+//   pairs[t, k, h] = row(t, k, d)[h] (0 for pairs not routed and tokens t >= n),
+// where d = dest[t, k] and row(t, k, d) is the start of that pair's y row (H elements of y_kind).
+template <typename RowFn>
+__device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
+  const Geometry& g = P.g;
+  for (int t = ix.gwarp; t < g.T; t += ix.nwarps) {
+    for (int h = ix.lane; h < g.H; h += 32) {
+      float acc = 0.f;
+      for (int k = 0; k < g.K; ++k) {
+        const int64_t q = int64_t(t) * g.K + k;
+        const int d = t < n ? P.dest[q] : -1;
+        float v = 0.f;
+        if (d >= 0 && d < g.N) {
+          v = load_elem(row(t, q, d), h, P.y_kind);
+          acc += P.weights[q] * v;
+        }
+        if (P.pairs) P.pairs[q * g.H + h] = v;
+      }
+      if (P.out_in) acc += load_elem(P.out_in, int64_t(t) * g.H + h, P.out_in_kind);
+      store_elem(P.out, int64_t(t) * g.H + h, P.out_kind, acc);
+    }
+  }
+}
+
 // Arrangement of the rows a receiver got: from counts [N][L] (rows per source and local expert).
 // scratch layout (int64): src_start [N*L] | before_src [N*L] | expert_off [L] | rows_from [N]
 struct Arrangement {

@@ -11,7 +11,6 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
   const Geometry& g = P.g;
   cg::grid_group grid = cg::this_grid();
   const GridIdx ix;
-  const int lane = ix.lane, gwarp = ix.gwarp, nwarps = ix.nwarps;
   const int me = P.p.rank;
   const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
   SyncFlags* mine = flags_of(P.p, me);
@@ -22,33 +21,11 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
   grid.sync();
   const int n = max(0, min(*P.num_tokens, g.T));
   const int64_t stride = int64_t(g.H) * elem_bytes(P.y_kind);
-  const uint8_t* region = P.p.peer_shared[me] + g.off_c_rows;
-  for (int t = gwarp; t < g.T; t += nwarps) {  // warp per token
-    for (int h = lane; h < g.H; h += 32) {
-      float acc = 0.f;
-      if (t < n) {
-        for (int k = 0; k < g.K; ++k) {
-          const int64_t q = int64_t(t) * g.K + k;
-          const int d = P.dest[q];
-          if (d < 0 || d >= g.N) continue;
-          const int64_t at = ((int64_t(d) * g.tp + t % g.tp) * g.P + P.pair_slot[q]) * stride;
-          const uint8_t* row = remote::is_remote(P.p, d) ? P.p.remote.c_recv + at : region + at;
-          const float v = load_elem(row, h, P.y_kind);
-          acc += P.weights[q] * v;
-          if (P.pairs) P.pairs[q * g.H + h] = v;
-        }
-      }
-      if (P.pairs && t >= n)
-        for (int k = 0; k < g.K; ++k) P.pairs[(int64_t(t) * g.K + k) * g.H + h] = 0.f;
-      if (P.pairs && t < n)
-        for (int k = 0; k < g.K; ++k) {
-          const int d = P.dest[int64_t(t) * g.K + k];
-          if (d < 0 || d >= g.N) P.pairs[(int64_t(t) * g.K + k) * g.H + h] = 0.f;
-        }
-      if (P.out_in) acc += load_elem(P.out_in, int64_t(t) * g.H + h, P.out_in_kind);
-      store_elem(P.out, int64_t(t) * g.H + h, P.out_kind, acc);
-    }
-  }
+  const uint8_t* region = P.p.peer_shared[me] + g.off_c_rows;  // [N expert rank][tp][P][stride]
+  reduce_combine(P, n, ix, [&](int t, int64_t q, int d) {
+    const int64_t at = ((int64_t(d) * g.tp + t % g.tp) * g.P + P.pair_slot[q]) * stride;
+    return remote::is_remote(P.p, d) ? P.p.remote.c_recv + at : region + at;
+  });
   grid.sync();
   if (blockIdx.x == 0) {
     if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x))

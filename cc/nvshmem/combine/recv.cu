@@ -34,23 +34,9 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
   grid.sync();
   const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
   const uint8_t* region = P.p.peer_shared[me] + lay.off_c_rows;  // [N expert rank][tp][P][stride]
-  for (int t = ix.gwarp; t < g.T; t += ix.nwarps) {  // warp per token
-    for (int h = ix.lane; h < g.H; h += 32) {
-      float acc = 0.f;
-      for (int k = 0; k < g.K; ++k) {
-        const int64_t q = int64_t(t) * g.K + k;
-        const int d = t < n ? P.dest[q] : -1;
-        float v = 0.f;
-        if (d >= 0 && d < g.N) {
-          v = cuda::load_elem(region + ((int64_t(d) * g.tp + t % g.tp) * g.P + P.pair_slot[q]) * stride, h, P.y_kind);
-          acc += P.weights[q] * v;
-        }
-        if (P.pairs) P.pairs[q * g.H + h] = v;
-      }
-      if (P.out_in) acc += cuda::load_elem(P.out_in, int64_t(t) * g.H + h, P.out_in_kind);
-      cuda::store_elem(P.out, int64_t(t) * g.H + h, P.out_kind, acc);
-    }
-  }
+  cuda::reduce_combine(P, n, ix, [&](int t, int64_t q, int d) {
+    return region + ((int64_t(d) * g.tp + t % g.tp) * g.P + P.pair_slot[q]) * stride;
+  });
   grid.sync();
   if (blockIdx.x == 0 && threadIdx.x < g.N)  // expert ranks may overwrite our combine region now
     nvshmemx_signal_op(&signals_at(P.p, threadIdx.x)->c_free[me], epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[threadIdx.x]);
