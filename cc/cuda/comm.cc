@@ -7,7 +7,9 @@
 #include <random>
 #include <stdexcept>
 
+#include "core/align.h"
 #include "core/registry.h"
+#include "cuda/check.h"
 #include "cuda/kernels.h"
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
 #include "cuda/remote_path.h"
@@ -21,11 +23,8 @@ namespace a2a::cuda {
 
 namespace {
 
-void check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) throw std::runtime_error(std::string("jax_moe_a2a cuda: ") + what + ": " + cudaGetErrorString(rc));
-}
+void check(cudaError_t rc, const char* what) { check_cuda(rc, "jax_moe_a2a cuda", what); }
 
-int64_t pad16(int64_t b) { return (b + 15) / 16 * 16; }
 
 }  // namespace
 

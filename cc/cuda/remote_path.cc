@@ -6,16 +6,14 @@
 #include <map>
 #include <stdexcept>
 
+#include "cuda/check.h"
 #include "transfer/connect_order.h"
 
 namespace a2a::cuda {
 
 namespace {
 
-void check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess)
-    throw std::runtime_error(std::string("jax_moe_a2a cuda (inter-node path): ") + what + ": " + cudaGetErrorString(rc));
-}
+void check(cudaError_t rc, const char* what) { check_cuda(rc, "jax_moe_a2a cuda (inter-node path)", what); }
 
 }  // namespace
 

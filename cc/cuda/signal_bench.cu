@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/check.h"
 #include "cuda/ptx.cuh"
 #include "cuda/signal_bench.h"
 #include "proxy/ctrl.h"
@@ -37,9 +38,7 @@ __global__ void pingpong_kernel(Flags* f, int iters, uint64_t* ns, int64_t timeo
   }
 }
 
-void check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) throw std::runtime_error(std::string("signal_roundtrip: ") + what + ": " + cudaGetErrorString(rc));
-}
+void check(cudaError_t rc, const char* what) { check_cuda(rc, "signal_roundtrip", what); }
 
 }  // namespace
 

@@ -5,7 +5,9 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "core/align.h"
 #include "core/registry.h"
+#include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "nvshmem/runtime.h"
 
@@ -13,11 +15,8 @@ namespace a2a::nvshmem {
 
 namespace {
 
-void check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) throw std::runtime_error(std::string("jax_moe_a2a nvshmem: ") + what + ": " + cudaGetErrorString(rc));
-}
+void check(cudaError_t rc, const char* what) { cuda::check_cuda(rc, "jax_moe_a2a nvshmem", what); }
 
-int64_t pad16(int64_t b) { return (b + 15) / 16 * 16; }
 
 }  // namespace
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "core/align.h"
 #include "transfer/errors.h"
 #include "transfer/imm.h"
 
@@ -18,7 +19,6 @@ enum Kind : uint32_t { kCounts = 1, kPriv = 2, kOver = 3, kFreeD = 4, kFreeC = 5
 uint32_t tag_of(uint32_t kind, int z) { return kind * 8 + z; }
 uint32_t comb_tag(int member, int z) { return 64 + member * 8 + z; }
 
-int64_t pad16(int64_t b) { return (b + 15) / 16 * 16; }
 
 }  // namespace
 
