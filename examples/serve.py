@@ -24,8 +24,8 @@ import jax
 
 if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:   # launched by mpirun: one JAX process per rank
     jax.config.update("jax_cpu_collectives_implementation", "gloo")   # CPU collectives (only CPUs use them)
-    ids = os.environ.get("JAX_MOE_A2A_LOCAL_DEVICE_IDS")
-    jax.distributed.initialize(local_device_ids=[int(i) for i in ids.split(",")] if ids else None)
+    from jax_moe_a2a.runtime import local_device_ids_from_env  # "0": processes sharing GPU 0
+    jax.distributed.initialize(local_device_ids=local_device_ids_from_env())
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

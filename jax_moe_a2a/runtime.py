@@ -3,10 +3,29 @@
 from __future__ import annotations
 
 import base64
+import os
 import pickle
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 import jax
+
+
+def local_device_ids_from_env() -> Optional[List[int]]:
+    """Local device ids for `jax.distributed.initialize` from JAX_MOE_A2A_LOCAL_DEVICE_IDS.
+
+    "0" or "0,1": every process takes those devices (several processes sharing one GPU).
+    "local_rank": one GPU per process, the process's node-local rank under Open MPI or Slurm.
+    Unset: None (JAX decides)."""
+    ids = os.environ.get("JAX_MOE_A2A_LOCAL_DEVICE_IDS")
+    if not ids:
+        return None
+    if ids == "local_rank":
+        for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"):
+            if var in os.environ:
+                return [int(os.environ[var])]
+        raise RuntimeError("JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank, but no local rank variable is set "
+                           "(OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or LOCAL_RANK)")
+    return [int(i) for i in ids.split(",")]
 
 
 def kv_client():

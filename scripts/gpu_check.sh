@@ -3,7 +3,9 @@
 # Several processes share the one GPU, each one JAX rank (XLA's own collectives refuse that, so
 # the multi-process runs use the cuda backend and the NumPy oracle only).
 # Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench";
-# also: serve timeout nocmdbuf sanitizer mpibench mpsbench nvshmem nvshmem-timeout proxy proxybench),
+# also: serve timeout nocmdbuf sanitizer mpibench mpsbench nvshmem nvshmem-timeout proxy proxybench,
+#      gpus gpusbench: every GPU of the machine, one process driving all and one process per GPU),
+#      TMAX (cap on every stage's timeout, s), .devdeps/prebuilt/<hash>/_C*.so (skip the build).
 #      NVSHMEM_NPROCS (process counts of the nvshmem stage, default "1 2 4"; 1 = no mpirun).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,36 +15,54 @@ export PYTHONUNBUFFERED=1 JAX_MOE_A2A_COMMIT=${JAX_MOE_A2A_COMMIT:-unknown}
 STAGES=${STAGES:-build single mpi bench}
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-if has build; then
+stage() { has "$1" && echo "$(date +%T) $1" >> "$OUT/stages.log"; }  # stages.log: when each stage began
+cap() { echo $(( ${TMAX:-100000} < $1 ? ${TMAX:-100000} : $1 )); }  # TMAX: cap every stage's timeout (s)
+# Multicast stays off on shared hosts with several GPUs (the device tool's KINDS.md), child processes too.
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
+# Every stage but gpus/gpusbench takes GPU 0 only (GPU_CHECK_VISIBLE to change); those two take all $NGPU.
+export CUDA_VISIBLE_DEVICES=${GPU_CHECK_VISIBLE:-0}
+quiet() { grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla"; }
+if stage build; then
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee "$OUT/env.log"
-  python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -20 | tee "$OUT/build.log"
+  # A previous call's extension, carried in .devdeps/prebuilt/<hash of the C++ sources>/, skips the build.
+  SRC_HASH=$(cat CMakeLists.txt pyproject.toml $(find cc -type f | sort) | sha256sum | cut -c1-16)
+  PREBUILT=$(ls .devdeps/prebuilt/"$SRC_HASH"/_C*.so 2>/dev/null | head -1)
+  if [ -n "$PREBUILT" ]; then
+    cp "$PREBUILT" jax_moe_a2a/ && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+    echo "prebuilt extension $PREBUILT" | tee "$OUT/build.log"
+  else
+    python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -20 | tee "$OUT/build.log"
+    SO=$(cd "$RUNDIR" && python3 -c "import jax_moe_a2a._C as c; print(c.__file__)")
+    [ -n "$SO" ] && cp "$SO" "$OUT/_C-$SRC_HASH.so"  # bring it back for the next call
+  fi
   (cd "$RUNDIR" && python3 -c "import jax_moe_a2a._C as c; print('cuda:', c.built_with_cuda(), 'nvshmem:', c.built_with_nvshmem(), 'libfabric:', c.built_with_libfabric())") 2>&1 | tee -a "$OUT/build.log"
 fi
 cd tests
-if has single; then
-  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_TEST_BACKENDS=${SINGLE_BACKENDS:-cuda,reference} XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 420 python3 -m pytest -q -p no:cacheprovider \
+if stage single; then
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_TEST_BACKENDS=${SINGLE_BACKENDS:-cuda,reference} XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout $(cap 420) python3 -m pytest -q -p no:cacheprovider \
     test_quant.py test_ops.py test_errors.py test_grad.py test_readme_example.py test_models.py test_nnx.py \
     test_overlap_schedule.py 2>&1 | tail -40 | tee "$OUT/single.log"
 fi
-if has mpi; then
+if stage mpi; then
   for n in ${NPROCS:-2 4 8}; do
     JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda \
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.6/$n, 3))") \
-      JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 100) timeout 400 "${MPIRUN[@]}" -n "$n" python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x \
+      JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 100) timeout $(cap 400) "${MPIRUN[@]}" -n "$n" python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x \
       test_ops.py test_grad.py test_protocol.py 2>&1 | grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" \
       | tail -30 | tee "$OUT/mpi$n.log"
   done
 fi
-if has serve; then  # the serving example: 2 processes sharing the GPU, cuda backend, checked against a dense layer
-  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout 200 "${MPIRUN[@]}" -n 2 \
+if stage serve; then  # the serving example: 2 processes sharing the GPU, cuda backend, checked against a dense layer
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout $(cap 200) "${MPIRUN[@]}" -n 2 \
     python3 ../examples/serve.py --steps 8 --tokens 128 --hidden 1024 --backend cuda 2>&1 \
     | grep -E "^(step|process|[0-9]+ processes)|MISMATCH|Error" | tee "$OUT/serve.log"
 fi
-if has timeout; then  # a rank that never calls: the others must fail naming it (kills their CUDA context)
+if stage timeout; then  # a rank that never calls: the others must fail naming it (kills their CUDA context)
   rm -rf "$RUNDIR/timeout"
   JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_TEST_TIMEOUT=1 \
-  XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout 150 "${MPIRUN[@]}" -n 2 --output-filename "$RUNDIR/timeout" \
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout $(cap 150) "${MPIRUN[@]}" -n 2 --output-filename "$RUNDIR/timeout" \
     python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi test_protocol.py -k never_calls \
     > /dev/null 2>&1
   echo "exit $?" > "$OUT/timeout.log"
@@ -50,39 +70,39 @@ if has timeout; then  # a rank that never calls: the others must fail naming it 
     echo "== $f"; grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" "$f" | tail -60
   done >> "$OUT/timeout.log"
 fi
-if has nocmdbuf; then  # the same single-process suite with XLA command buffers (CUDA graphs) disabled
-  JAX_PLATFORMS=cuda,cpu XLA_FLAGS="--xla_gpu_enable_command_buffer=" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 300 \
+if stage nocmdbuf; then  # the same single-process suite with XLA command buffers (CUDA graphs) disabled
+  JAX_PLATFORMS=cuda,cpu XLA_FLAGS="--xla_gpu_enable_command_buffer=" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout $(cap 300) \
     python3 -m pytest -q -p no:cacheprovider test_ops.py -k cuda 2>&1 | tail -5 | tee "$OUT/nocmdbuf.log"
 fi
-if has sanitizer; then  # compute-sanitizer on a small case, one rank
+if stage sanitizer; then  # compute-sanitizer on a small case, one rank
   for tool in memcheck racecheck; do
-    JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 400 compute-sanitizer --tool $tool \
+    JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false timeout $(cap 400) compute-sanitizer --tool $tool \
       --target-processes all python3 -m pytest -q -p no:cacheprovider test_ops.py -k "cuda and (fp8-random or tp2 or overflow-ragged)" \
       2>&1 | grep -E "ERROR SUMMARY|passed|failed|Invalid|Race" | head -20 | tee "$OUT/sanitizer-$tool.log"
   done
 fi
-if has nvshmem; then  # the nvshmem backend on the oracle: every case, the protocol tests and a soak
+if stage nvshmem; then  # the nvshmem backend on the oracle: every case, the protocol tests and a soak
   # NVSHMEM_REMOTE_TRANSPORT=none: several PEs on the one GPU run in NVSHMEM's limited MPG mode.
   NV_ENV=(JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_TEST_BACKENDS=nvshmem NVSHMEM_REMOTE_TRANSPORT=none)
   for n in ${NVSHMEM_NPROCS:-1 2 4}; do
     if [ "$n" = 1 ]; then  # one process, one rank (N = 1): every test of these files
-      env "${NV_ENV[@]}" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout 500 \
+      env "${NV_ENV[@]}" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout $(cap 500) \
         python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py test_errors.py 2>&1 \
         | tail -30 | tee "$OUT/nvshmem1.log"
       continue
     fi
     env "${NV_ENV[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_MPI_ALL_CASES=1 \
       XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.5/$n, 3))") \
-      JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 200) timeout 560 "${MPIRUN[@]}" -n "$n" \
+      JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 200) timeout $(cap 560) "${MPIRUN[@]}" -n "$n" \
       python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py 2>&1 \
       | grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" | tail -30 \
       | tee "$OUT/nvshmem-mpi$n.log"
   done
 fi
-if has nvshmem-timeout; then  # a rank that never calls: the other must fail naming it (kills its CUDA context)
+if stage nvshmem-timeout; then  # a rank that never calls: the other must fail naming it (kills its CUDA context)
   rm -rf "$RUNDIR/nvshmem-timeout"
   JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=nvshmem NVSHMEM_REMOTE_TRANSPORT=none \
-  JAX_MOE_A2A_TEST_TIMEOUT=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout 150 "${MPIRUN[@]}" -n 2 \
+  JAX_MOE_A2A_TEST_TIMEOUT=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout $(cap 150) "${MPIRUN[@]}" -n 2 \
     --output-filename "$RUNDIR/nvshmem-timeout" python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi \
     test_protocol.py -k never_calls > /dev/null 2>&1
   echo "exit $?" > "$OUT/nvshmem-timeout.log"  # 0: both processes passed; 124: something hung
@@ -106,11 +126,11 @@ proxy_run() {  # $1 = n, $2 = node_size, $3 = provider, $4 = what
   env JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_NODE_SIZE="$ns" \
     JAX_MOE_A2A_PROVIDER="$prov" JAX_MOE_A2A_IFACE="$([ "$prov" = shm ] || echo lo)" JAX_MOE_A2A_MAX_PRIVATE_TOKENS="$priv" \
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.5/$n, 3))") \
-    JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 200) timeout 560 "${MPIRUN[@]}" -n "$n" \
+    JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 200) timeout $(cap 560) "${MPIRUN[@]}" -n "$n" \
     python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x ${kexpr:+-k "$kexpr"} $files 2>&1 \
     | grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" | tail -30 | tee "$OUT/$label.log"
 }
-if has proxy; then
+if stage proxy; then
   python3 -c "import jax_moe_a2a._C as c; assert c.built_with_libfabric(), 'built without libfabric'" 2>&1 | tee "$OUT/proxy.log" || exit 1
   for run in ${PROXY_RUNS:-2:1:shm:full 4:1:shm:ops 4:2:shm:ops "2:1:tcp;ofi_rxm:ops" "4:2:tcp;ofi_rxm:ops" 4:1:shm:priv0 "4:2:tcp;ofi_rxm:priv1"}; do
     IFS=: read -r n ns prov what <<< "$run"
@@ -119,7 +139,7 @@ if has proxy; then
   for ns in 1 2; do  # a rank that never calls (node_size 2 with 4 ranks: the silent one is remote to two of them)
     n=$((2 * ns)); rm -rf "$RUNDIR/proxy-timeout$ns"
     JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_TEST_TIMEOUT=1 \
-    JAX_MOE_A2A_NODE_SIZE=$ns JAX_MOE_A2A_PROVIDER=shm XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout 150 "${MPIRUN[@]}" -n "$n" \
+    JAX_MOE_A2A_NODE_SIZE=$ns JAX_MOE_A2A_PROVIDER=shm XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout $(cap 150) "${MPIRUN[@]}" -n "$n" \
       --output-filename "$RUNDIR/proxy-timeout$ns" python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 \
       -m mpi test_protocol.py -k never_calls > /dev/null 2>&1
     echo "exit $?" > "$OUT/proxy-timeout-ns$ns.log"
@@ -128,9 +148,34 @@ if has proxy; then
     done >> "$OUT/proxy-timeout-ns$ns.log"
   done
 fi
+# Every GPU of the machine (NVLink between them): one process driving all, then one process per GPU
+# (JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank) for cuda, nvshmem, the proxy path and reference (NCCL).
+ALL_GPUS=(env -u CUDA_VISIBLE_DEVICES JAX_PLATFORMS=cuda,cpu NVSHMEM_REMOTE_TRANSPORT=none)
+if stage gpus; then
+  "${ALL_GPUS[@]}" JAX_MOE_A2A_TEST_BACKENDS=cuda,reference XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 \
+    timeout $(cap 300) python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py 2>&1 \
+    | tail -30 | tee "$OUT/gpus-single.log"
+  for be in ${GPUS_BACKENDS:-cuda nvshmem proxy}; do
+    extra=(JAX_MOE_A2A_TEST_BACKENDS=$be,reference)
+    [ "$be" = proxy ] && extra=(JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_NODE_SIZE=1 JAX_MOE_A2A_PROVIDER=shm)
+    "${ALL_GPUS[@]}" "${extra[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank JAX_MOE_A2A_MPI_ALL_CASES=1 \
+      XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout $(cap 300) "${MPIRUN[@]}" -n "$NGPU" \
+      python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py 2>&1 \
+      | quiet | tail -30 | tee "$OUT/gpus-mpi-$be.log"
+  done
+fi
 cd "$RUNDIR"
-if has bench; then  # one process, one rank: cuda next to reference, decode and prefill
-  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" timeout 300 python3 -m jax_moe_a2a.bench --out "$OUT/bench1" ${BENCH_ARGS:-} 2>&1 \
+if stage gpusbench; then  # NVLink numbers: EP=$NGPU, every backend side by side
+  "${ALL_GPUS[@]}" JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" timeout $(cap 300) \
+    python3 -m jax_moe_a2a.bench --backend cuda,reference --out "$OUT/gpus-bench1" ${BENCH_ARGS:-} 2>&1 \
+    | grep -v "step/s" | tee "$OUT/gpus-bench1.log"
+  "${ALL_GPUS[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout $(cap 400) "${MPIRUN[@]}" -n "$NGPU" python3 -m jax_moe_a2a.bench \
+    --backend ${GPUS_BENCH_BACKENDS:-cuda,nvshmem,reference} --out "$OUT/gpus-benchmpi" ${BENCH_ARGS:-} 2>&1 \
+    | grep -v "step/s" | quiet | tee "$OUT/gpus-benchmpi.log"
+fi
+if stage bench; then  # one process, one rank: cuda next to reference, decode and prefill
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" timeout $(cap 300) python3 -m jax_moe_a2a.bench --out "$OUT/bench1" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "step/s" | tee "$OUT/bench1.log"
 fi
 # N processes sharing the one GPU: kernel + synchronisation overhead, never NVLink. mpibench
@@ -141,25 +186,25 @@ mpi_bench() {  # $1 = label, $2 = n, extra env before the command
   local label=$1 n=$2; shift 2
   env "$@" JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") \
-    timeout 300 "${MPIRUN[@]}" -n "$n" python3 -m jax_moe_a2a.bench --backend cuda --shape decode \
+    timeout $(cap 300) "${MPIRUN[@]}" -n "$n" python3 -m jax_moe_a2a.bench --backend cuda --shape decode \
     --out "$OUT/$label$n" ${BENCH_ARGS:-} 2>&1 | grep -v "step/s" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" > "$OUT/$label$n.log"
   rm -f "$OUT/$label$n/latency.png"
 }
-if has mpibench; then
+if stage mpibench; then
   for n in ${NPROCS:-2 4 8}; do mpi_bench bench "$n"; done
 fi
-if has proxybench; then  # the inter-node path on one GPU: signalling round trip, then halves + breakdown
-  JAX_PLATFORMS=cuda,cpu timeout 120 python3 -m jax_moe_a2a.bench.proxy --signal 2>&1 | tee "$OUT/proxybench-signal.log"
+if stage proxybench; then  # the inter-node path on one GPU: signalling round trip, then halves + breakdown
+  JAX_PLATFORMS=cuda,cpu timeout $(cap 120) python3 -m jax_moe_a2a.bench.proxy --signal 2>&1 | tee "$OUT/proxybench-signal.log"
   for run in ${PROXYBENCH_RUNS:-2:1:shm 4:1:shm 4:2:shm "2:1:tcp;ofi_rxm"}; do
     IFS=: read -r n ns prov <<< "$run"
     env JAX_MOE_A2A_NODE_SIZE="$ns" JAX_MOE_A2A_PROVIDER="$prov" JAX_MOE_A2A_IFACE="$([ "$prov" = shm ] || echo lo)" \
       JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
-      XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") timeout 300 "${MPIRUN[@]}" -n "$n" \
+      XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") timeout $(cap 300) "${MPIRUN[@]}" -n "$n" \
       python3 -m jax_moe_a2a.bench.proxy --shape decode 2>&1 | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" \
       | tee "$OUT/proxybench-n$n-ns$ns-${prov%%;*}.log"
   done
 fi
-if has mpsbench; then
+if stage mpsbench; then
   nvidia-cuda-mps-control -d && sleep 1
   for n in ${NPROCS:-2 4 8}; do mpi_bench mps "$n" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / n)); done
   echo quit | nvidia-cuda-mps-control

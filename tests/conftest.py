@@ -24,8 +24,8 @@ if _MPI_SIZE > 1:
     if _dist.global_state.client is None:
         # Several processes sharing one GPU (how the GPU suite runs on one H200): every process
         # takes the same local device ids, e.g. JAX_MOE_A2A_LOCAL_DEVICE_IDS=0.
-        ids = os.environ.get("JAX_MOE_A2A_LOCAL_DEVICE_IDS")
-        jax.distributed.initialize(local_device_ids=[int(i) for i in ids.split(",")] if ids else None)
+        from jax_moe_a2a.runtime import local_device_ids_from_env  # "0": processes sharing GPU 0
+        jax.distributed.initialize(local_device_ids=local_device_ids_from_env())
 
 
 def pytest_sessionfinish(session, exitstatus):

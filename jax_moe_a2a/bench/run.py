@@ -46,8 +46,8 @@ def setup_runtime(args):
     import jax
     if mpi_size > 1:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        ids = os.environ.get("JAX_MOE_A2A_LOCAL_DEVICE_IDS")  # e.g. "0": processes sharing one GPU
-        jax.distributed.initialize(local_device_ids=[int(i) for i in ids.split(",")] if ids else None)
+        from jax_moe_a2a.runtime import local_device_ids_from_env  # "0": processes sharing GPU 0
+        jax.distributed.initialize(local_device_ids=local_device_ids_from_env())
     return jax
 
 
