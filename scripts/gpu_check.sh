@@ -42,8 +42,8 @@ fi
 cd tests
 if stage single; then
   JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_TEST_BACKENDS=${SINGLE_BACKENDS:-cuda,reference} XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout $(cap 420) python3 -m pytest -q -p no:cacheprovider \
-    test_quant.py test_ops.py test_errors.py test_grad.py test_readme_example.py test_models.py test_nnx.py \
-    test_overlap_schedule.py 2>&1 | tail -40 | tee "$OUT/single.log"
+    ${SINGLE_TESTS:-test_quant.py test_ops.py test_errors.py test_grad.py test_readme_example.py test_models.py test_nnx.py \
+    test_overlap_schedule.py} 2>&1 | tail -40 | tee "$OUT/single.log"
 fi
 if stage mpi; then
   for n in ${NPROCS:-2 4 8}; do
@@ -88,15 +88,14 @@ if stage nvshmem; then  # the nvshmem backend on the oracle: every case, the pro
     if [ "$n" = 1 ]; then  # one process, one rank (N = 1): every test of these files
       env "${NV_ENV[@]}" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout $(cap 500) \
         python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py test_errors.py 2>&1 \
-        | tail -30 | tee "$OUT/nvshmem1.log"
+        | tee "$OUT/nvshmem1.full" | tail -30 | tee "$OUT/nvshmem1.log"
       continue
     fi
     env "${NV_ENV[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_MPI_ALL_CASES=1 \
       XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.5/$n, 3))") \
       JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 200) timeout $(cap 560) "${MPIRUN[@]}" -n "$n" \
       python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py 2>&1 \
-      | grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" | tail -30 \
-      | tee "$OUT/nvshmem-mpi$n.log"
+      | quiet | tee "$OUT/nvshmem-mpi$n.full" | tail -30 | tee "$OUT/nvshmem-mpi$n.log"
   done
 fi
 if stage nvshmem-timeout; then  # a rank that never calls: the other must fail naming it (kills its CUDA context)
@@ -128,7 +127,7 @@ proxy_run() {  # $1 = n, $2 = node_size, $3 = provider, $4 = what
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.5/$n, 3))") \
     JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 200) timeout $(cap 560) "${MPIRUN[@]}" -n "$n" \
     python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x ${kexpr:+-k "$kexpr"} $files 2>&1 \
-    | grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" | tail -30 | tee "$OUT/$label.log"
+    | quiet | tee "$OUT/$label.full" | tail -30 | tee "$OUT/$label.log"
 }
 if stage proxy; then
   python3 -c "import jax_moe_a2a._C as c; assert c.built_with_libfabric(), 'built without libfabric'" 2>&1 | tee "$OUT/proxy.log" || exit 1
@@ -160,8 +159,8 @@ if stage gpus; then
     [ "$be" = proxy ] && extra=(JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_NODE_SIZE=1 JAX_MOE_A2A_PROVIDER=shm)
     "${ALL_GPUS[@]}" "${extra[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank JAX_MOE_A2A_MPI_ALL_CASES=1 \
       XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout $(cap 300) "${MPIRUN[@]}" -n "$NGPU" \
-      python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py 2>&1 \
-      | quiet | tail -30 | tee "$OUT/gpus-mpi-$be.log"
+      --output-filename "$OUT/gpus-mpi-$be.ranks" python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py 2>&1 \
+      | quiet | tee "$OUT/gpus-mpi-$be.full" | tail -30 | tee "$OUT/gpus-mpi-$be.log"
   done
 fi
 cd "$RUNDIR"

@@ -55,7 +55,7 @@ def _schedule(backend, mesh, variant):
     found = {s: S.tagged(seq, s) for s in SCOPES}
     for s in SCOPES:
         assert found[s], f"no instruction of scope {s} in the schedule"
-    return found, windows, halves
+    return found, windows, halves, seq
 
 
 def _describe(found, halves):
@@ -64,12 +64,13 @@ def _describe(found, halves):
 
 @pytest.mark.skipif("cuda" not in BACKENDS, reason="needs the cuda backend (XLA:CPU drops barriers before scheduling)")
 def test_shared_expert_scheduled_between_send_and_recv_gpu(mesh):
-    found, windows, halves = _schedule("cuda", mesh, "overlap")
+    found, windows, halves, seq = _schedule("cuda", mesh, "overlap")
     for s in SCOPES:
         outside = [i for i in found[s] if i not in windows[s]]
-        assert not outside, f"{s}: instructions outside its window: {_describe(found, halves)}"
+        assert not outside, (f"{s}: instructions outside its window: {_describe(found, halves)}; outside: "
+                             + "; ".join(f"{i}: {seq[i].name} {seq[i].opcode} {sorted(seq[i].op_names)}" for i in outside))
     # the same reader on the variant ordered by data must not see the shared expert in flight
-    found, windows, halves = _schedule("cuda", mesh, "shared_first")
+    found, windows, halves, _ = _schedule("cuda", mesh, "shared_first")
     for s in SCOPES:
         assert not [i for i in found[s] if i in windows[s]], _describe(found, halves)
 
@@ -78,6 +79,6 @@ def test_shared_expert_scheduled_between_send_and_recv_gpu(mesh):
 def test_schedule_reader_on_cpu(backend, mesh):
     """The reader finds the four halves in order and, on the variant ordered by data, the whole
     shared expert before dispatch_send (the overlap placement itself is not provable on CPU)."""
-    found, windows, halves = _schedule(backend, mesh, "shared_first")
+    found, windows, halves, _ = _schedule(backend, mesh, "shared_first")
     for s in SCOPES:
         assert max(found[s]) < halves["dispatch_send"], _describe(found, halves)
