@@ -27,7 +27,7 @@ if stage build; then
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee "$OUT/env.log"
   # A previous call's extension, carried in .devdeps/prebuilt/<hash of the C++ sources>/, skips the build.
-  SRC_HASH=$(cat CMakeLists.txt pyproject.toml $(find cc -type f | sort) | sha256sum | cut -c1-16)
+  SRC_HASH=$(cat CMakeLists.txt pyproject.toml $(find cc -type f | LC_ALL=C sort) | sha256sum | cut -c1-16)
   PREBUILT=$(ls .devdeps/prebuilt/"$SRC_HASH"/_C*.so 2>/dev/null | head -1)
   if [ -n "$PREBUILT" ]; then
     cp "$PREBUILT" jax_moe_a2a/ && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
