@@ -70,6 +70,22 @@ if stage timeout; then  # a rank that never calls: the others must fail naming i
     echo "== $f"; grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" "$f" | tail -60
   done >> "$OUT/timeout.log"
 fi
+# Every GPU of the machine (NVLink between them): one process driving all, then one process per GPU
+# (JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank) for cuda, nvshmem, the proxy path and reference (NCCL).
+ALL_GPUS=(env -u CUDA_VISIBLE_DEVICES JAX_PLATFORMS=cuda,cpu NVSHMEM_REMOTE_TRANSPORT=none)
+if stage gpus; then
+  "${ALL_GPUS[@]}" JAX_MOE_A2A_TEST_BACKENDS=cuda,reference XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 \
+    timeout $(cap 300) python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py 2>&1 \
+    | tail -30 | tee "$OUT/gpus-single.log"
+  for be in ${GPUS_BACKENDS:-cuda nvshmem proxy}; do
+    extra=(JAX_MOE_A2A_TEST_BACKENDS=$be,reference)
+    [ "$be" = proxy ] && extra=(JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_NODE_SIZE=1 JAX_MOE_A2A_PROVIDER=shm)
+    "${ALL_GPUS[@]}" "${extra[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank JAX_MOE_A2A_MPI_ALL_CASES=1 \
+      XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout $(cap 300) "${MPIRUN[@]}" -n "$NGPU" \
+      --output-filename "$OUT/gpus-mpi-$be.ranks" python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py 2>&1 \
+      | quiet | tee "$OUT/gpus-mpi-$be.full" | tail -30 | tee "$OUT/gpus-mpi-$be.log"
+  done
+fi
 if stage nocmdbuf; then  # the same single-process suite with XLA command buffers (CUDA graphs) disabled
   JAX_PLATFORMS=cuda,cpu XLA_FLAGS="--xla_gpu_enable_command_buffer=" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout $(cap 300) \
     python3 -m pytest -q -p no:cacheprovider test_ops.py -k cuda 2>&1 | tail -5 | tee "$OUT/nocmdbuf.log"
@@ -145,22 +161,6 @@ if stage proxy; then
     for f in $(find "$RUNDIR/proxy-timeout$ns" -type f | sort); do
       echo "== $f"; grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" "$f" | tail -40
     done >> "$OUT/proxy-timeout-ns$ns.log"
-  done
-fi
-# Every GPU of the machine (NVLink between them): one process driving all, then one process per GPU
-# (JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank) for cuda, nvshmem, the proxy path and reference (NCCL).
-ALL_GPUS=(env -u CUDA_VISIBLE_DEVICES JAX_PLATFORMS=cuda,cpu NVSHMEM_REMOTE_TRANSPORT=none)
-if stage gpus; then
-  "${ALL_GPUS[@]}" JAX_MOE_A2A_TEST_BACKENDS=cuda,reference XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 \
-    timeout $(cap 300) python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py 2>&1 \
-    | tail -30 | tee "$OUT/gpus-single.log"
-  for be in ${GPUS_BACKENDS:-cuda nvshmem proxy}; do
-    extra=(JAX_MOE_A2A_TEST_BACKENDS=$be,reference)
-    [ "$be" = proxy ] && extra=(JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_NODE_SIZE=1 JAX_MOE_A2A_PROVIDER=shm)
-    "${ALL_GPUS[@]}" "${extra[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank JAX_MOE_A2A_MPI_ALL_CASES=1 \
-      XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout $(cap 300) "${MPIRUN[@]}" -n "$NGPU" \
-      --output-filename "$OUT/gpus-mpi-$be.ranks" python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py 2>&1 \
-      | quiet | tee "$OUT/gpus-mpi-$be.full" | tail -30 | tee "$OUT/gpus-mpi-$be.log"
   done
 fi
 cd "$RUNDIR"
