@@ -5,7 +5,7 @@
 # Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench";
 # also: serve timeout nocmdbuf sanitizer mpibench mpsbench nvshmem nvshmem-timeout proxy proxybench,
 #      gpus gpusbench: every GPU of the machine, one process driving all and one process per GPU),
-#      TMAX (cap on every stage's timeout, s), .devdeps/prebuilt/<hash>/_C*.so (skip the build).
+#      GPUS_SINGLE=0 skips the gpus stage's one-process run, TMAX (cap on every stage's timeout, s), .devdeps/prebuilt/<hash>/_C*.so (skip the build).
 #      NVSHMEM_NPROCS (process counts of the nvshmem stage, default "1 2 4"; 1 = no mpirun).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,7 +74,7 @@ fi
 # (JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank) for cuda, nvshmem, the proxy path and reference (NCCL).
 ALL_GPUS=(env -u CUDA_VISIBLE_DEVICES JAX_PLATFORMS=cuda,cpu NVSHMEM_REMOTE_TRANSPORT=none)
 if stage gpus; then
-  "${ALL_GPUS[@]}" JAX_MOE_A2A_TEST_BACKENDS=cuda,reference XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 \
+  [ "${GPUS_SINGLE:-1}" = 1 ] && "${ALL_GPUS[@]}" JAX_MOE_A2A_TEST_BACKENDS=cuda,reference XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 \
     timeout $(cap 300) python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py 2>&1 \
     | tail -30 | tee "$OUT/gpus-single.log"
   for be in ${GPUS_BACKENDS:-cuda nvshmem proxy}; do

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -116,6 +117,8 @@ cudaError_t RankState::launch_timed(int op, cudaStream_t stream, cudaError_t (*l
     // Fewer SMs than the device reports (an MPS client limited by CUDA_MPS_ACTIVE_THREAD_PERCENTAGE):
     // the kernels loop over any grid size, so use a smaller co-resident grid from now on.
     cudaGetLastError();
+    std::fprintf(stderr, "jax_moe_a2a cuda (rank %d): a cooperative launch of %d blocks is too large here; using %d\n",
+                 rank_, blocks_, blocks_ / 2);
     blocks_ = blocks_ / 2;
     rc = launch(params, blocks_, stream);
   }

@@ -54,6 +54,57 @@ __device__ __forceinline__ void store_elem(void* base, int64_t i, int kind, floa
   }
 }
 
+// Eight consecutive elements base[i .. i+8) of kind 0 (f32), 1 (bf16) or 2 (f16) as f32, with
+// 16-byte volatile loads (no stale L1 lines of a peer-written region; i a multiple of 8, base
+// 16-byte aligned).
+__device__ __forceinline__ void load_vec8(const void* base, int64_t i, int kind, float v[8]) {
+  const uint8_t* b = static_cast<const uint8_t*>(base);
+  if (kind == 0) {
+    const int4* p = reinterpret_cast<const int4*>(b + i * 4);
+    const int4 x = ptx::ld_volatile_v4(p), y = ptx::ld_volatile_v4(p + 1);
+    const int w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = __int_as_float(w[j]);
+    return;
+  }
+  const int4 x = ptx::ld_volatile_v4(reinterpret_cast<const int4*>(b + i * 2));
+  const uint32_t w[4] = {uint32_t(x.x), uint32_t(x.y), uint32_t(x.z), uint32_t(x.w)};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (kind == 1) {
+      v[2 * j] = __uint_as_float(w[j] << 16);
+      v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    } else {
+      v[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xffffu)));
+      v[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
+    }
+  }
+}
+
+// Stores eight f32 values as kind 0/1/2 at base[i .. i+8) with 16-byte stores (round to nearest even).
+__device__ __forceinline__ void store_vec8(void* base, int64_t i, int kind, const float v[8]) {
+  if (kind == 0) {
+    int4* p = reinterpret_cast<int4*>(static_cast<float*>(base) + i);
+    p[0] = make_int4(__float_as_int(v[0]), __float_as_int(v[1]), __float_as_int(v[2]), __float_as_int(v[3]));
+    p[1] = make_int4(__float_as_int(v[4]), __float_as_int(v[5]), __float_as_int(v[6]), __float_as_int(v[7]));
+    return;
+  }
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t lo, hi;
+    if (kind == 1) {
+      lo = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * j]));
+      hi = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * j + 1]));
+    } else {
+      lo = __half_as_ushort(__float2half_rn(v[2 * j]));
+      hi = __half_as_ushort(__float2half_rn(v[2 * j + 1]));
+    }
+    w[j] = lo | (hi << 16);
+  }
+  *reinterpret_cast<int4*>(static_cast<uint8_t*>(base) + i * 2) = make_int4(int(w[0]), int(w[1]), int(w[2]), int(w[3]));
+}
+
 __device__ __forceinline__ int elem_bytes(int kind) { return kind == 0 ? 4 : kind == 3 ? 1 : 2; }
 
 __device__ __forceinline__ SyncFlags* flags_of(const SlotPtrs& p, int rank) {
@@ -141,29 +192,72 @@ __device__ void wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn 
   wait_flags_each(p, g, op, flag, [want, remote](int r) { return remote >> r & 1 ? 0 : want; }, "cuda");
 }
 
-// combine_recv's reduction, shared by the GPU backends: one warp per token t of [0, T),
-//   out[t, h] = sum_k weights[t, k] * row(t, k, d)[h] (+ out_in[t, h]), f32 accumulation in k order,
-//   pairs[t, k, h] = row(t, k, d)[h] (0 for pairs not routed and tokens t >= n),
-// where d = dest[t, k] and row(t, k, d) is the start of that pair's y row (H elements of y_kind).
+// combine_recv's reduction, shared by the GPU backends: for every token t of [0, T),
+//   out[t, h] = sum_k weights[t, k] * row(t, q, d)[h] (+ out_in[t, h]), f32 accumulation in k order,
+//   pairs[t, k, h] = row(t, q, d)[h] (0 for pairs not routed and tokens t >= n),
+// where q = t * K + k, d = dest[q] and row(t, q, d) is the start of that pair's y row (H elements
+// of y_kind, 16-byte aligned). Work items are (token, 256-element segment), one warp each, so that
+// a decode batch (T = 128) still spreads over every SM; a lane reduces 8 consecutive elements with
+// 16-byte loads and stores. One thread per element when H % 8 != 0 or a buffer is fp8.
+constexpr int kReduceVec = 8;
+constexpr int kReduceSegment = 32 * kReduceVec;
+
 template <typename RowFn>
 __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
   const Geometry& g = P.g;
-  for (int t = ix.gwarp; t < g.T; t += ix.nwarps) {
-    for (int h = ix.lane; h < g.H; h += 32) {
-      float acc = 0.f;
+  const auto aligned = [](const void* a) { return (reinterpret_cast<uintptr_t>(a) & 15) == 0; };
+  const bool vec = g.H % kReduceVec == 0 && P.y_kind != 3 && P.out_kind != 3 && (!P.out_in || P.out_in_kind != 3) &&
+                   aligned(P.out) && aligned(P.out_in) && aligned(P.pairs);  // XLA's buffers (ours are padded)
+  if (vec) {
+    const int64_t segs = (g.H + kReduceSegment - 1) / kReduceSegment;
+    for (int64_t w = ix.gwarp; w < int64_t(g.T) * segs; w += ix.nwarps) {
+      const int t = static_cast<int>(w / segs);
+      const int64_t h = (w % segs) * kReduceSegment + int64_t(ix.lane) * kReduceVec;
+      if (h >= g.H) continue;
+      float acc[kReduceVec];
+#pragma unroll
+      for (int i = 0; i < kReduceVec; ++i) acc[i] = 0.f;
       for (int k = 0; k < g.K; ++k) {
         const int64_t q = int64_t(t) * g.K + k;
         const int d = t < n ? P.dest[q] : -1;
-        float v = 0.f;
+        float v[kReduceVec];
         if (d >= 0 && d < g.N) {
-          v = load_elem(row(t, q, d), h, P.y_kind);
-          acc += P.weights[q] * v;
+          load_vec8(row(t, q, d), h, P.y_kind, v);
+          const float wt = P.weights[q];
+#pragma unroll
+          for (int i = 0; i < kReduceVec; ++i) acc[i] = fmaf(wt, v[i], acc[i]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kReduceVec; ++i) v[i] = 0.f;
         }
-        if (P.pairs) P.pairs[q * g.H + h] = v;
+        if (P.pairs) store_vec8(P.pairs, q * g.H + h, 0, v);
       }
-      if (P.out_in) acc += load_elem(P.out_in, int64_t(t) * g.H + h, P.out_in_kind);
-      store_elem(P.out, int64_t(t) * g.H + h, P.out_kind, acc);
+      if (P.out_in) {
+        float o[kReduceVec];
+        load_vec8(P.out_in, int64_t(t) * g.H + h, P.out_in_kind, o);
+#pragma unroll
+        for (int i = 0; i < kReduceVec; ++i) acc[i] += o[i];
+      }
+      store_vec8(P.out, int64_t(t) * g.H + h, P.out_kind, acc);
     }
+    return;
+  }
+  for (int64_t i = ix.gtid; i < int64_t(g.T) * g.H; i += ix.gstride) {
+    const int t = static_cast<int>(i / g.H);
+    const int64_t h = i % g.H;
+    float acc = 0.f;
+    for (int k = 0; k < g.K; ++k) {
+      const int64_t q = int64_t(t) * g.K + k;
+      const int d = t < n ? P.dest[q] : -1;
+      float v = 0.f;
+      if (d >= 0 && d < g.N) {
+        v = load_elem(row(t, q, d), h, P.y_kind);
+        acc = fmaf(P.weights[q], v, acc);
+      }
+      if (P.pairs) P.pairs[q * g.H + h] = v;
+    }
+    if (P.out_in) acc += load_elem(P.out_in, int64_t(t) * g.H + h, P.out_in_kind);
+    store_elem(P.out, int64_t(t) * g.H + h, P.out_kind, acc);
   }
 }
 
