@@ -76,9 +76,13 @@ RankState::RankState(const CudaOptions& o, int rank, int device, int local_index
   peers_.assign(o_.g.N, nullptr);
   const char* timing = std::getenv("JAX_MOE_A2A_KERNEL_TIMING");
   timing_ = timing && std::string(timing) == "1";
-  if (timing_)
+  if (timing_) {
     for (auto& pair : events_)
       for (auto& e : pair) check(cudaEventCreate(&e), "cudaEventCreate");
+    // Benchmarks record the launch geometry next to the kernel times.
+    std::fprintf(stderr, "jax_moe_a2a cuda (rank %d, device %d): cooperative grid of %d blocks\n", rank_, device_,
+                 blocks_);
+  }
   if (any_remote) {
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
     protocol::ExchangeOptions xo;
