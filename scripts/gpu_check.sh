@@ -74,10 +74,11 @@ fi
 # (JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank) for cuda, nvshmem, the proxy path and reference (NCCL).
 ALL_GPUS=(env -u CUDA_VISIBLE_DEVICES JAX_PLATFORMS=cuda,cpu NVSHMEM_REMOTE_TRANSPORT=none)
 if stage gpus; then
-  [ "${GPUS_SINGLE:-1}" = 1 ] && "${ALL_GPUS[@]}" JAX_MOE_A2A_TEST_BACKENDS=cuda,reference XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 \
+  [ "${GPUS_SINGLE:-1}" = 1 ] && "${ALL_GPUS[@]}" JAX_MOE_A2A_TEST_BACKENDS=${GPUS_SINGLE_BACKENDS:-cuda,reference,ragged} \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 \
     timeout $(cap 300) python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py 2>&1 \
     | tail -30 | tee "$OUT/gpus-single.log"
-  for be in ${GPUS_BACKENDS:-cuda nvshmem proxy}; do
+  for be in ${GPUS_BACKENDS:-cuda nvshmem proxy ragged}; do
     extra=(JAX_MOE_A2A_TEST_BACKENDS=$be,reference)
     [ "$be" = proxy ] && extra=(JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_NODE_SIZE=1 JAX_MOE_A2A_PROVIDER=shm)
     "${ALL_GPUS[@]}" "${extra[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank JAX_MOE_A2A_MPI_ALL_CASES=1 \
@@ -166,11 +167,11 @@ fi
 cd "$RUNDIR"
 if stage gpusbench; then  # NVLink numbers: EP=$NGPU, every backend side by side
   "${ALL_GPUS[@]}" JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" timeout $(cap 300) \
-    python3 -m jax_moe_a2a.bench --backend cuda,reference --out "$OUT/gpus-bench1" ${BENCH_ARGS:-} 2>&1 \
+    python3 -m jax_moe_a2a.bench --backend cuda,reference,ragged --out "$OUT/gpus-bench1" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "step/s" | tee "$OUT/gpus-bench1.log"
   "${ALL_GPUS[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout $(cap 400) "${MPIRUN[@]}" -n "$NGPU" python3 -m jax_moe_a2a.bench \
-    --backend ${GPUS_BENCH_BACKENDS:-cuda,nvshmem,reference} --out "$OUT/gpus-benchmpi" ${BENCH_ARGS:-} 2>&1 \
+    --backend ${GPUS_BENCH_BACKENDS:-cuda,nvshmem,reference,ragged} --out "$OUT/gpus-benchmpi" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "step/s" | quiet | tee "$OUT/gpus-benchmpi.log"
 fi
 if stage bench; then  # one process, one rank: cuda next to reference, decode and prefill

@@ -22,6 +22,8 @@ MPI_CASES = {"fp8-random", "expert-major", "one-hot-expert", "empty-ranks", "min
              "tp2-fp8-expert-major", "overflow-ragged", "combine-into-out"}
 
 BACKENDS = [b for b in os.environ.get("JAX_MOE_A2A_TEST_BACKENDS", ",".join(a2a.available_backends())).split(",") if b]
+# Backends written in JAX alone: differentiated by JAX autodiff, never time out (XLA collectives).
+PURE_JAX = ("reference", "ragged")
 FP8 = jnp.float8_e4m3fn
 BASE = dict(num_experts=32, experts_per_token=4, hidden=256, max_tokens_per_rank=24)
 

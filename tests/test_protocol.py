@@ -14,15 +14,19 @@ import pytest
 import jax_moe_a2a as a2a
 from jax_moe_a2a import testing as T
 
-from test_ops import BACKENDS
+from test_ops import BACKENDS, PURE_JAX
 
-FFI_BACKENDS = [b for b in BACKENDS if b != "reference"]
+# Slots and the soak: every backend with a protocol of its own (reference is one padded
+# all_to_all; ragged exchanges counts, then rows). The timeout test: FFI backends only (an XLA
+# collective waits for a missing rank forever).
+PROTOCOL_BACKENDS = [b for b in BACKENDS if b != "reference"]
+FFI_BACKENDS = [b for b in BACKENDS if b not in PURE_JAX]
 FP8 = jnp.float8_e4m3fn
-pytestmark = pytest.mark.skipif(not FFI_BACKENDS, reason="no FFI backend built here")
+pytestmark = pytest.mark.skipif(not PROTOCOL_BACKENDS, reason="no FFI or ragged backend here")
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("backend", FFI_BACKENDS)
+@pytest.mark.parametrize("backend", PROTOCOL_BACKENDS)
 def test_two_slots_interleaved(backend, num_ranks, mesh):
     """send A (slot 0), send B (slot 1), recv A, recv B, then both combines, several steps."""
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=8, slots=2)
@@ -62,7 +66,7 @@ def check_two_slots(comm, mesh, steps=5):
 
 @pytest.mark.slow
 @pytest.mark.mpi
-@pytest.mark.parametrize("backend", FFI_BACKENDS)
+@pytest.mark.parametrize("backend", PROTOCOL_BACKENDS)
 def test_soak_1000_steps(backend, mesh, num_ranks):
     """1,000 steps of fresh random routing through one compiled step, zero mismatches."""
     steps = int(os.environ.get("JAX_MOE_A2A_SOAK_STEPS", "1000" if jax.process_count() == 1 else "100"))

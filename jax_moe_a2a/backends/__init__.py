@@ -10,10 +10,10 @@ _FACTORIES: Dict[str, Callable[[], Backend]] = {}
 _AVAILABLE: Dict[str, Callable[[], "str | None"]] = {}
 
 # Every backend, best first (what available() lists).
-ORDER = ("cuda", "nvshmem", "host", "reference")
+ORDER = ("cuda", "nvshmem", "host", "reference", "ragged")
 # What backend="auto" tries, first available wins. Never nvshmem: it needs one process per GPU
 # (the cuda backend also drives several GPUs from one process) and has not run on a GPU yet; it is
-# used only when named.
+# used only when named. Never ragged: a baseline (XLA's ragged-all-to-all), and absent on XLA:CPU.
 AUTO_ORDER = ("cuda", "host", "reference")
 
 
@@ -55,6 +55,16 @@ def _reference():
     return ReferenceBackend()
 
 
+def _ragged():
+    from .ragged import RaggedBackend
+    return RaggedBackend()
+
+
+def _ragged_reason():
+    from .ragged import unavailable_reason
+    return unavailable_reason()
+
+
 def _host():
     from .host import HostBackend
     return HostBackend()
@@ -89,3 +99,4 @@ register("reference", _reference, lambda: None)
 register("cuda", _cuda, _cuda_reason)
 register("nvshmem", _nvshmem, _nvshmem_reason)
 register("host", _host, _host_reason)
+register("ragged", _ragged, _ragged_reason)
