@@ -165,11 +165,13 @@ if stage proxy; then
   done
 fi
 cd "$RUNDIR"
-if stage gpusbench; then  # NVLink numbers: EP=$NGPU, every backend side by side
-  "${ALL_GPUS[@]}" JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" timeout $(cap 300) \
+if stage gpusbench; then  # NVLink numbers: EP=$NGPU, every backend side by side (GPUS_BENCH1=0: no one-process run)
+  [ "${GPUS_BENCH1:-1}" = 1 ] && "${ALL_GPUS[@]}" JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" timeout $(cap 300) \
     python3 -m jax_moe_a2a.bench --backend cuda,reference,ragged --out "$OUT/gpus-bench1" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "step/s" | tee "$OUT/gpus-bench1.log"
-  "${ALL_GPUS[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
+  # ragged_all_to_all across processes: XLA:GPU refuses its NCCL send/recv path unless allowed
+  "${ALL_GPUS[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank JAX_MOE_A2A_KERNEL_TIMING=1 \
+    XLA_FLAGS="--xla_gpu_enable_command_buffer= --xla_gpu_allow_ragged_all_to_all_nccl_send_recv_fallback=true" \
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout $(cap 400) "${MPIRUN[@]}" -n "$NGPU" python3 -m jax_moe_a2a.bench \
     --backend ${GPUS_BENCH_BACKENDS:-cuda,nvshmem,reference,ragged} --out "$OUT/gpus-benchmpi" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "step/s" | quiet | tee "$OUT/gpus-benchmpi.log"
