@@ -87,6 +87,11 @@ class Progress:
         elif self.enabled and self.n % 10 == 0:
             print(f"[{self.n}/{self.total}] {desc}", file=sys.stderr, flush=True)
 
+    def write(self, line):
+        """A line of its own on stdout, flushed (the bar is on stderr)."""
+        if self.enabled:
+            print(line, flush=True)
+
     def close(self):
         if self.bar is not None:
             self.bar.close()
@@ -232,16 +237,22 @@ def main(argv=None):
         print(f"jax_moe_a2a bench: {len(backends)} backend(s) {backends}, shapes {names}, {mesh.size} ranks on "
               f"{meta['devices']} {platform} device(s) in {meta['processes']} process(es)", flush=True)
     progress = Progress(len(backends) * len(names) * (1 + iters + warmup), lead)
+    overrides = {}
+    if args.tokens:
+        overrides["max_tokens_per_rank"] = args.tokens
+    if args.hidden:
+        overrides["hidden"] = args.hidden
+    if "nvshmem" in backends and not os.environ.get("JAX_MOE_A2A_NVSHMEM_ARENA"):
+        # The first communicator of a process fixes the NVSHMEM arena: make room for every shape.
+        from ..backends.nvshmem import NvshmemBackend
+        nv = NvshmemBackend()
+        os.environ["JAX_MOE_A2A_NVSHMEM_ARENA"] = str(sum(nv.buffer_bytes(table[s].spec(**overrides), mesh.size)
+                                                          for s in names))
     results = []
     failed = False
     for b in backends:
         for s in names:
             shape = table[s]
-            overrides = {}
-            if args.tokens:
-                overrides["max_tokens_per_rank"] = args.tokens
-            if args.hidden:
-                overrides["hidden"] = args.hidden
             try:
                 comm = a2a.init(shape.spec(**overrides), mesh, "ep", backend=b, collect_stats=False)
                 rec = bench_one(jax, comm, s, args, iters, warmup, progress)
@@ -252,6 +263,8 @@ def main(argv=None):
                 if lead:
                     traceback.print_exc()
             results.append(rec)
+            if lead:  # one line per run as it ends, so that a run that hangs is named in the log
+                progress.write(f"finished {b}/{s}: {rec.get('check') or rec.get('error')}")
     progress.close()
     out = {"meta": meta, "results": results}
     if lead:
