@@ -27,9 +27,9 @@ if _MPI_SIZE > 1:
     from jax._src import distributed as _dist  # noqa: E402
 
     if _dist.global_state.client is None:
-        # Several processes sharing one GPU (how the GPU suite runs on one H200): every process
-        # takes the same local device ids, e.g. JAX_MOE_A2A_LOCAL_DEVICE_IDS=0.
-        from jax_moe_a2a.runtime import local_device_ids_from_env  # "0": processes sharing GPU 0
+        # JAX_MOE_A2A_LOCAL_DEVICE_IDS=0: several processes share GPU 0 (the one-GPU machine);
+        # =local_rank: one GPU per process.
+        from jax_moe_a2a.runtime import local_device_ids_from_env
         jax.distributed.initialize(local_device_ids=local_device_ids_from_env())
 
 
