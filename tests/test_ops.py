@@ -55,6 +55,10 @@ CASES = [
     ("k-greater-than-l", dict(num_experts=16, experts_per_token=6), {}, {}),
     ("odd-sizes", dict(num_experts=24, experts_per_token=3, hidden=96, max_tokens_per_rank=7,
                        dispatch_dtype=FP8, scale_block=32), {}, {}),
+    # rows whose byte size is not a multiple of 16 (GPU kernels fall back from 16-byte copies), and
+    # fp8 scales that are not 4-byte aligned on the wire (H % 4 != 0)
+    ("odd-hidden-bf16", dict(hidden=36, max_tokens_per_rank=5), {}, {}),
+    ("odd-hidden-fp8", dict(hidden=30, max_tokens_per_rank=5, dispatch_dtype=FP8, scale_block=10), {}, {}),
     ("one-shot", {}, {}, dict(split=False)),
     ("combine-into-out", dict(combine_dtype=jnp.float32), {}, dict(with_out=True)),
     ("slot1", dict(slots=2), {}, dict(slot=1)),

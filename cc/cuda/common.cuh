@@ -112,7 +112,26 @@ __device__ __forceinline__ SyncFlags* flags_of(const SlotPtrs& p, int rank) {
 }
 
 // Warp-cooperative copy of `bytes` (multiple of 16 for the vector part; any tail bytewise).
+// A float at a byte address that need not be 4-byte aligned (an fp8 row's scales follow its H
+// payload bytes, so they are misaligned when H % 4 != 0).
+__device__ __forceinline__ void store_f32(uint8_t* p, float v) {
+  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) *reinterpret_cast<float*>(p) = v;
+  else memcpy(p, &v, 4);
+}
+__device__ __forceinline__ float load_f32(const uint8_t* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) return *reinterpret_cast<const float*>(p);
+  float v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+// The calling warp copies `bytes` bytes: 16-byte volatile loads when both ends are 16-byte aligned
+// (rows of XLA arrays are not when H * element size % 16 != 0), bytes otherwise.
 __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) != 0) {
+    for (int64_t i = lane; i < bytes; i += 32) dst[i] = src[i];
+    return;
+  }
   const int64_t nv = bytes / 16;
   const int4* s4 = reinterpret_cast<const int4*>(src);
   int4* d4 = reinterpret_cast<int4*>(dst);

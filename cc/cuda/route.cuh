@@ -86,10 +86,10 @@ __device__ inline void stage_token(const DispatchSendParams& P, int t, int lane)
   uint8_t* row = P.p.priv + g.off_staging + int64_t(t) * g.row;
   if (g.wire_kind == 3) {
     uint8_t* q = row;
-    float* sc = reinterpret_cast<float*>(row + g.payload);
+    uint8_t* sc = row + g.payload;  // S f32 scales, 4-byte aligned only when H % 4 == 0
     if (P.x_kind == 3) {  // pre-quantised
       warp_copy(q, static_cast<const uint8_t*>(P.x) + int64_t(t) * g.H, g.H, lane);
-      for (int b = lane; b < g.S; b += 32) sc[b] = P.x_scale[int64_t(t) * g.S + b];
+      for (int b = lane; b < g.S; b += 32) store_f32(sc + 4 * b, P.x_scale[int64_t(t) * g.S + b]);
       return;
     }
     for (int b = 0; b < g.S; ++b) {
@@ -99,7 +99,7 @@ __device__ inline void stage_token(const DispatchSendParams& P, int t, int lane)
       for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
       const float s = fp8_block_scale(amax, g.pow2 != 0);
       const float inv = __frcp_rn(s);
-      if (lane == 0) sc[b] = s;
+      if (lane == 0) store_f32(sc + 4 * b, s);
       for (int i = lane; i < g.scale_block; i += 32)
         q[int64_t(b) * g.scale_block + i] =
             __nv_cvt_float_to_fp8(__fmul_rn(load_elem(P.x, base + i, P.x_kind), inv), __NV_SATFINITE, __NV_E4M3);

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
                                                    : P.p.peer_shared[me] + g.off_rows + (int64_t(s) * g.P + j) * g.row;
     warp_copy(static_cast<uint8_t*>(P.x) + pos * g.payload, row, g.payload, lane);
     if (P.scale)
-      for (int b = lane; b < g.S; b += 32) P.scale[pos * g.S + b] = reinterpret_cast<const float*>(row + g.payload)[b];
+      for (int b = lane; b < g.S; b += 32) P.scale[pos * g.S + b] = load_f32(row + g.payload + 4 * b);
     if (lane == 0) {
       int32_t tok;
       float wt;

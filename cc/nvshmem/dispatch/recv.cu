@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::Dis
     const uint8_t* row = P.p.peer_shared[me] + lay.off_rows + (int64_t(s) * g.P + j) * g.row;
     cuda::warp_copy(static_cast<uint8_t*>(P.x) + pos * g.payload, row, g.payload, ix.lane);
     if (P.scale)
-      for (int b = ix.lane; b < g.S; b += 32) P.scale[pos * g.S + b] = reinterpret_cast<const float*>(row + g.payload)[b];
+      for (int b = ix.lane; b < g.S; b += 32) P.scale[pos * g.S + b] = cuda::load_f32(row + g.payload + 4 * b);
     if (ix.lane == 0) {
       const int32_t* m = meta_at(P.p, lay, me, s) + g.L + 2 * j;
       P.weights[pos] = __int_as_float(m[1]);
