@@ -335,6 +335,22 @@ __host__ __device__ inline int64_t arrangement_offset(const Geometry& g) {
   return (send_ints * 4 + 15) / 16 * 16;
 }
 
+// The rank's scratch for the receive arrangement (int64, Arrangement::scratch_elems) and its
+// device-side epoch counters, both in its private region `priv`.
+__device__ __forceinline__ int64_t* arrangement_scratch(const Geometry& g, uint8_t* priv) {
+  return reinterpret_cast<int64_t*>(priv + g.off_scratch + arrangement_offset(g));
+}
+__device__ __forceinline__ Epochs* epochs_of(const Geometry& g, uint8_t* priv) {
+  return reinterpret_cast<Epochs*>(priv + g.off_epochs);
+}
+
+// Launches a cooperative kernel of `blocks` x kThreads on `stream` with the given parameter structs.
+template <typename... Params>
+cudaError_t launch_cooperative(void (*kernel)(Params...), int blocks, cudaStream_t stream, const Params&... params) {
+  void* args[] = {const_cast<Params*>(&params)...};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), blocks, kThreads, args, 0, stream);
+}
+
 __device__ __forceinline__ Arrangement arrangement_view(const Geometry& g, const int64_t* scratch) {
   Arrangement a;
   a.src_start = scratch;

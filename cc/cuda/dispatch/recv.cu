@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
   const int me = P.p.rank;
   const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
   SyncFlags* mine = flags_of(P.p, me);
-  int64_t* arr_scratch = reinterpret_cast<int64_t*>(P.p.priv + g.off_scratch + arrangement_offset(g));
+  int64_t* arr_scratch = arrangement_scratch(g, P.p.priv);
   const int32_t* counts = reinterpret_cast<const int32_t*>(P.p.peer_shared[me] + g.off_counts);
 
   if (blockIdx.x == 0) {
@@ -72,8 +72,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
 }  // namespace
 
 cudaError_t launch_dispatch_recv(const DispatchRecvParams& p, int blocks, cudaStream_t stream) {
-  void* args[] = {const_cast<DispatchRecvParams*>(&p)};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(dispatch_recv_kernel), blocks, kThreads, args, 0, stream);
+  return launch_cooperative(dispatch_recv_kernel, blocks, stream, p);
 }
 
 }  // namespace a2a::cuda
