@@ -74,6 +74,7 @@ def _exchange(ctx, operand, rows, args):
 class RaggedBackend(Backend):
     name = "ragged"
     autodiff = True
+    xla_collectives = True
 
     def init(self, comm):
         reason = unavailable_reason({d.platform for d in comm.mesh.devices.flat})
