@@ -62,14 +62,27 @@ if stage serve; then  # the serving example: 2 processes sharing the GPU, cuda b
     python3 ../examples/serve.py --steps 8 --tokens 128 --hidden 1024 --backend cuda 2>&1 \
     | grep -E "^(step|process|[0-9]+ processes)|MISMATCH|Error" | tee "$OUT/serve.log"
 fi
+# A test that hangs anyway: after $1 s, the CPU and GPU stacks of every process matching $2 go to
+# $3.<pid> (cuda-gdb attaches; run in the background, killed when the test ends).
+dump_hung() {
+  sleep "$1"
+  for pid in $(pgrep -f "$2"); do
+    timeout 60 cuda-gdb -q -batch -p "$pid" -ex "info cuda kernels" -ex "thread apply all bt 14" > "$3.$pid" 2>&1 &
+  done
+  wait
+}
 if stage timeout; then  # a rank that never calls: the others must fail naming it (kills their CUDA context)
-  rm -rf "$RUNDIR/timeout"
-  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_TEST_TIMEOUT=1 \
-  XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout $(cap 150) "${MPIRUN[@]}" -n 2 --output-filename "$RUNDIR/timeout" \
-    python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi test_protocol.py -k never_calls \
-    > /dev/null 2>&1
-  echo "exit $?" > "$OUT/timeout.log"
-  rank_logs "$RUNDIR/timeout" 60 >> "$OUT/timeout.log"
+  for n in ${TIMEOUT_NPROCS:-2}; do  # the last process stays silent
+    rm -rf "$RUNDIR/timeout$n"
+    dump_hung 100 "^python3 -m pytest.*never_calls" "$OUT/timeout$n-hung" & DUMPER=$!
+    JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_TEST_TIMEOUT=1 \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout $(cap 150) "${MPIRUN[@]}" -n "$n" --output-filename "$RUNDIR/timeout$n" \
+      python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi test_protocol.py -k never_calls \
+      > /dev/null 2>&1
+    echo "exit $?" > "$OUT/timeout$n.log"
+    kill $DUMPER 2>/dev/null; pkill -f "sleep 100" 2>/dev/null
+    rank_logs "$RUNDIR/timeout$n" 60 >> "$OUT/timeout$n.log"
+  done
 fi
 # Every GPU of the machine (NVLink between them): one process driving all, then one process per GPU
 # (JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank) for cuda, nvshmem, the proxy path and reference (NCCL).
@@ -147,17 +160,24 @@ proxy_run() {  # $1 = n, $2 = node_size, $3 = provider, $4 = what
 }
 if stage proxy; then
   python3 -c "import jax_moe_a2a._C as c; assert c.built_with_libfabric(), 'built without libfabric'" 2>&1 | tee "$OUT/proxy.log" || exit 1
-  for run in ${PROXY_RUNS:-2:1:shm:full 4:1:shm:ops 4:2:shm:ops "2:1:tcp;ofi_rxm:ops" "4:2:tcp;ofi_rxm:ops" 4:1:shm:priv0 "4:2:tcp;ofi_rxm:priv1"}; do
+  for run in ${PROXY_RUNS-2:1:shm:full 4:1:shm:ops 4:2:shm:ops "2:1:tcp;ofi_rxm:ops" "4:2:tcp;ofi_rxm:ops" 4:1:shm:priv0 "4:2:tcp;ofi_rxm:priv1"}; do
     IFS=: read -r n ns prov what <<< "$run"
     proxy_run "$n" "$ns" "$prov" "$what"
   done
-  for ns in 1 2; do  # a rank that never calls (node_size 2 with 4 ranks: the silent one is remote to two of them)
+  # A rank that never calls (node_size 2 with 4 ranks: the silent one is remote to two of them).
+  # PROXY_TIMEOUT_SPREAD=1: two processes per GPU over the machine's GPUs instead of all on GPU 0.
+  for ns in ${PROXY_TIMEOUT_NS:-1 2}; do
     n=$((2 * ns)); rm -rf "$RUNDIR/proxy-timeout$ns"
+    place=(env CUDA_VISIBLE_DEVICES=0)
+    [ "${PROXY_TIMEOUT_SPREAD:-0}" = 1 ] && place=(env -u CUDA_VISIBLE_DEVICES bash -c \
+      'export CUDA_VISIBLE_DEVICES=$((OMPI_COMM_WORLD_LOCAL_RANK / 2)); exec "$@"' place)
+    dump_hung 100 "^python3 -m pytest.*never_calls" "$OUT/proxy-timeout-ns$ns-hung" & DUMPER=$!
     JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_TEST_TIMEOUT=1 \
     JAX_MOE_A2A_NODE_SIZE=$ns JAX_MOE_A2A_PROVIDER=shm XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout $(cap 150) "${MPIRUN[@]}" -n "$n" \
-      --output-filename "$RUNDIR/proxy-timeout$ns" python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 \
+      --output-filename "$RUNDIR/proxy-timeout$ns" "${place[@]}" python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 \
       -m mpi test_protocol.py -k never_calls > /dev/null 2>&1
     echo "exit $?" > "$OUT/proxy-timeout-ns$ns.log"
+    kill $DUMPER 2>/dev/null; pkill -f "sleep 100" 2>/dev/null
     rank_logs "$RUNDIR/proxy-timeout$ns" 40 >> "$OUT/proxy-timeout-ns$ns.log"
   done
 fi
