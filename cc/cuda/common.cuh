@@ -111,12 +111,22 @@ __device__ __forceinline__ SyncFlags* flags_of(const SlotPtrs& p, int rank) {
   return reinterpret_cast<SyncFlags*>(p.peer_shared[rank]);
 }
 
-// Warp-cooperative copy of `bytes` (multiple of 16 for the vector part; any tail bytewise).
+// Warp-cooperative copy of `bytes` (multiple of 16 for the vector part; any tail bytewise). A lane
+// issues four 16-byte loads before their stores, so that four loads per lane are in flight.
 __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
   const int64_t nv = bytes / 16;
   const int4* s4 = reinterpret_cast<const int4*>(src);
   int4* d4 = reinterpret_cast<int4*>(dst);
-  for (int64_t i = lane; i < nv; i += 32) d4[i] = ptx::ld_volatile_v4(s4 + i);
+  int64_t i = lane;
+  for (; i + 96 < nv; i += 128) {
+    const int4 a = ptx::ld_volatile_v4(s4 + i), b = ptx::ld_volatile_v4(s4 + i + 32);
+    const int4 c = ptx::ld_volatile_v4(s4 + i + 64), d = ptx::ld_volatile_v4(s4 + i + 96);
+    d4[i] = a;
+    d4[i + 32] = b;
+    d4[i + 64] = c;
+    d4[i + 96] = d;
+  }
+  for (; i < nv; i += 32) d4[i] = ptx::ld_volatile_v4(s4 + i);
   for (int64_t i = nv * 16 + lane; i < bytes; i += 32) dst[i] = src[i];
 }
 
