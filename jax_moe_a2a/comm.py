@@ -142,16 +142,19 @@ class Communicator:
         if self.collect_stats and not self.debug:
             jax.debug.callback(record, dropped, overflow)
         if self.debug:  # a pure callback whose result is used: the error surfaces at the outputs
-            def check(d, o):
+            bad = dropped + overflow  # this rank's
+            if self._backend.xla_collectives:  # every rank raises, or none (see Backend.xla_collectives)
+                bad = jax.lax.psum(bad, self.axis)
+
+            def check(d, o, b):
                 record(d, o)
-                d, o = int(d), int(o)
-                if d or o:
+                if int(b):
                     raise DroppedRowsError(
-                        f"jax_moe_a2a: dispatch dropped {d} pair(s) with bad expert ids and {o} row(s) "
-                        f"past recv_capacity on one rank (debug=True)")
+                        f"jax_moe_a2a: dispatch dropped {int(d)} pair(s) with bad expert ids and {int(o)} row(s) "
+                        f"past recv_capacity on this rank, {int(b)} in all on the ranks that stop with it (debug=True)")
                 return np.int32(d)
 
-            dropped = jax.pure_callback(check, jax.ShapeDtypeStruct((), jnp.int32), dropped, overflow)
+            dropped = jax.pure_callback(check, jax.ShapeDtypeStruct((), jnp.int32), dropped, overflow, bad)
         return dropped
 
     # ---- the four halves ---------------------------------------------------------------------
@@ -193,6 +196,8 @@ class Communicator:
             x, scale, sizes, weights, src, overflow, route_arrays = self._backend.dispatch_recv(
                 ctx, arrays, handle.route.arrays, handle.slot)
         dropped = self._record_stats(dropped, overflow)
+        if self.debug:  # what follows the dispatch (the combine's communication too) waits for the check
+            dropped, x, weights, route_arrays = jax.lax.optimization_barrier((dropped, x, weights, route_arrays))
         route = Route(handle.route.topk_weights, handle.route.num_tokens, route_arrays, self.comm_id)
         return Dispatched(x, scale, sizes, weights, src, dropped, overflow, route, handle.slot, self.comm_id)
 

@@ -23,6 +23,9 @@ NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
 # Every stage but gpus/gpusbench takes GPU 0 only (GPU_CHECK_VISIBLE to change); those two take all $NGPU.
 export CUDA_VISIBLE_DEVICES=${GPU_CHECK_VISIBLE:-0}
 quiet() { grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla"; }
+rank_logs() {  # $1 = an mpirun --output-filename folder, $2 = lines kept per file
+  for f in $(find "$1" -type f | sort); do echo "== $f"; quiet < "$f" | tail -"$2"; done
+}
 if stage build; then
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee "$OUT/env.log"
@@ -50,7 +53,7 @@ if stage mpi; then
     JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda \
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.6/$n, 3))") \
       JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 100) timeout $(cap 400) "${MPIRUN[@]}" -n "$n" python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x \
-      test_ops.py test_grad.py test_protocol.py 2>&1 | grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" \
+      test_ops.py test_grad.py test_protocol.py 2>&1 | quiet \
       | tail -30 | tee "$OUT/mpi$n.log"
   done
 fi
@@ -66,9 +69,7 @@ if stage timeout; then  # a rank that never calls: the others must fail naming i
     python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi test_protocol.py -k never_calls \
     > /dev/null 2>&1
   echo "exit $?" > "$OUT/timeout.log"
-  for f in $(find "$RUNDIR/timeout" -type f | sort); do
-    echo "== $f"; grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" "$f" | tail -60
-  done >> "$OUT/timeout.log"
+  rank_logs "$RUNDIR/timeout" 60 >> "$OUT/timeout.log"
 fi
 # Every GPU of the machine (NVLink between them): one process driving all, then one process per GPU
 # (JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank) for cuda, nvshmem, the proxy path and reference (NCCL).
@@ -122,9 +123,7 @@ if stage nvshmem-timeout; then  # a rank that never calls: the other must fail n
     --output-filename "$RUNDIR/nvshmem-timeout" python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 -m mpi \
     test_protocol.py -k never_calls > /dev/null 2>&1
   echo "exit $?" > "$OUT/nvshmem-timeout.log"  # 0: both processes passed; 124: something hung
-  for f in $(find "$RUNDIR/nvshmem-timeout" -type f | sort); do
-    echo "== $f"; grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" "$f" | tail -60
-  done >> "$OUT/nvshmem-timeout.log"
+  rank_logs "$RUNDIR/nvshmem-timeout" 60 >> "$OUT/nvshmem-timeout.log"
 fi
 # The cuda backend's inter-node path: JAX_MOE_A2A_NODE_SIZE=1 makes every peer remote (proxy thread +
 # TransferEngine over pinned host memory), 2 keeps pairs of ranks on NVLink/IPC (hybrid). Needs an
@@ -159,9 +158,7 @@ if stage proxy; then
       --output-filename "$RUNDIR/proxy-timeout$ns" python3 -m pytest -q -s --color=no -p no:cacheprovider -o timeout=90 \
       -m mpi test_protocol.py -k never_calls > /dev/null 2>&1
     echo "exit $?" > "$OUT/proxy-timeout-ns$ns.log"
-    for f in $(find "$RUNDIR/proxy-timeout$ns" -type f | sort); do
-      echo "== $f"; grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" "$f" | tail -40
-    done >> "$OUT/proxy-timeout-ns$ns.log"
+    rank_logs "$RUNDIR/proxy-timeout$ns" 40 >> "$OUT/proxy-timeout-ns$ns.log"
   done
 fi
 cd "$RUNDIR"
@@ -189,7 +186,7 @@ mpi_bench() {  # $1 = label, $2 = n, extra env before the command
   env "$@" JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") \
     timeout $(cap 300) "${MPIRUN[@]}" -n "$n" python3 -m jax_moe_a2a.bench --backend cuda --shape decode \
-    --out "$OUT/$label$n" ${BENCH_ARGS:-} 2>&1 | grep -v "step/s" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" > "$OUT/$label$n.log"
+    --out "$OUT/$label$n" ${BENCH_ARGS:-} 2>&1 | grep -v "step/s" | quiet > "$OUT/$label$n.log"
   rm -f "$OUT/$label$n/latency.png"
 }
 if stage mpibench; then
@@ -202,7 +199,7 @@ if stage proxybench; then  # the inter-node path on one GPU: signalling round tr
     env JAX_MOE_A2A_NODE_SIZE="$ns" JAX_MOE_A2A_PROVIDER="$prov" JAX_MOE_A2A_IFACE="$([ "$prov" = shm ] || echo lo)" \
       JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
       XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") timeout $(cap 300) "${MPIRUN[@]}" -n "$n" \
-      python3 -m jax_moe_a2a.bench.proxy --shape decode 2>&1 | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla" \
+      python3 -m jax_moe_a2a.bench.proxy --shape decode 2>&1 | quiet \
       | tee "$OUT/proxybench-n$n-ns$ns-${prov%%;*}.log"
   done
 fi

@@ -18,9 +18,8 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 if os.environ.get("JAX_MOE_A2A_RAGGED_EMULATE") == "1":  # XLA:CPU lacks ragged-all-to-all
-    from jax_moe_a2a.backends import ragged as _ragged  # noqa: E402
-    from ragged_emulation import emulated_ragged_all_to_all  # noqa: E402
-    _ragged.COLLECTIVE = emulated_ragged_all_to_all
+    from ragged_emulation import install  # noqa: E402
+    install()
 
 if _MPI_SIZE > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -35,7 +35,18 @@ def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, outpu
     return jnp.where(bad, jnp.full_like(result, poison), result)
 
 
-def use_emulation(monkeypatch):
-    """Makes the ragged backend use the emulation (and count as available) for one test."""
+def _available(platforms=None):
+    return None
+
+
+def install(setattr_fn=setattr):
+    """Makes the ragged backend use the emulation and count as available (for the session with
+    the default setattr, or for one test with pytest's monkeypatch.setattr)."""
     from jax_moe_a2a.backends import ragged
-    monkeypatch.setattr(ragged, "COLLECTIVE", emulated_ragged_all_to_all)
+    setattr_fn(ragged, "COLLECTIVE", emulated_ragged_all_to_all)
+    setattr_fn(ragged, "unavailable_reason", _available)
+
+
+def use_emulation(monkeypatch):
+    """The emulation for one test."""
+    install(monkeypatch.setattr)

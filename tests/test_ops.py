@@ -4,6 +4,7 @@ Marked `mpi`: also runs under mpirun (one JAX process per rank or several device
 """
 
 import os
+import time
 import zlib
 
 import jax
@@ -55,6 +56,10 @@ CASES = [
     ("k-greater-than-l", dict(num_experts=16, experts_per_token=6), {}, {}),
     ("odd-sizes", dict(num_experts=24, experts_per_token=3, hidden=96, max_tokens_per_rank=7,
                        dispatch_dtype=FP8, scale_block=32), {}, {}),
+    # rows whose byte size is not a multiple of 16 (GPU kernels fall back from 16-byte copies), and
+    # fp8 scales that are not 4-byte aligned on the wire (H % 4 != 0)
+    ("odd-hidden-bf16", dict(hidden=36, max_tokens_per_rank=5), {}, {}),
+    ("odd-hidden-fp8", dict(hidden=30, max_tokens_per_rank=5, dispatch_dtype=FP8, scale_block=10), {}, {}),
     ("one-shot", {}, {}, dict(split=False)),
     ("combine-into-out", dict(combine_dtype=jnp.float32), {}, dict(with_out=True)),
     ("slot1", dict(slots=2), {}, dict(slot=1)),
@@ -120,5 +125,21 @@ def test_debug_raises_on_drop(backend, num_ranks, mesh):
     with pytest.raises(Exception, match="dropped"):
         T.run_ops(comm, inputs)
     # JAX keeps the failed computation's runtime token and would raise it again at exit.
+    from jax._src import dispatch
+    dispatch.runtime_tokens.clear()
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b in PURE_JAX])
+def test_debug_stops_every_rank_when_one_drops(backend, num_ranks, mesh):
+    """One bad id on rank 0 only: with XLA collectives, every rank must stop at the check; before,
+    the others waited in the combine's all_to_all until XLA:CPU aborted the process (40 s)."""
+    spec = a2a.Spec(**BASE)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, debug=True)
+    inputs = T.make_inputs(spec, num_ranks, 6, num_tokens=24)
+    inputs[0].topk_ids[0, 0] = spec.num_experts + 7
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="dropped"):
+        T.run_ops(comm, inputs)
+    assert time.monotonic() - t0 < 20, "the ranks without drops waited for the one that stopped"
     from jax._src import dispatch
     dispatch.runtime_tokens.clear()

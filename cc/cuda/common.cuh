@@ -111,9 +111,27 @@ __device__ __forceinline__ SyncFlags* flags_of(const SlotPtrs& p, int rank) {
   return reinterpret_cast<SyncFlags*>(p.peer_shared[rank]);
 }
 
-// Warp-cooperative copy of `bytes` (multiple of 16 for the vector part; any tail bytewise). A lane
-// issues four 16-byte loads before their stores, so that four loads per lane are in flight.
+// A float at a byte address that need not be 4-byte aligned (an fp8 row's scales follow its H
+// payload bytes, so they are misaligned when H % 4 != 0).
+__device__ __forceinline__ void store_f32(uint8_t* p, float v) {
+  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) *reinterpret_cast<float*>(p) = v;
+  else memcpy(p, &v, 4);
+}
+__device__ __forceinline__ float load_f32(const uint8_t* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) return *reinterpret_cast<const float*>(p);
+  float v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+// The calling warp copies `bytes` bytes: 16-byte volatile loads when both ends are 16-byte aligned
+// (rows of XLA arrays are not when H * element size % 16 != 0), bytes otherwise. A lane issues four
+// 16-byte loads before their stores, so that four loads per lane are in flight.
 __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) != 0) {
+    for (int64_t i = lane; i < bytes; i += 32) dst[i] = src[i];
+    return;
+  }
   const int64_t nv = bytes / 16;
   const int4* s4 = reinterpret_cast<const int4*>(src);
   int4* d4 = reinterpret_cast<int4*>(dst);
@@ -324,6 +342,22 @@ __device__ inline void compute_arrangement(const Geometry& g, const int32_t* cou
 __host__ __device__ inline int64_t arrangement_offset(const Geometry& g) {
   const int64_t send_ints = 2 * int64_t(g.T) * g.K + 2 * int64_t(g.tp) * g.E;
   return (send_ints * 4 + 15) / 16 * 16;
+}
+
+// The rank's scratch for the receive arrangement (int64, Arrangement::scratch_elems) and its
+// device-side epoch counters, both in its private region `priv`.
+__device__ __forceinline__ int64_t* arrangement_scratch(const Geometry& g, uint8_t* priv) {
+  return reinterpret_cast<int64_t*>(priv + g.off_scratch + arrangement_offset(g));
+}
+__device__ __forceinline__ Epochs* epochs_of(const Geometry& g, uint8_t* priv) {
+  return reinterpret_cast<Epochs*>(priv + g.off_epochs);
+}
+
+// Launches a cooperative kernel of `blocks` x kThreads on `stream` with the given parameter structs.
+template <typename... Params>
+cudaError_t launch_cooperative(void (*kernel)(Params...), int blocks, cudaStream_t stream, const Params&... params) {
+  void* args[] = {const_cast<Params*>(&params)...};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), blocks, kThreads, args, 0, stream);
 }
 
 __device__ __forceinline__ Arrangement arrangement_view(const Geometry& g, const int64_t* scratch) {

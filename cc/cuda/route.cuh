@@ -166,8 +166,8 @@ __device__ inline void stage_tokens(const DispatchSendParams& P, int n, int memb
       if (seg < segs - 1) {
         warp_copy_segment(row, x + int64_t(t) * g.H, g.H, seg, lane);
       } else {
-        float* sc = reinterpret_cast<float*>(row + g.payload);
-        for (int b = lane; b < g.S; b += 32) sc[b] = P.x_scale[int64_t(t) * g.S + b];
+        uint8_t* sc = row + g.payload;  // S f32 scales, 4-byte aligned only when H % 4 == 0
+        for (int b = lane; b < g.S; b += 32) store_f32(sc + 4 * b, P.x_scale[int64_t(t) * g.S + b]);
       }
     }
     return;
@@ -196,7 +196,7 @@ __device__ inline void stage_tokens(const DispatchSendParams& P, int n, int memb
         const float sc = fp8_block_scale(amax, g.pow2 != 0);
         const float inv = __frcp_rn(sc);
         uint8_t* row = row_of(t);
-        if (lane % lpb == 0) reinterpret_cast<float*>(row + g.payload)[b] = sc;
+        if (lane % lpb == 0) store_f32(row + g.payload + 4 * b, sc);
         uint32_t packed[2] = {0u, 0u};
 #pragma unroll
         for (int i = 0; i < 8; ++i)
@@ -215,7 +215,7 @@ __device__ inline void stage_tokens(const DispatchSendParams& P, int n, int memb
       for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
       const float sc = fp8_block_scale(amax, g.pow2 != 0);
       const float inv = __frcp_rn(sc);
-      if (lane == 0) reinterpret_cast<float*>(row_of(t) + g.payload)[b] = sc;
+      if (lane == 0) store_f32(row_of(t) + g.payload + 4 * b, sc);
       for (int i = lane; i < g.scale_block; i += 32)
         q[i] = __nv_cvt_float_to_fp8(__fmul_rn(load_elem(P.x, base + i, P.x_kind), inv), __NV_SATFINITE, __NV_E4M3);
     }

@@ -103,6 +103,11 @@ class Backend:
     # True when JAX autodiff differentiates the halves directly (pure-JAX backends); otherwise the
     # communicator wraps the one-shot ops in custom_vjp (jax_moe_a2a/autodiff.py).
     autodiff = False
+    # True when the halves move data with XLA collectives (pure-JAX backends). A rank that stops
+    # (debug=True raising) would leave the others waiting in XLA's next collective forever (on
+    # XLA:CPU until its rendezvous aborts the process), so the debug check must stop every rank
+    # at once. FFI backends time out and name the missing rank instead.
+    xla_collectives = False
 
     def combine_recv(self, ctx: Ctx, handle_arrays: dict, route, slot: int, out: Optional[Any],
                      pairs: bool = False):

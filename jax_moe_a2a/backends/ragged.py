@@ -24,14 +24,13 @@ import jax.numpy as jnp
 from .base import Backend, Ctx, varying
 from .pure_jax import lay_out, reduce_pairs, sort_pairs, wire_rows
 
-# The collective. XLA:CPU lacks it; tests there substitute an emulation (tests/ragged_emulation.py).
+# The collective. XLA:CPU lacks it; CPU tests substitute an emulation, and replace
+# unavailable_reason too (tests/ragged_emulation.py).
 COLLECTIVE = jax.lax.ragged_all_to_all
 
 
 def unavailable_reason(platforms=None):
     """None if ragged-all-to-all can run on `platforms` (default: JAX's default backend)."""
-    if COLLECTIVE is not jax.lax.ragged_all_to_all:
-        return None
     platforms = set(platforms or [jax.default_backend()])
     if "cpu" in platforms:
         return (f"XLA:CPU does not implement ragged-all-to-all (jax {jax.__version__}: 'HLO opcode "
@@ -75,6 +74,7 @@ def _exchange(ctx, operand, rows, args):
 class RaggedBackend(Backend):
     name = "ragged"
     autodiff = True
+    xla_collectives = True
 
     def init(self, comm):
         reason = unavailable_reason({d.platform for d in comm.mesh.devices.flat})

@@ -25,6 +25,7 @@ def _a2a(x, axis):
 class ReferenceBackend(Backend):
     name = "reference"
     autodiff = True
+    xla_collectives = True
 
     def buffer_bytes(self, spec, num_ranks):
         p = spec.rows_per_peer(num_ranks)

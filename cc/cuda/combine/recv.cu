@@ -37,8 +37,7 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
 }  // namespace
 
 cudaError_t launch_combine_recv(const CombineRecvParams& p, int blocks, cudaStream_t stream) {
-  void* args[] = {const_cast<CombineRecvParams*>(&p)};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(combine_recv_kernel), blocks, kThreads, args, 0, stream);
+  return launch_cooperative(combine_recv_kernel, blocks, stream, p);
 }
 
 int64_t scratch_bytes(const Geometry& g) {

@@ -14,9 +14,9 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
   const GridIdx ix;
   const int lane = ix.lane, gwarp = ix.gwarp, nwarps = ix.nwarps;
   const int me = P.p.rank;
-  Epochs* ep = reinterpret_cast<Epochs*>(P.p.priv + g.off_epochs);
+  Epochs* ep = epochs_of(g, P.p.priv);
   const uint64_t epoch = ep->c_send;
-  int64_t* arr_scratch = reinterpret_cast<int64_t*>(P.p.priv + g.off_scratch + arrangement_offset(g));
+  int64_t* arr_scratch = arrangement_scratch(g, P.p.priv);
   SyncFlags* mine = flags_of(P.p, me);
 
   if (blockIdx.x == 0) {
@@ -73,8 +73,7 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
 }  // namespace
 
 cudaError_t launch_combine_send(const CombineSendParams& p, int blocks, cudaStream_t stream) {
-  void* args[] = {const_cast<CombineSendParams*>(&p)};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(combine_send_kernel), blocks, kThreads, args, 0, stream);
+  return launch_cooperative(combine_send_kernel, blocks, stream, p);
 }
 
 }  // namespace a2a::cuda

@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
   const int me = P.p.rank;
   const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
   SyncFlags* mine = flags_of(P.p, me);
-  int64_t* arr_scratch = reinterpret_cast<int64_t*>(P.p.priv + g.off_scratch + arrangement_offset(g));
+  int64_t* arr_scratch = arrangement_scratch(g, P.p.priv);
   const int32_t* counts = reinterpret_cast<const int32_t*>(P.p.peer_shared[me] + g.off_counts);
 
   if (blockIdx.x == 0) {
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
                                                    : P.p.peer_shared[me] + g.off_rows + (int64_t(s) * g.P + j) * g.row;
     warp_copy(static_cast<uint8_t*>(P.x) + pos * g.payload, row, g.payload, lane);
     if (P.scale)
-      for (int b = lane; b < g.S; b += 32) P.scale[pos * g.S + b] = reinterpret_cast<const float*>(row + g.payload)[b];
+      for (int b = lane; b < g.S; b += 32) P.scale[pos * g.S + b] = load_f32(row + g.payload + 4 * b);
     if (lane == 0) {
       int32_t tok;
       float wt;
@@ -72,8 +72,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
 }  // namespace
 
 cudaError_t launch_dispatch_recv(const DispatchRecvParams& p, int blocks, cudaStream_t stream) {
-  void* args[] = {const_cast<DispatchRecvParams*>(&p)};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(dispatch_recv_kernel), blocks, kThreads, args, 0, stream);
+  return launch_cooperative(dispatch_recv_kernel, blocks, stream, p);
 }
 
 }  // namespace a2a::cuda

@@ -15,7 +15,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   const GridIdx ix;
   const int lane = ix.lane;
   const int me = P.p.rank, member = me % g.tp;
-  Epochs* ep = reinterpret_cast<Epochs*>(P.p.priv + g.off_epochs);
+  Epochs* ep = epochs_of(g, P.p.priv);
   const uint64_t epoch = ep->d_send;
   const int n = max(0, min(*P.num_tokens, g.T));
   SendScratch s = send_scratch(g, P.p.priv);
@@ -91,8 +91,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
 }  // namespace
 
 cudaError_t launch_dispatch_send(const DispatchSendParams& p, int blocks, cudaStream_t stream) {
-  void* args[] = {const_cast<DispatchSendParams*>(&p)};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(dispatch_send_kernel), blocks, kThreads, args, 0, stream);
+  return launch_cooperative(dispatch_send_kernel, blocks, stream, p);
 }
 
 }  // namespace a2a::cuda

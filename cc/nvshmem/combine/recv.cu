@@ -45,8 +45,7 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
 }  // namespace
 
 cudaError_t launch_combine_recv(const cuda::CombineRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
-  void* args[] = {const_cast<cuda::CombineRecvParams*>(&p), const_cast<NvSlot*>(&nv)};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(combine_recv_kernel), blocks, cuda::kThreads, args, 0, stream);
+  return cuda::launch_cooperative(combine_recv_kernel, blocks, stream, p, nv);
 }
 
 }  // namespace a2a::nvshmem

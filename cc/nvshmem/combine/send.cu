@@ -14,9 +14,9 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
   cuda::cg::grid_group grid = cuda::cg::this_grid();
   const cuda::GridIdx ix;
   const int me = P.p.rank;
-  cuda::Epochs* ep = reinterpret_cast<cuda::Epochs*>(P.p.priv + g.off_epochs);
+  cuda::Epochs* ep = cuda::epochs_of(g, P.p.priv);
   const uint64_t epoch = ep->c_send;
-  int64_t* arr_scratch = reinterpret_cast<int64_t*>(P.p.priv + g.off_scratch + cuda::arrangement_offset(g));
+  int64_t* arr_scratch = cuda::arrangement_scratch(g, P.p.priv);
 
   if (blockIdx.x == 0) {
     // Every source must have reduced our previous rows before we overwrite them.
@@ -49,8 +49,7 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
 }  // namespace
 
 cudaError_t launch_combine_send(const cuda::CombineSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
-  void* args[] = {const_cast<cuda::CombineSendParams*>(&p), const_cast<NvSlot*>(&nv)};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(combine_send_kernel), blocks, cuda::kThreads, args, 0, stream);
+  return cuda::launch_cooperative(combine_send_kernel, blocks, stream, p, nv);
 }
 
 }  // namespace a2a::nvshmem

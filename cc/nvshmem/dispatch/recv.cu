@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::Dis
   const int me = P.p.rank;
   const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
   Signals* mine = signals_at(P.p, me);
-  int64_t* arr_scratch = reinterpret_cast<int64_t*>(P.p.priv + g.off_scratch + cuda::arrangement_offset(g));
+  int64_t* arr_scratch = cuda::arrangement_scratch(g, P.p.priv);
   const cuda::Arrangement a = cuda::arrangement_view(g, arr_scratch);
 
   if (blockIdx.x == 0) {
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::Dis
     const uint8_t* row = P.p.peer_shared[me] + lay.off_rows + (int64_t(s) * g.P + j) * g.row;
     cuda::warp_copy(static_cast<uint8_t*>(P.x) + pos * g.payload, row, g.payload, ix.lane);
     if (P.scale)
-      for (int b = ix.lane; b < g.S; b += 32) P.scale[pos * g.S + b] = reinterpret_cast<const float*>(row + g.payload)[b];
+      for (int b = ix.lane; b < g.S; b += 32) P.scale[pos * g.S + b] = cuda::load_f32(row + g.payload + 4 * b);
     if (ix.lane == 0) {
       const int32_t* m = meta_at(P.p, lay, me, s) + g.L + 2 * j;
       P.weights[pos] = __int_as_float(m[1]);
@@ -66,8 +66,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::Dis
 }  // namespace
 
 cudaError_t launch_dispatch_recv(const cuda::DispatchRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
-  void* args[] = {const_cast<cuda::DispatchRecvParams*>(&p), const_cast<NvSlot*>(&nv)};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(dispatch_recv_kernel), blocks, cuda::kThreads, args, 0, stream);
+  return cuda::launch_cooperative(dispatch_recv_kernel, blocks, stream, p, nv);
 }
 
 }  // namespace a2a::nvshmem

@@ -15,7 +15,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
   cuda::cg::grid_group grid = cuda::cg::this_grid();
   const cuda::GridIdx ix;
   const int me = P.p.rank, member = me % g.tp;
-  cuda::Epochs* ep = reinterpret_cast<cuda::Epochs*>(P.p.priv + g.off_epochs);
+  cuda::Epochs* ep = cuda::epochs_of(g, P.p.priv);
   const uint64_t epoch = ep->d_send;
   const int n = max(0, min(*P.num_tokens, g.T));
   const cuda::SendScratch s = cuda::send_scratch(g, P.p.priv);
@@ -73,8 +73,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
 }  // namespace
 
 cudaError_t launch_dispatch_send(const cuda::DispatchSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
-  void* args[] = {const_cast<cuda::DispatchSendParams*>(&p), const_cast<NvSlot*>(&nv)};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(dispatch_send_kernel), blocks, cuda::kThreads, args, 0, stream);
+  return cuda::launch_cooperative(dispatch_send_kernel, blocks, stream, p, nv);
 }
 
 }  // namespace a2a::nvshmem
