@@ -111,7 +111,6 @@ __device__ __forceinline__ SyncFlags* flags_of(const SlotPtrs& p, int rank) {
   return reinterpret_cast<SyncFlags*>(p.peer_shared[rank]);
 }
 
-// Warp-cooperative copy of `bytes` (multiple of 16 for the vector part; any tail bytewise).
 // A float at a byte address that need not be 4-byte aligned (an fp8 row's scales follow its H
 // payload bytes, so they are misaligned when H % 4 != 0).
 __device__ __forceinline__ void store_f32(uint8_t* p, float v) {
@@ -126,7 +125,8 @@ __device__ __forceinline__ float load_f32(const uint8_t* p) {
 }
 
 // The calling warp copies `bytes` bytes: 16-byte volatile loads when both ends are 16-byte aligned
-// (rows of XLA arrays are not when H * element size % 16 != 0), bytes otherwise.
+// (rows of XLA arrays are not when H * element size % 16 != 0), bytes otherwise. A lane issues four
+// 16-byte loads before their stores, so that four loads per lane are in flight.
 __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
   if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) != 0) {
     for (int64_t i = lane; i < bytes; i += 32) dst[i] = src[i];
@@ -135,7 +135,16 @@ __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int6
   const int64_t nv = bytes / 16;
   const int4* s4 = reinterpret_cast<const int4*>(src);
   int4* d4 = reinterpret_cast<int4*>(dst);
-  for (int64_t i = lane; i < nv; i += 32) d4[i] = ptx::ld_volatile_v4(s4 + i);
+  int64_t i = lane;
+  for (; i + 96 < nv; i += 128) {
+    const int4 a = ptx::ld_volatile_v4(s4 + i), b = ptx::ld_volatile_v4(s4 + i + 32);
+    const int4 c = ptx::ld_volatile_v4(s4 + i + 64), d = ptx::ld_volatile_v4(s4 + i + 96);
+    d4[i] = a;
+    d4[i + 32] = b;
+    d4[i + 64] = c;
+    d4[i + 96] = d;
+  }
+  for (; i < nv; i += 32) d4[i] = ptx::ld_volatile_v4(s4 + i);
   for (int64_t i = nv * 16 + lane; i < bytes; i += 32) dst[i] = src[i];
 }
 

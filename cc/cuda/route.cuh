@@ -1,6 +1,8 @@
 // Sender-side routing and staging shared by the GPU backends' dispatch_send kernels (cuda, nvshmem):
 // which pairs are routed, their order per (member, expert), their slot in the destination's
-// region, and one token's wire row (payload, then fp8 scales) in the private staging area.
+// region, and our tokens' wire rows (payload, then fp8 scales) in the private staging area. Every
+// helper spreads its work over the whole cooperative grid (a decode batch has too little work for
+// one block or one warp per token).
 #pragma once
 
 #include "core/fp8.h"
@@ -26,91 +28,224 @@ __device__ inline SendScratch send_scratch(const Geometry& g, uint8_t* priv) {
   return s;
 }
 
-// Block 0: validity, dedup, per-(member, expert) order by token, slots.
-__device__ inline void route(const DispatchSendParams& P, const SendScratch& s, int n) {
+// The routing runs over the whole cooperative grid in two phases with a grid sync between them
+// (and one after, before anything reads cnt, start or pos_in):
+//   route_pairs (phase 1, every thread):   pair_expert, dest
+//   scan_experts (phase 2, every warp):    pos_in, cnt, start;  count_dropped (phase 2, block 0)
+//   pair_slot (phase 3, anyone):           slot of a pair from start and pos_in
+// Phase 1 reads only ids; phase 2 only pair_expert (written in phase 1); phase 3 only cnt, start,
+// pos_in (written in phase 2). No atomics on global memory; every scratch word has one writer.
+
+// Phase 1: validity and dedup of every pair [T*K] -> pair_expert (expert or -1), dest (rank or N).
+__device__ inline void route_pairs(const DispatchSendParams& P, const SendScratch& s, int n, const GridIdx& ix) {
   const Geometry& g = P.g;
-  const int tid = threadIdx.x, nthreads = blockDim.x;
-  const int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5;
-  const int me = P.p.rank % g.tp;
-  __shared__ int dropped;
-  if (tid == 0) dropped = 0;
-  __syncthreads();
-  for (int64_t q = tid; q < int64_t(g.T) * g.K; q += nthreads) {
-    const int t = q / g.K, k = q % g.K;
+  for (int64_t q = ix.gtid; q < int64_t(g.T) * g.K; q += ix.gstride) {
+    const int t = static_cast<int>(q / g.K), k = static_cast<int>(q % g.K);
     const int32_t id = P.ids[q];
     bool routed = t < n && id >= 0 && id < g.E;
     for (int j = 0; routed && j < k; ++j) routed = P.ids[int64_t(t) * g.K + j] != id;
-    if (!routed && t < n && id != -1 && t % g.tp == me) atomicAdd(&dropped, 1);
     s.pair_expert[q] = routed ? id : -1;
     P.dest[q] = routed ? id / g.L : g.N;
   }
+}
+
+// Phase 2, block 0 (every thread): *P.dropped = pairs of our member with an id that is out of range
+// or repeated within its token (-1 is no drop).
+__device__ inline void count_dropped(const DispatchSendParams& P, const SendScratch& s, int n) {
+  const Geometry& g = P.g;
+  const int member = P.p.rank % g.tp;
+  __shared__ int dropped;
+  if (threadIdx.x == 0) dropped = 0;
   __syncthreads();
-  // One warp per (member, expert): scan tokens of that member in order, 32 at a time.
-  for (int me_e = warp; me_e < g.tp * g.E; me_e += nwarps) {
-    const int m = me_e / g.E, e = me_e % g.E;
-    int running = 0;
+  int mine = 0;
+  for (int64_t q = threadIdx.x; q < int64_t(n) * g.K; q += blockDim.x)
+    if (s.pair_expert[q] < 0 && P.ids[q] != -1 && (q / g.K) % g.tp == member) ++mine;
+  for (int off = 16; off > 0; off >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, off);
+  if ((threadIdx.x & 31) == 0 && mine) atomicAdd(&dropped, mine);
+  __syncthreads();
+  if (threadIdx.x == 0) *P.dropped = dropped;
+}
+
+// Phase 2, one warp per (member m, expert e): scans m's tokens in order, 32 at a time. Gives each
+// of the expert's pairs its index in token order (pos_in), the expert's count (cnt) and its first
+// slot within (m, dest of e) (start: m's pairs for the dest's lower local experts, counted in the
+// same pass, so no prefix over cnt needs another grid sync).
+__device__ inline void scan_experts(const DispatchSendParams& P, const SendScratch& s, int n, const GridIdx& ix) {
+  const Geometry& g = P.g;
+  const int lane = ix.lane;
+  for (int me_e = ix.gwarp; me_e < g.tp * g.E; me_e += ix.nwarps) {
+    const int m = me_e / g.E, e = me_e % g.E, first = e / g.L * g.L;  // first: local expert 0 of e's rank
+    int running = 0, before = 0;
     for (int t0 = 0; t0 < n; t0 += 32) {
       const int t = t0 + lane;
       int hit_k = -1;
-      if (t < n && t % g.tp == m)
-        for (int k = 0; k < g.K; ++k)
-          if (s.pair_expert[int64_t(t) * g.K + k] == e) hit_k = k;
+      if (t < n && t % g.tp == m) {
+#pragma unroll 4
+        for (int k = 0; k < g.K; ++k) {
+          const int x = s.pair_expert[int64_t(t) * g.K + k];
+          if (x == e) hit_k = k;
+          before += x >= first && x < e;
+        }
+      }
       const unsigned ballot = __ballot_sync(0xffffffffu, hit_k >= 0);
       if (hit_k >= 0) s.pos_in[int64_t(t) * g.K + hit_k] = running + __popc(ballot & ((1u << lane) - 1));
       running += __popc(ballot);
     }
-    if (lane == 0) s.cnt[me_e] = running;
-  }
-  __syncthreads();
-  for (int md = tid; md < g.tp * g.N; md += nthreads) {  // prefix over local experts per (member, dest)
-    const int m = md / g.N, d = md % g.N;
-    int run = 0;
-    for (int l = 0; l < g.L; ++l) {
-      const int64_t i = int64_t(m) * g.E + d * g.L + l;
-      s.start[i] = run;
-      run += s.cnt[i];
+    for (int off = 16; off > 0; off >>= 1) before += __shfl_xor_sync(0xffffffffu, before, off);
+    if (lane == 0) {
+      s.cnt[me_e] = running;
+      s.start[me_e] = before;
     }
   }
-  __syncthreads();
-  for (int64_t q = tid; q < int64_t(g.T) * g.K; q += nthreads) {
-    const int e = s.pair_expert[q];
-    const int t = q / g.K;
-    P.pair_slot[q] = e >= 0 ? s.start[int64_t(t % g.tp) * g.E + e] + s.pos_in[q] : 0;
-  }
-  if (tid == 0) *P.dropped = dropped;
 }
 
-// Token t of our member -> staging row (payload, scales). One warp per token.
-__device__ inline void stage_token(const DispatchSendParams& P, int t, int lane) {
+// Phase 3: row index of routed pair q (token t, expert e) within (member t % tp, dest e / L).
+__device__ __forceinline__ int32_t pair_slot(const Geometry& g, const SendScratch& s, int64_t q, int t, int e) {
+  return s.start[int64_t(t % g.tp) * g.E + e] + s.pos_in[q];
+}
+
+// Phase 3, every thread: pair_slot out for every pair of the group (combine_recv reads any member's
+// rows), 0 for pairs that are not routed.
+__device__ inline void write_pair_slots(const DispatchSendParams& P, const SendScratch& s, const GridIdx& ix) {
   const Geometry& g = P.g;
-  uint8_t* row = P.p.priv + g.off_staging + int64_t(t) * g.row;
-  if (g.wire_kind == 3) {
-    uint8_t* q = row;
-    uint8_t* sc = row + g.payload;  // S f32 scales, 4-byte aligned only when H % 4 == 0
-    if (P.x_kind == 3) {  // pre-quantised
-      warp_copy(q, static_cast<const uint8_t*>(P.x) + int64_t(t) * g.H, g.H, lane);
-      for (int b = lane; b < g.S; b += 32) store_f32(sc + 4 * b, P.x_scale[int64_t(t) * g.S + b]);
+  for (int64_t q = ix.gtid; q < int64_t(g.T) * g.K; q += ix.gstride) {
+    const int e = s.pair_expert[q];
+    P.pair_slot[q] = e >= 0 ? pair_slot(g, s, q, static_cast<int>(q / g.K), e) : 0;
+  }
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// One warp copies bytes [seg * 512, seg * 512 + 512) (clipped to `bytes`) of src to dst: one 16-byte
+// vector per lane when both rows are 16-byte aligned, bytewise otherwise.
+constexpr int kStageSeg = 512;
+__device__ __forceinline__ void warp_copy_segment(uint8_t* dst, const uint8_t* src, int64_t bytes, int64_t seg,
+                                                  int lane) {
+  const int64_t lo = seg * kStageSeg, hi = min(bytes, lo + kStageSeg);
+  if (aligned16(dst) && aligned16(src)) {
+    const int64_t i = lo + 16 * int64_t(lane);
+    if (i + 16 <= hi)
+      *reinterpret_cast<int4*>(dst + i) = ptx::ld_volatile_v4(reinterpret_cast<const int4*>(src + i));
+    else
+      for (int64_t b = i; b < hi; ++b) dst[b] = src[b];
+    return;
+  }
+  for (int64_t b = lo + lane; b < hi; b += 32) dst[b] = src[b];
+}
+
+// Max over the `group` consecutive lanes holding v (groups aligned to multiples of `group`, group <= 32).
+__device__ __forceinline__ float group_max(float v, int group, int lane) {
+  if ((group & (group - 1)) == 0) {
+    for (int off = group / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+  }
+  const int g0 = min(lane / group * group, 32 - group);  // lanes past the last whole group: any group
+  float m = v;
+  for (int j = 0; j < group; ++j) m = fmaxf(m, __shfl_sync(0xffffffffu, v, g0 + j));
+  return m;
+}
+
+// Phase 1, grid-wide: our member's tokens t (t < n, t % tp == member) -> staging row t (payload in
+// the wire dtype, then fp8 scales). Work items are small so that a decode batch spreads over every
+// warp of the grid: (token, group of scale blocks) for in-kernel fp8 quantisation (8 elements per
+// lane, 16-byte loads), (token, 512-byte segment) for copies, (token, 256 elements) for conversions;
+// element by element when sizes or alignment rule the vectors out.
+__device__ inline void stage_tokens(const DispatchSendParams& P, int n, int member, const GridIdx& ix) {
+  const Geometry& g = P.g;
+  const int lane = ix.lane;
+  const int64_t nm = n > member ? (n - member + g.tp - 1) / g.tp : 0;  // our member's tokens
+  const auto token = [&](int64_t i) { return static_cast<int>(member + i * g.tp); };
+  const auto row_of = [&](int t) { return P.p.priv + g.off_staging + int64_t(t) * g.row; };
+  const uint8_t* x = static_cast<const uint8_t*>(P.x);
+  if (g.wire_kind == 3 && P.x_kind == 3) {  // pre-quantised: copy the bytes, then the scales
+    const int64_t segs = (int64_t(g.H) + kStageSeg - 1) / kStageSeg + 1;  // last: the scales
+    for (int64_t w = ix.gwarp; w < nm * segs; w += ix.nwarps) {
+      const int t = token(w / segs);
+      const int64_t seg = w % segs;
+      uint8_t* row = row_of(t);
+      if (seg < segs - 1) {
+        warp_copy_segment(row, x + int64_t(t) * g.H, g.H, seg, lane);
+      } else {
+        uint8_t* sc = row + g.payload;  // S f32 scales, 4-byte aligned only when H % 4 == 0
+        for (int b = lane; b < g.S; b += 32) store_f32(sc + 4 * b, P.x_scale[int64_t(t) * g.S + b]);
+      }
+    }
+    return;
+  }
+  if (g.wire_kind == 3) {  // quantise: one f32 scale per scale_block values
+    const int lpb = g.scale_block / 8;  // lanes per scale block, 8 values each
+    const bool vec = P.x_kind != 3 && g.scale_block % 8 == 0 && lpb <= 32 && aligned16(P.x);
+    if (vec) {
+      const int bpw = 32 / lpb;  // scale blocks per warp
+      const int64_t items = (g.S + bpw - 1) / bpw;
+      const bool active_lane = lane < bpw * lpb;
+      for (int64_t w = ix.gwarp; w < nm * items; w += ix.nwarps) {
+        const int t = token(w / items);
+        const int b = static_cast<int>(w % items) * bpw + lane / lpb;
+        const bool on = active_lane && b < g.S;
+        const int64_t h = int64_t(b) * g.scale_block + (lane % lpb) * 8;  // first of this lane's 8 values
+        float v[8];
+        float amax = 0.f;
+        if (on) {
+          load_vec8(P.x, int64_t(t) * g.H + h, P.x_kind, v);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+        }
+        amax = group_max(amax, lpb, lane);
+        if (!on) continue;
+        const float sc = fp8_block_scale(amax, g.pow2 != 0);
+        const float inv = __frcp_rn(sc);
+        uint8_t* row = row_of(t);
+        if (lane % lpb == 0) store_f32(row + g.payload + 4 * b, sc);
+        uint32_t packed[2] = {0u, 0u};
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          packed[i / 4] |= uint32_t(__nv_cvt_float_to_fp8(__fmul_rn(v[i], inv), __NV_SATFINITE, __NV_E4M3)) << (8 * (i % 4));
+        *reinterpret_cast<uint2*>(row + h) = make_uint2(packed[0], packed[1]);  // h % 8 == 0, row 16-aligned
+      }
       return;
     }
-    for (int b = 0; b < g.S; ++b) {
+    for (int64_t w = ix.gwarp; w < nm * g.S; w += ix.nwarps) {  // warp per (token, scale block)
+      const int t = token(w / g.S);
+      const int b = static_cast<int>(w % g.S);
       const int64_t base = int64_t(t) * g.H + int64_t(b) * g.scale_block;
+      uint8_t* q = row_of(t) + int64_t(b) * g.scale_block;
       float amax = 0.f;
       for (int i = lane; i < g.scale_block; i += 32) amax = fmaxf(amax, fabsf(load_elem(P.x, base + i, P.x_kind)));
       for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-      const float s = fp8_block_scale(amax, g.pow2 != 0);
-      const float inv = __frcp_rn(s);
-      if (lane == 0) store_f32(sc + 4 * b, s);
+      const float sc = fp8_block_scale(amax, g.pow2 != 0);
+      const float inv = __frcp_rn(sc);
+      if (lane == 0) store_f32(row_of(t) + g.payload + 4 * b, sc);
       for (int i = lane; i < g.scale_block; i += 32)
-        q[int64_t(b) * g.scale_block + i] =
-            __nv_cvt_float_to_fp8(__fmul_rn(load_elem(P.x, base + i, P.x_kind), inv), __NV_SATFINITE, __NV_E4M3);
+        q[i] = __nv_cvt_float_to_fp8(__fmul_rn(load_elem(P.x, base + i, P.x_kind), inv), __NV_SATFINITE, __NV_E4M3);
     }
     return;
   }
-  if (P.x_kind == g.wire_kind) {
-    warp_copy(row, static_cast<const uint8_t*>(P.x) + int64_t(t) * g.payload, g.payload, lane);
+  if (P.x_kind == g.wire_kind) {  // same dtype: copy
+    const int64_t segs = (g.payload + kStageSeg - 1) / kStageSeg;
+    for (int64_t w = ix.gwarp; w < nm * segs; w += ix.nwarps) {
+      const int t = token(w / segs);
+      warp_copy_segment(row_of(t), x + int64_t(t) * g.payload, g.payload, w % segs, lane);
+    }
     return;
   }
-  for (int h = lane; h < g.H; h += 32) store_elem(row, h, g.wire_kind, load_elem(P.x, int64_t(t) * g.H + h, P.x_kind));
+  if (P.x_kind != 3 && g.H % 8 == 0 && aligned16(P.x)) {  // convert 8 values per lane
+    const int64_t segs = (int64_t(g.H) + 255) / 256;
+    for (int64_t w = ix.gwarp; w < nm * segs; w += ix.nwarps) {
+      const int t = token(w / segs);
+      const int64_t h = (w % segs) * 256 + 8 * int64_t(lane);
+      if (h >= g.H) continue;
+      float v[8];
+      load_vec8(P.x, int64_t(t) * g.H + h, P.x_kind, v);
+      store_vec8(row_of(t), h, g.wire_kind, v);
+    }
+    return;
+  }
+  for (int64_t i = ix.gtid; i < nm * g.H; i += ix.gstride) {  // element by element
+    const int t = token(i / g.H);
+    const int64_t h = i % g.H;
+    store_elem(row_of(t), h, g.wire_kind, load_elem(P.x, int64_t(t) * g.H + h, P.x_kind));
+  }
 }
 
 }  // namespace a2a::cuda

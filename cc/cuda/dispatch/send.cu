@@ -1,5 +1,6 @@
 // dispatch send: route, quantise/convert, push rows and counts into every peer's buffer, raise
-// each peer's arrival flag. One cooperative kernel; phases separated by grid syncs.
+// each peer's arrival flag. One cooperative kernel of three phases separated by grid syncs, each
+// spread over the whole grid (cuda/route.cuh says what each routing phase reads and writes).
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
@@ -12,48 +13,60 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   const Geometry& g = P.g;
   cg::grid_group grid = cg::this_grid();
   const GridIdx ix;
-  const int lane = ix.lane, gwarp = ix.gwarp, nwarps = ix.nwarps;
+  const int lane = ix.lane;
   const int me = P.p.rank, member = me % g.tp;
   Epochs* ep = epochs_of(g, P.p.priv);
   const uint64_t epoch = ep->d_send;
   const int n = max(0, min(*P.num_tokens, g.T));
   SendScratch s = send_scratch(g, P.p.priv);
 
+  // Phase 1 (grid): validity and dedup of every pair; our member's tokens into staging. Block 0
+  // then waits until peers finished reading our previous rows (phase 3 overwrites them) and, with
+  // remote peers, until d_send is ours again. Nothing here touches peers' memory or d_send.
+  route_pairs(P, s, n, ix);
+  stage_tokens(P, n, member, ix);
   if (blockIdx.x == 0) {
-    route(P, s, n);
-    // Peers must have finished reading our previous rows before we overwrite them.
     wait_flags(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch);
-    if (remote::any(P.p)) {  // remote peers freed our rows there, and d_send is ours again
-      remote::wait_proxy(P.p, 0, &P.p.remote.ctrl->d_send_ok, epoch + 1);
-      remote::publish_counts(P.p, g, s.cnt + int64_t(member) * g.E, epoch);
-    }
+    if (remote::any(P.p)) remote::wait_proxy(P.p, 0, &P.p.remote.ctrl->d_send_ok, epoch + 1);
   }
-  for (int t = gwarp; t < n; t += nwarps)  // stage our member's tokens
-    if (t % g.tp == member) stage_token(P, t, lane);
   grid.sync();
 
-  // Push every routed pair of ours: warp per pair.
-  for (int64_t q = gwarp; q < int64_t(g.T) * g.K; q += nwarps) {
+  // Phase 2 (grid): per (member, expert) order, counts and first slots; block 0 counts drops.
+  if (blockIdx.x == 0) count_dropped(P, s, n);
+  scan_experts(P, s, n, ix);
+  grid.sync();
+
+  // Phase 3 (grid): count matrix to the proxy, slots out, rows and counts into every peer.
+  if (blockIdx.x == 0 && remote::any(P.p)) remote::publish_counts(P.p, g, s.cnt + int64_t(member) * g.E, epoch);
+  write_pair_slots(P, s, ix);
+  // Every routed pair of our member: warp per pair, 16-byte copies, then token and weight.
+  const int64_t body = g.payload + 4 * int64_t(g.S);  // payload then fp8 scales
+  const int64_t body16 = body / 16 * 16;
+  for (int64_t q = ix.gwarp; q < int64_t(g.T) * g.K; q += ix.nwarps) {
     const int e = s.pair_expert[q];
-    const int t = q / g.K;
+    const int t = static_cast<int>(q / g.K);
     if (e < 0 || t % g.tp != member) continue;
     const int d = e / g.L;
-    const int64_t j = s.start[int64_t(member) * g.E + e] + s.pos_in[q];
+    const int64_t j = pair_slot(g, s, q, t, e);
     uint8_t* dst = remote::is_remote(P.p, d) ? remote::send_row(P.p, g, d, j)
                                              : P.p.peer_shared[d] + g.off_rows + (int64_t(me) * g.P + j) * g.row;
     const uint8_t* src = P.p.priv + g.off_staging + int64_t(t) * g.row;
-    const int64_t body = g.payload + 4 * int64_t(g.S);
-    warp_copy(dst, src, body / 16 * 16, lane);
+    warp_copy(dst, src, body16, lane);
+    if (lane < body - body16) dst[body16 + lane] = src[body16 + lane];
     if (lane == 0) {
-      for (int64_t b = body / 16 * 16; b < body; ++b) dst[b] = src[b];
-      int32_t tok = t;
-      float w = P.weights[q];
-      memcpy(dst + body, &tok, 4);
-      memcpy(dst + body + 4, &w, 4);
+      const int32_t tok = t;
+      const float w = P.weights[q];
+      if (body % 4 == 0) {  // dst is 16-byte aligned (rows are 16-byte multiples)
+        reinterpret_cast<int32_t*>(dst + body)[0] = tok;
+        reinterpret_cast<float*>(dst + body)[1] = w;
+      } else {
+        memcpy(dst + body, &tok, 4);
+        memcpy(dst + body + 4, &w, 4);
+      }
     }
   }
-  // Our counts column into every peer: counts[me][l] = rows we send it for local expert l.
-  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < int64_t(g.N) * g.L; i += gridDim.x * blockDim.x) {
+  // Our counts column into every node-local peer: counts[me][l] = rows we send it for local expert l.
+  for (int64_t i = ix.gtid; i < int64_t(g.N) * g.L; i += ix.gstride) {
     const int d = i / g.L, l = i % g.L;
     if (remote::is_remote(P.p, d)) continue;  // the proxy sends our whole count matrix there
     int32_t* c = reinterpret_cast<int32_t*>(P.p.peer_shared[d] + g.off_counts) + int64_t(me) * g.L + l;

@@ -23,15 +23,19 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
   const int64_t words = lay.meta_stride / 4;
   const int32_t* cnt = s.cnt + int64_t(member) * g.E;  // [E] rows of our member per expert
 
-  if (blockIdx.x == 0) {
-    cuda::route(P, s, n);  // also writes dest, pair_slot, dropped
-    // Every receiver must have read our previous rows and meta before we overwrite them.
+  // Phase 1 (grid): route pairs and stage our member's tokens; block 0 waits until every receiver
+  // has read our previous rows and meta (phase 3 overwrites them).
+  cuda::route_pairs(P, s, n, ix);
+  cuda::stage_tokens(P, n, member, ix);
+  if (blockIdx.x == 0)
     wait_signals(P.p, g, 0, [&](int r) { return &signals_at(P.p, me)->d_free[r]; }, [&](int) { return epoch; });
-  }
-  for (int t = ix.gwarp; t < n; t += ix.nwarps)
-    if (t % g.tp == member) cuda::stage_token(P, t, ix.lane);
+  grid.sync();
+  // Phase 2 (grid): per (member, expert) order, counts and first slots; block 0 counts drops.
+  if (blockIdx.x == 0) cuda::count_dropped(P, s, n);
+  cuda::scan_experts(P, s, n, ix);
   grid.sync();
 
+  cuda::write_pair_slots(P, s, ix);
   for (int64_t i = ix.gtid; i < int64_t(g.N) * g.L; i += ix.gstride)
     stage_meta[(i / g.L) * words + i % g.L] = cnt[i];
   const int64_t body = g.payload + 4 * int64_t(g.S);  // payload then fp8 scales
@@ -40,7 +44,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
     const int t = q / g.K;
     if (e < 0 || t % g.tp != member) continue;
     const int d = e / g.L;
-    const int64_t j = P.pair_slot[q];
+    const int64_t j = cuda::pair_slot(g, s, q, t, e);  // pair_slot out is written by other warps now
     if (ix.lane == 0) {
       int32_t* m = stage_meta + d * words + g.L + 2 * j;
       m[0] = t;
