@@ -148,7 +148,13 @@ __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int6
   for (int64_t i = nv * 16 + lane; i < bytes; i += 32) dst[i] = src[i];
 }
 
+// The calling warp zeroes `bytes` bytes: 16-byte stores when dst is 16-byte aligned (combine rows
+// of H * element size % 16 != 0 bytes are not), bytes otherwise.
 __device__ __forceinline__ void warp_zero(uint8_t* dst, int64_t bytes, int lane) {
+  if ((reinterpret_cast<uintptr_t>(dst) & 15) != 0) {
+    for (int64_t i = lane; i < bytes; i += 32) dst[i] = 0;
+    return;
+  }
   const int64_t nv = bytes / 16;
   int4* d4 = reinterpret_cast<int4*>(dst);
   for (int64_t i = lane; i < nv; i += 32) d4[i] = make_int4(0, 0, 0, 0);
