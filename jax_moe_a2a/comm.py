@@ -281,8 +281,8 @@ class Communicator:
 
     def last_error(self):
         """A failure the backend recorded out of band, or None. The cuda backend's kernels end a
-        wait for a peer that never arrives by recording which ranks are missing and trapping; XLA
-        then raises a generic CUDA error, and this returns the named one."""
+        wait for a peer that never arrives by recording which ranks are missing and ending the
+        step without data (combine output NaN); the next call raises it, and this returns it."""
         fn = getattr(self._backend, "last_error", None)
         return fn(self) if fn is not None else None
 

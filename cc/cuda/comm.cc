@@ -222,7 +222,7 @@ std::string RankState::error_text() const {
   if (remote_) {  // the proxy names what the kernel could not see (missing remote ranks, transport errors)
     const std::string text = remote_->error_text();
     if (!text.empty())
-      return text + (err_->code ? "; the kernel trapped and this process's CUDA context is unusable" : "");
+      return text + (err_->code ? "; this communicator is unusable (create a new one)" : "");
   }
 #endif
   return describe_error(*err_, o_.timeout_s, "cuda");
@@ -241,7 +241,7 @@ std::string describe_error(const ErrorRecord& e, double timeout_s, const char* b
                                : "ranks [" + missing + "] did not arrive within " + std::to_string(timeout_s) + " s";
   return "jax_moe_a2a " + std::string(backend) + " " + names[e.op & 3] + " (slot " + std::to_string(e.slot) +
          ", rank " + std::to_string(e.rank) + "): " + what +
-         "; the kernel trapped and this process's CUDA context is unusable";
+         "; that step's outputs are NaN / empty and this communicator is unusable (create a new one)";
 }
 
 CudaComm::CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices) {

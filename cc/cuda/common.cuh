@@ -161,6 +161,27 @@ __device__ __forceinline__ void warp_zero(uint8_t* dst, int64_t bytes, int lane)
   for (int64_t i = nv * 16 + lane; i < bytes; i += 32) dst[i] = 0;
 }
 
+// The slot's device-side epoch counters and failure mark, in its private region `priv`.
+__device__ __forceinline__ Epochs* epochs_of(const Geometry& g, uint8_t* priv) {
+  return reinterpret_cast<Epochs*>(priv + g.off_epochs);
+}
+
+// Failure without a trap. A wait that times out records the missing ranks (ErrorRecord, mapped),
+// marks the slot failed and returns false; its kernel ends after the next grid sync (every block
+// reads the mark there), and every later kernel of the slot ends at once, with its outputs
+// poisoned (abandon_dispatch_recv, poison_combine_recv). The host raises the recorded error at the
+// next call of any half (RankState::check_error), and the CUDA context stays usable. (A trap here
+// left one of four processes sharing a GPU hung with its kernel resident.) The mark is set only
+// after a full timeout, so every block of a cooperative grid, resident from the start, reads the
+// same value at kernel entry.
+__device__ __forceinline__ bool slot_failed(const Geometry& g, const SlotPtrs& p) {
+  return *reinterpret_cast<const volatile uint64_t*>(&epochs_of(g, p.priv)->failed) != 0;
+}
+__device__ __forceinline__ void mark_failed(const Geometry& g, const SlotPtrs& p) {
+  *reinterpret_cast<volatile uint64_t*>(&epochs_of(g, p.priv)->failed) = 1;
+  __threadfence();
+}
+
 // Names of the four halves by op index (ErrorRecord::op).
 __device__ __forceinline__ const char* op_name(int op) {
   switch (op & 3) {
@@ -183,11 +204,11 @@ __device__ inline void record_timeout(const SlotPtrs& p, int op, uint64_t missin
   __threadfence_system();
 }
 
-// Threads 0..N-1 of the calling block each wait until *flag(r) >= want(r). On timeout the missing
-// ranks are recorded in the mapped error record, printed (naming `backend`), and the kernel traps
-// (a loud failure that the caller sees as a CUDA error, never a hang).
+// Threads 0..N-1 of the calling block each wait until *flag(r) >= want(r); true when all arrived.
+// On timeout the missing ranks are recorded in the mapped error record and printed (naming
+// `backend`), the slot is marked failed, and every thread of the block gets false.
 template <typename FlagFn, typename WantFn>
-__device__ void wait_flags_each(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want,
+__device__ bool wait_flags_each(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want,
                                 const char* backend) {
   __shared__ unsigned long long missing;
   if (threadIdx.x == 0) missing = 0;
@@ -206,24 +227,49 @@ __device__ void wait_flags_each(const SlotPtrs& p, const Geometry& g, int op, Fl
     }
   }
   __syncthreads();
-  if (missing != 0) {
-    if (threadIdx.x == 0) {
-      record_timeout(p, op, missing);
-      printf("jax_moe_a2a %s %s (slot %d, rank %d): ranks with bits 0x%llx set never arrived within "
-             "%.1f s (crashed process, or calls out of order?)\n",
-             backend, op_name(op), p.slot, p.rank, missing, p.timeout_ns * 1e-9);
-    }
-    __syncthreads();
-    __trap();
+  const unsigned long long miss = missing;
+  __syncthreads();  // every thread read it before a later wait resets it
+  if (miss == 0) return true;
+  if (threadIdx.x == 0) {
+    record_timeout(p, op, miss);
+    mark_failed(g, p);
+    printf("jax_moe_a2a %s %s (slot %d, rank %d): ranks with bits 0x%llx set never arrived within "
+           "%.1f s (crashed process, or calls out of order?)\n",
+           backend, op_name(op), p.slot, p.rank, miss, p.timeout_ns * 1e-9);
   }
+  return false;
 }
 
 // The same wait with one target for every node-local rank (the cuda backend's epoch flags); ranks
 // on other nodes are the proxy's (cuda/remote.cuh).
 template <typename FlagFn>
-__device__ void wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want) {
+__device__ bool wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want) {
   const uint64_t remote = p.remote.mask;
-  wait_flags_each(p, g, op, flag, [want, remote](int r) { return remote >> r & 1 ? 0 : want; }, "cuda");
+  return wait_flags_each(p, g, op, flag, [want, remote](int r) { return remote >> r & 1 ? 0 : want; }, "cuda");
+}
+
+// dispatch_recv's outputs when the op failed (grid-wide): no rows, every row unused.
+__device__ inline void abandon_dispatch_recv(const DispatchRecvParams& P, const GridIdx& ix) {
+  const Geometry& g = P.g;
+  const int64_t rows_out = g.layout == 0 ? g.capacity : int64_t(g.L) * g.capacity;
+  for (int64_t i = ix.gtid; i < rows_out; i += ix.gstride) {
+    P.weights[i] = 0.f;
+    P.src[2 * i] = -1;
+    P.src[2 * i + 1] = -1;
+    P.recv_slot[i] = -1;
+  }
+  for (int64_t i = ix.gtid; i < int64_t(g.N) * g.L; i += ix.gstride) P.recv_counts[i] = 0;
+  for (int64_t i = ix.gtid; i < g.L; i += ix.gstride) P.group_sizes[i] = 0;
+  if (ix.gtid == 0) *P.overflow = 0;
+}
+
+// combine_recv's outputs when the op failed (grid-wide): NaN everywhere, so that a step whose
+// exchange failed cannot pass for a result.
+__device__ inline void poison_combine_recv(const CombineRecvParams& P, const GridIdx& ix) {
+  const Geometry& g = P.g;
+  for (int64_t i = ix.gtid; i < int64_t(g.T) * g.H; i += ix.gstride) store_elem(P.out, i, P.out_kind, __int_as_float(0x7fc00000));
+  if (P.pairs)
+    for (int64_t i = ix.gtid; i < int64_t(g.T) * g.K * g.H; i += ix.gstride) P.pairs[i] = __int_as_float(0x7fc00000);
 }
 
 // combine_recv's reduction, shared by the GPU backends: for every token t of [0, T),
@@ -350,13 +396,10 @@ __host__ __device__ inline int64_t arrangement_offset(const Geometry& g) {
   return (send_ints * 4 + 15) / 16 * 16;
 }
 
-// The rank's scratch for the receive arrangement (int64, Arrangement::scratch_elems) and its
-// device-side epoch counters, both in its private region `priv`.
+// The rank's scratch for the receive arrangement (int64, Arrangement::scratch_elems) in its
+// private region `priv`.
 __device__ __forceinline__ int64_t* arrangement_scratch(const Geometry& g, uint8_t* priv) {
   return reinterpret_cast<int64_t*>(priv + g.off_scratch + arrangement_offset(g));
-}
-__device__ __forceinline__ Epochs* epochs_of(const Geometry& g, uint8_t* priv) {
-  return reinterpret_cast<Epochs*>(priv + g.off_epochs);
 }
 
 // Launches a cooperative kernel of `blocks` x kThreads on `stream` with the given parameter structs.

@@ -1,6 +1,6 @@
 // Launchers of the cuda backend's kernels (one cooperative kernel per half). Each returns the
-// launch error; failures inside a kernel (a peer that never arrives) trap after recording an
-// ErrorRecord in mapped host memory.
+// launch error; a failure inside a kernel (a peer that never arrives) records an ErrorRecord in
+// mapped host memory and ends the op without a trap (cuda/common.cuh, slot_failed).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -24,9 +24,11 @@ struct SyncFlags {
 
 struct Epochs {  // device-side counters so that kernels need no per-call host parameters
   uint64_t d_send, c_send;
+  uint64_t failed;  // nonzero once an op of this slot timed out: later kernels of the slot end at once
 };
 
-// Error record in mapped host memory: set by a kernel that timed out (then it traps).
+// Error record in mapped host memory: set by a kernel that timed out (the host raises it at the
+// next call).
 struct ErrorRecord {
   int32_t code;      // 0: none, 1: timeout
   int32_t op;        // 0 dispatch_send, 1 dispatch_recv, 2 combine_send, 3 combine_recv

@@ -13,12 +13,13 @@ namespace a2a::cuda::remote {
 __device__ __forceinline__ bool any(const SlotPtrs& p) { return p.remote.mask != 0; }
 __device__ __forceinline__ bool is_remote(const SlotPtrs& p, int r) { return p.remote.mask >> (r & 63) & 1; }
 
-// Thread 0 of the calling block waits until *flag >= want, a flag the proxy raises. It first
-// raises waiting[op] = want (the proxy's timeout for the step runs from then). The proxy names the
-// missing ranks when peers do not arrive; this wait gives up a little later (timeout * 1.5 + 2 s)
-// or as soon as the proxy recorded a failure: then it records the ErrorRecord (op, slot, the
-// proxy's missing ranks) and traps, like wait_flags. Call from every thread of the block.
-__device__ inline void wait_proxy(const SlotPtrs& p, int op, const uint64_t* flag, uint64_t want) {
+// Thread 0 of the calling block waits until *flag >= want, a flag the proxy raises; true when it
+// came. It first raises waiting[op] = want (the proxy's timeout for the step runs from then). The
+// proxy names the missing ranks when peers do not arrive; this wait gives up a little later
+// (timeout * 1.5 + 2 s) or as soon as the proxy recorded a failure: then it records the
+// ErrorRecord (op, slot, the proxy's missing ranks), marks the slot failed like wait_flags and
+// every thread of the block gets false. Call from every thread of the block.
+__device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, const uint64_t* flag, uint64_t want) {
   __shared__ int failed;
   if (threadIdx.x == 0) {
     failed = 0;
@@ -38,12 +39,24 @@ __device__ inline void wait_proxy(const SlotPtrs& p, int op, const uint64_t* fla
     }
     if (failed) {
       record_timeout(p, op, failed == 1 ? *reinterpret_cast<const volatile uint64_t*>(&p.remote.error->missing) : 0);
+      mark_failed(g, p);
       printf("jax_moe_a2a cuda %s (slot %d, rank %d): %s\n", op_name(op), p.slot, p.rank,
              failed == 1 ? "the proxy thread failed (see last_error())" : "the proxy thread raised no flag in time");
     }
   }
   __syncthreads();
-  if (failed) __trap();
+  const bool ok = failed == 0;
+  __syncthreads();  // every thread read it before a later wait resets it
+  return ok;
+}
+
+// Block 0's waits before a kernel's work: node-local peers' flags, then (with remote peers) the
+// proxy's flag; true when everything arrived. Call from every thread of block 0.
+template <typename FlagFn>
+__device__ bool wait_peers(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want,
+                           const uint64_t* proxy_flag, uint64_t proxy_want) {
+  if (!wait_flags(p, g, op, flag, want)) return false;
+  return !any(p) || wait_proxy(p, g, op, proxy_flag, proxy_want);
 }
 
 // Makes this thread's earlier stores to mapped memory visible system-wide, then (thread 0 of the

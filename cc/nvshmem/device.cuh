@@ -36,10 +36,11 @@ __device__ __forceinline__ void put_row_signal(void* dst, const void* src, int64
   nvshmemx_putmem_signal_nbi_warp(dst, src, static_cast<size_t>(bytes), sig, 1, NVSHMEM_SIGNAL_ADD, pe);
 }
 
-// The same wait as the cuda backend's, with a target per rank and this backend's name.
+// The same wait as the cuda backend's, with a target per rank and this backend's name; false
+// (slot marked failed, error recorded) when a rank did not arrive in time.
 template <typename FlagFn, typename WantFn>
-__device__ void wait_signals(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want) {
-  cuda::wait_flags_each(p, g, op, flag, want, "nvshmem");
+__device__ bool wait_signals(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want) {
+  return cuda::wait_flags_each(p, g, op, flag, want, "nvshmem");
 }
 
 }  // namespace a2a::nvshmem

@@ -99,7 +99,7 @@ class CudaBackend(FfiBackend):
         return {r: dict(c.cuda.proxy_stats(comm.comm_id, r)) for r in local}
 
     def last_error(self, comm):
-        """What a kernel recorded before trapping (a peer that never arrived), or None."""
+        """What a kernel recorded when a peer never arrived (or the proxy's failure), or None."""
         text = self._native(_ffi.require_native()).last_error(comm.comm_id)
         return text or None
 

@@ -14,11 +14,18 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
   const int me = P.p.rank;
   const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
   SyncFlags* mine = flags_of(P.p, me);
-  if (blockIdx.x == 0) {
-    wait_flags(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1);
-    if (remote::any(P.p)) remote::wait_proxy(P.p, 3, &P.p.remote.ctrl->c_landed, epoch + 1);
+  if (slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
+    poison_combine_recv(P, ix);
+    return;
   }
+  if (blockIdx.x == 0)
+    remote::wait_peers(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1, &P.p.remote.ctrl->c_landed,
+                       epoch + 1);
   grid.sync();
+  if (slot_failed(g, P.p)) {
+    poison_combine_recv(P, ix);
+    return;
+  }
   const int n = max(0, min(*P.num_tokens, g.T));
   const int64_t stride = int64_t(g.H) * elem_bytes(P.y_kind);
   const uint8_t* region = P.p.peer_shared[me] + g.off_c_rows;  // [N expert rank][tp][P][stride]

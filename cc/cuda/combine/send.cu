@@ -19,9 +19,9 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
   int64_t* arr_scratch = arrangement_scratch(g, P.p.priv);
   SyncFlags* mine = flags_of(P.p, me);
 
-  if (blockIdx.x == 0) {
-    wait_flags(P.p, g, 2, [&](int r) { return &mine->c_free[r]; }, epoch);
-    if (remote::any(P.p)) remote::wait_proxy(P.p, 2, &P.p.remote.ctrl->c_send_ok, epoch + 1);
+  if (slot_failed(g, P.p)) return;  // an earlier op of this slot failed: the host raises it
+  if (blockIdx.x == 0 && remote::wait_peers(P.p, g, 2, [&](int r) { return &mine->c_free[r]; }, epoch,
+                                            &P.p.remote.ctrl->c_send_ok, epoch + 1)) {
     if (threadIdx.x == 0) {
       compute_arrangement(g, P.recv_counts, arr_scratch, nullptr, nullptr);
       if (remote::any(P.p)) {  // what the proxy needs to write our rows back
@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
     }
   }
   grid.sync();
+  if (slot_failed(g, P.p)) return;
   const Arrangement a = arrangement_view(g, arr_scratch);
   const int ybytes = elem_bytes(P.y_kind);
   const int64_t stride = int64_t(g.H) * ybytes;

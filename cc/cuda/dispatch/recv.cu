@@ -19,9 +19,12 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
   int64_t* arr_scratch = arrangement_scratch(g, P.p.priv);
   const int32_t* counts = reinterpret_cast<const int32_t*>(P.p.peer_shared[me] + g.off_counts);
 
-  if (blockIdx.x == 0) {
-    wait_flags(P.p, g, 1, [&](int r) { return &mine->d_arrived[r]; }, epoch + 1);
-    if (remote::any(P.p)) remote::wait_proxy(P.p, 1, &P.p.remote.ctrl->d_landed, epoch + 1);
+  if (slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
+    abandon_dispatch_recv(P, ix);
+    return;
+  }
+  if (blockIdx.x == 0 && remote::wait_peers(P.p, g, 1, [&](int r) { return &mine->d_arrived[r]; }, epoch + 1,
+                                            &P.p.remote.ctrl->d_landed, epoch + 1)) {
     if (threadIdx.x == 0) {
       if (remote::any(P.p)) remote::pull_remote_counts(P.p, g, const_cast<int32_t*>(counts));
       compute_arrangement(g, counts, arr_scratch, P.group_sizes, P.overflow);
@@ -35,6 +38,10 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
     P.recv_slot[i] = -1;
   }
   grid.sync();
+  if (slot_failed(g, P.p)) {
+    abandon_dispatch_recv(P, ix);
+    return;
+  }
   for (int64_t i = gtid; i < int64_t(g.N) * g.L; i += gstride) P.recv_counts[i] = counts[i];
   const Arrangement a = arrangement_view(g, arr_scratch);
   // Warp per received row (source s, slot j).

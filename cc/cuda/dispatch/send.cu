@@ -19,17 +19,18 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   const uint64_t epoch = ep->d_send;
   const int n = max(0, min(*P.num_tokens, g.T));
   SendScratch s = send_scratch(g, P.p.priv);
+  if (slot_failed(g, P.p)) return;  // an earlier op of this slot failed: the host raises it
 
   // Phase 1 (grid): validity and dedup of every pair; our member's tokens into staging. Block 0
   // then waits until peers finished reading our previous rows (phase 3 overwrites them) and, with
   // remote peers, until d_send is ours again. Nothing here touches peers' memory or d_send.
   route_pairs(P, s, n, ix);
   stage_tokens(P, n, member, ix);
-  if (blockIdx.x == 0) {
-    wait_flags(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch);
-    if (remote::any(P.p)) remote::wait_proxy(P.p, 0, &P.p.remote.ctrl->d_send_ok, epoch + 1);
-  }
+  if (blockIdx.x == 0)
+    remote::wait_peers(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch,
+                       &P.p.remote.ctrl->d_send_ok, epoch + 1);
   grid.sync();
+  if (slot_failed(g, P.p)) return;
 
   // Phase 2 (grid): per (member, expert) order, counts and first slots; block 0 counts drops.
   if (blockIdx.x == 0) count_dropped(P, s, n);

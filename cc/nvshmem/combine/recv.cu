@@ -16,6 +16,10 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
   const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
   const int n = max(0, min(*P.num_tokens, g.T));
 
+  if (cuda::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
+    cuda::poison_combine_recv(P, ix);
+    return;
+  }
   if (blockIdx.x == 0) {
     __shared__ int expect[kMaxRanks];
     if (threadIdx.x < g.N) expect[threadIdx.x] = 0;
@@ -27,11 +31,16 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
     __syncthreads();
     uint64_t* consumed = seen(P.p, lay, 1, g);
     Signals* mine = signals_at(P.p, me);
-    wait_signals(P.p, g, 3, [&](int r) { return &mine->c_rows[r]; },
-                 [&](int r) { return consumed[r] + static_cast<uint64_t>(expect[r]); });
-    if (threadIdx.x < g.N) consumed[threadIdx.x] += static_cast<uint64_t>(expect[threadIdx.x]);
+    if (wait_signals(P.p, g, 3, [&](int r) { return &mine->c_rows[r]; },
+                     [&](int r) { return consumed[r] + static_cast<uint64_t>(expect[r]); }) &&
+        threadIdx.x < g.N)
+      consumed[threadIdx.x] += static_cast<uint64_t>(expect[threadIdx.x]);
   }
   grid.sync();
+  if (cuda::slot_failed(g, P.p)) {
+    cuda::poison_combine_recv(P, ix);
+    return;
+  }
   const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
   const uint8_t* region = P.p.peer_shared[me] + lay.off_c_rows;  // [N expert rank][tp][P][stride]
   cuda::reduce_combine(P, n, ix, [&](int t, int64_t q, int d) {

@@ -18,12 +18,14 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
   const uint64_t epoch = ep->c_send;
   int64_t* arr_scratch = cuda::arrangement_scratch(g, P.p.priv);
 
-  if (blockIdx.x == 0) {
-    // Every source must have reduced our previous rows before we overwrite them.
-    wait_signals(P.p, g, 2, [&](int r) { return &signals_at(P.p, me)->c_free[r]; }, [&](int) { return epoch; });
-    if (threadIdx.x == 0) cuda::compute_arrangement(g, P.recv_counts, arr_scratch, nullptr, nullptr);
-  }
+  if (cuda::slot_failed(g, P.p)) return;  // an earlier op of this slot failed: the host raises it
+  // Every source must have reduced our previous rows before we overwrite them.
+  if (blockIdx.x == 0 &&
+      wait_signals(P.p, g, 2, [&](int r) { return &signals_at(P.p, me)->c_free[r]; }, [&](int) { return epoch; }) &&
+      threadIdx.x == 0)
+    cuda::compute_arrangement(g, P.recv_counts, arr_scratch, nullptr, nullptr);
   grid.sync();
+  if (cuda::slot_failed(g, P.p)) return;
   const cuda::Arrangement a = cuda::arrangement_view(g, arr_scratch);
   const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
   const uint8_t* zero = P.p.priv + lay.off_zero;  // [H * 4] zeros, never written

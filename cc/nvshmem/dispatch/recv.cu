@@ -19,17 +19,21 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::Dis
   int64_t* arr_scratch = cuda::arrangement_scratch(g, P.p.priv);
   const cuda::Arrangement a = cuda::arrangement_view(g, arr_scratch);
 
-  if (blockIdx.x == 0) {
-    wait_signals(P.p, g, 1, [&](int r) { return &mine->d_meta[r]; }, [&](int) { return epoch + 1; });
+  if (cuda::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
+    cuda::abandon_dispatch_recv(P, ix);
+    return;
+  }
+  if (blockIdx.x == 0 && wait_signals(P.p, g, 1, [&](int r) { return &mine->d_meta[r]; }, [&](int) { return epoch + 1; })) {
     for (int64_t i = threadIdx.x; i < int64_t(g.N) * g.L; i += blockDim.x)
       P.recv_counts[i] = meta_at(P.p, lay, me, i / g.L)[i % g.L];
     __syncthreads();
     if (threadIdx.x == 0) cuda::compute_arrangement(g, P.recv_counts, arr_scratch, P.group_sizes, P.overflow);
     __syncthreads();
     uint64_t* consumed = seen(P.p, lay, 0, g);
-    wait_signals(P.p, g, 1, [&](int r) { return &mine->d_rows[r]; },
-                 [&](int r) { return consumed[r] + static_cast<uint64_t>(a.rows_from[r]); });
-    if (threadIdx.x < g.N) consumed[threadIdx.x] += static_cast<uint64_t>(a.rows_from[threadIdx.x]);
+    if (wait_signals(P.p, g, 1, [&](int r) { return &mine->d_rows[r]; },
+                     [&](int r) { return consumed[r] + static_cast<uint64_t>(a.rows_from[r]); }) &&
+        threadIdx.x < g.N)
+      consumed[threadIdx.x] += static_cast<uint64_t>(a.rows_from[threadIdx.x]);
   }
   const int64_t rows_out = g.layout == 0 ? g.capacity : int64_t(g.L) * g.capacity;
   for (int64_t i = ix.gtid; i < rows_out; i += ix.gstride) {  // rows past the counts: weight 0, src -1
@@ -39,6 +43,10 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::Dis
     P.recv_slot[i] = -1;
   }
   grid.sync();
+  if (cuda::slot_failed(g, P.p)) {
+    cuda::abandon_dispatch_recv(P, ix);
+    return;
+  }
   for (int64_t w = ix.gwarp; w < int64_t(g.N) * g.P; w += ix.nwarps) {  // warp per received row (s, j)
     const int s = w / g.P;
     const int64_t j = w % g.P;
