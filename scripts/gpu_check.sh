@@ -105,11 +105,12 @@ if stage nocmdbuf; then  # the same single-process suite with XLA command buffer
   JAX_PLATFORMS=cuda,cpu XLA_FLAGS="--xla_gpu_enable_command_buffer=" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout $(cap 300) \
     python3 -m pytest -q -p no:cacheprovider test_ops.py -k cuda 2>&1 | tail -5 | tee "$OUT/nocmdbuf.log"
 fi
-if stage sanitizer; then  # compute-sanitizer on a small case, one rank
-  for tool in memcheck racecheck; do
+if stage sanitizer; then  # compute-sanitizer on small cases, one rank (SANITIZER_K: pytest -k, SANITIZER_TOOLS)
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
     JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false timeout $(cap 400) compute-sanitizer --tool $tool \
-      --target-processes all python3 -m pytest -q -p no:cacheprovider test_ops.py -k "cuda and (fp8-random or tp2 or overflow-ragged)" \
-      2>&1 | grep -E "ERROR SUMMARY|passed|failed|Invalid|Race" | head -20 | tee "$OUT/sanitizer-$tool.log"
+      --target-processes all python3 -m pytest -q -p no:cacheprovider test_ops.py \
+      -k "${SANITIZER_K:-cuda and (fp8-random or tp2 or overflow-ragged or odd-hidden)}" \
+      2>&1 | grep -E -A12 "ERROR SUMMARY|passed|failed|Invalid|Race|Misaligned" | head -60 | tee "$OUT/sanitizer-$tool.log"
   done
 fi
 if stage nvshmem; then  # the nvshmem backend on the oracle: every case, the protocol tests and a soak
