@@ -22,7 +22,7 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAS
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
 # Every stage but gpus/gpusbench takes GPU 0 only (GPU_CHECK_VISIBLE to change); those two take all $NGPU.
 export CUDA_VISIBLE_DEVICES=${GPU_CHECK_VISIBLE:-0}
-quiet() { grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla"; }
+quiet() { grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla|^E[0-9]{4} [0-9:.]+ "; }
 rank_logs() {  # $1 = an mpirun --output-filename folder, $2 = lines kept per file
   for f in $(find "$1" -type f | sort); do echo "== $f"; quiet < "$f" | tail -"$2"; done
 }
@@ -46,7 +46,7 @@ cd tests
 if stage single; then
   JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_TEST_BACKENDS=${SINGLE_BACKENDS:-cuda,reference} XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout $(cap 420) python3 -m pytest -q -p no:cacheprovider \
     ${SINGLE_TESTS:-test_quant.py test_ops.py test_errors.py test_grad.py test_readme_example.py test_models.py test_nnx.py \
-    test_overlap_schedule.py} 2>&1 | tail -40 | tee "$OUT/single.log"
+    test_overlap_schedule.py} 2>&1 | tee "$OUT/single.full" | quiet | tail -40 | tee "$OUT/single.log"
 fi
 if stage mpi; then
   for n in ${NPROCS:-2 4 8}; do

@@ -111,18 +111,28 @@ __device__ __forceinline__ SyncFlags* flags_of(const SlotPtrs& p, int rank) {
   return reinterpret_cast<SyncFlags*>(p.peer_shared[rank]);
 }
 
-// A float at a byte address that need not be 4-byte aligned (an fp8 row's scales follow its H
-// payload bytes, so they are misaligned when H % 4 != 0).
-__device__ __forceinline__ void store_f32(uint8_t* p, float v) {
-  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) *reinterpret_cast<float*>(p) = v;
-  else memcpy(p, &v, 4);
+// 32 bits at a byte address that need not be 4-byte aligned (an fp8 row's scales and its token
+// and weight follow its H payload bytes, so they are misaligned when H % 4 != 0). The unaligned
+// path is four byte accesses written out: a memcpy there was merged with the aligned branch into
+// one 4-byte load (compute-sanitizer: misaligned read in dispatch_recv, H = 30).
+__device__ __forceinline__ void store_u32(uint8_t* p, uint32_t v) {
+  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) {
+    *reinterpret_cast<uint32_t*>(p) = v;
+    return;
+  }
+  volatile uint8_t* b = p;
+  b[0] = uint8_t(v);
+  b[1] = uint8_t(v >> 8);
+  b[2] = uint8_t(v >> 16);
+  b[3] = uint8_t(v >> 24);
 }
-__device__ __forceinline__ float load_f32(const uint8_t* p) {
-  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) return *reinterpret_cast<const float*>(p);
-  float v;
-  memcpy(&v, p, 4);
-  return v;
+__device__ __forceinline__ uint32_t load_u32(const uint8_t* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) return *reinterpret_cast<const uint32_t*>(p);
+  const volatile uint8_t* b = p;
+  return uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
 }
+__device__ __forceinline__ void store_f32(uint8_t* p, float v) { store_u32(p, __float_as_uint(v)); }
+__device__ __forceinline__ float load_f32(const uint8_t* p) { return __uint_as_float(load_u32(p)); }
 
 // The calling warp copies `bytes` bytes: 16-byte volatile loads when both ends are 16-byte aligned
 // (rows of XLA arrays are not when H * element size % 16 != 0), bytes otherwise. A lane issues four

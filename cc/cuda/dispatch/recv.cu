@@ -58,10 +58,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
     if (P.scale)
       for (int b = lane; b < g.S; b += 32) P.scale[pos * g.S + b] = load_f32(row + g.payload + 4 * b);
     if (lane == 0) {
-      int32_t tok;
-      float wt;
-      memcpy(&tok, row + g.payload + 4 * int64_t(g.S), 4);
-      memcpy(&wt, row + g.payload + 4 * int64_t(g.S) + 4, 4);
+      const int32_t tok = static_cast<int32_t>(load_u32(row + g.payload + 4 * int64_t(g.S)));
+      const float wt = load_f32(row + g.payload + 4 * int64_t(g.S) + 4);
       P.weights[pos] = wt;
       P.src[2 * pos] = s;
       P.src[2 * pos + 1] = tok;

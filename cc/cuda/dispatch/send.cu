@@ -54,16 +54,9 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
     const uint8_t* src = P.p.priv + g.off_staging + int64_t(t) * g.row;
     warp_copy(dst, src, body16, lane);
     if (lane < body - body16) dst[body16 + lane] = src[body16 + lane];
-    if (lane == 0) {
-      const int32_t tok = t;
-      const float w = P.weights[q];
-      if (body % 4 == 0) {  // dst is 16-byte aligned (rows are 16-byte multiples)
-        reinterpret_cast<int32_t*>(dst + body)[0] = tok;
-        reinterpret_cast<float*>(dst + body)[1] = w;
-      } else {
-        memcpy(dst + body, &tok, 4);
-        memcpy(dst + body + 4, &w, 4);
-      }
+    if (lane == 0) {  // token and weight after the body (4-byte aligned only when body % 4 == 0)
+      store_u32(dst + body, static_cast<uint32_t>(t));
+      store_f32(dst + body + 4, P.weights[q]);
     }
   }
   // Our counts column into every node-local peer: counts[me][l] = rows we send it for local expert l.
