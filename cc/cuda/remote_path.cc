@@ -41,6 +41,9 @@ T* RemotePath::device_ptr(T* host) const {  // the allocation's device base plus
 RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std::string& provider, int local_index)
     : rank_(rank), local_index_(local_index) {
   if (xo.node_size <= 0) throw std::invalid_argument("RemotePath: node_size must be > 0");
+  int dev = -1;
+  char bus[32] = {0};
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetPCIBusId(bus, sizeof(bus), dev) == cudaSuccess) bus_id_ = bus;
   if (xo.slots > proxy::kMaxSlots || xo.shape.num_ranks > proxy::kMaxRanks)
     throw std::invalid_argument("jax_moe_a2a cuda: the inter-node path supports at most 8 slots and 64 ranks");
   try {
@@ -85,7 +88,7 @@ void RemotePath::connect(const std::vector<std::tuple<int, transfer::Bytes, std:
   transfer::connect_in_order(*engine_, ex_->options().timeout_s);  // tcp;ofi_rxm: one connect per pair
   ex_->connect(descs);
   for (int z = 0; z < ex_->options().slots; ++z) ptrs_.push_back(slot_ptrs(z));
-  proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_, proxy::ProxyOptions::from_env(local_index_));
+  proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_, proxy::ProxyOptions::from_env(local_index_, bus_id_));
 }
 
 RemotePtrs RemotePath::slot_ptrs(int z) const {

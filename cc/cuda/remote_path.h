@@ -44,6 +44,7 @@ class RemotePath {
   T* device_ptr(T* host) const;
 
   int rank_, local_index_;
+  std::string bus_id_;  // our GPU's PCI address (the proxy thread runs on a CPU near it)
   struct Allocation {
     uint8_t* host;
     uint8_t* device;  // cudaHostGetDevicePointer of host

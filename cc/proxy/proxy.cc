@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "proxy/topology.h"
 #include "transfer/errors.h"
 
 namespace a2a::proxy {
@@ -32,7 +33,7 @@ uint64_t ns_since(Clock::time_point t0) {
 
 }  // namespace
 
-ProxyOptions ProxyOptions::from_env(int local_index) {
+ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_bus_id) {
   ProxyOptions o;
   o.spin_us = env_double("JAX_MOE_A2A_PROXY_SPIN_US", o.spin_us);
   o.max_sleep_us = env_double("JAX_MOE_A2A_PROXY_MAX_SLEEP_US", o.max_sleep_us);
@@ -40,11 +41,14 @@ ProxyOptions ProxyOptions::from_env(int local_index) {
   o.idle_sleep_us = env_double("JAX_MOE_A2A_PROXY_IDLE_SLEEP_US", o.idle_sleep_us);
   const char* mode = std::getenv("JAX_MOE_A2A_PROXY");
   o.spin = mode && std::string(mode) == "spin";
-  if (const char* cpus = std::getenv("JAX_MOE_A2A_PROXY_CPUS")) {  // "3,7": CPU of local rank 0, 1
+  const char* cpus = std::getenv("JAX_MOE_A2A_PROXY_CPUS");
+  if (cpus && *cpus) {  // "3,7": CPU of local rank 0, 1; "none": no pinning
     std::stringstream ss(cpus);
     std::string item;
-    for (int i = 0; std::getline(ss, item, ','); ++i)
+    for (int i = 0; std::string(cpus) != "none" && std::getline(ss, item, ','); ++i)
       if (i == local_index && !item.empty()) o.cpu = std::atoi(item.c_str());
+  } else if (!device_bus_id.empty()) {
+    o.cpu = cpu_near_device("/sys", device_bus_id, local_index, allowed_cpus());
   }
   return o;
 }
@@ -58,7 +62,7 @@ Proxy::Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o)
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(o_.cpu, &set);
-    pthread_setaffinity_np(thread_.native_handle(), sizeof(set), &set);  // best effort
+    if (pthread_setaffinity_np(thread_.native_handle(), sizeof(set), &set) == 0) pinned_ = o_.cpu;  // best effort
   }
 }
 
@@ -76,7 +80,9 @@ std::string Proxy::error_text() const {
 
 ProxyStats Proxy::stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);
-  return stats_;
+  ProxyStats s = stats_;
+  s.cpu = pinned_;
+  return s;
 }
 
 void Proxy::fail(int code, int op, int z, const std::vector<int>& missing, const std::string& text) {

@@ -36,8 +36,11 @@ struct ProxyOptions {
   double idle_ms = 20;        // JAX_MOE_A2A_PROXY_IDLE_MS: after this long without progress ...
   double idle_sleep_us = 2000;  // JAX_MOE_A2A_PROXY_IDLE_SLEEP_US: ... sleeps grow up to this
   bool spin = false;          // JAX_MOE_A2A_PROXY=spin: never sleep (a dedicated core)
-  int cpu = -1;               // pin the thread to this CPU (JAX_MOE_A2A_PROXY_CPUS, by local index)
-  static ProxyOptions from_env(int local_index);
+  int cpu = -1;               // pin the thread to this CPU (-1: leave it to the scheduler)
+  // JAX_MOE_A2A_PROXY_CPUS="3,7" gives local rank i the i-th CPU, "none" pins nothing; unset, a
+  // GPU's proxy (device_bus_id, as cudaDeviceGetPCIBusId writes it) goes to a CPU of the GPU's
+  // NUMA node (proxy/topology.h), and a proxy without a GPU is not pinned.
+  static ProxyOptions from_env(int local_index, const std::string& device_bus_id = "");
 };
 
 // Counters a benchmark reads (nanoseconds of steady_clock, summed over steps).
@@ -46,6 +49,7 @@ struct ProxyStats {
   uint64_t polls = 0, sleeps = 0;
   uint64_t counts_to_landed_ns = 0;  // from our COUNTS out to d_landed raised, per dispatch
   uint64_t comb_to_landed_ns = 0;    // from our COMB out to c_landed raised, per combine
+  int cpu = -1;                      // the CPU the thread was pinned to (-1: not pinned)
 };
 
 class Proxy {
@@ -88,6 +92,7 @@ class Proxy {
   std::vector<SlotState> slots_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  int pinned_ = -1;  // the CPU the thread runs on, when pinning succeeded
   mutable std::mutex stats_mu_;
   ProxyStats stats_;
   int cur_op_ = -1, cur_slot_ = -1;  // the step being run (error attribution)

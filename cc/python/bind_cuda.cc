@@ -79,6 +79,7 @@ void bind_cuda(nb::module_& m) {
         d["sleeps"] = s.sleeps;
         d["counts_to_landed_ns"] = s.counts_to_landed_ns;
         d["comb_to_landed_ns"] = s.comb_to_landed_ns;
+        d["cpu"] = s.cpu;
         return d;
       },
       "comm_id"_a, "rank"_a, "Counters of a rank's proxy thread (zeros without one).");

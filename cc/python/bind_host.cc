@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "host/host_comm.h"
+#include "proxy/topology.h"
 #include "transfer/connect_order.h"
 #include "transfer/engine.h"
 #include "transfer/local_engine.h"
@@ -111,6 +112,13 @@ void bind_host(nb::module_& m) {
       "comm_id"_a, "rank"_a, "peers"_a, "Connects one local rank to every rank: [(rank, address, descriptors)].");
 
   h.def("destroy", &host::unregister_comm, "comm_id"_a, "Closes the engines and forgets the communicator.");
+
+  nb::module_ px = m.def_submodule("proxy", "where a GPU's proxy thread runs (cc/proxy/topology.h)");
+  px.def("parse_cpulist", &proxy::parse_cpulist, "text"_a, "CPUs of a Linux cpulist such as '0-3,8'; [] if malformed.");
+  px.def("cpu_near_device", &proxy::cpu_near_device, "sysfs_root"_a, "bus_id"_a, "local_index"_a, "allowed"_a,
+         "The proxy CPU of local rank `local_index` for the GPU at PCI `bus_id`: from the device's "
+         "local_cpulist under sysfs_root, within `allowed` ([] = any), counting down; -1 if unknown.");
+  px.def("allowed_cpus", &proxy::allowed_cpus, "The CPUs this process may run on.");
 }
 
 }  // namespace a2a::python
