@@ -54,3 +54,15 @@ def test_cpu_near_device_unknown_topology(tmp_path):
 def test_allowed_cpus_is_this_process_affinity():
     import os
     assert sorted(_C.proxy.allowed_cpus()) == sorted(os.sched_getaffinity(0))
+
+
+def test_local_process_rank_from_the_launcher(monkeypatch):
+    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert _C.proxy.local_process_rank() == 0
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    assert _C.proxy.local_process_rank() == 5
+    monkeypatch.setenv("SLURM_LOCALID", "2")
+    assert _C.proxy.local_process_rank() == 2  # Slurm's before a generic LOCAL_RANK
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "junk")
+    assert _C.proxy.local_process_rank() == 2  # unparsable: the next one

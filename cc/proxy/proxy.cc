@@ -47,8 +47,8 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
     std::string item;
     for (int i = 0; std::string(cpus) != "none" && std::getline(ss, item, ','); ++i)
       if (i == local_index && !item.empty()) o.cpu = std::atoi(item.c_str());
-  } else if (!device_bus_id.empty()) {
-    o.cpu = cpu_near_device("/sys", device_bus_id, local_index, allowed_cpus());
+  } else if (!device_bus_id.empty()) {  // several processes per node: one CPU each
+    o.cpu = cpu_near_device("/sys", device_bus_id, local_index + local_process_rank(), allowed_cpus());
   }
   return o;
 }

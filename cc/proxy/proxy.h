@@ -39,7 +39,8 @@ struct ProxyOptions {
   int cpu = -1;               // pin the thread to this CPU (-1: leave it to the scheduler)
   // JAX_MOE_A2A_PROXY_CPUS="3,7" gives local rank i the i-th CPU, "none" pins nothing; unset, a
   // GPU's proxy (device_bus_id, as cudaDeviceGetPCIBusId writes it) goes to a CPU of the GPU's
-  // NUMA node (proxy/topology.h), and a proxy without a GPU is not pinned.
+  // NUMA node (proxy/topology.h), the (local_index + node-local process rank)-th from the highest,
+  // and a proxy without a GPU is not pinned.
   static ProxyOptions from_env(int local_index, const std::string& device_bus_id = "");
 };
 

@@ -22,4 +22,8 @@ int cpu_near_device(const std::string& sysfs_root, const std::string& bus_id, in
 // The CPUs this process may run on (sched_getaffinity); empty when unknown.
 std::vector<int> allowed_cpus();
 
+// This process's rank among the processes of its node (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID
+// or LOCAL_RANK, the first set), 0 when none is set.
+int local_process_rank();
+
 }  // namespace a2a::proxy

@@ -119,6 +119,8 @@ void bind_host(nb::module_& m) {
          "The proxy CPU of local rank `local_index` for the GPU at PCI `bus_id`: from the device's "
          "local_cpulist under sysfs_root, within `allowed` ([] = any), counting down; -1 if unknown.");
   px.def("allowed_cpus", &proxy::allowed_cpus, "The CPUs this process may run on.");
+  px.def("local_process_rank", &proxy::local_process_rank,
+         "This process's rank on its node (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, LOCAL_RANK), else 0.");
 }
 
 }  // namespace a2a::python
