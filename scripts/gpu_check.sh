@@ -107,10 +107,15 @@ if stage nocmdbuf; then  # the same single-process suite with XLA command buffer
 fi
 if stage sanitizer; then  # compute-sanitizer on small cases, one rank (SANITIZER_K: pytest -k, SANITIZER_TOOLS)
   for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
-    JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false timeout $(cap 400) compute-sanitizer --tool $tool \
-      --target-processes all python3 -m pytest -q -p no:cacheprovider test_ops.py \
-      -k "${SANITIZER_K:-cuda and (fp8-random or tp2 or overflow-ragged or odd-hidden)}" \
-      2>&1 | grep -E -A12 "ERROR SUMMARY|passed|failed|Invalid|Race|Misaligned" | head -60 | tee "$OUT/sanitizer-$tool.log"
+    # Its own process group, killed whole afterwards: a timeout that kills compute-sanitizer alone
+    # leaves the target running, holding the GPU and the output pipe (seen: the stage ran 6 min).
+    JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false setsid bash -c 'echo $$ > "$0"; exec "$@"' "$RUNDIR/san.pgid" \
+      timeout $(cap 400) compute-sanitizer --tool $tool --target-processes all python3 -m pytest -q -p no:cacheprovider \
+      test_ops.py -k "${SANITIZER_K:-cuda and (fp8-random or tp2 or overflow-ragged or odd-hidden)}" \
+      > "$OUT/sanitizer-$tool.full" 2>&1
+    pkill -9 -g "$(cat "$RUNDIR/san.pgid")" 2>/dev/null
+    grep -E -A12 "ERROR SUMMARY|passed|failed|Invalid|Race|Misaligned" "$OUT/sanitizer-$tool.full" | head -60 \
+      | tee "$OUT/sanitizer-$tool.log"
   done
 fi
 if stage nvshmem; then  # the nvshmem backend on the oracle: every case, the protocol tests and a soak
