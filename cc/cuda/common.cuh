@@ -258,6 +258,17 @@ __device__ bool wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn 
   return wait_flags_each(p, g, op, flag, [want, remote](int r) { return remote >> r & 1 ? 0 : want; }, "cuda");
 }
 
+// dispatch_send's outputs when the op failed (grid-wide): nothing routed, nothing dropped (the
+// drop count feeds stats and debug checks, which must not see garbage).
+__device__ inline void abandon_dispatch_send(const DispatchSendParams& P, const GridIdx& ix) {
+  const Geometry& g = P.g;
+  for (int64_t q = ix.gtid; q < int64_t(g.T) * g.K; q += ix.gstride) {
+    P.dest[q] = -1;
+    P.pair_slot[q] = 0;
+  }
+  if (ix.gtid == 0) *P.dropped = 0;
+}
+
 // dispatch_recv's outputs when the op failed (grid-wide): no rows, every row unused.
 __device__ inline void abandon_dispatch_recv(const DispatchRecvParams& P, const GridIdx& ix) {
   const Geometry& g = P.g;

@@ -19,7 +19,10 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   const uint64_t epoch = ep->d_send;
   const int n = max(0, min(*P.num_tokens, g.T));
   SendScratch s = send_scratch(g, P.p.priv);
-  if (slot_failed(g, P.p)) return;  // an earlier op of this slot failed: the host raises it
+  if (slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
+    abandon_dispatch_send(P, ix);
+    return;
+  }
 
   // Phase 1 (grid): validity and dedup of every pair; our member's tokens into staging. Block 0
   // then waits until peers finished reading our previous rows (phase 3 overwrites them) and, with
@@ -30,7 +33,10 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
     remote::wait_peers(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch,
                        &P.p.remote.ctrl->d_send_ok, epoch + 1);
   grid.sync();
-  if (slot_failed(g, P.p)) return;
+  if (slot_failed(g, P.p)) {
+    abandon_dispatch_send(P, ix);
+    return;
+  }
 
   // Phase 2 (grid): per (member, expert) order, counts and first slots; block 0 counts drops.
   if (blockIdx.x == 0) count_dropped(P, s, n);

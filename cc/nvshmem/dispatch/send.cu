@@ -22,7 +22,10 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
   int32_t* stage_meta = reinterpret_cast<int32_t*>(P.p.priv + lay.off_meta_stage);  // [N dest][meta_stride / 4]
   const int64_t words = lay.meta_stride / 4;
   const int32_t* cnt = s.cnt + int64_t(member) * g.E;  // [E] rows of our member per expert
-  if (cuda::slot_failed(g, P.p)) return;  // an earlier op of this slot failed: the host raises it
+  if (cuda::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
+    cuda::abandon_dispatch_send(P, ix);
+    return;
+  }
 
   // Phase 1 (grid): route pairs and stage our member's tokens; block 0 waits until every receiver
   // has read our previous rows and meta (phase 3 overwrites them).
@@ -31,7 +34,10 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
   if (blockIdx.x == 0)
     wait_signals(P.p, g, 0, [&](int r) { return &signals_at(P.p, me)->d_free[r]; }, [&](int) { return epoch; });
   grid.sync();
-  if (cuda::slot_failed(g, P.p)) return;
+  if (cuda::slot_failed(g, P.p)) {
+    cuda::abandon_dispatch_send(P, ix);
+    return;
+  }
   // Phase 2 (grid): per (member, expert) order, counts and first slots; block 0 counts drops.
   if (blockIdx.x == 0) cuda::count_dropped(P, s, n);
   cuda::scan_experts(P, s, n, ix);
