@@ -25,6 +25,18 @@ def _shape_err(arg: str, expected, got) -> ValueError:
     return ValueError(f"{arg}: expected {expected}, got {got}")
 
 
+def _after(gate, tree):
+    """`tree` with every array made data-dependent on the int32 scalar `gate` (zero at run time,
+    unknown to XLA): integers get gate added, floats the same on their bits."""
+    def one(a):
+        dt = jnp.dtype(a.dtype)
+        if jnp.issubdtype(dt, jnp.integer):
+            return a + gate.astype(dt)
+        bits = jnp.dtype(f"uint{8 * dt.itemsize}")
+        return jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(a, bits) + gate.astype(bits), dt)
+    return jax.tree_util.tree_map(one, tree)
+
+
 class DroppedRowsError(RuntimeError):
     """Raised (debug=True) when a dispatch dropped pairs or overflowed a receive buffer."""
 
@@ -132,7 +144,8 @@ class Communicator:
 
     def _record_stats(self, dropped, overflow):
         """Counts drops/overflow on the host (collect_stats) and, with debug=True, raises.
-        Returns `dropped` (threaded through the debug check so XLA cannot drop the check)."""
+        Returns (`dropped`, gate): `dropped` threaded through the debug check so XLA cannot drop
+        the check, and with debug=True an int32 zero that only the check produces (else None)."""
         def record(d, o):
             with self._lock:
                 self._stats["dispatches"] += 1
@@ -152,10 +165,12 @@ class Communicator:
                     raise DroppedRowsError(
                         f"jax_moe_a2a: dispatch dropped {int(d)} pair(s) with bad expert ids and {int(o)} row(s) "
                         f"past recv_capacity on this rank, {int(b)} in all on the ranks that stop with it (debug=True)")
-                return np.int32(d)
+                return np.int32(d), np.int32(0)
 
-            dropped = jax.pure_callback(check, jax.ShapeDtypeStruct((), jnp.int32), dropped, overflow, bad)
-        return dropped
+            i32 = jax.ShapeDtypeStruct((), jnp.int32)
+            dropped, gate = jax.pure_callback(check, (i32, i32), dropped, overflow, bad)
+            return dropped, gate
+        return dropped, None
 
     # ---- the four halves ---------------------------------------------------------------------
     def dispatch_send(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0,
@@ -195,8 +210,12 @@ class Communicator:
         with jax.named_scope("a2a_dispatch_recv"):
             x, scale, sizes, weights, src, overflow, route_arrays = self._backend.dispatch_recv(
                 ctx, arrays, handle.route.arrays, handle.slot)
-        dropped = self._record_stats(dropped, overflow)
+        dropped, gate = self._record_stats(dropped, overflow)
         if self.debug:  # what follows the dispatch (the combine's communication too) waits for the check
+            # An optimisation barrier orders XLA's schedule, but XLA:CPU runs thunks as soon as their
+            # buffers are ready: only a data dependency keeps a rank whose check raised from
+            # entering the combine's all_to_all alone (which aborted the process after 40 s).
+            x, scale, weights, src, route_arrays = _after(gate, (x, scale, weights, src, route_arrays))
             dropped, x, weights, route_arrays = jax.lax.optimization_barrier((dropped, x, weights, route_arrays))
         route = Route(handle.route.topk_weights, handle.route.num_tokens, route_arrays, self.comm_id)
         return Dispatched(x, scale, sizes, weights, src, dropped, overflow, route, handle.slot, self.comm_id)
