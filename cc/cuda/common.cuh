@@ -134,11 +134,13 @@ __device__ __forceinline__ uint32_t load_u32(const uint8_t* p) {
 __device__ __forceinline__ void store_f32(uint8_t* p, float v) { store_u32(p, __float_as_uint(v)); }
 __device__ __forceinline__ float load_f32(const uint8_t* p) { return __uint_as_float(load_u32(p)); }
 
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 // The calling warp copies `bytes` bytes: 16-byte volatile loads when both ends are 16-byte aligned
 // (rows of XLA arrays are not when H * element size % 16 != 0), bytes otherwise. A lane issues four
 // 16-byte loads before their stores, so that four loads per lane are in flight.
 __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
-  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) != 0) {
+  if (!aligned16(dst) || !aligned16(src)) {
     for (int64_t i = lane; i < bytes; i += 32) dst[i] = src[i];
     return;
   }
@@ -161,7 +163,7 @@ __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int6
 // The calling warp zeroes `bytes` bytes: 16-byte stores when dst is 16-byte aligned (combine rows
 // of H * element size % 16 != 0 bytes are not), bytes otherwise.
 __device__ __forceinline__ void warp_zero(uint8_t* dst, int64_t bytes, int lane) {
-  if ((reinterpret_cast<uintptr_t>(dst) & 15) != 0) {
+  if (!aligned16(dst)) {
     for (int64_t i = lane; i < bytes; i += 32) dst[i] = 0;
     return;
   }
@@ -306,9 +308,8 @@ constexpr int kReduceSegment = 32 * kReduceVec;
 template <typename RowFn>
 __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
   const Geometry& g = P.g;
-  const auto aligned = [](const void* a) { return (reinterpret_cast<uintptr_t>(a) & 15) == 0; };
   const bool vec = g.H % kReduceVec == 0 && P.y_kind != 3 && P.out_kind != 3 && (!P.out_in || P.out_in_kind != 3) &&
-                   aligned(P.out) && aligned(P.out_in) && aligned(P.pairs);  // XLA's buffers (ours are padded)
+                   aligned16(P.out) && aligned16(P.out_in) && aligned16(P.pairs);  // XLA's buffers (ours are padded)
   if (vec) {
     const int64_t segs = (g.H + kReduceSegment - 1) / kReduceSegment;
     for (int64_t w = ix.gwarp; w < int64_t(g.T) * segs; w += ix.nwarps) {

@@ -114,23 +114,13 @@ __device__ inline void write_pair_slots(const DispatchSendParams& P, const SendS
   }
 }
 
-__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 // One warp copies bytes [seg * 512, seg * 512 + 512) (clipped to `bytes`) of src to dst: one 16-byte
-// vector per lane when both rows are 16-byte aligned, bytewise otherwise.
+// vector per lane when both rows are 16-byte aligned (warp_copy), bytewise otherwise.
 constexpr int kStageSeg = 512;
 __device__ __forceinline__ void warp_copy_segment(uint8_t* dst, const uint8_t* src, int64_t bytes, int64_t seg,
                                                   int lane) {
-  const int64_t lo = seg * kStageSeg, hi = min(bytes, lo + kStageSeg);
-  if (aligned16(dst) && aligned16(src)) {
-    const int64_t i = lo + 16 * int64_t(lane);
-    if (i + 16 <= hi)
-      *reinterpret_cast<int4*>(dst + i) = ptx::ld_volatile_v4(reinterpret_cast<const int4*>(src + i));
-    else
-      for (int64_t b = i; b < hi; ++b) dst[b] = src[b];
-    return;
-  }
-  for (int64_t b = lo + lane; b < hi; b += 32) dst[b] = src[b];
+  const int64_t lo = seg * kStageSeg;
+  warp_copy(dst + lo, src + lo, min(bytes, lo + kStageSeg) - lo, lane);
 }
 
 // Max over the `group` consecutive lanes holding v (groups aligned to multiples of `group`, group <= 32).
