@@ -3,7 +3,8 @@
 # one rank (every peer wait is satisfied in-process, so ncu's kernel replay is safe), plus the
 # kernel-time bench with 1 and N processes on the GPU. Run on the GPU machine after the build
 # (scripts/gpu_check.sh STAGES=build). Env: OUT (logs), PROFILE_NPROCS (default "2 4"),
-# NCU_SET (default full), NCU_KERNELS (regex, default the four halves).
+# NCU_SET (default full), NCU_KERNELS (regex, default the four halves), NCU=0 (no profile),
+# KT_ITERS (timed iterations, default 50).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -13,13 +14,14 @@ MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 NOBUF=(XLA_FLAGS="--xla_gpu_enable_command_buffer=")
 # 1 process: kernel times of each half (CUDA events around the launch)
 env "${NOBUF[@]}" JAX_MOE_A2A_KERNEL_TIMING=1 timeout 200 python3 -m jax_moe_a2a.bench --backend cuda --shape decode \
-  --iters 50 --out "$OUT/kt1" 2>&1 | grep -vE "step/s|^\s*$" > "$OUT/kt1.log"
+  --iters ${KT_ITERS:-50} --out "$OUT/kt1" 2>&1 | grep -vE "step/s|^\s*$" > "$OUT/kt1.log"
 for n in ${PROFILE_NPROCS:-2 4}; do
   env "${NOBUF[@]}" JAX_MOE_A2A_KERNEL_TIMING=1 JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 \
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") timeout 240 "${MPIRUN[@]}" -n "$n" \
-    python3 -m jax_moe_a2a.bench --backend cuda --shape decode --iters 50 --out "$OUT/kt$n" 2>&1 \
+    python3 -m jax_moe_a2a.bench --backend cuda --shape decode --iters ${KT_ITERS:-50} --out "$OUT/kt$n" 2>&1 \
     | grep -vE "step/s|^\s*$|grpc|external/xla" > "$OUT/kt$n.log"
 done
+[ "${NCU:-1}" = 0 ] && exit 0
 # ncu: skip the first iteration's 8 launches (compilation, first touch), profile one of each half
 env "${NOBUF[@]}" timeout 300 ncu --clock-control none --set "${NCU_SET:-full}" --import-source yes \
   -k "regex:${NCU_KERNELS:-(dispatch|combine)_(send|recv)_kernel}" --launch-skip 8 --launch-count 4 -f -o "$OUT/prof" \

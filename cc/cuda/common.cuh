@@ -219,9 +219,11 @@ __device__ inline void record_timeout(const SlotPtrs& p, int op, uint64_t missin
 // Threads 0..N-1 of the calling block each wait until *flag(r) >= want(r); true when all arrived.
 // On timeout the missing ranks are recorded in the mapped error record and printed (naming
 // `backend`), the slot is marked failed, and every thread of the block gets false.
+// `report`: this block prints the timeout (block 0 of a kernel whose every block waits; every
+// block that gives up records it and marks the slot failed).
 template <typename FlagFn, typename WantFn>
 __device__ bool wait_flags_each(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want,
-                                const char* backend) {
+                                const char* backend, bool report = true) {
   __shared__ unsigned long long missing;
   if (threadIdx.x == 0) missing = 0;
   __syncthreads();
@@ -242,10 +244,11 @@ __device__ bool wait_flags_each(const SlotPtrs& p, const Geometry& g, int op, Fl
   const unsigned long long miss = missing;
   __syncthreads();  // every thread read it before a later wait resets it
   if (miss == 0) return true;
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {  // every block that gave up marks the slot, so the host always raises
     record_timeout(p, op, miss);
     mark_failed(g, p);
-    printf("jax_moe_a2a %s %s (slot %d, rank %d): ranks with bits 0x%llx set never arrived within "
+    if (report)
+      printf("jax_moe_a2a %s %s (slot %d, rank %d): ranks with bits 0x%llx set never arrived within "
            "%.1f s (crashed process, or calls out of order?)\n",
            backend, op_name(op), p.slot, p.rank, miss, p.timeout_ns * 1e-9);
   }
@@ -255,9 +258,11 @@ __device__ bool wait_flags_each(const SlotPtrs& p, const Geometry& g, int op, Fl
 // The same wait with one target for every node-local rank (the cuda backend's epoch flags); ranks
 // on other nodes are the proxy's (cuda/remote.cuh).
 template <typename FlagFn>
-__device__ bool wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want) {
+__device__ bool wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want,
+                           bool report = true) {
   const uint64_t remote = p.remote.mask;
-  return wait_flags_each(p, g, op, flag, [want, remote](int r) { return remote >> r & 1 ? 0 : want; }, "cuda");
+  return wait_flags_each(p, g, op, flag, [want, remote](int r) { return remote >> r & 1 ? 0 : want; }, "cuda",
+                         report);
 }
 
 // dispatch_send's outputs when the op failed (grid-wide): nothing routed, nothing dropped (the
@@ -304,6 +309,7 @@ __device__ inline void poison_combine_recv(const CombineRecvParams& P, const Gri
 // 16-byte loads and stores. One thread per element when H % 8 != 0 or a buffer is fp8.
 constexpr int kReduceVec = 8;
 constexpr int kReduceSegment = 32 * kReduceVec;
+constexpr int kReduceBatch = 4;
 
 template <typename RowFn>
 __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
@@ -319,20 +325,32 @@ __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx&
       float acc[kReduceVec];
 #pragma unroll
       for (int i = 0; i < kReduceVec; ++i) acc[i] = 0.f;
-      for (int k = 0; k < g.K; ++k) {
-        const int64_t q = int64_t(t) * g.K + k;
-        const int d = t < n ? P.dest[q] : -1;
-        float v[kReduceVec];
-        if (d >= 0 && d < g.N) {
-          load_vec8(row(t, q, d), h, P.y_kind, v);
-          const float wt = P.weights[q];
+      // kReduceBatch pairs at a time: their loads are issued back to back (several 16-byte loads
+      // in flight per lane), then accumulated in k order.
+      for (int k0 = 0; k0 < g.K; k0 += kReduceBatch) {
+        float v[kReduceBatch][kReduceVec];
+        float wt[kReduceBatch];
 #pragma unroll
-          for (int i = 0; i < kReduceVec; ++i) acc[i] = fmaf(wt, v[i], acc[i]);
-        } else {
+        for (int u = 0; u < kReduceBatch; ++u) {
+          const int k = k0 + u;
+          const int64_t q = int64_t(t) * g.K + k;
+          const int d = k < g.K && t < n ? P.dest[q] : -1;
+          wt[u] = 0.f;
+          if (d >= 0 && d < g.N) {
+            wt[u] = P.weights[q];
+            load_vec8(row(t, q, d), h, P.y_kind, v[u]);
+          } else {
 #pragma unroll
-          for (int i = 0; i < kReduceVec; ++i) v[i] = 0.f;
+            for (int i = 0; i < kReduceVec; ++i) v[u][i] = 0.f;
+          }
         }
-        if (P.pairs) store_vec8(P.pairs, q * g.H + h, 0, v);
+#pragma unroll
+        for (int u = 0; u < kReduceBatch; ++u) {
+          if (k0 + u >= g.K) break;
+#pragma unroll
+          for (int i = 0; i < kReduceVec; ++i) acc[i] = fmaf(wt[u], v[u][i], acc[i]);
+          if (P.pairs) store_vec8(P.pairs, (int64_t(t) * g.K + k0 + u) * g.H + h, 0, v[u]);
+        }
       }
       if (P.out_in) {
         float o[kReduceVec];
@@ -363,100 +381,40 @@ __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx&
   }
 }
 
-// Arrangement of the rows a receiver got: from counts [N][L] (rows per source and local expert).
-// scratch layout (int64): src_start [N*L] | before_src [N*L] | expert_off [L] | rows_from [N]
-struct Arrangement {
-  const int64_t* src_start;
-  const int64_t* before_src;
-  const int64_t* expert_off;
-  const int64_t* rows_from;
-  static __host__ __device__ int64_t scratch_elems(int N, int L) { return 2 * int64_t(N) * L + L + N; }
-};
-
-// One thread computes the arrangement (N*L is small) into scratch; returns group sizes/overflow.
-__device__ inline void compute_arrangement(const Geometry& g, const int32_t* counts, int64_t* scratch,
-                                           int32_t* group_sizes, int32_t* overflow) {
-  const int N = g.N, L = g.L;
-  int64_t* src_start = scratch;
-  int64_t* before = scratch + int64_t(N) * L;
-  int64_t* eoff = before + int64_t(N) * L;
-  int64_t* rows_from = eoff + L;
-  int64_t over = 0, off = 0;
-  for (int s = 0; s < N; ++s) {
-    int64_t run = 0;
-    for (int l = 0; l < L; ++l) {
-      src_start[int64_t(s) * L + l] = run;
-      run += counts[int64_t(s) * L + l];
-    }
-    rows_from[s] = run;
-  }
-  for (int l = 0; l < L; ++l) {
-    int64_t tot = 0;
-    for (int s = 0; s < N; ++s) {
-      before[int64_t(s) * L + l] = tot;
-      tot += counts[int64_t(s) * L + l];
-    }
-    eoff[l] = off;
-    int64_t kept;
-    if (g.layout == 0) {
-      const int64_t lo = off < g.capacity ? off : g.capacity;
-      const int64_t hi = off + tot < g.capacity ? off + tot : g.capacity;
-      kept = hi - lo;
-    } else {
-      kept = tot < g.capacity ? tot : g.capacity;
-    }
-    if (group_sizes) group_sizes[l] = static_cast<int32_t>(kept);
-    over += tot - kept;
-    off += tot;
-  }
-  if (overflow) *overflow = static_cast<int32_t>(over);
-}
-
-// Byte offset of the arrangement tables inside a slot's scratch (after dispatch_send's tables).
-__host__ __device__ inline int64_t arrangement_offset(const Geometry& g) {
-  const int64_t send_ints = 2 * int64_t(g.T) * g.K + 2 * int64_t(g.tp) * g.E;
-  return (send_ints * 4 + 15) / 16 * 16;
-}
-
-// The rank's scratch for the receive arrangement (int64, Arrangement::scratch_elems) in its
-// private region `priv`.
-__device__ __forceinline__ int64_t* arrangement_scratch(const Geometry& g, uint8_t* priv) {
-  return reinterpret_cast<int64_t*>(priv + g.off_scratch + arrangement_offset(g));
-}
-
-// Launches a cooperative kernel of `blocks` x kThreads on `stream` with the given parameter structs.
+// Launches `kernel` on `stream` as `blocks` x kThreads with `smem` bytes of dynamic shared memory
+// and the given parameter structs: cooperatively (every block co-resident, for kernels that call
+// grid.sync) or as a plain launch (kernels whose blocks never wait for each other).
 template <typename... Params>
-cudaError_t launch_cooperative(void (*kernel)(Params...), int blocks, cudaStream_t stream, const Params&... params) {
+cudaError_t launch_cooperative(void (*kernel)(Params...), int blocks, size_t smem, cudaStream_t stream,
+                               const Params&... params) {
   void* args[] = {const_cast<Params*>(&params)...};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), blocks, kThreads, args, 0, stream);
+  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), blocks, kThreads, args, smem, stream);
+}
+template <typename... Params>
+cudaError_t launch_plain(void (*kernel)(Params...), int blocks, size_t smem, cudaStream_t stream,
+                         const Params&... params) {
+  void* args[] = {const_cast<Params*>(&params)...};
+  return cudaLaunchKernel(reinterpret_cast<void*>(kernel), blocks, kThreads, args, smem, stream);
 }
 
-__device__ __forceinline__ Arrangement arrangement_view(const Geometry& g, const int64_t* scratch) {
-  Arrangement a;
-  a.src_start = scratch;
-  a.before_src = scratch + int64_t(g.N) * g.L;
-  a.expert_off = a.before_src + int64_t(g.N) * g.L;
-  a.rows_from = a.expert_off + g.L;
-  return a;
-}
-
-// For row j of source s: its local expert l (last l whose start <= j) and output position
-// (-1 when the capacity rule drops it).
-__device__ __forceinline__ int64_t row_position(const Geometry& g, const Arrangement& a, int s, int64_t j, int* l_out) {
-  const int64_t* st = a.src_start + int64_t(s) * g.L;
-  int lo = 0, hi = g.L - 1;
-  while (lo < hi) {  // last l with st[l] <= j
-    const int mid = (lo + hi + 1) / 2;
-    if (st[mid] <= j) lo = mid; else hi = mid - 1;
+// Every thread of every block calls this once, after its block's work: true in exactly one block,
+// the last to get here, which then sees every other block's earlier writes (the fence-and-count
+// pattern of a grid barrier, without the waiting). `counter` is zero at kernel entry and the last
+// block resets it for the next launch. A block that returns early must not call it, so the
+// kernel's closing step (flags, epochs) runs only when every block finished.
+__device__ __forceinline__ bool last_block_done(uint32_t* counter) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    if (last) {
+      *reinterpret_cast<volatile uint32_t*>(counter) = 0;
+      __threadfence();
+    }
   }
-  const int l = lo;
-  *l_out = l;
-  const int64_t within = a.before_src[int64_t(s) * g.L + l] + (j - st[l]);
-  if (g.layout == 0) {
-    const int64_t pos = a.expert_off[l] + within;
-    return pos < g.capacity ? pos : -1;
-  }
-  return within < g.capacity ? int64_t(l) * g.capacity + within : -1;
+  __syncthreads();
+  return last;
 }
 
 }  // namespace a2a::cuda

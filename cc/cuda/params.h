@@ -25,6 +25,9 @@ struct SyncFlags {
 struct Epochs {  // device-side counters so that kernels need no per-call host parameters
   uint64_t d_send, c_send;
   uint64_t failed;  // nonzero once an op of this slot timed out: later kernels of the slot end at once
+  uint32_t done[4];  // blocks of op 0..3 that finished this launch (last_block_done); 0 between launches
+  int32_t dropped;   // dispatch_send: bad pairs counted by every block before its grid sync; 0 between launches
+  int32_t pad_;
 };
 
 // Error record in mapped host memory: set by a kernel that timed out (the host raises it at the

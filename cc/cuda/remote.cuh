@@ -19,11 +19,14 @@ __device__ __forceinline__ bool is_remote(const SlotPtrs& p, int r) { return p.r
 // (timeout * 1.5 + 2 s) or as soon as the proxy recorded a failure: then it records the
 // ErrorRecord (op, slot, the proxy's missing ranks), marks the slot failed like wait_flags and
 // every thread of the block gets false. Call from every thread of the block.
-__device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, const uint64_t* flag, uint64_t want) {
+// With `report` false (every block of the kernel waits; block 0 reports) this block neither raises
+// waiting[op] nor prints; a failure is recorded and marked by every block that sees it.
+__device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, const uint64_t* flag, uint64_t want,
+                                  bool report = true) {
   __shared__ int failed;
   if (threadIdx.x == 0) {
     failed = 0;
-    ptx::st_release_sys(&p.remote.ctrl->waiting[op], want);
+    if (report) ptx::st_release_sys(&p.remote.ctrl->waiting[op], want);
     const uint64_t start = ptx::globaltimer();
     const uint64_t limit = static_cast<uint64_t>(p.timeout_ns) * 3 / 2 + 2000000000ull;
     while (ptx::ld_acquire_sys(flag) < want) {
@@ -40,7 +43,8 @@ __device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, 
     if (failed) {
       record_timeout(p, op, failed == 1 ? *reinterpret_cast<const volatile uint64_t*>(&p.remote.error->missing) : 0);
       mark_failed(g, p);
-      printf("jax_moe_a2a cuda %s (slot %d, rank %d): %s\n", op_name(op), p.slot, p.rank,
+      if (report)
+        printf("jax_moe_a2a cuda %s (slot %d, rank %d): %s\n", op_name(op), p.slot, p.rank,
              failed == 1 ? "the proxy thread failed (see last_error())" : "the proxy thread raised no flag in time");
     }
   }
@@ -50,13 +54,14 @@ __device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, 
   return ok;
 }
 
-// Block 0's waits before a kernel's work: node-local peers' flags, then (with remote peers) the
-// proxy's flag; true when everything arrived. Call from every thread of block 0.
+// A block's waits before a kernel's work: node-local peers' flags, then (with remote peers) the
+// proxy's flag; true when everything arrived. Call from every thread of the block; `report` as
+// in wait_flags_each (block 0 when every block waits).
 template <typename FlagFn>
 __device__ bool wait_peers(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want,
-                           const uint64_t* proxy_flag, uint64_t proxy_want) {
-  if (!wait_flags(p, g, op, flag, want)) return false;
-  return !any(p) || wait_proxy(p, g, op, proxy_flag, proxy_want);
+                           const uint64_t* proxy_flag, uint64_t proxy_want, bool report = true) {
+  if (!wait_flags(p, g, op, flag, want, report)) return false;
+  return !any(p) || wait_proxy(p, g, op, proxy_flag, proxy_want, report);
 }
 
 // Makes this thread's earlier stores to mapped memory visible system-wide, then (thread 0 of the
@@ -80,13 +85,11 @@ __device__ inline void publish_counts(const SlotPtrs& p, const Geometry& g, cons
   raise_for_proxy(&p.remote.ctrl->d_counts, epoch + 1);
 }
 
-// Thread 0 of dispatch_recv, after d_landed: copies what remote sources send us per local expert
-// (their count matrices in d_recv, row `me`) into counts [N src][L] next to the node-local ones.
-__device__ inline void pull_remote_counts(const SlotPtrs& p, const Geometry& g, int32_t* counts) {
+// dispatch_recv, after d_landed: rows remote source s sends us for local expert l (its count
+// matrix in d_recv, row `me`).
+__device__ __forceinline__ int32_t remote_count(const SlotPtrs& p, const Geometry& g, int s, int l) {
   const volatile int32_t* m = reinterpret_cast<const volatile int32_t*>(p.remote.d_recv);
-  for (int s = 0; s < g.N; ++s)
-    if (is_remote(p, s))
-      for (int l = 0; l < g.L; ++l) counts[int64_t(s) * g.L + l] = m[(int64_t(s) * g.N + p.rank) * g.L + l];
+  return m[(int64_t(s) * g.N + p.rank) * g.L + l];
 }
 
 // Row j that remote source s sent us (private region, or overflow at the proxy's base for s).

@@ -28,17 +28,23 @@ __device__ inline SendScratch send_scratch(const Geometry& g, uint8_t* priv) {
   return s;
 }
 
-// The routing runs over the whole cooperative grid in two phases with a grid sync between them
-// (and one after, before anything reads cnt, start or pos_in):
-//   route_pairs (phase 1, every thread):   pair_expert, dest
-//   scan_experts (phase 2, every warp):    pos_in, cnt, start;  count_dropped (phase 2, block 0)
-//   pair_slot (phase 3, anyone):           slot of a pair from start and pos_in
-// Phase 1 reads only ids; phase 2 only pair_expert (written in phase 1); phase 3 only cnt, start,
-// pos_in (written in phase 2). No atomics on global memory; every scratch word has one writer.
+// The routing runs over the whole cooperative grid in two phases with one grid sync between them:
+//   route_pairs (phase 1, every thread):   pair_expert, dest; drops added to Epochs::dropped
+//   scan_experts (phase 1, every warp):    pos_in, cnt, start (from ids directly: validity and
+//                                          dedup again, so that it need not wait for route_pairs)
+//   pair_slot (phase 2, anyone):           slot of a pair from start and pos_in
+// Phase 1 reads only ids; phase 2 reads what phase 1 wrote. No atomics decide a position; every
+// scratch word has one writer (the drop count is an integer sum).
 
-// Phase 1: validity and dedup of every pair [T*K] -> pair_expert (expert or -1), dest (rank or N).
-__device__ inline void route_pairs(const DispatchSendParams& P, const SendScratch& s, int n, const GridIdx& ix) {
+// Phase 1: validity and dedup of every pair [T*K] -> pair_expert (expert or -1), dest (rank or N);
+// pairs of our member whose id is out of range or repeated within its token (-1 is no drop) are
+// added to *dropped (zero before the launch; dispatch_send's block 0 reads and clears it after
+// the grid sync).
+__device__ inline void route_pairs(const DispatchSendParams& P, const SendScratch& s, int n, const GridIdx& ix,
+                                   int32_t* dropped) {
   const Geometry& g = P.g;
+  const int member = P.p.rank % g.tp;
+  int bad = 0;
   for (int64_t q = ix.gtid; q < int64_t(g.T) * g.K; q += ix.gstride) {
     const int t = static_cast<int>(q / g.K), k = static_cast<int>(q % g.K);
     const int32_t id = P.ids[q];
@@ -46,30 +52,17 @@ __device__ inline void route_pairs(const DispatchSendParams& P, const SendScratc
     for (int j = 0; routed && j < k; ++j) routed = P.ids[int64_t(t) * g.K + j] != id;
     s.pair_expert[q] = routed ? id : -1;
     P.dest[q] = routed ? id / g.L : g.N;
+    bad += !routed && t < n && id != -1 && t % g.tp == member;
   }
+  for (int off = 16; off > 0; off >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, off);
+  if ((threadIdx.x & 31) == 0 && bad) atomicAdd(dropped, bad);
 }
 
-// Phase 2, block 0 (every thread): *P.dropped = pairs of our member with an id that is out of range
-// or repeated within its token (-1 is no drop).
-__device__ inline void count_dropped(const DispatchSendParams& P, const SendScratch& s, int n) {
-  const Geometry& g = P.g;
-  const int member = P.p.rank % g.tp;
-  __shared__ int dropped;
-  if (threadIdx.x == 0) dropped = 0;
-  __syncthreads();
-  int mine = 0;
-  for (int64_t q = threadIdx.x; q < int64_t(n) * g.K; q += blockDim.x)
-    if (s.pair_expert[q] < 0 && P.ids[q] != -1 && (q / g.K) % g.tp == member) ++mine;
-  for (int off = 16; off > 0; off >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, off);
-  if ((threadIdx.x & 31) == 0 && mine) atomicAdd(&dropped, mine);
-  __syncthreads();
-  if (threadIdx.x == 0) *P.dropped = dropped;
-}
-
-// Phase 2, one warp per (member m, expert e): scans m's tokens in order, 32 at a time. Gives each
-// of the expert's pairs its index in token order (pos_in), the expert's count (cnt) and its first
-// slot within (m, dest of e) (start: m's pairs for the dest's lower local experts, counted in the
-// same pass, so no prefix over cnt needs another grid sync).
+// Phase 1, one warp per (member m, expert e): scans m's tokens in order, 32 at a time, straight
+// from ids (a pair counts when its id is e, or in e's rank below e, and not repeated earlier in
+// its token). Gives each of the expert's pairs its index in token order (pos_in), the expert's
+// count (cnt) and its first slot within (m, dest of e) (start: m's pairs for the dest's lower
+// local experts, counted in the same pass, so no prefix over cnt needs a grid sync).
 __device__ inline void scan_experts(const DispatchSendParams& P, const SendScratch& s, int n, const GridIdx& ix) {
   const Geometry& g = P.g;
   const int lane = ix.lane;
@@ -80,11 +73,14 @@ __device__ inline void scan_experts(const DispatchSendParams& P, const SendScrat
       const int t = t0 + lane;
       int hit_k = -1;
       if (t < n && t % g.tp == m) {
-#pragma unroll 4
+        const int32_t* row = P.ids + int64_t(t) * g.K;
         for (int k = 0; k < g.K; ++k) {
-          const int x = s.pair_expert[int64_t(t) * g.K + k];
-          if (x == e) hit_k = k;
-          before += x >= first && x < e;
+          const int x = __ldg(row + k);
+          if (x < first || x > e) continue;
+          bool dup = false;
+          for (int j = 0; j < k; ++j) dup |= __ldg(row + j) == x;
+          if (dup) continue;
+          if (x == e) hit_k = k; else ++before;
         }
       }
       const unsigned ballot = __ballot_sync(0xffffffffu, hit_k >= 0);
@@ -99,12 +95,12 @@ __device__ inline void scan_experts(const DispatchSendParams& P, const SendScrat
   }
 }
 
-// Phase 3: row index of routed pair q (token t, expert e) within (member t % tp, dest e / L).
+// Phase 2: row index of routed pair q (token t, expert e) within (member t % tp, dest e / L).
 __device__ __forceinline__ int32_t pair_slot(const Geometry& g, const SendScratch& s, int64_t q, int t, int e) {
   return s.start[int64_t(t % g.tp) * g.E + e] + s.pos_in[q];
 }
 
-// Phase 3, every thread: pair_slot out for every pair of the group (combine_recv reads any member's
+// Phase 2, every thread: pair_slot out for every pair of the group (combine_recv reads any member's
 // rows), 0 for pairs that are not routed.
 __device__ inline void write_pair_slots(const DispatchSendParams& P, const SendScratch& s, const GridIdx& ix) {
   const Geometry& g = P.g;

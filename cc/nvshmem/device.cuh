@@ -38,9 +38,11 @@ __device__ __forceinline__ void put_row_signal(void* dst, const void* src, int64
 
 // The same wait as the cuda backend's, with a target per rank and this backend's name; false
 // (slot marked failed, error recorded) when a rank did not arrive in time.
+// `report`: this block records and prints a timeout (block 0 where every block waits).
 template <typename FlagFn, typename WantFn>
-__device__ bool wait_signals(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want) {
-  return cuda::wait_flags_each(p, g, op, flag, want, "nvshmem");
+__device__ bool wait_signals(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want,
+                             bool report = true) {
+  return cuda::wait_flags_each(p, g, op, flag, want, "nvshmem", report);
 }
 
 }  // namespace a2a::nvshmem

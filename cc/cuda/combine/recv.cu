@@ -1,5 +1,6 @@
-// combine recv: wait for every expert rank's rows, reduce each token's pairs in f32 with the
-// router weights (plus `out`), then free our combine region for the expert ranks.
+// combine recv: every block waits for every expert rank's rows and reduces its share of each
+// token's pairs in f32 with the router weights (plus `out`); the last block to finish frees our
+// combine region for the expert ranks. No grid-wide barrier.
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
@@ -9,21 +10,14 @@ namespace {
 
 __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParams P) {
   const Geometry& g = P.g;
-  cg::grid_group grid = cg::this_grid();
   const GridIdx ix;
   const int me = P.p.rank;
   const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
   SyncFlags* mine = flags_of(P.p, me);
-  if (slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
-    poison_combine_recv(P, ix);
-    return;
-  }
-  if (blockIdx.x == 0)
-    remote::wait_peers(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1, &P.p.remote.ctrl->c_landed,
-                       epoch + 1);
-  grid.sync();
-  if (slot_failed(g, P.p)) {
-    poison_combine_recv(P, ix);
+  if (slot_failed(g, P.p) ||
+      !remote::wait_peers(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1,
+                          &P.p.remote.ctrl->c_landed, epoch + 1, blockIdx.x == 0)) {
+    poison_combine_recv(P, ix);  // an op of this slot failed: the host raises it
     return;
   }
   const int n = max(0, min(*P.num_tokens, g.T));
@@ -33,8 +27,7 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
     const int64_t at = ((int64_t(d) * g.tp + t % g.tp) * g.P + P.pair_slot[q]) * stride;
     return remote::is_remote(P.p, d) ? P.p.remote.c_recv + at : region + at;
   });
-  grid.sync();
-  if (blockIdx.x == 0) {
+  if (last_block_done(&epochs_of(g, P.p.priv)->done[3])) {  // expert ranks may overwrite our rows now
     if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x))
       ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->c_free[me], epoch + 1);
     if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->c_consumed, epoch + 1);
@@ -44,11 +37,11 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
 }  // namespace
 
 cudaError_t launch_combine_recv(const CombineRecvParams& p, int blocks, cudaStream_t stream) {
-  return launch_cooperative(combine_recv_kernel, blocks, stream, p);
+  return launch_plain(combine_recv_kernel, blocks, 0, stream, p);
 }
 
-int64_t scratch_bytes(const Geometry& g) {
-  return arrangement_offset(g) + 8 * Arrangement::scratch_elems(g.N, g.L);
+int64_t scratch_bytes(const Geometry& g) {  // dispatch_send's routing tables (cuda/route.cuh)
+  return 4 * (2 * int64_t(g.T) * g.K + 2 * int64_t(g.tp) * g.E);
 }
 
 int grid_blocks(int device) {

@@ -1,6 +1,8 @@
 // dispatch send: route, quantise/convert, push rows and counts into every peer's buffer, raise
-// each peer's arrival flag. One cooperative kernel of three phases separated by grid syncs, each
-// spread over the whole grid (cuda/route.cuh says what each routing phase reads and writes).
+// each peer's arrival flag. One cooperative kernel of two phases separated by one grid sync, each
+// spread over the whole grid (cuda/route.cuh says what each routing phase reads and writes); the
+// last block to finish raises the flags.
+#include "cuda/arrange.cuh"
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
@@ -16,7 +18,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   const int lane = ix.lane;
   const int me = P.p.rank, member = me % g.tp;
   Epochs* ep = epochs_of(g, P.p.priv);
-  const uint64_t epoch = ep->d_send;
+  const uint64_t epoch = ep->d_send;  // advanced by the last block, after every block read it
   const int n = max(0, min(*P.num_tokens, g.T));
   SendScratch s = send_scratch(g, P.p.priv);
   if (slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
@@ -24,10 +26,12 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
     return;
   }
 
-  // Phase 1 (grid): validity and dedup of every pair; our member's tokens into staging. Block 0
-  // then waits until peers finished reading our previous rows (phase 3 overwrites them) and, with
-  // remote peers, until d_send is ours again. Nothing here touches peers' memory or d_send.
-  route_pairs(P, s, n, ix);
+  // Phase 1 (grid): validity and dedup of every pair, per (member, expert) order, counts and first
+  // slots, our member's tokens into staging. Block 0 also waits until peers finished reading our
+  // previous rows (phase 2 overwrites them) and, with remote peers, until d_send is ours again.
+  // Nothing here touches peers' memory or d_send.
+  route_pairs(P, s, n, ix, &ep->dropped);
+  scan_experts(P, s, n, ix);
   stage_tokens(P, n, member, ix);
   if (blockIdx.x == 0)
     remote::wait_peers(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch,
@@ -38,18 +42,24 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
     return;
   }
 
-  // Phase 2 (grid): per (member, expert) order, counts and first slots; block 0 counts drops.
-  if (blockIdx.x == 0) count_dropped(P, s, n);
-  scan_experts(P, s, n, ix);
-  grid.sync();
-
-  // Phase 3 (grid): count matrix to the proxy, slots out, rows and counts into every peer.
-  if (blockIdx.x == 0 && remote::any(P.p)) remote::publish_counts(P.p, g, s.cnt + int64_t(member) * g.E, epoch);
+  // Phase 2 (grid): drop count and count matrix out, slots out, rows and counts into every peer.
+  if (blockIdx.x == 0) {
+    if (threadIdx.x == 0) {
+      *P.dropped = ep->dropped;
+      ep->dropped = 0;
+    }
+    if (remote::any(P.p)) remote::publish_counts(P.p, g, s.cnt + int64_t(member) * g.E, epoch);
+  }
   write_pair_slots(P, s, ix);
-  // Every routed pair of our member: warp per pair, 16-byte copies, then token and weight.
+  // Every routed pair of our member: (pair, segment) items of 16-byte copies; segment 0 also
+  // writes the token and weight after the body.
   const int64_t body = g.payload + 4 * int64_t(g.S);  // payload then fp8 scales
   const int64_t body16 = body / 16 * 16;
-  for (int64_t q = ix.gwarp; q < int64_t(g.T) * g.K; q += ix.nwarps) {
+  const int64_t pairs = int64_t(g.T) * g.K;
+  const int64_t seg = row_segment_bytes(body16, int64_t(n) * g.K / g.tp, ix.nwarps);
+  const int64_t nseg = body16 > 0 ? (body16 + seg - 1) / seg : 1;
+  for (int64_t w = ix.gwarp; w < pairs * nseg; w += ix.nwarps) {
+    const int64_t q = w / nseg;
     const int e = s.pair_expert[q];
     const int t = static_cast<int>(q / g.K);
     if (e < 0 || t % g.tp != member) continue;
@@ -58,7 +68,9 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
     uint8_t* dst = remote::is_remote(P.p, d) ? remote::send_row(P.p, g, d, j)
                                              : P.p.peer_shared[d] + g.off_rows + (int64_t(me) * g.P + j) * g.row;
     const uint8_t* src = P.p.priv + g.off_staging + int64_t(t) * g.row;
-    warp_copy(dst, src, body16, lane);
+    const int64_t lo = (w % nseg) * seg;
+    if (lo < body16) warp_copy(dst + lo, src + lo, min(seg, body16 - lo), lane);
+    if (lo != 0) continue;
     if (lane < body - body16) dst[body16 + lane] = src[body16 + lane];
     if (lane == 0) {  // token and weight after the body (4-byte aligned only when body % 4 == 0)
       store_u32(dst + body, static_cast<uint32_t>(t));
@@ -73,8 +85,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
     *c = s.cnt[int64_t(member) * g.E + d * g.L + l];
   }
   if (remote::any(P.p)) __threadfence_system();  // our rows in d_send, before the proxy's flag
-  grid.sync();
-  if (blockIdx.x == 0) {
+  if (last_block_done(&ep->done[0])) {
     if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->d_packed, epoch + 1);
     if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x)) {
       __threadfence_system();
@@ -91,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
 }  // namespace
 
 cudaError_t launch_dispatch_send(const DispatchSendParams& p, int blocks, cudaStream_t stream) {
-  return launch_cooperative(dispatch_send_kernel, blocks, stream, p);
+  return launch_cooperative(dispatch_send_kernel, blocks, 0, stream, p);
 }
 
 }  // namespace a2a::cuda

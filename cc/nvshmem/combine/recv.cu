@@ -1,6 +1,7 @@
-// nvshmem combine recv: count the rows each expert rank owes us (our routed pairs; the whole tp
-// group's, since every member gets every row), wait until c_rows reaches them, reduce each
-// token's pairs in f32 with the router weights (plus `out`), then free our combine region.
+// nvshmem combine recv: every block counts the rows each expert rank owes us (our routed pairs;
+// the whole tp group's, since every member gets every row), waits until c_rows reaches them and
+// reduces its share of each token's pairs in f32 with the router weights (plus `out`); the last
+// block to finish frees our combine region. No grid-wide barrier.
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
 
@@ -10,7 +11,6 @@ namespace {
 __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::CombineRecvParams P, NvSlot nv) {
   const Geometry& g = P.g;
   const Layout& lay = nv.lay;
-  cuda::cg::grid_group grid = cuda::cg::this_grid();
   const cuda::GridIdx ix;
   const int me = P.p.rank;
   const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
@@ -20,24 +20,19 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
     cuda::poison_combine_recv(P, ix);
     return;
   }
-  if (blockIdx.x == 0) {
-    __shared__ int expect[kMaxRanks];
-    if (threadIdx.x < g.N) expect[threadIdx.x] = 0;
-    __syncthreads();
-    for (int64_t q = threadIdx.x; q < int64_t(n) * g.K; q += blockDim.x) {
-      const int d = P.dest[q];
-      if (d >= 0 && d < g.N) atomicAdd(&expect[d], 1);
-    }
-    __syncthreads();
-    uint64_t* consumed = seen(P.p, lay, 1, g);
-    Signals* mine = signals_at(P.p, me);
-    if (wait_signals(P.p, g, 3, [&](int r) { return &mine->c_rows[r]; },
-                     [&](int r) { return consumed[r] + static_cast<uint64_t>(expect[r]); }) &&
-        threadIdx.x < g.N)
-      consumed[threadIdx.x] += static_cast<uint64_t>(expect[threadIdx.x]);
+  // Every block counts the rows each expert rank owes us and waits for them.
+  __shared__ int expect[kMaxRanks];
+  if (threadIdx.x < g.N) expect[threadIdx.x] = 0;
+  __syncthreads();
+  for (int64_t q = threadIdx.x; q < int64_t(n) * g.K; q += blockDim.x) {
+    const int d = P.dest[q];
+    if (d >= 0 && d < g.N) atomicAdd(&expect[d], 1);
   }
-  grid.sync();
-  if (cuda::slot_failed(g, P.p)) {
+  __syncthreads();
+  uint64_t* consumed = seen(P.p, lay, 1, g);  // advanced by the last block, after every block waited
+  Signals* mine = signals_at(P.p, me);
+  if (!wait_signals(P.p, g, 3, [&](int r) { return &mine->c_rows[r]; },
+                    [&](int r) { return consumed[r] + static_cast<uint64_t>(expect[r]); }, blockIdx.x == 0)) {
     cuda::poison_combine_recv(P, ix);
     return;
   }
@@ -46,15 +41,17 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
   cuda::reduce_combine(P, n, ix, [&](int t, int64_t q, int d) {
     return region + ((int64_t(d) * g.tp + t % g.tp) * g.P + P.pair_slot[q]) * stride;
   });
-  grid.sync();
-  if (blockIdx.x == 0 && threadIdx.x < g.N)  // expert ranks may overwrite our combine region now
-    nvshmemx_signal_op(&signals_at(P.p, threadIdx.x)->c_free[me], epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[threadIdx.x]);
+  if (cuda::last_block_done(&cuda::epochs_of(g, P.p.priv)->done[3]) && threadIdx.x < g.N) {
+    const int r = threadIdx.x;  // expert ranks may overwrite our combine region now
+    consumed[r] += static_cast<uint64_t>(expect[r]);
+    nvshmemx_signal_op(&signals_at(P.p, r)->c_free[me], epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[r]);
+  }
 }
 
 }  // namespace
 
 cudaError_t launch_combine_recv(const cuda::CombineRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
-  return cuda::launch_cooperative(combine_recv_kernel, blocks, stream, p, nv);
+  return cuda::launch_plain(combine_recv_kernel, blocks, 0, stream, p, nv);
 }
 
 }  // namespace a2a::nvshmem

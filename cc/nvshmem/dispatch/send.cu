@@ -2,6 +2,7 @@
 // pair's row into its private slot at the destination (put-with-signal, +1 on d_rows[me] there),
 // then one meta block per destination (counts per local expert, token and weight per row) whose
 // signal d_meta[me] = epoch + 1 tells the receiver how many rows to wait for.
+#include "cuda/arrange.cuh"
 #include "cuda/route.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
@@ -16,7 +17,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
   const cuda::GridIdx ix;
   const int me = P.p.rank, member = me % g.tp;
   cuda::Epochs* ep = cuda::epochs_of(g, P.p.priv);
-  const uint64_t epoch = ep->d_send;
+  const uint64_t epoch = ep->d_send;  // advanced by the last block, after every block read it
   const int n = max(0, min(*P.num_tokens, g.T));
   const cuda::SendScratch s = cuda::send_scratch(g, P.p.priv);
   int32_t* stage_meta = reinterpret_cast<int32_t*>(P.p.priv + lay.off_meta_stage);  // [N dest][meta_stride / 4]
@@ -27,9 +28,10 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
     return;
   }
 
-  // Phase 1 (grid): route pairs and stage our member's tokens; block 0 waits until every receiver
-  // has read our previous rows and meta (phase 3 overwrites them).
-  cuda::route_pairs(P, s, n, ix);
+  // Phase 1 (grid): route pairs, per (member, expert) order and counts, stage our member's tokens;
+  // block 0 waits until every receiver has read our previous rows and meta (phase 2 overwrites them).
+  cuda::route_pairs(P, s, n, ix, &ep->dropped);
+  cuda::scan_experts(P, s, n, ix);
   cuda::stage_tokens(P, n, member, ix);
   if (blockIdx.x == 0)
     wait_signals(P.p, g, 0, [&](int r) { return &signals_at(P.p, me)->d_free[r]; }, [&](int) { return epoch; });
@@ -38,11 +40,11 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
     cuda::abandon_dispatch_send(P, ix);
     return;
   }
-  // Phase 2 (grid): per (member, expert) order, counts and first slots; block 0 counts drops.
-  if (blockIdx.x == 0) cuda::count_dropped(P, s, n);
-  cuda::scan_experts(P, s, n, ix);
-  grid.sync();
-
+  // Phase 2 (grid): drop count, slots, meta staging, every routed pair's row.
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *P.dropped = ep->dropped;
+    ep->dropped = 0;
+  }
   cuda::write_pair_slots(P, s, ix);
   for (int64_t i = ix.gtid; i < int64_t(g.N) * g.L; i += ix.gstride)
     stage_meta[(i / g.L) * words + i % g.L] = cnt[i];
@@ -61,9 +63,10 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
     put_row_signal(P.p.peer_shared[d] + lay.off_rows + (int64_t(me) * g.P + j) * g.row,
                    P.p.priv + g.off_staging + int64_t(t) * g.row, body, &signals_at(P.p, d)->d_rows[me], nv.pe[d]);
   }
-  grid.sync();
-
-  for (int d = ix.gwarp; d < g.N; d += ix.nwarps) {  // warp per destination: its meta block
+  // The last block to finish: one meta block per destination (warp per destination), epoch, handle.
+  if (!cuda::last_block_done(&ep->done[0])) return;
+  const int warp = threadIdx.x >> 5;
+  for (int d = warp; d < g.N; d += blockDim.x >> 5) {
     int rows = 0;
     for (int l = ix.lane; l < g.L; l += 32) rows += cnt[int64_t(d) * g.L + l];
     for (int off = 16; off > 0; off >>= 1) rows += __shfl_xor_sync(0xffffffffu, rows, off);
@@ -71,7 +74,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
                                     4 * static_cast<size_t>(g.L + 2 * int64_t(rows)), &signals_at(P.p, d)->d_meta[me],
                                     epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[d]);
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
+  if (threadIdx.x == 0) {
     ep->d_send = epoch + 1;
     P.handle[0] = static_cast<int32_t>(epoch);
     P.handle[1] = P.p.slot;
@@ -81,7 +84,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
 }  // namespace
 
 cudaError_t launch_dispatch_send(const cuda::DispatchSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
-  return cuda::launch_cooperative(dispatch_send_kernel, blocks, stream, p, nv);
+  return cuda::launch_cooperative(dispatch_send_kernel, blocks, 0, stream, p, nv);
 }
 
 }  // namespace a2a::nvshmem
