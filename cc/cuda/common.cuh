@@ -301,15 +301,15 @@ __device__ inline void poison_combine_recv(const CombineRecvParams& P, const Gri
 }
 
 // combine_recv's reduction, shared by the GPU backends: for every token t of [0, T),
-//   out[t, h] = sum_k weights[t, k] * row(t, q, d)[h] (+ out_in[t, h]), f32 accumulation in k order,
-//   pairs[t, k, h] = row(t, q, d)[h] (0 for pairs not routed and tokens t >= n),
-// where q = t * K + k, d = dest[q] and row(t, q, d) is the start of that pair's y row (H elements
-// of y_kind, 16-byte aligned). Work items are (token, 256-element segment), one warp each, so that
+//   out[t, h] = sum_k weights[t, k] * row(t, d, slot)[h] (+ out_in[t, h]), f32 accumulation in k order,
+//   pairs[t, k, h] = row(t, d, slot)[h] (0 for pairs not routed and tokens t >= n),
+// where q = t * K + k, d = dest[q], slot = pair_slot[q] and row(t, d, slot) is the start of that
+// pair's y row (H elements of y_kind, 16-byte aligned). Work items are (token, 256-element segment), one warp each, so that
 // a decode batch (T = 128) still spreads over every SM; a lane reduces 8 consecutive elements with
 // 16-byte loads and stores. One thread per element when H % 8 != 0 or a buffer is fp8.
 constexpr int kReduceVec = 8;
 constexpr int kReduceSegment = 32 * kReduceVec;
-constexpr int kReduceBatch = 4;
+constexpr int kReduceBatch = 8;
 
 template <typename RowFn>
 __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
@@ -325,31 +325,47 @@ __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx&
       float acc[kReduceVec];
 #pragma unroll
       for (int i = 0; i < kReduceVec; ++i) acc[i] = 0.f;
-      // kReduceBatch pairs at a time: their loads are issued back to back (several 16-byte loads
-      // in flight per lane), then accumulated in k order.
-      for (int k0 = 0; k0 < g.K; k0 += kReduceBatch) {
-        float v[kReduceBatch][kReduceVec];
-        float wt[kReduceBatch];
-#pragma unroll
-        for (int u = 0; u < kReduceBatch; ++u) {
-          const int k = k0 + u;
-          const int64_t q = int64_t(t) * g.K + k;
-          const int d = k < g.K && t < n ? P.dest[q] : -1;
-          wt[u] = 0.f;
-          if (d >= 0 && d < g.N) {
-            wt[u] = P.weights[q];
-            load_vec8(row(t, q, d), h, P.y_kind, v[u]);
+      // Pairs in chunks of 32: lane i loads pair i's dest, slot and weight (one round of loads
+      // instead of a dependent chain per pair), then kReduceBatch pairs' 16-byte row loads are
+      // issued back to back and accumulated in k order.
+      for (int kc = 0; kc < g.K; kc += 32) {
+        int my_d = -1, my_slot = 0;
+        float my_w = 0.f;
+        if (kc + ix.lane < g.K && t < n) {
+          const int64_t q = int64_t(t) * g.K + kc + ix.lane;
+          my_d = P.dest[q];
+          if (my_d >= 0 && my_d < g.N) {
+            my_slot = P.pair_slot[q];
+            my_w = P.weights[q];
           } else {
-#pragma unroll
-            for (int i = 0; i < kReduceVec; ++i) v[u][i] = 0.f;
+            my_d = -1;
           }
         }
+        const int kn = min(32, g.K - kc);
+        for (int k0 = 0; k0 < kn; k0 += kReduceBatch) {
+          float v[kReduceBatch][kReduceVec];
+          float wt[kReduceBatch];
 #pragma unroll
-        for (int u = 0; u < kReduceBatch; ++u) {
-          if (k0 + u >= g.K) break;
+          for (int u = 0; u < kReduceBatch; ++u) {
+            const int src = min(k0 + u, 31);
+            const int d = __shfl_sync(0xffffffffu, my_d, src);
+            const int slot = __shfl_sync(0xffffffffu, my_slot, src);
+            wt[u] = __shfl_sync(0xffffffffu, my_w, src);
+            if (k0 + u < kn && d >= 0) {
+              load_vec8(row(t, d, slot), h, P.y_kind, v[u]);
+            } else {
+              wt[u] = 0.f;
 #pragma unroll
-          for (int i = 0; i < kReduceVec; ++i) acc[i] = fmaf(wt[u], v[u][i], acc[i]);
-          if (P.pairs) store_vec8(P.pairs, (int64_t(t) * g.K + k0 + u) * g.H + h, 0, v[u]);
+              for (int i = 0; i < kReduceVec; ++i) v[u][i] = 0.f;
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kReduceBatch; ++u) {
+            if (k0 + u >= kn) break;
+#pragma unroll
+            for (int i = 0; i < kReduceVec; ++i) acc[i] = fmaf(wt[u], v[u][i], acc[i]);
+            if (P.pairs) store_vec8(P.pairs, (int64_t(t) * g.K + kc + k0 + u) * g.H + h, 0, v[u]);
+          }
         }
       }
       if (P.out_in) {
@@ -371,7 +387,7 @@ __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx&
       const int d = t < n ? P.dest[q] : -1;
       float v = 0.f;
       if (d >= 0 && d < g.N) {
-        v = load_elem(row(t, q, d), h, P.y_kind);
+        v = load_elem(row(t, d, P.pair_slot[q]), h, P.y_kind);
         acc = fmaf(P.weights[q], v, acc);
       }
       if (P.pairs) P.pairs[q * g.H + h] = v;

@@ -15,7 +15,15 @@ int64_t scratch_bytes(const Geometry& g);
 // Blocks per kernel launch for this device (cooperative: all blocks co-resident).
 int grid_blocks(int device);
 
+// dispatch_send picks its kernel: block-routed (cuda/dispatch/send_block.cu) when every peer is
+// node-local, tp_size is 1 and the routing tables fit in kBlockRoutingSmem bytes of shared memory
+// (decode batches), else grid-routed (cuda/dispatch/send.cu). JAX_MOE_A2A_DISPATCH_SEND=grid|block
+// forces one (block only where it applies), read once per process: for benchmarks and tests.
+constexpr int64_t kBlockRoutingSmem = 48 * 1024;
+int64_t block_routing_smem_bytes(const Geometry& g);
+bool use_block_routing(const Geometry& g, const SlotPtrs& p);
 cudaError_t launch_dispatch_send(const DispatchSendParams& p, int blocks, cudaStream_t stream);
+cudaError_t launch_dispatch_send_block(const DispatchSendParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_dispatch_recv(const DispatchRecvParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_combine_send(const CombineSendParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_combine_recv(const CombineRecvParams& p, int blocks, cudaStream_t stream);

@@ -131,21 +131,28 @@ __device__ __forceinline__ float group_max(float v, int group, int lane) {
   return m;
 }
 
-// Phase 1, grid-wide: our member's tokens t (t < n, t % tp == member) -> staging row t (payload in
-// the wire dtype, then fp8 scales). Work items are small so that a decode batch spreads over every
-// warp of the grid: (token, group of scale blocks) for in-kernel fp8 quantisation (8 elements per
+// Tokens -> wire rows (payload in the wire dtype, then fp8 scales). Work items are small so that a
+// decode batch spreads over every warp of the grid: (token, group of scale blocks) for in-kernel fp8 quantisation (8 elements per
 // lane, 16-byte loads), (token, 512-byte segment) for copies, (token, 256 elements) for conversions;
 // element by element when sizes or alignment rule the vectors out.
-__device__ inline void stage_tokens(const DispatchSendParams& P, int n, int member, const GridIdx& ix) {
+//
+// The work is spread over warps [warp0, warp0 + nw) stepping by nw and threads likewise (the
+// whole grid: GridIdx; one block: its own warps), for tokens token(0 .. nm) into rows row_of(t)
+// (global staging, or a block's shared-memory row).
+struct StageWorkers {
+  int lane;
+  int64_t warp0, nw, tid0, nthreads;
+};
+
+template <typename TokenFn, typename RowFn>
+__device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, TokenFn token, RowFn row_of,
+                                  const StageWorkers& wk) {
   const Geometry& g = P.g;
-  const int lane = ix.lane;
-  const int64_t nm = n > member ? (n - member + g.tp - 1) / g.tp : 0;  // our member's tokens
-  const auto token = [&](int64_t i) { return static_cast<int>(member + i * g.tp); };
-  const auto row_of = [&](int t) { return P.p.priv + g.off_staging + int64_t(t) * g.row; };
+  const int lane = wk.lane;
   const uint8_t* x = static_cast<const uint8_t*>(P.x);
   if (g.wire_kind == 3 && P.x_kind == 3) {  // pre-quantised: copy the bytes, then the scales
     const int64_t segs = (int64_t(g.H) + kStageSeg - 1) / kStageSeg + 1;  // last: the scales
-    for (int64_t w = ix.gwarp; w < nm * segs; w += ix.nwarps) {
+    for (int64_t w = wk.warp0; w < nm * segs; w += wk.nw) {
       const int t = token(w / segs);
       const int64_t seg = w % segs;
       uint8_t* row = row_of(t);
@@ -165,7 +172,7 @@ __device__ inline void stage_tokens(const DispatchSendParams& P, int n, int memb
       const int bpw = 32 / lpb;  // scale blocks per warp
       const int64_t items = (g.S + bpw - 1) / bpw;
       const bool active_lane = lane < bpw * lpb;
-      for (int64_t w = ix.gwarp; w < nm * items; w += ix.nwarps) {
+      for (int64_t w = wk.warp0; w < nm * items; w += wk.nw) {
         const int t = token(w / items);
         const int b = static_cast<int>(w % items) * bpw + lane / lpb;
         const bool on = active_lane && b < g.S;
@@ -191,7 +198,7 @@ __device__ inline void stage_tokens(const DispatchSendParams& P, int n, int memb
       }
       return;
     }
-    for (int64_t w = ix.gwarp; w < nm * g.S; w += ix.nwarps) {  // warp per (token, scale block)
+    for (int64_t w = wk.warp0; w < nm * g.S; w += wk.nw) {  // warp per (token, scale block)
       const int t = token(w / g.S);
       const int b = static_cast<int>(w % g.S);
       const int64_t base = int64_t(t) * g.H + int64_t(b) * g.scale_block;
@@ -209,7 +216,7 @@ __device__ inline void stage_tokens(const DispatchSendParams& P, int n, int memb
   }
   if (P.x_kind == g.wire_kind) {  // same dtype: copy
     const int64_t segs = (g.payload + kStageSeg - 1) / kStageSeg;
-    for (int64_t w = ix.gwarp; w < nm * segs; w += ix.nwarps) {
+    for (int64_t w = wk.warp0; w < nm * segs; w += wk.nw) {
       const int t = token(w / segs);
       warp_copy_segment(row_of(t), x + int64_t(t) * g.payload, g.payload, w % segs, lane);
     }
@@ -217,7 +224,7 @@ __device__ inline void stage_tokens(const DispatchSendParams& P, int n, int memb
   }
   if (P.x_kind != 3 && g.H % 8 == 0 && aligned16(P.x)) {  // convert 8 values per lane
     const int64_t segs = (int64_t(g.H) + 255) / 256;
-    for (int64_t w = ix.gwarp; w < nm * segs; w += ix.nwarps) {
+    for (int64_t w = wk.warp0; w < nm * segs; w += wk.nw) {
       const int t = token(w / segs);
       const int64_t h = (w % segs) * 256 + 8 * int64_t(lane);
       if (h >= g.H) continue;
@@ -227,11 +234,21 @@ __device__ inline void stage_tokens(const DispatchSendParams& P, int n, int memb
     }
     return;
   }
-  for (int64_t i = ix.gtid; i < nm * g.H; i += ix.gstride) {  // element by element
+  for (int64_t i = wk.tid0; i < nm * g.H; i += wk.nthreads) {  // element by element
     const int t = token(i / g.H);
     const int64_t h = i % g.H;
     store_elem(row_of(t), h, g.wire_kind, load_elem(P.x, int64_t(t) * g.H + h, P.x_kind));
   }
+}
+
+// Phase 1, grid-wide: our member's tokens (t < n, t % tp == member) into their staging rows.
+__device__ inline void stage_tokens(const DispatchSendParams& P, int n, int member, const GridIdx& ix) {
+  const Geometry& g = P.g;
+  const int64_t nm = n > member ? (n - member + g.tp - 1) / g.tp : 0;  // our member's tokens
+  stage_rows(
+      P, nm, [&](int64_t i) { return static_cast<int>(member + i * g.tp); },
+      [&](int t) { return P.p.priv + g.off_staging + int64_t(t) * g.row; },
+      StageWorkers{ix.lane, ix.gwarp, ix.nwarps, ix.gtid, ix.gstride});
 }
 
 }  // namespace a2a::cuda

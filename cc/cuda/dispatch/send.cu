@@ -2,6 +2,9 @@
 // each peer's arrival flag. One cooperative kernel of two phases separated by one grid sync, each
 // spread over the whole grid (cuda/route.cuh says what each routing phase reads and writes); the
 // last block to finish raises the flags.
+#include <cstdlib>
+#include <string>
+
 #include "cuda/arrange.cuh"
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
@@ -101,7 +104,16 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
 
 }  // namespace
 
+bool use_block_routing(const Geometry& g, const SlotPtrs& p) {
+  static const std::string mode = [] {
+    const char* v = std::getenv("JAX_MOE_A2A_DISPATCH_SEND");
+    return std::string(v ? v : "auto");
+  }();
+  return mode != "grid" && p.remote.mask == 0 && g.tp == 1 && block_routing_smem_bytes(g) <= kBlockRoutingSmem;
+}
+
 cudaError_t launch_dispatch_send(const DispatchSendParams& p, int blocks, cudaStream_t stream) {
+  if (use_block_routing(p.g, p.p)) return launch_dispatch_send_block(p, blocks, stream);
   return launch_cooperative(dispatch_send_kernel, blocks, 0, stream, p);
 }
 

@@ -38,8 +38,8 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
   }
   const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
   const uint8_t* region = P.p.peer_shared[me] + lay.off_c_rows;  // [N expert rank][tp][P][stride]
-  cuda::reduce_combine(P, n, ix, [&](int t, int64_t q, int d) {
-    return region + ((int64_t(d) * g.tp + t % g.tp) * g.P + P.pair_slot[q]) * stride;
+  cuda::reduce_combine(P, n, ix, [&](int t, int d, int32_t slot) {
+    return region + ((int64_t(d) * g.tp + t % g.tp) * g.P + slot) * stride;
   });
   if (cuda::last_block_done(&cuda::epochs_of(g, P.p.priv)->done[3]) && threadIdx.x < g.N) {
     const int r = threadIdx.x;  // expert ranks may overwrite our combine region now
