@@ -321,7 +321,7 @@ __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx&
     for (int64_t w = ix.gwarp; w < int64_t(g.T) * segs; w += ix.nwarps) {
       const int t = static_cast<int>(w / segs);
       const int64_t h = (w % segs) * kReduceSegment + int64_t(ix.lane) * kReduceVec;
-      if (h >= g.H) continue;
+      const bool on = h < g.H;  // lanes past H only take part in the shuffles below
       float acc[kReduceVec];
 #pragma unroll
       for (int i = 0; i < kReduceVec; ++i) acc[i] = 0.f;
@@ -351,7 +351,7 @@ __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx&
             const int d = __shfl_sync(0xffffffffu, my_d, src);
             const int slot = __shfl_sync(0xffffffffu, my_slot, src);
             wt[u] = __shfl_sync(0xffffffffu, my_w, src);
-            if (k0 + u < kn && d >= 0) {
+            if (on && k0 + u < kn && d >= 0) {
               load_vec8(row(t, d, slot), h, P.y_kind, v[u]);
             } else {
               wt[u] = 0.f;
@@ -364,10 +364,11 @@ __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx&
             if (k0 + u >= kn) break;
 #pragma unroll
             for (int i = 0; i < kReduceVec; ++i) acc[i] = fmaf(wt[u], v[u][i], acc[i]);
-            if (P.pairs) store_vec8(P.pairs, (int64_t(t) * g.K + kc + k0 + u) * g.H + h, 0, v[u]);
+            if (on && P.pairs) store_vec8(P.pairs, (int64_t(t) * g.K + kc + k0 + u) * g.H + h, 0, v[u]);
           }
         }
       }
+      if (!on) continue;
       if (P.out_in) {
         float o[kReduceVec];
         load_vec8(P.out_in, int64_t(t) * g.H + h, P.out_in_kind, o);
