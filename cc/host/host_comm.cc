@@ -11,6 +11,7 @@
 #include "core/registry.h"
 #include "host/pack.h"
 #include "proxy/ctrl.h"
+#include "proxy/gdrcopy.h"
 #include "proxy/proxy.h"
 #include "transfer/errors.h"
 #include "transfer/imm.h"
@@ -94,6 +95,8 @@ void RankComm::stop() {
   if (proxy_) proxy_->stop();
 }
 
+proxy::ProxyStats RankComm::proxy_stats() const { return proxy_ ? proxy_->stats() : proxy::ProxyStats{}; }
+
 RankComm::Local& RankComm::local(int z) const { return *local_[z]; }
 
 void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std::map<int, RankComm*>& locals) {
@@ -107,7 +110,14 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
     node_[r] = it->second;
   }
   ex_->connect(descs);
-  if (o_.proxied) proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_.get(), proxy::ProxyOptions::from_env(0));
+  if (o_.proxied) {
+    // No GPU memory here: the flags stay in our (CPU) Ctrl block. Say why, as the cuda backend
+    // does: GDRCopy's probe reason where it is missing (tests/test_gdrcopy.py checks it on CPUs).
+    proxy::FlagPath flags;
+    const proxy::gdr::Probe pr = proxy::gdr::probe_from_env();
+    flags.name = proxy::gdr::mapped_host(pr.available ? "host backend (GDRCopy needs GPU memory)" : pr.reason);
+    proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_.get(), proxy::ProxyOptions::from_env(0), flags);
+  }
   connected_ = true;
 }
 

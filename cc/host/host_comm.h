@@ -29,6 +29,7 @@
 namespace a2a::proxy {
 struct Ctrl;
 class Proxy;
+struct ProxyStats;
 }  // namespace a2a::proxy
 
 namespace a2a::host {
@@ -117,6 +118,8 @@ class RankComm {
   bool connected() const { return connected_; }
   // Stops the proxy thread (if any); idempotent.
   void stop();
+  // The proxy thread's counters and flag path (proxied mode; zeros and "" without a proxy).
+  proxy::ProxyStats proxy_stats() const;
 
   void dispatch_send(const DispatchSendArgs& a);
   void dispatch_recv(const DispatchRecvArgs& a);
