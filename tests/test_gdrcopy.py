@@ -182,3 +182,56 @@ def test_host_proxy_reports_flag_path(env, want, monkeypatch, mesh, num_ranks):
         assert s["flag_path"] == want, (r, s)
         assert s["dispatches"] >= 1 and s["combines"] >= 1, (r, s)
     comm.close()
+
+
+# ---- the proxy's mirror stores (the gdrcopy path's proxy half), checked on CPUs ---------------------
+# JAX_MOE_A2A_HOST_FLAG_MIRROR=1: the host backend's proxy stores its flags into a second Ctrl block
+# the way it stores into GPU memory under GDRCopy (FlagPath::mirror), and the host backend reads
+# d_send_ok, d_landed, over_base, c_send_ok, c_landed and the error code only there, as the kernels
+# read RemotePtrs::in. A flag or overflow base the proxy forgot to mirror hangs a wait or misplaces
+# overflow rows, which the oracle catches.
+MIRROR = "host-mirror: the proxy's flags read from a second block (JAX_MOE_A2A_HOST_FLAG_MIRROR=1)"
+
+
+def _skip_unless_node_fits(node_size, num_ranks):
+    if node_size and (jax.local_device_count() % node_size or node_size >= num_ranks):
+        pytest.skip(f"node_size {node_size} does not fit {jax.local_device_count()} device(s) per process")
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif("host" not in a2a.available_backends(), reason="host backend not built")
+@pytest.mark.parametrize("node_size, priv", [(0, 0), (0, None), (2, 1)], ids=["priv0", "privfull", "node2-priv1"])
+def test_mirrored_flags_against_oracle(node_size, priv, monkeypatch, mesh, num_ranks):
+    _skip_unless_node_fits(node_size, num_ranks)
+    monkeypatch.setenv("JAX_MOE_A2A_HOST_FLAG_MIRROR", "1")
+    spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10)
+    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, max_private_tokens=priv, timeout_s=60.0,
+                    node_size=node_size)
+    for step in range(3):
+        inputs = T.make_inputs(spec, num_ranks, 900 + step, num_tokens=[None, 5, None][step],
+                               routing=["random", "skewed", "one_hot"][step])
+        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+    assert {s["flag_path"] for s in comm._backend.proxy_stats(comm).values()} == {MIRROR}
+    comm.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif("host" not in a2a.available_backends(), reason="host backend not built")
+def test_mirrored_flags_two_slots(monkeypatch, mesh, num_ranks):
+    from test_protocol import check_two_slots
+    monkeypatch.setenv("JAX_MOE_A2A_HOST_FLAG_MIRROR", "1")
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=8, slots=2)
+    check_two_slots(a2a.init(spec, mesh, "ep", backend="host", proxied=True, max_private_tokens=0), mesh)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif("host" not in a2a.available_backends(), reason="host backend not built")
+def test_mirrored_error_record(monkeypatch, mesh, num_ranks):
+    """The proxy's failure reaches the reader through the mirror's error code (several processes)."""
+    from test_protocol import check_never_calls
+    if jax.process_count() < 2:
+        pytest.skip("needs several processes (a rank that never calls cannot be made in one program)")
+    monkeypatch.setenv("JAX_MOE_A2A_HOST_FLAG_MIRROR", "1")
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    check_never_calls(a2a.init(spec, mesh, "ep", backend="host", proxied=True, max_private_tokens=1, timeout_s=2.0),
+                      mesh, "host")
