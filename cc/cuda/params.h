@@ -62,8 +62,10 @@ struct Geometry {
 // with the rank's proxy thread. mask == 0: every peer is node-local and nothing here is used.
 struct RemotePtrs {
   uint64_t mask;                   // bit r: rank r is on another node (its rows go through the proxy)
-  proxy::SlotCtrl* ctrl;           // this slot's flags (mapped)
-  const proxy::ProxyError* error;  // the proxy's failure record (mapped)
+  proxy::SlotCtrl* ctrl;           // this slot's flags (mapped host memory): the kernel writes its own here
+  const proxy::SlotCtrl* in;       // where the kernel reads the proxy's flags (d_send_ok, d_landed, c_send_ok,
+                                   // c_landed, over_base): == ctrl, or GPU memory under GDRCopy (proxy/gdrcopy.h)
+  const proxy::ProxyError* error;  // the proxy's failure record (beside `in`)
   uint8_t* d_send;                 // our counts [N][L] int32 (16-byte padded) | rows [N dest][P][row]
   const uint8_t* d_recv;           // counts [N src][N][L] | private [N src][priv][row] | overflow [N*(P-priv)][row]
   uint8_t* c_send;                 // [N src][P][H * itemsize(y)]

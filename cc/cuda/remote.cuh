@@ -1,7 +1,9 @@
 // Device side of the cuda backend's inter-node path: what the kernels do for peers on other nodes.
 // Their rows go through pinned host memory (RemotePtrs, mapped) that the rank's proxy thread
 // (cc/proxy) moves with the TransferEngine; kernels and proxy talk through the flags of
-// proxy::SlotCtrl (see cc/proxy/ctrl.h for the sequence). Every helper is a no-op when
+// proxy::SlotCtrl (see cc/proxy/ctrl.h for the sequence). The kernels write theirs to
+// p.remote.ctrl (host memory) and read the proxy's from p.remote.in (host memory too, or GPU
+// memory when the proxy writes through GDRCopy). Every helper is a no-op when
 // p.remote.mask == 0 (all peers node-local).
 #pragma once
 
@@ -13,8 +15,16 @@ namespace a2a::cuda::remote {
 __device__ __forceinline__ bool any(const SlotPtrs& p) { return p.remote.mask != 0; }
 __device__ __forceinline__ bool is_remote(const SlotPtrs& p, int r) { return p.remote.mask >> (r & 63) & 1; }
 
-// Thread 0 of the calling block waits until *flag >= want, a flag the proxy raises; true when it
-// came. It first raises waiting[op] = want (the proxy's timeout for the step runs from then). The
+// The proxy's flags are read where it writes them for us: `flag` names a proxy-written field of
+// *p.remote.ctrl (e.g. &ctrl->d_landed); the same field of *p.remote.in is returned (identical on
+// the mapped-host path; the GPU-memory copy the proxy stores into through GDRCopy otherwise).
+__device__ __forceinline__ const uint64_t* proxy_flag(const SlotPtrs& p, const uint64_t* flag) {
+  const auto off = reinterpret_cast<const char*>(flag) - reinterpret_cast<const char*>(p.remote.ctrl);
+  return reinterpret_cast<const uint64_t*>(reinterpret_cast<const char*>(p.remote.in) + off);
+}
+
+// Thread 0 of the calling block waits until *flag >= want, a flag the proxy raises (read through
+// proxy_flag); true when it came. It first raises waiting[op] = want (the proxy's timeout for the step runs from then). The
 // proxy names the missing ranks when peers do not arrive; this wait gives up a little later
 // (timeout * 1.5 + 2 s) or as soon as the proxy recorded a failure: then it records the
 // ErrorRecord (op, slot, the proxy's missing ranks), marks the slot failed like wait_flags and
@@ -29,7 +39,8 @@ __device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, 
     if (report) ptx::st_release_sys(&p.remote.ctrl->waiting[op], want);
     const uint64_t start = ptx::globaltimer();
     const uint64_t limit = static_cast<uint64_t>(p.timeout_ns) * 3 / 2 + 2000000000ull;
-    while (ptx::ld_acquire_sys(flag) < want) {
+    const uint64_t* in = proxy_flag(p, flag);
+    while (ptx::ld_acquire_sys(in) < want) {
       if (ptx::ld_acquire_sys_s32(&p.remote.error->code) != 0) {
         failed = 1;
         break;
@@ -95,7 +106,7 @@ __device__ __forceinline__ int32_t remote_count(const SlotPtrs& p, const Geometr
 // Row j that remote source s sent us (private region, or overflow at the proxy's base for s).
 __device__ __forceinline__ const uint8_t* landed_row(const SlotPtrs& p, const Geometry& g, int s, int64_t j) {
   if (j < p.remote.priv) return p.remote.d_recv + p.remote.priv_off + (int64_t(s) * p.remote.priv + j) * g.row;
-  const int64_t base = *reinterpret_cast<const volatile int64_t*>(&p.remote.ctrl->over_base[s]);
+  const int64_t base = *reinterpret_cast<const volatile int64_t*>(&p.remote.in->over_base[s]);
   return p.remote.d_recv + p.remote.over_off + (base + j - p.remote.priv) * g.row;
 }
 

@@ -30,6 +30,65 @@ uint8_t* RemotePath::pinned(int64_t bytes) {
   return static_cast<uint8_t*>(p);
 }
 
+void RemotePath::setup_flags(int device) {
+  namespace gdr = proxy::gdr;
+  const gdr::Mode mode = gdr::mode_from_env();
+  const std::string library = gdr::default_library();
+  gdr::Probe pr = gdr::probe(mode, library, gdr::default_device());
+  if (pr.available) {
+    int supported = 0, ordering = 0;
+    if (device < 0 || cudaDeviceGetAttribute(&supported, cudaDevAttrGPUDirectRDMASupported, device) != cudaSuccess ||
+        !supported) {
+      pr = {false, "the GPU does not support GPUDirect RDMA"};
+    } else if (cudaDeviceGetAttribute(&ordering, cudaDevAttrGPUDirectRDMAWritesOrdering, device) != cudaSuccess ||
+               ordering < cudaGPUDirectRDMAWritesOrderingOwner) {
+      // Running kernels would not see our BAR writes in the order we made them (data before flag).
+      pr = {false, "the GPU does not order BAR writes for running kernels (cudaDevAttrGPUDirectRDMAWritesOrdering)"};
+    }
+  }
+  if (pr.available) {
+    const uint64_t page = gdr::kGpuPage;
+    const uint64_t bytes = (sizeof(proxy::Ctrl) + page - 1) / page * page;
+    void* d = nullptr;
+    cudaError_t rc = cudaMalloc(&d, bytes + page);  // one page of slack to align to a GPU page
+    if (rc != cudaSuccess) {
+      cudaGetLastError();
+      pr = {false, std::string("cudaMalloc failed: ") + cudaGetErrorString(rc)};
+    } else {
+      gdr_alloc_ = d;
+      const uint64_t base = (reinterpret_cast<uintptr_t>(d) + page - 1) / page * page;
+      rc = cudaMemset(reinterpret_cast<void*>(base), 0, bytes);
+      if (rc == cudaSuccess) rc = cudaDeviceSynchronize();  // zeroed before the proxy's first store
+      std::string why;
+      if (rc != cudaSuccess) {
+        cudaGetLastError();
+        pr = {false, std::string("cudaMemset failed: ") + cudaGetErrorString(rc)};
+      } else if (!(gdr_map_ = gdr::Mapping::create(library, base, bytes, &why))) {
+        pr = {false, why};
+      } else {
+        gdr_ctrl_ = reinterpret_cast<proxy::Ctrl*>(base);
+        flags_.mirror = static_cast<proxy::Ctrl*>(gdr_map_->host());
+      }
+      if (!pr.available) release_flags();
+    }
+  }
+  flags_.name = gdr::describe(mode, pr);  // throws under JAX_MOE_A2A_GDRCOPY=1 when unavailable
+}
+
+void RemotePath::release_flags() {
+  flags_.mirror = nullptr;
+  gdr_ctrl_ = nullptr;
+  gdr_map_.reset();  // unmap, unpin: before the memory goes
+  if (gdr_alloc_) cudaFree(gdr_alloc_);  // errors ignored: the context may be gone
+  gdr_alloc_ = nullptr;
+}
+
+proxy::ProxyStats RemotePath::stats() const {
+  proxy::ProxyStats s = proxy_ ? proxy_->stats() : proxy::ProxyStats{};
+  s.flag_path = flags_.name;
+  return s;
+}
+
 template <typename T>
 T* RemotePath::device_ptr(T* host) const {  // the allocation's device base plus the offset
   const uint8_t* h = reinterpret_cast<const uint8_t*>(host);
@@ -49,6 +108,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
   try {
     const protocol::SlotLayout lay(xo);
     ctrl_ = reinterpret_cast<proxy::Ctrl*>(pinned(sizeof(proxy::Ctrl)));
+    setup_flags(dev);
     for (int z = 0; z < xo.slots; ++z)
       bufs_.push_back({pinned(lay.d_send_bytes), pinned(lay.d_recv_bytes), pinned(lay.c_send_bytes),
                        pinned(lay.c_recv_bytes)});
@@ -61,6 +121,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
   } catch (...) {
     ex_.reset();
     if (engine_) engine_->close();
+    release_flags();
     for (const Allocation& a : allocations_) cudaFreeHost(a.host);
     allocations_.clear();
     throw;
@@ -74,6 +135,7 @@ RemotePath::~RemotePath() {
   // writes still in flight (the last COMB / FREE writes are never awaited by a kernel).
   if (engine_) engine_->close();
   ex_.reset();  // its regions are already closed: no-op
+  release_flags();
   for (const Allocation& a : allocations_) cudaFreeHost(a.host);  // errors ignored: the context may be gone
 }
 
@@ -88,7 +150,7 @@ void RemotePath::connect(const std::vector<std::tuple<int, transfer::Bytes, std:
   transfer::connect_in_order(*engine_, ex_->options().timeout_s);  // tcp;ofi_rxm: one connect per pair
   ex_->connect(descs);
   for (int z = 0; z < ex_->options().slots; ++z) ptrs_.push_back(slot_ptrs(z));
-  proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_, proxy::ProxyOptions::from_env(local_index_, bus_id_));
+  proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_, proxy::ProxyOptions::from_env(local_index_, bus_id_), flags_);
 }
 
 RemotePtrs RemotePath::slot_ptrs(int z) const {
@@ -96,7 +158,9 @@ RemotePtrs RemotePath::slot_ptrs(int z) const {
   RemotePtrs p{};
   for (int r : ex_->remote_ranks()) p.mask |= 1ull << r;
   p.ctrl = device_ptr(&ctrl_->slot[z]);
-  p.error = device_ptr(&ctrl_->error);
+  // The proxy's flags: in GPU memory under GDRCopy (the kernels poll locally), else beside ours.
+  p.in = gdr_ctrl_ ? &gdr_ctrl_->slot[z] : device_ptr(&ctrl_->slot[z]);
+  p.error = gdr_ctrl_ ? &gdr_ctrl_->error : device_ptr(&ctrl_->error);
   p.d_send = device_ptr(bufs_[z].d_send);
   p.d_recv = device_ptr(bufs_[z].d_recv);
   p.c_send = device_ptr(bufs_[z].c_send);

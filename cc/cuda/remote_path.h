@@ -3,7 +3,10 @@
 // registered with a libfabric TransferEngine of its own; the protocol::Exchange over it for the
 // peers on other nodes; and the rank's proxy thread. The RDMA-facing buffers are host memory
 // because the provider on our GPU machine has no FI_HMEM (docs/transfer_engine.md); kernels read
-// and write them through their mapped device pointers. Built only with libfabric.
+// and write them through their mapped device pointers. The proxy's flags for the kernels go to a
+// GPU-memory copy of the flag block through GDRCopy where it works (proxy/gdrcopy.h; else they stay
+// in the mapped host block): flag_path() / stats().flag_path say which and why. Built only with
+// libfabric.
 #pragma once
 
 #include <memory>
@@ -13,6 +16,7 @@
 
 #include "cuda/params.h"
 #include "protocol/exchange.h"
+#include "proxy/gdrcopy.h"
 #include "proxy/proxy.h"
 #include "transfer/engine.h"
 
@@ -35,13 +39,19 @@ class RemotePath {
   RemotePtrs ptrs(int z) const { return ptrs_[z]; }
   // The proxy's failure ("" while healthy) and counters.
   std::string error_text() const { return proxy_ ? proxy_->error_text() : ""; }
-  proxy::ProxyStats stats() const { return proxy_ ? proxy_->stats() : proxy::ProxyStats{}; }
+  proxy::ProxyStats stats() const;
+  // "gdrcopy" or "mapped-host: <why not>" (chosen at construction, JAX_MOE_A2A_GDRCOPY).
+  const std::string& flag_path() const { return flags_.name; }
 
  private:
   RemotePtrs slot_ptrs(int z) const;
   uint8_t* pinned(int64_t bytes);  // zeroed, mapped; freed by the destructor
   template <typename T>
   T* device_ptr(T* host) const;
+  // GDRCopy: a zeroed copy of the Ctrl block in GPU memory mapped through the BAR (flags_.mirror),
+  // or the reason it is not used in flags_.name; throws under JAX_MOE_A2A_GDRCOPY=1 without it.
+  void setup_flags(int device);
+  void release_flags();  // unmaps, unpins and frees the GPU copy (after the proxy stopped)
 
   int rank_, local_index_;
   std::string bus_id_;  // our GPU's PCI address (the proxy thread runs on a CPU near it)
@@ -52,6 +62,10 @@ class RemotePath {
   };
   std::vector<Allocation> allocations_;
   proxy::Ctrl* ctrl_ = nullptr;
+  proxy::FlagPath flags_;                        // where the proxy raises the kernels' flags
+  void* gdr_alloc_ = nullptr;                    // cudaMalloc'd; the GPU copy starts at its first 64 KiB page
+  proxy::Ctrl* gdr_ctrl_ = nullptr;              // the GPU copy's device address (null: mapped-host path)
+  std::unique_ptr<proxy::gdr::Mapping> gdr_map_;  // its BAR mapping (flags_.mirror)
   std::vector<protocol::SlotBuffers> bufs_;
   std::shared_ptr<transfer::Engine> engine_;
   std::unique_ptr<protocol::Exchange> ex_;

@@ -1,6 +1,7 @@
 #include "host/host_comm.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -11,6 +12,7 @@
 #include "core/registry.h"
 #include "host/pack.h"
 #include "proxy/ctrl.h"
+#include "proxy/gdrcopy.h"
 #include "proxy/proxy.h"
 #include "transfer/errors.h"
 #include "transfer/imm.h"
@@ -85,6 +87,14 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
   if (o.proxied) {
     if (o.shape.num_ranks > proxy::kMaxRanks) throw std::invalid_argument("host backend: proxied mode supports at most 64 ranks");
     ctrl_ = std::make_unique<proxy::Ctrl>();
+    in_ = ctrl_.get();
+    // JAX_MOE_A2A_HOST_FLAG_MIRROR=1 (tests): the proxy also stores its flags into a second block,
+    // as it does into GPU memory under GDRCopy, and we read them only there (tests/test_gdrcopy.py).
+    const char* m = std::getenv("JAX_MOE_A2A_HOST_FLAG_MIRROR");
+    if (m && std::string(m) == "1") {
+      mirror_ = std::make_unique<proxy::Ctrl>();
+      in_ = mirror_.get();
+    }
   }
 }
 
@@ -93,6 +103,8 @@ RankComm::~RankComm() { stop(); }
 void RankComm::stop() {
   if (proxy_) proxy_->stop();
 }
+
+proxy::ProxyStats RankComm::proxy_stats() const { return proxy_ ? proxy_->stats() : proxy::ProxyStats{}; }
 
 RankComm::Local& RankComm::local(int z) const { return *local_[z]; }
 
@@ -107,7 +119,18 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
     node_[r] = it->second;
   }
   ex_->connect(descs);
-  if (o_.proxied) proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_.get(), proxy::ProxyOptions::from_env(0));
+  if (o_.proxied) {
+    // No GPU memory here: the flags stay in our (CPU) Ctrl block. Say why, as the cuda backend
+    // does: GDRCopy's probe reason where it is missing (tests/test_gdrcopy.py checks it on CPUs).
+    proxy::FlagPath flags;
+    const proxy::gdr::Probe pr = proxy::gdr::probe_from_env();
+    flags.name = proxy::gdr::mapped_host(pr.available ? "host backend (GDRCopy needs GPU memory)" : pr.reason);
+    if (mirror_) {
+      flags.mirror = mirror_.get();
+      flags.name = "host-mirror: the proxy's flags read from a second block (JAX_MOE_A2A_HOST_FLAG_MIRROR=1)";
+    }
+    proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_.get(), proxy::ProxyOptions::from_env(0), flags);
+  }
   connected_ = true;
 }
 
@@ -121,7 +144,7 @@ void RankComm::wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, 
   double sleep_us = 1;
   for (uint64_t i = 0;; ++i) {
     if (proxy::load_acquire(flag) >= want) return;
-    if (proxy::error_code(ctrl_.get()) != 0) throw std::runtime_error(proxy_->error_text());
+    if (proxy::error_code(in_) != 0) throw std::runtime_error(proxy_->error_text());
     const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
     if (waited > limit && peer < 0)  // the proxy names missing ranks after timeout_s; this is the backstop
       throw std::runtime_error(format("jax_moe_a2a host %s (slot %d, rank %d): the proxy thread raised no flag "
@@ -146,7 +169,7 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   const int N = s.num_ranks, L = s.local_experts(), K = s.topk, T = s.max_tokens;
   const uint32_t e = sl.d_epoch;
   if (o_.proxied) {
-    wait_flag(&ctrl_->slot[a.slot].d_send_ok, e + 1, kDispatchSend, a.slot);
+    wait_flag(&in_->slot[a.slot].d_send_ok, e + 1, kDispatchSend, a.slot);
   } else {
     if (e > 0) ex_->wait(ex_->expect_free_d(a.slot, e - 1), kDispatchSend, a.slot, "waiting for peers to free the slot");
     engine().flush(o_.timeout_s);  // our previous writes from this slot's send buffer are done
@@ -197,8 +220,8 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
   if (a.handle[1] != a.slot) throw std::invalid_argument("host dispatch_recv: handle from another slot");
   const int64_t* over_base = sl.over_base.data();
   if (o_.proxied) {
-    wait_flag(&ctrl_->slot[a.slot].d_landed, e + 1, kDispatchRecv, a.slot);
-    over_base = ctrl_->slot[a.slot].over_base;
+    wait_flag(&in_->slot[a.slot].d_landed, e + 1, kDispatchRecv, a.slot);
+    over_base = in_->slot[a.slot].over_base;
   } else {
     ex_->wait(ex_->expect_counts(a.slot, e), kDispatchRecv, a.slot, "route counts");
     ex_->post_overflow(a.slot, e);
@@ -254,7 +277,7 @@ void RankComm::combine_send(const CombineSendArgs& a) {
   uint8_t* c_send = ex_->buffers(a.slot).c_send;
   const uint32_t e = sl.c_epoch;
   if (o_.proxied) {
-    wait_flag(&ctrl_->slot[a.slot].c_send_ok, e + 1, kCombineSend, a.slot);
+    wait_flag(&in_->slot[a.slot].c_send_ok, e + 1, kCombineSend, a.slot);
   } else {
     if (e > 0) ex_->wait(ex_->expect_free_c(a.slot, e - 1), kCombineSend, a.slot, "waiting for peers to free the slot");
     engine().flush(o_.timeout_s);
@@ -301,7 +324,7 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
   const uint8_t* c_recv = ex_->buffers(a.slot).c_recv;
   const uint32_t e = static_cast<uint32_t>(a.handle[0]);
   if (a.handle[1] != a.slot) throw std::invalid_argument("host combine_recv: handle from another slot");
-  if (o_.proxied) wait_flag(&ctrl_->slot[a.slot].c_landed, e + 1, kCombineRecv, a.slot);
+  if (o_.proxied) wait_flag(&in_->slot[a.slot].c_landed, e + 1, kCombineRecv, a.slot);
   else ex_->wait(ex_->expect_comb(a.slot, e), kCombineRecv, a.slot, "expert outputs");
   for (auto [d, peer] : node_) wait_flag(&local(a.slot).c_arrived[d], e + 1, kCombineRecv, a.slot, d);
   const int64_t stride = int64_t(H) * elem_bytes(a.y_kind);

@@ -29,6 +29,7 @@
 namespace a2a::proxy {
 struct Ctrl;
 class Proxy;
+struct ProxyStats;
 }  // namespace a2a::proxy
 
 namespace a2a::host {
@@ -117,6 +118,8 @@ class RankComm {
   bool connected() const { return connected_; }
   // Stops the proxy thread (if any); idempotent.
   void stop();
+  // The proxy thread's counters and flag path (proxied mode; zeros and "" without a proxy).
+  proxy::ProxyStats proxy_stats() const;
 
   void dispatch_send(const DispatchSendArgs& a);
   void dispatch_recv(const DispatchRecvArgs& a);
@@ -140,6 +143,8 @@ class RankComm {
   std::unique_ptr<protocol::Exchange> ex_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<proxy::Ctrl> ctrl_;          // proxied mode
+  std::unique_ptr<proxy::Ctrl> mirror_;        // JAX_MOE_A2A_HOST_FLAG_MIRROR=1: the proxy's flags also here
+  const proxy::Ctrl* in_ = nullptr;            // where we read the proxy's flags: ctrl_ or mirror_
   std::unique_ptr<proxy::Proxy> proxy_;
   std::vector<std::unique_ptr<Local>> local_;  // per slot: what node-local peers write into us
   std::map<int, RankComm*> node_;              // node-local ranks (ourselves included)

@@ -1,7 +1,9 @@
 // The flag block between a rank's packer/unpacker (GPU kernels, or the host backend's C++ in its
 // proxied mode) and its proxy thread (cc/proxy/proxy.h). It lives in memory both sides address:
 // cudaHostAlloc(mapped) pinned memory on GPUs, plain memory on CPUs. Plain data, no CUDA types, so
-// it is included by .cu and .cc files alike.
+// it is included by .cu and .cc files alike. Under GDRCopy (proxy/gdrcopy.h) a second Ctrl in GPU
+// memory receives the proxy-written fields too (FlagPath in proxy/proxy.h), and the kernels read
+// those there; the kernel-written fields always live here.
 //
 // Every flag holds epoch + 1 of the last event and only grows. The side that writes data first
 // and then a flag stores the flag with release semantics (GPU: __threadfence_system + st.release.sys;

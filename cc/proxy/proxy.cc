@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "proxy/gdrcopy.h"
 #include "proxy/topology.h"
 #include "transfer/errors.h"
 
@@ -53,8 +54,8 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
   return o;
 }
 
-Proxy::Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o)
-    : ex_(ex), ctrl_(ctrl), o_(o), slots_(ex.options().slots) {
+Proxy::Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath flags)
+    : ex_(ex), ctrl_(ctrl), o_(o), flags_(std::move(flags)), slots_(ex.options().slots) {
   if (ex.options().shape.num_ranks > kMaxRanks || ex.options().slots > kMaxSlots)
     throw std::invalid_argument("jax_moe_a2a proxy: at most 64 ranks and 8 slots");
   thread_ = std::thread([this] { run(); });
@@ -82,6 +83,7 @@ ProxyStats Proxy::stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);
   ProxyStats s = stats_;
   s.cpu = pinned_;
+  s.flag_path = flags_.name;
   return s;
 }
 
@@ -98,6 +100,34 @@ void Proxy::fail(int code, int op, int z, const std::vector<int>& missing, const
   std::memcpy(e.text, text.data(), n);
   e.text[n] = 0;
   __atomic_store_n(&e.code, code, __ATOMIC_RELEASE);
+  if (flags_.mirror) {  // the kernels poll the mirror's code; the record first, then the code
+    ProxyError& m = flags_.mirror->error;
+    auto put32 = [](int32_t& dst, int32_t v) { *reinterpret_cast<volatile int32_t*>(&dst) = v; };
+    put32(m.op, e.op);
+    put32(m.slot, e.slot);
+    put32(m.rank, e.rank);
+    *reinterpret_cast<volatile uint64_t*>(&m.missing) = e.missing;
+    volatile char* t = m.text;
+    for (size_t i = 0; i <= n; ++i) t[i] = e.text[i];
+    gdr::wc_fence();
+    *reinterpret_cast<volatile int32_t*>(&m.code) = code;
+    gdr::wc_fence();
+  }
+}
+
+void Proxy::raise(int z, uint64_t SlotCtrl::*field, uint64_t v) {
+  store_release(&(ctrl_->slot[z].*field), v);
+  if (!flags_.mirror) return;
+  gdr::wc_fence();  // every earlier store to the mirror (over_base) reaches the GPU first
+  *reinterpret_cast<volatile uint64_t*>(&(flags_.mirror->slot[z].*field)) = v;
+  gdr::wc_fence();  // drain the write-combining buffer: the flag goes out now
+}
+
+void Proxy::mirror_over_base(int z) {
+  if (!flags_.mirror) return;
+  volatile int64_t* dst = flags_.mirror->slot[z].over_base;
+  const int64_t* src = ctrl_->slot[z].over_base;
+  for (int r = 0; r < ex_.options().shape.num_ranks; ++r) dst[r] = src[r];
 }
 
 void Proxy::check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what, Clock::time_point& since) {
@@ -127,7 +157,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         }
       }
       s.d_armed = false;
-      store_release(&c.d_send_ok, uint64_t(e) + 1);
+      raise(z, &SlotCtrl::d_send_ok, uint64_t(e) + 1);
       s.d = kDCounts;
       return true;
     case kDCounts:
@@ -156,6 +186,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       }
       ex_.post_overflow(z, e);
       ex_.overflow_bases(z, c.over_base);
+      mirror_over_base(z);
       s.d_wait = ex_.expect_rows(z, e);
       s.d = kDRowsIn;
       return true;
@@ -166,7 +197,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         return false;
       }
       s.d_armed = false;
-      store_release(&c.d_landed, uint64_t(e) + 1);
+      raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_.counts_to_landed_ns += ns_since(s.counts_out);
@@ -207,7 +238,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
         }
       }
       s.c_armed = false;
-      store_release(&c.c_send_ok, uint64_t(e) + 1);
+      raise(z, &SlotCtrl::c_send_ok, uint64_t(e) + 1);
       s.c = kCPacked;
       return true;
     case kCPacked:
@@ -225,7 +256,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
         check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
         return false;
       }
-      store_release(&c.c_landed, uint64_t(e) + 1);
+      raise(z, &SlotCtrl::c_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_.comb_to_landed_ns += ns_since(s.comb_out);

@@ -44,6 +44,16 @@ struct ProxyOptions {
   static ProxyOptions from_env(int local_index, const std::string& device_bus_id = "");
 };
 
+// Where the proxy raises its flags for the kernels. By default in the Ctrl block itself (mapped
+// pinned host memory on GPUs, plain memory on CPUs). With `mirror` (GDRCopy, proxy/gdrcopy.h: a
+// Ctrl in GPU memory mapped through the BAR) every proxy-written field (d_send_ok, d_landed,
+// c_send_ok, c_landed, over_base, the error record) is stored there too, with a store fence
+// between data and flag and after the flag; the kernels read the mirror, the proxy never does.
+struct FlagPath {
+  Ctrl* mirror = nullptr;
+  std::string name = "mapped-host";  // proxy_stats()["flag_path"]: "gdrcopy" or "mapped-host: <why>"
+};
+
 // Counters a benchmark reads (nanoseconds of steady_clock, summed over steps).
 struct ProxyStats {
   uint64_t dispatches = 0, combines = 0;
@@ -51,12 +61,13 @@ struct ProxyStats {
   uint64_t counts_to_landed_ns = 0;  // from our COUNTS out to d_landed raised, per dispatch
   uint64_t comb_to_landed_ns = 0;    // from our COMB out to c_landed raised, per combine
   int cpu = -1;                      // the CPU the thread was pinned to (-1: not pinned)
+  std::string flag_path;             // FlagPath::name
 };
 
 class Proxy {
  public:
   // Starts the thread. `ex` (connected) and `ctrl` outlive the proxy.
-  Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o);
+  Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath flags = {});
   ~Proxy();
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
@@ -86,10 +97,15 @@ class Proxy {
   void check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what,
                   std::chrono::steady_clock::time_point& since);
   void fail(int code, int op, int z, const std::vector<int>& missing, const std::string& text);
+  // Raises slot z's proxy-written flag `field` to v (release) in ctrl_ and, with a mirror, there
+  // after a store fence (earlier mirror stores land first), followed by one (sent now).
+  void raise(int z, uint64_t SlotCtrl::*field, uint64_t v);
+  void mirror_over_base(int z);  // slot z's over_base into the mirror (before d_landed)
 
   protocol::Exchange& ex_;
   Ctrl* ctrl_;
   ProxyOptions o_;
+  FlagPath flags_;
   std::vector<SlotState> slots_;
   std::atomic<bool> stop_{false};
   std::thread thread_;

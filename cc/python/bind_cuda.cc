@@ -80,9 +80,11 @@ void bind_cuda(nb::module_& m) {
         d["counts_to_landed_ns"] = s.counts_to_landed_ns;
         d["comb_to_landed_ns"] = s.comb_to_landed_ns;
         d["cpu"] = s.cpu;
+        d["flag_path"] = s.flag_path;
         return d;
       },
-      "comm_id"_a, "rank"_a, "Counters of a rank's proxy thread (zeros without one).");
+      "comm_id"_a, "rank"_a,
+      "Counters of a rank's proxy thread (zeros without one); flag_path: 'gdrcopy' or 'mapped-host: <why>'.");
 #endif
   c.def("bootstrap_info", [](int64_t comm_id, int rank) {
     std::string s = cuda::find_comm(comm_id)->rank(rank).bootstrap_info();

@@ -2,11 +2,15 @@
 // Bootstrap data (engine addresses, region descriptors) travels through Python (the JAX
 // key-value store between processes); the FFI handlers find communicators by id.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "host/host_comm.h"
+#include "proxy/gdrcopy.h"
+#include "proxy/proxy.h"
 #include "proxy/topology.h"
 #include "transfer/connect_order.h"
 #include "transfer/engine.h"
@@ -113,12 +117,54 @@ void bind_host(nb::module_& m) {
 
   h.def("destroy", &host::unregister_comm, "comm_id"_a, "Closes the engines and forgets the communicator.");
 
+  h.def(
+      "proxy_stats",
+      [](int64_t comm_id, int rank) {
+        const proxy::ProxyStats s = host::find_comm(comm_id)->rank(rank).proxy_stats();
+        nb::dict d;
+        d["dispatches"] = s.dispatches;
+        d["combines"] = s.combines;
+        d["polls"] = s.polls;
+        d["sleeps"] = s.sleeps;
+        d["counts_to_landed_ns"] = s.counts_to_landed_ns;
+        d["comb_to_landed_ns"] = s.comb_to_landed_ns;
+        d["cpu"] = s.cpu;
+        d["flag_path"] = s.flag_path;
+        return d;
+      },
+      "comm_id"_a, "rank"_a, "Counters of a local rank's proxy thread (proxied mode; zeros and flag_path '' without).");
+
   nb::module_ px = m.def_submodule("proxy", "where a GPU's proxy thread runs (cc/proxy/topology.h)");
   px.def("parse_cpulist", &proxy::parse_cpulist, "text"_a, "CPUs of a Linux cpulist such as '0-3,8'; [] if malformed.");
   px.def("cpu_near_device", &proxy::cpu_near_device, "sysfs_root"_a, "bus_id"_a, "local_index"_a, "allowed"_a,
          "The proxy CPU of local rank `local_index` for the GPU at PCI `bus_id`: from the device's "
          "local_cpulist under sysfs_root, within `allowed` ([] = any), counting down; -1 if unknown.");
   px.def("allowed_cpus", &proxy::allowed_cpus, "The CPUs this process may run on.");
+  // GDRCopy selection (proxy/gdrcopy.h): None takes JAX_MOE_A2A_GDRCOPY / _LIB / _DEV (or the defaults).
+  auto probe = [](const std::optional<std::string>& mode, const std::optional<std::string>& library,
+                  const std::optional<std::string>& device) {
+    const proxy::gdr::Mode m = mode ? proxy::gdr::parse_mode(*mode) : proxy::gdr::mode_from_env();
+    return std::make_pair(m, proxy::gdr::probe(m, library ? *library : proxy::gdr::default_library(),
+                                               device ? *device : proxy::gdr::default_device()));
+  };
+  px.def(
+      "gdrcopy_status",
+      [probe](std::optional<std::string> mode, std::optional<std::string> library, std::optional<std::string> device) {
+        const proxy::gdr::Probe p = probe(mode, library, device).second;
+        return std::make_pair(p.available, p.reason);
+      },
+      "mode"_a = nb::none(), "library"_a = nb::none(), "device"_a = nb::none(),
+      "(available, reason) of GDRCopy for the proxy's flags: the driver node, the library (dlopen), "
+      "gdr_open; no GPU needed. reason is 'gdrcopy' when available.");
+  px.def(
+      "gdrcopy_select",
+      [probe](std::optional<std::string> mode, std::optional<std::string> library, std::optional<std::string> device) {
+        const auto [m, p] = probe(mode, library, device);
+        return proxy::gdr::describe(m, p);
+      },
+      "mode"_a = nb::none(), "library"_a = nb::none(), "device"_a = nb::none(),
+      "The flag path the cuda backend would choose before touching the GPU: 'gdrcopy' or "
+      "'mapped-host: <reason>'; raises RuntimeError when mode '1' requires GDRCopy and it is unavailable.");
   px.def("local_process_rank", &proxy::local_process_rank,
          "This process's rank on its node (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, LOCAL_RANK), else 0.");
 }

@@ -78,6 +78,13 @@ class HostBackend(FfiBackend):
         if getattr(self, "_finalizer", None) is not None:
             self._finalizer()  # runs destroy once
 
+    def proxy_stats(self, comm):
+        """Counters of this process's proxy threads ({rank: dict}, proxied mode); flag_path says
+        where the proxy's flags live ("mapped-host: <why GDRCopy is not used>" here)."""
+        c = _ffi.require_native()
+        local = [r for r, d in enumerate(comm.mesh.devices.flat) if d.process_index == jax.process_index()]
+        return {r: dict(c.host.proxy_stats(comm.comm_id, r)) for r in local}
+
     def buffer_bytes(self, spec, num_ranks):
         return spec.slots * _layout_bytes(spec, num_ranks, self._priv_rows)
 
