@@ -5,6 +5,7 @@ Use it inside `jax.shard_map` over the EP axis; every array argument is one rank
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from typing import Optional
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import backends as _backends
+from . import runtime as _runtime
 from .backends.base import Ctx
 from .spec import FP8_DTYPES, INPUT_DTYPES, COMBINE_DTYPES, Spec
 from .types import CombineHandle, DispatchHandle, Dispatched, Route
@@ -38,7 +40,12 @@ def _after(gate, tree):
 
 
 class DroppedRowsError(RuntimeError):
-    """Raised (debug=True) when a dispatch dropped pairs or overflowed a receive buffer."""
+    """debug=True: a dispatch dropped pairs (bad expert ids) or overflowed a receive buffer.
+
+    The check runs inside the compiled step (a host callback), and JAX reports an exception
+    raised there as `jax.errors.JaxRuntimeError` (INTERNAL), not as this class: Python has no
+    way to make `except DroppedRowsError` match that error. Run the step inside
+    `with comm.checked():`, which re-raises it as DroppedRowsError, or call `comm.check()`."""
 
 
 class Communicator:
@@ -74,6 +81,7 @@ class Communicator:
         self._call_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0}
+        self._errors = []  # DroppedRowsErrors the debug check raised in this process, for check()
         init_fn = getattr(self._backend, "init", None)
         if init_fn is not None:
             init_fn(self)
@@ -155,16 +163,24 @@ class Communicator:
         if self.collect_stats and not self.debug:
             jax.debug.callback(record, dropped, overflow)
         if self.debug:  # a pure callback whose result is used: the error surfaces at the outputs
-            bad = dropped + overflow  # this rank's
-            if self._backend.xla_collectives:  # every rank raises, or none (see Backend.xla_collectives)
-                bad = jax.lax.psum(bad, self.axis)
+            # Every rank raises, or none: a psum of the counts decides for all. A rank left running
+            # would wait for the stopped one, in XLA's next collective (pure-JAX backends; XLA:CPU
+            # aborts the process after its rendezvous timeout) or in the next FFI half (until
+            # timeout_s, several times over: the host backend with recv_capacity overflow on one
+            # rank took minutes). Overflow is counted at the receiver and bad ids at the sender,
+            # so no rank sees the others' counts without it.
+            bad = jax.lax.psum(dropped + overflow, self.axis)
 
             def check(d, o, b):
                 record(d, o)
                 if int(b):
-                    raise DroppedRowsError(
+                    err = DroppedRowsError(
                         f"jax_moe_a2a: dispatch dropped {int(d)} pair(s) with bad expert ids and {int(o)} row(s) "
-                        f"past recv_capacity on this rank, {int(b)} in all on the ranks that stop with it (debug=True)")
+                        f"past recv_capacity on this rank, {int(b)} in all ranks (debug=True)")
+                    with self._lock:
+                        if len(self._errors) < 64:
+                            self._errors.append(err)
+                    raise err
                 return np.int32(d), np.int32(0)
 
             i32 = jax.ShapeDtypeStruct((), jnp.int32)
@@ -315,6 +331,43 @@ class Communicator:
     def reset_stats(self):
         with self._lock:
             self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0}
+
+    # ---- debug=True errors -------------------------------------------------------------------
+    def check(self):
+        """Raises the first `DroppedRowsError` that a debug check of this communicator raised in
+        this process since the last check() (the step that raised it failed with a
+        `jax.errors.JaxRuntimeError`), and forgets them; returns None when there is none."""
+        with self._lock:
+            errors, self._errors = self._errors, []
+        if errors:
+            raise errors[0]
+
+    @contextlib.contextmanager
+    def checked(self):
+        """Context manager: inside it, a step that fails because a debug check of this
+        communicator raised (`jax.errors.JaxRuntimeError`, INTERNAL) raises `DroppedRowsError`
+        instead (the runtime error as its __cause__), and leaving the block without an error
+        raises one that was recorded but not yet seen (an output never read). JAX's record of
+        the failed step's effects is dropped too, so it is not raised again at exit. Read (or
+        `jax.block_until_ready`) the step's outputs inside the block: dispatch is asynchronous.
+
+            try:
+                with comm.checked():
+                    out = jax.block_until_ready(step(x, ids, w))
+            except a2a.DroppedRowsError as e:
+                ...
+        """
+        try:
+            yield self
+        except jax.errors.JaxRuntimeError as e:
+            with self._lock:
+                errors, self._errors = self._errors, []
+            if not errors and DroppedRowsError.__name__ not in str(e):
+                raise
+            _runtime.forget_failed_effects()
+            err = errors[0] if errors else DroppedRowsError(str(e))
+            raise err from e
+        self.check()
 
 
 def init(spec: Spec, mesh, axis="ep", backend: str = "auto", **kwargs) -> Communicator:
