@@ -48,6 +48,94 @@ class DroppedRowsError(RuntimeError):
     `with comm.checked():`, which re-raises it as DroppedRowsError, or call `comm.check()`."""
 
 
+def _trace_state():
+    """An opaque token of the trace being built (jit, shard_map body, custom_vjp rule, ...), or
+    None outside any trace or where JAX lacks the API. Equal for calls in one trace only."""
+    try:
+        from jax.extend.core import get_opaque_trace_state
+        return get_opaque_trace_state(convention="jax_moe_a2a")
+    except Exception:  # pragma: no cover - JAX versions without it: no slot check
+        return None
+
+
+def _alive(state) -> bool:
+    ref = getattr(state, "_trace_ref", None)
+    return ref is None or not callable(ref) or ref() is not None
+
+
+class _SlotTracker:
+    """Which slots have a dispatch in flight in each trace being built: from dispatch_send until
+    the combine_recv on that slot (docs/overlap.md: each slot runs dispatch_send, dispatch_recv,
+    combine_send, combine_recv before its next dispatch_send). A second dispatch_send on a busy
+    slot in the same trace would hang the FFI backends (it waits for the peers' dispatch_recv of
+    the first, which XLA may order after it) or mix up routing state, so it is refused at trace
+    time. Keyed by the trace, not the communicator: one communicator serves many traces (jit
+    retraces, grad's forward and backward, remat, custom_vjp rules), each checked on its own."""
+
+    MAX_TRACES = 64
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._traces = []  # [(trace state, {slot: True while a dispatch is in flight})]
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def suppressed(self):
+        """No tracking inside: the custom_vjp rules of the one-shot ops (jax_moe_a2a/autodiff.py)
+        trace their halves in traces of their own, at times JAX picks; the one-shot call is
+        tracked in the caller's trace instead."""
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.depth -= 1
+
+    def _state(self):
+        return None if getattr(self._local, "depth", 0) else _trace_state()
+
+    def _find(self, state, create):
+        self._traces = [(t, d) for t, d in self._traces if _alive(t)]
+        for t, d in self._traces:
+            if t == state:
+                return d
+        if not create:
+            return None
+        d = {}
+        self._traces.append((state, d))
+        del self._traces[:-self.MAX_TRACES]
+        return d
+
+    def open(self, slot: int, num_slots: int):
+        state = self._state()
+        if state is None:
+            return
+        with self._lock:
+            busy = self._find(state, create=True)
+            if slot in busy:
+                free = [z for z in range(num_slots) if z not in busy]
+                raise ValueError(
+                    f"slot {slot}: a dispatch on slot {slot} is still in flight in this trace (dispatch_send "
+                    f"without the combine_recv on that slot yet); a slot runs dispatch_send, dispatch_recv, "
+                    f"combine_send, combine_recv before its next dispatch_send. Use another slot "
+                    f"({'free: ' + str(free) if free else 'none free: raise Spec.slots'}, Spec.slots={num_slots}) "
+                    f"or finish the first dispatch's combine first")
+            busy[slot] = True
+
+    def close(self, slot: int):
+        state = self._state()
+        if state is None:
+            return
+        with self._lock:
+            busy = self._find(state, create=False)
+            if busy is not None:
+                busy.pop(slot, None)
+                return
+            # No dispatch in this trace: a cycle that began in an enclosing trace ends in a nested
+            # one (e.g. the combine inside a jax.checkpoint body). Free the slot where it is open.
+            for _, d in self._traces:
+                d.pop(slot, None)
+
+
 class Communicator:
     """One MoE all-to-all over one mesh axis. Create with `jax_moe_a2a.init`.
 
@@ -81,6 +169,7 @@ class Communicator:
         self._call_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0}
+        self._slots = _SlotTracker()
         self._errors = []  # DroppedRowsErrors the debug check raised in this process, for check()
         init_fn = getattr(self._backend, "init", None)
         if init_fn is not None:
@@ -208,6 +297,7 @@ class Communicator:
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
         n = self._num_tokens(num_tokens)
         ctx = self._ctx()
+        self._slots.open(slot, self.spec.slots)
         with jax.named_scope("a2a_dispatch_send"):
             arrays, route_arrays, dropped = self._backend.dispatch_send(
                 ctx, x, x_scale, topk_ids, topk_weights, n, slot, after=after)
@@ -248,6 +338,8 @@ class Communicator:
             raise ValueError(f"got: expected the Dispatched from dispatch_recv, got {type(got).__name__}")
         self._check_mine("got", got)
         slot = got.slot if slot is None else self._check_slot(slot)
+        if slot != got.slot:  # the dispatch's slot is done once its rows are read back here
+            self._slots.close(got.slot)
         expected = tuple(self.spec.recv_shape(self.num_ranks)) + (self.spec.hidden,)
         if tuple(y.shape) != expected:
             raise _shape_err("y", f"shape {list(expected)} (the layout of got.x)", list(y.shape))
@@ -275,6 +367,7 @@ class Communicator:
         if out is not None and tuple(out.shape) != (s.max_tokens_per_rank, s.hidden):
             raise _shape_err("out", f"shape [T, H] = {[s.max_tokens_per_rank, s.hidden]}", list(out.shape))
         ctx = self._ctx()
+        self._slots.close(handle.slot)
         with jax.named_scope("a2a_combine_recv"):
             return self._backend.combine_recv(ctx, handle.arrays, handle.route, handle.slot, out, pairs=pairs)
 
@@ -285,9 +378,13 @@ class Communicator:
             return self.dispatch_recv(self.dispatch_send(x, topk_ids, topk_weights, num_tokens, slot=slot,
                                                          x_scale=x_scale))
         from . import autodiff
-        self._check_slot(slot)
+        slot = self._check_slot(slot)
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
-        return autodiff.dispatch(self, x, topk_ids, topk_weights, self._num_tokens(num_tokens), slot)
+        n = self._num_tokens(num_tokens)
+        self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
+        self._slots.open(slot, self.spec.slots)
+        with self._slots.suppressed():
+            return autodiff.dispatch(self, x, topk_ids, topk_weights, n, slot)
 
     def combine(self, y, got: Dispatched, out=None, *, slot: Optional[int] = None):
         """combine_send then combine_recv; differentiable w.r.t. y, the router weights and out."""
@@ -296,7 +393,13 @@ class Communicator:
         from . import autodiff
         if not isinstance(got, Dispatched):
             raise ValueError(f"got: expected the Dispatched from dispatch_recv, got {type(got).__name__}")
-        return autodiff.combine(self, y, got, out, got.slot if slot is None else self._check_slot(slot))
+        slot = got.slot if slot is None else self._check_slot(slot)
+        with self._slots.suppressed():
+            res = autodiff.combine(self, y, got, out, slot)
+        self._slots.close(got.slot)
+        if slot != got.slot:
+            self._slots.close(slot)
+        return res
 
     # ---- introspection -----------------------------------------------------------------------
     def buffer_bytes(self) -> int:
