@@ -39,6 +39,21 @@ def _after(gate, tree):
     return jax.tree_util.tree_map(one, tree)
 
 
+COMMON_OPTIONS = ("debug", "timeout_s", "collect_stats")
+
+
+def check_options(backend, options: dict) -> dict:
+    """`options` if every name is one `backend` declares (Backend.OPTIONS), else ValueError
+    listing the valid names for it."""
+    valid = dict(getattr(backend, "OPTIONS", {}))
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        names = ", ".join(sorted(valid)) or "none"
+        raise ValueError(f"{backend.name} backend: unknown option(s) {', '.join(unknown)}; its options: {names} "
+                         f"(every backend also takes {', '.join(COMMON_OPTIONS)})")
+    return dict(options)
+
+
 class DroppedRowsError(RuntimeError):
     """debug=True: a dispatch dropped pairs (bad expert ids) or overflowed a receive buffer.
 
@@ -162,9 +177,9 @@ class Communicator:
         if collect_stats is None:  # a host callback per dispatch: fine on CPUs, a stream sync on GPUs
             collect_stats = all(d.platform == "cpu" for d in mesh.devices.flat)
         self.collect_stats = bool(collect_stats) or self.debug
-        self.options = dict(options)
         self._backend = _backends.create(backend)
         self.backend_name = self._backend.name
+        self.options = check_options(self._backend, options)
         self.comm_id = next(_COMM_IDS)
         self._call_ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -473,12 +488,24 @@ class Communicator:
         self.check()
 
 
-def init(spec: Spec, mesh, axis="ep", backend: str = "auto", **kwargs) -> Communicator:
+def init(spec: Spec, mesh, axis="ep", backend: str = "auto", *, debug: bool = False, timeout_s: float = 60.0,
+         collect_stats: Optional[bool] = None, max_private_tokens: Optional[int] = None,
+         provider: Optional[str] = None, engine: Optional[str] = None, proxied: Optional[bool] = None,
+         node_size: Optional[int] = None, **options) -> Communicator:
     """Creates a communicator for `spec` over `mesh`'s `axis` (collective: call on every process).
 
     backend: "auto" (best available), "reference", or another name from `available_backends()`.
-    kwargs: debug (raise on drops/overflow), timeout_s (default 60), collect_stats (default: True on
-    CPU devices, False on GPUs, where its host callback would synchronise the stream),
-    and backend-specific options.
+    debug: raise `DroppedRowsError` (see `Communicator.checked`) when a dispatch drops or overflows.
+    timeout_s: bound of every wait for a peer inside the ops.
+    collect_stats: count drops/overflow on the host (default: True on CPU devices, False on GPUs,
+      where its host callback would synchronise the stream).
+    Backend options (None: not given, the backend's default); a backend refuses the ones it does not
+    declare (`Backend.OPTIONS`), naming the valid ones:
+      max_private_tokens (host, cuda), provider (host, cuda), engine (host), proxied (host),
+      node_size (host with proxied, cuda). See docs/api.md.
     """
-    return Communicator(spec, mesh, axis, backend, **kwargs)
+    given = dict(max_private_tokens=max_private_tokens, provider=provider, engine=engine, proxied=proxied,
+                 node_size=node_size)
+    options = {**{k: v for k, v in given.items() if v is not None}, **options}
+    return Communicator(spec, mesh, axis, backend, debug=debug, timeout_s=timeout_s, collect_stats=collect_stats,
+                        **options)

@@ -25,6 +25,13 @@ def unavailable_reason():
 class CudaBackend(FfiBackend):
     name = "cuda"
     target = "cuda"
+    OPTIONS = {
+        "node_size": "ranks r, s share a node iff r // node_size == s // node_size (default every rank, or "
+                     "$JAX_MOE_A2A_NODE_SIZE); other nodes' peers go through a proxy thread",
+        "max_private_tokens": "rows each remote sender may write before the counts arrive (default all, or "
+                              "$JAX_MOE_A2A_MAX_PRIVATE_TOKENS)",
+        "provider": "libfabric provider for remote peers (default $JAX_MOE_A2A_PROVIDER, else shm)",
+    }
 
     @staticmethod
     def _native(c):

@@ -35,6 +35,15 @@ def _layout_bytes(spec, n, priv_rows):
 class HostBackend(FfiBackend):
     name = "host"
     target = "host"
+    OPTIONS = {
+        "max_private_tokens": "rows each sender may write before the counts arrive (default all; 0: every row "
+                              "through the exact-offset overflow path)",
+        "provider": "libfabric provider between processes (default $JAX_MOE_A2A_PROVIDER, else shm)",
+        "engine": "'local' (one process) or 'fabric' (default: local in one process, else fabric)",
+        "proxied": "run the protocol on a proxy thread per rank, as the cuda backend's inter-node path "
+                   "(default $JAX_MOE_A2A_HOST_PROXIED, else off)",
+        "node_size": "with proxied: ranks r // node_size share a node (default 0: none do)",
+    }
 
     def __init__(self):
         self._priv_rows = None

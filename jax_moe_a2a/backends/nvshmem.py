@@ -65,6 +65,7 @@ def start_runtime(c, device: int, arena: int, timeout_s: float) -> int:
 class NvshmemBackend(CudaBackend):
     name = "nvshmem"
     target = "nvshmem"
+    OPTIONS = {}  # none of the cuda backend's: NVSHMEM moves every byte
 
     @staticmethod
     def _native(c):
