@@ -16,7 +16,8 @@ def local_device_ids_from_env() -> Optional[List[int]]:
     "0" or "0,1": every process takes those devices (several processes sharing one GPU).
     "local_rank": one GPU per process, the process's node-local rank under Open MPI or Slurm.
     Unset: None (JAX decides)."""
-    ids = os.environ.get("JAX_MOE_A2A_LOCAL_DEVICE_IDS")
+    from . import env
+    ids = env.get_str("LOCAL_DEVICE_IDS")
     if not ids:
         return None
     if ids == "local_rank":
