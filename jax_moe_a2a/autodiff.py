@@ -37,7 +37,8 @@ def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot):
     spec = comm.spec
 
     def raw(x, ids, w, n):
-        return comm.dispatch_recv(comm.dispatch_send(x, ids, w, n, slot=slot))
+        with comm._slots.suppressed():  # the one-shot call is tracked in the caller's trace
+            return comm.dispatch_recv(comm.dispatch_send(x, ids, w, n, slot=slot))
 
     @jax.custom_vjp
     def f(x, ids, w, n):
@@ -56,7 +57,8 @@ def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot):
         gx = jnp.where(valid[..., None], g.x.astype(jnp.float32), 0.0)
         unit = Route(jnp.ones_like(got.route.topk_weights), got.route.num_tokens, got.route.arrays,
                      got.route.comm_id)
-        back = comm.combine_recv(comm.combine_send(gx, dataclasses.replace(got, route=unit), after=g.x))
+        with comm._slots.suppressed():  # traced when JAX transposes, outside the caller's call
+            back = comm.combine_recv(comm.combine_send(gx, dataclasses.replace(got, route=unit), after=g.x))
         if spec.tp_size > 1:  # only the member that sent a token gets its gradient
             rank = jax.lax.axis_index(comm.axis)
             t = jnp.arange(spec.max_tokens_per_rank)
@@ -76,12 +78,14 @@ def combine(comm, y, got: Dispatched, out, slot):
 
     @jax.custom_vjp
     def f(y, got, out):
-        h = comm.combine_send(y, got, slot=slot)
-        return comm.combine_recv(h, out=out if has_out else None)
+        with comm._slots.suppressed():
+            h = comm.combine_send(y, got, slot=slot)
+            return comm.combine_recv(h, out=out if has_out else None)
 
     def fwd(y, got, out):
-        h = comm.combine_send(y, got, slot=slot)
-        res, pairs = comm._combine_recv(h, out if has_out else None, pairs=True)
+        with comm._slots.suppressed():
+            h = comm.combine_send(y, got, slot=slot)
+            res, pairs = comm._combine_recv(h, out if has_out else None, pairs=True)
         return res, (got, pairs, jnp.zeros((0,), y.dtype))
 
     def bwd(res, g):
@@ -97,8 +101,9 @@ def combine(comm, y, got: Dispatched, out, slot):
             raise _fp8_error()
         # `after=pairs`: this second dispatch on the slot must follow the forward's combine_recv
         # (its FREE signals), and nothing else in the data says so.
-        got_g = comm.dispatch_recv(comm.dispatch_send(gf, r.arrays["topk_ids"], r.topk_weights, r.num_tokens,
-                                                      slot=slot, after=pairs))
+        with comm._slots.suppressed():
+            got_g = comm.dispatch_recv(comm.dispatch_send(gf, r.arrays["topk_ids"], r.topk_weights, r.num_tokens,
+                                                          slot=slot, after=pairs))
         valid = got.src[..., 0] >= 0
         rows = got_g.x.astype(jnp.float32) * got.weights[..., None]
         grad_y = jnp.where(valid[..., None], rows, 0.0).astype(y_carrier.dtype)

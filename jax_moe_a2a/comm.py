@@ -5,7 +5,9 @@ Use it inside `jax.shard_map` over the EP axis; every array argument is one rank
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import threading
 from typing import Optional
 
@@ -14,11 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import backends as _backends
+from . import runtime as _runtime
 from .backends.base import Ctx
 from .spec import FP8_DTYPES, INPUT_DTYPES, COMBINE_DTYPES, Spec
 from .types import CombineHandle, DispatchHandle, Dispatched, Route
 
 _COMM_IDS = itertools.count(1)
+# The library's messages go through this logger (never print); configure it with `logging`.
+logger = logging.getLogger("jax_moe_a2a")
 
 
 def _shape_err(arg: str, expected, got) -> ValueError:
@@ -37,8 +42,116 @@ def _after(gate, tree):
     return jax.tree_util.tree_map(one, tree)
 
 
+COMMON_OPTIONS = ("debug", "timeout_s", "collect_stats")
+
+
+def check_options(backend, options: dict) -> dict:
+    """`options` if every name is one `backend` declares (Backend.OPTIONS), else ValueError
+    listing the valid names for it."""
+    valid = dict(getattr(backend, "OPTIONS", {}))
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        names = ", ".join(sorted(valid)) or "none"
+        raise ValueError(f"{backend.name} backend: unknown option(s) {', '.join(unknown)}; its options: {names} "
+                         f"(every backend also takes {', '.join(COMMON_OPTIONS)})")
+    return dict(options)
+
+
 class DroppedRowsError(RuntimeError):
-    """Raised (debug=True) when a dispatch dropped pairs or overflowed a receive buffer."""
+    """debug=True: a dispatch dropped pairs (bad expert ids) or overflowed a receive buffer.
+
+    The check runs inside the compiled step (a host callback), and JAX reports an exception
+    raised there as `jax.errors.JaxRuntimeError` (INTERNAL), not as this class: Python has no
+    way to make `except DroppedRowsError` match that error. Run the step inside
+    `with comm.checked():`, which re-raises it as DroppedRowsError, or call `comm.check()`."""
+
+
+def _trace_state():
+    """An opaque token of the trace being built (jit, shard_map body, custom_vjp rule, ...), or
+    None outside any trace or where JAX lacks the API. Equal for calls in one trace only."""
+    try:
+        from jax.extend.core import get_opaque_trace_state
+        return get_opaque_trace_state(convention="jax_moe_a2a")
+    except Exception:  # pragma: no cover - JAX versions without it: no slot check
+        return None
+
+
+def _alive(state) -> bool:
+    ref = getattr(state, "_trace_ref", None)
+    return ref is None or not callable(ref) or ref() is not None
+
+
+class _SlotTracker:
+    """Which slots have a dispatch in flight in each trace being built: from dispatch_send until
+    the combine_recv on that slot (docs/overlap.md: each slot runs dispatch_send, dispatch_recv,
+    combine_send, combine_recv before its next dispatch_send). A second dispatch_send on a busy
+    slot in the same trace would hang the FFI backends (it waits for the peers' dispatch_recv of
+    the first, which XLA may order after it) or mix up routing state, so it is refused at trace
+    time. Keyed by the trace, not the communicator: one communicator serves many traces (jit
+    retraces, grad's forward and backward, remat, custom_vjp rules), each checked on its own."""
+
+    MAX_TRACES = 64
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._traces = []  # [(trace state, {slot: True while a dispatch is in flight})]
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def suppressed(self):
+        """No tracking inside: the custom_vjp rules of the one-shot ops (jax_moe_a2a/autodiff.py)
+        trace their halves in traces of their own, at times JAX picks; the one-shot call is
+        tracked in the caller's trace instead."""
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.depth -= 1
+
+    def _state(self):
+        return None if getattr(self._local, "depth", 0) else _trace_state()
+
+    def _find(self, state, create):
+        self._traces = [(t, d) for t, d in self._traces if _alive(t)]
+        for t, d in self._traces:
+            if t == state:
+                return d
+        if not create:
+            return None
+        d = {}
+        self._traces.append((state, d))
+        del self._traces[:-self.MAX_TRACES]
+        return d
+
+    def open(self, slot: int, num_slots: int):
+        state = self._state()
+        if state is None:
+            return
+        with self._lock:
+            busy = self._find(state, create=True)
+            if slot in busy:
+                free = [z for z in range(num_slots) if z not in busy]
+                raise ValueError(
+                    f"slot {slot}: a dispatch on slot {slot} is still in flight in this trace (dispatch_send "
+                    f"without the combine_recv on that slot yet); a slot runs dispatch_send, dispatch_recv, "
+                    f"combine_send, combine_recv before its next dispatch_send. Use another slot "
+                    f"({'free: ' + str(free) if free else 'none free: raise Spec.slots'}, Spec.slots={num_slots}) "
+                    f"or finish the first dispatch's combine first")
+            busy[slot] = True
+
+    def close(self, slot: int):
+        state = self._state()
+        if state is None:
+            return
+        with self._lock:
+            busy = self._find(state, create=False)
+            if busy is not None:
+                busy.pop(slot, None)
+                return
+            # No dispatch in this trace: a cycle that began in an enclosing trace ends in a nested
+            # one (e.g. the combine inside a jax.checkpoint body). Free the slot where it is open.
+            for _, d in self._traces:
+                d.pop(slot, None)
 
 
 class Communicator:
@@ -67,16 +180,20 @@ class Communicator:
         if collect_stats is None:  # a host callback per dispatch: fine on CPUs, a stream sync on GPUs
             collect_stats = all(d.platform == "cpu" for d in mesh.devices.flat)
         self.collect_stats = bool(collect_stats) or self.debug
-        self.options = dict(options)
         self._backend = _backends.create(backend)
         self.backend_name = self._backend.name
+        self.options = check_options(self._backend, options)
         self.comm_id = next(_COMM_IDS)
         self._call_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0}
+        self._slots = _SlotTracker()
+        self._errors = []  # DroppedRowsErrors the debug check raised in this process, for check()
         init_fn = getattr(self._backend, "init", None)
         if init_fn is not None:
             init_fn(self)
+        logger.info("jax_moe_a2a: %r (requested backend %r, options %s, debug=%s, collect_stats=%s)", self,
+                    backend, self.options, self.debug, self.collect_stats)
 
     def __repr__(self):
         return (f"Communicator(backend={self.backend_name!r}, ranks={self.num_ranks}, axis={self.axis!r}, "
@@ -155,16 +272,25 @@ class Communicator:
         if self.collect_stats and not self.debug:
             jax.debug.callback(record, dropped, overflow)
         if self.debug:  # a pure callback whose result is used: the error surfaces at the outputs
-            bad = dropped + overflow  # this rank's
-            if self._backend.xla_collectives:  # every rank raises, or none (see Backend.xla_collectives)
-                bad = jax.lax.psum(bad, self.axis)
+            # Every rank raises, or none: a psum of the counts decides for all. A rank left running
+            # would wait for the stopped one, in XLA's next collective (pure-JAX backends; XLA:CPU
+            # aborts the process after its rendezvous timeout) or in the next FFI half (until
+            # timeout_s, several times over: the host backend with recv_capacity overflow on one
+            # rank took minutes). Overflow is counted at the receiver and bad ids at the sender,
+            # so no rank sees the others' counts without it.
+            bad = jax.lax.psum(dropped + overflow, self.axis)
 
             def check(d, o, b):
                 record(d, o)
                 if int(b):
-                    raise DroppedRowsError(
+                    err = DroppedRowsError(
                         f"jax_moe_a2a: dispatch dropped {int(d)} pair(s) with bad expert ids and {int(o)} row(s) "
-                        f"past recv_capacity on this rank, {int(b)} in all on the ranks that stop with it (debug=True)")
+                        f"past recv_capacity on this rank, {int(b)} in all ranks (debug=True)")
+                    with self._lock:
+                        if len(self._errors) < 64:
+                            self._errors.append(err)
+                    logger.error("%s", err)
+                    raise err
                 return np.int32(d), np.int32(0)
 
             i32 = jax.ShapeDtypeStruct((), jnp.int32)
@@ -192,6 +318,7 @@ class Communicator:
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
         n = self._num_tokens(num_tokens)
         ctx = self._ctx()
+        self._slots.open(slot, self.spec.slots)
         with jax.named_scope("a2a_dispatch_send"):
             arrays, route_arrays, dropped = self._backend.dispatch_send(
                 ctx, x, x_scale, topk_ids, topk_weights, n, slot, after=after)
@@ -232,6 +359,8 @@ class Communicator:
             raise ValueError(f"got: expected the Dispatched from dispatch_recv, got {type(got).__name__}")
         self._check_mine("got", got)
         slot = got.slot if slot is None else self._check_slot(slot)
+        if slot != got.slot:  # the dispatch's slot is done once its rows are read back here
+            self._slots.close(got.slot)
         expected = tuple(self.spec.recv_shape(self.num_ranks)) + (self.spec.hidden,)
         if tuple(y.shape) != expected:
             raise _shape_err("y", f"shape {list(expected)} (the layout of got.x)", list(y.shape))
@@ -259,6 +388,7 @@ class Communicator:
         if out is not None and tuple(out.shape) != (s.max_tokens_per_rank, s.hidden):
             raise _shape_err("out", f"shape [T, H] = {[s.max_tokens_per_rank, s.hidden]}", list(out.shape))
         ctx = self._ctx()
+        self._slots.close(handle.slot)
         with jax.named_scope("a2a_combine_recv"):
             return self._backend.combine_recv(ctx, handle.arrays, handle.route, handle.slot, out, pairs=pairs)
 
@@ -269,9 +399,13 @@ class Communicator:
             return self.dispatch_recv(self.dispatch_send(x, topk_ids, topk_weights, num_tokens, slot=slot,
                                                          x_scale=x_scale))
         from . import autodiff
-        self._check_slot(slot)
+        slot = self._check_slot(slot)
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
-        return autodiff.dispatch(self, x, topk_ids, topk_weights, self._num_tokens(num_tokens), slot)
+        n = self._num_tokens(num_tokens)
+        self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
+        self._slots.open(slot, self.spec.slots)
+        with self._slots.suppressed():
+            return autodiff.dispatch(self, x, topk_ids, topk_weights, n, slot)
 
     def combine(self, y, got: Dispatched, out=None, *, slot: Optional[int] = None):
         """combine_send then combine_recv; differentiable w.r.t. y, the router weights and out."""
@@ -280,7 +414,13 @@ class Communicator:
         from . import autodiff
         if not isinstance(got, Dispatched):
             raise ValueError(f"got: expected the Dispatched from dispatch_recv, got {type(got).__name__}")
-        return autodiff.combine(self, y, got, out, got.slot if slot is None else self._check_slot(slot))
+        slot = got.slot if slot is None else self._check_slot(slot)
+        with self._slots.suppressed():
+            res = autodiff.combine(self, y, got, out, slot)
+        self._slots.close(got.slot)
+        if slot != got.slot:
+            self._slots.close(slot)
+        return res
 
     # ---- introspection -----------------------------------------------------------------------
     def buffer_bytes(self) -> int:
@@ -316,13 +456,62 @@ class Communicator:
         with self._lock:
             self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0}
 
+    # ---- debug=True errors -------------------------------------------------------------------
+    def check(self):
+        """Raises the first `DroppedRowsError` that a debug check of this communicator raised in
+        this process since the last check() (the step that raised it failed with a
+        `jax.errors.JaxRuntimeError`), and forgets them; returns None when there is none."""
+        with self._lock:
+            errors, self._errors = self._errors, []
+        if errors:
+            raise errors[0]
 
-def init(spec: Spec, mesh, axis="ep", backend: str = "auto", **kwargs) -> Communicator:
+    @contextlib.contextmanager
+    def checked(self):
+        """Context manager: inside it, a step that fails because a debug check of this
+        communicator raised (`jax.errors.JaxRuntimeError`, INTERNAL) raises `DroppedRowsError`
+        instead (the runtime error as its __cause__), and leaving the block without an error
+        raises one that was recorded but not yet seen (an output never read). JAX's record of
+        the failed step's effects is dropped too, so it is not raised again at exit. Read (or
+        `jax.block_until_ready`) the step's outputs inside the block: dispatch is asynchronous.
+
+            try:
+                with comm.checked():
+                    out = jax.block_until_ready(step(x, ids, w))
+            except a2a.DroppedRowsError as e:
+                ...
+        """
+        try:
+            yield self
+        except jax.errors.JaxRuntimeError as e:
+            with self._lock:
+                errors, self._errors = self._errors, []
+            if not errors and DroppedRowsError.__name__ not in str(e):
+                raise
+            _runtime.forget_failed_effects()
+            err = errors[0] if errors else DroppedRowsError(str(e))
+            raise err from e
+        self.check()
+
+
+def init(spec: Spec, mesh, axis="ep", backend: str = "auto", *, debug: bool = False, timeout_s: float = 60.0,
+         collect_stats: Optional[bool] = None, max_private_tokens: Optional[int] = None,
+         provider: Optional[str] = None, engine: Optional[str] = None, proxied: Optional[bool] = None,
+         node_size: Optional[int] = None, **options) -> Communicator:
     """Creates a communicator for `spec` over `mesh`'s `axis` (collective: call on every process).
 
     backend: "auto" (best available), "reference", or another name from `available_backends()`.
-    kwargs: debug (raise on drops/overflow), timeout_s (default 60), collect_stats (default: True on
-    CPU devices, False on GPUs, where its host callback would synchronise the stream),
-    and backend-specific options.
+    debug: raise `DroppedRowsError` (see `Communicator.checked`) when a dispatch drops or overflows.
+    timeout_s: bound of every wait for a peer inside the ops.
+    collect_stats: count drops/overflow on the host (default: True on CPU devices, False on GPUs,
+      where its host callback would synchronise the stream).
+    Backend options (None: not given, the backend's default); a backend refuses the ones it does not
+    declare (`Backend.OPTIONS`), naming the valid ones:
+      max_private_tokens (host, cuda), provider (host, cuda), engine (host), proxied (host),
+      node_size (host with proxied, cuda). See docs/api.md.
     """
-    return Communicator(spec, mesh, axis, backend, **kwargs)
+    given = dict(max_private_tokens=max_private_tokens, provider=provider, engine=engine, proxied=proxied,
+                 node_size=node_size)
+    options = {**{k: v for k, v in given.items() if v is not None}, **options}
+    return Communicator(spec, mesh, axis, backend, debug=debug, timeout_s=timeout_s, collect_stats=collect_stats,
+                        **options)

@@ -20,16 +20,20 @@ import dataclasses
 import functools
 
 import jax
+import jax.extend.core as _jex
 import numpy as np
+from jax.interpreters import mlir
+# No public API for these (jax 0.10, 0.11): the effect-type registries that let remat, control
+# flow and custom_vjp accept our effect, eager dispatch of a primitive, the FFI call's abstract
+# evaluation, and the auto-reshard of operands that jax.ffi.ffi_call does.
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
 from jax._src import ffi as _jffi
-from jax.interpreters import mlir
 
 
 @dataclasses.dataclass(frozen=True)
-class CommEffect(_effects.Effect):
+class CommEffect(_jex.Effect):
     """The effect of a jax_moe_a2a communication half (writes peers' buffers, waits for them)."""
 
     def __str__(self):
@@ -48,7 +52,7 @@ for _name in ("custom_derivatives_allowed_effects", "partial_eval_kept_effects")
 
 _auto_reshard = getattr(_core, "auto_insert_reshard", None)
 
-comm_call_p = _core.Primitive("jax_moe_a2a_comm_call")
+comm_call_p = _jex.Primitive("jax_moe_a2a_comm_call")
 comm_call_p.multiple_results = True
 comm_call_p.def_impl(functools.partial(_dispatch.apply_primitive, comm_call_p))
 
@@ -75,7 +79,7 @@ def comm_call(target_name: str, result_shape_dtypes):
     Attributes are scalars (numpy ints/floats), as the handlers decode them."""
     multiple = isinstance(result_shape_dtypes, (tuple, list))
     shapes = tuple(result_shape_dtypes) if multiple else (result_shape_dtypes,)
-    result_avals = tuple(_core.ShapedArray(s.shape, s.dtype) for s in shapes)
+    result_avals = tuple(jax.core.ShapedArray(s.shape, s.dtype) for s in shapes)
 
     def call(*operands, **attributes):
         for k, v in attributes.items():

@@ -16,7 +16,8 @@ def local_device_ids_from_env() -> Optional[List[int]]:
     "0" or "0,1": every process takes those devices (several processes sharing one GPU).
     "local_rank": one GPU per process, the process's node-local rank under Open MPI or Slurm.
     Unset: None (JAX decides)."""
-    ids = os.environ.get("JAX_MOE_A2A_LOCAL_DEVICE_IDS")
+    from . import env
+    ids = env.get_str("LOCAL_DEVICE_IDS")
     if not ids:
         return None
     if ids == "local_rank":
@@ -29,12 +30,27 @@ def local_device_ids_from_env() -> Optional[List[int]]:
 
 
 def kv_client():
-    """The jax.distributed key-value store client (RuntimeError if not initialised)."""
-    from jax._src import distributed
-    client = distributed.global_state.client
-    if client is None:
+    """The jax.distributed key-value store client (RuntimeError if not initialised).
+
+    JAX has no public accessor for the client (jax 0.10, 0.11: `jax.distributed` exports
+    initialize, is_initialized and shutdown only), so this is the one place that reads
+    `jax._src.distributed`; everything else asks here."""
+    if not jax.distributed.is_initialized():
         raise RuntimeError("jax_moe_a2a across processes needs jax.distributed.initialize() first")
-    return client
+    from jax._src import distributed
+    return distributed.global_state.client
+
+
+def forget_failed_effects():
+    """Drops JAX's record of the runtime tokens of computations with effects (ours have
+    `CommEffect`), as after a step that failed: JAX keeps the failed step's token and raises its
+    error again from `jax.effects_barrier()` and at interpreter exit. No public API does this
+    (jax.effects_barrier re-raises and keeps the token); a no-op if the internals moved."""
+    try:
+        from jax._src import dispatch
+        dispatch.runtime_tokens.clear()
+    except (ImportError, AttributeError):  # pragma: no cover - other JAX versions
+        pass
 
 
 def exchange(prefix: str, local: Dict[int, Any], num_ranks: int, timeout_s: float) -> Dict[int, Any]:

@@ -83,7 +83,7 @@ else:  # names exist so that imports work; using them raises
 
 
 class KeyValueStore(Protocol):
-    """The two calls of ``jax._src.distributed.global_state.client`` that the bootstrap uses."""
+    """The two calls of the jax.distributed key-value client (`runtime.kv_client()`) that the bootstrap uses."""
 
     def key_value_set(self, key: str, value: str) -> None: ...
 
@@ -113,8 +113,11 @@ class DictKV:
 
 def jax_kv():
     """The jax.distributed key-value client, or None when jax.distributed is not initialised."""
-    from jax._src import distributed
-    return distributed.global_state.client
+    import jax
+    if not jax.distributed.is_initialized():
+        return None
+    from .runtime import kv_client
+    return kv_client()
 
 
 _connect_seq = itertools.count()

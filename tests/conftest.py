@@ -23,9 +23,7 @@ if os.environ.get("JAX_MOE_A2A_RAGGED_EMULATE") == "1":  # XLA:CPU lacks ragged-
 
 if _MPI_SIZE > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    from jax._src import distributed as _dist  # noqa: E402
-
-    if _dist.global_state.client is None:
+    if not jax.distributed.is_initialized():
         # JAX_MOE_A2A_LOCAL_DEVICE_IDS=0: several processes share GPU 0 (the one-GPU machine);
         # =local_rank: one GPU per process.
         from jax_moe_a2a.runtime import local_device_ids_from_env

@@ -15,10 +15,10 @@ def provider_iface(provider: str):
 def ensure_distributed():
     """The jax.distributed KV client; initialises jax.distributed (Open MPI auto-detection) once."""
     import jax
-    from jax._src import distributed
-    if distributed.global_state.client is None:
+    from jax_moe_a2a.runtime import kv_client
+    if not jax.distributed.is_initialized():
         jax.distributed.initialize()
-    return distributed.global_state.client
+    return kv_client()
 
 
 def connect(provider: str, name: str, **kwargs):

@@ -80,6 +80,9 @@ class Backend:
     """Backend protocol. Subclasses fill in the four halves."""
 
     name = "?"
+    # The backend-specific options of `jax_moe_a2a.init` this backend reads (name -> meaning);
+    # the communicator refuses any other. Read them from `comm.options` in `init`.
+    OPTIONS: dict = {}
 
     def buffer_bytes(self, spec: Spec, num_ranks: int) -> int:
         """Communication buffer bytes one rank holds (all slots)."""

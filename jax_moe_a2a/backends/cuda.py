@@ -8,13 +8,12 @@ Every FFI call only launches kernels on XLA's stream (command-buffer compatible)
 
 from __future__ import annotations
 
-import os
 import weakref
 
 import jax
 import numpy as np
 
-from .. import _ffi, runtime
+from .. import _ffi, env, runtime
 from .ffi import WIRE, FfiBackend, native_reason
 
 
@@ -25,6 +24,13 @@ def unavailable_reason():
 class CudaBackend(FfiBackend):
     name = "cuda"
     target = "cuda"
+    OPTIONS = {
+        "node_size": "ranks r, s share a node iff r // node_size == s // node_size (default every rank, or "
+                     "$JAX_MOE_A2A_NODE_SIZE); other nodes' peers go through a proxy thread",
+        "max_private_tokens": "rows each remote sender may write before the counts arrive (default all, or "
+                              "$JAX_MOE_A2A_MAX_PRIVATE_TOKENS)",
+        "provider": "libfabric provider for remote peers (default $JAX_MOE_A2A_PROVIDER, else shm)",
+    }
 
     @staticmethod
     def _native(c):
@@ -79,14 +85,14 @@ class CudaBackend(FfiBackend):
         opts = comm.options
         node_size = opts.get("node_size")
         if node_size is None:
-            node_size = int(os.environ.get("JAX_MOE_A2A_NODE_SIZE", "0") or 0) or n
+            node_size = env.get_int("NODE_SIZE", 0) or n
         if isinstance(node_size, bool) or not isinstance(node_size, (int, np.integer)) or node_size < 1:
             raise ValueError(f"node_size: expected a positive int, got {node_size!r}")
         node_size = min(int(node_size), n)
-        priv = opts.get("max_private_tokens", os.environ.get("JAX_MOE_A2A_MAX_PRIVATE_TOKENS") or None)
+        priv = opts.get("max_private_tokens", env.get_int("MAX_PRIVATE_TOKENS"))
         if priv is not None and int(priv) < 0:
             raise ValueError(f"max_private_tokens: expected >= 0, got {priv}")
-        provider = opts.get("provider") or os.environ.get("JAX_MOE_A2A_PROVIDER", "shm")
+        provider = opts.get("provider") or env.get_str("PROVIDER", "shm")
         return node_size, None if priv is None else int(priv), provider
 
     def proxy_stats(self, comm):

@@ -4,12 +4,11 @@
 
 from __future__ import annotations
 
-import os
 import weakref
 
 import jax
 
-from .. import _ffi, runtime
+from .. import _ffi, env, runtime
 from .ffi import WIRE, FfiBackend, native_reason
 
 
@@ -35,6 +34,15 @@ def _layout_bytes(spec, n, priv_rows):
 class HostBackend(FfiBackend):
     name = "host"
     target = "host"
+    OPTIONS = {
+        "max_private_tokens": "rows each sender may write before the counts arrive (default all; 0: every row "
+                              "through the exact-offset overflow path)",
+        "provider": "libfabric provider between processes (default $JAX_MOE_A2A_PROVIDER, else shm)",
+        "engine": "'local' (one process) or 'fabric' (default: local in one process, else fabric)",
+        "proxied": "run the protocol on a proxy thread per rank, as the cuda backend's inter-node path "
+                   "(default $JAX_MOE_A2A_HOST_PROXIED, else off)",
+        "node_size": "with proxied: ranks r // node_size share a node (default 0: none do)",
+    }
 
     def __init__(self):
         self._priv_rows = None
@@ -57,8 +65,8 @@ class HostBackend(FfiBackend):
         me = jax.process_index()
         local = [r for r, d in enumerate(devices) if d.process_index == me]
         engine = opts.get("engine") or ("local" if jax.process_count() == 1 else "fabric")
-        provider = opts.get("provider") or os.environ.get("JAX_MOE_A2A_PROVIDER", "shm")
-        proxied = bool(opts.get("proxied", os.environ.get("JAX_MOE_A2A_HOST_PROXIED", "0") not in ("", "0")))
+        provider = opts.get("provider") or env.get_str("PROVIDER", "shm")
+        proxied = bool(opts.get("proxied", env.get_bool("HOST_PROXIED")))
         node_size = int(opts.get("node_size") or 0)  # proxied: ranks r // node_size share a node
         if node_size and not proxied:
             raise ValueError("host backend: node_size needs proxied=True")

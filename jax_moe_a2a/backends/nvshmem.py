@@ -20,7 +20,7 @@ import weakref
 
 import jax
 
-from .. import _ffi, runtime
+from .. import _ffi, env, runtime
 from .cuda import CudaBackend
 from .ffi import WIRE, native_reason
 
@@ -38,8 +38,7 @@ def unavailable_reason():
 
 def arena_bytes(need: int) -> int:
     """Arena size for a process whose first communicator needs `need` bytes."""
-    env = os.environ.get("JAX_MOE_A2A_NVSHMEM_ARENA")
-    size = int(env) if env else max(2 * need, ARENA_MIN)
+    size = env.get_int("NVSHMEM_ARENA") or max(2 * need, ARENA_MIN)
     return -(-size // (2 * _MIB)) * (2 * _MIB)
 
 
@@ -65,6 +64,7 @@ def start_runtime(c, device: int, arena: int, timeout_s: float) -> int:
 class NvshmemBackend(CudaBackend):
     name = "nvshmem"
     target = "nvshmem"
+    OPTIONS = {}  # none of the cuda backend's: NVSHMEM moves every byte
 
     @staticmethod
     def _native(c):

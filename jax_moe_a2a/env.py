@@ -1,0 +1,150 @@
+"""Every `JAX_MOE_A2A_*` environment variable, in one table.
+
+The Python library reads its variables only through the accessors here (`get`, `get_str`,
+`get_int`, `get_bool`), and only variables of the table can be read. The C++ side reads some
+itself, when it creates an engine, a proxy thread or a communicator: they are in the table too,
+with the file that reads them. Test-, script- and benchmark-only variables are listed as such.
+docs/api.md's table is `markdown_table()` (a test keeps them equal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+PREFIX = "JAX_MOE_A2A_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Var:
+    name: str          # without the prefix
+    type: str          # "str", "int", "float", "bool" (1/0), or a choice such as "spin|adaptive"
+    default: str       # what unset means, in words
+    read_by: str       # where it is read
+    meaning: str
+    scope: str = "library"   # "library" (Python), "native" (C++), "test", "script", "benchmark"
+
+    @property
+    def full_name(self) -> str:
+        return PREFIX + self.name
+
+
+_LIB, _NATIVE, _TEST, _SCRIPT, _BENCH = "library", "native", "test", "script", "benchmark"
+
+VARS = (
+    # ---- the Python library --------------------------------------------------------------------
+    Var("PROVIDER", "str", "shm", "jax_moe_a2a/backends/{host,cuda}.py; cc/transfer/engine.cc",
+        "libfabric provider between processes (host backend, cuda inter-node path, TransferEngine), "
+        "e.g. `tcp;ofi_rxm`, `efa`, `verbs;ofi_rxm`; the `provider` option wins"),
+    Var("HOST_PROXIED", "bool", "0", "jax_moe_a2a/backends/host.py",
+        "host backend: run the protocol on a proxy thread per rank (the `proxied` option wins)"),
+    Var("NODE_SIZE", "int", "every rank on one node", "jax_moe_a2a/backends/cuda.py",
+        "cuda backend: ranks per node (the `node_size` option wins)"),
+    Var("MAX_PRIVATE_TOKENS", "int", "all rows", "jax_moe_a2a/backends/cuda.py",
+        "cuda backend: rows per remote sender written before the counts arrive (the `max_private_tokens` "
+        "option wins)"),
+    Var("NVSHMEM_ARENA", "int", "2x the first communicator's need, >= 256 MiB", "jax_moe_a2a/backends/nvshmem.py",
+        "nvshmem backend: bytes of the symmetric arena (fixed by the process's first communicator)"),
+    Var("LOCAL_DEVICE_IDS", "str", "JAX decides", "jax_moe_a2a/runtime.py (examples/serve.py, tests/conftest.py)",
+        "`local_device_ids` for jax.distributed.initialize: `0`, `0,1` (every process takes those) or "
+        "`local_rank` (the Open MPI / Slurm node-local rank)"),
+    # ---- read by the extension (C++) -----------------------------------------------------------
+    Var("IFACE", "str", "any", "cc/transfer/engine.cc, cc/transfer/fabric.cc",
+        "libfabric domain names to open, comma-separated (e.g. `lo`)", _NATIVE),
+    Var("HMEM", "bool", "0", "cc/transfer/engine.cc", "ask the provider for FI_HMEM", _NATIVE),
+    Var("POST_TIMEOUT_S", "float", "30", "cc/transfer/engine.cc, cc/transfer/fabric_engine.cc",
+        "seconds of -FI_EAGAIN retries before a post fails", _NATIVE),
+    Var("RX_CQ_SIZE", "int", "16384", "cc/transfer/engine.cc", "receive completion queue entries", _NATIVE),
+    Var("FI_THREADING", "domain", "provider's choice", "cc/transfer/fabric_engine.cc",
+        "`domain` forces FI_THREADING_DOMAIN", _NATIVE),
+    Var("PROGRESS", "adaptive|spin", "adaptive", "cc/transfer/progress.cc",
+        "TransferEngine progress thread: `spin` never sleeps (a dedicated core)", _NATIVE),
+    Var("PROGRESS_SPIN_US", "float", "50", "cc/transfer/progress.cc",
+        "progress thread: keep polling this long after progress", _NATIVE),
+    Var("PROGRESS_MAX_SLEEP_US", "float", "500", "cc/transfer/progress.cc",
+        "progress thread: longest sleep", _NATIVE),
+    Var("WAIT_SPIN_US", "float", "5", "cc/transfer/progress.cc", "waiters: busy-poll this long", _NATIVE),
+    Var("WAIT_YIELD_US", "float", "20000", "cc/transfer/progress.cc",
+        "waiters: yield this long, then sleep 20 us per poll", _NATIVE),
+    Var("PROXY", "adaptive|spin", "adaptive", "cc/proxy/proxy.cc",
+        "proxy thread (cuda inter-node path, host `proxied`): `spin` never sleeps", _NATIVE),
+    Var("PROXY_CPUS", "str", "a CPU of the GPU's NUMA node; no GPU: not pinned", "cc/proxy/proxy.cc",
+        "CPUs of the proxy threads, one per local rank (`3,7`), or `none`", _NATIVE),
+    Var("PROXY_SPIN_US", "float", "20", "cc/proxy/proxy.cc", "proxy: keep polling this long after progress",
+        _NATIVE),
+    Var("PROXY_MAX_SLEEP_US", "float", "100", "cc/proxy/proxy.cc", "proxy: longest sleep in the first idle_ms",
+        _NATIVE),
+    Var("PROXY_IDLE_MS", "float", "20", "cc/proxy/proxy.cc", "proxy: after this long without progress ...",
+        _NATIVE),
+    Var("PROXY_IDLE_SLEEP_US", "float", "2000", "cc/proxy/proxy.cc", "... sleeps grow up to this", _NATIVE),
+    Var("KERNEL_TIMING", "bool", "0", "cc/cuda/comm.cc (at communicator creation)",
+        "cuda backend: CUDA events around each launch (`comm._backend.kernel_seconds`)", _NATIVE),
+    # ---- tests ---------------------------------------------------------------------------------
+    Var("TEST_DEVICES", "int", "8 (1 per process under mpirun)", "tests/conftest.py",
+        "CPU devices per test process", _TEST),
+    Var("TEST_BACKENDS", "str", "every available backend", "tests/test_ops.py, test_grad.py, test_protocol.py",
+        "comma-separated backends the op tests run", _TEST),
+    Var("MPI_ALL_CASES", "bool", "0", "tests/test_ops.py", "run every op case under mpirun too", _TEST),
+    Var("SOAK_STEPS", "int", "1000 (100 under mpirun)", "tests/test_protocol.py", "steps of the soak test", _TEST),
+    Var("PROXY_SOAK_STEPS", "int", "300", "tests/test_proxy.py", "steps of the proxy soak",
+        _TEST),
+    Var("TEST_TIMEOUT", "bool", "0", "tests/test_protocol.py",
+        "run the never-calls timeout test on the GPU backends", _TEST),
+    Var("RAGGED_EMULATE", "bool", "0", "tests/conftest.py, tests/ragged_emulation.py",
+        "emulate ragged-all-to-all on XLA:CPU so the ragged backend's tests run", _TEST),
+    # ---- scripts and benchmarks ----------------------------------------------------------------
+    Var("NO_VENV", "bool", "0", "scripts/setup.sh", "use the current Python as is, no .venv", _SCRIPT),
+    Var("EXTRAS", "str", "bench,test", "scripts/setup.sh", "pip extras to install", _SCRIPT),
+    Var("COMMIT", "str", "git rev-parse HEAD", "benchmarks, scripts/gpu_check.sh",
+        "commit recorded in benchmark results (copies without .git)", _BENCH),
+)
+
+TABLE = {v.full_name: v for v in VARS}
+
+
+def var(name: str) -> Var:
+    """The table's entry for `name` (with or without the prefix); KeyError if it is not listed."""
+    full = name if name.startswith(PREFIX) else PREFIX + name
+    if full not in TABLE:
+        raise KeyError(f"{full} is not in jax_moe_a2a.env.VARS (every JAX_MOE_A2A_ variable is listed there)")
+    return TABLE[full]
+
+
+def get(name: str) -> Optional[str]:
+    """The raw value, None when unset or empty."""
+    return os.environ.get(var(name).full_name) or None
+
+
+def get_str(name: str, default: Optional[str] = None) -> Optional[str]:
+    v = get(name)
+    return default if v is None else v
+
+
+def get_int(name: str, default: Optional[int] = None) -> Optional[int]:
+    v = get(name)
+    if v is None:
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"{var(name).full_name}={v!r}: expected an integer") from None
+
+
+def get_bool(name: str, default: bool = False) -> bool:
+    """Unset or empty: `default`; "0", "false", "no", "off": False; anything else True."""
+    v = get(name)
+    if v is None:
+        return default
+    return v.strip().lower() not in ("0", "false", "no", "off")
+
+
+def markdown_table() -> str:
+    """The table of docs/api.md."""
+    rows = ["| variable | for | type | unset | read by | meaning |", "|---|---|---|---|---|---|"]
+    for scope, title in ((_LIB, "library (Python)"), (_NATIVE, "extension (C++)"), (_TEST, "tests only"),
+                         (_SCRIPT, "scripts only"), (_BENCH, "benchmarks only")):
+        for v in VARS:
+            if v.scope == scope:
+                rows.append(f"| `{v.full_name}` | {title} | {v.type} | {v.default} | {v.read_by} | {v.meaning} |")
+    return "\n".join(rows)

@@ -1,0 +1,112 @@
+"""debug=True: a failed check ends every rank promptly, on every backend, and surfaces as
+`DroppedRowsError` through `comm.checked()` / `comm.check()`."""
+
+import time
+
+import numpy as np
+import pytest
+
+import jax_moe_a2a as a2a
+from jax_moe_a2a import testing as T
+
+BACKENDS = [b for b in ("reference", "host") if b in a2a.available_backends()]
+
+
+def _all_to_rank0(spec, num_ranks, seed=1):
+    """Every pair of every rank routed to rank 0's experts: rank 0 overflows, the others get nothing."""
+    inputs = T.make_inputs(spec, num_ranks, seed, num_tokens=spec.max_tokens_per_rank)
+    for i in inputs:
+        i.topk_ids[:] = np.arange(spec.experts_per_token, dtype=np.int32)
+    return inputs
+
+
+def _spec(**kw):
+    return a2a.Spec(**{**dict(num_experts=4, experts_per_token=2, hidden=32, max_tokens_per_rank=4,
+                              recv_capacity=1), **kw})
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overflow_on_one_rank_ends_every_rank_promptly(backend):
+    """Two devices of one process, recv_capacity=1, everything to rank 0. Before, rank 0 stopped at
+    the check and rank 1 (no overflow of its own) went on into the combine and waited for rank 0:
+    the host backend's step did not return within 120 s (timeout_s 60 per wait)."""
+    mesh = T.make_mesh(2)
+    comm = a2a.init(_spec(), mesh, "ep", backend=backend, debug=True, timeout_s=60)
+    inputs = _all_to_rank0(comm.spec, 2)
+    t0 = time.monotonic()
+    with pytest.raises(a2a.DroppedRowsError, match="past recv_capacity"):
+        with comm.checked():
+            T.run_ops(comm, inputs)
+    assert time.monotonic() - t0 < 20, "a rank without overflow waited for the one that stopped"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_id_on_one_rank_ends_every_rank_promptly(backend, mesh, num_ranks):
+    """One bad expert id on rank 0 only (counted at the sender, unseen by its peers)."""
+    spec = _spec(num_experts=2 * num_ranks, recv_capacity=None)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, debug=True, timeout_s=60)
+    inputs = T.make_inputs(spec, num_ranks, 6, num_tokens=4)
+    inputs[0].topk_ids[0, 0] = spec.num_experts + 7
+    t0 = time.monotonic()
+    with pytest.raises(a2a.DroppedRowsError, match="dropped"):
+        with comm.checked():
+            T.run_ops(comm, inputs)
+    assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overflow_ends_every_rank_every_process(backend, mesh, num_ranks):
+    """The same over every global device (under mpirun: every process stops, none waits)."""
+    spec = _spec(num_experts=2 * num_ranks)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, debug=True, timeout_s=60)
+    t0 = time.monotonic()
+    with pytest.raises(a2a.DroppedRowsError):
+        with comm.checked():
+            T.run_ops(comm, _all_to_rank0(spec, num_ranks))
+    assert time.monotonic() - t0 < 30
+
+
+def test_bare_except_with_checked(mesh):
+    """`except a2a.DroppedRowsError` catches the failed step when it runs inside comm.checked();
+    the runtime error is its cause; nothing is left for check() or for JAX's exit."""
+    import jax
+    comm = a2a.init(_spec(num_experts=2 * mesh.size), mesh, "ep", backend="reference", debug=True)
+    caught = None
+    try:
+        with comm.checked():
+            T.run_ops(comm, _all_to_rank0(comm.spec, mesh.size))
+    except a2a.DroppedRowsError as e:
+        caught = e
+    assert caught is not None and isinstance(caught.__cause__, jax.errors.JaxRuntimeError)
+    assert comm.check() is None
+    jax.effects_barrier()  # JAX's record of the failed step is gone: nothing raises again
+
+
+def test_check_raises_what_the_step_recorded(mesh):
+    """Without checked(): the step raises JaxRuntimeError; comm.check() then raises the
+    DroppedRowsError once. A clean step records nothing."""
+    import jax
+    from jax_moe_a2a import runtime
+    comm = a2a.init(_spec(num_experts=2 * mesh.size), mesh, "ep", backend="reference", debug=True)
+    with pytest.raises(jax.errors.JaxRuntimeError):
+        T.run_ops(comm, _all_to_rank0(comm.spec, mesh.size))
+    runtime.forget_failed_effects()
+    with pytest.raises(a2a.DroppedRowsError, match="recv_capacity"):
+        comm.check()
+    assert comm.check() is None
+    ok = a2a.init(_spec(num_experts=2 * mesh.size, recv_capacity=None), mesh, "ep", backend="reference",
+                  debug=True)
+    with ok.checked():
+        T.run_ops(ok, T.make_inputs(ok.spec, mesh.size, 2))
+    assert ok.check() is None
+
+
+def test_checked_passes_other_errors_through(mesh):
+    comm = a2a.init(_spec(num_experts=2 * mesh.size), mesh, "ep", backend="reference", debug=True)
+    with pytest.raises(KeyError):
+        with comm.checked():
+            raise KeyError("not ours")

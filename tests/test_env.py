@@ -1,0 +1,116 @@
+"""Every JAX_MOE_A2A_* variable is in jax_moe_a2a.env's table and docs/api.md's, and the Python
+library reads them only through jax_moe_a2a.env."""
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from jax_moe_a2a import env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# CMake options and the preprocessor macros they define: build switches, not environment variables.
+BUILD_MACROS = {"JAX_MOE_A2A_" + n for n in ("CUDA", "NVSHMEM", "WITH_CUDA", "WITH_LIBFABRIC", "WITH_NVSHMEM",
+                                              "HAVE_CUDA", "HAVE_NVSHMEM")}
+
+
+def _repo_files():
+    try:
+        out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return [f for f in out.split() if f.endswith((".py", ".cc", ".h", ".cu", ".cuh", ".sh", ".md", ".txt", ".toml"))]
+
+
+def _names(text):
+    return {m.rstrip("_") for m in re.findall(r"JAX_MOE_A2A_[A-Z0-9_]+", text)}
+
+
+def test_every_variable_in_the_repo_is_in_the_table():
+    missing = {}
+    for f in _repo_files():
+        with open(os.path.join(ROOT, f), errors="replace") as fh:
+            for name in _names(fh.read()) - BUILD_MACROS - set(env.TABLE):
+                missing.setdefault(name, f)
+    assert not missing, f"JAX_MOE_A2A_ variables missing from jax_moe_a2a/env.py VARS: {missing}"
+
+
+def test_docs_table_is_the_env_table():
+    with open(os.path.join(ROOT, "docs", "api.md")) as fh:
+        doc = fh.read()
+    assert env.markdown_table() in doc, "docs/api.md: paste jax_moe_a2a.env.markdown_table() in place of its table"
+
+
+def test_library_reads_variables_only_through_env():
+    lib = os.path.join(ROOT, "jax_moe_a2a")
+    offenders = []
+    for dirpath, _, files in os.walk(lib):
+        if os.sep + "bench" in dirpath:  # benchmarks may read their own (listed in the table)
+            continue
+        for fn in files:
+            path = os.path.join(dirpath, fn)
+            if not fn.endswith(".py") or fn == "env.py":
+                continue
+            with open(path) as fh:
+                for i, line in enumerate(fh, 1):
+                    if re.search(r"(environ|getenv).*JAX_MOE_A2A_", line):
+                        offenders.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_accessors(monkeypatch):
+    monkeypatch.setenv("JAX_MOE_A2A_NODE_SIZE", "4")
+    assert env.get_int("NODE_SIZE") == 4 and env.get_int("JAX_MOE_A2A_NODE_SIZE") == 4
+    monkeypatch.setenv("JAX_MOE_A2A_NODE_SIZE", "four")
+    with pytest.raises(ValueError, match="JAX_MOE_A2A_NODE_SIZE='four': expected an integer"):
+        env.get_int("NODE_SIZE")
+    monkeypatch.setenv("JAX_MOE_A2A_NODE_SIZE", "")
+    assert env.get_int("NODE_SIZE", 7) == 7
+    for v, want in (("1", True), ("0", False), ("off", False), ("yes", True)):
+        monkeypatch.setenv("JAX_MOE_A2A_HOST_PROXIED", v)
+        assert env.get_bool("HOST_PROXIED") is want
+    monkeypatch.delenv("JAX_MOE_A2A_HOST_PROXIED")
+    assert env.get_bool("HOST_PROXIED") is False
+    monkeypatch.delenv("JAX_MOE_A2A_PROVIDER", raising=False)
+    assert env.get_str("PROVIDER", "shm") == "shm"
+    bogus = "NOT_A_" + "VARIABLE"  # spelled in two parts: the repository scan above must not see it
+    with pytest.raises(KeyError, match=env.PREFIX + bogus + " is not in"):
+        env.get(bogus)
+
+
+def test_cuda_options_read_the_environment_through_env(monkeypatch):
+    from types import SimpleNamespace
+    from jax_moe_a2a.backends.cuda import CudaBackend
+    monkeypatch.setenv("JAX_MOE_A2A_NODE_SIZE", "2")
+    monkeypatch.setenv("JAX_MOE_A2A_MAX_PRIVATE_TOKENS", "3")
+    monkeypatch.setenv("JAX_MOE_A2A_PROVIDER", "tcp;ofi_rxm")
+    assert CudaBackend._remote_options(SimpleNamespace(options={}), 4) == (2, 3, "tcp;ofi_rxm")
+
+
+def test_library_prints_nothing():
+    """Messages go through the `jax_moe_a2a` logger; benchmarks and examples may print."""
+    lib = os.path.join(ROOT, "jax_moe_a2a")
+    offenders = []
+    for dirpath, _, files in os.walk(lib):
+        if os.sep + "bench" in dirpath:
+            continue
+        for fn in files:
+            if fn.endswith(".py"):
+                with open(os.path.join(dirpath, fn)) as fh:
+                    for i, line in enumerate(fh, 1):
+                        if re.search(r"(^|[^\w.])print\(|sys\.std(out|err)\.write", line):
+                            offenders.append(f"{fn}:{i}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_logger_reports_init(mesh, caplog):
+    import logging
+
+    import jax.numpy as jnp
+
+    import jax_moe_a2a as a2a
+    spec = a2a.Spec(num_experts=2 * mesh.size, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    with caplog.at_level(logging.INFO, logger="jax_moe_a2a"):
+        a2a.init(spec, mesh, "ep", backend="reference")
+    assert any(r.name == "jax_moe_a2a" and "reference" in r.getMessage() for r in caplog.records)
