@@ -9,7 +9,8 @@ store) before it: p50/p99 over iterations, max over processes. With JAX_MOE_A2A_
 (and XLA command buffers off) the cuda and nvshmem backends also report CUDA-event times of each
 half's kernel alone. --anchor-json DIR adds pplx-kernels' times at the same shape (DIR/pplx_N.json
 of the anchor kit, N = the number of processes: intra-sync kernels next to cuda, inter next to
-nvshmem) with ours/pplx ratios. Writes halves.json (and latency.png unless --no-plot) into --out.
+nvshmem) with ours/pplx ratios. Writes halves.json (and halves.png unless --no-plot) into --out.
+`python benchmarks/halves.py --report A/halves.json B/halves.json` prints several runs as one table.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def parse_args(argv):
                    help="timed iterations per half (default 50 on GPUs, 8 on CPUs, 1 with --quick)")
     p.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default 5 on GPUs, else 1)")
     p.add_argument("--no-check", action="store_true", help="skip the oracle check")
+    p.add_argument("--json-out", default=None, help=argparse.SUPPRESS)  # child processes: results only
     p.add_argument("--anchor-json", default=os.environ.get("JAX_MOE_A2A_ANCHOR_JSON"),
                    help="folder with the pplx anchor kit's pplx_N.json (default $JAX_MOE_A2A_ANCHOR_JSON)")
     return p.parse_args(argv)
@@ -205,6 +207,24 @@ def run(jax, args, progress_label=""):
     out = {"meta": meta, "results": results, "skipped": skipped}
     if args.anchor_json:
         out["anchor"] = anchor.load(args.anchor_json, jax.process_count())
+        for r in results:
+            if "spec" in r:
+                r["anchor_row"] = anchor.best_row(out["anchor"], r["backend"], r["spec"])
+    return out
+
+
+def merged_report(paths) -> dict:
+    """Several halves.json (e.g. N = 2 and N = 4 processes) as one: backends tagged with N."""
+    out = None
+    for path in paths:
+        with open(path) as f:
+            part = json.load(f)
+        for r in part["results"]:
+            r["backend"] = f"{r['backend']} N={r.get('processes', part['meta'].get('processes'))}"
+        if out is None:
+            out = part
+        else:
+            out["results"] += part["results"]
     return out
 
 
@@ -213,10 +233,17 @@ def failed(out) -> bool:
 
 
 def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--report"]:  # python benchmarks/halves.py --report a/halves.json b/halves.json
+        report.print_halves(merged_report(argv[1:]))
+        return 0
+    args = parse_args(argv)
     jax = benchlib.setup_runtime(args.cpu_devices)
     out = run(jax, args, args.progress_label)
-    if jax.process_index() == 0:
+    if jax.process_index() == 0 and args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(out, f)
+    elif jax.process_index() == 0:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "halves.json")
         with open(path, "w") as f:

@@ -10,6 +10,7 @@ import datetime
 import os
 import subprocess
 import sys
+import time
 
 BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(BENCH_DIR)
@@ -87,21 +88,23 @@ def backend_plan(requested: str) -> tuple:
 class Progress:
     """A tqdm bar on process 0 (stderr) counting work units, so that the ETA stays stable when
     steps differ in cost (a prefill step counts as more units than a decode step). `offset` and
-    `grand_total` let several programs run one after another share one bar's scale."""
+    `grand_total` let several programs run one after another share one bar's scale. Without a
+    terminal (logs) it prints a line every 10 %, with the elapsed time and an estimate of the rest."""
 
     def __init__(self, total, enabled, offset=0, grand_total=None, label=""):
         self.bar = None
         self.enabled = enabled
         self.n, self.total = float(offset), float(grand_total or total)
         self.label = label
-        if enabled:
+        if enabled and sys.stderr.isatty():  # logs get a line per 10 % instead
             try:
                 from tqdm import tqdm
                 self.bar = tqdm(total=round(self.total, 1), initial=round(self.n, 1), unit="u", dynamic_ncols=True,
                                 file=sys.stderr, bar_format="{l_bar}{bar}| {percentage:3.0f}% [{elapsed}<{remaining}]")
             except ImportError:
                 self.bar = None
-        self._last_print = 0
+        self._last_print = int(100 * self.n / self.total) // 10
+        self._t0, self._n0 = time.monotonic(), self.n
 
     def update(self, desc, units=1.0):
         self.n += units
@@ -110,7 +113,11 @@ class Progress:
             self.bar.update(round(units, 3))
         elif self.enabled and int(100 * self.n / self.total) // 10 > self._last_print:
             self._last_print = int(100 * self.n / self.total) // 10
-            print(f"[{100 * self.n / self.total:3.0f}%] {self.label}{desc}", file=sys.stderr, flush=True)
+            spent = time.monotonic() - self._t0
+            done = self.n - self._n0
+            left = spent * (self.total - self.n) / done if done > 0 else float("nan")
+            print(f"[{100 * self.n / self.total:3.0f}%] {self.label}{desc} ({spent:.0f} s, about {left:.0f} s left)",
+                  file=sys.stderr, flush=True)
 
     def write(self, line):
         """A line of its own on stdout, flushed (the bar is on stderr)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from . import HALVES, anchor as anchor_mod
+from . import HALVES
 
 SHAPE_ORDER = ("decode", "prefill")
 
@@ -62,7 +62,7 @@ def print_halves(out: dict) -> None:
                 kg = r.get("kernel_goodput_GBps", {})
                 print(f"{r['backend'] + ' (kernel)':<18} {'':<5} {cells} {'':>31} {'':>7} "
                       f"{kg.get('dispatch', 0):>9.2f} {kg.get('combine', 0):>9.2f}")
-            a = anchor_mod.best_row(anchor, r["backend"], r["spec"]) if anchor.get("rows") else None
+            a = r.get("anchor_row")
             if a:
                 h = a["halves"]
                 cells = " ".join(f"{h[x]['p50_us']:>7.1f}/{h[x]['p99_us']:<7.1f}" if x in h else f"{'-':>15}"
@@ -75,9 +75,9 @@ def print_halves(out: dict) -> None:
                 print(f"{'  ours/pplx p50':<18} {what[:5]:<5} {cells}")
         if any("kernel_timings" in r for r in mine):
             print("(kernel) rows: CUDA events around our kernel alone (JAX_MOE_A2A_KERNEL_TIMING=1, command buffers off)")
-        if any(anchor_mod.best_row(anchor, r["backend"], r.get("spec", {})) for r in mine if "spec" in r):
+        if any(r.get("anchor_row") for r in mine):
             print(f"pplx rows: pplx-kernels {anchor.get('meta', {}).get('pplx_commit', '')} at the same shape and "
-                  f"process count, PE 0's CUDA-event times ({anchor['file']}); ratios > 1: ours slower")
+                  f"process count, PE 0's CUDA-event times (pplx_N.json of the anchor kit); ratios > 1: ours slower")
     print()
     for line in fastest_lines(rows, lambda r: r["timings"]["dispatch"]["p50_us"] + r["timings"]["combine"]["p50_us"],
                               "dispatch + combine p50 (wall)"):
