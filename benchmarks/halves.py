@@ -45,7 +45,7 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
     p.add_argument("--iters", type=int, default=None,
-                   help="timed iterations per half (default 50 on GPUs, 8 on CPUs, 1 with --quick)")
+                   help="timed iterations per half (default 50 on GPUs, 5 on CPUs, 1 with --quick)")
     p.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default 5 on GPUs, else 1)")
     p.add_argument("--no-check", action="store_true", help="skip the oracle check")
     p.add_argument("--json-out", default=None, help=argparse.SUPPRESS)  # child processes: results only
@@ -169,7 +169,7 @@ def run(jax, args, progress_label=""):
     chosen = {s: shapes.with_overrides(table[s], args.tokens, args.hidden) for s in names}
     backends, skipped = benchlib.backend_plan(args.backend)
     gpu = platform not in ("cpu",)
-    iters = args.iters or (1 if args.quick else (50 if gpu else 8))
+    iters = args.iters or (1 if args.quick else (50 if gpu else 5))
     warmup = args.warmup if args.warmup is not None else (5 if gpu and not args.quick else 1)
     mesh = testing.make_mesh(args.ranks)
     meta = benchlib.run_meta(jax, iters=iters, warmup=warmup, ranks=mesh.size,

@@ -8,7 +8,7 @@ Per backend, shape, expert kind (`identity`: the received rows are the expert ou
 expert placement (`overlap`: its two halves in flight with jax_moe_a2a.overlap, as in
 models.moe_block(overlap=True); `after`: after combine_recv, behind an optimisation barrier), it
 times `steps` back-to-back calls of the jitted L-layer step (each step's output is the next one's
-input) after two warm-up calls, blocks at the end and divides by steps x L: one repeat. p50 and
+input) after two warm-up calls (one on CPUs), blocks at the end and divides by steps x L: one repeat. p50 and
 min over repeats, max over processes. Next to every backend: `plain`, the same layer without
 communication on the same inputs (each rank gathers its own tokens' rows sorted by local expert,
 runs the experts, scatter-adds them back weighted): at EP=1 the whole layer, at EP>1 each rank's
@@ -40,7 +40,7 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
     p.add_argument("--layers", type=int, default=None, help="MoE layers per jitted step (default 4; 2 on CPUs)")
-    p.add_argument("--steps", type=int, default=None, help="back-to-back steps per repeat (default 10; CPU 2)")
+    p.add_argument("--steps", type=int, default=None, help="back-to-back steps per repeat (default 10; CPU 1)")
     p.add_argument("--repeats", type=int, default=None, help="repeats (default 7; CPU 3; quick 1)")
     p.add_argument("--experts", default=None,
                    help="comma-separated: identity, ragged_dot (default both on GPUs; identity on CPUs, where "
@@ -180,7 +180,7 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     step = make_step(comm, experts, shared, args.layers, plain)
     f_step = jax.jit(testing.shard_map(step, mesh=mesh, in_specs=(P(axis),) * 4 + (pspec,), out_specs=P(axis)))
     y = x
-    for _ in range(2):  # compile, then one more untimed call
+    for _ in range(2 if jax.default_backend() != "cpu" else 1):  # compile (GPUs: one more untimed call)
         y = timing.block(f_step(y, ids, w, num, params))
     progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared} compile", 2 * units)
     per_layer = []
@@ -218,7 +218,7 @@ def run(jax, args, progress_label=""):
             raise SystemExit(f"--shape: unknown shape {s!r} (known: {sorted(table)})")
     chosen = {s: shapes.with_overrides(table[s], args.tokens, args.hidden, args.ffn) for s in names}
     args.layers = args.layers or (1 if args.quick else (4 if gpu else 2))
-    args.steps = args.steps or (1 if args.quick else (10 if gpu else 2))
+    args.steps = args.steps or (10 if gpu and not args.quick else 1)
     args.repeats = args.repeats or (1 if args.quick else (7 if gpu else 3))
     backends, skipped = benchlib.backend_plan(args.backend)
     kinds = [k for k in (args.experts or ("identity,ragged_dot" if gpu else "identity")).split(",") if k]
