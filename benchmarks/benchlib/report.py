@@ -97,6 +97,11 @@ def fastest_lines(rows, key, what):
     return lines
 
 
+def _unit(max_us):
+    """(factor, unit) for a plot axis: ms when the bars reach 20 ms."""
+    return (1e-3, "ms") if max_us >= 2e4 else (1.0, "µs")
+
+
 def plot_halves(out: dict, out_dir: str) -> list:
     """One panel per shape: p50 bars with p99 whiskers per half and backend, linear axis."""
     rows = [r for r in out["results"] if "timings" in r]
@@ -112,12 +117,14 @@ def plot_halves(out: dict, out_dir: str) -> list:
     fig, axes = plt.subplots(len(shapes), 1, figsize=(11, 4.2 * len(shapes)), squeeze=False)
     for ax, shape in zip(axes[:, 0], shapes):
         width = 0.8 / max(1, len(backends))
+        mine = [r for r in rows if r["shape"] == shape]
+        scale, unit = _unit(max(r["timings"][h]["p99_us"] for r in mine for h in HALVES))
         for i, b in enumerate(backends):
-            r = next((r for r in rows if r["shape"] == shape and r["backend"] == b), None)
+            r = next((r for r in mine if r["backend"] == b), None)
             if r is None:
                 continue
-            p50 = np.array([r["timings"][h]["p50_us"] for h in HALVES])
-            p99 = np.array([r["timings"][h]["p99_us"] for h in HALVES])
+            p50 = np.array([r["timings"][h]["p50_us"] for h in HALVES]) * scale
+            p99 = np.array([r["timings"][h]["p99_us"] for h in HALVES]) * scale
             x = np.arange(len(HALVES)) + (i - (len(backends) - 1) / 2) * width
             ax.bar(x, p50, width, label=b)
             ax.errorbar(x, p50, yerr=[np.zeros_like(p50), np.maximum(0, p99 - p50)], fmt="none", ecolor="black",
@@ -125,7 +132,7 @@ def plot_halves(out: dict, out_dir: str) -> list:
         ax.set_xticks(np.arange(len(HALVES)))
         ax.set_xticklabels(HALVES)
         ax.set_title(_shape_note(rows, shape))
-        ax.set_ylabel("µs per call (bar p50, whisker p99)")
+        ax.set_ylabel(f"{unit} per call (bar p50, whisker p99)")
         ax.set_ylim(bottom=0)
         ax.grid(axis="y", alpha=0.3)
         ax.legend()
@@ -215,18 +222,19 @@ def plot_layers(out: dict, out_dir: str) -> list:
     for ax, shape in zip(axes[:, 0], shapes):
         mine = [r for r in rows if r["shape"] == shape]
         variants = sorted({_variant(r) for r in mine})
+        scale, unit = _unit(max(r["per_layer_us"]["p50"] for r in mine))
         width = 0.8 / max(1, len(backends))
         for i, b in enumerate(backends):
             vals = []
             for v in variants:
                 r = next((r for r in mine if r["backend"] == b and _variant(r) == v), None)
-                vals.append(r["per_layer_us"]["p50"] if r else np.nan)
+                vals.append(r["per_layer_us"]["p50"] * scale if r else np.nan)
             x = np.arange(len(variants)) + (i - (len(backends) - 1) / 2) * width
             ax.bar(x, vals, width, label=b)
         ax.set_xticks(np.arange(len(variants)))
         ax.set_xticklabels([f"{e}\n{'overlap' if o else 'no overlap'}\ncmdbuf {c}" for e, o, c in variants], fontsize=8)
         ax.set_title(_shape_note(mine, shape))
-        ax.set_ylabel("µs per layer (p50)")
+        ax.set_ylabel(f"{unit} per layer (p50)")
         ax.set_ylim(bottom=0)
         ax.grid(axis="y", alpha=0.3)
         ax.legend()
