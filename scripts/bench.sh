@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Sets up everything and runs the main job: the dispatch/combine benchmark of a DeepSeek-V3-shaped
-# MoE layer on every available backend (8 CPU devices in one process, or the GPUs when present).
-# Extra arguments go to `python -m jax_moe_a2a.bench` (e.g. --quick, --backend reference).
+# Sets up everything and runs the main job: the MoE layer benchmark (L layers in one jax.jit,
+# every available backend next to a plain-XLA layer) and the dispatch/combine halves benchmark of
+# a DeepSeek-V3-shaped layer (8 CPU devices in one process, shapes scaled down, or the GPUs when
+# present). Extra arguments go to `python benchmarks/bench.py` (e.g. --quick, --backend reference,
+# --shape decode, --anchor-json DIR). Results: bench-out/results.json, layers.png, halves.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 OUT_DIR=$(mkdir -p "${BENCH_OUT:-bench-out}" && cd "${BENCH_OUT:-bench-out}" && pwd)
-# run outside the source tree, so that the installed package (with its compiled _C) is imported
-cd "$(mktemp -d)" && python -m jax_moe_a2a.bench --out "$OUT_DIR" "$@"
+# A file of benchmarks/ run as a script imports the installed jax_moe_a2a (with its compiled _C):
+# its folder, not the repository root, is first on sys.path.
+python benchmarks/bench.py --out "$OUT_DIR" "$@"

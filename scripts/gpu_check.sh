@@ -4,6 +4,9 @@
 # the multi-process runs use the cuda backend and the NumPy oracle only).
 # Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench";
 # also: serve timeout nocmdbuf sanitizer mpibench mpsbench nvshmem nvshmem-timeout proxy proxybench,
+#      layers (the MoE layer benchmark, command buffers on and off), anchor (pplx-kernels from
+#      .devdeps/pplx_anchor at N = ANCHOR_NPROCS, default "2 4", processes on GPU 0) and anchorbench
+#      (our cuda and nvshmem halves the same way, one table next to pplx's; run after anchor),
 #      gpus gpusbench: every GPU of the machine, one process driving all and one process per GPU),
 #      GPUS_SINGLE=0 skips the gpus stage's one-process run, TMAX (cap on every stage's timeout, s), .devdeps/prebuilt/<hash>/_C*.so (skip the build).
 #      NVSHMEM_NPROCS (process counts of the nvshmem stage, default "1 2 4"; 1 = no mpirun).
@@ -11,6 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 RUNDIR=$(mktemp -d)  # run Python outside the source tree so the installed package (with _C) is imported
+REPO=$PWD; BENCH=$PWD/benchmarks  # benchmark programs (run as scripts: they import the installed package)
 export PYTHONUNBUFFERED=1 JAX_MOE_A2A_COMMIT=${JAX_MOE_A2A_COMMIT:-unknown}
 STAGES=${STAGES:-build single mpi bench}
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
@@ -190,17 +194,17 @@ fi
 cd "$RUNDIR"
 if stage gpusbench; then  # NVLink numbers: EP=$NGPU, every backend side by side (GPUS_BENCH1=0: no one-process run)
   [ "${GPUS_BENCH1:-1}" = 1 ] && "${ALL_GPUS[@]}" JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" timeout $(cap 300) \
-    python3 -m jax_moe_a2a.bench --backend cuda,reference,ragged --out "$OUT/gpus-bench1" ${BENCH_ARGS:-} 2>&1 \
+    python3 "$BENCH/halves.py" --backend cuda,reference,ragged --out "$OUT/gpus-bench1" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "step/s" | tee "$OUT/gpus-bench1.log"
   # ragged_all_to_all across processes: XLA:GPU refuses its NCCL send/recv path unless allowed
   "${ALL_GPUS[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank JAX_MOE_A2A_KERNEL_TIMING=1 \
     XLA_FLAGS="--xla_gpu_enable_command_buffer= --xla_gpu_allow_ragged_all_to_all_nccl_send_recv_fallback=true" \
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout $(cap 400) "${MPIRUN[@]}" -n "$NGPU" python3 -m jax_moe_a2a.bench \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout $(cap 400) "${MPIRUN[@]}" -n "$NGPU" python3 "$BENCH/halves.py" \
     --backend ${GPUS_BENCH_BACKENDS:-cuda,nvshmem,reference,ragged} --out "$OUT/gpus-benchmpi" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "step/s" | quiet | tee "$OUT/gpus-benchmpi.log"
 fi
 if stage bench; then  # one process, one rank: cuda next to reference, decode and prefill
-  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" timeout $(cap 300) python3 -m jax_moe_a2a.bench --out "$OUT/bench1" ${BENCH_ARGS:-} 2>&1 \
+  JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" timeout $(cap 300) python3 "$BENCH/halves.py" --out "$OUT/bench1" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "step/s" | tee "$OUT/bench1.log"
 fi
 # N processes sharing the one GPU: kernel + synchronisation overhead, never NVLink. mpibench
@@ -211,21 +215,21 @@ mpi_bench() {  # $1 = label, $2 = n, extra env before the command
   local label=$1 n=$2; shift 2
   env "$@" JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") \
-    timeout $(cap 300) "${MPIRUN[@]}" -n "$n" python3 -m jax_moe_a2a.bench --backend cuda --shape decode \
+    timeout $(cap 300) "${MPIRUN[@]}" -n "$n" python3 "$BENCH/halves.py" --backend cuda --shape decode \
     --out "$OUT/$label$n" ${BENCH_ARGS:-} 2>&1 | grep -v "step/s" | quiet > "$OUT/$label$n.log"
-  rm -f "$OUT/$label$n/latency.png"
+  rm -f "$OUT/$label$n/halves.png"
 }
 if stage mpibench; then
   for n in ${NPROCS:-2 4 8}; do mpi_bench bench "$n"; done
 fi
 if stage proxybench; then  # the inter-node path on one GPU: signalling round trip, then halves + breakdown
-  JAX_PLATFORMS=cuda,cpu timeout $(cap 120) python3 -m jax_moe_a2a.bench.proxy --signal 2>&1 | tee "$OUT/proxybench-signal.log"
+  JAX_PLATFORMS=cuda,cpu timeout $(cap 120) python3 "$BENCH/proxy.py" --signal 2>&1 | tee "$OUT/proxybench-signal.log"
   for run in ${PROXYBENCH_RUNS:-2:1:shm 4:1:shm 4:2:shm "2:1:tcp;ofi_rxm"}; do
     IFS=: read -r n ns prov <<< "$run"
     env JAX_MOE_A2A_NODE_SIZE="$ns" JAX_MOE_A2A_PROVIDER="$prov" JAX_MOE_A2A_IFACE="$([ "$prov" = shm ] || echo lo)" \
       JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
       XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") timeout $(cap 300) "${MPIRUN[@]}" -n "$n" \
-      python3 -m jax_moe_a2a.bench.proxy --shape decode 2>&1 | quiet \
+      python3 "$BENCH/proxy.py" --shape decode 2>&1 | quiet \
       | tee "$OUT/proxybench-n$n-ns$ns-${prov%%;*}.log"
   done
 fi
@@ -233,4 +237,26 @@ if stage mpsbench; then
   nvidia-cuda-mps-control -d && sleep 1
   for n in ${NPROCS:-2 4 8}; do mpi_bench mps "$n" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / n)); done
   echo quit | nvidia-cuda-mps-control
+fi
+if stage layers; then  # the headline: L MoE layers in one jit per backend next to plain XLA, command buffers on and off
+  JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 timeout $(cap 500) python3 "$BENCH/layers.py" --out "$OUT/layers" \
+    ${LAYERS_ARGS:-} 2>&1 | tee "$OUT/layers.log"
+fi
+# pplx-kernels (the anchor kit, carried as .devdeps/pplx_anchor) at the decode shape with N processes
+# on GPU 0, then our cuda and nvshmem halves the same way, merged into one table (ours/pplx per half).
+ANCHOR_DIR=$OUT/pplx
+if stage anchor; then
+  OUT="$ANCHOR_DIR" NS="${ANCHOR_NPROCS:-2 4}" timeout $(cap 900) bash "$REPO/.devdeps/pplx_anchor/run.sh" 2>&1 \
+    | tee "$OUT/anchor.log"
+fi
+if stage anchorbench; then
+  for n in ${ANCHOR_NPROCS:-2 4}; do
+    env JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_KERNEL_TIMING=1 NVSHMEM_REMOTE_TRANSPORT=none \
+      XLA_FLAGS="--xla_gpu_enable_command_buffer=" XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") \
+      timeout $(cap 400) "${MPIRUN[@]}" -n "$n" python3 "$BENCH/halves.py" --backend "${ANCHOR_BACKENDS:-cuda,nvshmem}" \
+      --shape decode --anchor-json "$ANCHOR_DIR" --no-plot --out "$OUT/anchorbench$n" ${BENCH_ARGS:-} 2>&1 | quiet \
+      > "$OUT/anchorbench$n.log"
+  done
+  python3 "$BENCH/halves.py" --report $(for n in ${ANCHOR_NPROCS:-2 4}; do echo "$OUT/anchorbench$n/halves.json"; done) \
+    2>&1 | tee "$OUT/anchorbench.log"
 fi

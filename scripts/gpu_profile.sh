@@ -8,17 +8,17 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-RUNDIR=$(mktemp -d); cd "$RUNDIR"
+BENCH=$PWD/benchmarks; RUNDIR=$(mktemp -d); cd "$RUNDIR"
 export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda,cpu CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 NOBUF=(XLA_FLAGS="--xla_gpu_enable_command_buffer=")
 # 1 process: kernel times of each half (CUDA events around the launch)
-env "${NOBUF[@]}" JAX_MOE_A2A_KERNEL_TIMING=1 timeout 200 python3 -m jax_moe_a2a.bench --backend cuda --shape decode \
+env "${NOBUF[@]}" JAX_MOE_A2A_KERNEL_TIMING=1 timeout 200 python3 "$BENCH/halves.py" --backend cuda --shape decode \
   --iters ${KT_ITERS:-50} --out "$OUT/kt1" 2>&1 | grep -vE "step/s|^\s*$" > "$OUT/kt1.log"
 for n in ${PROFILE_NPROCS:-2 4}; do
   env "${NOBUF[@]}" JAX_MOE_A2A_KERNEL_TIMING=1 JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 \
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") timeout 240 "${MPIRUN[@]}" -n "$n" \
-    python3 -m jax_moe_a2a.bench --backend cuda --shape decode --iters ${KT_ITERS:-50} --out "$OUT/kt$n" 2>&1 \
+    python3 "$BENCH/halves.py" --backend cuda --shape decode --iters ${KT_ITERS:-50} --out "$OUT/kt$n" 2>&1 \
     | grep -vE "step/s|^\s*$|grpc|external/xla" > "$OUT/kt$n.log"
 done
 [ "${NCU:-1}" = 0 ] && exit 0
@@ -27,7 +27,7 @@ if [ -n "${NCU_SECTIONS:-}" ]; then WHAT=(); for x in $NCU_SECTIONS; do WHAT+=(-
 else WHAT=(--set "${NCU_SET:-full}"); fi
 env "${NOBUF[@]}" timeout 300 ncu --clock-control none "${WHAT[@]}" --import-source yes \
   -k "regex:${NCU_KERNELS:-(dispatch|combine)_(send|recv)_kernel}" --launch-skip 8 --launch-count 4 -f -o "$OUT/prof" \
-  python3 -m jax_moe_a2a.bench --backend cuda --shape decode --iters 2 --warmup 1 --no-check --out "$RUNDIR/b" \
+  python3 "$BENCH/halves.py" --backend cuda --shape decode --iters 2 --warmup 1 --no-check --out "$RUNDIR/b" \
   > "$OUT/ncu-run.log" 2>&1
 ncu --import "$OUT/prof.ncu-rep" --page details > "$OUT/ncu-details.txt" 2>&1
 ncu --import "$OUT/prof.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-source.csv" 2>&1 \

@@ -74,11 +74,7 @@ RankState::RankState(const CudaOptions& o, int rank, int device, int local_index
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   blocks_ = grid_blocks(device_);
   peers_.assign(o_.g.N, nullptr);
-  const char* timing = std::getenv("JAX_MOE_A2A_KERNEL_TIMING");
-  timing_ = timing && std::string(timing) == "1";
-  if (timing_) {
-    for (auto& pair : events_)
-      for (auto& e : pair) check(cudaEventCreate(&e), "cudaEventCreate");
+  if (timer_.init("jax_moe_a2a cuda")) {
     // Benchmarks record the launch geometry next to the kernel times.
     std::fprintf(stderr, "jax_moe_a2a cuda (rank %d, device %d): cooperative grid of %d blocks\n", rank_, device_,
                  blocks_);
@@ -112,10 +108,7 @@ RankState::RankState(const CudaOptions& o, int rank, int device, int local_index
 
 cudaError_t RankState::launch_timed(int op, cudaStream_t stream, cudaError_t (*launch)(const void*, int, cudaStream_t),
                                     const void* params) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  const bool timed = timing_ && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
-                     capture == cudaStreamCaptureStatusNone;
-  if (timed && cudaEventRecord(events_[op][0], stream) != cudaSuccess) return cudaGetLastError();
+  const bool timed = timer_.begin(op, stream);
   cudaError_t rc = launch(params, blocks_, stream);
   while (rc == cudaErrorCooperativeLaunchTooLarge && blocks_ > 1) {
     // Fewer SMs than the device reports (an MPS client limited by CUDA_MPS_ACTIVE_THREAD_PERCENTAGE):
@@ -127,21 +120,12 @@ cudaError_t RankState::launch_timed(int op, cudaStream_t stream, cudaError_t (*l
     rc = launch(params, blocks_, stream);
   }
   if (rc != cudaSuccess) return rc;
-  if (timed) {
-    const cudaError_t e = cudaEventRecord(events_[op][1], stream);
-    recorded_[op] = e == cudaSuccess;
-    return e;
-  }
-  return cudaSuccess;
+  return timed ? timer_.end(op, stream) : cudaSuccess;
 }
 
 float RankState::kernel_ms(int op) {
-  if (op < 0 || op > 3 || !recorded_[op]) return -1.f;
   check(cudaSetDevice(device_), "cudaSetDevice");
-  check(cudaEventSynchronize(events_[op][1]), "cudaEventSynchronize");
-  float ms = -1.f;
-  check(cudaEventElapsedTime(&ms, events_[op][0], events_[op][1]), "cudaEventElapsedTime");
-  return ms;
+  return timer_.ms(op, "jax_moe_a2a cuda");
 }
 
 RankState::~RankState() {
@@ -152,9 +136,6 @@ RankState::~RankState() {
   if (shared_) cudaFree(shared_);
   if (private_) cudaFree(private_);
   if (err_) cudaFreeHost(err_);
-  if (timing_)
-    for (auto& pair : events_)
-      for (auto& e : pair) cudaEventDestroy(e);
 }
 
 std::string RankState::bootstrap_info() const {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/kernel_timer.h"
 #include "cuda/params.h"
 
 namespace a2a::cuda {
@@ -78,9 +79,7 @@ class RankState {
   std::vector<uint8_t*> peers_;     // shared base of every rank, as mapped here
   std::vector<uint8_t*> opened_;    // IPC mappings to close
   std::unique_ptr<RemotePath> remote_;
-  bool timing_ = false;
-  cudaEvent_t events_[4][2] = {};
-  bool recorded_[4] = {};
+  KernelTimer timer_;
 };
 
 class CudaComm {

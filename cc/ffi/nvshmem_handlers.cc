@@ -16,9 +16,10 @@ using a2a::ffi_gpu::decode;
 
 namespace {
 
-// Decodes into P (geometry and slot pointers of the rank) with `fill`, then launches `launch`.
+// Decodes into P (geometry and slot pointers of the rank) with `fill`, then launches `launch`
+// (between CUDA events when kernel timing is on; op_index 0..3 as in cuda::KernelTimer).
 template <typename P, typename Fill>
-ffi::Error run(const char* op, int64_t comm_id, int32_t dev, int32_t slot, cudaStream_t stream, Fill&& fill,
+ffi::Error run(const char* op, int op_index, int64_t comm_id, int32_t dev, int32_t slot, cudaStream_t stream, Fill&& fill,
                cudaError_t (*launch)(const P&, const nv::NvSlot&, int, cudaStream_t)) {
   try {
     auto comm = nv::find_comm(comm_id);
@@ -32,7 +33,11 @@ ffi::Error run(const char* op, int64_t comm_id, int32_t dev, int32_t slot, cudaS
     cudaError_t rc = fill(&p);
     int cur = -1;
     if (rc == cudaSuccess && (cudaGetDevice(&cur) != cudaSuccess || cur != dev)) rc = cudaSetDevice(dev);
-    if (rc == cudaSuccess) rc = launch(p, comm->nv(), comm->blocks(), stream);
+    if (rc == cudaSuccess) {
+      const bool timed = comm->timer().begin(op_index, stream);
+      rc = launch(p, comm->nv(), comm->blocks(), stream);
+      if (rc == cudaSuccess && timed) rc = comm->timer().end(op_index, stream);
+    }
     if (rc != cudaSuccess)
       return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_moe_a2a nvshmem ") + op + ": " + cudaGetErrorString(rc));
     return ffi::Error::Success();
@@ -47,7 +52,7 @@ ffi::Error DispatchSend(cudaStream_t stream, int32_t dev, ffi::AnyBuffer x, ffi:
                         ffi::Result<ffi::Buffer<ffi::S32>> pair_slot, ffi::Result<ffi::Buffer<ffi::S32>> dropped,
                         int64_t comm_id, int32_t slot, int64_t /*call_id*/) {
   return run<a2a::cuda::DispatchSendParams>(
-      "dispatch_send", comm_id, dev, slot, stream,
+      "dispatch_send", 0, comm_id, dev, slot, stream,
       [&](a2a::cuda::DispatchSendParams* p) { return decode(p, x, x_scale, ids, weights, num_tokens, handle, dest, pair_slot, dropped); },
       nv::launch_dispatch_send);
 }
@@ -58,7 +63,7 @@ ffi::Error DispatchRecv(cudaStream_t stream, int32_t dev, ffi::Buffer<ffi::S32> 
                         ffi::Result<ffi::Buffer<ffi::S32>> recv_slot, ffi::Result<ffi::Buffer<ffi::S32>> recv_counts,
                         ffi::Result<ffi::Buffer<ffi::S32>> overflow, int64_t comm_id, int32_t slot) {
   return run<a2a::cuda::DispatchRecvParams>(
-      "dispatch_recv", comm_id, dev, slot, stream,
+      "dispatch_recv", 1, comm_id, dev, slot, stream,
       [&](a2a::cuda::DispatchRecvParams* p) { return decode(p, handle, x, scale, group_sizes, weights, src, recv_slot, recv_counts, overflow); },
       nv::launch_dispatch_recv);
 }
@@ -66,7 +71,7 @@ ffi::Error DispatchRecv(cudaStream_t stream, int32_t dev, ffi::Buffer<ffi::S32> 
 ffi::Error CombineSend(cudaStream_t stream, int32_t dev, ffi::AnyBuffer y, ffi::Buffer<ffi::S32> recv_counts, ffi::AnyBuffer /*after*/,
                        ffi::Result<ffi::Buffer<ffi::S32>> handle, int64_t comm_id, int32_t slot, int64_t /*call_id*/) {
   return run<a2a::cuda::CombineSendParams>(
-      "combine_send", comm_id, dev, slot, stream,
+      "combine_send", 2, comm_id, dev, slot, stream,
       [&](a2a::cuda::CombineSendParams* p) { return decode(p, y, recv_counts, handle); }, nv::launch_combine_send);
 }
 
@@ -75,7 +80,7 @@ ffi::Error CombineRecv(cudaStream_t stream, int32_t dev, ffi::Buffer<ffi::S32> h
                        ffi::AnyBuffer out_in, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> pairs,
                        int64_t comm_id, int32_t slot, int32_t y_kind) {
   return run<a2a::cuda::CombineRecvParams>(
-      "combine_recv", comm_id, dev, slot, stream,
+      "combine_recv", 3, comm_id, dev, slot, stream,
       [&](a2a::cuda::CombineRecvParams* p) { return decode(p, handle, dest, pair_slot, weights, num_tokens, out_in, out, pairs, y_kind); },
       nv::launch_combine_recv);
 }

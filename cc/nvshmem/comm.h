@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/comm.h"
+#include "cuda/kernel_timer.h"
 #include "nvshmem/params.h"
 
 namespace a2a::nvshmem {
@@ -43,6 +44,11 @@ class NvComm {
   int64_t block_bytes() const { return int64_t(o_.slots) * nv_.lay.slot_bytes; }
   void check_error() const;
   std::string error_text() const;
+  // CUDA events around each half's launch (JAX_MOE_A2A_KERNEL_TIMING=1 at creation), as in the
+  // cuda backend: op 0..3 = dispatch_send, dispatch_recv, combine_send, combine_recv.
+  cuda::KernelTimer& timer() { return timer_; }
+  // Milliseconds of op's last timed launch (waits for it); negative when none was recorded.
+  float kernel_ms(int op);
 
  private:
   cuda::CudaOptions o_;
@@ -53,6 +59,7 @@ class NvComm {
   std::vector<uint8_t*> peer_base_;   // every rank's block, as a symmetric address valid here
   cuda::ErrorRecord* err_ = nullptr;  // cudaHostAlloc(mapped)
   cuda::ErrorRecord* err_dev_ = nullptr;
+  cuda::KernelTimer timer_;
 };
 
 void register_comm(int64_t id, std::shared_ptr<NvComm> comm);

@@ -6,6 +6,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <stdexcept>
+
 #include "nvshmem/comm.h"
 #include "nvshmem/runtime.h"
 #include "python/gpu_options.h"
@@ -55,6 +57,15 @@ void bind_nvshmem(nb::module_& m) {
     return int64_t(slots) * nvshmem::make_layout(&o.g).slot_bytes;
   }, "Symmetric heap bytes one rank's communicator takes (all slots).");
   c.def("destroy", &nvshmem::unregister_comm, "comm_id"_a);
+  c.def("kernel_ms", [](int64_t comm_id, int rank, int op) {
+    auto comm = nvshmem::find_comm(comm_id);
+    if (comm->rank() != rank) throw std::invalid_argument("jax_moe_a2a nvshmem: rank " + std::to_string(rank) +
+                                                         " is not this process's rank");
+    return comm->kernel_ms(op);
+  }, "comm_id"_a, "rank"_a, "op"_a,
+        "Milliseconds of the last timed launch of op (0 dispatch_send .. 3 combine_recv) of this process's rank; "
+        "negative when none was timed (JAX_MOE_A2A_KERNEL_TIMING=1 not set at create, or the launch was captured "
+        "in a command buffer).");
   c.def("last_error", [](int64_t comm_id) { return nvshmem::find_comm(comm_id)->error_text(); }, "comm_id"_a,
         "A timeout recorded by this process's kernels (\"\" if none).");
 }

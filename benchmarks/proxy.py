@@ -1,7 +1,7 @@
 """The cuda backend's inter-node path (proxy thread + TransferEngine) on GPUs.
 
-    python -m jax_moe_a2a.bench.proxy --signal             # GPU -> host -> GPU flag round trip
-    JAX_MOE_A2A_NODE_SIZE=1 mpirun -n 2 python -m jax_moe_a2a.bench.proxy --shape decode
+    python benchmarks/proxy.py --signal             # GPU -> host -> GPU flag round trip
+    JAX_MOE_A2A_NODE_SIZE=1 mpirun -n 2 python benchmarks/proxy.py --shape decode
 
 The second form checks against the oracle and times each half as the main bench does (barrier
 between halves, max over processes), with JAX_MOE_A2A_KERNEL_TIMING=1 also each half's kernel
@@ -25,7 +25,7 @@ import numpy as np
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m jax_moe_a2a.bench.proxy", description=__doc__,
+    p = argparse.ArgumentParser(prog="python benchmarks/proxy.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--signal", action="store_true", help="only the GPU -> host -> GPU signalling round trip")
     p.add_argument("--signal-iters", type=int, default=10000)
@@ -40,7 +40,7 @@ def parse_args(argv):
 
 
 def signal(iters):
-    from .. import _ffi
+    from jax_moe_a2a import _ffi
     c = _ffi.require_native()
     ns = np.asarray(c.cuda.signal_roundtrip(0, iters)[iters // 10:])  # first 10 %: warm-up
     us = ns / 1e3
@@ -52,11 +52,12 @@ def signal(iters):
 
 
 def halves(args):
-    from .run import Progress, bench_one, setup_runtime
-    jax = setup_runtime(argparse.Namespace(cpu_devices=None))
+    import benchlib
+    from benchlib import Progress, shapes, timing
+    from halves import bench_one
+    jax = benchlib.setup_runtime()
     import jax_moe_a2a as a2a
-    from .. import testing
-    from . import shapes, timing
+    from jax_moe_a2a import testing
 
     table = shapes.pick(jax.default_backend(), False)
     overrides = {k: v for k, v in (("max_tokens_per_rank", args.tokens), ("hidden", args.hidden)) if v}

@@ -23,7 +23,7 @@ def block(tree):
 
 def barrier(name: str = "bench", timeout_s: float = 300.0):
     if jax.process_count() > 1:
-        from ..runtime import kv_client
+        from jax_moe_a2a.runtime import kv_client
         kv_client().wait_at_barrier(f"jax_moe_a2a_bench_{name}_{next(_BARRIERS)}", int(timeout_s * 1000))
 
 
@@ -38,7 +38,7 @@ def max_over_processes(samples: List[float], name: str = "times") -> np.ndarray:
     """[iters] seconds per process -> [iters] max over processes (the slowest rank decides)."""
     arr = np.asarray(samples, np.float64)
     if jax.process_count() > 1:
-        from ..runtime import kv_client
+        from jax_moe_a2a.runtime import kv_client
         client = kv_client()
         key = f"jax_moe_a2a_bench_{name}_{next(_BARRIERS)}"
         client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(arr.tolist()))

@@ -1,6 +1,6 @@
 """TransferEngine micro-benchmark: write latency, bandwidth, scatter to N peers, barrier.
 
-    mpirun --allow-run-as-root --oversubscribe -n 2 python -m jax_moe_a2a.bench.engine \
+    mpirun --allow-run-as-root --oversubscribe -n 2 python benchmarks/engine.py \
         --provider shm --provider "tcp;ofi_rxm" --json /tmp/engine.json
 
 Per provider (tcp stays on loopback unless --iface says otherwise):
@@ -217,7 +217,7 @@ def print_table(r: dict) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jax_moe_a2a.bench.engine", description=__doc__,
+    p = argparse.ArgumentParser(prog="python benchmarks/engine.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--provider", action="append",
                    help="libfabric provider (repeatable); default $JAX_MOE_A2A_PROVIDER or shm")
@@ -242,8 +242,8 @@ def main(argv=None) -> int:
 
     rank, world = _mpi_world()
     if world < 2:
-        print("run under mpirun with at least 2 processes, e.g.\n  mpirun -n 2 python -m "
-              "jax_moe_a2a.bench.engine --provider shm", file=sys.stderr)
+        print("run under mpirun with at least 2 processes, e.g.\n  mpirun -n 2 python "
+              "benchmarks/engine.py --provider shm", file=sys.stderr)
         return 2
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     kv = _kv()

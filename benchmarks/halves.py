@@ -1,0 +1,260 @@
+"""Dispatch/combine halves benchmark of a DeepSeek-V3-shaped MoE layer.
+
+    python benchmarks/halves.py [--backend cuda,reference] [--shape decode] [--quick]
+    mpirun -n 2 python benchmarks/halves.py --backend cuda --shape decode --anchor-json DIR
+
+Checks every backend against the NumPy oracle first (the `check` column), then times each half
+as one jitted call from Python to block_until_ready with a barrier (the jax.distributed key-value
+store) before it: p50/p99 over iterations, max over processes. With JAX_MOE_A2A_KERNEL_TIMING=1
+(and XLA command buffers off) the cuda and nvshmem backends also report CUDA-event times of each
+half's kernel alone. --anchor-json DIR adds pplx-kernels' times at the same shape (DIR/pplx_N.json
+of the anchor kit, N = the number of processes: intra-sync kernels next to cuda, inter next to
+nvshmem) with ours/pplx ratios. Writes halves.json (and halves.png unless --no-plot) into --out.
+`python benchmarks/halves.py --report A/halves.json B/halves.json` prints several runs as one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+import benchlib
+from benchlib import HALVES, Progress, anchor, report, shapes
+
+
+def add_common_args(p, what="half"):
+    p.add_argument("--backend", default="", help="comma-separated backends (default: every available one)")
+    p.add_argument("--shape", default="decode,prefill", help="comma-separated: decode, prefill")
+    p.add_argument("--quick", action="store_true", help="tiny shapes and few iterations (smoke run)")
+    p.add_argument("--ranks", type=int, default=None, help="EP ranks (default: all global devices)")
+    p.add_argument("--tokens", type=int, default=None, help="override T for every shape")
+    p.add_argument("--hidden", type=int, default=None, help="override H for every shape")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench-out", help="directory for the JSON results and PNG plots")
+    p.add_argument("--no-plot", action="store_true", help="no PNG")
+    p.add_argument("--cpu-devices", type=int, default=None,
+                   help="CPU devices per process (default 8 in one process, 1 under mpirun)")
+    p.add_argument("--progress-label", default="", help=argparse.SUPPRESS)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python benchmarks/halves.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p)
+    p.add_argument("--iters", type=int, default=None,
+                   help="timed iterations per half (default 50 on GPUs, 5 on CPUs, 1 with --quick)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default 5 on GPUs, else 1)")
+    p.add_argument("--no-check", action="store_true", help="skip the oracle check")
+    p.add_argument("--json-out", default=None, help=argparse.SUPPRESS)  # child processes: results only
+    p.add_argument("--anchor-json", default=os.environ.get("JAX_MOE_A2A_ANCHOR_JSON"),
+                   help="folder with the pplx anchor kit's pplx_N.json (default $JAX_MOE_A2A_ANCHOR_JSON)")
+    return p.parse_args(argv)
+
+
+def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0):
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    from benchlib import timing
+    from jax_moe_a2a import oracle, testing
+
+    spec, mesh, n = comm.spec, comm.mesh, comm.num_ranks
+    inputs = testing.make_inputs(spec, n, args.seed, num_tokens=spec.max_tokens_per_rank)
+    record = {"backend": comm.backend_name, "shape": shape_name, "ranks": n, "processes": jax.process_count(),
+              "spec": {"T": spec.max_tokens_per_rank, "H": spec.hidden, "E": spec.num_experts,
+                       "K": spec.experts_per_token, "dispatch_dtype": str(spec.dispatch_dtype),
+                       "combine_dtype": str(spec.combine_dtype), "layout": spec.layout},
+              "buffer_bytes_per_rank": comm.buffer_bytes()}
+    # bytes of payload each rank sends (one row per routed (token, expert) pair)
+    rows = [int(oracle.routed_pairs(spec, i)[0].sum()) for i in inputs]
+    record["dispatch_bytes_per_rank"] = float(np.mean(rows)) * spec.token_bytes()
+    record["combine_bytes_per_rank"] = float(np.mean(rows)) * spec.hidden * 2
+
+    if args.no_check:
+        record["check"] = "skipped"
+    else:
+        try:
+            testing.check_all(comm, inputs, testing.run_ops(comm, inputs))
+            record["check"] = "ok"
+        except AssertionError as e:
+            lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+            record["check"] = "FAILED: " + " | ".join(lines[:8])[:600]
+    progress.update(f"{comm.backend_name}/{shape_name} check", 2 * units)
+
+    axis = comm.axis
+    glob = [testing.stack_global(mesh, axis, [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
+    glob.append(testing.stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs]))
+    add = lambda t: jax.tree.map(lambda a: a[None], t)   # per-rank leaf -> [1, ...] for out_specs
+    rm = lambda t: jax.tree.map(lambda a: a[0], t)
+
+    def sm(fn, nin):
+        return jax.jit(testing.shard_map(fn, mesh=mesh, in_specs=(P(axis),) * nin, out_specs=P(axis)))
+
+    f_ds = sm(lambda x, i, w, k: add(comm.dispatch_send(x, i, w, k)), 4)
+    f_dr = sm(lambda h: add(comm.dispatch_recv(rm(h))), 1)
+    f_y = sm(lambda g: add(testing.expert_fn_jax(spec, n, rm(g), jnp.bfloat16)), 1)
+    f_cs = sm(lambda y, g: add(comm.combine_send(rm(y), rm(g))), 2)
+    f_cr = sm(lambda h: add(comm.combine_recv(rm(h))), 1)
+    f_d = sm(lambda x, i, w, k: add(comm.dispatch(x, i, w, k)), 4)
+    f_c = sm(lambda y, g: add(comm.combine(rm(y), rm(g))), 2)
+
+    samples = {h: [] for h in HALVES}
+    # Kernel-only times (cuda backend with JAX_MOE_A2A_KERNEL_TIMING=1): CUDA events around each
+    # half's kernel, free of Python dispatch and host synchronisation.
+    kernel_of = getattr(comm._backend, "kernel_seconds", None)
+    kernel = {h: [] for h in HALVES[:4]}
+
+    def kernel_sample(half):
+        sec = kernel_of(comm, half) if kernel_of else None
+        if sec is not None:
+            kernel[half].append(sec)
+    for it in range(warmup + iters):
+        timed = it >= warmup
+        timing.barrier("ds")
+        h, t = timing.time_once(f_ds, *glob)
+        samples["dispatch_send"].append(t)
+        kernel_sample("dispatch_send")
+        timing.barrier("dr")
+        got, t = timing.time_once(f_dr, h)
+        samples["dispatch_recv"].append(t)
+        kernel_sample("dispatch_recv")
+        y = timing.block(f_y(got))
+        timing.barrier("cs")
+        ch, t = timing.time_once(f_cs, y, got)
+        samples["combine_send"].append(t)
+        kernel_sample("combine_send")
+        timing.barrier("cr")
+        _, t = timing.time_once(f_cr, ch)
+        samples["combine_recv"].append(t)
+        kernel_sample("combine_recv")
+        timing.barrier("d")
+        _, t = timing.time_once(f_d, *glob)
+        samples["dispatch"].append(t)
+        timing.barrier("c")
+        _, t = timing.time_once(f_c, y, got)
+        samples["combine"].append(t)
+        if not timed:
+            for v in list(samples.values()) + list(kernel.values()):
+                if v:
+                    v.pop()
+        progress.update(f"{comm.backend_name}/{shape_name} iter", units)
+    record["timings"] = {h: timing.summarize(timing.max_over_processes(v, h)) for h, v in samples.items()}
+    if all(len(v) == iters for v in kernel.values()):
+        record["kernel_timings"] = {h: timing.summarize(timing.max_over_processes(v, "k" + h)) for h, v in kernel.items()}
+    for op in ("dispatch", "combine"):
+        p50 = record["timings"][op]["p50_us"]
+        record.setdefault("goodput_GBps", {})[op] = record[f"{op}_bytes_per_rank"] / (p50 * 1e3) if p50 else 0.0
+        if "kernel_timings" in record:  # send + recv kernels of the op
+            k = sum(record["kernel_timings"][f"{op}_{h}"]["p50_us"] for h in ("send", "recv"))
+            record.setdefault("kernel_goodput_GBps", {})[op] = record[f"{op}_bytes_per_rank"] / (k * 1e3) if k else 0.0
+    return record
+
+
+def run(jax, args, progress_label=""):
+    """Runs every requested backend and shape; returns {"meta", "results", "skipped", "anchor"}."""
+    import jax_moe_a2a as a2a
+    from jax_moe_a2a import testing
+
+    lead = jax.process_index() == 0
+    platform = jax.default_backend()
+    table = shapes.pick(platform, args.quick)
+    names = [s for s in args.shape.split(",") if s]
+    for s in names:
+        if s not in table:
+            raise SystemExit(f"--shape: unknown shape {s!r} (known: {sorted(table)})")
+    chosen = {s: shapes.with_overrides(table[s], args.tokens, args.hidden) for s in names}
+    backends, skipped = benchlib.backend_plan(args.backend)
+    gpu = platform not in ("cpu",)
+    iters = args.iters or (1 if args.quick else (50 if gpu else 5))
+    warmup = args.warmup if args.warmup is not None else (5 if gpu and not args.quick else 1)
+    mesh = testing.make_mesh(args.ranks)
+    meta = benchlib.run_meta(jax, iters=iters, warmup=warmup, ranks=mesh.size,
+                             kernel_timing=os.environ.get("JAX_MOE_A2A_KERNEL_TIMING") == "1")
+    if lead:
+        print(f"halves benchmark: backends {backends}, shapes {names}, {mesh.size} ranks on {meta['devices']} "
+              f"{platform} device(s) in {meta['processes']} process(es), {iters} timed + {warmup} warm-up "
+              f"iterations", flush=True)
+        for b, why in skipped.items():
+            print(f"  skipped {b}: {why}", flush=True)
+    units = {s: chosen[s].units() for s in names}
+    progress = Progress(len(backends) * sum(units[s] * (2 + iters + warmup) for s in names), lead,
+                        label=progress_label)
+    if "nvshmem" in backends and not os.environ.get("JAX_MOE_A2A_NVSHMEM_ARENA"):
+        # The first communicator of a process fixes the NVSHMEM arena: make room for every shape.
+        from jax_moe_a2a.backends.nvshmem import NvshmemBackend
+        nv = NvshmemBackend()
+        os.environ["JAX_MOE_A2A_NVSHMEM_ARENA"] = str(sum(nv.buffer_bytes(chosen[s].spec(), mesh.size) for s in names))
+    results = []
+    for b in backends:
+        for s in names:
+            try:
+                comm = a2a.init(chosen[s].spec(), mesh, "ep", backend=b, collect_stats=False)
+                rec = bench_one(jax, comm, s, args, iters, warmup, progress, units[s])
+                rec["scaled"] = chosen[s].scaled
+                comm.close()
+            except Exception as e:  # report and go on with the other backends
+                rec = {"backend": b, "shape": s, "error": f"{type(e).__name__}: {e}"}
+                if lead:
+                    traceback.print_exc()
+            results.append(rec)
+            if lead:  # one line per run as it ends, so that a run that hangs is named in the log
+                progress.write(f"finished {b}/{s}: {rec.get('check') or rec.get('error')}")
+    progress.close()
+    out = {"meta": meta, "results": results, "skipped": skipped}
+    if args.anchor_json:
+        out["anchor"] = anchor.load(args.anchor_json, jax.process_count())
+        for r in results:
+            if "spec" in r:
+                r["anchor_row"] = anchor.best_row(out["anchor"], r["backend"], r["spec"])
+    return out
+
+
+def merged_report(paths) -> dict:
+    """Several halves.json (e.g. N = 2 and N = 4 processes) as one: backends tagged with N."""
+    out = None
+    for path in paths:
+        with open(path) as f:
+            part = json.load(f)
+        for r in part["results"]:
+            r["backend"] = f"{r['backend']} N={r.get('processes', part['meta'].get('processes'))}"
+        if out is None:
+            out = part
+        else:
+            out["results"] += part["results"]
+    return out
+
+
+def failed(out) -> bool:
+    return any("error" in r or str(r.get("check", "")).startswith("FAILED") for r in out["results"])
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--report"]:  # python benchmarks/halves.py --report a/halves.json b/halves.json
+        report.print_halves(merged_report(argv[1:]))
+        return 0
+    args = parse_args(argv)
+    jax = benchlib.setup_runtime(args.cpu_devices)
+    out = run(jax, args, args.progress_label)
+    if jax.process_index() == 0 and args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(out, f)
+    elif jax.process_index() == 0:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "halves.json")
+        with open(path, "w") as f:
+            json.dump(out, f, indent=2)
+        report.print_halves(out)
+        pngs = [] if args.no_plot else report.plot_halves(out, args.out)
+        print(f"wrote {path} " + " ".join(pngs))
+    if jax.process_count() > 1:
+        jax.distributed.shutdown()
+    return 1 if failed(out) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,332 @@
+"""MoE layer benchmark: L layers (dispatch -> experts -> combine) unrolled in one jax.jit.
+
+    python benchmarks/layers.py [--backend host,reference] [--shape decode] [--quick]
+    mpirun -n 2 python benchmarks/layers.py --backend cuda --shape decode
+
+Per backend, shape, expert kind (`identity`: the received rows are the expert output;
+`ragged_dot`: silu(x @ w1) @ w2 per local expert with jax.lax.ragged_dot, F = --ffn) and shared
+expert placement (`overlap`: its two halves in flight with jax_moe_a2a.overlap, as in
+models.moe_block(overlap=True); `after`: after combine_recv, behind an optimisation barrier), it
+times `steps` back-to-back calls of the jitted L-layer step (each step's output is the next one's
+input) after two warm-up calls (one on CPUs), blocks at the end and divides by steps x L: one repeat. p50 and
+min over repeats, max over processes. Next to every backend: `plain`, the same layer without
+communication on the same inputs (each rank gathers its own tokens' rows sorted by local expert,
+runs the experts, scatter-adds them back weighted): at EP=1 the whole layer, at EP>1 each rank's
+local compute only. XLA command buffers: `--cmdbuf on,off` runs one child process per setting
+(XLA_FLAGS must be set before JAX starts; the default on GPUs in one process); under mpirun or on
+CPUs (no command buffers) the current XLA_FLAGS decide. Writes layers.json (and layers.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+
+import benchlib
+from benchlib import Progress, report, shapes, timing
+
+NO_CMDBUF = "--xla_gpu_enable_command_buffer="
+
+
+def parse_args(argv):
+    from halves import add_common_args
+    p = argparse.ArgumentParser(prog="python benchmarks/layers.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p)
+    p.add_argument("--layers", type=int, default=None, help="MoE layers per jitted step (default 4; 2 on CPUs)")
+    p.add_argument("--steps", type=int, default=None, help="back-to-back steps per repeat (default 10; CPU 1)")
+    p.add_argument("--repeats", type=int, default=None, help="repeats (default 7; CPU 3; quick 1)")
+    p.add_argument("--experts", default=None,
+                   help="comma-separated: identity, ragged_dot (default both on GPUs; identity on CPUs, where "
+                        "XLA's ragged_dot computes every row against every local expert)")
+    p.add_argument("--shared", default="overlap,after", help="comma-separated: overlap, after")
+    p.add_argument("--ffn", type=int, default=None, help="expert FFN width F (default 2048; scaled on CPU)")
+    p.add_argument("--no-plain", action="store_true", help="skip the plain-XLA layer")
+    p.add_argument("--cmdbuf", default="auto",
+                   help="XLA command buffers: on, off, on,off (one child process each), or auto (on,off on "
+                        "GPUs in one process, else as XLA_FLAGS say)")
+    p.add_argument("--json-out", default=None, help=argparse.SUPPRESS)  # child processes: results only
+    return p.parse_args(argv)
+
+
+def cmdbuf_variants(arg: str) -> list:
+    if arg != "auto":
+        return [v for v in arg.split(",") if v]
+    _, mpi_size = benchlib.mpi_world()
+    cpu = os.environ.get("JAX_PLATFORMS", "").split(",")[0] == "cpu" or not shutil.which("nvidia-smi")
+    return ["on", "off"] if mpi_size == 1 and not cpu else []
+
+
+def current_cmdbuf(jax) -> str:
+    if jax.default_backend() == "cpu":
+        return "n/a"
+    return "off" if NO_CMDBUF in os.environ.get("XLA_FLAGS", "").split() else "on"
+
+
+def with_cmdbuf_env(variant: str) -> dict:
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_gpu_enable_command_buffer")]
+    if variant == "off":
+        flags.append(NO_CMDBUF)
+    env["XLA_FLAGS"] = " ".join(flags)
+    return env
+
+
+# --- the layer -----------------------------------------------------------------------------------
+def _silu(h):
+    import jax
+    return h * jax.lax.logistic(h)
+
+
+def make_step(comm, experts: str, shared: str, num_layers: int, plain: bool):
+    """Per-rank step: x [T, H] -> x after num_layers MoE layers (one slot per layer in turn)."""
+    import jax
+    import jax.numpy as jnp
+
+    import jax_moe_a2a as a2a
+    spec, n = comm.spec, comm.num_ranks
+    local = spec.local_experts(n)
+
+    def run_experts(rows, group_sizes, p):
+        if experts == "identity":
+            return rows.astype(spec.combine_dtype)
+        h = _silu(jax.lax.ragged_dot(rows.astype(p["w1"].dtype), p["w1"], group_sizes))
+        return jax.lax.ragged_dot(h.astype(p["w2"].dtype), p["w2"], group_sizes).astype(spec.combine_dtype)
+
+    def shared_up(x, w1s):
+        return _silu(x.astype(w1s.dtype) @ w1s)
+
+    def shared_down(h, w2s):
+        return (h @ w2s).astype(spec.combine_dtype)
+
+    def comm_layer(x, ids, w, num, p, slot):
+        sent = comm.dispatch_send(x, ids, w, num, slot=slot)
+        if shared == "overlap":
+            sent, h = a2a.overlap(sent, shared_up, x, p["w1s"])
+        got = comm.dispatch_recv(sent)
+        rows = got.x
+        if spec.is_fp8:
+            rows = a2a.dequantize_fp8(got.x, got.scale, spec.scale_block)
+        back = comm.combine_send(run_experts(rows, got.group_sizes, p), got)
+        if shared == "overlap":
+            back, out = a2a.overlap(back, shared_down, h, p["w2s"])
+            return comm.combine_recv(back, out=out)
+        y = comm.combine_recv(back)
+        y, x = jax.lax.optimization_barrier((y, x))  # the shared expert strictly after the exchange
+        return y + shared_down(shared_up(x, p["w1s"]), p["w2s"])
+
+    def plain_layer(x, ids, w, num, p, slot):
+        del slot
+        t, k = ids.shape
+        valid = (jnp.arange(t) < num)[:, None] & (ids >= 0)
+        key = jnp.where(valid, ids % local, local).reshape(-1)
+        order = jnp.argsort(key, stable=True)
+        tok = order // k
+        group_sizes = jnp.bincount(key, length=local + 1)[:local].astype(jnp.int32)
+        if shared == "overlap":  # no exchange to hide it behind: computed first, XLA orders it
+            out = shared_down(shared_up(x, p["w1s"]), p["w2s"]).astype(jnp.float32)
+        else:
+            out = jnp.zeros(x.shape, jnp.float32)
+        y = run_experts(x[tok].astype(jnp.bfloat16), group_sizes, p)
+        wf = jnp.where(valid, w, 0.0).reshape(-1)[order]
+        out = out.at[tok].add(y.astype(jnp.float32) * wf[:, None])
+        if shared != "overlap":
+            out, x = jax.lax.optimization_barrier((out, x))
+            out = out + shared_down(shared_up(x, p["w1s"]), p["w2s"]).astype(jnp.float32)
+        return out.astype(spec.combine_dtype)
+
+    layer = plain_layer if plain else comm_layer
+
+    def step(x, ids, w, num, p):
+        num = num[0]
+        for i in range(num_layers):
+            x = layer(x, ids, w, num, p, i % spec.slots)
+        return x
+    return step
+
+
+def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units):
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jax_moe_a2a import testing
+    spec, mesh, n, axis = comm.spec, comm.mesh, comm.num_ranks, comm.axis
+    inputs = testing.make_inputs(spec, n, args.seed, num_tokens=spec.max_tokens_per_rank)
+    for i in inputs:  # weights summing to 1: identity layers keep the activations' scale
+        i.topk_weights[:] = i.topk_weights / i.topk_weights.sum(-1, keepdims=True)
+    x = testing.stack_global(mesh, axis, [i.x.astype(jnp.bfloat16) for i in inputs])
+    ids = testing.stack_global(mesh, axis, [i.topk_ids for i in inputs])
+    w = testing.stack_global(mesh, axis, [i.topk_weights for i in inputs])
+    num = testing.stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs])
+    h, f, e = spec.hidden, shape.ffn, spec.num_experts
+    pspec = {"w1": P(axis), "w2": P(axis), "w1s": P(), "w2s": P()}
+
+    def init(key):
+        k = jax.random.split(key, 4)
+        return {"w1": (jax.random.normal(k[0], (e, h, f)) / np.sqrt(h)).astype(jnp.bfloat16),
+                "w2": (jax.random.normal(k[1], (e, f, h)) / np.sqrt(f)).astype(jnp.bfloat16),
+                "w1s": (jax.random.normal(k[2], (h, f)) / np.sqrt(h)).astype(jnp.bfloat16),
+                "w2s": (0.1 * jax.random.normal(k[3], (f, h)) / np.sqrt(f)).astype(jnp.bfloat16)}
+    if experts == "identity":  # no routed expert weights (one row each keeps the pytree)
+        e = n
+    params = jax.jit(init, out_shardings={k: NamedSharding(mesh, v) for k, v in pspec.items()})(jax.random.key(1))
+    step = make_step(comm, experts, shared, args.layers, plain)
+    f_step = jax.jit(testing.shard_map(step, mesh=mesh, in_specs=(P(axis),) * 4 + (pspec,), out_specs=P(axis)))
+    y = x
+    for _ in range(2 if jax.default_backend() != "cpu" else 1):  # compile (GPUs: one more untimed call)
+        y = timing.block(f_step(y, ids, w, num, params))
+    progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared} compile", 2 * units)
+    per_layer = []
+    for _ in range(args.repeats):
+        timing.barrier("layers")
+        y = x
+        import time
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            y = f_step(y, ids, w, num, params)
+        timing.block(y)
+        per_layer.append((time.perf_counter() - t0) / (args.steps * args.layers))
+        progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared}", units)
+    arr = timing.max_over_processes(per_layer, "layer") * 1e6
+    finite = bool(np.isfinite(np.asarray(jax.device_get(y), np.float32)).all()) if jax.process_count() == 1 else None
+    t, k = spec.max_tokens_per_rank, spec.experts_per_token
+    moved = t * k * (spec.token_bytes() + spec.hidden * 2)  # dispatch + combine payload per rank
+    p50 = float(np.percentile(arr, 50))
+    return {"per_layer_us": {"p50": p50, "min": float(arr.min()), "max": float(arr.max()), "samples": arr.tolist()},
+            "GBps": (moved / (p50 * 1e3)) if (p50 and not plain) else None, "finite": finite,
+            "buffer_bytes_per_rank": None if plain else comm.buffer_bytes()}
+
+
+def run(jax, args, progress_label=""):
+    import jax_moe_a2a as a2a
+    from jax_moe_a2a import testing
+
+    lead = jax.process_index() == 0
+    platform = jax.default_backend()
+    gpu = platform != "cpu"
+    table = shapes.pick(platform, args.quick)
+    names = [s for s in args.shape.split(",") if s]
+    for s in names:
+        if s not in table:
+            raise SystemExit(f"--shape: unknown shape {s!r} (known: {sorted(table)})")
+    chosen = {s: shapes.with_overrides(table[s], args.tokens, args.hidden, args.ffn) for s in names}
+    args.layers = args.layers or (1 if args.quick else (4 if gpu else 2))
+    args.steps = args.steps or (10 if gpu and not args.quick else 1)
+    args.repeats = args.repeats or (1 if args.quick else (7 if gpu else 3))
+    backends, skipped = benchlib.backend_plan(args.backend)
+    kinds = [k for k in (args.experts or ("identity,ragged_dot" if gpu else "identity")).split(",") if k]
+    placements = [s for s in args.shared.split(",") if s]
+    mesh = testing.make_mesh(args.ranks)
+    cmdbuf = current_cmdbuf(jax)
+    meta = benchlib.run_meta(jax, layers=args.layers, steps=args.steps, repeats=args.repeats, ranks=mesh.size,
+                             cmdbuf=cmdbuf)
+    runs = backends + ([] if args.no_plain else ["plain"])
+    if lead:
+        print(f"layer benchmark: {runs}, shapes {names}, experts {kinds}, shared expert {placements}, "
+              f"{mesh.size} ranks on {meta['devices']} {platform} device(s) in {meta['processes']} process(es), "
+              f"command buffers {cmdbuf}", flush=True)
+        for b, why in skipped.items():
+            print(f"  skipped {b}: {why}", flush=True)
+        if args.experts is None and not gpu:
+            print("  ragged_dot experts skipped on CPUs (XLA:CPU computes every row against every local expert: "
+                  "minutes per layer); --experts identity,ragged_dot runs them", flush=True)
+    per = {s: chosen[s].units() * args.steps * args.layers / 4 for s in names}
+    progress = Progress(len(runs) * len(kinds) * len(placements) * sum(per[s] * (args.repeats + 2) for s in names),
+                        lead, label=progress_label)
+    results = []
+    for b in runs:
+        for s in names:
+            shape = chosen[s]
+            comm = None
+            try:
+                # plain: the reference backend's communicator only supplies the spec and mesh
+                comm = a2a.init(shape.spec(), mesh, "ep", backend="reference" if b == "plain" else b,
+                                collect_stats=False)
+            except Exception as e:
+                results.append({"backend": b, "shape": s, "experts": "", "overlap": False, "cmdbuf": cmdbuf,
+                                "error": f"{type(e).__name__}: {e}"})
+                progress.update(f"{b}/{s} failed", len(kinds) * len(placements) * per[s] * (args.repeats + 2))
+                continue
+            for kind in kinds:
+                for place in placements:
+                    rec = {"backend": b, "shape": s, "experts": kind, "overlap": place == "overlap", "shared": True,
+                           "cmdbuf": cmdbuf, "ranks": mesh.size, "layers": args.layers, "steps": args.steps,
+                           "repeats": args.repeats, "ffn": shape.ffn, "scaled": shape.scaled,
+                           "spec": {"T": shape.tokens, "H": shape.hidden, "E": shape.experts, "K": shape.topk}}
+                    try:
+                        rec.update(bench_layer(jax, comm, shape, kind, place, args, b == "plain", progress, per[s]))
+                    except Exception as e:
+                        rec["error"] = f"{type(e).__name__}: {e}"
+                        if lead:
+                            traceback.print_exc()
+                    results.append(rec)
+                    if lead:
+                        us = rec.get("per_layer_us", {}).get("p50")
+                        progress.write(f"finished {b}/{s}/{kind}/{place}: "
+                                       + (f"{us:.1f} µs/layer" if us else rec.get("error", "")))
+            comm.close()
+    progress.close()
+    return {"meta": meta, "results": results, "skipped": skipped}
+
+
+def run_children(argv, variants, out_dir, extra_env=None):
+    """One child process per command-buffer setting; returns their merged results."""
+    merged = None
+    for i, v in enumerate(variants):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "part.json")
+            cmd = [sys.executable, os.path.abspath(__file__), *argv, "--cmdbuf", v, "--json-out", path,
+                   "--progress-label", f"[cmdbuf {v}, {i + 1}/{len(variants)}] "]
+            env = with_cmdbuf_env(v)
+            env.update(extra_env or {})
+            rc = subprocess.run(cmd, env=env).returncode
+            if not os.path.exists(path):
+                raise SystemExit(f"layers: the child for command buffers {v} failed (exit {rc})")
+            with open(path) as f:
+                part = json.load(f)
+        if merged is None:
+            merged = part
+            merged["meta"]["cmdbuf"] = variants
+        else:
+            merged["results"] += part["results"]
+    return merged
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    variants = cmdbuf_variants(args.cmdbuf)
+    if args.json_out is None and len(variants) > 1:
+        out = run_children([a for a in argv if not a.startswith("--cmdbuf")], variants, args.out)
+        lead = True
+    else:
+        if variants and args.json_out is None:  # one setting asked for: apply it before JAX starts
+            os.environ["XLA_FLAGS"] = with_cmdbuf_env(variants[0])["XLA_FLAGS"]
+        jax = benchlib.setup_runtime(args.cpu_devices)
+        out = run(jax, args, args.progress_label)
+        lead = jax.process_index() == 0
+        if args.json_out:
+            if lead:
+                with open(args.json_out, "w") as f:
+                    json.dump(out, f)
+            return 0
+    if lead:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "layers.json")
+        with open(path, "w") as f:
+            json.dump(out, f, indent=2)
+        report.print_layers(out)
+        pngs = [] if args.no_plot else report.plot_layers(out, args.out)
+        print(f"wrote {path} " + " ".join(pngs))
+    return 1 if any("error" in r for r in out["results"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+// CUDA-event times of the four halves' kernels, shared by the cuda and nvshmem backends
+// (JAX_MOE_A2A_KERNEL_TIMING=1 at communicator creation; read by the benchmarks).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/check.h"
+
+namespace a2a::cuda {
+
+// One pair of events per op (0..3 = dispatch_send, dispatch_recv, combine_send, combine_recv)
+// around that op's last launch on one device. Launches captured into a command buffer are not
+// timed: events there would time graph construction, not the kernel.
+class KernelTimer {
+ public:
+  static constexpr int kOps = 4;
+  KernelTimer() = default;
+  ~KernelTimer() {
+    if (on_)
+      for (auto& pair : events_)
+        for (auto& e : pair) cudaEventDestroy(e);
+  }
+  KernelTimer(const KernelTimer&) = delete;
+  KernelTimer& operator=(const KernelTimer&) = delete;
+
+  // With the communicator's device current: creates the events when JAX_MOE_A2A_KERNEL_TIMING=1.
+  // Returns whether timing is on.
+  bool init(const char* who) {
+    const char* env = std::getenv("JAX_MOE_A2A_KERNEL_TIMING");
+    if (on_ || !env || std::strcmp(env, "1") != 0) return on_;
+    for (auto& pair : events_)
+      for (auto& e : pair) check_cuda(cudaEventCreate(&e), who, "cudaEventCreate");
+    on_ = true;
+    return on_;
+  }
+  bool enabled() const { return on_; }
+
+  // Records op's start on `stream` when timing is on and the stream is not capturing; returns
+  // whether the launch is timed (then call end() after it).
+  bool begin(int op, cudaStream_t stream) {
+    if (!on_ || op < 0 || op >= kOps) return false;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return false;
+    return cudaEventRecord(events_[op][0], stream) == cudaSuccess;
+  }
+  cudaError_t end(int op, cudaStream_t stream) {
+    const cudaError_t e = cudaEventRecord(events_[op][1], stream);
+    recorded_[op] = e == cudaSuccess;
+    return e;
+  }
+
+  // Milliseconds of op's last timed launch (waits for it; its device must be current); negative
+  // when none was recorded.
+  float ms(int op, const char* who) const {
+    if (op < 0 || op >= kOps || !recorded_[op]) return -1.f;
+    check_cuda(cudaEventSynchronize(events_[op][1]), who, "cudaEventSynchronize");
+    float ms = -1.f;
+    check_cuda(cudaEventElapsedTime(&ms, events_[op][0], events_[op][1]), who, "cudaEventElapsedTime");
+    return ms;
+  }
+
+ private:
+  bool on_ = false;
+  cudaEvent_t events_[kOps][2] = {};
+  bool recorded_[kOps] = {};
+};
+
+}  // namespace a2a::cuda

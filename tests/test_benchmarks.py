@@ -1,0 +1,84 @@
+"""The benchmark programs of benchmarks/ at a tiny size (one iteration), so that CI runs them.
+Nothing here asserts a speed."""
+
+import json
+import os
+import sys
+
+import pytest
+
+BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCH_DIR)
+
+import jax  # noqa: E402
+
+import jax_moe_a2a as a2a  # noqa: E402
+
+pytestmark = pytest.mark.skipif(jax.process_count() > 1, reason="one process")
+
+
+def _backends():
+    return ",".join(b for b in ("host", "reference") if b in a2a.available_backends())
+
+
+def test_halves_tiny(tmp_path, capsys):
+    import halves
+    from benchlib import report
+    args = halves.parse_args(["--quick", "--shape", "decode", "--backend", _backends() + ",cuda", "--iters", "1",
+                              "--warmup", "0", "--out", str(tmp_path)])
+    out = halves.run(jax, args)
+    assert not halves.failed(out), out["results"]
+    assert "cuda" in out["skipped"] and out["skipped"]["cuda"]  # skipped, with the reason
+    assert {r["backend"] for r in out["results"]} == set(_backends().split(","))
+    report.print_halves(out)
+    assert report.plot_halves(out, str(tmp_path))
+    text = capsys.readouterr().out
+    assert "fastest at decode" in text and "skipped cuda" in text and "scaled down" in text
+
+
+def test_layers_tiny(tmp_path, capsys):
+    import layers
+    from benchlib import report
+    args = layers.parse_args(["--quick", "--shape", "decode", "--backend", _backends(), "--experts", "identity",
+                              "--out", str(tmp_path)])
+    out = layers.run(jax, args)
+    rows = out["results"]
+    assert not [r for r in rows if "error" in r], rows
+    assert {r["backend"] for r in rows} == set(_backends().split(",")) | {"plain"}
+    assert {r["overlap"] for r in rows} == {True, False}
+    assert all(r["per_layer_us"]["p50"] > 0 and r["finite"] for r in rows)
+    # the real experts once (ragged_dot is slow on XLA:CPU)
+    args = layers.parse_args(["--quick", "--shape", "decode", "--backend", "reference", "--experts", "ragged_dot",
+                              "--shared", "after", "--out", str(tmp_path)])
+    more = layers.run(jax, args)["results"]
+    assert not [r for r in more if "error" in r], more
+    out["results"] += more
+    report.print_layers(out)
+    assert report.plot_layers(out, str(tmp_path))
+    assert "fastest MoE layer at decode, identity experts" in capsys.readouterr().out
+
+
+def test_anchor_merge(tmp_path, capsys):
+    """pplx_N.json of the anchor kit -> pplx rows and ours/pplx ratios in the halves table."""
+    from benchlib import anchor, report
+    stats = lambda p50: {"pe0": {"mean_us": p50, "stddev_us": 0.5, "p50_us": p50, "p99_us": p50 + 1, "min_us": p50,
+                                 "max_us": p50 + 2, "n": 10}}
+    res = [{"kernel": k, "num_pes": 2, "tokens_per_rank": 128, "m_mode": m, "num_experts": 256, "topk": 8,
+            "hidden": 7168, "check": "ok", **{h: stats(v) for h, v in zip(anchor.KEYS, (12.5, 16.6, 25.0, 14.0))}}
+           for k, m in (("inter", "fixed"), ("intra-sync", "fixed"), ("inter", "pplx"))]
+    (tmp_path / "pplx_2.json").write_text(json.dumps({"pplx_commit": "12cecfd", "results": res}))
+    a = anchor.load(str(tmp_path), 2)
+    assert [r["kernel"] for r in a["rows"]] == ["inter", "intra-sync"]
+    spec = {"T": 128, "H": 7168, "E": 256, "K": 8}
+    assert anchor.best_row(a, "cuda", spec)["kernel"] == "intra-sync"
+    assert anchor.best_row(a, "nvshmem", spec)["kernel"] == "inter"
+    assert anchor.best_row(a, "reference", spec) is None
+    assert anchor.load(str(tmp_path), 4)["error"]
+    t = {h: {"p50_us": 100.0, "p99_us": 120.0} for h in ("dispatch_send", "dispatch_recv", "combine_send",
+                                                         "combine_recv", "dispatch", "combine")}
+    row = {"backend": "cuda", "shape": "decode", "ranks": 2, "processes": 2, "check": "ok", "spec": spec,
+           "timings": t, "kernel_timings": {h: {"p50_us": 25.0, "p99_us": 30.0} for h in anchor.KEYS},
+           "buffer_bytes_per_rank": 1 << 20, "anchor_row": anchor.best_row(a, "cuda", spec)}
+    report.print_halves({"meta": {}, "results": [row], "anchor": a})
+    text = capsys.readouterr().out
+    assert "pplx intra-sync" in text and "2.00x" in text  # 25 µs kernel / 12.5 µs pplx
