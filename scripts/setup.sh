@@ -127,12 +127,13 @@ else
   echo "setup [5/5] building jax_moe_a2a (no nvcc: CPU parts only; log: ${build_log})"
 fi
 _build_filter() {
-  # CMake's status lines and ninja's progress, shortened: "[12/40] cc/cuda/dispatch/send.cu"
-  sed -u -n -e 's/^ *\(-- \(CUDA\|nvshmem\|libfabric\|XLA FFI\|The CXX\|The CUDA\|Build files\).*\)$/setup:   \1/p' \
-            -e 's/^ *\(\[[0-9]*\/[0-9]*\]\) [A-Za-z]* [A-Za-z+]* object .*\.dir\/\(.*\)\.o$/setup:   \1 \2/p' \
-            -e 's/^ *\(\[[0-9]*\/[0-9]*\]\) Linking .* \(.*\)$/setup:   \1 link \2/p' \
-            -e 's/^\(.*\(error\|Error\|FAILED\).*\)$/setup:   \1/p' \
-            -e 's/^ *\(\*\*\* .*\)$/setup:   \1/p' \
+  # CMake's status lines and ninja's progress, shortened ("[12/40] cc/cuda/dispatch/send.cu"),
+  # compiler errors, scikit-build-core's stages; `t` ends a line's processing once one matched.
+  sed -u -n -e 's/^ *\(-- \(CUDA\|nvshmem\|libfabric\|XLA FFI\|The CXX\|The CUDA\|Build files\).*\)$/setup:   \1/p' -e t \
+            -e 's/^ *\(\[[0-9]*\/[0-9]*\]\) [A-Za-z]* [A-Za-z+]* object .*\.dir\/\(.*\)\.o$/setup:   \1 \2/p' -e t \
+            -e 's/^ *\(\[[0-9]*\/[0-9]*\]\) Linking .* \(.*\)$/setup:   \1 link \2/p' -e t \
+            -e 's/^\(.*\(error:\|Error:\|CMake Error\|FAILED:\|ninja: build stopped\).*\)$/setup:   \1/p' -e t \
+            -e 's/^ *\(\*\*\* .*\)$/setup:   \1/p' -e t \
             -e 's/^\(Successfully installed .*\)$/setup:   \1/p'
 }
 if _dry; then
