@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import re
+import warnings
 
 import jax
 
@@ -12,6 +14,46 @@ try:  # the extension is optional at import time so that pure-JAX parts work fro
 except ImportError as e:  # pragma: no cover - exercised only without a build
     _C = None
     _IMPORT_ERROR = e
+
+try:  # written by CMake next to _C: the jax/jaxlib and XLA FFI API version it was built against
+    from . import _build_info  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - a source tree, or a build from before the file existed
+    _build_info = None
+
+
+def build_info() -> dict | None:
+    """What the extension was built against (jax, jaxlib, XLA FFI API, CUDA compiler), or None."""
+    if _build_info is None:
+        return None
+    return {k.lower(): getattr(_build_info, k) for k in
+            ("JAX_VERSION", "JAXLIB_VERSION", "XLA_FFI_API_VERSION", "CUDA_COMPILER_VERSION")}
+
+
+def _version_tuple(v: str) -> tuple:
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+
+def _jaxlib_mismatch() -> str | None:
+    """A sentence when the running jaxlib is older than the one the extension was built against.
+
+    XLA keeps accepting FFI handlers built against older FFI headers for at least 12 months
+    (xla/ffi/api/c_api.h, "Version"): a newer jaxlib at run time is expected to work, an older one
+    is not covered."""
+    if _build_info is None:
+        return None
+    import jaxlib
+    built, running = _build_info.JAXLIB_VERSION, jaxlib.__version__
+    if _version_tuple(running) >= _version_tuple(built):
+        return None
+    return (f"jax_moe_a2a's extension was built against jaxlib {built} (XLA FFI API "
+            f"{'.'.join(map(str, _build_info.XLA_FFI_API_VERSION))}) but jaxlib {running} is running; "
+            "XLA's FFI guarantees only that newer runtimes accept handlers built with older headers. "
+            "Rebuild against this jaxlib: pip install --no-build-isolation .")
+
+
+_MISMATCH = _jaxlib_mismatch()
+if _MISMATCH:
+    warnings.warn(_MISMATCH, RuntimeWarning, stacklevel=2)
 
 
 def native_available() -> bool:
@@ -23,7 +65,8 @@ def require_native():
     if _C is None:
         raise RuntimeError(
             "jax_moe_a2a's native extension is not built (import failed: "
-            f"{_IMPORT_ERROR}). Install with `pip install --no-build-isolation .`")
+            f"{_IMPORT_ERROR}). Install with `pip install --no-build-isolation .`"
+            + (f" (it was built against jaxlib {_build_info.JAXLIB_VERSION})" if _build_info else ""))
     return _C
 
 

@@ -1,57 +1,73 @@
-"""The README's example, at a small size, against a dense NumPy computation of the same layer."""
+"""The README's example, exactly as printed there (extracted from README.md, so the two cannot
+drift): once as a script in a fresh process, as a user runs it, and once in this process on every
+backend, checked against a dense NumPy computation of the same layer."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
 import jax_moe_a2a as a2a
-from jax_moe_a2a import testing as T
+from jax_moe_a2a import oracle
 
 from test_ops import BACKENDS
 
+README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+MARKER = "<!-- tests/test_readme_example.py runs the next python block as printed -->"
+
+
+def readme_example() -> str:
+    text = README.read_text()
+    assert MARKER in text, f"{README} lost the marker line before its example"
+    m = re.search(r"```python\n(.*?)```", text[text.index(MARKER):], re.S)
+    assert m, "no python block after the marker"
+    return m.group(1)
+
+
+def test_readme_example_as_a_script(tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(readme_example())
+    # a fresh process as a user has it: no test harness flags (the example sets its own device
+    # count), CPUs, the jax_moe_a2a under test importable
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_")) and k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    pkg = str(pathlib.Path(a2a.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([pkg] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert re.search(r"^\w+ \(128, 256\) bfloat16 \d", res.stdout, re.M), out[-4000:]
+    assert "Traceback" not in out and "Exception ignored" not in out, out[-4000:]
+
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_readme_moe_layer(backend, mesh, num_ranks):
-    n = num_ranks
-    E, K, H, Tt = 4 * n, 2, 128, 8
-    spec = a2a.Spec(num_experts=E, experts_per_token=K, hidden=H, max_tokens_per_rank=Tt,
-                    dispatch_dtype=jnp.float8_e4m3fn, combine_dtype=jnp.bfloat16)
-    comm = a2a.init(spec, mesh, axis="ep", backend=backend)
-    rng = np.random.default_rng(0)
-    w_shared = (rng.standard_normal((H, H)) / np.sqrt(H)).astype(np.float32)
+def test_readme_example_against_numpy(backend, monkeypatch, capsys):
+    real_init = a2a.init
+    monkeypatch.setattr(a2a, "init", lambda *a, **kw: real_init(*a, **{**kw, "backend": backend}))
+    ns: dict = {}
+    exec(compile(readme_example(), str(README), "exec"), ns)   # noqa: S102 - the README's own code
+    assert ns["comm"].backend_name == backend
+    assert f"{backend} " in capsys.readouterr().out
 
-    def shared_expert(x):
-        return (x.astype(jnp.float32) @ w_shared).astype(jnp.bfloat16)
-
-    def moe(x, topk_ids, topk_weights, n_tok, w_experts):   # one rank's shard, as in the README
-        sent = comm.dispatch_send(x, topk_ids, topk_weights, num_tokens=n_tok[0], slot=0)
-        sent, shared = a2a.overlap(sent, shared_expert, x)
-        got = comm.dispatch_recv(sent)
-        x_in = a2a.dequantize_fp8(got.x, got.scale)
-        y = jax.lax.ragged_dot(x_in.astype(jnp.bfloat16), w_experts, got.group_sizes)
-        back = comm.combine_send(y, got)
-        return comm.combine_recv(back, out=shared)
-
-    inputs = T.make_inputs(spec, n, 5, num_tokens=Tt)
-    w_experts = (rng.standard_normal((E, H, H)) / np.sqrt(H)).astype(jnp.bfloat16)
-    args = [T.stack_global(mesh, "ep", [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
-    args.append(T.stack_global(mesh, "ep", [np.array([i.num_tokens], np.int32) for i in inputs]))
-    args.append(jax.device_put(w_experts, jax.sharding.NamedSharding(mesh, P("ep"))))
-    out = jax.jit(T.shard_map(moe, mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))(*args)
-    got = dict(enumerate(np.asarray(out).reshape(n, Tt, H)))   # single process: every rank is local
-
-    from jax_moe_a2a import oracle
-    we = np.asarray(w_experts.astype(np.float32))
-    for r, res in got.items():
-        inp = inputs[r]
-        q, s = oracle.quantize_fp8(inp.x, 128)
-        xd = oracle.dequantize_fp8(q, s, 128).astype(jnp.bfloat16).astype(np.float32)
-        want = (np.asarray(jnp.asarray(inp.x).astype(jnp.float32) @ w_shared).astype(jnp.bfloat16)).astype(np.float32)
-        for t in range(Tt):
-            for k in range(K):
-                e = int(inp.topk_ids[t, k])
-                y = (xd[t] @ we[e]).astype(jnp.bfloat16).astype(np.float32)
-                want[t] += inp.topk_weights[t, k] * y
-        np.testing.assert_allclose(np.asarray(res, np.float32), want, rtol=3e-2, atol=3e-2)
+    n, T, H, K = ns["n"], ns["T"], ns["H"], ns["K"]
+    f32 = lambda a: np.asarray(jnp.asarray(a).astype(jnp.float32))   # noqa: E731
+    bf16 = lambda a: np.array(jnp.asarray(a, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32))  # noqa: E731
+    x, ids, w = f32(ns["x"]), np.asarray(ns["topk_ids"]), np.asarray(ns["topk_weights"])
+    we, ws = f32(ns["w_experts"]), f32(ns["w_shared"])
+    q, s = oracle.quantize_fp8(x, 128)
+    xd = bf16(oracle.dequantize_fp8(q, s, 128))          # what the experts see: fp8 wire, bf16 GEMM
+    want = bf16(x @ ws)                                  # the shared expert
+    for t in range(n * T):
+        for k in range(K):
+            want[t] += w[t, k] * bf16(xd[t] @ we[ids[t, k]])
+    got = f32(ns["out"])
+    assert got.shape == (n * T, H)
+    np.testing.assert_allclose(got, want, rtol=3e-2, atol=3e-2)
