@@ -80,6 +80,19 @@ VARS = (
     Var("PROXY_IDLE_SLEEP_US", "float", "2000", "cc/proxy/proxy.cc", "... sleeps grow up to this", _NATIVE),
     Var("KERNEL_TIMING", "bool", "0", "cc/cuda/comm.cc (at communicator creation)",
         "cuda backend: CUDA events around each launch (`comm._backend.kernel_seconds`)", _NATIVE),
+    Var("DISPATCH_SEND", "auto|grid|block", "auto", "cc/cuda/dispatch/send.cu (once per process)",
+        "cuda backend: dispatch_send kernel; `auto` takes the block-routed one where it applies (every peer "
+        "node-local, tp_size 1, routing tables within 48 KiB of shared memory), `grid` forces the grid-routed one",
+        _NATIVE),
+    Var("GDRCOPY", "auto|0|1", "auto", "cc/proxy/gdrcopy.cc, cc/cuda/remote_path.cc",
+        "cuda inter-node path: the proxy writes its flags into GPU memory through GDRCopy where "
+        "/dev/gdrdrv and libgdrapi.so.2 exist (`1`: required, `0`: never)", _NATIVE),
+    Var("GDRCOPY_LIB", "str", "libgdrapi.so.2", "cc/proxy/gdrcopy.cc", "GDRCopy library to dlopen (tests)", _NATIVE),
+    Var("GDRCOPY_DEV", "str", "/dev/gdrdrv", "cc/proxy/gdrcopy.cc", "GDRCopy device node to look for (tests)",
+        _NATIVE),
+    Var("HOST_FLAG_MIRROR", "bool", "0", "cc/host/host_comm.cc",
+        "host backend, proxied: the proxy stores its flags into a second block as it would through GDRCopy, "
+        "and the host reads them only there (tests of the GDRCopy store path on CPUs)", _NATIVE),
     # ---- tests ---------------------------------------------------------------------------------
     Var("TEST_DEVICES", "int", "8 (1 per process under mpirun)", "tests/conftest.py",
         "CPU devices per test process", _TEST),
@@ -96,8 +109,14 @@ VARS = (
     # ---- scripts and benchmarks ----------------------------------------------------------------
     Var("NO_VENV", "bool", "0", "scripts/setup.sh", "use the current Python as is, no .venv", _SCRIPT),
     Var("EXTRAS", "str", "bench,test", "scripts/setup.sh", "pip extras to install", _SCRIPT),
+    Var("NO_APT", "bool", "0", "scripts/setup.sh", "install no system packages; print the apt-get line instead",
+        _SCRIPT),
+    Var("SETUP_DRY_RUN", "bool", "0", "scripts/setup.sh", "print the apt-get and pip commands without running them",
+        _SCRIPT),
     Var("COMMIT", "str", "git rev-parse HEAD", "benchmarks, scripts/gpu_check.sh",
         "commit recorded in benchmark results (copies without .git)", _BENCH),
+    Var("ANCHOR_JSON", "str", "none", "benchmarks/halves.py, benchmarks/bench.py",
+        "folder of the pplx anchor kit's pplx_N.json to merge into the halves table (as --anchor-json)", _BENCH),
 )
 
 TABLE = {v.full_name: v for v in VARS}
