@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import weakref
 
-import jax
 import numpy as np
 
 from .. import _ffi, runtime
@@ -87,6 +86,12 @@ class CudaBackend(FfiBackend):
         return f"{comm.comm_id}" + (f"/group{g}" if comm.num_groups > 1 else "")
 
     @staticmethod
+    def _group_arg(g):
+        """The group argument of the native per-rank calls (nvshmem has one rank per process and
+        finds it by communicator id alone)."""
+        return (g,)
+
+    @staticmethod
     def _local(comm):
         """[(group, rank)] of this process's ranks, ascending."""
         return [(g, r) for g, ranks in comm.local_members().items() for r in ranks]
@@ -132,7 +137,7 @@ class CudaBackend(FfiBackend):
         native = self._native(_ffi.require_native())
         if not hasattr(native, "kernel_ms"):  # a subclass backend without kernel timing
             return None
-        ms = [native.kernel_ms(comm.comm_id, r, op, g) for g, r in self._local(comm)]
+        ms = [native.kernel_ms(comm.comm_id, r, op, *self._group_arg(g)) for g, r in self._local(comm)]
         return None if not ms or min(ms) < 0 else max(ms) * 1e-3
 
     def close(self):

@@ -70,6 +70,10 @@ class NvshmemBackend(CudaBackend):
     def _native(c):
         return c.nvshmem
 
+    @staticmethod
+    def _group_arg(g):
+        return ()
+
     def init(self, comm):
         spec, n = comm.spec, comm.num_ranks
         devices = self._gpu_mesh(comm)
