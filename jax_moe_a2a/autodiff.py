@@ -14,16 +14,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .backends.base import varying
+from .backends.base import like_primal, varying, vma
 from .types import Dispatched, Route
 
 
 def _zero_cotangent(tree, axis):
     def z(a):
         if jnp.issubdtype(a.dtype, jnp.floating):
-            return varying(jnp.zeros(a.shape, a.dtype), axis)
+            return varying(jnp.zeros(a.shape, a.dtype), tuple(vma(a)) or axis)
         return np.zeros(a.shape, jax.dtypes.float0)
     return jax.tree.map(z, tree)
+
+
+def _axes_of(a, comm):
+    """The axes primal `a` varies over, or (not in shard_map's typed mode) the EP axis."""
+    axes = tuple(sorted(vma(a)))
+    return axes or (comm.axis if isinstance(comm.axis, tuple) else (comm.axis,))
 
 
 def _fp8_error():
@@ -35,6 +41,7 @@ def _fp8_error():
 def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot):
     """Differentiable one-shot dispatch (w.r.t. x and topk_weights). Shapes as Communicator.dispatch."""
     spec = comm.spec
+    x_axes, w_axes = _axes_of(x, comm), _axes_of(topk_weights, comm)  # the cotangents' types
 
     def raw(x, ids, w, n):
         with comm._slots.suppressed():  # the one-shot call is tracked in the caller's trace
@@ -65,7 +72,7 @@ def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot):
             back = jnp.where((t % spec.tp_size == rank % spec.tp_size)[:, None], back, 0)
         grad_x = back.astype(x_dtype_carrier.dtype)
         grad_w = g.route.topk_weights
-        return varying(grad_x, comm.axis), None, varying(grad_w, comm.axis), None
+        return like_primal(grad_x, x_axes), None, like_primal(grad_w, w_axes), None
 
     f.defvjp(fwd, bwd)
     return f(x, topk_ids, topk_weights, num_tokens)
@@ -75,6 +82,8 @@ def combine(comm, y, got: Dispatched, out, slot):
     """Differentiable one-shot combine (w.r.t. y, the router weights in got.route, and out)."""
     spec = comm.spec
     has_out = out is not None
+    y_axes, w_axes = _axes_of(y, comm), _axes_of(got.route.topk_weights, comm)
+    out_axes = _axes_of(out, comm) if has_out else ()
 
     @jax.custom_vjp
     def f(y, got, out):
@@ -108,10 +117,10 @@ def combine(comm, y, got: Dispatched, out, slot):
         rows = got_g.x.astype(jnp.float32) * got.weights[..., None]
         grad_y = jnp.where(valid[..., None], rows, 0.0).astype(y_carrier.dtype)
         grad_got = _zero_cotangent(got, comm.axis)
-        grad_out = varying(g, comm.axis) if has_out else None
-        grad_w = varying(grad_w, comm.axis)
+        grad_out = like_primal(g, out_axes) if has_out else None
+        grad_w = like_primal(grad_w, w_axes)
         grad_got = dataclasses.replace(grad_got, route=dataclasses.replace(grad_got.route, topk_weights=grad_w))
-        return varying(grad_y, comm.axis), grad_got, grad_out
+        return like_primal(grad_y, y_axes), grad_got, grad_out
 
     f.defvjp(fwd, bwd)
     return f(y, got, out if has_out else None)

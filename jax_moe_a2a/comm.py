@@ -1,6 +1,8 @@
 """The communicator: validates every call at trace time and forwards it to a backend.
 
-Use it inside `jax.shard_map` over the EP axis; every array argument is one rank's shard.
+Use it inside `jax.shard_map` over the EP axis; every array argument is one rank's shard. On a
+mesh with more axes than the EP axis (e.g. ("dp", "ep")), every position along the other axes is
+an independent EP group: its ranks exchange only among themselves (see `Communicator.groups`).
 """
 
 from __future__ import annotations
@@ -154,24 +156,46 @@ class _SlotTracker:
                 d.pop(slot, None)
 
 
-class Communicator:
-    """One MoE all-to-all over one mesh axis. Create with `jax_moe_a2a.init`.
+def ep_groups(mesh, axis):
+    """The EP groups of `axis` (a mesh axis name, or a tuple of them) on `mesh`.
 
-    Attributes: spec, mesh, axis, num_ranks, backend_name, debug, timeout_s.
+    Returns (group_axes, devices): group_axes, the mesh's other axes in mesh order; devices, an
+    object array [G, N] whose row g lists group g's devices in rank order. Rank r of a group is
+    jax.lax.axis_index(axis) (row-major over a tuple of axes, in the tuple's order) and its group
+    g is jax.lax.axis_index(group_axes) (row-major over the other axes, in mesh order; 0 when the
+    mesh has no other axes)."""
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    names = tuple(mesh.axis_names)
+    if not axes:
+        raise ValueError("axis: expected a mesh axis name or a non-empty tuple of them, got ()")
+    for a in axes:
+        if a not in names:
+            raise ValueError(f"axis: {a!r} is not an axis of the mesh (axes: {names})")
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"axis: {axis!r} names an axis twice")
+    others = tuple(a for a in names if a not in axes)
+    devs = np.asarray(mesh.devices).transpose([names.index(a) for a in others + axes])
+    n = int(np.prod([mesh.shape[a] for a in axes]))
+    return others, devs.reshape(-1, n)
+
+
+class Communicator:
+    """One MoE all-to-all over one mesh axis (or a tuple of axes). Create with `jax_moe_a2a.init`.
+
+    Attributes: spec, mesh, axis, num_ranks (ranks of one EP group), backend_name, debug,
+    timeout_s, group_axes (the mesh's other axes), num_groups, groups (devices [G, N]: row g is
+    EP group g in rank order; see `ep_groups`).
     """
 
     def __init__(self, spec: Spec, mesh, axis, backend: str = "auto", *, debug: bool = False,
                  timeout_s: float = 60.0, collect_stats: Optional[bool] = None, **options):
         if not isinstance(spec, Spec):
             raise ValueError(f"spec: expected a jax_moe_a2a.Spec, got {type(spec).__name__}")
-        axes = axis if isinstance(axis, tuple) else (axis,)
-        for a in axes:
-            if a not in mesh.shape:
-                raise ValueError(f"axis: {a!r} is not an axis of the mesh (axes: {tuple(mesh.shape)})")
+        self.group_axes, self.groups = ep_groups(mesh, axis)
         self.spec = spec
         self.mesh = mesh
         self.axis = axis
-        self.num_ranks = int(np.prod([mesh.shape[a] for a in axes]))
+        self.num_groups, self.num_ranks = (int(v) for v in self.groups.shape)
         spec.check_ranks(self.num_ranks)
         if timeout_s <= 0:
             raise ValueError(f"timeout_s: expected > 0, got {timeout_s}")
@@ -196,8 +220,20 @@ class Communicator:
                     backend, self.options, self.debug, self.collect_stats)
 
     def __repr__(self):
-        return (f"Communicator(backend={self.backend_name!r}, ranks={self.num_ranks}, axis={self.axis!r}, "
+        groups = f", groups={self.num_groups} over {self.group_axes!r}" if self.num_groups > 1 else ""
+        return (f"Communicator(backend={self.backend_name!r}, ranks={self.num_ranks}, axis={self.axis!r}{groups}, "
                 f"{self.spec.describe()})")
+
+    def local_members(self) -> dict:
+        """{group: [ranks within the group]} of this process's devices (groups without local
+        devices left out), both ascending."""
+        me = jax.process_index()
+        out = {}
+        for g, row in enumerate(self.groups):
+            ranks = [r for r, d in enumerate(row) if d.process_index == me]
+            if ranks:
+                out[g] = ranks
+        return out
 
     # ---- helpers -----------------------------------------------------------------------------
     def _ctx(self) -> Ctx:
@@ -207,7 +243,7 @@ class Communicator:
             raise ValueError(
                 f"jax_moe_a2a ops must run inside jax.shard_map over axis {self.axis!r}") from e
         return Ctx(self.spec, self.num_ranks, self.axis, rank.astype(jnp.int32), self.comm_id,
-                   next(self._call_ids), self.options)
+                   next(self._call_ids), self.options, self.group_axes)
 
     def _check_slot(self, slot):
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.spec.slots:
@@ -499,6 +535,10 @@ def init(spec: Spec, mesh, axis="ep", backend: str = "auto", *, debug: bool = Fa
          provider: Optional[str] = None, engine: Optional[str] = None, proxied: Optional[bool] = None,
          node_size: Optional[int] = None, **options) -> Communicator:
     """Creates a communicator for `spec` over `mesh`'s `axis` (collective: call on every process).
+
+    axis: the EP axis, a mesh axis name or a tuple of them (ranks row-major over the tuple). On a
+    mesh with other axes, each position along them is an independent EP group of
+    prod(sizes of `axis`) ranks running the same program (see `Communicator.groups`).
 
     backend: "auto" (best available), "reference", or another name from `available_backends()`.
     debug: raise `DroppedRowsError` (see `Communicator.checked`) when a dispatch drops or overflows.

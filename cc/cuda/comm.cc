@@ -225,10 +225,11 @@ std::string describe_error(const ErrorRecord& e, double timeout_s, const char* b
          "; that step's outputs are NaN / empty and this communicator is unusable (create a new one)";
 }
 
-CudaComm::CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices) {
+CudaComm::CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices,
+                   int first_local_index) {
   if (ranks.size() != devices.size()) throw std::invalid_argument("CudaComm: one device per local rank");
   for (size_t i = 0; i < ranks.size(); ++i)
-    ranks_[ranks[i]] = std::make_unique<RankState>(o, ranks[i], devices[i], static_cast<int>(i));
+    ranks_[ranks[i]] = std::make_unique<RankState>(o, ranks[i], devices[i], first_local_index + static_cast<int>(i));
 }
 
 RankState& CudaComm::rank(int r) {
@@ -256,8 +257,14 @@ Registry<CudaComm>& registry() {
 }
 }  // namespace
 
-void register_comm(int64_t id, std::shared_ptr<CudaComm> comm) { registry().add(id, std::move(comm)); }
-std::shared_ptr<CudaComm> find_comm(int64_t id) { return registry().find(id); }
+void register_comm(int64_t id, std::shared_ptr<CudaComm> comm, int group) {
+  registry().add(id, std::move(comm), group);
+}
+std::shared_ptr<CudaComm> find_comm(int64_t id, int group) { return registry().find(id, group); }
+std::shared_ptr<CudaComm> find_on_device(int64_t id, int device) {
+  return registry().find_if(id, [device](CudaComm& c) { return c.on_device(device) != nullptr; });
+}
+std::vector<std::shared_ptr<CudaComm>> find_groups(int64_t id) { return registry().all(id); }
 void unregister_comm(int64_t id) { registry().remove(id); }  // freed when the last user lets go
 
 }  // namespace a2a::cuda

@@ -84,7 +84,10 @@ class RankState {
 
 class CudaComm {
  public:
-  CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices);
+  // ranks[i] (within the EP group) on devices[i]; its proxy (if any) is the process's local rank
+  // first_local_index + i (the index counts this process's ranks over all groups).
+  CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices,
+           int first_local_index = 0);
   RankState& rank(int r);
   std::map<int, RankState*> locals();
   // The local rank on CUDA device `device`, or null (the handlers' per-call lookup: no allocation).
@@ -94,9 +97,16 @@ class CudaComm {
   std::map<int, std::unique_ptr<RankState>> ranks_;
 };
 
-void register_comm(int64_t id, std::shared_ptr<CudaComm> comm);
-std::shared_ptr<CudaComm> find_comm(int64_t id);
-void unregister_comm(int64_t id);
+// Process-wide table: (communicator id, EP group) -> CudaComm. A communicator over one axis of a
+// larger mesh has one CudaComm per EP group this process holds ranks of (its own peers, buffers
+// and IPC exchange); a device holds at most one rank of a communicator, so the handlers find
+// their group by device (find_on_device), never by an operand (device memory, unreadable here).
+void register_comm(int64_t id, std::shared_ptr<CudaComm> comm, int group = 0);
+std::shared_ptr<CudaComm> find_comm(int64_t id, int group = 0);  // throws std::invalid_argument if unknown
+// The group of `id` with a local rank on CUDA device `device`, or null (no allocation).
+std::shared_ptr<CudaComm> find_on_device(int64_t id, int device);
+std::vector<std::shared_ptr<CudaComm>> find_groups(int64_t id);  // every local group, ascending
+void unregister_comm(int64_t id);  // every group of `id`
 
 // Text of a kernel timeout recorded in `e` ("" when none), naming the backend.
 std::string describe_error(const ErrorRecord& e, double timeout_s, const char* backend);

@@ -25,18 +25,20 @@ cudaError_t launch(cu::RankState& st, int op, cudaStream_t stream, const Params&
       &p);
 }
 
-// Finds the rank's state (rank read from a host copy is impossible inside a graph, so the rank
-// comes as an attribute-free operand only for validation; the communicator maps one local rank
-// per device).
-// `dev` is XLA's device ordinal for this call (no stream queries: they are not allowed while XLA
-// captures a command buffer).
+// Finds the rank's state by device: operands live in device memory (unreadable here, and a host
+// copy is impossible inside a graph), and a device holds at most one rank of a communicator, so
+// (comm id, device) names the EP group and the rank within it. `dev` is XLA's device ordinal for
+// this call (no stream queries: they are not allowed while XLA captures a command buffer).
 template <typename F>
 ffi::Error run(const char* op, int64_t comm_id, int32_t dev, F&& f) {
   try {
-    auto comm = cu::find_comm(comm_id);
+    auto comm = cu::find_on_device(comm_id, dev);
     cudaError_t rc = cudaSuccess;
-    cu::RankState* st = comm->on_device(dev);
-    if (!st) return ffi::Error(ffi::ErrorCode::kInternal, "jax_moe_a2a cuda: no local rank on this stream's device");
+    cu::RankState* st = comm ? comm->on_device(dev) : nullptr;
+    if (!st)
+      return ffi::Error(ffi::ErrorCode::kInternal, "jax_moe_a2a cuda: communicator " + std::to_string(comm_id) +
+                                                       " has no local rank on device " + std::to_string(dev) +
+                                                       " (unknown id, or closed)");
     st->check_error();
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess || cur != dev) rc = cudaSetDevice(dev);

@@ -25,11 +25,17 @@ bool elem_kind(ffi::DataType t, ElemKind* k) {
 
 // Runs one half; exceptions become FFI errors naming the op (timeouts: DEADLINE_EXCEEDED) and
 // mark the communicator unusable.
+// `rank` and `group` are the leading operands of every half: the rank within its EP group
+// (jax.lax.axis_index of the EP axis) and the group's index (of the other mesh axes; 0 on a mesh
+// without others). Every group runs the same HLO; the pair names this call's RankComm.
 template <typename F>
-ffi::Error run(const char* op, int64_t comm_id, int rank, F&& f) {
+ffi::Error run(const char* op, int64_t comm_id, ffi::Buffer<ffi::S32> rank_buf, ffi::Buffer<ffi::S32> group_buf,
+               F&& f) {
+  const int rank = rank_buf.typed_data()[0];
+  const int group = group_buf.typed_data()[0];
   std::shared_ptr<a2a::host::HostComm> comm;
   try {
-    comm = a2a::host::find_comm(comm_id);
+    comm = a2a::host::find_comm(comm_id, group);
     comm->check_usable();
     f(comm->rank(rank));
     return ffi::Error::Success();
@@ -39,11 +45,13 @@ ffi::Error run(const char* op, int64_t comm_id, int rank, F&& f) {
   } catch (const std::exception& e) {
     if (comm) comm->fail(std::string(op) + ": " + e.what());
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_moe_a2a host ") + op + " (rank " +
-                                                     std::to_string(rank) + "): " + e.what());
+                                                     std::to_string(rank) +
+                                                     (group ? ", EP group " + std::to_string(group) : "") +
+                                                     "): " + e.what());
   }
 }
 
-ffi::Error DispatchSend(ffi::Buffer<ffi::S32> rank, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> x_scale,
+ffi::Error DispatchSend(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> x_scale,
                         ffi::Buffer<ffi::S32> ids, ffi::Buffer<ffi::F32> weights,
                         ffi::Buffer<ffi::S32> num_tokens, ffi::AnyBuffer after,
                         ffi::Result<ffi::Buffer<ffi::S32>> handle, ffi::Result<ffi::Buffer<ffi::S32>> dest,
@@ -65,11 +73,10 @@ ffi::Error DispatchSend(ffi::Buffer<ffi::S32> rank, ffi::AnyBuffer x, ffi::Buffe
   a.dest = dest->typed_data();
   a.pair_slot = pair_slot->typed_data();
   a.dropped = dropped->typed_data();
-  const int r = rank.typed_data()[0];
-  return run("dispatch_send", comm_id, r, [&](a2a::host::RankComm& c) { c.dispatch_send(a); });
+  return run("dispatch_send", comm_id, rank, group, [&](a2a::host::RankComm& c) { c.dispatch_send(a); });
 }
 
-ffi::Error DispatchRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::AnyBuffer> x,
+ffi::Error DispatchRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::AnyBuffer> x,
                         ffi::Result<ffi::Buffer<ffi::F32>> scale, ffi::Result<ffi::Buffer<ffi::S32>> group_sizes,
                         ffi::Result<ffi::Buffer<ffi::F32>> weights, ffi::Result<ffi::Buffer<ffi::S32>> src,
                         ffi::Result<ffi::Buffer<ffi::S32>> recv_slot, ffi::Result<ffi::Buffer<ffi::S32>> recv_counts,
@@ -85,11 +92,10 @@ ffi::Error DispatchRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> handle
   a.recv_slot = recv_slot->typed_data();
   a.recv_counts = recv_counts->typed_data();
   a.overflow = overflow->typed_data();
-  const int r = rank.typed_data()[0];
-  return run("dispatch_recv", comm_id, r, [&](a2a::host::RankComm& c) { c.dispatch_recv(a); });
+  return run("dispatch_recv", comm_id, rank, group, [&](a2a::host::RankComm& c) { c.dispatch_recv(a); });
 }
 
-ffi::Error CombineSend(ffi::Buffer<ffi::S32> rank, ffi::AnyBuffer y, ffi::Buffer<ffi::S32> src,
+ffi::Error CombineSend(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::AnyBuffer y, ffi::Buffer<ffi::S32> src,
                        ffi::Buffer<ffi::S32> recv_slot, ffi::Buffer<ffi::S32> recv_counts, ffi::AnyBuffer after,
                        ffi::Result<ffi::Buffer<ffi::S32>> handle, int64_t comm_id, int32_t slot, int64_t call_id) {
   (void)call_id;
@@ -104,11 +110,10 @@ ffi::Error CombineSend(ffi::Buffer<ffi::S32> rank, ffi::AnyBuffer y, ffi::Buffer
   a.recv_counts = recv_counts.typed_data();
   a.slot = slot;
   a.handle = handle->typed_data();
-  const int r = rank.typed_data()[0];
-  return run("combine_send", comm_id, r, [&](a2a::host::RankComm& c) { c.combine_send(a); });
+  return run("combine_send", comm_id, rank, group, [&](a2a::host::RankComm& c) { c.combine_send(a); });
 }
 
-ffi::Error CombineRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> handle, ffi::Buffer<ffi::S32> dest,
+ffi::Error CombineRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::Buffer<ffi::S32> handle, ffi::Buffer<ffi::S32> dest,
                        ffi::Buffer<ffi::S32> pair_slot, ffi::Buffer<ffi::F32> weights,
                        ffi::Buffer<ffi::S32> num_tokens, ffi::AnyBuffer out_in, ffi::Result<ffi::AnyBuffer> out,
                        ffi::Result<ffi::Buffer<ffi::F32>> pairs, int64_t comm_id, int32_t slot, int32_t y_kind) {
@@ -126,15 +131,15 @@ ffi::Error CombineRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> handle,
   a.out = out->untyped_data();
   a.pairs = pairs->element_count() ? pairs->typed_data() : nullptr;
   a.slot = slot;
-  const int r = rank.typed_data()[0];
-  return run("combine_recv", comm_id, r, [&](a2a::host::RankComm& c) { c.combine_recv(a); });
+  return run("combine_recv", comm_id, rank, group, [&](a2a::host::RankComm& c) { c.combine_recv(a); });
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostDispatchSend, DispatchSend,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // rank within the EP group
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // EP group
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
@@ -151,7 +156,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostDispatchSend, DispatchSend,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostDispatchRecv, DispatchRecv,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // rank within the EP group
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // EP group
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
@@ -166,7 +172,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostDispatchRecv, DispatchRecv,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostCombineSend, CombineSend,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // rank within the EP group
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // EP group
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
@@ -179,7 +186,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostCombineSend, CombineSend,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostCombineRecv, CombineRecv,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // rank within the EP group
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // EP group
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()

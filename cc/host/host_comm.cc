@@ -396,10 +396,12 @@ Registry<HostComm>& registry() {
 }
 }  // namespace
 
-void register_comm(int64_t id, std::shared_ptr<HostComm> comm) { registry().add(id, std::move(comm)); }
-std::shared_ptr<HostComm> find_comm(int64_t id) { return registry().find(id); }
+void register_comm(int64_t id, std::shared_ptr<HostComm> comm, int group) {
+  registry().add(id, std::move(comm), group);
+}
+std::shared_ptr<HostComm> find_comm(int64_t id, int group) { return registry().find(id, group); }
 void unregister_comm(int64_t id) {
-  if (auto c = registry().remove(id)) c->close();
+  for (auto& c : registry().remove(id)) c->close();
 }
 
 }  // namespace a2a::host

@@ -151,7 +151,7 @@ class RankComm {
   bool connected_ = false;
 };
 
-// Every local rank of one communicator in this process.
+// Every local rank of one communicator's EP group in this process.
 class HostComm {
  public:
   HostComm(const HostOptions& o, std::vector<std::shared_ptr<transfer::Engine>> engines,
@@ -172,9 +172,11 @@ class HostComm {
   std::string failure_;
 };
 
-// Process-wide table: communicator id -> HostComm.
-void register_comm(int64_t id, std::shared_ptr<HostComm> comm);
-std::shared_ptr<HostComm> find_comm(int64_t id);  // throws std::invalid_argument if unknown
-void unregister_comm(int64_t id);
+// Process-wide table: (communicator id, EP group) -> HostComm. A communicator over one axis of a
+// larger mesh has one HostComm per EP group this process holds ranks of; each is a communicator of
+// its own (peers, engines, buffers), and the handlers pick theirs by the group operand.
+void register_comm(int64_t id, std::shared_ptr<HostComm> comm, int group = 0);
+std::shared_ptr<HostComm> find_comm(int64_t id, int group = 0);  // throws std::invalid_argument if unknown
+void unregister_comm(int64_t id);  // every group of `id`
 
 }  // namespace a2a::host

@@ -23,34 +23,38 @@ void bind_cuda(nb::module_& m) {
       "create",
       [](int64_t comm_id, int N, int E, int K, int H, int T, int tp, int S, int scale_block, int wire_kind, int layout,
          int capacity, bool pow2, int slots, double timeout_s, std::vector<int> ranks, std::vector<int> devices,
-         int node_size, int priv_rows, const std::string& provider) {
+         int node_size, int priv_rows, const std::string& provider, int group,
+         int first_local_index) {
         cuda::CudaOptions o =
             gpu_options(N, E, K, H, T, tp, S, scale_block, wire_kind, layout, capacity, pow2, slots, timeout_s);
         o.node_size = node_size;
         o.priv_rows = priv_rows;
         o.provider = provider;
-        cuda::register_comm(comm_id, std::make_shared<cuda::CudaComm>(o, ranks, devices));
+        cuda::register_comm(comm_id, std::make_shared<cuda::CudaComm>(o, ranks, devices, first_local_index), group);
       },
       "comm_id"_a, "N"_a, "E"_a, "K"_a, "H"_a, "T"_a, "tp"_a, "S"_a, "scale_block"_a, "wire_kind"_a, "layout"_a,
       "capacity"_a, "pow2"_a, "slots"_a, "timeout_s"_a, "ranks"_a, "devices"_a, "node_size"_a = 0,
-      "priv_rows"_a = -1, "provider"_a = "",
-      "Creates the communicator; node_size > 0 puts ranks r // node_size on one node each, and peers on "
+      "priv_rows"_a = -1, "provider"_a = "", "group"_a = 0, "first_local_index"_a = 0,
+      "Creates EP group `group` of the communicator for this process's ranks of it (ranks within the group, "
+      "one device each; first_local_index: how many ranks of this process earlier groups hold); node_size > 0 puts ranks r // node_size on one node each, and peers on "
       "other nodes go through a proxy thread and the TransferEngine over `provider`.");
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
   c.def(
       "remote_info",
-      [](int64_t comm_id, int rank) -> nb::object {
-        cuda::RemotePath* rp = cuda::find_comm(comm_id)->rank(rank).remote();
+      [](int64_t comm_id, int rank, int group) -> nb::object {
+        cuda::RemotePath* rp = cuda::find_comm(comm_id, group)->rank(rank).remote();
         if (!rp) return nb::none();
         const transfer::Bytes addr = rp->address();
         nb::list descs;
         for (const auto& d : rp->descriptors()) descs.append(nb::bytes(reinterpret_cast<const char*>(d.data()), d.size()));
         return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(addr.data()), addr.size()), descs, rp->provider());
       },
-      "comm_id"_a, "rank"_a, "(engine address, [descriptors], provider) of a rank's inter-node path, or None.");
+      "comm_id"_a, "rank"_a, "group"_a = 0,
+      "(engine address, [descriptors], provider) of a rank's inter-node path, or None.");
   c.def(
       "connect_remote",
-      [](int64_t comm_id, int rank, const std::vector<std::tuple<int, nb::bytes, std::vector<nb::bytes>>>& peers) {
+      [](int64_t comm_id, int rank, const std::vector<std::tuple<int, nb::bytes, std::vector<nb::bytes>>>& peers,
+         int group) {
         auto as_bytes = [](const nb::bytes& b) {
           const auto* p = static_cast<const uint8_t*>(b.data());
           return transfer::Bytes(p, p + b.size());
@@ -61,16 +65,18 @@ void bind_cuda(nb::module_& m) {
           for (const auto& x : ds) d.push_back(as_bytes(x));
           ps.emplace_back(r, as_bytes(addr), std::move(d));
         }
-        cuda::RemotePath* rp = cuda::find_comm(comm_id)->rank(rank).remote();
+        auto comm = cuda::find_comm(comm_id, group);
+        cuda::RemotePath* rp = comm->rank(rank).remote();
         if (!rp) throw std::invalid_argument("jax_moe_a2a cuda: rank has no peers on other nodes");
         nb::gil_scoped_release release;
         rp->connect(ps);
       },
-      "comm_id"_a, "rank"_a, "peers"_a, "Connects a rank's inter-node path: [(rank, address, descriptors)] of every rank.");
+      "comm_id"_a, "rank"_a, "peers"_a, "group"_a = 0,
+      "Connects a rank's inter-node path: [(rank, address, descriptors)] of every rank of its EP group.");
   c.def(
       "proxy_stats",
-      [](int64_t comm_id, int rank) {
-        cuda::RemotePath* rp = cuda::find_comm(comm_id)->rank(rank).remote();
+      [](int64_t comm_id, int rank, int group) {
+        cuda::RemotePath* rp = cuda::find_comm(comm_id, group)->rank(rank).remote();
         const proxy::ProxyStats s = rp ? rp->stats() : proxy::ProxyStats{};
         nb::dict d;
         d["dispatches"] = s.dispatches;
@@ -83,19 +89,19 @@ void bind_cuda(nb::module_& m) {
         d["flag_path"] = s.flag_path;
         return d;
       },
-      "comm_id"_a, "rank"_a,
+      "comm_id"_a, "rank"_a, "group"_a = 0,
       "Counters of a rank's proxy thread (zeros without one); flag_path: 'gdrcopy' or 'mapped-host: <why>'.");
 #endif
-  c.def("bootstrap_info", [](int64_t comm_id, int rank) {
-    std::string s = cuda::find_comm(comm_id)->rank(rank).bootstrap_info();
+  c.def("bootstrap_info", [](int64_t comm_id, int rank, int group) {
+    std::string s = cuda::find_comm(comm_id, group)->rank(rank).bootstrap_info();
     return nb::bytes(s.data(), s.size());
-  });
-  c.def("connect", [](int64_t comm_id, int rank, const std::vector<nb::bytes>& peers) {
-    auto comm = cuda::find_comm(comm_id);
+  }, "comm_id"_a, "rank"_a, "group"_a = 0);
+  c.def("connect", [](int64_t comm_id, int rank, const std::vector<nb::bytes>& peers, int group) {
+    auto comm = cuda::find_comm(comm_id, group);
     std::vector<std::string> infos;
     for (auto& b : peers) infos.emplace_back(static_cast<const char*>(b.data()), b.size());
-    comm->rank(rank).connect(infos, comm->locals());
-  });
+    comm->rank(rank).connect(infos, comm->locals());  // peers[r]: rank r of this EP group
+  }, "comm_id"_a, "rank"_a, "peers"_a, "group"_a = 0);
   c.def("buffer_bytes", [](int N, int E, int K, int H, int T, int tp, int S, int wire_kind, int slots) {
     cuda::Geometry g{};
     g.N = N; g.E = E; g.K = K; g.H = H; g.T = T; g.tp = tp; g.S = S; g.wire_kind = wire_kind;
@@ -113,16 +119,19 @@ void bind_cuda(nb::module_& m) {
       "device"_a, "iters"_a,
       "Nanoseconds of each GPU -> host -> GPU flag round trip through mapped pinned memory (the kernel <-> "
       "proxy signalling path), timed by the GPU.");
-  c.def("kernel_ms", [](int64_t comm_id, int rank, int op) { return cuda::find_comm(comm_id)->rank(rank).kernel_ms(op); },
-        "comm_id"_a, "rank"_a, "op"_a,
+  c.def("kernel_ms",
+        [](int64_t comm_id, int rank, int op, int group) { return cuda::find_comm(comm_id, group)->rank(rank).kernel_ms(op); },
+        "comm_id"_a, "rank"_a, "op"_a, "group"_a = 0,
         "Milliseconds of the last timed launch of op (0 dispatch_send .. 3 combine_recv) on a local rank; "
         "negative when none was timed (JAX_MOE_A2A_KERNEL_TIMING=1 not set, or the launch was captured in a "
         "command buffer).");
   c.def("last_error", [](int64_t comm_id) {
     std::string out;
-    for (auto& [r, s] : cuda::find_comm(comm_id)->locals()) {
-      const std::string t = s->error_text();
-      if (!t.empty()) out += (out.empty() ? "" : "\n") + t;
+    for (auto& comm : cuda::find_groups(comm_id)) {  // every EP group with ranks here
+      for (auto& [r, s] : comm->locals()) {
+        const std::string t = s->error_text();
+        if (!t.empty()) out += (out.empty() ? "" : "\n") + t;
+      }
     }
     return out;
   }, "comm_id"_a, "Timeouts recorded by this process's kernels (\"\" if none).");

@@ -41,7 +41,7 @@ void bind_host(nb::module_& m) {
       [](int64_t comm_id, int num_ranks, int num_experts, int topk, int hidden, int max_tokens, int tp,
          int num_scales, int scale_block, int wire_kind, int layout, int capacity, bool pow2, int slots,
          int priv_rows, double timeout_s, std::vector<int> local_ranks, const std::string& engine,
-         const std::string& provider, bool proxied, int node_size) {
+         const std::string& provider, bool proxied, int node_size, int group) {
         host::HostOptions o;
         o.shape.num_ranks = num_ranks;
         o.shape.num_experts = num_experts;
@@ -64,7 +64,7 @@ void bind_host(nb::module_& m) {
         std::vector<std::shared_ptr<transfer::Engine>> engines;
         if (engine == "local") {
           if (int(local_ranks.size()) != num_ranks)
-            throw std::invalid_argument("host.create: the local engine needs every rank in this process");
+            throw std::invalid_argument("host.create: the local engine needs every rank of the EP group in this process");
           for (auto& e : transfer::LocalHub::create(num_ranks)) engines.push_back(e);
         } else if (engine == "fabric") {
           for (int r : local_ranks) {
@@ -77,28 +77,33 @@ void bind_host(nb::module_& m) {
         } else {
           throw std::invalid_argument("host.create: engine must be 'local' or 'fabric', got '" + engine + "'");
         }
-        host::register_comm(comm_id, std::make_shared<host::HostComm>(o, std::move(engines), local_ranks));
+        host::register_comm(comm_id, std::make_shared<host::HostComm>(o, std::move(engines), local_ranks), group);
       },
       "comm_id"_a, "num_ranks"_a, "num_experts"_a, "topk"_a, "hidden"_a, "max_tokens"_a, "tp"_a,
       "num_scales"_a, "scale_block"_a, "wire_kind"_a, "layout"_a, "capacity"_a, "pow2"_a, "slots"_a,
       "priv_rows"_a, "timeout_s"_a, "local_ranks"_a, "engine"_a, "provider"_a, "proxied"_a = false, "node_size"_a = 0,
-      "Creates the communicator `comm_id` for this process's ranks (engine 'local' or 'fabric'); "
-      "proxied: the protocol runs on a proxy thread per rank (cc/proxy), as in the cuda backend.");
+      "group"_a = 0,
+      "Creates EP group `group` of the communicator `comm_id` for this process's ranks of it (ranks within "
+      "the group; engine 'local' or 'fabric', its engines know only the group's ranks); proxied: the protocol "
+      "runs on a proxy thread per rank (cc/proxy), as in the cuda backend. Call once per group with local ranks.");
 
   h.def(
       "bootstrap_info",
-      [](int64_t comm_id, int rank) {
-        auto& rc = host::find_comm(comm_id)->rank(rank);
+      [](int64_t comm_id, int rank, int group) {
+        auto& rc = host::find_comm(comm_id, group)->rank(rank);
         std::vector<nb::bytes> descs;
         for (auto& d : rc.descriptors()) descs.push_back(from_bytes(d));
         return nb::make_tuple(from_bytes(rc.engine().address()), descs, rc.engine().provider());
       },
-      "comm_id"_a, "rank"_a, "(engine address, [region descriptors], provider) of one local rank.");
+      "comm_id"_a, "rank"_a, "group"_a = 0,
+      "(engine address, [region descriptors], provider) of one local rank of EP group `group`.");
 
   h.def(
       "connect",
-      [](int64_t comm_id, int rank, const std::vector<std::tuple<int, nb::bytes, std::vector<nb::bytes>>>& peers) {
-        auto& rc = host::find_comm(comm_id)->rank(rank);
+      [](int64_t comm_id, int rank, const std::vector<std::tuple<int, nb::bytes, std::vector<nb::bytes>>>& peers,
+         int group) {
+        auto comm = host::find_comm(comm_id, group);
+        auto& rc = comm->rank(rank);
         std::vector<transfer::PeerAddress> addrs;
         std::map<int, std::vector<transfer::Bytes>> descs;
         for (auto& [r, addr, ds] : peers) {
@@ -109,13 +114,13 @@ void bind_host(nb::module_& m) {
         rc.engine().add_peers(addrs);
         if (rc.engine().kind() == transfer::EngineKind::kFabric) transfer::connect_in_order(rc.engine(), rc.timeout_s());
         std::map<int, host::RankComm*> locals;
-        auto comm = host::find_comm(comm_id);
         for (int r : comm->ranks()) locals[r] = &comm->rank(r);
         rc.connect(descs, locals);
       },
-      "comm_id"_a, "rank"_a, "peers"_a, "Connects one local rank to every rank: [(rank, address, descriptors)].");
+      "comm_id"_a, "rank"_a, "peers"_a, "group"_a = 0,
+      "Connects one local rank to every rank of its EP group: [(rank, address, descriptors)].");
 
-  h.def("destroy", &host::unregister_comm, "comm_id"_a, "Closes the engines and forgets the communicator.");
+  h.def("destroy", &host::unregister_comm, "comm_id"_a, "Closes the engines and forgets the communicator (every EP group).");
 
   h.def(
       "proxy_stats",

@@ -22,12 +22,44 @@ class Ctx:
     comm_id: int
     call_id: int        # distinct per call site, so XLA never merges two calls
     options: dict
+    group_axes: tuple = ()  # the mesh's other axes (mesh order): each position is one EP group
+
+
+def group_index(ctx: Ctx):
+    """[] int32: this rank's EP group, jax.lax.axis_index(ctx.group_axes) (row g of
+    Communicator.groups); 0 on a mesh without other axes."""
+    import jax
+    import jax.numpy as jnp
+
+    if not ctx.group_axes:
+        return jnp.zeros((), jnp.int32)
+    try:
+        return jax.lax.axis_index(ctx.group_axes).astype(jnp.int32)
+    except NameError as e:
+        raise ValueError(f"jax_moe_a2a: the EP groups are told apart by the mesh's other axes {ctx.group_axes!r}: "
+                         "run the ops inside a jax.shard_map that is manual over every mesh axis") from e
+
+
+def vma(a) -> frozenset:
+    """The mesh axes `a` varies over inside shard_map (its type's vma; empty outside shard_map or
+    on JAX versions without it)."""
+    import jax
+
+    typeof = getattr(jax, "typeof", None)
+    try:
+        aval = typeof(a) if typeof is not None else None
+    except TypeError:
+        return frozenset()
+    mat = getattr(aval, "manual_axis_type", None)  # jax 0.11
+    if mat is not None:
+        return frozenset(getattr(mat, "varying", ()))
+    return frozenset(getattr(aval, "vma", ()) or ())  # jax 0.6 - 0.10
 
 
 def varying(tree, axis):
     """Marks FFI outputs as varying over the EP axis inside shard_map (they differ per rank);
-    without it JAX types them as replicated and autodiff/check_vma reject them. No-op on JAX
-    versions without `jax.lax.pcast`."""
+    without it JAX types them as replicated and autodiff/check_vma reject them. Casts only over
+    the axes an array does not vary over yet. No-op on JAX versions without `jax.lax.pcast`."""
     import jax
 
     pcast = getattr(jax.lax, "pcast", None)
@@ -38,12 +70,32 @@ def varying(tree, axis):
     def cast(a):
         if a is None or getattr(a, "dtype", None) == jax.dtypes.float0:
             return a
+        have = vma(a)
+        missing = tuple(x for x in axes if x not in have)
+        if not missing:
+            return a
         try:
-            return pcast(a, axes, to="varying")
+            return pcast(a, missing, to="varying")
         except (ValueError, TypeError, NameError):  # already varying, or outside shard_map
             return a
 
     return jax.tree.map(cast, tree)
+
+
+def like_primal(ct, axes):
+    """A cotangent typed like its primal, which varies over `axes` (a custom_vjp rule must return
+    exactly the primal's type): varying over the axes it lacks; summed over the axes the primal
+    is invariant over (on a multi-axis mesh the FFI results vary over the EP groups' axes too, as
+    the groups' inputs do; the transpose of that broadcast is the sum)."""
+    import jax
+
+    if ct is None or getattr(ct, "dtype", None) == jax.dtypes.float0:
+        return ct
+    axes = tuple(axes)
+    extra = tuple(sorted(vma(ct) - set(axes)))
+    if extra and vma(ct):
+        ct = jax.lax.psum(ct, extra)
+    return varying(ct, axes) if axes else ct
 
 
 def recv_result_shapes(spec, n, counts_shape):

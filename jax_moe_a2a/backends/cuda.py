@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import weakref
 
-import jax
 import numpy as np
 
 from .. import _ffi, env, runtime
@@ -38,7 +37,7 @@ class CudaBackend(FfiBackend):
         return c.cuda
 
     def _gpu_mesh(self, comm):
-        """The mesh's devices in rank order, after checking they are GPUs and at most 64."""
+        """The mesh's devices, after checking they are GPUs and an EP group has at most 64 ranks."""
         if comm.num_ranks > 64:
             raise ValueError(f"{self.name} backend: at most 64 ranks")
         devices = list(comm.mesh.devices.flat)
@@ -48,10 +47,11 @@ class CudaBackend(FfiBackend):
         return devices
 
     def init(self, comm):
+        """Creates this process's ranks and connects each to the ranks of its EP group. Every EP
+        group (one per position along the mesh's other axes) is a communicator of its own in C++
+        (buffers, IPC exchange, proxy and engines); the handlers find theirs by device."""
         spec, n = comm.spec, comm.num_ranks
-        devices = self._gpu_mesh(comm)
-        me = jax.process_index()
-        local = [r for r, d in enumerate(devices) if d.process_index == me]
+        self._gpu_mesh(comm)
         node_size, priv, provider = self._remote_options(comm, n)
         c = _ffi.require_native()
         _ffi.register_targets()
@@ -59,22 +59,48 @@ class CudaBackend(FfiBackend):
         if remote and not hasattr(c.cuda, "connect_remote"):
             raise ValueError(f"cuda backend: node_size={node_size} puts peers on other nodes, which needs the "
                              "TransferEngine: rebuild the extension with libfabric")
-        c.cuda.create(comm.comm_id, n, spec.num_experts, spec.experts_per_token, spec.hidden,
-                      spec.max_tokens_per_rank, spec.tp_size, spec.num_scales, spec.scale_block,
-                      WIRE[spec.dispatch_dtype], 0 if spec.layout == "ragged" else 1, spec.recv_rows(n),
-                      spec.pow2_scale, spec.slots, comm.timeout_s, local,
-                      [devices[r].local_hardware_id for r in local], node_size if remote else 0,
-                      -1 if priv is None else priv, provider)
-        self._finalizer = weakref.finalize(comm, c.cuda.destroy, comm.comm_id)
-        mine = {r: bytes(c.cuda.bootstrap_info(comm.comm_id, r)) for r in local}
-        table = runtime.exchange(f"jax_moe_a2a/cuda/{comm.comm_id}", mine, n, comm.timeout_s)
-        for r in local:
-            c.cuda.connect(comm.comm_id, r, [table[i] for i in range(n)])
+        self._finalizer = weakref.finalize(comm, c.cuda.destroy, comm.comm_id)  # every group
+        members = comm.local_members()
+        first = 0  # this process's ranks in earlier groups (the proxies' local index goes on counting)
+        for g, local in members.items():
+            devices = comm.groups[g]
+            c.cuda.create(comm.comm_id, n, spec.num_experts, spec.experts_per_token, spec.hidden,
+                          spec.max_tokens_per_rank, spec.tp_size, spec.num_scales, spec.scale_block,
+                          WIRE[spec.dispatch_dtype], 0 if spec.layout == "ragged" else 1, spec.recv_rows(n),
+                          spec.pow2_scale, spec.slots, comm.timeout_s, local,
+                          [devices[r].local_hardware_id for r in local], node_size if remote else 0,
+                          -1 if priv is None else priv, provider, group=g, first_local_index=first)
+            first += len(local)
+        for g, local in members.items():  # ascending on every process (see HostBackend.init)
+            key = self._group_key(comm, g)
+            mine = {r: bytes(c.cuda.bootstrap_info(comm.comm_id, r, g)) for r in local}
+            table = runtime.exchange(f"jax_moe_a2a/cuda/{key}", mine, n, comm.timeout_s)
+            for r in local:
+                c.cuda.connect(comm.comm_id, r, [table[i] for i in range(n)], g)
         self.node_size = node_size
+        self.provider = provider
         if remote:  # every rank has peers on another node: exchange engine addresses and regions
-            self.provider = runtime.connect_engines(
-                f"jax_moe_a2a/cuda-remote/{comm.comm_id}", {r: c.cuda.remote_info(comm.comm_id, r) for r in local},
-                n, comm.timeout_s, lambda r, peers: c.cuda.connect_remote(comm.comm_id, r, peers), provider)
+            for g, local in members.items():
+                self.provider = runtime.connect_engines(
+                    f"jax_moe_a2a/cuda-remote/{self._group_key(comm, g)}",
+                    {r: c.cuda.remote_info(comm.comm_id, r, g) for r in local}, n, comm.timeout_s,
+                    lambda r, peers, g=g: c.cuda.connect_remote(comm.comm_id, r, peers, g), provider)
+
+    @staticmethod
+    def _group_key(comm, g):
+        """Key-value store prefix part of EP group g (the communicator id alone with one group)."""
+        return f"{comm.comm_id}" + (f"/group{g}" if comm.num_groups > 1 else "")
+
+    @staticmethod
+    def _group_arg(g):
+        """The group argument of the native per-rank calls (nvshmem has one rank per process and
+        finds it by communicator id alone)."""
+        return (g,)
+
+    @staticmethod
+    def _local(comm):
+        """[(group, rank)] of this process's ranks, ascending."""
+        return [(g, r) for g, ranks in comm.local_members().items() for r in ranks]
 
     @staticmethod
     def _remote_options(comm, n):
@@ -96,13 +122,13 @@ class CudaBackend(FfiBackend):
         return node_size, None if priv is None else int(priv), provider
 
     def proxy_stats(self, comm):
-        """Counters of this process's proxy threads ({rank: dict}); {} without remote peers."""
+        """Counters of this process's proxy threads ({rank: dict}, or {(group, rank): dict} on a
+        mesh with several EP groups); {} without remote peers."""
         c = _ffi.require_native()
         if getattr(self, "node_size", comm.num_ranks) >= comm.num_ranks:
             return {}
-        devices = list(comm.mesh.devices.flat)
-        local = [r for r, d in enumerate(devices) if d.process_index == jax.process_index()]
-        return {r: dict(c.cuda.proxy_stats(comm.comm_id, r)) for r in local}
+        return {(r if comm.num_groups == 1 else (g, r)): dict(c.cuda.proxy_stats(comm.comm_id, r, g))
+                for g, r in self._local(comm)}
 
     def last_error(self, comm):
         """What a kernel recorded when a peer never arrived (or the proxy's failure), or None."""
@@ -117,9 +143,7 @@ class CudaBackend(FfiBackend):
         native = self._native(_ffi.require_native())
         if not hasattr(native, "kernel_ms"):  # a subclass backend without kernel timing
             return None
-        devices = list(comm.mesh.devices.flat)
-        local = [r for r, d in enumerate(devices) if d.process_index == jax.process_index()]
-        ms = [native.kernel_ms(comm.comm_id, r, op) for r in local]
+        ms = [native.kernel_ms(comm.comm_id, r, op, *self._group_arg(g)) for g, r in self._local(comm)]
         return None if not ms or min(ms) < 0 else max(ms) * 1e-3
 
     def close(self):

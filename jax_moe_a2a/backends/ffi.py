@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _ffi
 from ..commcall import comm_call
-from .base import Backend, Ctx, finish_recv, recv_result_shapes, varying
+from .base import Backend, Ctx, finish_recv, recv_result_shapes, varying, vma
 
 # dtype -> the element-kind code the C++ side uses (cc/core/floats.h ElemKind, cc/cuda params).
 WIRE = {np.dtype(jnp.float32): 0, np.dtype(jnp.bfloat16): 1, np.dtype(jnp.float16): 2,
@@ -57,7 +57,14 @@ class FfiBackend(Backend):
     # ---- the four halves -----------------------------------------------------------------
     def _call(self, half, outs, ctx, *operands, **attrs):
         call = comm_call(f"jax_moe_a2a_{self.target}_{half}", outs)
-        return varying(call(*self._rank(ctx), *operands, comm_id=np.int64(ctx.comm_id), **attrs), ctx.axis)
+        # The results vary over the EP axis and over every axis the data operands vary over (on a
+        # multi-axis mesh, the EP groups' axes: each group has its own data). JAX would type them
+        # as invariant (the FFI call's abstract evaluation adds no varying axes), and autodiff
+        # would then sum their cotangents over those axes, mixing the groups.
+        ep = ctx.axis if isinstance(ctx.axis, tuple) else (ctx.axis,)
+        data_axes = set().union(*(vma(a) for a in operands)) - set(ep)
+        axes = ep + tuple(a for a in ctx.group_axes if a in data_axes)
+        return varying(call(*self._rank(ctx), *operands, comm_id=np.int64(ctx.comm_id), **attrs), axes)
 
     def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None):
         t, k = topk_ids.shape

@@ -9,6 +9,7 @@ import weakref
 import jax
 
 from .. import _ffi, env, runtime
+from .base import group_index
 from .ffi import WIRE, FfiBackend, native_reason
 
 
@@ -49,7 +50,10 @@ class HostBackend(FfiBackend):
 
     # ---- setup ---------------------------------------------------------------------------
     def init(self, comm):
-        """Creates this process's ranks in C++ and connects them to every rank (collective)."""
+        """Creates this process's ranks in C++ and connects each to every rank of its EP group
+        (collective). Every EP group (one per position along the mesh's other axes) is a
+        communicator of its own in C++: its own engines (knowing only the group's ranks),
+        buffers and bootstrap keys."""
         spec, n = comm.spec, comm.num_ranks
         if spec.slots > 8 or spec.tp_size > 8:
             raise ValueError("host backend: Spec.slots and Spec.tp_size must be <= 8")
@@ -61,9 +65,6 @@ class HostBackend(FfiBackend):
         if priv is not None and (int(priv) < 0):
             raise ValueError(f"max_private_tokens: expected >= 0, got {priv}")
         self._priv_rows = None if priv is None else int(priv)
-        devices = list(comm.mesh.devices.flat)
-        me = jax.process_index()
-        local = [r for r, d in enumerate(devices) if d.process_index == me]
         engine = opts.get("engine") or ("local" if jax.process_count() == 1 else "fabric")
         provider = opts.get("provider") or env.get_str("PROVIDER", "shm")
         proxied = bool(opts.get("proxied", env.get_bool("HOST_PROXIED")))
@@ -72,15 +73,22 @@ class HostBackend(FfiBackend):
             raise ValueError("host backend: node_size needs proxied=True")
         c = _ffi.require_native()
         _ffi.register_targets()
-        c.host.create(comm.comm_id, n, spec.num_experts, spec.experts_per_token, spec.hidden,
-                      spec.max_tokens_per_rank, spec.tp_size, spec.num_scales, spec.scale_block,
-                      WIRE[spec.dispatch_dtype], 0 if spec.layout == "ragged" else 1, spec.recv_rows(n),
-                      spec.pow2_scale, spec.slots, -1 if priv is None else int(priv), comm.timeout_s,
-                      local, engine, provider, proxied, node_size)
-        self._finalizer = weakref.finalize(comm, c.host.destroy, comm.comm_id)
-        self.provider = runtime.connect_engines(
-            f"jax_moe_a2a/host/{comm.comm_id}", {r: c.host.bootstrap_info(comm.comm_id, r) for r in local},
-            n, comm.timeout_s, lambda r, peers: c.host.connect(comm.comm_id, r, peers), provider)
+        self._finalizer = weakref.finalize(comm, c.host.destroy, comm.comm_id)  # every group, also if one fails
+        self.provider = provider
+        members = comm.local_members()
+        for g, local in members.items():
+            c.host.create(comm.comm_id, n, spec.num_experts, spec.experts_per_token, spec.hidden,
+                          spec.max_tokens_per_rank, spec.tp_size, spec.num_scales, spec.scale_block,
+                          WIRE[spec.dispatch_dtype], 0 if spec.layout == "ragged" else 1, spec.recv_rows(n),
+                          spec.pow2_scale, spec.slots, -1 if priv is None else int(priv), comm.timeout_s,
+                          local, engine, provider, proxied, node_size, group=g)
+        # Groups in ascending order on every process: a group's exchange waits only for processes
+        # that finished their lower groups, and its engines' connections only on lower ranks.
+        for g, local in members.items():
+            prefix = f"jax_moe_a2a/host/{comm.comm_id}" + (f"/group{g}" if comm.num_groups > 1 else "")
+            self.provider = runtime.connect_engines(
+                prefix, {r: c.host.bootstrap_info(comm.comm_id, r, g) for r in local}, n, comm.timeout_s,
+                lambda r, peers, g=g: c.host.connect(comm.comm_id, r, peers, g), provider)
 
     def close(self):
         if getattr(self, "_finalizer", None) is not None:
@@ -96,9 +104,9 @@ class HostBackend(FfiBackend):
     def buffer_bytes(self, spec, num_ranks):
         return spec.slots * _layout_bytes(spec, num_ranks, self._priv_rows)
 
-    # ---- FfiBackend hooks: the CPU handlers take the rank as an operand ------------------
+    # ---- FfiBackend hooks: the CPU handlers take the rank and its EP group as operands ---
     def _rank(self, ctx):
-        return (ctx.rank.reshape(()),)
+        return (ctx.rank.reshape(()), group_index(ctx))
 
     def _counts_shape(self, spec, n):
         return (n,)

@@ -70,20 +70,26 @@ class NvshmemBackend(CudaBackend):
     def _native(c):
         return c.nvshmem
 
+    @staticmethod
+    def _group_arg(g):
+        return ()
+
     def init(self, comm):
         spec, n = comm.spec, comm.num_ranks
         devices = self._gpu_mesh(comm)
         if len({d.process_index for d in devices}) != jax.process_count():
             raise ValueError("nvshmem backend: the mesh must span every JAX process (they are the NVSHMEM PEs, and "
                              "creating a communicator is collective over all of them)")
-        me = jax.process_index()
-        local = [r for r, d in enumerate(devices) if d.process_index == me]
+        local = self._local(comm)
         if len(local) != 1:
             raise NotImplementedError(
-                f"nvshmem backend: one process drives one GPU (one EP rank per process); this process holds ranks "
-                f"{local}. Launch one process per GPU, or use the cuda backend")
-        rank = local[0]
-        device = devices[rank].local_hardware_id
+                f"nvshmem backend: one process drives one GPU (one EP rank per process); this process holds "
+                f"{'ranks ' + str([r for _, r in local]) if comm.num_groups == 1 else '(group, rank) ' + str(local)}. "
+                f"Launch one process per GPU, or use the cuda backend")
+        # On a mesh with several EP groups every process is one rank of one group: its NvComm knows
+        # only its group's PEs (bootstrap keys per group), and the handlers find it by comm id.
+        group, rank = local[0]
+        device = comm.groups[group][rank].local_hardware_id
         c = _ffi.require_native()
         _ffi.register_targets()
         arena = arena_bytes(self.buffer_bytes(spec, n))
@@ -94,5 +100,5 @@ class NvshmemBackend(CudaBackend):
                          spec.pow2_scale, spec.slots, comm.timeout_s, rank, device, arena)
         self._finalizer = weakref.finalize(comm, c.nvshmem.destroy, comm.comm_id)
         mine = {rank: bytes(c.nvshmem.bootstrap_info(comm.comm_id))}
-        table = runtime.exchange(f"jax_moe_a2a/nvshmem/{comm.comm_id}", mine, n, comm.timeout_s)
+        table = runtime.exchange(f"jax_moe_a2a/nvshmem/{self._group_key(comm, group)}", mine, n, comm.timeout_s)
         c.nvshmem.connect(comm.comm_id, [table[i] for i in range(n)])
