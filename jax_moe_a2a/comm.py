@@ -308,13 +308,16 @@ class Communicator:
         if self.collect_stats and not self.debug:
             jax.debug.callback(record, dropped, overflow)
         if self.debug:  # a pure callback whose result is used: the error surfaces at the outputs
-            # Every rank raises, or none: a psum of the counts decides for all. A rank left running
+            # Every rank raises, or none: a psum of the counts decides for all (where XLA's collectives
+            # run: Backend.debug_psum; not on the GPU FFI backends). A rank left running
             # would wait for the stopped one, in XLA's next collective (pure-JAX backends; XLA:CPU
             # aborts the process after its rendezvous timeout) or in the next FFI half (until
             # timeout_s, several times over: the host backend with recv_capacity overflow on one
             # rank took minutes). Overflow is counted at the receiver and bad ids at the sender,
             # so no rank sees the others' counts without it.
-            bad = jax.lax.psum(dropped + overflow, self.axis)
+            bad = dropped + overflow  # this rank's
+            if self._backend.debug_psum:  # every rank raises, or none (see Backend.debug_psum)
+                bad = jax.lax.psum(bad, self.axis)
 
             def check(d, o, b):
                 record(d, o)

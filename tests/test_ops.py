@@ -134,6 +134,9 @@ def test_debug_stops_every_rank_when_one_drops(backend, num_ranks, mesh):
     (40 s), or, on the FFI backends, in the combine until timeout_s."""
     spec = a2a.Spec(**BASE)
     comm = a2a.init(spec, mesh, "ep", backend=backend, debug=True)
+    if num_ranks > 1 and not comm._backend.debug_psum:
+        pytest.skip(f"{backend}: no psum in the debug check (XLA's NCCL collectives refuse processes sharing a "
+                    "GPU); the other ranks end at their next half's timeout")
     inputs = T.make_inputs(spec, num_ranks, 6, num_tokens=24)
     inputs[0].topk_ids[0, 0] = spec.num_experts + 7
     t0 = time.monotonic()

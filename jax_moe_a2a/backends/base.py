@@ -163,6 +163,12 @@ class Backend:
     # XLA:CPU until its rendezvous aborts the process), so the debug check must stop every rank
     # at once. FFI backends time out and name the missing rank instead.
     xla_collectives = False
+    # True when the debug check may decide for every rank with a psum over the EP axis (XLA
+    # collectives work there: every CPU backend and the pure-JAX ones), so that every rank raises
+    # or none does. The GPU FFI backends set False: XLA's NCCL collectives refuse several processes
+    # on one GPU; there a rank whose check passed ends at its next half's timeout, naming the
+    # stopped rank.
+    debug_psum = True
 
     def combine_recv(self, ctx: Ctx, handle_arrays: dict, route, slot: int, out: Optional[Any],
                      pairs: bool = False):

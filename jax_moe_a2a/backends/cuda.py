@@ -23,6 +23,7 @@ def unavailable_reason():
 class CudaBackend(FfiBackend):
     name = "cuda"
     target = "cuda"
+    debug_psum = False  # see Backend.debug_psum
     OPTIONS = {
         "node_size": "ranks r, s share a node iff r // node_size == s // node_size (default every rank, or "
                      "$JAX_MOE_A2A_NODE_SIZE); other nodes' peers go through a proxy thread",
