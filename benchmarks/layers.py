@@ -55,6 +55,19 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
+def without_option(argv: list, name: str) -> list:
+    """argv without `name VALUE` and `name=VALUE` (the children get their own value)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == name:
+            skip = True
+        elif not a.startswith(name + "="):
+            out.append(a)
+    return out
+
+
 def cmdbuf_variants(arg: str) -> list:
     if arg != "auto":
         return [v for v in arg.split(",") if v]
@@ -304,7 +317,7 @@ def main(argv=None):
     args = parse_args(argv)
     variants = cmdbuf_variants(args.cmdbuf)
     if args.json_out is None and len(variants) > 1:
-        out = run_children([a for a in argv if not a.startswith("--cmdbuf")], variants, args.out)
+        out = run_children(without_option(argv, "--cmdbuf"), variants, args.out)
         lead = True
     else:
         if variants and args.json_out is None:  # one setting asked for: apply it before JAX starts

@@ -82,3 +82,12 @@ def test_anchor_merge(tmp_path, capsys):
     report.print_halves({"meta": {}, "results": [row], "anchor": a})
     text = capsys.readouterr().out
     assert "pplx intra-sync" in text and "2.00x" in text  # 25 µs kernel / 12.5 µs pplx
+
+
+def test_layers_children_get_their_own_cmdbuf():
+    """The parent's --cmdbuf (both spellings) is dropped before a child gets `--cmdbuf on|off`
+    (a child once got the parent's value too and refused it: 'unrecognized arguments: on,off')."""
+    import layers
+    assert layers.without_option(["--backend", "cuda", "--cmdbuf", "on,off", "--layers", "8"], "--cmdbuf") == \
+        ["--backend", "cuda", "--layers", "8"]
+    assert layers.without_option(["--cmdbuf=on,off", "--quick"], "--cmdbuf") == ["--quick"]
