@@ -244,13 +244,7 @@ def main(argv=None):
         with open(args.json_out, "w") as f:
             json.dump(out, f)
     elif jax.process_index() == 0:
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "halves.json")
-        with open(path, "w") as f:
-            json.dump(out, f, indent=2)
-        report.print_halves(out)
-        pngs = [] if args.no_plot else report.plot_halves(out, args.out)
-        print(f"wrote {path} " + " ".join(pngs))
+        report.write_and_show(out, args.out, "halves.json", report.print_halves, report.plot_halves, args.no_plot)
     if jax.process_count() > 1:
         jax.distributed.shutdown()
     return 1 if failed(out) else 0

@@ -331,13 +331,7 @@ def main(argv=None):
                     json.dump(out, f)
             return 0
     if lead:
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "layers.json")
-        with open(path, "w") as f:
-            json.dump(out, f, indent=2)
-        report.print_layers(out)
-        pngs = [] if args.no_plot else report.plot_layers(out, args.out)
-        print(f"wrote {path} " + " ".join(pngs))
+        report.write_and_show(out, args.out, "layers.json", report.print_layers, report.plot_layers, args.no_plot)
     return 1 if any("error" in r for r in out["results"]) else 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 from . import HALVES
@@ -136,14 +137,7 @@ def plot_halves(out: dict, out_dir: str) -> list:
         ax.set_ylim(bottom=0)
         ax.grid(axis="y", alpha=0.3)
         ax.legend()
-    meta = out.get("meta", {})
-    fig.suptitle(f"jax_moe_a2a halves (wall) on {meta.get('platform', '?')} ({meta.get('device_kind', '?')}), "
-                 f"{meta.get('date', '')} commit {meta.get('commit', '?')}")
-    fig.tight_layout()
-    path = os.path.join(out_dir, "halves.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return [path]
+    return [_save_figure(fig, out, "halves (wall)", out_dir, "halves.png")]
 
 
 # --- layers ------------------------------------------------------------------------------------
@@ -238,11 +232,28 @@ def plot_layers(out: dict, out_dir: str) -> list:
         ax.set_ylim(bottom=0)
         ax.grid(axis="y", alpha=0.3)
         ax.legend()
+    return [_save_figure(fig, out, "MoE layer", out_dir, "layers.png")]
+
+
+def _save_figure(fig, out, what, out_dir, name):
+    """Titles the figure with the run's platform, device, date and commit, writes out_dir/name."""
+    import matplotlib.pyplot as plt
     meta = out.get("meta", {})
-    fig.suptitle(f"jax_moe_a2a MoE layer on {meta.get('platform', '?')} ({meta.get('device_kind', '?')}), "
+    fig.suptitle(f"jax_moe_a2a {what} on {meta.get('platform', '?')} ({meta.get('device_kind', '?')}), "
                  f"{meta.get('date', '')} commit {meta.get('commit', '?')}")
     fig.tight_layout()
-    path = os.path.join(out_dir, "layers.png")
+    path = os.path.join(out_dir, name)
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    return [path]
+    return path
+
+
+def write_and_show(out, out_dir, name, print_fn, plot_fn, no_plot):
+    """out_dir/name (the run's JSON), the table on stdout, the plots unless no_plot."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, name)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=2)
+    print_fn(out)
+    pngs = [] if no_plot else plot_fn(out, out_dir)
+    print(f"wrote {path} " + " ".join(pngs))

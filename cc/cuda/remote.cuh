@@ -118,4 +118,22 @@ __device__ __forceinline__ bool group_has_remote(const SlotPtrs& p, const Geomet
   return false;
 }
 
+// The last block of a send half (every thread of it): the proxy's flag `packed` (with remote
+// peers), each node-local rank's arrival flag arrived(r) = epoch + 1, our epoch counter and the
+// handle [epoch, slot].
+template <typename ArrivedFn>
+__device__ inline void close_send(const SlotPtrs& p, const Geometry& g, uint64_t* packed, ArrivedFn arrived,
+                                  uint64_t* epoch_counter, uint64_t epoch, int32_t* handle) {
+  if (any(p)) raise_for_proxy(packed, epoch + 1);
+  if (threadIdx.x < g.N && !is_remote(p, threadIdx.x)) {
+    __threadfence_system();
+    ptx::st_release_sys(arrived(threadIdx.x), epoch + 1);
+  }
+  if (threadIdx.x == 0) {
+    *epoch_counter = epoch + 1;
+    handle[0] = static_cast<int32_t>(epoch);
+    handle[1] = p.slot;
+  }
+}
+
 }  // namespace a2a::cuda::remote

@@ -11,6 +11,7 @@
 #include "cuda/remote_path.h"
 #endif
 #include "python/gpu_options.h"
+#include "python/proxy_stats.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -78,16 +79,7 @@ void bind_cuda(nb::module_& m) {
       [](int64_t comm_id, int rank, int group) {
         cuda::RemotePath* rp = cuda::find_comm(comm_id, group)->rank(rank).remote();
         const proxy::ProxyStats s = rp ? rp->stats() : proxy::ProxyStats{};
-        nb::dict d;
-        d["dispatches"] = s.dispatches;
-        d["combines"] = s.combines;
-        d["polls"] = s.polls;
-        d["sleeps"] = s.sleeps;
-        d["counts_to_landed_ns"] = s.counts_to_landed_ns;
-        d["comb_to_landed_ns"] = s.comb_to_landed_ns;
-        d["cpu"] = s.cpu;
-        d["flag_path"] = s.flag_path;
-        return d;
+        return python::proxy_stats_dict(s);
       },
       "comm_id"_a, "rank"_a, "group"_a = 0,
       "Counters of a rank's proxy thread (zeros without one); flag_path: 'gdrcopy' or 'mapped-host: <why>'.");

@@ -12,6 +12,7 @@
 #include "proxy/gdrcopy.h"
 #include "proxy/proxy.h"
 #include "proxy/topology.h"
+#include "python/proxy_stats.h"
 #include "transfer/connect_order.h"
 #include "transfer/engine.h"
 #include "transfer/local_engine.h"
@@ -126,16 +127,7 @@ void bind_host(nb::module_& m) {
       "proxy_stats",
       [](int64_t comm_id, int rank) {
         const proxy::ProxyStats s = host::find_comm(comm_id)->rank(rank).proxy_stats();
-        nb::dict d;
-        d["dispatches"] = s.dispatches;
-        d["combines"] = s.combines;
-        d["polls"] = s.polls;
-        d["sleeps"] = s.sleeps;
-        d["counts_to_landed_ns"] = s.counts_to_landed_ns;
-        d["comb_to_landed_ns"] = s.comb_to_landed_ns;
-        d["cpu"] = s.cpu;
-        d["flag_path"] = s.flag_path;
-        return d;
+        return python::proxy_stats_dict(s);
       },
       "comm_id"_a, "rank"_a, "Counters of a local rank's proxy thread (proxied mode; zeros and flag_path '' without).");
 

@@ -53,18 +53,9 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
     }
   }
   if (remote::any(P.p)) __threadfence_system();  // our rows in c_send, before the proxy's flag
-  if (last_block_done(&ep->done[2])) {
-    if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->c_packed, epoch + 1);
-    if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x)) {
-      __threadfence_system();
-      ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->c_arrived[me], epoch + 1);
-    }
-    if (threadIdx.x == 0) {
-      ep->c_send = epoch + 1;
-      P.handle[0] = static_cast<int32_t>(epoch);
-      P.handle[1] = P.p.slot;
-    }
-  }
+  if (last_block_done(&ep->done[2]))
+    remote::close_send(P.p, g, &P.p.remote.ctrl->c_packed, [&](int r) { return &flags_of(P.p, r)->c_arrived[me]; },
+                       &ep->c_send, epoch, P.handle);
 }
 
 }  // namespace

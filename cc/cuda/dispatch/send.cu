@@ -88,18 +88,9 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
     *c = s.cnt[int64_t(member) * g.E + d * g.L + l];
   }
   if (remote::any(P.p)) __threadfence_system();  // our rows in d_send, before the proxy's flag
-  if (last_block_done(&ep->done[0])) {
-    if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->d_packed, epoch + 1);
-    if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x)) {
-      __threadfence_system();
-      ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->d_arrived[me], epoch + 1);
-    }
-    if (threadIdx.x == 0) {
-      ep->d_send = epoch + 1;
-      P.handle[0] = static_cast<int32_t>(epoch);
-      P.handle[1] = P.p.slot;
-    }
-  }
+  if (last_block_done(&ep->done[0]))
+    remote::close_send(P.p, g, &P.p.remote.ctrl->d_packed, [&](int r) { return &flags_of(P.p, r)->d_arrived[me]; },
+                       &ep->d_send, epoch, P.handle);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "cuda/arrange.cuh"
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/remote.cuh"
 #include "cuda/route.cuh"
 
 namespace a2a::cuda {
@@ -145,17 +146,9 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_block_kernel(DispatchS
   if (blockIdx.x == 0)
     for (int i = threadIdx.x; i < g.N * g.L; i += blockDim.x)
       reinterpret_cast<int32_t*>(P.p.peer_shared[i / g.L] + g.off_counts)[int64_t(me) * g.L + i % g.L] = cnt[i];
-  if (last_block_done(&ep->done[0])) {
-    if (threadIdx.x < g.N) {
-      __threadfence_system();
-      ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->d_arrived[me], epoch + 1);
-    }
-    if (threadIdx.x == 0) {
-      ep->d_send = epoch + 1;
-      P.handle[0] = static_cast<int32_t>(epoch);
-      P.handle[1] = P.p.slot;
-    }
-  }
+  if (last_block_done(&ep->done[0]))  // every peer is node-local here: no proxy flag
+    remote::close_send(P.p, g, nullptr, [&](int r) { return &flags_of(P.p, r)->d_arrived[me]; }, &ep->d_send, epoch,
+                       P.handle);
 }
 
 }  // namespace

@@ -1,0 +1,26 @@
+// A proxy thread's counters as the Python dict both bindings return (cuda inter-node path, host
+// backend's proxied mode): dispatches, combines, polls, sleeps, counts_to_landed_ns,
+// comb_to_landed_ns, cpu, flag_path.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "proxy/proxy.h"
+
+namespace a2a::python {
+
+inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
+  nanobind::dict d;
+  d["dispatches"] = s.dispatches;
+  d["combines"] = s.combines;
+  d["polls"] = s.polls;
+  d["sleeps"] = s.sleeps;
+  d["counts_to_landed_ns"] = s.counts_to_landed_ns;
+  d["comb_to_landed_ns"] = s.comb_to_landed_ns;
+  d["cpu"] = s.cpu;
+  d["flag_path"] = s.flag_path;
+  return d;
+}
+
+}  // namespace a2a::python
