@@ -165,5 +165,6 @@ def markdown_table() -> str:
                          (_SCRIPT, "scripts only"), (_BENCH, "benchmarks only")):
         for v in VARS:
             if v.scope == scope:
-                rows.append(f"| `{v.full_name}` | {title} | {v.type} | {v.default} | {v.read_by} | {v.meaning} |")
+                cells = (f"`{v.full_name}`", title, v.type, v.default, v.read_by, v.meaning)
+                rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)

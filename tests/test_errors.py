@@ -133,3 +133,18 @@ def test_auto_never_picks_nvshmem(monkeypatch):
     assert a2a.available_backends() == ["nvshmem"]
     with pytest.raises(RuntimeError, match="no jax_moe_a2a backend is available"):
         backends.create("auto")
+
+
+def test_gpu_kernel_limits_are_clear_errors():
+    """Past the GPU kernels' limits (64 ranks; the receive arrangement in a block's 48 KiB of shared
+    memory, about 4,000 experts) the cuda and nvshmem backends refuse at init with a ValueError
+    naming the limit; no GPU needed to check the rule."""
+    import pytest
+    from jax_moe_a2a.backends.cuda import CudaBackend
+    from jax_moe_a2a.backends.nvshmem import NvshmemBackend
+    for be in (CudaBackend, NvshmemBackend):
+        be.check_shape(a2a.Spec(num_experts=1024, experts_per_token=16, hidden=128, max_tokens_per_rank=8), 8)
+        with pytest.raises(ValueError, match="shared memory"):
+            be.check_shape(a2a.Spec(num_experts=8192, experts_per_token=8, hidden=128, max_tokens_per_rank=8), 1)
+        with pytest.raises(ValueError, match="at most 64 ranks"):
+            be.check_shape(a2a.Spec(num_experts=128, experts_per_token=8, hidden=128, max_tokens_per_rank=8), 128)

@@ -54,6 +54,10 @@ CASES = [
     ("overflow-ragged-hot", dict(recv_capacity=30), dict(routing="one_hot", num_tokens=24), {}),
     ("overflow-expert-major", dict(layout="expert_major", recv_capacity=2), dict(num_tokens=24), {}),
     ("k-greater-than-l", dict(num_experts=16, experts_per_token=6), {}, {}),
+    # wider routing: top-16, and 1,024 experts (newer models; Kimi-K2 has 384 with top-8)
+    ("top16", dict(num_experts=64, experts_per_token=16, dispatch_dtype=FP8), {}, {}),
+    ("experts-1024", dict(num_experts=1024, experts_per_token=8, max_tokens_per_rank=16, dispatch_dtype=FP8),
+     dict(num_tokens=16), {}),
     ("odd-sizes", dict(num_experts=24, experts_per_token=3, hidden=96, max_tokens_per_rank=7,
                        dispatch_dtype=FP8, scale_block=32), {}, {}),
     # rows whose byte size is not a multiple of 16 (GPU kernels fall back from 16-byte copies), and

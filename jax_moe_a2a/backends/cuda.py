@@ -47,11 +47,28 @@ class CudaBackend(FfiBackend):
                 raise ValueError(f"{self.name} backend: mesh device {d} is not a GPU")
         return devices
 
+    # Dynamic shared memory a block may take without opting in: every block of dispatch_recv and
+    # combine_send holds the receive arrangement, 4 * (3 E + 3 L + N + 2) bytes (cc/cuda/arrange.cuh).
+    SMEM_BYTES = 48 * 1024
+
+    @classmethod
+    def check_shape(cls, spec, n):
+        """ValueError past the kernels' limits: at most 64 ranks, and the receive arrangement within
+        a block's shared memory (about 4,000 experts)."""
+        if n > 64:
+            raise ValueError(f"{cls.name} backend: at most 64 ranks, got {n}")
+        L = spec.num_experts // n
+        need = 4 * (3 * spec.num_experts + 3 * L + n + 2)
+        if need > cls.SMEM_BYTES:
+            raise ValueError(f"{cls.name} backend: num_experts={spec.num_experts} on {n} ranks needs {need} bytes of "
+                             f"shared memory per block for the receive arrangement, more than {cls.SMEM_BYTES}")
+
     def init(self, comm):
         """Creates this process's ranks and connects each to the ranks of its EP group. Every EP
         group (one per position along the mesh's other axes) is a communicator of its own in C++
         (buffers, IPC exchange, proxy and engines); the handlers find theirs by device."""
         spec, n = comm.spec, comm.num_ranks
+        self.check_shape(spec, n)
         self._gpu_mesh(comm)
         node_size, priv, provider = self._remote_options(comm, n)
         c = _ffi.require_native()

@@ -76,6 +76,7 @@ class NvshmemBackend(CudaBackend):
 
     def init(self, comm):
         spec, n = comm.spec, comm.num_ranks
+        self.check_shape(spec, n)
         devices = self._gpu_mesh(comm)
         if len({d.process_index for d in devices}) != jax.process_count():
             raise ValueError("nvshmem backend: the mesh must span every JAX process (they are the NVSHMEM PEs, and "
