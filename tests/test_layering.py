@@ -1,0 +1,188 @@
+"""The include graph of cc/ follows the layers declared in cc/LAYERS (docs/architecture.md).
+
+Every `#include "..."` under cc/ is resolved to a file and its layer; a file may include its own
+layer and lower ones, peers only through cc/LAYERS's `allow` lines (the known exceptions). A new
+include of a higher or peer layer fails here, naming the file, the line and both layers. Pure
+Python: no build, no JAX."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = (".h", ".hpp", ".cuh", ".cc", ".cpp", ".cu", ".c")
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+
+
+@dataclass
+class Layers:
+    level: dict[str, int] = field(default_factory=dict)          # layer name -> level
+    layer_of_dir: dict[str, str] = field(default_factory=dict)   # cc/<dir> -> layer name
+    external: dict[str, set[str]] = field(default_factory=dict)  # include root -> layers
+    allowed: set[tuple[str, str]] = field(default_factory=set)   # (layer, header under cc/)
+
+
+def parse_layers(path: Path) -> Layers:
+    t = Layers()
+    for n, raw in enumerate(path.read_text().splitlines(), 1):
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        kind, args = words[0], words[1:]
+        if kind == "layer" and len(args) >= 3:
+            name, dirs = args[1], args[2:]
+            assert name not in t.level, f"{path}:{n}: layer {name} declared twice"
+            t.level[name] = int(args[0])
+            for d in dirs:
+                assert d not in t.layer_of_dir, f"{path}:{n}: cc/{d} is in two layers"
+                t.layer_of_dir[d] = name
+        elif kind == "external" and len(args) >= 2:
+            t.external[args[0]] = set(args[1:])
+        elif kind == "allow" and len(args) == 2:
+            t.allowed.add((args[0], args[1]))
+        else:
+            raise AssertionError(f"{path}:{n}: cannot parse {raw.strip()!r}")
+    for layer, header in t.allowed:
+        assert layer in t.level, f"{path}: allow names an unknown layer {layer}"
+    for root, layers in t.external.items():
+        assert layers <= set(t.level), f"{path}: external {root} names an unknown layer"
+    return t
+
+
+def violations(cc: Path, t: Layers) -> tuple[list[str], set[tuple[str, str]]]:
+    """Messages for every include that breaks the order, and the `allow` lines that were used."""
+    bad, used = [], set()
+    for d in sorted(p.name for p in cc.iterdir() if p.is_dir()):
+        if d not in t.layer_of_dir:
+            bad.append(f"cc/{d}/ belongs to no layer: declare it in cc/LAYERS")
+    for f in sorted(p for p in cc.rglob("*") if p.suffix in SOURCES and p.is_file()):
+        rel = f.relative_to(cc)
+        src = t.layer_of_dir.get(rel.parts[0]) if len(rel.parts) > 1 else None
+        if src is None:
+            continue  # reported above (or a file directly under cc/, which holds none today)
+        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            m = _INCLUDE.match(line)
+            if not m:
+                continue
+            inc, where = m.group(1), f"cc/{rel}:{n}"
+            local = (f.parent / inc).resolve()
+            if local.is_file():  # the compiler looks next to the including file first
+                target = local
+            else:
+                target = (cc / inc).resolve()
+                if not target.is_file():
+                    root = inc.split("/", 1)[0]
+                    if root in t.external:
+                        if src not in t.external[root]:
+                            bad.append(f"{where}: layer {src} includes \"{inc}\" (external {root}/, "
+                                       f"allowed only in {', '.join(sorted(t.external[root]))})")
+                    else:
+                        bad.append(f"{where}: \"{inc}\" is neither a file under cc/ nor under an "
+                                   f"external root of cc/LAYERS")
+                    continue
+            try:
+                trel = target.relative_to(cc.resolve())
+            except ValueError:
+                bad.append(f"{where}: \"{inc}\" resolves outside cc/")
+                continue
+            dst = t.layer_of_dir.get(trel.parts[0]) if len(trel.parts) > 1 else None
+            if dst is None or dst == src:
+                continue  # an undeclared directory is reported above
+            if t.level[dst] < t.level[src]:
+                continue
+            if (src, trel.as_posix()) in t.allowed:
+                used.add((src, trel.as_posix()))
+                continue
+            how = "a higher" if t.level[dst] > t.level[src] else "a peer"
+            bad.append(f"{where}: layer {src} (level {t.level[src]}) includes \"{inc}\" of {how} "
+                       f"layer {dst} (level {t.level[dst]})")
+    return bad, used
+
+
+def test_cc_includes_follow_the_layers():
+    t = parse_layers(REPO / "cc" / "LAYERS")
+    bad, _ = violations(REPO / "cc", t)
+    assert not bad, ("includes against the layers of cc/LAYERS (see docs/architecture.md):\n  "
+                     + "\n  ".join(bad))
+
+
+def test_every_known_exception_is_still_needed():
+    """An `allow` line nobody uses any more goes, so that the exceptions only shrink."""
+    t = parse_layers(REPO / "cc" / "LAYERS")
+    _, used = violations(REPO / "cc", t)
+    stale = sorted(t.allowed - used)
+    assert not stale, f"cc/LAYERS allows includes no file makes any more; remove: {stale}"
+
+
+# --- the check itself, on small trees ------------------------------------------------------------
+
+_TABLE = """\
+layer 2 top    top
+layer 1 mid    mid other
+layer 1 peer   peer
+layer 0 base   base
+external xla top
+allow peer mid/ok.h
+"""
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    cc = root / "cc"
+    for name, text in files.items():
+        (cc / name).parent.mkdir(parents=True, exist_ok=True)
+        (cc / name).write_text(text)
+    (cc / "LAYERS").write_text(_TABLE)
+    return cc
+
+
+_GOOD = {
+    "top/a.cc": '#include "mid/m.h"\n#include "base/b.h"\n#include "xla/ffi/api/ffi.h"\n',
+    "mid/m.h": '#include "base/b.h"\n#include "../other/o.h"\n',
+    "mid/ok.h": "",
+    "other/o.h": '#include "mid/m.h"\n',
+    "peer/p.cc": '#include "mid/ok.h"\n#include "p.h"\n',
+    "peer/p.h": "",
+    "base/b.h": "#include <vector>\n",
+}
+
+
+def _check(cc: Path):
+    return violations(cc, parse_layers(cc / "LAYERS"))
+
+
+def test_fixture_tree_passes(tmp_path):
+    bad, used = _check(_tree(tmp_path, _GOOD))
+    assert bad == [] and used == {("peer", "mid/ok.h")}
+
+
+@pytest.mark.parametrize("file,text,expect", [
+    ("base/b.h", '#include "mid/m.h"\n', 'cc/base/b.h:1: layer base (level 0) includes "mid/m.h" of a higher layer mid (level 1)'),
+    ("mid/m.h", '\n#include "top/t.h"\n', 'cc/mid/m.h:2: layer mid (level 1) includes "top/t.h" of a higher layer top (level 2)'),
+    ("mid/m.h", '#include "../peer/p.h"\n', 'cc/mid/m.h:1: layer mid (level 1) includes "../peer/p.h" of a peer layer peer (level 1)'),
+    ("peer/p.cc", '#include "mid/m.h"\n', 'cc/peer/p.cc:1: layer peer (level 1) includes "mid/m.h" of a peer layer mid (level 1)'),
+    ("mid/m.h", '#include "xla/ffi/api/ffi.h"\n', 'cc/mid/m.h:1: layer mid includes "xla/ffi/api/ffi.h" (external xla/, allowed only in top)'),
+    ("mid/m.h", '#include "nowhere/x.h"\n', 'cc/mid/m.h:1: "nowhere/x.h" is neither a file under cc/ nor under an external root of cc/LAYERS'),
+    ("newdir/x.h", "", "cc/newdir/ belongs to no layer: declare it in cc/LAYERS"),
+])
+def test_fixture_tree_catches_a_bad_include(tmp_path, file, text, expect):
+    files = dict(_GOOD, **{"top/t.h": ""})
+    files[file] = text
+    bad, _ = _check(_tree(tmp_path, files))
+    assert bad == [expect]
+
+
+def test_a_bad_include_in_a_copy_of_cc_fails(tmp_path):
+    """The real table on a copy of the real tree, with one new upward include: core -> cuda."""
+    import shutil
+    cc = tmp_path / "cc"
+    shutil.copytree(REPO / "cc", cc)
+    header = cc / "core" / "align.h"
+    header.write_text(header.read_text() + '\n#include "cuda/params.h"\n')
+    bad, _ = violations(cc, parse_layers(cc / "LAYERS"))
+    n = len(header.read_text().splitlines())
+    assert bad == [f'cc/core/align.h:{n}: layer core (level 0) includes "cuda/params.h" of a higher '
+                   f'layer cuda (level 3)']
