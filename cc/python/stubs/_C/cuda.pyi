@@ -1,0 +1,45 @@
+"""cuda backend communicators (cc/cuda)"""
+
+from collections.abc import Sequence
+
+
+def create(comm_id: int, N: int, E: int, K: int, H: int, T: int, tp: int, S: int, scale_block: int, wire_kind: int, layout: int, capacity: int, pow2: bool, slots: int, timeout_s: float, ranks: Sequence[int], devices: Sequence[int], node_size: int = 0, priv_rows: int = -1, provider: str = '', group: int = 0, first_local_index: int = 0) -> None:
+    """
+    Creates EP group `group` of the communicator for this process's ranks of it (ranks within the group, one device each; first_local_index: how many ranks of this process earlier groups hold); node_size > 0 puts ranks r // node_size on one node each, and peers on other nodes go through a proxy thread and the TransferEngine over `provider`.
+    """
+
+def remote_info(comm_id: int, rank: int, group: int = 0) -> object:
+    """
+    (engine address, [descriptors], provider) of a rank's inter-node path, or None.
+    """
+
+def connect_remote(comm_id: int, rank: int, peers: Sequence[tuple[int, bytes, Sequence[bytes]]], group: int = 0) -> None:
+    """
+    Connects a rank's inter-node path: [(rank, address, descriptors)] of every rank of its EP group.
+    """
+
+def proxy_stats(comm_id: int, rank: int, group: int = 0) -> dict:
+    """
+    Counters of a rank's proxy thread (zeros without one); flag_path: 'gdrcopy' or 'mapped-host: <why>'.
+    """
+
+def bootstrap_info(comm_id: int, rank: int, group: int = 0) -> bytes: ...
+
+def connect(comm_id: int, rank: int, peers: Sequence[bytes], group: int = 0) -> None: ...
+
+def buffer_bytes(arg0: int, arg1: int, arg2: int, arg3: int, arg4: int, arg5: int, arg6: int, arg7: int, arg8: int, /) -> int: ...
+
+def destroy(comm_id: int) -> None: ...
+
+def signal_roundtrip(device: int, iters: int) -> list[float]:
+    """
+    Nanoseconds of each GPU -> host -> GPU flag round trip through mapped pinned memory (the kernel <-> proxy signalling path), timed by the GPU.
+    """
+
+def kernel_ms(comm_id: int, rank: int, op: int, group: int = 0) -> float:
+    """
+    Milliseconds of the last timed launch of op (0 dispatch_send .. 3 combine_recv) on a local rank; negative when none was timed (JAX_MOE_A2A_KERNEL_TIMING=1 not set, or the launch was captured in a command buffer).
+    """
+
+def last_error(comm_id: int) -> str:
+    """Timeouts recorded by this process's kernels ("" if none)."""
