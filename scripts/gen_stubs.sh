@@ -29,4 +29,5 @@ if missing:
 fi
 "$PY" -m nanobind.stubgen -q -m jax_moe_a2a._C -r -O "$TMP/out"
 rm -rf "$DEST" && mkdir -p "$DEST" && cp "$TMP"/out/_C/*.pyi "$DEST/"
+"$PY" -c "import nanobind; print(nanobind.__version__)" > "$DEST/../NANOBIND_VERSION"  # tests/test_stubs.py compares
 echo "wrote $(ls "$DEST" | wc -l) stubs to ${DEST#"$REPO"/}"

@@ -1,5 +1,5 @@
-"""pplx-kernels' halves at the decode shape, from the anchor kit (../shared/tools/pplx_anchor,
-carried as .devdeps/pplx_anchor): its run.sh writes pplx_N.json for N processes on one GPU.
+"""pplx-kernels' halves at the decode shape, from the anchor kit (carried to the GPU machine as
+.devdeps/pplx_anchor): its run.sh writes pplx_N.json for N processes on one GPU.
 
 Kernel families and what they anchor: `intra-sync` (CUDA IPC, plus a barrier before combine
 send; `intra` without it) is the anchor of our cuda backend, `inter` (NVSHMEM) of our nvshmem

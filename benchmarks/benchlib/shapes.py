@@ -34,7 +34,7 @@ class Shape:
                 + (" (scaled down)" if self.scaled else ""))
 
 
-# DESIGN.md section 9: decode T=128, prefill T=4096; H=7168, K=8, E=256, fp8 dispatch, bf16 combine.
+# The DeepSeek-V3 shapes: decode T=128, prefill T=4096; H=7168, K=8, E=256, fp8 dispatch, bf16 combine.
 FULL = {"decode": Shape("decode", 128, 7168), "prefill": Shape("prefill", 4096, 7168)}
 # CPU devices share a few cores: same E, K and dtypes, smaller T, H and F (the reference backend's
 # worst-case padding makes its cost grow with ranks x T x K x H).

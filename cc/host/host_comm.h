@@ -1,5 +1,5 @@
 // The `host` backend: the route-exchange protocol of the EFA design executed by C++ on CPUs
-// (DESIGN.md sections 5.1 and 5.3), over any TransferEngine (LocalEngine inside one process,
+// (docs/protocol.md), over any TransferEngine (LocalEngine inside one process,
 // libfabric between processes). One HostComm per (communicator, process) holds one RankComm per
 // local rank; the FFI handlers (cc/ffi/host_handlers.cc) find them by communicator id and rank.
 //

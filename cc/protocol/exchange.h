@@ -1,4 +1,4 @@
-// The route-exchange protocol of DESIGN.md 5.1 over the TransferEngine (docs/protocol.md): buffer
+// The route-exchange protocol of the EFA design over the TransferEngine (docs/protocol.md): buffer
 // layout, immediates and the steps of one dispatch / combine, written once and driven two ways:
 // inline by the host backend (cc/host, blocking waits on the calling thread) and by the cuda
 // backend's proxy thread (cc/proxy, non-blocking polls between GPU flags). It knows the MoE layout

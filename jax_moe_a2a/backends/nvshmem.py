@@ -1,4 +1,4 @@
-"""`nvshmem` backend: the portable NVSHMEM design (DESIGN.md 5.2). Rows travel with
+"""`nvshmem` backend: the portable NVSHMEM design (docs/gpu_kernels.md). Rows travel with
 `nvshmemx_putmem_signal_nbi_warp` into a private region per (source, local expert) at every
 receiver, counts and row metadata with one put-with-signal per destination, frees with
 `nvshmemx_signal_op`; receivers wait on the signals with timeouts. See cc/nvshmem.
