@@ -96,6 +96,20 @@ def test_replicas_against_oracle(backend, dtype, split, layout, num_ranks, mesh)
             assert set(reps[e]) <= hit, f"logical expert {e}: replicas {reps[e]}, rows reached {sorted(hit)}"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tp2_members_pick_the_same_replicas(backend, num_ranks, mesh):
+    """tp_size 2: the replica rule uses the DP group (rank // tp), so both members of a group map
+    their (identical) tokens alike; against the oracle, which applies the map per group."""
+    if num_ranks % 2:
+        pytest.skip("needs an even number of ranks")
+    e_phys, e_log, reps = _layout(num_ranks)
+    spec = _spec(num_ranks, tp_size=2, dispatch_dtype=FP8)
+    comm = a2a.init(spec, mesh, "ep", backend=backend)
+    emap = a2a.ExpertMap.from_replicas(reps, e_phys)
+    inputs = _logical_inputs(spec, num_ranks, e_log, 91, minus_one_frac=0.1)
+    T.check_all(comm, inputs, T.run_ops(comm, inputs, expert_map=emap), expert_map=emap)
+
+
 def _step(comm, spec, n, y_dtype, counter):
     """jit(shard_map) of dispatch (with the map) -> expert of the LOGICAL expert -> combine. The
     expert multiplies by 1 + logical / 4, so replicas hold identical "weights"."""
