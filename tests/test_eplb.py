@@ -268,8 +268,8 @@ def test_trace_time_errors(bad, match, mesh, num_ranks):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_moe_layer_with_map_matches_dense_logical(backend, mesh, num_ranks):
     """moe_layer over physical weights (replicas copied from their logical expert) with the map
-    equals dense_moe_block over the logical weights, forward and d/dx (one-shot ops: custom_vjp
-    on the FFI backends), and the sum of a logical expert's replicas' weight gradients equals the
+    equals dense_moe_block over the logical weights, forward (one-shot and overlap=True) and d/dx
+    (one-shot ops: custom_vjp on the FFI backends), and the sum of a logical expert's replicas' weight gradients equals the
     dense layer's gradient of that expert."""
     n = num_ranks
     e_phys, e_log, reps = _layout(n)
@@ -300,6 +300,8 @@ def test_moe_layer_with_map_matches_dense_logical(backend, mesh, num_ranks):
     scale = float(jnp.abs(want).max())
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=2e-2, atol=2e-2 * scale)
     np.testing.assert_allclose(np.asarray(gx), np.asarray(wx), rtol=5e-2, atol=5e-2 * float(jnp.abs(wx).max()))
+    over = jax.jit(lambda p, x: models.moe_layer(comm, cfg, p, x, nt, overlap=True, expert_map=emap))(phys, x)
+    np.testing.assert_allclose(np.asarray(over), np.asarray(out), rtol=1e-5, atol=1e-5, err_msg="overlap=True")
     for name in ("w1", "w2"):
         summed = jax.ops.segment_sum(gp[name], jnp.asarray(owner), num_segments=e_log)
         s = float(jnp.abs(wp[name]).max())
