@@ -9,6 +9,7 @@
 
 from . import backends as _backends
 from .comm import Communicator, DroppedRowsError, init
+from .eplb import ExpertMap
 from .overlap import overlap
 from .quant import dequantize_fp8, quantize_fp8, quantize_fp8_jax
 from .spec import Spec
@@ -24,5 +25,5 @@ def available_backends() -> list:
 
 __all__ = [
     "Spec", "init", "Communicator", "DroppedRowsError", "Dispatched", "DispatchHandle", "CombineHandle",
-    "Route", "available_backends", "overlap", "quantize_fp8", "quantize_fp8_jax", "dequantize_fp8",
+    "Route", "ExpertMap", "available_backends", "overlap", "quantize_fp8", "quantize_fp8_jax", "dequantize_fp8",
 ]

@@ -20,6 +20,7 @@ import numpy as np
 from . import backends as _backends
 from . import runtime as _runtime
 from .backends.base import Ctx
+from .eplb import ExpertMap, check_expert_map, map_ids
 from .spec import FP8_DTYPES, INPUT_DTYPES, COMBINE_DTYPES, Spec
 from .types import CombineHandle, DispatchHandle, Dispatched, Route
 
@@ -338,8 +339,17 @@ class Communicator:
         return dropped, None
 
     # ---- the four halves ---------------------------------------------------------------------
+    def _map_experts(self, topk_ids, expert_map):
+        """Logical ids -> physical ids by `expert_map` (jax_moe_a2a/eplb.py), or unchanged."""
+        if expert_map is None:
+            return topk_ids
+        check_expert_map(expert_map)
+        group = self._ctx().rank // self.spec.tp_size
+        with jax.named_scope("a2a_expert_map"):
+            return map_ids(expert_map, topk_ids, group, self.spec.num_experts)
+
     def dispatch_send(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0,
-                      x_scale=None, after=None) -> DispatchHandle:
+                      x_scale=None, after=None, expert_map: Optional[ExpertMap] = None) -> DispatchHandle:
         """Starts sending this rank's tokens to the ranks hosting their experts.
 
         Args:
@@ -351,10 +361,14 @@ class Communicator:
           after: optional array this send must run after. XLA orders the halves only through data;
             two uses of one slot that share no data (e.g. a backward pass reusing the forward's
             slot) need it.
+          expert_map: optional `ExpertMap` (redundant experts, EPLB): topk_ids are then LOGICAL
+            expert ids, each pair sent to one replica (jax_moe_a2a/eplb.py has the rule); the
+            backend and `got.group_sizes` see PHYSICAL experts (Spec.num_experts of them).
         Returns: a DispatchHandle for `dispatch_recv`.
         """
         slot = self._check_slot(slot)
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
+        topk_ids = self._map_experts(topk_ids, expert_map)
         n = self._num_tokens(num_tokens)
         ctx = self._ctx()
         self._slots.open(slot, self.spec.slots)
@@ -432,16 +446,21 @@ class Communicator:
             return self._backend.combine_recv(ctx, handle.arrays, handle.route, handle.slot, out, pairs=pairs)
 
     # ---- one-shot ----------------------------------------------------------------------------
-    def dispatch(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0, x_scale=None) -> Dispatched:
-        """dispatch_send then dispatch_recv; differentiable w.r.t. x and topk_weights."""
+    def dispatch(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0, x_scale=None,
+                 expert_map: Optional[ExpertMap] = None) -> Dispatched:
+        """dispatch_send then dispatch_recv; differentiable w.r.t. x and topk_weights.
+        expert_map: as in dispatch_send (topk_ids logical, mapped to physical replicas)."""
         if self._backend.autodiff or x_scale is not None:
             return self.dispatch_recv(self.dispatch_send(x, topk_ids, topk_weights, num_tokens, slot=slot,
-                                                         x_scale=x_scale))
+                                                         x_scale=x_scale, expert_map=expert_map))
         from . import autodiff
         slot = self._check_slot(slot)
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
         n = self._num_tokens(num_tokens)
         self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
+        # ids carry no gradient: map them outside the custom_vjp; its rules (and the combine's
+        # backward re-dispatch from route.arrays["topk_ids"]) then see physical ids only
+        topk_ids = self._map_experts(topk_ids, expert_map)
         self._slots.open(slot, self.spec.slots)
         with self._slots.suppressed():
             return autodiff.dispatch(self, x, topk_ids, topk_weights, n, slot)

@@ -92,7 +92,8 @@ def _experts(spec, params, got):
     return y.astype(spec.combine_dtype)
 
 
-def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap: bool = False):
+def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap: bool = False,
+              expert_map=None):
     """One rank's MoE layer: x [T, H] -> [T, H] = shared expert + sum_k w_k * expert_k(x).
 
     Routed experts run as `jax.lax.ragged_dot` on the ragged layout (w1/w2 are the local
@@ -104,19 +105,24 @@ def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap
     `jax_moe_a2a.overlap`: silu(x @ w1s) between dispatch_send and dispatch_recv, @ w2s between
     combine_send and combine_recv (see docs/overlap.md). For inference: the split halves are
     differentiable only on the reference backend.
+
+    expert_map: optional `jax_moe_a2a.ExpertMap` (redundant experts, EPLB): the router scores
+    the map's E_logical logical experts (params["router"] [H, E_logical]) and w1/w2 hold the
+    Spec.num_experts PHYSICAL experts (local shards [L, ...]; a replica holds a copy of its
+    logical expert's weights, and under jax.grad each copy gets its own gradient: sum them).
     """
     spec = comm.spec
     if spec.layout != "ragged":
         raise ValueError("moe_block: needs Spec.layout='ragged'")
     ids, w = route(cfg, params["router"], x)
     if not overlap:
-        got = comm.dispatch(x, ids, w, num_tokens)
+        got = comm.dispatch(x, ids, w, num_tokens, expert_map=expert_map)
         shared = None
         if cfg.shared_ffn:
             shared = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"])
         return comm.combine(_experts(spec, params, got), got, out=shared)
     from .overlap import overlap as in_flight
-    sent = comm.dispatch_send(x, ids, w, num_tokens)
+    sent = comm.dispatch_send(x, ids, w, num_tokens, expert_map=expert_map)
     if cfg.shared_ffn:   # the weights go through the barrier too: all of the work waits for the send
         sent, h = in_flight(sent, shared_up, x, params["w1s"])
     got = comm.dispatch_recv(sent)
@@ -140,20 +146,24 @@ def shared_down(spec, h, w2s):
         return (h @ w2s).astype(spec.combine_dtype)
 
 
-def moe_layer(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap: bool = False):
+def moe_layer(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap: bool = False,
+              expert_map=None):
     """moe_block on global arrays: `jax.shard_map` over comm.mesh and comm.axis.
 
     x [N*T, H] (rank r's tokens are rows r*T .. r*T+T-1); num_tokens None or [N] int32 (one per
     rank); params as init_moe_params (global; routed experts get split over the axis). Returns
-    [N*T, H] in Spec.combine_dtype. Works inside and outside `jax.jit`.
+    [N*T, H] in Spec.combine_dtype. Works inside and outside `jax.jit`. expert_map: as in
+    moe_block (replicated to every rank; an argument of the shard_map, so a jitted caller that
+    takes it as an argument does not recompile for a new map).
     """
     specs = moe_param_specs(cfg, comm.axis)
     row = P(comm.axis)
     if num_tokens is None:
-        fn = lambda p, x: moe_block(comm, cfg, p, x, overlap=overlap)
-        return shard_map(fn, mesh=comm.mesh, in_specs=(specs, row), out_specs=row)(params, x)
-    fn = lambda p, x, n: moe_block(comm, cfg, p, x, n, overlap=overlap)
-    return shard_map(fn, mesh=comm.mesh, in_specs=(specs, row, row), out_specs=row)(params, x, num_tokens)
+        fn = lambda p, x, m: moe_block(comm, cfg, p, x, overlap=overlap, expert_map=m)
+        return shard_map(fn, mesh=comm.mesh, in_specs=(specs, row, P()), out_specs=row)(params, x, expert_map)
+    fn = lambda p, x, n, m: moe_block(comm, cfg, p, x, n, overlap=overlap, expert_map=m)
+    return shard_map(fn, mesh=comm.mesh, in_specs=(specs, row, row, P()), out_specs=row)(
+        params, x, num_tokens, expert_map)
 
 
 def dense_moe_block(cfg: MoEConfig, spec, params: dict, x, num_tokens=None):

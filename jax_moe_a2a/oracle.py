@@ -5,6 +5,9 @@ received rows are ordered by (local expert, source rank, source token index); a 
 DP group g is sent by member g * tp + t % tp; a token id repeated within its row is routed once;
 ids outside [0, E) other than -1 are dropped and counted. Ragged: rows at canonical position >=
 R are dropped. expert_major: rows at index >= C within their expert are dropped.
+
+Redundant experts (EPLB, `expert_map=`): the logical ids are first mapped to physical ones by
+`map_experts` (the rule of jax_moe_a2a/eplb.py, in NumPy), then everything above applies.
 """
 
 from __future__ import annotations
@@ -80,6 +83,42 @@ def _wire(spec: Spec, inp: RankInputs):
     return np.asarray(inp.x).astype(spec.dispatch_dtype), None
 
 
+def map_ids(physical, counts, ids, group: int, num_experts: int) -> np.ndarray:
+    """Logical ids [T, K] of one rank (DP group `group`) -> physical ids: replica
+    (group * T + t) mod counts[e]; -1 stays -1; a logical id outside [0, E_logical), a logical
+    expert with no replica, or a chosen entry outside [0, num_experts) -> num_experts."""
+    physical, counts = np.asarray(physical), np.asarray(counts)
+    ids = np.asarray(ids)
+    e_log, m = physical.shape
+    out = np.empty(ids.shape, np.int32)
+    for t in range(ids.shape[0]):
+        for k in range(ids.shape[1]):
+            e = int(ids[t, k])
+            if e == -1:
+                out[t, k] = -1
+                continue
+            p = num_experts
+            if 0 <= e < e_log:
+                c = min(max(int(counts[e]), 0), m)
+                if c > 0:
+                    q = int(physical[e, (group * ids.shape[0] + t) % c])
+                    if 0 <= q < num_experts:
+                        p = q
+            out[t, k] = p
+    return out
+
+
+def map_experts(spec: Spec, inputs: List[RankInputs], expert_map) -> List[RankInputs]:
+    """inputs with logical topk_ids replaced by the physical ids `expert_map` gives (an
+    `ExpertMap` or a (physical, counts) pair); None: inputs unchanged."""
+    if expert_map is None:
+        return inputs
+    physical, counts = (expert_map.physical, expert_map.counts) if hasattr(expert_map, "physical") else expert_map
+    return [dataclasses.replace(inp, topk_ids=map_ids(physical, counts, inp.topk_ids, r // spec.tp_size,
+                                                      spec.num_experts))
+            for r, inp in enumerate(inputs)]
+
+
 def routed_pairs(spec: Spec, inp: RankInputs):
     """(routed [T, K] bool, bad [T, K] bool), as documented in the module docstring."""
     ids = np.asarray(inp.topk_ids)
@@ -95,9 +134,11 @@ def routed_pairs(spec: Spec, inp: RankInputs):
     return routed, bad
 
 
-def dispatch(spec: Spec, inputs: List[RankInputs]) -> List[RankDispatch]:
+def dispatch(spec: Spec, inputs: List[RankInputs], expert_map=None) -> List[RankDispatch]:
     """Every rank's expected `Dispatched`. inputs[r] is rank r's inputs (members of one tp group
-    should hold identical inputs; member s sends the tokens t with t % tp == s % tp)."""
+    should hold identical inputs; member s sends the tokens t with t % tp == s % tp).
+    expert_map: logical -> physical map applied first (see `map_experts`)."""
+    inputs = map_experts(spec, inputs, expert_map)
     n = len(inputs)
     l_count = spec.local_experts(n)
     tp = spec.tp_size
@@ -157,13 +198,15 @@ def dispatch(spec: Spec, inputs: List[RankInputs]) -> List[RankDispatch]:
 
 
 def combine(spec: Spec, inputs: List[RankInputs], expert_fn: Callable, y_dtype,
-            out: Optional[List[np.ndarray]] = None) -> List[np.ndarray]:
+            out: Optional[List[np.ndarray]] = None, expert_map=None) -> List[np.ndarray]:
     """Every rank's expected `combine_recv` output [T, H] (combine_dtype).
 
     expert_fn(rows_f32 [n, H], local_expert int) -> [n, H]: the expert applied to dequantised
     received rows (the test applies the same function in JAX); its result is cast to y_dtype
     (as the expert output travels), then summed in f32 with the router weights.
+    expert_map: logical -> physical map applied first (expert_fn sees physical local experts).
     """
+    inputs = map_experts(spec, inputs, expert_map)
     n = len(inputs)
     l_count = spec.local_experts(n)
     tp = spec.tp_size

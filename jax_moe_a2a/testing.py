@@ -130,10 +130,13 @@ def expert_fn_jax(spec: Spec, num_ranks: int, got, y_dtype):
     return (x * factor[..., None]).astype(y_dtype)
 
 
-def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split: bool, slot: int):
-    """The jitted per-rank step of run_ops, compiled once per (communicator, variant)."""
+def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split: bool, slot: int,
+             has_map: bool = False):
+    """The jitted per-rank step of run_ops, compiled once per (communicator, variant). With
+    has_map, the last argument is an ExpertMap (replicated: in_spec P()), a traced argument, so
+    other maps of the same shapes reuse the step."""
     cache = comm.__dict__.setdefault("_test_steps", {})  # lives and dies with the communicator
-    key = (has_scale, has_out, np.dtype(y_dtype).name, split, slot)
+    key = (has_scale, has_out, np.dtype(y_dtype).name, split, slot, has_map)
     if key in cache:
         return cache[key]
     spec, n, axis, mesh = comm.spec, comm.num_ranks, comm.axis, comm.mesh
@@ -142,11 +145,12 @@ def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split:
         rest = list(rest)
         xs = rest.pop(0) if has_scale else None
         o = rest.pop(0) if has_out else None
+        emap = rest.pop(0) if has_map else None
         if split:
-            h = comm.dispatch_send(x, ids, w, nt, slot=slot, x_scale=xs)
+            h = comm.dispatch_send(x, ids, w, nt, slot=slot, x_scale=xs, expert_map=emap)
             got = comm.dispatch_recv(h)
         else:
-            got = comm.dispatch(x, ids, w, nt, slot=slot, x_scale=xs)
+            got = comm.dispatch(x, ids, w, nt, slot=slot, x_scale=xs, expert_map=emap)
         y = expert_fn_jax(spec, n, got, y_dtype)
         if split:
             res = comm.combine_recv(comm.combine_send(y, got), out=o)
@@ -159,14 +163,15 @@ def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split:
         return jax.tree.map(lambda a: a[None], fields)
 
     nargs = 4 + int(has_scale) + int(has_out)
-    f = jax.jit(shard_map(per_rank, mesh=mesh, in_specs=(P(axis),) * nargs, out_specs=P(axis)))
+    in_specs = (P(axis),) * nargs + ((P(),) if has_map else ())
+    f = jax.jit(shard_map(per_rank, mesh=mesh, in_specs=in_specs, out_specs=P(axis)))
     cache[key] = f
     return f
 
 
 def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.bfloat16,
             out: Optional[List[np.ndarray]] = None, split: bool = True, slot: int = 0, poison: bool = True,
-            compile_only: bool = False):
+            compile_only: bool = False, expert_map=None):
     """Runs dispatch then combine (toy expert in between) on every rank under jit + shard_map.
 
     The compiled step is cached per communicator, so repeated calls (soak tests) reuse it.
@@ -174,7 +179,8 @@ def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.
     "out"}} as numpy, for this process's ranks. compile_only=True compiles the step and returns
     None: a process that must not run it still has to compile it, because XLA:GPU shares
     autotuning between the processes compiling one program (--xla_gpu_shard_autotuning) and
-    the others' compilation waits for it.
+    the others' compilation waits for it. expert_map: an `ExpertMap` passed to dispatch (the
+    inputs' topk_ids are then logical ids); compare with check_all(..., expert_map=).
     """
     mesh, axis = comm.mesh, comm.axis
     args = [stack_global(mesh, axis, [i.x for i in inputs]),
@@ -186,7 +192,9 @@ def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.
         args.append(stack_global(mesh, axis, [i.x_scale for i in inputs]))
     if out is not None:
         args.append(stack_global(mesh, axis, out))
-    f = _step_fn(comm, has_scale, out is not None, y_dtype, split, slot)
+    if expert_map is not None:
+        args.append(expert_map)
+    f = _step_fn(comm, has_scale, out is not None, y_dtype, split, slot, expert_map is not None)
     if compile_only:
         f.lower(*args).compile()
         return None
@@ -272,13 +280,15 @@ def exact_fp8_expected(comm: Communicator) -> bool:
     return not (comm.backend_name in ("reference", "ragged") and jax.default_backend() != "cpu")
 
 
-def check_all(comm: Communicator, inputs, results, *, y_dtype=jnp.bfloat16, out=None, exact_fp8=None):
-    """Oracle comparison of run_ops' results for every rank present in `results`."""
+def check_all(comm: Communicator, inputs, results, *, y_dtype=jnp.bfloat16, out=None, exact_fp8=None,
+              expert_map=None):
+    """Oracle comparison of run_ops' results for every rank present in `results` (with the
+    oracle applying `expert_map` to the inputs' logical ids first, when given)."""
     spec, n = comm.spec, comm.num_ranks
     if exact_fp8 is None:
         exact_fp8 = exact_fp8_expected(comm)
-    want_d = oracle.dispatch(spec, inputs)
-    want_c = oracle.combine(spec, inputs, expert_fn_np, np.dtype(y_dtype), out=out)
+    want_d = oracle.dispatch(spec, inputs, expert_map=expert_map)
+    want_c = oracle.combine(spec, inputs, expert_fn_np, np.dtype(y_dtype), out=out, expert_map=expert_map)
     assert results, "no rank results in this process"
     for r, res in results.items():
         check_dispatch(spec, n, r, want_d[r], res, exact_fp8=exact_fp8)
