@@ -119,6 +119,18 @@ __device__ __forceinline__ void warp_copy_segment(uint8_t* dst, const uint8_t* s
   warp_copy(dst + lo, src + lo, min(bytes, lo + kStageSeg) - lo, lane);
 }
 
+// The calling warp's segment 0 of a wire row: the body's last bytes past its 16-byte multiple
+// (body16 <= body < body16 + 16, from src), then token t and router weight w after the body
+// (4-byte aligned only when body % 4 == 0).
+__device__ __forceinline__ void write_row_tail(uint8_t* dst, const uint8_t* src, int64_t body, int64_t body16, int t,
+                                               float w, int lane) {
+  if (lane < body - body16) dst[body16 + lane] = src[body16 + lane];
+  if (lane == 0) {
+    store_u32(dst + body, static_cast<uint32_t>(t));
+    store_f32(dst + body + 4, w);
+  }
+}
+
 // Max over the `group` consecutive lanes holding v (groups aligned to multiples of `group`, group <= 32).
 __device__ __forceinline__ float group_max(float v, int group, int lane) {
   if ((group & (group - 1)) == 0) {

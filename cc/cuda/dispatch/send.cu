@@ -74,11 +74,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
     const int64_t lo = (w % nseg) * seg;
     if (lo < body16) warp_copy(dst + lo, src + lo, min(seg, body16 - lo), lane);
     if (lo != 0) continue;
-    if (lane < body - body16) dst[body16 + lane] = src[body16 + lane];
-    if (lane == 0) {  // token and weight after the body (4-byte aligned only when body % 4 == 0)
-      store_u32(dst + body, static_cast<uint32_t>(t));
-      store_f32(dst + body + 4, P.weights[q]);
-    }
+    write_row_tail(dst, src, body, body16, t, P.weights[q], lane);
   }
   // Our counts column into every node-local peer: counts[me][l] = rows we send it for local expert l.
   for (int64_t i = ix.gtid; i < int64_t(g.N) * g.L; i += ix.gstride) {

@@ -133,11 +133,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_block_kernel(DispatchS
       const int64_t lo = (w % nseg) * seg;
       if (lo < body16) warp_copy_from_shared(dst + lo, row + lo, min(seg, body16 - lo), lane);
       if (lo != 0) continue;
-      if (lane < body - body16) dst[body16 + lane] = row[body16 + lane];
-      if (lane == 0) {  // token and weight after the body (4-byte aligned only when body % 4 == 0)
-        store_u32(dst + body, static_cast<uint32_t>(t));
-        store_f32(dst + body + 4, P.weights[q]);
-      }
+      write_row_tail(dst, row, body, body16, t, P.weights[q], lane);
     }
     __syncthreads();  // the row is rewritten for the next token
   }
