@@ -108,39 +108,27 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0):
     kernel_of = getattr(comm._backend, "kernel_seconds", None)
     kernel = {h: [] for h in HALVES[:4]}
 
-    def kernel_sample(half):
-        sec = kernel_of(comm, half) if kernel_of else None
-        if sec is not None:
-            kernel[half].append(sec)
+    def timed_call(name, timed, fn, *fn_args):
+        """A barrier, then fn(*fn_args) to completion; its wall time (and, for the four halves, its
+        kernel time) into the samples when `timed`. Returns fn's result."""
+        timing.barrier(name)
+        out, t = timing.time_once(fn, *fn_args)
+        if timed:
+            samples[name].append(t)
+            sec = kernel_of(comm, name) if kernel_of and name in kernel else None
+            if sec is not None:
+                kernel[name].append(sec)
+        return out
+
     for it in range(warmup + iters):
         timed = it >= warmup
-        timing.barrier("ds")
-        h, t = timing.time_once(f_ds, *glob)
-        samples["dispatch_send"].append(t)
-        kernel_sample("dispatch_send")
-        timing.barrier("dr")
-        got, t = timing.time_once(f_dr, h)
-        samples["dispatch_recv"].append(t)
-        kernel_sample("dispatch_recv")
+        h = timed_call("dispatch_send", timed, f_ds, *glob)
+        got = timed_call("dispatch_recv", timed, f_dr, h)
         y = timing.block(f_y(got))
-        timing.barrier("cs")
-        ch, t = timing.time_once(f_cs, y, got)
-        samples["combine_send"].append(t)
-        kernel_sample("combine_send")
-        timing.barrier("cr")
-        _, t = timing.time_once(f_cr, ch)
-        samples["combine_recv"].append(t)
-        kernel_sample("combine_recv")
-        timing.barrier("d")
-        _, t = timing.time_once(f_d, *glob)
-        samples["dispatch"].append(t)
-        timing.barrier("c")
-        _, t = timing.time_once(f_c, y, got)
-        samples["combine"].append(t)
-        if not timed:
-            for v in list(samples.values()) + list(kernel.values()):
-                if v:
-                    v.pop()
+        ch = timed_call("combine_send", timed, f_cs, y, got)
+        timed_call("combine_recv", timed, f_cr, ch)
+        timed_call("dispatch", timed, f_d, *glob)
+        timed_call("combine", timed, f_c, y, got)
         progress.update(f"{comm.backend_name}/{shape_name} iter", units)
     record["timings"] = {h: timing.summarize(timing.max_over_processes(v, h)) for h, v in samples.items()}
     if all(len(v) == iters for v in kernel.values()):
