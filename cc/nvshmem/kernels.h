@@ -1,5 +1,5 @@
-// Launchers of the nvshmem backend's kernels (one cooperative kernel per half, the cuda
-// backend's parameter structs plus NvSlot). Each returns the launch error; a peer that never
+// Launchers of the nvshmem backend's kernels (one kernel per half, only dispatch_send
+// cooperative; the cuda backend's parameter structs plus NvSlot). Each returns the launch error; a peer that never
 // arrives makes the kernel record an ErrorRecord in mapped host memory and end the op (no trap).
 #pragma once
 

@@ -1,4 +1,4 @@
-"""`cuda` backend: one cooperative kernel per half on NVIDIA GPUs; peers inside a node write
+"""`cuda` backend: one kernel per half on NVIDIA GPUs (docs/gpu_kernels.md); peers inside a node write
 straight into each other's library-owned buffers (CUDA IPC between processes, plain pointers
 with peer access inside one process). Peers on other nodes (option `node_size`) go through a
 proxy thread per rank and the TransferEngine: the kernels pack and unpack pinned host memory that
