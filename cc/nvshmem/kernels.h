@@ -1,6 +1,7 @@
 // Launchers of the nvshmem backend's kernels (one kernel per half, only dispatch_send
 // cooperative; the cuda backend's parameter structs plus NvSlot). Each returns the launch error;
-// a peer that never arrives makes the kernel record an ErrorRecord in mapped host memory and end the op (no trap).
+// a peer that never arrives makes the kernel record an ErrorRecord in mapped host memory and end
+// the op (no trap).
 #pragma once
 
 #include <cuda_runtime_api.h>
