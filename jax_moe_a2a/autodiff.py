@@ -38,21 +38,22 @@ def _fp8_error():
         "(fp8 rows have no useful cotangent); use bf16 dispatch for training")
 
 
-def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot):
-    """Differentiable one-shot dispatch (w.r.t. x and topk_weights). Shapes as Communicator.dispatch."""
+def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot, rank_mask=None):
+    """Differentiable one-shot dispatch (w.r.t. x and topk_weights). Shapes as Communicator.dispatch.
+    rank_mask: int32 [N] or None (the combines of the backward take it from the route)."""
     spec = comm.spec
     x_axes, w_axes = _axes_of(x, comm), _axes_of(topk_weights, comm)  # the cotangents' types
 
-    def raw(x, ids, w, n):
+    def raw(x, ids, w, n, mask):
         with comm._slots.suppressed():  # the one-shot call is tracked in the caller's trace
-            return comm.dispatch_recv(comm.dispatch_send(x, ids, w, n, slot=slot))
+            return comm.dispatch_recv(comm.dispatch_send(x, ids, w, n, slot=slot, rank_mask=mask))
 
     @jax.custom_vjp
-    def f(x, ids, w, n):
-        return raw(x, ids, w, n)
+    def f(x, ids, w, n, mask):
+        return raw(x, ids, w, n, mask)
 
-    def fwd(x, ids, w, n):
-        got = raw(x, ids, w, n)
+    def fwd(x, ids, w, n, mask):
+        got = raw(x, ids, w, n, mask)
         return got, (got, jnp.zeros((0,), x.dtype))
 
     def bwd(res, g):
@@ -72,10 +73,10 @@ def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot):
             back = jnp.where((t % spec.tp_size == rank % spec.tp_size)[:, None], back, 0)
         grad_x = back.astype(x_dtype_carrier.dtype)
         grad_w = g.route.topk_weights
-        return like_primal(grad_x, x_axes), None, like_primal(grad_w, w_axes), None
+        return like_primal(grad_x, x_axes), None, like_primal(grad_w, w_axes), None, None
 
     f.defvjp(fwd, bwd)
-    return f(x, topk_ids, topk_weights, num_tokens)
+    return f(x, topk_ids, topk_weights, num_tokens, rank_mask)
 
 
 def combine(comm, y, got: Dispatched, out, slot):
@@ -112,7 +113,8 @@ def combine(comm, y, got: Dispatched, out, slot):
         # (its FREE signals), and nothing else in the data says so.
         with comm._slots.suppressed():
             got_g = comm.dispatch_recv(comm.dispatch_send(gf, r.arrays["topk_ids"], r.topk_weights, r.num_tokens,
-                                                          slot=slot, after=pairs))
+                                                          slot=slot, after=pairs,
+                                                          rank_mask=r.arrays.get("rank_mask")))
         valid = got.src[..., 0] >= 0
         rows = got_g.x.astype(jnp.float32) * got.weights[..., None]
         grad_y = jnp.where(valid[..., None], rows, 0.0).astype(y_carrier.dtype)

@@ -211,7 +211,7 @@ class Communicator:
         self.comm_id = next(_COMM_IDS)
         self._call_ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0}
+        self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0, "masked": 0}
         self._slots = _SlotTracker()
         self._errors = []  # DroppedRowsErrors the debug check raised in this process, for check()
         init_fn = getattr(self._backend, "init", None)
@@ -296,18 +296,22 @@ class Communicator:
         if np.dtype(topk_weights.dtype) != np.float32:
             raise _shape_err("topk_weights", "dtype float32", topk_weights.dtype)
 
-    def _record_stats(self, dropped, overflow):
-        """Counts drops/overflow on the host (collect_stats) and, with debug=True, raises.
+    def _record_stats(self, dropped, overflow, masked=None):
+        """Counts drops/overflow (and pairs the rank mask stopped) on the host (collect_stats) and,
+        with debug=True, raises (never for masked pairs: they are expected).
         Returns (`dropped`, gate): `dropped` threaded through the debug check so XLA cannot drop
         the check, and with debug=True an int32 zero that only the check produces (else None)."""
-        def record(d, o):
+        masked = jnp.zeros((), jnp.int32) if masked is None else masked
+
+        def record(d, o, m=0):
             with self._lock:
                 self._stats["dispatches"] += 1
                 self._stats["dropped"] += int(d)
                 self._stats["overflow"] += int(o)
+                self._stats["masked"] += int(m)
 
         if self.collect_stats and not self.debug:
-            jax.debug.callback(record, dropped, overflow)
+            jax.debug.callback(record, dropped, overflow, masked)
         if self.debug:  # a pure callback whose result is used: the error surfaces at the outputs
             # Every rank raises, or none: a psum of the counts decides for all (where XLA's collectives
             # run: Backend.debug_psum; not on the GPU FFI backends). A rank left running
@@ -320,8 +324,8 @@ class Communicator:
             if self._backend.debug_psum:  # every rank raises, or none (see Backend.debug_psum)
                 bad = jax.lax.psum(bad, self.axis)
 
-            def check(d, o, b):
-                record(d, o)
+            def check(d, o, b, m):
+                record(d, o, m)
                 if int(b):
                     err = DroppedRowsError(
                         f"jax_moe_a2a: dispatch dropped {int(d)} pair(s) with bad expert ids and {int(o)} row(s) "
@@ -334,22 +338,69 @@ class Communicator:
                 return np.int32(d), np.int32(0)
 
             i32 = jax.ShapeDtypeStruct((), jnp.int32)
-            dropped, gate = jax.pure_callback(check, (i32, i32), dropped, overflow, bad)
+            dropped, gate = jax.pure_callback(check, (i32, i32), dropped, overflow, bad, masked)
             return dropped, gate
         return dropped, None
 
     # ---- the four halves ---------------------------------------------------------------------
-    def _map_experts(self, topk_ids, expert_map):
-        """Logical ids -> physical ids by `expert_map` (jax_moe_a2a/eplb.py), or unchanged."""
+    def _map_experts(self, topk_ids, expert_map, rank_mask=None):
+        """Logical ids -> physical ids by `expert_map` (jax_moe_a2a/eplb.py), or unchanged; with
+        a rank mask, replicas on masked ranks are skipped while a live one exists."""
         if expert_map is None:
             return topk_ids
         check_expert_map(expert_map)
         group = self._ctx().rank // self.spec.tp_size
+        alive = None if rank_mask is None else rank_mask != 0
         with jax.named_scope("a2a_expert_map"):
-            return map_ids(expert_map, topk_ids, group, self.spec.num_experts)
+            return map_ids(expert_map, topk_ids, group, self.spec.num_experts, alive, self.num_ranks)
+
+    def _check_rank_mask(self, rank_mask):
+        """rank_mask -> int32 [N] (1 = alive) or None. A concrete all-alive mask (NumPy, a list,
+        a committed jax.Array) is None: the same program as no mask, so every backend takes it.
+        Otherwise the backend must honour masks (Backend.rank_mask_unsupported)."""
+        if rank_mask is None:
+            return None
+        n = self.num_ranks
+        if not hasattr(rank_mask, "shape") or not hasattr(rank_mask, "dtype"):
+            rank_mask = np.asarray(rank_mask)  # a list or tuple
+        shape, dtype = tuple(rank_mask.shape), np.dtype(rank_mask.dtype)
+        if shape != (n,):
+            raise _shape_err("rank_mask", f"shape [N] = [{n}] (one flag per EP rank)", list(shape))
+        if dtype != np.bool_ and not np.issubdtype(dtype, np.integer):
+            raise _shape_err("rank_mask", "dtype bool or an integer (nonzero = alive)", dtype)
+        try:
+            concrete = np.asarray(rank_mask)
+        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, TypeError):
+            concrete = None
+        if concrete is not None and concrete.dtype != object and bool(np.all(concrete != 0)):
+            return None
+        reason = self._backend.rank_mask_unsupported()
+        if reason is not None:
+            raise ValueError(f"rank_mask is not supported by the {self.backend_name} backend yet: {reason}")
+        if concrete is not None and concrete.dtype != object and not bool(np.any(concrete != 0)):
+            raise ValueError("rank_mask: every rank is masked (at least the calling ranks must be alive)")
+        return (jnp.asarray(rank_mask) != 0).astype(jnp.int32)
+
+    def _mask_ids(self, ctx, topk_ids, n, mask):
+        """(physical ids with the pairs the mask stops set to E, masked [] int32): a pair is stopped
+        when its expert's rank or this rank is masked; counted when routed and this rank (its tp
+        member) sends it. The backend sees E, drops the pair and counts it as dropped: the caller
+        subtracts `masked` from that count."""
+        from .backends.pure_jax import routed_pairs
+        s = self.spec
+        alive = mask != 0
+        l_count = s.local_experts(self.num_ranks)
+        routed, _ = routed_pairs(s, topk_ids, n)
+        in_range = (topk_ids >= 0) & (topk_ids < s.num_experts)
+        dest = jnp.clip(topk_ids, 0, s.num_experts - 1) // l_count
+        stop = in_range & ~(alive[dest] & alive[ctx.rank])
+        mine = (jnp.arange(topk_ids.shape[0]) % s.tp_size == ctx.rank % s.tp_size)[:, None]
+        masked = jnp.sum(routed & stop & mine, dtype=jnp.int32)
+        return jnp.where(stop, jnp.int32(s.num_experts), topk_ids).astype(jnp.int32), masked
 
     def dispatch_send(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0,
-                      x_scale=None, after=None, expert_map: Optional[ExpertMap] = None) -> DispatchHandle:
+                      x_scale=None, after=None, expert_map: Optional[ExpertMap] = None,
+                      rank_mask=None) -> DispatchHandle:
         """Starts sending this rank's tokens to the ranks hosting their experts.
 
         Args:
@@ -364,19 +415,40 @@ class Communicator:
           expert_map: optional `ExpertMap` (redundant experts, EPLB): topk_ids are then LOGICAL
             expert ids, each pair sent to one replica (jax_moe_a2a/eplb.py has the rule); the
             backend and `got.group_sizes` see PHYSICAL experts (Spec.num_experts of them).
+          rank_mask: optional [N] bool or integer device array over the EP ranks (nonzero = alive),
+            replicated (shard_map in_spec P()), the same on every live rank; pass it as an argument
+            of the jitted step, so that a new mask reuses the compiled step. Pairs whose expert
+            lives on a masked rank are not sent (with `expert_map`, a live replica is chosen
+            first); they are counted in `got.num_masked` and `stats()['masked']`, never as
+            dropped (debug=True does not raise for them). No half waits for, or writes to, a
+            masked rank; a masked rank that still runs sends and receives nothing, and its
+            combine output is 0 (or `out`). The combine halves take the mask from `got`. A
+            concrete all-alive mask is the same as none. Backends: reference, ragged (send-side
+            only: their XLA collectives still need every process), host (also skips masked peers;
+            not with proxied=True); cuda/nvshmem refuse a mask at trace time. docs/api.md.
         Returns: a DispatchHandle for `dispatch_recv`.
         """
         slot = self._check_slot(slot)
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
-        topk_ids = self._map_experts(topk_ids, expert_map)
+        mask = self._check_rank_mask(rank_mask)
+        topk_ids = self._map_experts(topk_ids, expert_map, mask)
         n = self._num_tokens(num_tokens)
         ctx = self._ctx()
         self._slots.open(slot, self.spec.slots)
         with jax.named_scope("a2a_dispatch_send"):
+            send_ids, masked = topk_ids, None
+            if mask is not None:
+                send_ids, masked = self._mask_ids(ctx, topk_ids, n, mask)
+            extra = {} if mask is None else {"rank_mask": mask}
             arrays, route_arrays, dropped = self._backend.dispatch_send(
-                ctx, x, x_scale, topk_ids, topk_weights, n, slot, after=after)
-        route = Route(topk_weights.astype(jnp.float32), n, dict(route_arrays, topk_ids=topk_ids), self.comm_id)
-        arrays = dict(arrays, _dropped=dropped)
+                ctx, x, x_scale, send_ids, topk_weights, n, slot, after=after,
+                **(extra if self._backend.takes_rank_mask else {}))
+        # topk_ids: the physical ids before the mask (the combine's backward dispatch re-applies it)
+        route = Route(topk_weights.astype(jnp.float32), n, dict(route_arrays, topk_ids=topk_ids, **extra),
+                      self.comm_id)
+        arrays = dict(arrays, _dropped=dropped if masked is None else dropped - masked)
+        if masked is not None:
+            arrays["_masked"] = masked
         return DispatchHandle(arrays, route, slot, self.comm_id)
 
     def dispatch_recv(self, handle: DispatchHandle) -> Dispatched:
@@ -387,10 +459,11 @@ class Communicator:
         ctx = self._ctx()
         arrays = dict(handle.arrays)
         dropped = arrays.pop("_dropped")
+        masked = arrays.pop("_masked", None)
         with jax.named_scope("a2a_dispatch_recv"):
             x, scale, sizes, weights, src, overflow, route_arrays = self._backend.dispatch_recv(
                 ctx, arrays, handle.route.arrays, handle.slot)
-        dropped, gate = self._record_stats(dropped, overflow)
+        dropped, gate = self._record_stats(dropped, overflow, masked)
         if self.debug:  # what follows the dispatch (the combine's communication too) waits for the check
             # An optimisation barrier orders XLA's schedule, but XLA:CPU runs thunks as soon as their
             # buffers are ready: only a data dependency keeps a rank whose check raised from
@@ -398,7 +471,8 @@ class Communicator:
             x, scale, weights, src, route_arrays = _after(gate, (x, scale, weights, src, route_arrays))
             dropped, x, weights, route_arrays = jax.lax.optimization_barrier((dropped, x, weights, route_arrays))
         route = Route(handle.route.topk_weights, handle.route.num_tokens, route_arrays, self.comm_id)
-        return Dispatched(x, scale, sizes, weights, src, dropped, overflow, route, handle.slot, self.comm_id)
+        return Dispatched(x, scale, sizes, weights, src, dropped, overflow, route, handle.slot, self.comm_id,
+                          num_masked=masked)
 
     def combine_send(self, y, got: Dispatched, *, slot: Optional[int] = None, after=None) -> CombineHandle:
         """Starts sending expert outputs back to their tokens' ranks.
@@ -443,16 +517,28 @@ class Communicator:
         ctx = self._ctx()
         self._slots.close(handle.slot)
         with jax.named_scope("a2a_combine_recv"):
-            return self._backend.combine_recv(ctx, handle.arrays, handle.route, handle.slot, out, pairs=pairs)
+            res = self._backend.combine_recv(ctx, handle.arrays, handle.route, handle.slot, out, pairs=pairs)
+        mask = handle.route.arrays.get("rank_mask")
+        if mask is None:
+            return res
+        # A masked rank's tokens are not produced: 0, or `out` (its own pairs were stopped at the
+        # send; with tp_size > 1 its group members' expert outputs would still reach it).
+        me = mask[ctx.rank] != 0
+        acc, rows = (res if pairs else (res, None))
+        base = jnp.zeros_like(acc) if out is None else out.astype(acc.dtype)
+        acc = jnp.where(me, acc, base)
+        return (acc, jnp.where(me, rows, 0.0)) if pairs else acc
 
     # ---- one-shot ----------------------------------------------------------------------------
     def dispatch(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0, x_scale=None,
-                 expert_map: Optional[ExpertMap] = None) -> Dispatched:
+                 expert_map: Optional[ExpertMap] = None, rank_mask=None) -> Dispatched:
         """dispatch_send then dispatch_recv; differentiable w.r.t. x and topk_weights.
-        expert_map: as in dispatch_send (topk_ids logical, mapped to physical replicas)."""
+        expert_map: as in dispatch_send (topk_ids logical, mapped to physical replicas).
+        rank_mask: as in dispatch_send ([N] bool/int, nonzero = alive; combine takes it from got)."""
         if self._backend.autodiff or x_scale is not None:
             return self.dispatch_recv(self.dispatch_send(x, topk_ids, topk_weights, num_tokens, slot=slot,
-                                                         x_scale=x_scale, expert_map=expert_map))
+                                                         x_scale=x_scale, expert_map=expert_map,
+                                                         rank_mask=rank_mask))
         from . import autodiff
         slot = self._check_slot(slot)
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
@@ -460,10 +546,11 @@ class Communicator:
         self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
         # ids carry no gradient: map them outside the custom_vjp; its rules (and the combine's
         # backward re-dispatch from route.arrays["topk_ids"]) then see physical ids only
-        topk_ids = self._map_experts(topk_ids, expert_map)
+        mask = self._check_rank_mask(rank_mask)
+        topk_ids = self._map_experts(topk_ids, expert_map, mask)
         self._slots.open(slot, self.spec.slots)
         with self._slots.suppressed():
-            return autodiff.dispatch(self, x, topk_ids, topk_weights, n, slot)
+            return autodiff.dispatch(self, x, topk_ids, topk_weights, n, slot, mask)
 
     def combine(self, y, got: Dispatched, out=None, *, slot: Optional[int] = None):
         """combine_send then combine_recv; differentiable w.r.t. y, the router weights and out."""
@@ -488,7 +575,7 @@ class Communicator:
     def stats(self) -> dict:
         """Counters gathered from executed dispatches of this process's ranks (collect_stats=True):
         dispatches (rank-calls), dropped pairs (bad expert ids), overflow rows (past
-        recv_capacity); plus buffer bytes per rank and the backend."""
+        recv_capacity), masked pairs (not sent because of the rank mask: expected); plus buffer bytes per rank and the backend."""
         with self._lock:
             out = dict(self._stats)
         out.update(backend=self.backend_name, num_ranks=self.num_ranks, collecting=self.collect_stats,
@@ -512,7 +599,7 @@ class Communicator:
 
     def reset_stats(self):
         with self._lock:
-            self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0}
+            self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0, "masked": 0}
 
     # ---- debug=True errors -------------------------------------------------------------------
     def check(self):

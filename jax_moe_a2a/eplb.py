@@ -24,6 +24,17 @@ load evenly over them.
   logical expert with counts 0                 -> physical E (dropped, counted)
   a chosen entry outside [0, E) (-1 padding within counts, bad ids) -> E (dropped, counted)
 
+Rank mask (elastic EP, `rank_mask=` of dispatch): replica j of e is "dead" when its physical
+expert lives on a masked rank (physical[e, j] // L with L = E / N). The pair then picks among
+the entries of physical[e, :counts[e]] that are not dead (entries outside [0, E) count as not
+dead, so an all-alive mask is exactly no mask):
+
+  live = [physical[e, j] for j < counts[e] if not dead],  replica = live[(g * T + t) mod len(live)]
+
+and when every replica is dead it takes the mask-free choice above, which lies on a masked rank:
+the communicator then drops the pair and counts it as masked (`stats()['masked']`), not as a
+bad id.
+
 Replicas of different logical experts must be distinct physical experts (else two logical
 experts of one token could land on one physical expert and one pair would be dropped as a
 repeat, silently losing its contribution): `ExpertMap.from_replicas` refuses such maps. A map
@@ -155,9 +166,11 @@ def check_expert_map(expert_map) -> ExpertMap:
     return expert_map
 
 
-def map_ids(expert_map: ExpertMap, topk_ids, group, num_experts: int):
+def map_ids(expert_map: ExpertMap, topk_ids, group, num_experts: int, alive=None, num_ranks: int = 0):
     """Logical topk_ids [T, K] -> physical [T, K] int32 by the module's rule. `group` is the DP
-    group index (int32 scalar, rank // tp_size); num_experts the physical E."""
+    group index (int32 scalar, rank // tp_size); num_experts the physical E. alive: optional
+    [num_ranks] bool (the rank mask): replicas on masked ranks are skipped while a live one exists
+    (the module docstring's rule)."""
     t_count = topk_ids.shape[0]
     phys = expert_map.physical
     e_log, m = phys.shape
@@ -165,7 +178,20 @@ def map_ids(expert_map: ExpertMap, topk_ids, group, num_experts: int):
     lid = jnp.where(valid, topk_ids, 0)
     cnt = jnp.clip(expert_map.counts[lid], 0, m)
     tok = jnp.arange(t_count, dtype=jnp.int32)[:, None]
-    rep = (jnp.asarray(group, jnp.int32) * t_count + tok) % jnp.maximum(cnt, 1)
+    base = jnp.asarray(group, jnp.int32) * t_count + tok
+    rep = base % jnp.maximum(cnt, 1)
+    if alive is not None:
+        local = num_experts // num_ranks
+        row = phys[lid]                                                   # [T, K, M]
+        in_range = (row >= 0) & (row < num_experts)
+        dead = in_range & ~jnp.asarray(alive, bool)[jnp.clip(row, 0, num_experts - 1) // local]
+        used = jnp.arange(m)[None, None, :] < cnt[..., None]
+        live = used & ~dead
+        n_live = jnp.sum(live, axis=-1, dtype=jnp.int32)
+        want = base % jnp.maximum(n_live, 1)                              # index among the live entries
+        order = jnp.cumsum(live, axis=-1, dtype=jnp.int32) - 1
+        pick = jnp.argmax(live & (order == want[..., None]), axis=-1).astype(jnp.int32)
+        rep = jnp.where(n_live > 0, pick, rep)
     p = phys[lid, rep]
     ok = valid & (cnt > 0) & (p >= 0) & (p < num_experts)
     out = jnp.where(ok, p, num_experts)

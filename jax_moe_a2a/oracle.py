@@ -8,6 +8,12 @@ R are dropped. expert_major: rows at index >= C within their expert are dropped.
 
 Redundant experts (EPLB, `expert_map=`): the logical ids are first mapped to physical ones by
 `map_experts` (the rule of jax_moe_a2a/eplb.py, in NumPy), then everything above applies.
+
+Rank mask (elastic EP, `rank_mask=`, [N] bool or int, nonzero = alive): the map skips replicas on
+masked ranks while a live one exists (eplb.py); then a routed pair whose destination rank is
+masked, or whose sending rank is masked, is not sent: it is counted in `num_masked` of the
+sending rank (not in num_dropped) and contributes nothing to combine. A masked rank receives
+nothing, and its combine output is 0 (or `out`). `mask_pairs` applies it to the inputs.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ class RankDispatch:
     num_dropped: int
     num_overflow: int
     rows: list
+    num_masked: int = 0  # pairs this rank did not send because of the rank mask
 
 
 def _wire(spec: Spec, inp: RankInputs):
@@ -83,10 +90,12 @@ def _wire(spec: Spec, inp: RankInputs):
     return np.asarray(inp.x).astype(spec.dispatch_dtype), None
 
 
-def map_ids(physical, counts, ids, group: int, num_experts: int) -> np.ndarray:
+def map_ids(physical, counts, ids, group: int, num_experts: int, alive=None) -> np.ndarray:
     """Logical ids [T, K] of one rank (DP group `group`) -> physical ids: replica
     (group * T + t) mod counts[e]; -1 stays -1; a logical id outside [0, E_logical), a logical
-    expert with no replica, or a chosen entry outside [0, num_experts) -> num_experts."""
+    expert with no replica, or a chosen entry outside [0, num_experts) -> num_experts.
+    alive: optional [N] bool rank mask: the choice is among the replicas not on masked ranks
+    (entries outside [0, num_experts) count as live), the mask-free one when none is live."""
     physical, counts = np.asarray(physical), np.asarray(counts)
     ids = np.asarray(ids)
     e_log, m = physical.shape
@@ -101,22 +110,63 @@ def map_ids(physical, counts, ids, group: int, num_experts: int) -> np.ndarray:
             if 0 <= e < e_log:
                 c = min(max(int(counts[e]), 0), m)
                 if c > 0:
-                    q = int(physical[e, (group * ids.shape[0] + t) % c])
+                    j = (group * ids.shape[0] + t) % c
+                    if alive is not None:
+                        local = num_experts // len(alive)
+                        live = [i for i in range(c) if not (0 <= int(physical[e, i]) < num_experts)
+                                or alive[int(physical[e, i]) // local]]
+                        if live:
+                            j = live[(group * ids.shape[0] + t) % len(live)]
+                    q = int(physical[e, j])
                     if 0 <= q < num_experts:
                         p = q
             out[t, k] = p
     return out
 
 
-def map_experts(spec: Spec, inputs: List[RankInputs], expert_map) -> List[RankInputs]:
+def alive_of(rank_mask, n: int) -> Optional[np.ndarray]:
+    """[n] bool from a rank mask (bool or int, nonzero = alive), or None."""
+    if rank_mask is None:
+        return None
+    alive = np.asarray(rank_mask).reshape(-1) != 0
+    if alive.shape != (n,):
+        raise ValueError(f"rank_mask: expected shape [{n}], got {list(np.shape(rank_mask))}")
+    return alive
+
+
+def map_experts(spec: Spec, inputs: List[RankInputs], expert_map, rank_mask=None) -> List[RankInputs]:
     """inputs with logical topk_ids replaced by the physical ids `expert_map` gives (an
-    `ExpertMap` or a (physical, counts) pair); None: inputs unchanged."""
+    `ExpertMap` or a (physical, counts) pair), skipping replicas on ranks `rank_mask` masks;
+    None: inputs unchanged."""
     if expert_map is None:
         return inputs
+    alive = alive_of(rank_mask, len(inputs))
     physical, counts = (expert_map.physical, expert_map.counts) if hasattr(expert_map, "physical") else expert_map
     return [dataclasses.replace(inp, topk_ids=map_ids(physical, counts, inp.topk_ids, r // spec.tp_size,
-                                                      spec.num_experts))
+                                                      spec.num_experts, alive))
             for r, inp in enumerate(inputs)]
+
+
+def mask_pairs(spec: Spec, inputs: List[RankInputs], rank_mask):
+    """(inputs, masked): the (physical) ids of pairs that the rank mask stops (destination rank
+    masked, or the rank itself masked) replaced by E, so that nothing routes them; masked[r] =
+    routed pairs rank r would have sent (its tp member's tokens) and does not. None: unchanged."""
+    n = len(inputs)
+    alive = alive_of(rank_mask, n)
+    if alive is None:
+        return inputs, [0] * n
+    l_count = spec.local_experts(n)
+    tp = spec.tp_size
+    out, masked = [], []
+    for r, inp in enumerate(inputs):
+        ids = np.asarray(inp.topk_ids)
+        routed, _ = routed_pairs(spec, inp)
+        in_range = (ids >= 0) & (ids < spec.num_experts)
+        stop = in_range & ~(alive[np.clip(ids, 0, spec.num_experts - 1) // l_count] & alive[r])
+        mine = (np.arange(ids.shape[0]) % tp == r % tp)[:, None]
+        masked.append(int(np.sum(routed & stop & mine)))
+        out.append(dataclasses.replace(inp, topk_ids=np.where(stop, spec.num_experts, ids).astype(np.int32)))
+    return out, masked
 
 
 def routed_pairs(spec: Spec, inp: RankInputs):
@@ -134,11 +184,13 @@ def routed_pairs(spec: Spec, inp: RankInputs):
     return routed, bad
 
 
-def dispatch(spec: Spec, inputs: List[RankInputs], expert_map=None) -> List[RankDispatch]:
+def dispatch(spec: Spec, inputs: List[RankInputs], expert_map=None, rank_mask=None) -> List[RankDispatch]:
     """Every rank's expected `Dispatched`. inputs[r] is rank r's inputs (members of one tp group
     should hold identical inputs; member s sends the tokens t with t % tp == s % tp).
-    expert_map: logical -> physical map applied first (see `map_experts`)."""
-    inputs = map_experts(spec, inputs, expert_map)
+    expert_map: logical -> physical map applied first (see `map_experts`).
+    rank_mask: [N] alive flags (module docstring): pairs to or from masked ranks not sent."""
+    inputs = map_experts(spec, inputs, expert_map, rank_mask)
+    inputs, masked = mask_pairs(spec, inputs, rank_mask)
     n = len(inputs)
     l_count = spec.local_experts(n)
     tp = spec.tp_size
@@ -150,7 +202,7 @@ def dispatch(spec: Spec, inputs: List[RankInputs], expert_map=None) -> List[Rank
     for s in range(n):
         routed, bad = pairs[s]
         member_mask = (np.arange(routed.shape[0]) % tp == s % tp)[:, None]
-        dropped[s] = int(np.sum(bad & member_mask))
+        dropped[s] = int(np.sum(bad & member_mask)) - masked[s]
         ids = np.asarray(inputs[s].topk_ids)
         for t in range(routed.shape[0]):
             if t % tp != s % tp:
@@ -193,20 +245,24 @@ def dispatch(spec: Spec, inputs: List[RankInputs], expert_map=None) -> List[Rank
             sizes[l] = len(kept)
             rows.append(kept)
         out.append(RankDispatch(x.reshape(*shape, h), None if scale is None else scale.reshape(*shape, sc),
-                                sizes, weights.reshape(shape), src.reshape(*shape, 2), dropped[e], overflow, rows))
+                                sizes, weights.reshape(shape), src.reshape(*shape, 2), dropped[e], overflow, rows,
+                                masked[e]))
     return out
 
 
 def combine(spec: Spec, inputs: List[RankInputs], expert_fn: Callable, y_dtype,
-            out: Optional[List[np.ndarray]] = None, expert_map=None) -> List[np.ndarray]:
+            out: Optional[List[np.ndarray]] = None, expert_map=None, rank_mask=None) -> List[np.ndarray]:
     """Every rank's expected `combine_recv` output [T, H] (combine_dtype).
 
     expert_fn(rows_f32 [n, H], local_expert int) -> [n, H]: the expert applied to dequantised
     received rows (the test applies the same function in JAX); its result is cast to y_dtype
     (as the expert output travels), then summed in f32 with the router weights.
     expert_map: logical -> physical map applied first (expert_fn sees physical local experts).
+    rank_mask: [N] alive flags: pairs to or from masked ranks contribute nothing; a masked rank's
+    output is 0 (or `out`).
     """
-    inputs = map_experts(spec, inputs, expert_map)
+    inputs = map_experts(spec, inputs, expert_map, rank_mask)
+    inputs, _ = mask_pairs(spec, inputs, rank_mask)
     n = len(inputs)
     l_count = spec.local_experts(n)
     tp = spec.tp_size
@@ -221,13 +277,14 @@ def combine(spec: Spec, inputs: List[RankInputs], expert_fn: Callable, y_dtype,
     for inp in inputs:
         xw, xs = _wire(spec, inp)
         rows_all.append(dequantize_fp8(xw, xs, spec.scale_block) if spec.is_fp8 else xw.astype(np.float32))
+    alive = alive_of(rank_mask, n)
     results = []
     for r in range(n):
         g0 = r // tp * tp
         inp = inputs[r]
         t_count = inp.topk_ids.shape[0]
         acc = np.zeros((t_count, spec.hidden), np.float32)
-        for t in range(min(inp.num_tokens, t_count)):
+        for t in range(min(inp.num_tokens, t_count) if alive is None or alive[r] else 0):
             s = g0 + t % tp
             routed, row = routed_all[s], rows_all[s][t]
             for k in range(inp.topk_ids.shape[1]):

@@ -131,12 +131,13 @@ def expert_fn_jax(spec: Spec, num_ranks: int, got, y_dtype):
 
 
 def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split: bool, slot: int,
-             has_map: bool = False):
+             has_map: bool = False, has_mask: bool = False):
     """The jitted per-rank step of run_ops, compiled once per (communicator, variant). With
-    has_map, the last argument is an ExpertMap (replicated: in_spec P()), a traced argument, so
-    other maps of the same shapes reuse the step."""
+    has_map, an argument is an ExpertMap (replicated: in_spec P()), a traced argument, so
+    other maps of the same shapes reuse the step; with has_mask, the last one is the rank mask
+    [N] (replicated, traced: a new mask reuses the step)."""
     cache = comm.__dict__.setdefault("_test_steps", {})  # lives and dies with the communicator
-    key = (has_scale, has_out, np.dtype(y_dtype).name, split, slot, has_map)
+    key = (has_scale, has_out, np.dtype(y_dtype).name, split, slot, has_map, has_mask)
     if key in cache:
         return cache[key]
     spec, n, axis, mesh = comm.spec, comm.num_ranks, comm.axis, comm.mesh
@@ -146,11 +147,12 @@ def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split:
         xs = rest.pop(0) if has_scale else None
         o = rest.pop(0) if has_out else None
         emap = rest.pop(0) if has_map else None
+        mask = rest.pop(0) if has_mask else None
         if split:
-            h = comm.dispatch_send(x, ids, w, nt, slot=slot, x_scale=xs, expert_map=emap)
+            h = comm.dispatch_send(x, ids, w, nt, slot=slot, x_scale=xs, expert_map=emap, rank_mask=mask)
             got = comm.dispatch_recv(h)
         else:
-            got = comm.dispatch(x, ids, w, nt, slot=slot, x_scale=xs, expert_map=emap)
+            got = comm.dispatch(x, ids, w, nt, slot=slot, x_scale=xs, expert_map=emap, rank_mask=mask)
         y = expert_fn_jax(spec, n, got, y_dtype)
         if split:
             res = comm.combine_recv(comm.combine_send(y, got), out=o)
@@ -160,10 +162,12 @@ def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split:
                   "num_dropped": got.num_dropped, "num_overflow": got.num_overflow, "out": res}
         if got.scale is not None:
             fields["scale"] = got.scale
+        if got.num_masked is not None:
+            fields["num_masked"] = got.num_masked
         return jax.tree.map(lambda a: a[None], fields)
 
     nargs = 4 + int(has_scale) + int(has_out)
-    in_specs = (P(axis),) * nargs + ((P(),) if has_map else ())
+    in_specs = (P(axis),) * nargs + ((P(),) if has_map else ()) + ((P(),) if has_mask else ())
     f = jax.jit(shard_map(per_rank, mesh=mesh, in_specs=in_specs, out_specs=P(axis)))
     cache[key] = f
     return f
@@ -171,7 +175,7 @@ def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split:
 
 def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.bfloat16,
             out: Optional[List[np.ndarray]] = None, split: bool = True, slot: int = 0, poison: bool = True,
-            compile_only: bool = False, expert_map=None):
+            compile_only: bool = False, expert_map=None, rank_mask=None):
     """Runs dispatch then combine (toy expert in between) on every rank under jit + shard_map.
 
     The compiled step is cached per communicator, so repeated calls (soak tests) reuse it.
@@ -181,6 +185,8 @@ def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.
     autotuning between the processes compiling one program (--xla_gpu_shard_autotuning) and
     the others' compilation waits for it. expert_map: an `ExpertMap` passed to dispatch (the
     inputs' topk_ids are then logical ids); compare with check_all(..., expert_map=).
+    rank_mask: [N] bool/int array passed to dispatch (replicated, traced); results then also
+    have "num_masked". Compare with check_all(..., rank_mask=).
     """
     mesh, axis = comm.mesh, comm.axis
     args = [stack_global(mesh, axis, [i.x for i in inputs]),
@@ -194,7 +200,10 @@ def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.
         args.append(stack_global(mesh, axis, out))
     if expert_map is not None:
         args.append(expert_map)
-    f = _step_fn(comm, has_scale, out is not None, y_dtype, split, slot, expert_map is not None)
+    if rank_mask is not None:
+        args.append(jnp.asarray(rank_mask))
+    f = _step_fn(comm, has_scale, out is not None, y_dtype, split, slot, expert_map is not None,
+                 rank_mask is not None)
     if compile_only:
         f.lower(*args).compile()
         return None
@@ -281,15 +290,22 @@ def exact_fp8_expected(comm: Communicator) -> bool:
 
 
 def check_all(comm: Communicator, inputs, results, *, y_dtype=jnp.bfloat16, out=None, exact_fp8=None,
-              expert_map=None):
+              expert_map=None, rank_mask=None, ranks=None):
     """Oracle comparison of run_ops' results for every rank present in `results` (with the
-    oracle applying `expert_map` to the inputs' logical ids first, when given)."""
+    oracle applying `expert_map` to the inputs' logical ids first, and `rank_mask`, when given).
+    ranks: compare only these ranks (e.g. the live ones)."""
     spec, n = comm.spec, comm.num_ranks
     if exact_fp8 is None:
         exact_fp8 = exact_fp8_expected(comm)
-    want_d = oracle.dispatch(spec, inputs, expert_map=expert_map)
-    want_c = oracle.combine(spec, inputs, expert_fn_np, np.dtype(y_dtype), out=out, expert_map=expert_map)
+    want_d = oracle.dispatch(spec, inputs, expert_map=expert_map, rank_mask=rank_mask)
+    want_c = oracle.combine(spec, inputs, expert_fn_np, np.dtype(y_dtype), out=out, expert_map=expert_map,
+                            rank_mask=rank_mask)
     assert results, "no rank results in this process"
     for r, res in results.items():
+        if ranks is not None and r not in ranks:
+            continue
+        if rank_mask is not None:
+            assert int(res["num_masked"]) == want_d[r].num_masked, \
+                f"rank {r}: num_masked {res['num_masked']} != {want_d[r].num_masked}"
         check_dispatch(spec, n, r, want_d[r], res, exact_fp8=exact_fp8)
         check_combine(spec, r, want_c[r], res["out"], exact_fp8=exact_fp8)

@@ -72,6 +72,8 @@ class Dispatched:
       num_dropped: [] int32 pairs this rank could not route (expert id out of range or repeated
                    within its token); they contribute nothing to combine.
       num_overflow: [] int32 rows that arrived at this rank beyond its capacity (dropped).
+      num_masked:  [] int32 pairs this rank did not send because the `rank_mask` of the dispatch
+                   masks their expert's rank (or this rank); None when no mask was given.
       route:       `Route` for combine (pass `got` to `combine_send`).
     """
 
@@ -85,10 +87,11 @@ class Dispatched:
     route: Route
     slot: int = 0
     comm_id: int = 0
+    num_masked: Optional[Any] = None
 
 
-_register(Dispatched, ["x", "scale", "group_sizes", "weights", "src", "num_dropped", "num_overflow", "route"],
-          ["slot", "comm_id"])
+_register(Dispatched, ["x", "scale", "group_sizes", "weights", "src", "num_dropped", "num_overflow", "route",
+                       "num_masked"], ["slot", "comm_id"])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,10 @@ bool elem_kind(ffi::DataType t, ElemKind* k) {
 // `rank` and `group` are the leading operands of every half: the rank within its EP group
 // (jax.lax.axis_index of the EP axis) and the group's index (of the other mesh axes; 0 on a mesh
 // without others). Every group runs the same HLO; the pair names this call's RankComm.
+// The rank mask (elastic EP): the last operand of every half, int32 [N] (1 = alive; all ones
+// without a mask). The Python backend passes exactly N entries (RankComm reads N).
+bool mask_ok(const ffi::Buffer<ffi::S32>& m) { return m.dimensions().size() == 1 && m.element_count() >= 1; }
+
 template <typename F>
 ffi::Error run(const char* op, int64_t comm_id, ffi::Buffer<ffi::S32> rank_buf, ffi::Buffer<ffi::S32> group_buf,
                F&& f) {
@@ -53,7 +57,7 @@ ffi::Error run(const char* op, int64_t comm_id, ffi::Buffer<ffi::S32> rank_buf, 
 
 ffi::Error DispatchSend(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> x_scale,
                         ffi::Buffer<ffi::S32> ids, ffi::Buffer<ffi::F32> weights,
-                        ffi::Buffer<ffi::S32> num_tokens, ffi::AnyBuffer after,
+                        ffi::Buffer<ffi::S32> num_tokens, ffi::AnyBuffer after, ffi::Buffer<ffi::S32> rank_mask,
                         ffi::Result<ffi::Buffer<ffi::S32>> handle, ffi::Result<ffi::Buffer<ffi::S32>> dest,
                         ffi::Result<ffi::Buffer<ffi::S32>> pair_slot, ffi::Result<ffi::Buffer<ffi::S32>> dropped,
                         int64_t comm_id, int32_t slot, int64_t call_id) {
@@ -73,10 +77,13 @@ ffi::Error DispatchSend(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group,
   a.dest = dest->typed_data();
   a.pair_slot = pair_slot->typed_data();
   a.dropped = dropped->typed_data();
+  a.alive = rank_mask.typed_data();
+  if (!mask_ok(rank_mask)) return a2a::ffi_util::invalid("host dispatch_send: rank_mask must be int32 [N]");
   return run("dispatch_send", comm_id, rank, group, [&](a2a::host::RankComm& c) { c.dispatch_send(a); });
 }
 
-ffi::Error DispatchRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::AnyBuffer> x,
+ffi::Error DispatchRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::Buffer<ffi::S32> handle,
+                        ffi::Buffer<ffi::S32> rank_mask, ffi::Result<ffi::AnyBuffer> x,
                         ffi::Result<ffi::Buffer<ffi::F32>> scale, ffi::Result<ffi::Buffer<ffi::S32>> group_sizes,
                         ffi::Result<ffi::Buffer<ffi::F32>> weights, ffi::Result<ffi::Buffer<ffi::S32>> src,
                         ffi::Result<ffi::Buffer<ffi::S32>> recv_slot, ffi::Result<ffi::Buffer<ffi::S32>> recv_counts,
@@ -92,12 +99,15 @@ ffi::Error DispatchRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group,
   a.recv_slot = recv_slot->typed_data();
   a.recv_counts = recv_counts->typed_data();
   a.overflow = overflow->typed_data();
+  a.alive = rank_mask.typed_data();
+  if (!mask_ok(rank_mask)) return a2a::ffi_util::invalid("host dispatch_recv: rank_mask must be int32 [N]");
   return run("dispatch_recv", comm_id, rank, group, [&](a2a::host::RankComm& c) { c.dispatch_recv(a); });
 }
 
 ffi::Error CombineSend(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::AnyBuffer y, ffi::Buffer<ffi::S32> src,
                        ffi::Buffer<ffi::S32> recv_slot, ffi::Buffer<ffi::S32> recv_counts, ffi::AnyBuffer after,
-                       ffi::Result<ffi::Buffer<ffi::S32>> handle, int64_t comm_id, int32_t slot, int64_t call_id) {
+                       ffi::Buffer<ffi::S32> rank_mask, ffi::Result<ffi::Buffer<ffi::S32>> handle, int64_t comm_id,
+                       int32_t slot, int64_t call_id) {
   (void)call_id;
   (void)after;
   a2a::host::CombineSendArgs a{};
@@ -110,12 +120,15 @@ ffi::Error CombineSend(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, 
   a.recv_counts = recv_counts.typed_data();
   a.slot = slot;
   a.handle = handle->typed_data();
+  a.alive = rank_mask.typed_data();
+  if (!mask_ok(rank_mask)) return a2a::ffi_util::invalid("host combine_send: rank_mask must be int32 [N]");
   return run("combine_send", comm_id, rank, group, [&](a2a::host::RankComm& c) { c.combine_send(a); });
 }
 
 ffi::Error CombineRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::Buffer<ffi::S32> handle, ffi::Buffer<ffi::S32> dest,
                        ffi::Buffer<ffi::S32> pair_slot, ffi::Buffer<ffi::F32> weights,
-                       ffi::Buffer<ffi::S32> num_tokens, ffi::AnyBuffer out_in, ffi::Result<ffi::AnyBuffer> out,
+                       ffi::Buffer<ffi::S32> num_tokens, ffi::AnyBuffer out_in, ffi::Buffer<ffi::S32> rank_mask,
+                       ffi::Result<ffi::AnyBuffer> out,
                        ffi::Result<ffi::Buffer<ffi::F32>> pairs, int64_t comm_id, int32_t slot, int32_t y_kind) {
   a2a::host::CombineRecvArgs a{};
   a.handle = handle.typed_data();
@@ -131,6 +144,8 @@ ffi::Error CombineRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, 
   a.out = out->untyped_data();
   a.pairs = pairs->element_count() ? pairs->typed_data() : nullptr;
   a.slot = slot;
+  a.alive = rank_mask.typed_data();
+  if (!mask_ok(rank_mask)) return a2a::ffi_util::invalid("host combine_recv: rank_mask must be int32 [N]");
   return run("combine_recv", comm_id, rank, group, [&](a2a::host::RankComm& c) { c.combine_recv(a); });
 }
 
@@ -146,6 +161,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostDispatchSend, DispatchSend,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // rank mask [N] (elastic EP)
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
@@ -159,6 +175,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostDispatchRecv, DispatchRecv,
                                   .Arg<ffi::Buffer<ffi::S32>>()  // rank within the EP group
                                   .Arg<ffi::Buffer<ffi::S32>>()  // EP group
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // rank mask [N] (elastic EP)
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
@@ -179,6 +196,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostCombineSend, CombineSend,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // rank mask [N] (elastic EP)
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("comm_id")
                                   .Attr<int32_t>("slot")
@@ -194,6 +212,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostCombineRecv, CombineRecv,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // rank mask [N] (elastic EP)
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("comm_id")

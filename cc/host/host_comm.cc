@@ -54,6 +54,9 @@ struct RankComm::Slot {
   SendPlan plan;  // from the last dispatch_send
   std::vector<uint8_t> pack_cache, pack_filled;  // RowPacker's per-token rows, reused per dispatch
   std::vector<int64_t> over_base;                // [N] inline mode: from Exchange::overflow_bases
+  // Elastic EP: the rank masks of this slot's last dispatch and combine (every rank alive at
+  // first). A FREE signal of epoch e-1 comes only from ranks alive in e-1 (and only if we were).
+  std::vector<uint8_t> d_alive, c_alive;
 };
 
 RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Engine> engine)
@@ -71,6 +74,8 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
     bufs.push_back(b);
     slots_.push_back(std::make_unique<Slot>());
     slots_.back()->over_base.assign(o.shape.num_ranks, 0);
+    slots_.back()->d_alive.assign(o.shape.num_ranks, 1);
+    slots_.back()->c_alive.assign(o.shape.num_ranks, 1);
   }
   ex_ = std::make_unique<protocol::Exchange>(xo, rank, std::move(engine), bufs);
   if (o.node_size < 0 || (o.node_size > 0 && !o.proxied))
@@ -136,6 +141,30 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
 
 void RankComm::raise(uint64_t* flag, uint64_t value) { proxy::store_release(flag, value); }
 
+std::vector<uint8_t> RankComm::use_mask(int z, const int32_t* alive, int op) {
+  const int N = o_.shape.num_ranks;
+  std::vector<uint8_t> m(N, 1);
+  bool all = true;
+  for (int r = 0; alive && r < N; ++r) {
+    m[r] = alive[r] != 0;
+    all = all && m[r];
+  }
+  if (!all && (o_.proxied || !node_.empty()))
+    throw std::invalid_argument(format("host %s (rank %d): rank_mask needs the inline mode (proxied=False): the proxy "
+                                       "thread waits for every rank", protocol::op_name(op), rank_));
+  ex_->set_alive(z, m);
+  return m;
+}
+
+namespace {
+// Ranks alive in both masks (a FREE signal of the previous epoch comes only from those).
+std::vector<uint8_t> both(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  std::vector<uint8_t> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] && b[i];
+  return out;
+}
+}  // namespace
+
 void RankComm::wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, int peer) {
   using Clock = std::chrono::steady_clock;
   if (peer < 0) raise(&ctrl_->slot[slot].waiting[op], want);
@@ -168,12 +197,19 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   const protocol::SlotBuffers& buf = ex_->buffers(a.slot);
   const int N = s.num_ranks, L = s.local_experts(), K = s.topk, T = s.max_tokens;
   const uint32_t e = sl.d_epoch;
+  const std::vector<uint8_t> alive = use_mask(a.slot, a.alive, kDispatchSend);
+  const bool me = alive[rank_];  // a masked rank (still running) touches no peer
   if (o_.proxied) {
     wait_flag(&in_->slot[a.slot].d_send_ok, e + 1, kDispatchSend, a.slot);
-  } else {
-    if (e > 0) ex_->wait(ex_->expect_free_d(a.slot, e - 1), kDispatchSend, a.slot, "waiting for peers to free the slot");
+  } else if (me) {
+    if (e > 0 && sl.d_alive[rank_]) {
+      protocol::Arrivals w = ex_->expect_free_d(a.slot, e - 1);
+      w.keep_only(sl.d_alive);
+      ex_->wait(std::move(w), kDispatchSend, a.slot, "waiting for peers to free the slot");
+    }
     engine().flush(o_.timeout_s);  // our previous writes from this slot's send buffer are done
   }
+  sl.d_alive = alive;
 
   sl.plan = plan_sends(s, rank_, a.ids, a.num_tokens);
   const SendPlan& p = sl.plan;
@@ -191,7 +227,7 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   // Our count matrix [N][L] goes at the start of the send buffer, the rows after it.
   std::memcpy(buf.d_send, p.counts.data(), sizeof(int32_t) * N * L);
   if (o_.proxied) raise(&ctrl_->slot[a.slot].d_counts, e + 1);
-  else ex_->post_counts(a.slot, e);
+  else if (me) ex_->post_counts(a.slot, e);
   RowPacker packer(o_, a.x, a.x_kind, a.x_scale, sl.pack_cache, sl.pack_filled);
   for (int d = 0; d < N; ++d) {
     uint8_t* base = buf.d_send + lay.d_send_rows_off + int64_t(d) * lay.P * lay.row;
@@ -208,7 +244,7 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
     raise(&there.d_arrived[rank_], e + 1);
   }
   if (o_.proxied) raise(&ctrl_->slot[a.slot].d_packed, e + 1);
-  else ex_->post_private(a.slot, e);
+  else if (me) ex_->post_private(a.slot, e);
   sl.d_epoch = e + 1;
 }
 
@@ -219,10 +255,12 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
   const uint32_t e = static_cast<uint32_t>(a.handle[0]);
   if (a.handle[1] != a.slot) throw std::invalid_argument("host dispatch_recv: handle from another slot");
   const int64_t* over_base = sl.over_base.data();
+  const std::vector<uint8_t> alive = use_mask(a.slot, a.alive, kDispatchRecv);
+  const bool me = alive[rank_];
   if (o_.proxied) {
     wait_flag(&in_->slot[a.slot].d_landed, e + 1, kDispatchRecv, a.slot);
     over_base = in_->slot[a.slot].over_base;
-  } else {
+  } else if (me) {
     ex_->wait(ex_->expect_counts(a.slot, e), kDispatchRecv, a.slot, "route counts");
     ex_->post_overflow(a.slot, e);
     ex_->wait(ex_->expect_rows(a.slot, e), kDispatchRecv, a.slot, "private and overflow rows");
@@ -231,10 +269,12 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
 
   for (auto [s, peer] : node_) wait_flag(&local(a.slot).d_arrived[s], e + 1, kDispatchRecv, a.slot, s);
   std::vector<int32_t> to_me(int64_t(N) * L);
-  for (int src = 0; src < N; ++src)
+  for (int src = 0; src < N; ++src) {
+    if (!me || !alive[src]) continue;  // nothing from a masked rank (its counts are stale), nothing to a masked one
     std::memcpy(&to_me[int64_t(src) * L],
                 node_.count(src) ? &local(a.slot).counts[int64_t(src) * L] : ex_->counts_of(a.slot, src) + int64_t(rank_) * L,
                 sizeof(int32_t) * L);
+  }
   RecvArrangement arr(s, to_me.data());
   const int64_t R = s.recv_rows_total();
   std::fill(a.weights, a.weights + R, 0.0f);
@@ -264,7 +304,7 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
   *a.overflow = static_cast<int32_t>(arr.overflow());
   for (auto [s, peer] : node_) raise(&peer->local(a.slot).d_free[rank_], e + 1);
   if (o_.proxied) raise(&ctrl_->slot[a.slot].d_consumed, e + 1);
-  else ex_->signal_free_d(a.slot, e);
+  else if (me) ex_->signal_free_d(a.slot, e);
 }
 
 // ---- combine ---------------------------------------------------------------------------------
@@ -276,12 +316,19 @@ void RankComm::combine_send(const CombineSendArgs& a) {
   const int P = ex_->layout().P;
   uint8_t* c_send = ex_->buffers(a.slot).c_send;
   const uint32_t e = sl.c_epoch;
+  const std::vector<uint8_t> alive = use_mask(a.slot, a.alive, kCombineSend);
+  const bool me = alive[rank_];
   if (o_.proxied) {
     wait_flag(&in_->slot[a.slot].c_send_ok, e + 1, kCombineSend, a.slot);
-  } else {
-    if (e > 0) ex_->wait(ex_->expect_free_c(a.slot, e - 1), kCombineSend, a.slot, "waiting for peers to free the slot");
+  } else if (me) {
+    if (e > 0 && sl.c_alive[rank_]) {
+      protocol::Arrivals w = ex_->expect_free_c(a.slot, e - 1);
+      w.keep_only(sl.c_alive);
+      ex_->wait(std::move(w), kCombineSend, a.slot, "waiting for peers to free the slot");
+    }
     engine().flush(o_.timeout_s);
   }
+  sl.c_alive = alive;
   const int64_t stride = int64_t(s.hidden) * elem_bytes(a.y_kind);
   for (int src = 0; src < N; ++src)  // dropped rows (capacity) come back as zeros
     std::memset(c_send + int64_t(src) * P * stride, 0, int64_t(a.recv_counts[src]) * stride);
@@ -309,7 +356,7 @@ void RankComm::combine_send(const CombineSendArgs& a) {
     std::memcpy(c.rows_from, a.recv_counts, sizeof(int32_t) * N);
     c.c_stride = stride;
     raise(&c.c_packed, e + 1);
-  } else {
+  } else if (me) {
     ex_->post_combine(a.slot, e, a.recv_counts, stride);
   }
   a.handle[0] = static_cast<int32_t>(e);
@@ -324,8 +371,10 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
   const uint8_t* c_recv = ex_->buffers(a.slot).c_recv;
   const uint32_t e = static_cast<uint32_t>(a.handle[0]);
   if (a.handle[1] != a.slot) throw std::invalid_argument("host combine_recv: handle from another slot");
+  const std::vector<uint8_t> alive = use_mask(a.slot, a.alive, kCombineRecv);
+  const bool me = alive[rank_];
   if (o_.proxied) wait_flag(&in_->slot[a.slot].c_landed, e + 1, kCombineRecv, a.slot);
-  else ex_->wait(ex_->expect_comb(a.slot, e), kCombineRecv, a.slot, "expert outputs");
+  else if (me) ex_->wait(ex_->expect_comb(a.slot, e), kCombineRecv, a.slot, "expert outputs");
   for (auto [d, peer] : node_) wait_flag(&local(a.slot).c_arrived[d], e + 1, kCombineRecv, a.slot, d);
   const int64_t stride = int64_t(H) * elem_bytes(a.y_kind);
   std::vector<float> acc(H);
@@ -337,7 +386,7 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
       for (int k = 0; k < K; ++k) {
         const int64_t pk = int64_t(t) * K + k;
         const int d = a.dest[pk];
-        if (d < 0 || d >= N) continue;
+        if (d < 0 || d >= N || !me || !alive[d]) continue;  // masked: nothing came (the send stopped it)
         const int32_t j = a.pair_slot[pk];
         if (j < 0 || j >= P) throw std::invalid_argument("host combine_recv: routing arrays corrupted");
         const int64_t at = ((int64_t(d) * tp + t % tp) * P + j) * stride;
@@ -354,7 +403,7 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
   }
   for (auto [d, peer] : node_) raise(&peer->local(a.slot).c_free[rank_], e + 1);
   if (o_.proxied) raise(&ctrl_->slot[a.slot].c_consumed, e + 1);
-  else ex_->signal_free_c(a.slot, e);
+  else if (me) ex_->signal_free_c(a.slot, e);
 }
 
 // ---- HostComm and the registry ---------------------------------------------------------------

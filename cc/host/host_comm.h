@@ -61,6 +61,7 @@ struct DispatchSendArgs {
   int32_t* dest;              // [T, K]
   int32_t* pair_slot;         // [T, K]
   int32_t* dropped;           // []
+  const int32_t* alive = nullptr;  // [N] rank mask (elastic EP; 0 = masked), null: every rank alive
 };
 
 struct DispatchRecvArgs {
@@ -74,6 +75,7 @@ struct DispatchRecvArgs {
   int32_t* recv_slot;         // [R']
   int32_t* recv_counts;       // [N]
   int32_t* overflow;          // []
+  const int32_t* alive = nullptr;  // [N] rank mask of the dispatch, or null
 };
 
 struct CombineSendArgs {
@@ -85,6 +87,7 @@ struct CombineSendArgs {
   const int32_t* recv_counts; // [N]
   int slot;
   int32_t* handle;            // [2]
+  const int32_t* alive = nullptr;  // [N] rank mask of the dispatch, or null
 };
 
 struct CombineRecvArgs {
@@ -100,6 +103,7 @@ struct CombineRecvArgs {
   void* out;                  // [T, H] in out_kind
   ElemKind out_kind;
   float* pairs;               // [T, K, H] f32 unweighted row of every pair (0 if none), or null
+  const int32_t* alive = nullptr;  // [N] rank mask of the dispatch, or null
 };
 
 class RankComm {
@@ -136,6 +140,11 @@ class RankComm {
   bool on_node(int r) const { return !ex_->remote(rank_, r); }  // a node-local peer (proxied, node_size > 0)
   struct Local;
   Local& local(int z) const;
+  // Elastic EP: the rank mask of this call (every rank alive when null), set as slot z's mask of
+  // the Exchange. A masked peer is never waited for nor written to; when this rank itself is
+  // masked the call touches no peer at all (it sends and receives nothing). Refused in proxied
+  // mode unless every rank is alive (the proxy thread waits for every rank).
+  std::vector<uint8_t> use_mask(int z, const int32_t* alive, int op);
 
   HostOptions o_;
   int rank_;

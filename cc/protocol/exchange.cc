@@ -54,6 +54,20 @@ std::vector<int> Arrivals::missing() const {
   return out;
 }
 
+void Arrivals::keep_only(const std::vector<uint8_t>& keep) {
+  for (Part& p : parts) {
+    std::vector<int> ranks;
+    std::vector<uint8_t> seen;
+    for (size_t i = 0; i < p.ranks.size(); ++i)
+      if (p.ranks[i] < int(keep.size()) && keep[p.ranks[i]]) {
+        ranks.push_back(p.ranks[i]);
+        seen.push_back(p.seen[i]);
+      }
+    p.ranks.swap(ranks);
+    p.seen.swap(seen);
+  }
+}
+
 struct Exchange::Regions {
   std::shared_ptr<transfer::Region> d_send, d_recv, c_send, c_recv;
   std::vector<transfer::RemoteRegion> d_recv_peer, c_recv_peer;  // [N]
@@ -70,6 +84,7 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
     all_.push_back(r);
     if (remote(rank_, r)) remote_.push_back(r);
   }
+  alive_.assign(o.slots, std::vector<uint8_t>(o.shape.num_ranks, 1));
   for (const SlotBuffers& b : bufs_) {
     Regions g;
     g.d_send = engine_->register_memory(b.d_send, lay_.d_send_bytes);
@@ -122,6 +137,13 @@ uint32_t Exchange::imm(uint32_t tag, uint32_t epoch) const {
   return transfer::pack_imm(tag, epoch & transfer::kImmMaxEpoch, rank_);
 }
 
+void Exchange::set_alive(int z, const std::vector<uint8_t>& alive) {
+  if (z < 0 || z >= o_.slots || int(alive.size()) != o_.shape.num_ranks)
+    throw std::invalid_argument(format("jax_moe_a2a: rank mask of %zu entries for slot %d (expected %d)", alive.size(),
+                                       z, o_.shape.num_ranks));
+  alive_[z] = alive;
+}
+
 Arrivals Exchange::expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const {
   Arrivals a;
   a.epoch = epoch & transfer::kImmMaxEpoch;
@@ -129,16 +151,21 @@ Arrivals Exchange::expect(std::vector<uint32_t> tags, const std::vector<int>& ra
   return a;
 }
 
-Arrivals Exchange::expect_free_d(int z, uint32_t e) const { return expect({tag_of(kFreeD, z)}, remote_, e); }
-Arrivals Exchange::expect_counts(int z, uint32_t e) const { return expect({tag_of(kCounts, z)}, all_, e); }
+Arrivals Exchange::expect_free_d(int z, uint32_t e) const { return live(z, expect({tag_of(kFreeD, z)}, remote_, e)); }
+Arrivals Exchange::expect_counts(int z, uint32_t e) const { return live(z, expect({tag_of(kCounts, z)}, all_, e)); }
 Arrivals Exchange::expect_rows(int z, uint32_t e) const {
-  return expect({tag_of(kPriv, z), tag_of(kOver, z)}, remote_, e);
+  return live(z, expect({tag_of(kPriv, z), tag_of(kOver, z)}, remote_, e));
 }
-Arrivals Exchange::expect_free_c(int z, uint32_t c) const { return expect({tag_of(kFreeC, z)}, remote_, c); }
+Arrivals Exchange::expect_free_c(int z, uint32_t c) const { return live(z, expect({tag_of(kFreeC, z)}, remote_, c)); }
 Arrivals Exchange::expect_comb(int z, uint32_t c) const {
   std::vector<uint32_t> tags;
   for (int j = 0; j < o_.shape.tp; ++j) tags.push_back(comb_tag(j, z));
-  return expect(tags, remote_, c);
+  return live(z, expect(tags, remote_, c));
+}
+
+Arrivals Exchange::live(int z, Arrivals a) const {
+  a.keep_only(alive_[z]);
+  return a;
 }
 
 bool Exchange::poll(Arrivals& a) {
@@ -179,14 +206,16 @@ void Exchange::wait(Arrivals a, int op, int z, const char* what) {
 void Exchange::post_counts(int z, uint32_t e) {
   const int64_t cbytes = int64_t(o_.shape.num_ranks) * o_.shape.local_experts() * 4;
   for (int d : all_)
-    engine_->write(d, *regions_[z].d_send, 0, cbytes, &regions_[z].d_recv_peer[d], int64_t(rank_) * cbytes,
-                   imm(tag_of(kCounts, z), e));
+    if (alive(z, d))
+      engine_->write(d, *regions_[z].d_send, 0, cbytes, &regions_[z].d_recv_peer[d], int64_t(rank_) * cbytes,
+                     imm(tag_of(kCounts, z), e));
 }
 
 void Exchange::post_private(int z, uint32_t e) {
   const int L = o_.shape.local_experts();
   const int32_t* mine = reinterpret_cast<const int32_t*>(bufs_[z].d_send);
   for (int d : remote_) {
+    if (!alive(z, d)) continue;
     int64_t to_d = 0;
     for (int l = 0; l < L; ++l) to_d += mine[int64_t(d) * L + l];
     const int64_t rows = std::min<int64_t>(to_d, lay_.priv);
@@ -202,6 +231,7 @@ const int32_t* Exchange::counts_of(int z, int src) const {
 }
 
 int64_t Exchange::rows_between(int z, int src, int dst) const {
+  if (!alive(z, src) || !alive(z, dst)) return 0;  // a masked rank's count matrix is stale
   const int L = o_.shape.local_experts();
   const int32_t* m = counts_of(z, src) + int64_t(dst) * L;
   int64_t n = 0;
@@ -213,6 +243,7 @@ void Exchange::post_overflow(int z, uint32_t e) {
   // Rows past `priv` go to each remote destination's overflow region right after the overflow of
   // the lower-ranked sources remote to it: one write per destination (zero-length if none).
   for (int d : remote_) {
+    if (!alive(z, d)) continue;
     const int64_t over = std::max<int64_t>(0, rows_between(z, rank_, d) - lay_.priv);
     int64_t off = 0;
     for (int src = 0; src < rank_; ++src)
@@ -239,7 +270,8 @@ const uint8_t* Exchange::landed_row(int z, int src, int64_t j, int64_t over_base
 
 void Exchange::signal_remote(int z, uint32_t tag, uint32_t epoch) {
   const uint32_t v = imm(tag, epoch);
-  for (int r : remote_) engine_->write(r, *regions_[z].d_send, 0, 0, nullptr, 0, v);
+  for (int r : remote_)
+    if (alive(z, r)) engine_->write(r, *regions_[z].d_send, 0, 0, nullptr, 0, v);
 }
 
 void Exchange::signal_free_d(int z, uint32_t e) { signal_remote(z, tag_of(kFreeD, z), e); }
@@ -252,6 +284,7 @@ void Exchange::post_combine(int z, uint32_t c, const int32_t* rows_from, int64_t
                                        (long long)stride, (long long)lay_.c_row_stride_max));
   // To every remote rank m: the rows of each member j of m's tp group, into m's region [us][j].
   for (int m : remote_) {
+    if (!alive(z, m)) continue;
     const int g0 = m / tp * tp;
     for (int j = 0; j < tp; ++j) {
       const int src = g0 + j;

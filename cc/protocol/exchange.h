@@ -78,6 +78,8 @@ struct Arrivals {
   std::vector<Part> parts;
   uint32_t epoch = 0;
   std::vector<int> missing() const;  // ranks not yet seen in some part, ascending, unique
+  // Drops the ranks r with !keep[r] from every part (elastic EP: a peer masked in an earlier epoch).
+  void keep_only(const std::vector<uint8_t>& keep);
 };
 
 class Exchange {
@@ -103,6 +105,13 @@ class Exchange {
   std::vector<transfer::Bytes> descriptors() const;
   // Peers' descriptors in the same order, for every rank (ours included).
   void connect(const std::map<int, std::vector<transfer::Bytes>>& descriptors);
+
+  // ---- elastic EP: the rank mask of slot z ------------------------------------------------------
+  // alive[r] == 0: rank r is masked (dead) for slot z's current dispatch and combine. Every wait
+  // below leaves it out, nothing is posted to it, and its count matrix (stale) reads as zeros in
+  // rows_between / overflow_bases. Default: every rank alive (the proxy never sets it).
+  void set_alive(int z, const std::vector<uint8_t>& alive);
+  bool alive(int z, int r) const { return alive_[z][r] != 0; }
 
   // ---- what each step waits for ------------------------------------------------------------
   Arrivals expect_free_d(int z, uint32_t e) const;  // FREE_D(e) from remote ranks
@@ -141,6 +150,7 @@ class Exchange {
  private:
   uint32_t imm(uint32_t tag, uint32_t epoch) const;
   Arrivals expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const;
+  Arrivals live(int z, Arrivals a) const;  // without the ranks slot z's mask marks dead
   void signal_remote(int z, uint32_t tag, uint32_t epoch);
 
   ExchangeOptions o_;
@@ -151,6 +161,7 @@ class Exchange {
   struct Regions;
   std::vector<Regions> regions_;
   std::vector<int> all_, remote_;
+  std::vector<std::vector<uint8_t>> alive_;  // [slot][N]
 };
 
 }  // namespace a2a::protocol

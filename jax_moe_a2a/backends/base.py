@@ -170,6 +170,18 @@ class Backend:
     # stopped rank.
     debug_psum = True
 
+    # True when dispatch_send takes `rank_mask=` (int32 [N]) too (the FFI backends).
+    takes_rank_mask = False
+
+    def rank_mask_unsupported(self) -> "str | None":
+        """None when this backend honours a `rank_mask` (docs/api.md, elastic EP), else why not.
+        The communicator applies the mask's send side (the stopped pairs' ids become E) for
+        every backend; a backend that waits for peers must also skip masked ranks in its waits
+        and writes (FfiBackend halves get `rank_mask`: int32 [N], route.arrays["rank_mask"] in
+        the combine halves). The pure-JAX backends need nothing more: their XLA collectives
+        involve every rank, masked or not (so every process must still run)."""
+        return None
+
     def combine_recv(self, ctx: Ctx, handle_arrays: dict, route, slot: int, out: Optional[Any],
                      pairs: bool = False):
         """Returns [T, H] in Spec.combine_dtype: sum_k w * y_row (f32 accumulation), plus `out`

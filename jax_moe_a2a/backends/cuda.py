@@ -37,6 +37,11 @@ class CudaBackend(FfiBackend):
         """The extension's submodule of this backend (communicators, buffer sizes, errors)."""
         return c.cuda
 
+    def rank_mask_unsupported(self):
+        # The kernels wait for every rank's counts and flags: a mask would still hang on a dead peer.
+        return ("its kernels wait for every rank (a dead peer still ends the op at timeout_s); use the host "
+                "backend, or leave rank_mask out (an all-alive constant mask is accepted)")
+
     def _gpu_mesh(self, comm):
         """The mesh's devices, after checking they are GPUs (check_shape checked the rank count)."""
         devices = list(comm.mesh.devices.flat)

@@ -40,6 +40,7 @@ class FfiBackend(Backend):
     """The four halves as FFI calls to `jax_moe_a2a_<target>_<half>`."""
 
     target = "?"
+    takes_rank_mask = True
 
     # ---- what differs between backends -----------------------------------------------------
     def _rank(self, ctx: Ctx) -> tuple:
@@ -54,6 +55,13 @@ class FfiBackend(Backend):
         """Routing operands of combine_send, from the route arrays dispatch_recv produced."""
         raise NotImplementedError
 
+    def _mask_operands(self, ctx: Ctx, rank_mask) -> tuple:
+        """Trailing operands of every half carrying the rank mask (int32 [N] or None). Handlers
+        without one take none; rank_mask_unsupported() refused a mask before it got here."""
+        if rank_mask is not None:
+            raise ValueError(f"rank_mask is not supported by the {self.name} backend")
+        return ()
+
     # ---- the four halves -----------------------------------------------------------------
     def _call(self, half, outs, ctx, *operands, **attrs):
         call = comm_call(f"jax_moe_a2a_{self.target}_{half}", outs)
@@ -66,7 +74,8 @@ class FfiBackend(Backend):
         axes = ep + tuple(a for a in ctx.group_axes if a in data_axes)
         return varying(call(*self._rank(ctx), *operands, comm_id=np.int64(ctx.comm_id), **attrs), axes)
 
-    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None):
+    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None,
+                      rank_mask=None):
         t, k = topk_ids.shape
         i32 = jnp.int32
         outs = (jax.ShapeDtypeStruct((2,), i32), jax.ShapeDtypeStruct((t, k), i32),
@@ -74,19 +83,21 @@ class FfiBackend(Backend):
         xs = x_scale if x_scale is not None else jnp.zeros((0,), jnp.float32)
         handle, dest, pair_slot, dropped = self._call(
             "dispatch_send", outs, ctx, x, xs, topk_ids, topk_weights.astype(jnp.float32), num_tokens.reshape(()),
-            after_operand(after), slot=np.int32(slot), call_id=np.int64(ctx.call_id))
+            after_operand(after), *self._mask_operands(ctx, rank_mask), slot=np.int32(slot),
+            call_id=np.int64(ctx.call_id))
         return {"handle": handle}, {"dest": dest, "slot": pair_slot}, dropped
 
     def dispatch_recv(self, ctx: Ctx, arrays, route, slot):
         spec, n = ctx.spec, ctx.num_ranks
         outs = self._call("dispatch_recv", recv_result_shapes(spec, n, self._counts_shape(spec, n)), ctx,
-                          arrays["handle"], slot=np.int32(slot))
+                          arrays["handle"], *self._mask_operands(ctx, route.get("rank_mask")), slot=np.int32(slot))
         return finish_recv(spec, n, outs, route)
 
     def combine_send(self, ctx: Ctx, y, route, slot, after=None):
         spec = ctx.spec
         handle = self._call("combine_send", jax.ShapeDtypeStruct((2,), jnp.int32), ctx, y.reshape(-1, spec.hidden),
-                            *self._combine_send_routing(route.arrays), after_operand(after), slot=np.int32(slot),
+                            *self._combine_send_routing(route.arrays), after_operand(after),
+                            *self._mask_operands(ctx, route.arrays.get("rank_mask")), slot=np.int32(slot),
                             call_id=np.int64(ctx.call_id))
         return {"handle": handle, "y_dtype": jnp.zeros((0,), y.dtype)}  # zero-size: carries y's dtype
 
@@ -98,6 +109,7 @@ class FfiBackend(Backend):
                 jax.ShapeDtypeStruct((t, k, h) if pairs else (0,), jnp.float32))
         res, rows = self._call("combine_recv", outs, ctx, arrays["handle"], route.arrays["dest"],
                                route.arrays["slot"], route.topk_weights.astype(jnp.float32),
-                               route.num_tokens.reshape(()), out_in, slot=np.int32(slot),
+                               route.num_tokens.reshape(()), out_in,
+                               *self._mask_operands(ctx, route.arrays.get("rank_mask")), slot=np.int32(slot),
                                y_kind=np.int32(WIRE[np.dtype(arrays["y_dtype"].dtype)]))
         return (res, rows) if pairs else res

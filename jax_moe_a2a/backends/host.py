@@ -47,6 +47,7 @@ class HostBackend(FfiBackend):
 
     def __init__(self):
         self._priv_rows = None
+        self._proxied = False
 
     # ---- setup ---------------------------------------------------------------------------
     def init(self, comm):
@@ -71,6 +72,7 @@ class HostBackend(FfiBackend):
         node_size = int(opts.get("node_size") or 0)  # proxied: ranks r // node_size share a node
         if node_size and not proxied:
             raise ValueError("host backend: node_size needs proxied=True")
+        self._proxied = proxied
         c = _ffi.require_native()
         _ffi.register_targets()
         self._finalizer = weakref.finalize(comm, c.host.destroy, comm.comm_id)  # every group, also if one fails
@@ -113,3 +115,15 @@ class HostBackend(FfiBackend):
 
     def _combine_send_routing(self, a):
         return (a["recv_src"], a["recv_slot"], a["recv_counts"])
+
+    # ---- elastic EP: the rank mask is the last operand of every half (all ones without one) ---
+    def rank_mask_unsupported(self):
+        if self._proxied:
+            return "proxied=True (the proxy thread waits for every rank); use the inline mode (proxied=False)"
+        return None
+
+    def _mask_operands(self, ctx, rank_mask):
+        import jax.numpy as jnp
+        if rank_mask is None:
+            return (jnp.ones((ctx.num_ranks,), jnp.int32),)
+        return (rank_mask.astype(jnp.int32),)

@@ -1,0 +1,376 @@
+"""Elastic EP (issue 15, item 2): a rank mask so that the survivors of a failure go on.
+
+The oracle's mask semantics (jax_moe_a2a/oracle.py) on their own; the reference and host backends
+against the oracle with random masks (masked ranks still run here: the others just ignore them),
+an all-alive mask equal to no mask, a mask with replicas (ExpertMap), a new mask in the same
+compiled step, the counters and debug=True; the backends that refuse a mask. The real failure, a
+process ending for good in the middle of a run, is `test_process_failure` (tests/elastic_worker.py
+under its own mpirun).
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_moe_a2a as a2a
+from jax_moe_a2a import eplb, oracle
+from jax_moe_a2a import testing as T
+
+from test_ops import BACKENDS
+
+FP8 = jnp.float8_e4m3fn
+BASE = dict(num_experts=32, experts_per_token=4, hidden=128, max_tokens_per_rank=16)
+
+
+def _spec(n, **kw):
+    return a2a.Spec(**{**BASE, "num_experts": 4 * n, **kw})
+
+
+def _mask(n, dead):
+    m = np.ones(n, np.int32)
+    m[list(dead)] = 0
+    return m
+
+
+def _random_dead(n, seed):
+    """1 to n // 2 masked ranks (never all)."""
+    rng = np.random.default_rng(seed)
+    return sorted(rng.choice(n, size=int(rng.integers(1, max(2, n // 2 + 1))), replace=False).tolist())
+
+
+# ---- the oracle ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_oracle_all_alive_equals_no_mask(n):
+    spec = _spec(n)
+    inputs = T.make_inputs(spec, n, 3, invalid_frac=0.1, minus_one_frac=0.1)
+    plain = oracle.dispatch(spec, inputs)
+    masked = oracle.dispatch(spec, inputs, rank_mask=np.ones(n, bool))
+    for a, b in zip(plain, masked):
+        np.testing.assert_array_equal(a.group_sizes, b.group_sizes)
+        np.testing.assert_array_equal(a.src, b.src)
+        assert (a.num_dropped, a.num_overflow, b.num_masked) == (b.num_dropped, b.num_overflow, 0)
+    for a, b in zip(oracle.combine(spec, inputs, T.expert_fn_np, np.float32),
+                    oracle.combine(spec, inputs, T.expert_fn_np, np.float32, rank_mask=np.ones(n, np.int32))):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_oracle_mask_semantics(tp):
+    """Nothing from or to a masked rank; its pairs are counted as masked by their sender (not as
+    dropped); the live ranks' combine equals the no-mask combine with the masked experts' ids set
+    to -1; a masked rank's output is 0."""
+    n = 8
+    spec = _spec(n, tp_size=tp)
+    dead = [2, 5]
+    alive = _mask(n, dead).astype(bool)
+    inputs = T.make_inputs(spec, n, 11, invalid_frac=0.05, minus_one_frac=0.05)
+    l_count = spec.local_experts(n)
+    got = oracle.dispatch(spec, inputs, rank_mask=alive)
+    plain = oracle.dispatch(spec, inputs)
+    for r in range(n):
+        srcs = {s for rows in got[r].rows for s, _ in rows}
+        assert not srcs & set(dead), f"rank {r} received from masked ranks {srcs & set(dead)}"
+        if r in dead:
+            assert int(np.sum(got[r].group_sizes)) == 0
+        assert got[r].num_dropped == plain[r].num_dropped  # the bad ids, as without a mask
+        routed, _ = oracle.routed_pairs(spec, inputs[r])
+        ids = inputs[r].topk_ids
+        mine = (np.arange(ids.shape[0]) % tp == r % tp)[:, None]
+        stop = ~alive[np.clip(ids, 0, spec.num_experts - 1) // l_count] | (not alive[r])
+        assert got[r].num_masked == int(np.sum(routed & stop & mine)), f"rank {r}"
+    # combine: as if the masked experts were never chosen
+    cut = []
+    for r, inp in enumerate(inputs):
+        ids = inp.topk_ids.copy()
+        on_dead = (ids >= 0) & (ids < spec.num_experts) & ~alive[np.clip(ids, 0, spec.num_experts - 1) // l_count]
+        ids[on_dead] = -1
+        if not alive[r // tp * tp + np.arange(ids.shape[0]) % tp].all():  # a masked sender's tokens
+            ids[~alive[r // tp * tp + np.arange(ids.shape[0]) % tp]] = -1
+        cut.append(oracle.RankInputs(inp.x, ids, inp.topk_weights, inp.num_tokens, inp.x_scale))
+    want = oracle.combine(spec, cut, T.expert_fn_np, np.float32)
+    have = oracle.combine(spec, inputs, T.expert_fn_np, np.float32, rank_mask=alive)
+    for r in range(n):
+        if r in dead:
+            assert not np.any(have[r].astype(np.float32)), f"masked rank {r}: output must be 0"
+        else:
+            np.testing.assert_array_equal(have[r], want[r], err_msg=f"rank {r}")
+
+
+def test_oracle_replicas_skip_masked_ranks():
+    """The map picks among the live replicas ((g * T + t) mod live count); a logical expert whose
+    replicas are all masked keeps the mask-free choice, which the mask then stops (masked)."""
+    n, l_count = 4, 2
+    e = n * l_count
+    # logical 0: physical 0 (rank 0), 2 (rank 1), 6 (rank 3); logical 1: physical 3 (rank 1) only
+    phys = np.array([[0, 2, 6], [3, -1, -1]], np.int32)
+    counts = np.array([3, 1], np.int32)
+    ids = np.zeros((6, 1), np.int32)
+    alive = np.array([1, 0, 1, 1], bool)  # rank 1 masked: physical 2 and 3 dead
+    got = oracle.map_ids(phys, counts, ids, 0, e, alive)
+    np.testing.assert_array_equal(got[:, 0], [0, 6, 0, 6, 0, 6])  # live list [0, 6]
+    np.testing.assert_array_equal(oracle.map_ids(phys, counts, ids, 0, e)[:, 0], [0, 2, 6, 0, 2, 6])
+    np.testing.assert_array_equal(oracle.map_ids(phys, counts, ids + 1, 0, e, alive)[:, 0], [3] * 6)  # none live
+    # group 1 (T = 6): the rule starts at g * T
+    np.testing.assert_array_equal(oracle.map_ids(phys, counts, ids, 1, e, alive)[:, 0], [0, 6, 0, 6, 0, 6])
+
+
+def test_map_ids_jax_matches_oracle():
+    rng = np.random.default_rng(5)
+    n, l_count, t, k = 4, 3, 10, 3
+    e = n * l_count
+    for trial in range(20):
+        e_log, m = 6, 3
+        phys = rng.integers(-1, e, size=(e_log, m)).astype(np.int32)
+        counts = rng.integers(0, m + 1, size=e_log).astype(np.int32)
+        ids = rng.integers(-1, e_log + 1, size=(t, k)).astype(np.int32)
+        alive = rng.random(n) < 0.6
+        group = int(rng.integers(0, 3))
+        want = oracle.map_ids(phys, counts, ids, group, e, alive)
+        emap = a2a.ExpertMap(jnp.asarray(phys), jnp.asarray(counts))
+        have = np.asarray(eplb.map_ids(emap, jnp.asarray(ids), group, e, jnp.asarray(alive), n))
+        np.testing.assert_array_equal(have, want, err_msg=f"trial {trial}")
+        same = np.asarray(eplb.map_ids(emap, jnp.asarray(ids), group, e, jnp.ones(n, bool), n))
+        np.testing.assert_array_equal(same, oracle.map_ids(phys, counts, ids, group, e), err_msg=f"trial {trial}")
+
+
+# ---- backends against the oracle ----------------------------------------------------------------
+
+MASK_BACKENDS = [b for b in BACKENDS if b in ("reference", "host", "ragged")]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", MASK_BACKENDS)
+@pytest.mark.parametrize("case", ["bf16-split", "fp8-one-shot", "expert-major-tp2"])
+def test_random_masks_against_oracle(backend, case, num_ranks, mesh):
+    """Random masks (the masked ranks still run: the live ranks ignore them), several in one
+    compiled step: every rank's outputs against the oracle, masked ranks included (nothing
+    received, output 0); then an all-alive mask (a traced array) equals no mask."""
+    if num_ranks < 2:
+        pytest.skip("needs 2 ranks")
+    kw = {"bf16-split": {}, "fp8-one-shot": dict(dispatch_dtype=FP8),
+          "expert-major-tp2": dict(layout="expert_major", tp_size=2, recv_capacity=3)}[case]
+    if kw.get("tp_size", 1) > 1 and num_ranks % 2:
+        pytest.skip("tp 2 needs an even rank count")
+    split = case != "fp8-one-shot"
+    spec = _spec(num_ranks, **kw)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, timeout_s=20)
+    for i in range(3):
+        dead = _random_dead(num_ranks, 100 + i)
+        mask = _mask(num_ranks, dead)
+        inputs = T.make_inputs(spec, num_ranks, 40 + i, invalid_frac=0.05, minus_one_frac=0.05)
+        res = T.run_ops(comm, inputs, rank_mask=mask, split=split)
+        T.check_all(comm, inputs, res, rank_mask=mask)
+        for r in set(res) & set(dead):
+            assert int(np.sum(res[r]["group_sizes"])) == 0 and not np.any(np.asarray(res[r]["out"], np.float32))
+    f = comm._test_steps
+    assert sum(v._cache_size() for v in f.values()) == 1, "a new mask must reuse the compiled step"
+    inputs = T.make_inputs(spec, num_ranks, 77, invalid_frac=0.05)
+    ones = T.run_ops(comm, inputs, rank_mask=np.ones(num_ranks, np.int32), split=split)
+    plain = T.run_ops(comm, inputs, split=split)
+    for r in plain:
+        assert int(ones[r]["num_masked"]) == 0
+        for k in ("group_sizes", "weights", "src", "num_dropped", "num_overflow", "out"):
+            np.testing.assert_array_equal(np.asarray(plain[r][k]).astype(np.float32),
+                                          np.asarray(ones[r][k]).astype(np.float32), err_msg=f"rank {r}: {k}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", MASK_BACKENDS)
+def test_mask_with_replicas(backend, num_ranks, mesh):
+    """Every logical expert has a replica on two ranks: with one rank masked every pair still
+    finds a live replica (nothing masked but what the dead rank itself would send), and the
+    results match the oracle; with both replica ranks of some experts masked, those pairs are
+    masked."""
+    if num_ranks < 2:
+        pytest.skip("needs 2 ranks")
+    n = num_ranks
+    l_count = 4
+    e_phys = n * l_count
+    e_log = e_phys // 2
+    # logical e on physical e (first half of the ranks' experts) and e + e_log (shifted by n/2 ranks)
+    reps = [[e, e + e_log] for e in range(e_log)]
+    emap = a2a.ExpertMap.from_replicas(reps, e_phys)
+    spec = _spec(n, num_experts=e_phys)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, timeout_s=20)
+    inputs = T.make_inputs(spec.replace(num_experts=e_log), n, 8, num_tokens=spec.max_tokens_per_rank,
+                           minus_one_frac=0.05)
+    dead = [n - 1]
+    mask = _mask(n, dead)
+    res = T.run_ops(comm, inputs, expert_map=emap, rank_mask=mask)
+    T.check_all(comm, inputs, res, expert_map=emap, rank_mask=mask)
+    for r in res:
+        if r not in dead:
+            assert int(res[r]["num_masked"]) == 0, f"rank {r}: every logical expert has a live replica"
+    if n >= 4:  # ranks 0 and n/2 hold both replicas of logical experts 0..L-1
+        mask2 = _mask(n, [0, n // 2])
+        res = T.run_ops(comm, inputs, expert_map=emap, rank_mask=mask2)
+        T.check_all(comm, inputs, res, expert_map=emap, rank_mask=mask2)
+        assert sum(v._cache_size() for v in comm._test_steps.values()) == 1
+
+
+@pytest.mark.parametrize("backend", MASK_BACKENDS)
+def test_stats_and_debug(backend, num_ranks, mesh):
+    """Masked pairs go to stats()['masked'], not 'dropped'; debug=True does not raise for them."""
+    spec = _spec(num_ranks)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, debug=True, timeout_s=20)
+    inputs = T.make_inputs(spec, num_ranks, 9, num_tokens=spec.max_tokens_per_rank)
+    mask = _mask(num_ranks, [1])
+    with comm.checked():
+        res = T.run_ops(comm, inputs, rank_mask=mask)
+    T.check_all(comm, inputs, res, rank_mask=mask)
+    st = comm.stats()
+    want = oracle.dispatch(spec, inputs, rank_mask=mask)
+    assert st["dropped"] == 0 and st["masked"] == sum(w.num_masked for w in want) > 0, st
+
+
+@pytest.mark.parametrize("backend", ["reference"])
+def test_gradients_with_mask(backend, num_ranks, mesh):
+    """The one-shot ops stay differentiable with a mask; masked pairs get no gradient (against
+    the same computation with the masked experts' ids set to -1). Reference here, host below."""
+    _grad_check(backend, num_ranks, mesh)
+
+
+def test_gradients_with_mask_host(num_ranks, mesh):
+    if "host" not in BACKENDS:
+        pytest.skip("no host backend")
+    _grad_check("host", num_ranks, mesh)
+
+
+def _grad_check(backend, n, mesh):
+    from jax.sharding import PartitionSpec as P
+    spec = _spec(n)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, timeout_s=20)
+    inputs = T.make_inputs(spec, n, 13, num_tokens=spec.max_tokens_per_rank)
+    dead = [n // 2]
+    mask = _mask(n, dead)
+    l_count = spec.local_experts(n)
+
+    def loss(x, ids, w, m):
+        def per_rank(x, ids, w, m):
+            got = comm.dispatch(x[0], ids[0], w[0], rank_mask=m)
+            y = T.expert_fn_jax(spec, n, got, jnp.float32)
+            return jnp.sum(comm.combine(y, got).astype(jnp.float32) ** 2)[None]
+        out = T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 3 + (P(),), out_specs=P("ep"))(x, ids, w, m)
+        return jnp.sum(out)
+
+    args = [T.stack_global(mesh, "ep", [i.x[None] for i in inputs]),
+            T.stack_global(mesh, "ep", [i.topk_ids[None] for i in inputs]),
+            T.stack_global(mesh, "ep", [i.topk_weights[None] for i in inputs])]
+    g = jax.jit(jax.grad(loss, argnums=(0, 2)))
+    gx, gw = g(args[0], args[1], args[2], jnp.asarray(mask))
+    cut = []
+    for r, i in enumerate(inputs):
+        ids = i.topk_ids.copy()
+        ids[~mask.astype(bool)[np.clip(ids, 0, spec.num_experts - 1) // l_count]] = -1
+        if not mask[r]:
+            ids[:] = -1
+        cut.append(ids[None])
+    ids_cut = T.stack_global(mesh, "ep", cut)
+    hx, hw = g(args[0], ids_cut, args[2], jnp.ones(n, jnp.int32))
+    for a, b in ((gx, hx), (gw, hw)):
+        for r, v in T.local_ranks_of(a).items():
+            np.testing.assert_allclose(np.asarray(v, np.float32), np.asarray(T.local_ranks_of(b)[r], np.float32),
+                                       rtol=1e-5, atol=1e-5, err_msg=f"rank {r}")
+
+
+# ---- refusals -----------------------------------------------------------------------------------
+
+def test_mask_checks(num_ranks, mesh):
+    spec = _spec(num_ranks)
+    comm = a2a.init(spec, mesh, "ep", backend="reference")
+    x = jnp.zeros((spec.max_tokens_per_rank, spec.hidden), jnp.bfloat16)
+    ids = jnp.zeros((spec.max_tokens_per_rank, spec.experts_per_token), jnp.int32)
+    w = jnp.zeros(ids.shape, jnp.float32)
+
+    def call(mask):
+        from jax.sharding import PartitionSpec as P
+        f = T.shard_map(lambda x, i, w: comm.dispatch(x[0], i[0], w[0], rank_mask=mask).group_sizes[None],
+                        mesh=mesh, in_specs=(P("ep"),) * 3, out_specs=P("ep"))
+        n = num_ranks
+        return f(jnp.broadcast_to(x, (n,) + x.shape), jnp.broadcast_to(ids, (n,) + ids.shape),
+                 jnp.broadcast_to(w, (n,) + w.shape))
+
+    with pytest.raises(ValueError, match=r"rank_mask: expected shape \[N\]"):
+        call(np.ones(num_ranks + 1, bool))
+    with pytest.raises(ValueError, match="rank_mask: expected dtype bool or an integer"):
+        call(np.ones(num_ranks, np.float32))
+    with pytest.raises(ValueError, match="every rank is masked"):
+        call(np.zeros(num_ranks, bool))
+
+
+def test_gpu_backends_refuse_a_mask(num_ranks, mesh, monkeypatch):
+    """cuda/nvshmem: a device-array mask raises at trace time (their kernels wait for every
+    rank); a concrete all-alive mask is accepted (it is no mask). Checked through the cuda
+    backend's own refusal on a reference communicator (no GPU here)."""
+    from jax.sharding import PartitionSpec as P
+    from jax_moe_a2a.backends.cuda import CudaBackend
+    from jax_moe_a2a.backends.nvshmem import NvshmemBackend
+    reason = CudaBackend.rank_mask_unsupported(None)
+    assert "kernels wait for every rank" in reason
+    assert NvshmemBackend.rank_mask_unsupported is CudaBackend.rank_mask_unsupported
+    spec = _spec(num_ranks)
+    comm = a2a.init(spec, mesh, "ep", backend="reference")
+    monkeypatch.setattr(comm._backend, "rank_mask_unsupported", lambda: reason)
+    comm.backend_name = "cuda"
+    inputs = T.make_inputs(spec, num_ranks, 1)
+    with pytest.raises(ValueError, match="rank_mask is not supported by the cuda backend yet"):
+        T.run_ops(comm, inputs, rank_mask=_mask(num_ranks, [0]))
+    # a concrete all-alive mask (a closure constant) is no mask: accepted
+    ones = np.ones(num_ranks, bool)
+    f = T.shard_map(lambda x, i, w: comm.dispatch(x[0], i[0], w[0], rank_mask=ones).group_sizes[None],
+                    mesh=mesh, in_specs=(P("ep"),) * 3, out_specs=P("ep"))
+    f(T.stack_global(mesh, "ep", [i.x[None] for i in inputs]), T.stack_global(mesh, "ep", [i.topk_ids[None] for i in inputs]),
+      T.stack_global(mesh, "ep", [i.topk_weights[None] for i in inputs]))
+
+
+def test_host_proxied_refuses_a_mask(num_ranks, mesh):
+    if "host" not in BACKENDS:
+        pytest.skip("no host backend")
+    spec = _spec(num_ranks)
+    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, timeout_s=10)
+    inputs = T.make_inputs(spec, num_ranks, 1)
+    with pytest.raises(ValueError, match="not supported by the host backend yet: proxied=True"):
+        T.run_ops(comm, inputs, rank_mask=_mask(num_ranks, [0]))
+    comm.close()
+
+
+# ---- a process ends for real --------------------------------------------------------------------
+
+def test_process_failure(tmp_path):
+    """3 JAX processes (1 CPU device each, host backend over libfabric shm) under their own
+    mpirun: all run step 1, then process 2 ends (os._exit(0), no goodbye); processes 0 and 1 run
+    five more steps with the mask [1, 1, 0], each checked against the oracle with that mask, in
+    one compiled step. Bounded: the workers' timeout_s is 10 s and this test kills the whole
+    mpirun session after 240 s."""
+    if "host" not in BACKENDS:
+        pytest.skip("no host backend")
+    if shutil.which("mpirun") is None:
+        pytest.skip("no mpirun")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PMIX", "JAX_MOE_A2A_TEST"))}
+    env.update(JAX_PLATFORMS="cpu", ELASTIC_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if not f.startswith("--xla_force_host_platform_device_count"))
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_worker.py")
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "3",
+           sys.executable, worker]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the session this test started: mpirun and its workers
+        out, _ = proc.communicate()
+        pytest.fail(f"the elastic run did not finish within 240 s:\n{out[-6000:]}")
+    assert proc.returncode == 0, f"mpirun exited with {proc.returncode}:\n{out[-6000:]}"
+    for r in (0, 1):
+        assert f"ELASTIC_OK process {r} steps 6" in out, out[-6000:]
+    assert "ELASTIC_EXIT process 2 after step 1" in out, out[-6000:]
+    assert "ELASTIC_FAIL" not in out, out[-6000:]
