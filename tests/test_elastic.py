@@ -344,18 +344,22 @@ def test_host_proxied_refuses_a_mask(num_ranks, mesh):
 
 # ---- a process ends for real --------------------------------------------------------------------
 
-def test_process_failure(tmp_path):
-    """3 JAX processes (1 CPU device each, host backend over libfabric shm) under their own
-    mpirun: all run step 1, then process 2 ends (os._exit(0), no goodbye); processes 0 and 1 run
-    five more steps with the mask [1, 1, 0], each checked against the oracle with that mask, in
-    one compiled step. Bounded: the workers' timeout_s is 10 s and this test kills the whole
-    mpirun session after 240 s."""
+@pytest.mark.parametrize("provider", ["shm", "tcp;ofi_rxm"])
+def test_process_failure(provider, tmp_path):
+    """3 JAX processes (1 CPU device each, host backend over libfabric `provider`) under their
+    own mpirun: all run step 1, then process 2 ends (os._exit(0), no goodbye); once it is gone,
+    processes 0 and 1 run five more steps with the mask [1, 1, 0], each checked against the
+    oracle with that mask, in one compiled step (without the mask they would end at timeout_s
+    naming rank 2). Bounded: the workers' timeout_s is 10 s and this test kills the whole mpirun
+    session after 240 s."""
     if "host" not in BACKENDS:
         pytest.skip("no host backend")
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PMIX", "JAX_MOE_A2A_TEST"))}
-    env.update(JAX_PLATFORMS="cpu", ELASTIC_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    env.update(JAX_PLATFORMS="cpu", ELASTIC_DIR=str(tmp_path), PYTHONUNBUFFERED="1", ELASTIC_PROVIDER=provider)
+    if provider.startswith("tcp"):
+        env.setdefault("JAX_MOE_A2A_IFACE", "lo")
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                                 if not f.startswith("--xla_force_host_platform_device_count"))
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_worker.py")
