@@ -383,9 +383,11 @@ class Communicator:
 
     def _mask_ids(self, ctx, topk_ids, n, mask):
         """(physical ids with the pairs the mask stops set to E, masked [] int32): a pair is stopped
-        when its expert's rank or this rank is masked; counted when routed and this rank (its tp
-        member) sends it. The backend sees E, drops the pair and counts it as dropped: the caller
-        subtracts `masked` from that count."""
+        when its expert's rank or its sender (the tp member g * tp + t % tp; this rank for its own
+        tokens) is masked; counted when routed and this rank sends it. The backend sees E, drops
+        the pair and counts it as dropped: the caller subtracts `masked` from that count. Every tp
+        member stops the same pairs of the group's tokens, so none reads back a combine row that
+        a masked member never sent."""
         from .backends.pure_jax import routed_pairs
         s = self.spec
         alive = mask != 0
@@ -393,8 +395,10 @@ class Communicator:
         routed, _ = routed_pairs(s, topk_ids, n)
         in_range = (topk_ids >= 0) & (topk_ids < s.num_experts)
         dest = jnp.clip(topk_ids, 0, s.num_experts - 1) // l_count
-        stop = in_range & ~(alive[dest] & alive[ctx.rank])
-        mine = (jnp.arange(topk_ids.shape[0]) % s.tp_size == ctx.rank % s.tp_size)[:, None]
+        tok = jnp.arange(topk_ids.shape[0], dtype=jnp.int32)
+        sender = ctx.rank // s.tp_size * s.tp_size + tok % s.tp_size
+        stop = in_range & ~(alive[dest] & alive[sender][:, None])
+        mine = (tok % s.tp_size == ctx.rank % s.tp_size)[:, None]
         masked = jnp.sum(routed & stop & mine, dtype=jnp.int32)
         return jnp.where(stop, jnp.int32(s.num_experts), topk_ids).astype(jnp.int32), masked
 

@@ -149,8 +149,9 @@ def map_experts(spec: Spec, inputs: List[RankInputs], expert_map, rank_mask=None
 
 def mask_pairs(spec: Spec, inputs: List[RankInputs], rank_mask):
     """(inputs, masked): the (physical) ids of pairs that the rank mask stops (destination rank
-    masked, or the rank itself masked) replaced by E, so that nothing routes them; masked[r] =
-    routed pairs rank r would have sent (its tp member's tokens) and does not. None: unchanged."""
+    masked, or the token's sender, member g * tp + t % tp, masked) replaced by E, so that nothing
+    routes them; masked[r] = routed pairs rank r would have sent (its tp member's tokens) and
+    does not. None: unchanged."""
     n = len(inputs)
     alive = alive_of(rank_mask, n)
     if alive is None:
@@ -162,7 +163,8 @@ def mask_pairs(spec: Spec, inputs: List[RankInputs], rank_mask):
         ids = np.asarray(inp.topk_ids)
         routed, _ = routed_pairs(spec, inp)
         in_range = (ids >= 0) & (ids < spec.num_experts)
-        stop = in_range & ~(alive[np.clip(ids, 0, spec.num_experts - 1) // l_count] & alive[r])
+        sender = r // tp * tp + np.arange(ids.shape[0]) % tp
+        stop = in_range & ~(alive[np.clip(ids, 0, spec.num_experts - 1) // l_count] & alive[sender][:, None])
         mine = (np.arange(ids.shape[0]) % tp == r % tp)[:, None]
         masked.append(int(np.sum(routed & stop & mine)))
         out.append(dataclasses.replace(inp, topk_ids=np.where(stop, spec.num_experts, ids).astype(np.int32)))
