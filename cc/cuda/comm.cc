@@ -10,7 +10,7 @@
 
 #include "core/align.h"
 #include "core/registry.h"
-#include "cuda/check.h"
+#include "gpu/check.h"
 #include "cuda/kernels.h"
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
 #include "cuda/remote_path.h"

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/kernel_timer.h"
-#include "cuda/params.h"
+#include "gpu/kernel_timer.h"
+#include "gpu/params.h"
 
 namespace a2a::cuda {
 

@@ -7,7 +7,7 @@
 // p.remote.mask == 0 (all peers node-local).
 #pragma once
 
-#include "cuda/common.cuh"
+#include "gpu/common.cuh"
 #include "proxy/ctrl.h"
 
 namespace a2a::cuda::remote {

@@ -5,7 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda/params.h"
+#include "gpu/params.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace a2a::ffi_gpu {

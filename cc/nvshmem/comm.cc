@@ -8,7 +8,7 @@
 
 #include "core/align.h"
 #include "core/registry.h"
-#include "cuda/check.h"
+#include "gpu/check.h"
 #include "cuda/kernels.h"
 #include "nvshmem/runtime.h"
 

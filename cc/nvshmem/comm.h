@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cuda/comm.h"
-#include "cuda/kernel_timer.h"
+#include "gpu/kernel_timer.h"
 #include "nvshmem/params.h"
 
 namespace a2a::nvshmem {

@@ -8,7 +8,7 @@
 #include <nvshmem.h>
 #include <nvshmemx.h>
 
-#include "cuda/common.cuh"
+#include "gpu/common.cuh"
 #include "nvshmem/params.h"
 
 namespace a2a::nvshmem {

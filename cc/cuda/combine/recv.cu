@@ -1,7 +1,7 @@
 // combine recv: every block waits for every expert rank's rows and reduces its share of each
 // token's pairs in f32 with the router weights (plus `out`); the last block to finish frees our
 // combine region for the expert ranks. No grid-wide barrier.
-#include "cuda/common.cuh"
+#include "gpu/common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
 
@@ -40,7 +40,7 @@ cudaError_t launch_combine_recv(const CombineRecvParams& p, int blocks, cudaStre
   return launch_plain(combine_recv_kernel, blocks, 0, stream, p);
 }
 
-int64_t scratch_bytes(const Geometry& g) {  // dispatch_send's routing tables (cuda/route.cuh)
+int64_t scratch_bytes(const Geometry& g) {  // dispatch_send's routing tables (gpu/route.cuh)
   return 4 * (2 * int64_t(g.T) * g.K + 2 * int64_t(g.tp) * g.E);
 }
 

@@ -1,10 +1,10 @@
 // combine send: put each received row's expert output back at its source, at the slot the
 // source chose, for every member of the source's tp group; zeros for rows the capacity rule
 // dropped. Every block waits until the sources freed our previous rows, derives the arrangement
-// in its own shared memory (cuda/arrange.cuh) and copies its share of (row, segment) items; the
+// in its own shared memory (gpu/arrange.cuh) and copies its share of (row, segment) items; the
 // last block to finish raises each rank's combine arrival flag. No grid-wide barrier.
-#include "cuda/arrange.cuh"
-#include "cuda/common.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
 

@@ -1,11 +1,11 @@
 // dispatch recv: every block waits for every source's arrival flag, derives the canonical layout
-// (local expert, source, token; capacity rule) in its own shared memory (cuda/arrange.cuh), and
+// (local expert, source, token; capacity rule) in its own shared memory (gpu/arrange.cuh), and
 // copies its share of (row, segment) work items; the last block to finish frees the sources' rows.
 // No grid-wide barrier: blocks never wait for each other.
-#include "cuda/arrange.cuh"
-#include "cuda/common.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/common.cuh"
 #include "cuda/kernels.h"
-#include "cuda/recv_rows.cuh"
+#include "gpu/recv_rows.cuh"
 #include "cuda/remote.cuh"
 
 namespace a2a::cuda {

@@ -1,15 +1,15 @@
 // dispatch send: route, quantise/convert, push rows and counts into every peer's buffer, raise
 // each peer's arrival flag. One cooperative kernel of two phases separated by one grid sync, each
-// spread over the whole grid (cuda/route.cuh says what each routing phase reads and writes); the
+// spread over the whole grid (gpu/route.cuh says what each routing phase reads and writes); the
 // last block to finish raises the flags.
 #include <cstdlib>
 #include <string>
 
-#include "cuda/arrange.cuh"
-#include "cuda/common.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
-#include "cuda/route.cuh"
+#include "gpu/route.cuh"
 
 namespace a2a::cuda {
 namespace {

@@ -3,14 +3,14 @@
 // itself in shared memory (ids [T*K], a token bitmap per expert [E][ceil(T/32)], counts and first
 // slots [E]), then quantises / converts its tokens one at a time into a shared-memory wire row and
 // writes that row straight to every destination of the token (no global staging). A pair's slot
-// is the same as in the grid-routed kernel (cuda/route.cuh): its expert's first slot within the
+// is the same as in the grid-routed kernel (gpu/route.cuh): its expert's first slot within the
 // destination plus the number of earlier tokens routed to that expert, so positions never depend
 // on timing. The last block to finish raises the arrival flags.
-#include "cuda/arrange.cuh"
-#include "cuda/common.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/common.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
-#include "cuda/route.cuh"
+#include "gpu/route.cuh"
 
 namespace a2a::cuda {
 namespace {

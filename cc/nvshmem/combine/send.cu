@@ -1,9 +1,9 @@
 // nvshmem combine send: put each received row's expert output back at its source, at the slot
 // the source chose, for every member of the source's tp group (put-with-signal, +1 on
 // c_rows[me] there); zeros for rows the capacity rule dropped. Every block waits for c_free and
-// derives the arrangement in its own shared memory (cuda/arrange.cuh). No closing signal:
+// derives the arrangement in its own shared memory (gpu/arrange.cuh). No closing signal:
 // receivers count rows.
-#include "cuda/arrange.cuh"
+#include "gpu/arrange.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
 

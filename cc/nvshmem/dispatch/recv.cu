@@ -1,9 +1,9 @@
 // nvshmem dispatch recv: every block waits for every source's meta block (d_meta), lays out the
-// arrangement from its counts in shared memory (cuda/arrange.cuh), waits until every source's rows
+// arrangement from its counts in shared memory (gpu/arrange.cuh), waits until every source's rows
 // have landed (d_rows reaches what we consumed before plus the rows it announced) and copies its
 // share of the rows out canonically (local expert, source, token; capacity rule); the last block
 // to finish tells every source its region is free (d_free). No grid-wide barrier.
-#include "cuda/recv_rows.cuh"
+#include "gpu/recv_rows.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
 

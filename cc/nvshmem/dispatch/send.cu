@@ -2,8 +2,8 @@
 // pair's row into its private slot at the destination (put-with-signal, +1 on d_rows[me] there),
 // then one meta block per destination (counts per local expert, token and weight per row) whose
 // signal d_meta[me] = epoch + 1 tells the receiver how many rows to wait for.
-#include "cuda/arrange.cuh"
-#include "cuda/route.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/route.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
 

@@ -6,7 +6,7 @@
 #pragma once
 
 #include "core/fp8.h"
-#include "cuda/common.cuh"
+#include "gpu/common.cuh"
 
 namespace a2a::cuda {
 

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "cuda/params.h"
-#include "cuda/ptx.cuh"
+#include "gpu/params.h"
+#include "gpu/ptx.cuh"
 
 namespace a2a::cuda {
 
