@@ -10,12 +10,6 @@
 
 namespace a2a::cuda {
 
-// Private scratch bytes per slot (routing and arrangement tables) for a geometry.
-int64_t scratch_bytes(const Geometry& g);
-
-// Blocks per kernel launch for this device (one per SM: co-resident, as a cooperative launch needs).
-int grid_blocks(int device);
-
 // dispatch_send picks its kernel: block-routed (cuda/dispatch/send_block.cu) when every peer is
 // node-local, tp_size is 1 and the routing tables fit in kBlockRoutingSmem bytes of shared memory
 // (decode batches), else grid-routed (cuda/dispatch/send.cu). JAX_MOE_A2A_DISPATCH_SEND=grid|block

@@ -9,7 +9,7 @@
 #include "core/align.h"
 #include "core/registry.h"
 #include "gpu/check.h"
-#include "cuda/kernels.h"
+#include "gpu/comm.h"
 #include "nvshmem/runtime.h"
 
 namespace a2a::nvshmem {

@@ -40,15 +40,4 @@ cudaError_t launch_combine_recv(const CombineRecvParams& p, int blocks, cudaStre
   return launch_plain(combine_recv_kernel, blocks, 0, stream, p);
 }
 
-int64_t scratch_bytes(const Geometry& g) {  // dispatch_send's routing tables (gpu/route.cuh)
-  return 4 * (2 * int64_t(g.T) * g.K + 2 * int64_t(g.tp) * g.E);
-}
-
-int grid_blocks(int device) {
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) sms = 1;
-  // One block of kThreads per SM is always co-resident (the kernels use little shared memory).
-  return sms;
-}
-
 }  // namespace a2a::cuda
