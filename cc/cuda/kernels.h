@@ -1,7 +1,7 @@
 // Launchers of the cuda backend's kernels (one kernel per half; only the grid-routed
 // dispatch_send is cooperative: docs/gpu_kernels.md). Each returns the launch error; a failure
 // inside a kernel (a peer that never arrives) records an ErrorRecord in mapped host memory and
-// ends the op without a trap (gpu/common.cuh, slot_failed).
+// ends the op without a trap (gpu/failure.cuh, slot_failed).
 #pragma once
 
 #include <cuda_runtime_api.h>

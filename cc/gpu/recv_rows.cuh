@@ -5,7 +5,9 @@
 #pragma once
 
 #include "gpu/arrange.cuh"
-#include "gpu/common.cuh"
+#include "gpu/copy.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/params.h"
 
 namespace a2a::cuda {
 

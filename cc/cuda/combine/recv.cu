@@ -1,9 +1,13 @@
 // combine recv: every block waits for every expert rank's rows and reduces its share of each
 // token's pairs in f32 with the router weights (plus `out`); the last block to finish frees our
 // combine region for the expert ranks. No grid-wide barrier.
-#include "gpu/common.cuh"
+#include "cuda/device.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
+#include "gpu/elems.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/reduce.cuh"
 
 namespace a2a::cuda {
 namespace {

@@ -3,10 +3,14 @@
 // dropped. Every block waits until the sources freed our previous rows, derives the arrangement
 // in its own shared memory (gpu/arrange.cuh) and copies its share of (row, segment) items; the
 // last block to finish raises each rank's combine arrival flag. No grid-wide barrier.
-#include "gpu/arrange.cuh"
-#include "gpu/common.cuh"
+#include "cuda/device.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/copy.cuh"
+#include "gpu/elems.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
 
 namespace a2a::cuda {
 namespace {

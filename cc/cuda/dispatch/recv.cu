@@ -2,11 +2,13 @@
 // (local expert, source, token; capacity rule) in its own shared memory (gpu/arrange.cuh), and
 // copies its share of (row, segment) work items; the last block to finish frees the sources' rows.
 // No grid-wide barrier: blocks never wait for each other.
-#include "gpu/arrange.cuh"
-#include "gpu/common.cuh"
+#include "cuda/device.cuh"
 #include "cuda/kernels.h"
-#include "gpu/recv_rows.cuh"
 #include "cuda/remote.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/recv_rows.cuh"
 
 namespace a2a::cuda {
 namespace {

@@ -5,10 +5,13 @@
 #include <cstdlib>
 #include <string>
 
-#include "gpu/arrange.cuh"
-#include "gpu/common.cuh"
+#include "cuda/device.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/copy.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
 #include "gpu/route.cuh"
 
 namespace a2a::cuda {

@@ -6,10 +6,13 @@
 // is the same as in the grid-routed kernel (gpu/route.cuh): its expert's first slot within the
 // destination plus the number of earlier tokens routed to that expert, so positions never depend
 // on timing. The last block to finish raises the arrival flags.
-#include "gpu/arrange.cuh"
-#include "gpu/common.cuh"
+#include "cuda/device.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/copy.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
 #include "gpu/route.cuh"
 
 namespace a2a::cuda {

@@ -2,6 +2,10 @@
 // the whole tp group's, since every member gets every row), waits until c_rows reaches them and
 // reduces its share of each token's pairs in f32 with the router weights (plus `out`); the last
 // block to finish frees our combine region. No grid-wide barrier.
+#include "gpu/elems.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/reduce.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
 

@@ -4,6 +4,9 @@
 // derives the arrangement in its own shared memory (gpu/arrange.cuh). No closing signal:
 // receivers count rows.
 #include "gpu/arrange.cuh"
+#include "gpu/elems.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
 

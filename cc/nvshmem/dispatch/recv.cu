@@ -3,6 +3,8 @@
 // have landed (d_rows reaches what we consumed before plus the rows it announced) and copies its
 // share of the rows out canonically (local expert, source, token; capacity rule); the last block
 // to finish tells every source its region is free (d_free). No grid-wide barrier.
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
 #include "gpu/recv_rows.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"

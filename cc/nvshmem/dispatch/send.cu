@@ -3,6 +3,8 @@
 // then one meta block per destination (counts per local expert, token and weight per row) whose
 // signal d_meta[me] = epoch + 1 tells the receiver how many rows to wait for.
 #include "gpu/arrange.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
 #include "gpu/route.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
