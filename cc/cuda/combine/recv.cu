@@ -7,16 +7,14 @@
 #include "gpu/elems.cuh"
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
 #include "gpu/reduce.cuh"
 
 namespace a2a::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParams P) {
-  const Geometry& g = P.g;
-  const GridIdx ix;
-  const int me = P.p.rank;
-  const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
+  A2A_KERNEL_START(P);
   SyncFlags* mine = flags_of(P.p, me);
   if (slot_failed(g, P.p) ||
       !remote::wait_peers(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1,
@@ -31,7 +29,7 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
     const int64_t at = ((int64_t(d) * g.tp + t % g.tp) * g.P + slot) * stride;
     return remote::is_remote(P.p, d) ? P.p.remote.c_recv + at : region + at;
   });
-  if (last_block_done(&epochs_of(g, P.p.priv)->done[3])) {  // expert ranks may overwrite our rows now
+  if (last_block_done(&ep->done[3])) {  // expert ranks may overwrite our rows now
     if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x))
       ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->c_free[me], epoch + 1);
     if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->c_consumed, epoch + 1);

@@ -11,18 +11,15 @@
 #include "gpu/elems.cuh"
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
 
 namespace a2a::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParams P) {
   extern __shared__ int32_t smem[];
-  const Geometry& g = P.g;
-  const GridIdx ix;
+  A2A_KERNEL_START(P);
   const int lane = ix.lane;
-  const int me = P.p.rank;
-  Epochs* ep = epochs_of(g, P.p.priv);
-  const uint64_t epoch = ep->c_send;  // advanced by the last block, after every block read it
   SyncFlags* mine = flags_of(P.p, me);
 
   if (slot_failed(g, P.p) ||

@@ -12,19 +12,16 @@
 #include "gpu/copy.cuh"
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
 #include "gpu/route.cuh"
 
 namespace a2a::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendParams P) {
-  const Geometry& g = P.g;
+  A2A_KERNEL_START(P);
   cg::grid_group grid = cg::this_grid();
-  const GridIdx ix;
-  const int lane = ix.lane;
-  const int me = P.p.rank, member = me % g.tp;
-  Epochs* ep = epochs_of(g, P.p.priv);
-  const uint64_t epoch = ep->d_send;  // advanced by the last block, after every block read it
+  const int lane = ix.lane, member = me % g.tp;
   const int n = max(0, min(*P.num_tokens, g.T));
   SendScratch s = send_scratch(g, P.p.priv);
   if (slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it

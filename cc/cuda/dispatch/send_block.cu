@@ -13,6 +13,7 @@
 #include "gpu/copy.cuh"
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
 #include "gpu/route.cuh"
 
 namespace a2a::cuda {
@@ -50,12 +51,8 @@ __device__ __forceinline__ void warp_copy_from_shared(uint8_t* dst, const uint8_
 
 __global__ void __launch_bounds__(kThreads) dispatch_send_block_kernel(DispatchSendParams P) {
   extern __shared__ __align__(16) uint8_t smem[];
-  const Geometry& g = P.g;
-  const GridIdx ix;
+  A2A_KERNEL_START(P);
   const int lane = ix.lane, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int me = P.p.rank;
-  Epochs* ep = epochs_of(g, P.p.priv);
-  const uint64_t epoch = ep->d_send;  // advanced by the last block, after every block read it
   const int n = max(0, min(*P.num_tokens, g.T));
   const BlockRouteSmem lay(g);
   int32_t* pe = reinterpret_cast<int32_t*>(smem + lay.off_ids);

@@ -5,6 +5,7 @@
 #include "gpu/elems.cuh"
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
 #include "gpu/reduce.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
@@ -13,11 +14,8 @@ namespace a2a::nvshmem {
 namespace {
 
 __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::CombineRecvParams P, NvSlot nv) {
-  const Geometry& g = P.g;
+  A2A_KERNEL_START(P);
   const Layout& lay = nv.lay;
-  const cuda::GridIdx ix;
-  const int me = P.p.rank;
-  const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
   const int n = max(0, min(*P.num_tokens, g.T));
 
   if (cuda::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
@@ -45,7 +43,7 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
   cuda::reduce_combine(P, n, ix, [&](int t, int d, int32_t slot) {
     return region + ((int64_t(d) * g.tp + t % g.tp) * g.P + slot) * stride;
   });
-  if (cuda::last_block_done(&cuda::epochs_of(g, P.p.priv)->done[3]) && threadIdx.x < g.N) {
+  if (cuda::last_block_done(&ep->done[3]) && threadIdx.x < g.N) {
     const int r = threadIdx.x;  // expert ranks may overwrite our combine region now
     consumed[r] += static_cast<uint64_t>(expect[r]);
     nvshmemx_signal_op(&signals_at(P.p, r)->c_free[me], epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[r]);

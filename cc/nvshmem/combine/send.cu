@@ -7,6 +7,7 @@
 #include "gpu/elems.cuh"
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
 
@@ -15,12 +16,8 @@ namespace {
 
 __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::CombineSendParams P, NvSlot nv) {
   extern __shared__ int32_t smem[];
-  const Geometry& g = P.g;
+  A2A_KERNEL_START(P);
   const Layout& lay = nv.lay;
-  const cuda::GridIdx ix;
-  const int me = P.p.rank;
-  cuda::Epochs* ep = cuda::epochs_of(g, P.p.priv);
-  const uint64_t epoch = ep->c_send;  // advanced by the last block, after every block read it
 
   // Every source must have reduced our previous rows before we overwrite them.
   if (cuda::slot_failed(g, P.p) ||

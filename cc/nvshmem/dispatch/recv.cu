@@ -5,6 +5,7 @@
 // to finish tells every source its region is free (d_free). No grid-wide barrier.
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
 #include "gpu/recv_rows.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
@@ -14,11 +15,8 @@ namespace {
 
 __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::DispatchRecvParams P, NvSlot nv) {
   extern __shared__ int32_t smem[];
-  const Geometry& g = P.g;
+  A2A_KERNEL_START(P);
   const Layout& lay = nv.lay;
-  const cuda::GridIdx ix;
-  const int me = P.p.rank;
-  const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
   const bool report = blockIdx.x == 0;
   Signals* mine = signals_at(P.p, me);
   uint64_t* consumed = seen(P.p, lay, 0, g);  // advanced by the last block, after every block waited
@@ -44,7 +42,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::Dis
         *tok = m[0];
         *wt = __int_as_float(m[1]);
       });
-  if (cuda::last_block_done(&cuda::epochs_of(g, P.p.priv)->done[1]) && threadIdx.x < g.N) {
+  if (cuda::last_block_done(&ep->done[1]) && threadIdx.x < g.N) {
     const int r = threadIdx.x;  // sources may overwrite their rows and meta now
     consumed[r] += static_cast<uint64_t>(a.row_base[r + 1] - a.row_base[r]);
     nvshmemx_signal_op(&signals_at(P.p, r)->d_free[me], epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[r]);

@@ -5,6 +5,7 @@
 #include "gpu/arrange.cuh"
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
 #include "gpu/route.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
@@ -13,13 +14,10 @@ namespace a2a::nvshmem {
 namespace {
 
 __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::DispatchSendParams P, NvSlot nv) {
-  const Geometry& g = P.g;
+  A2A_KERNEL_START(P);
   const Layout& lay = nv.lay;
   cuda::cg::grid_group grid = cuda::cg::this_grid();
-  const cuda::GridIdx ix;
-  const int me = P.p.rank, member = me % g.tp;
-  cuda::Epochs* ep = cuda::epochs_of(g, P.p.priv);
-  const uint64_t epoch = ep->d_send;  // advanced by the last block, after every block read it
+  const int member = me % g.tp;
   const int n = max(0, min(*P.num_tokens, g.T));
   const cuda::SendScratch s = cuda::send_scratch(g, P.p.priv);
   int32_t* stage_meta = reinterpret_cast<int32_t*>(P.p.priv + lay.off_meta_stage);  // [N dest][meta_stride / 4]
