@@ -15,7 +15,6 @@ namespace {
 
 __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::CombineRecvParams P, NvSlot nv) {
   A2A_KERNEL_START(P);
-  const Layout& lay = nv.lay;
   const int n = max(0, min(*P.num_tokens, g.T));
 
   if (cuda::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
@@ -31,7 +30,7 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
     if (d >= 0 && d < g.N) atomicAdd(&expect[d], 1);
   }
   __syncthreads();
-  uint64_t* consumed = seen(P.p, lay, 1, g);  // advanced by the last block, after every block waited
+  uint64_t* consumed = seen(P.p, nv.lay, 1, g);  // advanced by the last block, after every block waited
   Signals* mine = signals_at(P.p, me);
   if (!wait_signals(P.p, g, 3, [&](int r) { return &mine->c_rows[r]; },
                     [&](int r) { return consumed[r] + static_cast<uint64_t>(expect[r]); }, blockIdx.x == 0)) {
@@ -39,7 +38,7 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
     return;
   }
   const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
-  const uint8_t* region = P.p.peer_shared[me] + lay.off_c_rows;  // [N expert rank][tp][P][stride]
+  const uint8_t* region = P.p.peer_shared[me] + nv.lay.off_c_rows;  // [N expert rank][tp][P][stride]
   cuda::reduce_combine(P, n, ix, [&](int t, int d, int32_t slot) {
     return region + ((int64_t(d) * g.tp + t % g.tp) * g.P + slot) * stride;
   });

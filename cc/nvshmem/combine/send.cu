@@ -17,7 +17,6 @@ namespace {
 __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::CombineSendParams P, NvSlot nv) {
   extern __shared__ int32_t smem[];
   A2A_KERNEL_START(P);
-  const Layout& lay = nv.lay;
 
   // Every source must have reduced our previous rows before we overwrite them.
   if (cuda::slot_failed(g, P.p) ||
@@ -27,13 +26,13 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
   const cuda::BlockArrangement a =
       cuda::block_arrange(g, [&](int s, int l) { return P.recv_counts[s * g.L + l]; }, smem);
   const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
-  const uint8_t* zero = P.p.priv + lay.off_zero;  // [H * 4] zeros, never written
+  const uint8_t* zero = P.p.priv + nv.lay.off_zero;  // [H * 4] zeros, never written
   for (int64_t w = ix.gwarp; w < a.row_base[g.N]; w += ix.nwarps) {  // warp per received row
     const cuda::RowLoc r = cuda::locate_row(g, a, static_cast<int32_t>(w));
     const uint8_t* src = r.pos >= 0 ? static_cast<const uint8_t*>(P.y) + r.pos * stride : zero;
     const int g0 = r.s / g.tp * g.tp;
     for (int m = g0; m < g0 + g.tp; ++m)
-      put_row_signal(P.p.peer_shared[m] + lay.off_c_rows + ((int64_t(me) * g.tp + r.s % g.tp) * g.P + r.j) * stride,
+      put_row_signal(P.p.peer_shared[m] + nv.lay.off_c_rows + ((int64_t(me) * g.tp + r.s % g.tp) * g.P + r.j) * stride,
                      src, stride, &signals_at(P.p, m)->c_rows[me], nv.pe[m]);
   }
   if (cuda::last_block_done(&ep->done[2]) && threadIdx.x == 0) {
