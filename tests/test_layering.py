@@ -118,6 +118,26 @@ def test_every_known_exception_is_still_needed():
     assert not stale, f"cc/LAYERS allows includes no file makes any more; remove: {stale}"
 
 
+def test_cmake_targets_follow_the_layers():
+    """CMakeLists.txt builds every layer of cc/LAYERS through a2a_layer(TARGET LAYER), which gives
+    the target its layer's include root only (so a higher include does not compile) and checks its
+    sources at configure time; no target may add cc/ itself as an include directory."""
+    t = parse_layers(REPO / "cc" / "LAYERS")
+    text = (REPO / "CMakeLists.txt").read_text()
+    code = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    layered = dict(re.findall(r"^\s*a2a_layer\((\w+)\s+(\w+)\)", code, re.M))
+    targets = set(re.findall(r"^\s*(?:add_library|nanobind_add_module)\((\w+)", code, re.M))
+    assert targets and targets == set(layered), f"targets without a2a_layer: {sorted(targets - set(layered))}"
+    unknown = sorted(f"{tg} -> {ly}" for tg, ly in layered.items() if ly not in t.level)
+    assert not unknown, f"a2a_layer names layers cc/LAYERS lacks: {unknown}"
+    compiled = {t.layer_of_dir[p.relative_to(REPO / "cc").parts[0]]
+                for p in (REPO / "cc").rglob("*") if p.suffix in (".cc", ".cu") and p.is_file()}
+    missing = sorted(compiled - set(layered.values()))
+    assert not missing, f"layers with sources but no CMake target: {missing}"
+    escapes = re.findall(r"target_include_directories\([^)]*\bcc\b[^)]*\)", code)
+    assert not escapes, f"include directories that bypass the layer roots: {escapes}"
+
+
 # --- the check itself, on small trees ------------------------------------------------------------
 
 _TABLE = """\
@@ -181,11 +201,11 @@ def test_a_bad_include_in_a_copy_of_cc_fails(tmp_path):
     cc = tmp_path / "cc"
     shutil.copytree(REPO / "cc", cc)
     header = cc / "core" / "align.h"
-    header.write_text(header.read_text() + '\n#include "cuda/params.h"\n')
+    header.write_text(header.read_text() + '\n#include "cuda/comm.h"\n')
     bad, _ = violations(cc, parse_layers(cc / "LAYERS"))
     n = len(header.read_text().splitlines())
-    assert bad == [f'cc/core/align.h:{n}: layer core (level 0) includes "cuda/params.h" of a higher '
-                   f'layer cuda (level 3)']
+    assert bad == [f'cc/core/align.h:{n}: layer core (level 0) includes "cuda/comm.h" of a higher '
+                   f'layer cuda (level 4)']
 
 
 def test_architecture_doc_cites_existing_paths():

@@ -1,4 +1,4 @@
-// CPU fp8 block quantiser (the CPU twin of cc/cuda/quantize/quantize_fp8.cu).
+// CPU fp8 block quantiser (the CPU twin of cc/gpu/quantize/quantize_fp8.cu).
 #pragma once
 
 #include <cmath>

@@ -1,16 +1,5 @@
-// Turning a CUDA runtime error into an exception that names who called and what failed.
+// Forwards to gpu/check.h for cc/cuda/signal_bench.cu only, which another change moves out of _C
+// (issue 14, item 4); delete this file with that move. New code includes "gpu/check.h".
 #pragma once
 
-#include <cuda_runtime_api.h>
-
-#include <stdexcept>
-#include <string>
-
-namespace a2a::cuda {
-
-// Throws std::runtime_error("<who>: <what>: <CUDA's text>") unless rc is cudaSuccess.
-inline void check_cuda(cudaError_t rc, const char* who, const char* what) {
-  if (rc != cudaSuccess) throw std::runtime_error(std::string(who) + ": " + what + ": " + cudaGetErrorString(rc));
-}
-
-}  // namespace a2a::cuda
+#include "gpu/check.h"

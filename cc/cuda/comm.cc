@@ -8,10 +8,8 @@
 #include <random>
 #include <stdexcept>
 
-#include "core/align.h"
 #include "core/registry.h"
-#include "cuda/check.h"
-#include "cuda/kernels.h"
+#include "gpu/check.h"
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
 #include "cuda/remote_path.h"
 #else
@@ -35,26 +33,6 @@ uint64_t process_token() {
     return (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(getpid());
   }();
   return token;
-}
-
-void finish_geometry(Geometry* g, int slots, int64_t* shared_bytes, int64_t* private_bytes) {
-  const int wire_bytes = g->wire_kind == 0 ? 4 : g->wire_kind == 3 ? 1 : 2;
-  g->L = g->E / g->N;
-  const int per_member = (g->T + g->tp - 1) / g->tp;
-  g->P = per_member * (g->K < g->L ? g->K : g->L);
-  g->payload = int64_t(g->H) * wire_bytes;
-  g->row = pad16(g->payload + 4 * int64_t(g->S) + 8);
-  g->c_stride_max = int64_t(g->H) * 4;
-  g->off_counts = pad16(sizeof(SyncFlags));
-  g->off_rows = g->off_counts + pad16(int64_t(g->N) * g->L * 4);
-  g->off_c_rows = g->off_rows + int64_t(g->N) * g->P * g->row;
-  g->shared_slot_bytes = pad16(g->off_c_rows + int64_t(g->N) * g->tp * g->P * g->c_stride_max);
-  g->off_staging = 0;
-  g->off_scratch = int64_t(g->T) * g->row;
-  g->off_epochs = g->off_scratch + pad16(scratch_bytes(*g));
-  g->private_slot_bytes = pad16(g->off_epochs + sizeof(Epochs));
-  *shared_bytes = g->shared_slot_bytes * slots;
-  *private_bytes = g->private_slot_bytes * slots;
 }
 
 RankState::RankState(const CudaOptions& o, int rank, int device, int local_index) : o_(o), rank_(rank), device_(device) {
@@ -207,22 +185,6 @@ std::string RankState::error_text() const {
   }
 #endif
   return describe_error(*err_, o_.timeout_s, "cuda");
-}
-
-std::string describe_error(const ErrorRecord& e, double timeout_s, const char* backend) {
-  if (e.code == 0) return "";
-  static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
-  std::string missing;
-  for (int r = 0; r < 64; ++r)
-    if (e.missing >> r & 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-  const std::string what = missing.empty()
-                               // only the proxy knows who is missing, and it raised nothing in time
-                               ? "the inter-node proxy raised no flag within " + std::to_string(timeout_s * 1.5 + 2) +
-                                     " s (its thread stalled, or remote ranks are missing)"
-                               : "ranks [" + missing + "] did not arrive within " + std::to_string(timeout_s) + " s";
-  return "jax_moe_a2a " + std::string(backend) + " " + names[e.op & 3] + " (slot " + std::to_string(e.slot) +
-         ", rank " + std::to_string(e.rank) + "): " + what +
-         "; that step's outputs are NaN / empty and this communicator is unusable (create a new one)";
 }
 
 CudaComm::CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices,

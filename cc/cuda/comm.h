@@ -12,26 +12,14 @@
 #include <string>
 #include <vector>
 
-#include "cuda/kernel_timer.h"
-#include "cuda/params.h"
+#include "gpu/comm.h"
+#include "gpu/kernel_timer.h"
+#include "gpu/params.h"
 
 namespace a2a::cuda {
 
-struct CudaOptions {
-  Geometry g;            // N, E, L, K, H, T, tp, S, scale_block, wire_kind, layout, capacity, pow2 set
-  int slots = 2;
-  double timeout_s = 60.0;
-  // Ranks a, b share a node iff a / node_size == b / node_size (0: every rank in one node). Peers
-  // on other nodes go through the proxy and a TransferEngine over `provider` (cuda/remote_path.h).
-  int node_size = 0;
-  int priv_rows = -1;    // private rows per remote sender (-1: all; protocol::ExchangeOptions)
-  std::string provider;  // "" -> $JAX_MOE_A2A_PROVIDER -> shm
-};
 
 class RemotePath;
-
-// Fills P, row, payload and every offset of g (the shape fields must be set).
-void finish_geometry(Geometry* g, int slots, int64_t* shared_bytes, int64_t* private_bytes);
 
 class RankState {
  public:
@@ -107,9 +95,6 @@ std::shared_ptr<CudaComm> find_comm(int64_t id, int group = 0);  // throws std::
 std::shared_ptr<CudaComm> find_on_device(int64_t id, int device);
 std::vector<std::shared_ptr<CudaComm>> find_groups(int64_t id);  // every local group, ascending
 void unregister_comm(int64_t id);  // every group of `id`
-
-// Text of a kernel timeout recorded in `e` ("" when none), naming the backend.
-std::string describe_error(const ErrorRecord& e, double timeout_s, const char* backend);
 
 // Process token: distinguishes this process from others in bootstrap data.
 uint64_t process_token();

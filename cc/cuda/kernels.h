@@ -1,20 +1,14 @@
 // Launchers of the cuda backend's kernels (one kernel per half; only the grid-routed
 // dispatch_send is cooperative: docs/gpu_kernels.md). Each returns the launch error; a failure
 // inside a kernel (a peer that never arrives) records an ErrorRecord in mapped host memory and
-// ends the op without a trap (cuda/common.cuh, slot_failed).
+// ends the op without a trap (gpu/failure.cuh, slot_failed).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include "cuda/params.h"
+#include "gpu/params.h"
 
 namespace a2a::cuda {
-
-// Private scratch bytes per slot (routing and arrangement tables) for a geometry.
-int64_t scratch_bytes(const Geometry& g);
-
-// Blocks per kernel launch for this device (one per SM: co-resident, as a cooperative launch needs).
-int grid_blocks(int device);
 
 // dispatch_send picks its kernel: block-routed (cuda/dispatch/send_block.cu) when every peer is
 // node-local, tp_size is 1 and the routing tables fit in kBlockRoutingSmem bytes of shared memory

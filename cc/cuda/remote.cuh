@@ -7,7 +7,10 @@
 // p.remote.mask == 0 (all peers node-local).
 #pragma once
 
-#include "cuda/common.cuh"
+#include "cuda/device.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/ptx.cuh"
+#include "gpu/wait.cuh"
 #include "proxy/ctrl.h"
 
 namespace a2a::cuda::remote {

@@ -6,7 +6,7 @@
 #include <map>
 #include <stdexcept>
 
-#include "cuda/check.h"
+#include "gpu/check.h"
 #include "transfer/connect_order.h"
 
 namespace a2a::cuda {

@@ -14,7 +14,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cuda/params.h"
+#include "gpu/params.h"
 #include "protocol/exchange.h"
 #include "proxy/gdrcopy.h"
 #include "proxy/proxy.h"

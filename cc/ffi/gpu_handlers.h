@@ -1,11 +1,20 @@
-// What the GPU backends' FFI handlers (cuda, nvshmem) share: the dtype codes of the kernels, the
-// decoding of each half's operands into the cuda parameter structs, and each half's binding
-// (operands, results, attributes). A backend's handler adds only finding its state and launching.
+// The FFI handlers of both GPU backends (cuda, nvshmem), as one template over the backend: the
+// four halves' signatures (XLA infers each binding from them, so every operand, result and
+// attribute is named once, here), the decoding of their operands into the kernels' parameter
+// structs (cc/gpu/params.h), and the one run() every half goes through. A backend adds only how
+// it finds this call's rank and launches a kernel (the contract above Handlers); its .cc file then defines
+// the four symbols with A2A_GPU_HANDLERS. They only launch device work with pointers that stay
+// fixed (library buffers; XLA buffers passed per call), so they are command-buffer compatible.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include "cuda/params.h"
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "gpu/params.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace a2a::ffi_gpu {
@@ -23,136 +32,187 @@ inline int kind_of(ffi::DataType t) {
   }
 }
 
-// x [T, H] f32/bf16/f16 (or fp8 with x_scale [T, S] f32; else x_scale is empty), ids [T, K] s32,
-// weights [T, K] f32, num_tokens [] s32 -> handle [2], dest [T, K], pair_slot [T, K], dropped [].
-// The geometry and slot pointers are the caller's. Returns cudaErrorInvalidValue for a bad dtype.
-inline cudaError_t decode(cuda::DispatchSendParams* p, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> x_scale,
-                          ffi::Buffer<ffi::S32> ids, ffi::Buffer<ffi::F32> weights, ffi::Buffer<ffi::S32> num_tokens,
-                          ffi::Result<ffi::Buffer<ffi::S32>> handle, ffi::Result<ffi::Buffer<ffi::S32>> dest,
-                          ffi::Result<ffi::Buffer<ffi::S32>> pair_slot, ffi::Result<ffi::Buffer<ffi::S32>> dropped) {
-  p->x = x.untyped_data();
-  p->x_kind = kind_of(x.element_type());
-  p->x_scale = x_scale.element_count() ? x_scale.typed_data() : nullptr;
-  p->ids = ids.typed_data();
-  p->weights = weights.typed_data();
-  p->num_tokens = num_tokens.typed_data();
-  p->handle = handle->typed_data();
-  p->dest = dest->typed_data();
-  p->pair_slot = pair_slot->typed_data();
-  p->dropped = dropped->typed_data();
-  return p->x_kind < 0 ? cudaErrorInvalidValue : cudaSuccess;
-}
+// XLA's stream and device ordinal of the call (execution context, not operands).
+struct Stream {
+  cudaStream_t s;
+  Stream(cudaStream_t v) : s(v) {}  // NOLINT: converted from the decoded context
+};
+struct Device {
+  int32_t ordinal;
+  Device(int32_t v) : ordinal(v) {}  // NOLINT
+};
 
-// handle [2] -> x [R', H] wire dtype, scale [R', S] f32 (empty unless fp8), group_sizes [L],
-// weights [R'], src [R', 2], recv_slot [R'], recv_counts [N, L], overflow [].
-inline cudaError_t decode(cuda::DispatchRecvParams* p, ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::AnyBuffer> x,
-                          ffi::Result<ffi::Buffer<ffi::F32>> scale, ffi::Result<ffi::Buffer<ffi::S32>> group_sizes,
-                          ffi::Result<ffi::Buffer<ffi::F32>> weights, ffi::Result<ffi::Buffer<ffi::S32>> src,
-                          ffi::Result<ffi::Buffer<ffi::S32>> recv_slot, ffi::Result<ffi::Buffer<ffi::S32>> recv_counts,
-                          ffi::Result<ffi::Buffer<ffi::S32>> overflow) {
-  p->handle = handle.typed_data();
-  p->x = x->untyped_data();
-  p->scale = scale->element_count() ? scale->typed_data() : nullptr;
-  p->group_sizes = group_sizes->typed_data();
-  p->weights = weights->typed_data();
-  p->src = src->typed_data();
-  p->recv_slot = recv_slot->typed_data();
-  p->recv_counts = recv_counts->typed_data();
-  p->overflow = overflow->typed_data();
-  return cudaSuccess;
-}
-
-// y [R', H] f32/bf16/f16, recv_counts [N, L] s32 -> handle [2].
-inline cudaError_t decode(cuda::CombineSendParams* p, ffi::AnyBuffer y, ffi::Buffer<ffi::S32> recv_counts,
-                          ffi::Result<ffi::Buffer<ffi::S32>> handle) {
-  p->y = y.untyped_data();
-  p->y_kind = kind_of(y.element_type());
-  p->recv_counts = recv_counts.typed_data();
-  p->handle = handle->typed_data();
-  return p->y_kind < 0 || p->y_kind == 3 ? cudaErrorInvalidValue : cudaSuccess;
-}
-
-// handle [2], dest/pair_slot [T, K] s32, weights [T, K] f32, num_tokens [], out_in [T, H] or
-// empty -> out [T, H] combine dtype, pairs [T, K, H] f32 or empty.
-inline cudaError_t decode(cuda::CombineRecvParams* p, ffi::Buffer<ffi::S32> handle, ffi::Buffer<ffi::S32> dest,
-                          ffi::Buffer<ffi::S32> pair_slot, ffi::Buffer<ffi::F32> weights,
-                          ffi::Buffer<ffi::S32> num_tokens, ffi::AnyBuffer out_in, ffi::Result<ffi::AnyBuffer> out,
-                          ffi::Result<ffi::Buffer<ffi::F32>> pairs, int32_t y_kind) {
-  p->handle = handle.typed_data();
-  p->y_kind = y_kind;
-  p->dest = dest.typed_data();
-  p->pair_slot = pair_slot.typed_data();
-  p->weights = weights.typed_data();
-  p->num_tokens = num_tokens.typed_data();
-  p->out_in = out_in.element_count() ? out_in.untyped_data() : nullptr;
-  p->out_in_kind = kind_of(out_in.element_type());
-  p->out = out->untyped_data();
-  p->out_kind = kind_of(out->element_type());
-  p->pairs = pairs->element_count() ? pairs->typed_data() : nullptr;
-  return cudaSuccess;
-}
+// The attributes of the halves (jax_moe_a2a/backends/ffi.py), each set decoded as one struct.
+struct SendAttrs {  // dispatch_send, combine_send
+  int64_t comm_id;
+  int32_t slot;
+  int64_t call_id;  // distinct per call site, so that XLA never merges two calls; unused here
+};
+struct RecvAttrs {  // dispatch_recv
+  int64_t comm_id;
+  int32_t slot;
+};
+struct CombineRecvAttrs {  // combine_recv
+  int64_t comm_id;
+  int32_t slot;
+  int32_t y_kind;  // element kind of combine_send's y (kind_of)
+};
 
 }  // namespace a2a::ffi_gpu
 
-// The bindings of the four halves (same operands for every GPU backend).
-#define A2A_GPU_BIND_DISPATCH_SEND                                                                                  \
-  ::xla::ffi::Ffi::Bind()                                                                                           \
-      .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()                                                              \
-      .Ctx<::xla::ffi::DeviceOrdinal>()                                                                             \
-      .Arg<::xla::ffi::AnyBuffer>()                                                                                 \
-      .Arg<::xla::ffi::Buffer<::xla::ffi::F32>>()                                                                   \
-      .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Arg<::xla::ffi::Buffer<::xla::ffi::F32>>()                                                                   \
-      .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Arg<::xla::ffi::AnyBuffer>()                                                                                 \
-      .Ret<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Ret<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Ret<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Ret<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Attr<int64_t>("comm_id")                                                                                     \
-      .Attr<int32_t>("slot")                                                                                        \
-      .Attr<int64_t>("call_id")
+namespace xla::ffi {
+template <>
+struct CtxBinding<a2a::ffi_gpu::Stream> {
+  using Ctx = PlatformStream<cudaStream_t>;
+};
+template <>
+struct CtxBinding<a2a::ffi_gpu::Device> {
+  using Ctx = DeviceOrdinal;
+};
+}  // namespace xla::ffi
 
-#define A2A_GPU_BIND_DISPATCH_RECV                                                                                  \
-  ::xla::ffi::Ffi::Bind()                                                                                           \
-      .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()                                                              \
-      .Ctx<::xla::ffi::DeviceOrdinal>()                                                                             \
-      .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Ret<::xla::ffi::AnyBuffer>()                                                                                 \
-      .Ret<::xla::ffi::Buffer<::xla::ffi::F32>>()                                                                   \
-      .Ret<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Ret<::xla::ffi::Buffer<::xla::ffi::F32>>()                                                                   \
-      .Ret<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Ret<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Ret<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Ret<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Attr<int64_t>("comm_id")                                                                                     \
-      .Attr<int32_t>("slot")
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(a2a::ffi_gpu::SendAttrs, StructMember<int64_t>("comm_id"),
+                                      StructMember<int32_t>("slot"), StructMember<int64_t>("call_id"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(a2a::ffi_gpu::RecvAttrs, StructMember<int64_t>("comm_id"),
+                                      StructMember<int32_t>("slot"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(a2a::ffi_gpu::CombineRecvAttrs, StructMember<int64_t>("comm_id"),
+                                      StructMember<int32_t>("slot"), StructMember<int32_t>("y_kind"));
 
-#define A2A_GPU_BIND_COMBINE_SEND                                                                                   \
-  ::xla::ffi::Ffi::Bind()                                                                                           \
-      .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()                                                              \
-      .Ctx<::xla::ffi::DeviceOrdinal>()                                                                             \
-      .Arg<::xla::ffi::AnyBuffer>()                                                                                 \
-      .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Arg<::xla::ffi::AnyBuffer>()                                                                                 \
-      .Ret<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Attr<int64_t>("comm_id")                                                                                     \
-      .Attr<int32_t>("slot")                                                                                        \
-      .Attr<int64_t>("call_id")
+namespace a2a::ffi_gpu {
 
-#define A2A_GPU_BIND_COMBINE_RECV                                                                                   \
-  ::xla::ffi::Ffi::Bind()                                                                                           \
-      .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()                                                              \
-      .Ctx<::xla::ffi::DeviceOrdinal>()                                                                             \
-      .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Arg<::xla::ffi::Buffer<::xla::ffi::F32>>()                                                                   \
-      .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()                                                                   \
-      .Arg<::xla::ffi::AnyBuffer>()                                                                                 \
-      .Ret<::xla::ffi::AnyBuffer>()                                                                                 \
-      .Ret<::xla::ffi::Buffer<::xla::ffi::F32>>()                                                                   \
-      .Attr<int64_t>("comm_id")                                                                                     \
-      .Attr<int32_t>("slot")                                                                                        \
-      .Attr<int32_t>("y_kind")
+// What a GPU backend gives Handlers<Backend>:
+//   static constexpr const char* kName;        // "cuda", "nvshmem": in every error text
+//   using Rank = ...;                          // its per-rank state: geometry(), slot(z), check_error()
+//   static Rank* find(int64_t comm_id, int32_t dev, std::shared_ptr<void>* keep, std::string* why);
+//       this call's rank (kept alive by *keep until the launch returns), or null with the error
+//       text in *why; may throw
+//   static cudaError_t launch(Rank&, int op, cudaStream_t, const P&);  // for each parameter struct P
+//       op 0..3 = dispatch_send, dispatch_recv, combine_send, combine_recv (cuda::KernelTimer)
+template <typename Backend>
+struct Handlers {
+  using Any = ffi::AnyBuffer;
+  using F32 = ffi::Buffer<ffi::F32>;
+  using S32 = ffi::Buffer<ffi::S32>;
+  template <typename T>
+  using Out = ffi::Result<T>;
+
+  // x [T, H] f32/bf16/f16 (or fp8 with x_scale [T, S] f32; else x_scale is empty), ids [T, K],
+  // weights [T, K], num_tokens [] -> handle [2], dest [T, K], pair_slot [T, K], dropped []. `after`
+  // operands only order a call after earlier work (jax_moe_a2a/backends/ffi.py).
+  static ffi::Error dispatch_send(Stream stream, Device dev, Any x, F32 x_scale, S32 ids, F32 weights, S32 num_tokens,
+                                  Any /*after*/, Out<S32> handle, Out<S32> dest, Out<S32> pair_slot, Out<S32> dropped,
+                                  SendAttrs a) {
+    return run<cuda::DispatchSendParams>("dispatch_send", 0, stream, dev, a.comm_id, a.slot, [&](auto* p) {
+      p->x = x.untyped_data();
+      p->x_kind = kind_of(x.element_type());
+      p->x_scale = x_scale.element_count() ? x_scale.typed_data() : nullptr;
+      p->ids = ids.typed_data();
+      p->weights = weights.typed_data();
+      p->num_tokens = num_tokens.typed_data();
+      p->handle = handle->typed_data();
+      p->dest = dest->typed_data();
+      p->pair_slot = pair_slot->typed_data();
+      p->dropped = dropped->typed_data();
+      return p->x_kind >= 0;
+    });
+  }
+
+  // handle [2] -> x [R', H] wire dtype, scale [R', S] f32 (empty unless fp8), group_sizes [L],
+  // weights [R'], src [R', 2], recv_slot [R'], recv_counts [N, L], overflow [].
+  static ffi::Error dispatch_recv(Stream stream, Device dev, S32 handle, Out<Any> x, Out<F32> scale,
+                                  Out<S32> group_sizes, Out<F32> weights, Out<S32> src, Out<S32> recv_slot,
+                                  Out<S32> recv_counts, Out<S32> overflow, RecvAttrs a) {
+    return run<cuda::DispatchRecvParams>("dispatch_recv", 1, stream, dev, a.comm_id, a.slot, [&](auto* p) {
+      p->handle = handle.typed_data();
+      p->x = x->untyped_data();
+      p->scale = scale->element_count() ? scale->typed_data() : nullptr;
+      p->group_sizes = group_sizes->typed_data();
+      p->weights = weights->typed_data();
+      p->src = src->typed_data();
+      p->recv_slot = recv_slot->typed_data();
+      p->recv_counts = recv_counts->typed_data();
+      p->overflow = overflow->typed_data();
+      return true;
+    });
+  }
+
+  // y [R', H] f32/bf16/f16, recv_counts [N, L] -> handle [2].
+  static ffi::Error combine_send(Stream stream, Device dev, Any y, S32 recv_counts, Any /*after*/, Out<S32> handle,
+                                 SendAttrs a) {
+    return run<cuda::CombineSendParams>("combine_send", 2, stream, dev, a.comm_id, a.slot, [&](auto* p) {
+      p->y = y.untyped_data();
+      p->y_kind = kind_of(y.element_type());
+      p->recv_counts = recv_counts.typed_data();
+      p->handle = handle->typed_data();
+      return p->y_kind >= 0 && p->y_kind != 3;
+    });
+  }
+
+  // handle [2], dest/pair_slot [T, K], weights [T, K], num_tokens [], out_in [T, H] or empty ->
+  // out [T, H] combine dtype, pairs [T, K, H] f32 or empty.
+  static ffi::Error combine_recv(Stream stream, Device dev, S32 handle, S32 dest, S32 pair_slot, F32 weights,
+                                 S32 num_tokens, Any out_in, Out<Any> out, Out<F32> pairs, CombineRecvAttrs a) {
+    return run<cuda::CombineRecvParams>("combine_recv", 3, stream, dev, a.comm_id, a.slot, [&](auto* p) {
+      p->handle = handle.typed_data();
+      p->y_kind = a.y_kind;
+      p->dest = dest.typed_data();
+      p->pair_slot = pair_slot.typed_data();
+      p->weights = weights.typed_data();
+      p->num_tokens = num_tokens.typed_data();
+      p->out_in = out_in.element_count() ? out_in.untyped_data() : nullptr;
+      p->out_in_kind = kind_of(out_in.element_type());
+      p->out = out->untyped_data();
+      p->out_kind = kind_of(out->element_type());
+      p->pairs = pairs->element_count() ? pairs->typed_data() : nullptr;
+      return true;
+    });
+  }
+
+ private:
+  // Finds the rank, raises an error a kernel recorded earlier, fills P (the rank's geometry and
+  // slot pointers, then the operands: `fill` returns false for an operand dtype the kernels do not
+  // take), makes `dev` current and launches.
+  template <typename P, typename Fill>
+  static ffi::Error run(const char* op, int op_index, Stream stream, Device dev, int64_t comm_id, int32_t slot,
+                        Fill&& fill) {
+    const auto fail = [&](const std::string& what) {
+      return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_moe_a2a ") + Backend::kName + " " + op + ": " + what);
+    };
+    try {
+      std::shared_ptr<void> keep;
+      std::string why;
+      typename Backend::Rank* rank = Backend::find(comm_id, dev.ordinal, &keep, &why);
+      if (!rank) return ffi::Error(ffi::ErrorCode::kInternal, why);
+      rank->check_error();
+      P p{};
+      p.g = rank->geometry();
+      p.p = rank->slot(slot);
+      cudaError_t rc = fill(&p) ? cudaSuccess : cudaErrorInvalidValue;
+      int cur = -1;
+      if (rc == cudaSuccess && (cudaGetDevice(&cur) != cudaSuccess || cur != dev.ordinal)) rc = cudaSetDevice(dev.ordinal);
+      if (rc == cudaSuccess) rc = Backend::launch(*rank, op_index, stream.s, p);
+      if (rc != cudaSuccess) return fail(cudaGetErrorString(rc));
+      return ffi::Error::Success();
+    } catch (const std::exception& e) {
+      return fail(e.what());
+    }
+  }
+};
+
+}  // namespace a2a::ffi_gpu
+
+// Defines one XLA FFI handler symbol for a static member function, its binding inferred from the
+// signature.
+#define A2A_GPU_HANDLER(symbol, impl)                                                                   \
+  extern "C" XLA_FFI_Error* symbol(XLA_FFI_CallFrame* call_frame) {                                     \
+    static auto* handler =                                                                              \
+        ::xla::ffi::Ffi::BindTo(impl, {::xla::ffi::Traits::kCmdBufferCompatible}).release();           \
+    return handler->Call(call_frame);                                                                   \
+  }
+
+// The four handler symbols <prefix>DispatchSend, ... (cc/ffi/handlers.h) of backend `Backend`.
+#define A2A_GPU_HANDLERS(prefix, Backend)                                                               \
+  A2A_GPU_HANDLER(prefix##DispatchSend, &::a2a::ffi_gpu::Handlers<Backend>::dispatch_send)              \
+  A2A_GPU_HANDLER(prefix##DispatchRecv, &::a2a::ffi_gpu::Handlers<Backend>::dispatch_recv)              \
+  A2A_GPU_HANDLER(prefix##CombineSend, &::a2a::ffi_gpu::Handlers<Backend>::combine_send)                \
+  A2A_GPU_HANDLER(prefix##CombineRecv, &::a2a::ffi_gpu::Handlers<Backend>::combine_recv)

@@ -2,7 +2,7 @@
 // Only launches device work and never touches the host: safe inside XLA command buffers.
 #include <cuda_runtime_api.h>
 
-#include "cuda/quantize/quantize_fp8.h"
+#include "gpu/quantize/quantize_fp8.h"
 #include "ffi/common.h"
 #include "ffi/handlers.h"
 

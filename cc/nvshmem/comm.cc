@@ -8,8 +8,8 @@
 
 #include "core/align.h"
 #include "core/registry.h"
-#include "cuda/check.h"
-#include "cuda/kernels.h"
+#include "gpu/check.h"
+#include "gpu/comm.h"
 #include "nvshmem/runtime.h"
 
 namespace a2a::nvshmem {

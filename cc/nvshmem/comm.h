@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "cuda/comm.h"
-#include "cuda/kernel_timer.h"
+#include "gpu/comm.h"
+#include "gpu/kernel_timer.h"
 #include "nvshmem/params.h"
 
 namespace a2a::nvshmem {
 
-// Fills the cuda geometry (cuda::finish_geometry) and this backend's slot layout.
+// Fills the geometry (cuda::finish_geometry, cc/gpu/comm.h) and this backend's slot layout.
 Layout make_layout(cuda::Geometry* g);
 
 class NvComm {

@@ -8,7 +8,8 @@
 #include <nvshmem.h>
 #include <nvshmemx.h>
 
-#include "cuda/common.cuh"
+#include "gpu/params.h"
+#include "gpu/wait.cuh"
 #include "nvshmem/params.h"
 
 namespace a2a::nvshmem {

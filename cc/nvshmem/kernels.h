@@ -6,7 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda/params.h"
+#include "gpu/params.h"
 #include "nvshmem/params.h"
 
 namespace a2a::nvshmem {

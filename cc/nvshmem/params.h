@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "cuda/params.h"
+#include "gpu/params.h"
 
 namespace a2a::nvshmem {
 

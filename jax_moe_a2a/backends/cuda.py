@@ -51,7 +51,7 @@ class CudaBackend(FfiBackend):
         return devices
 
     # Dynamic shared memory a block may take without opting in: every block of dispatch_recv and
-    # combine_send holds the receive arrangement, 4 * (3 E + 3 L + N + 2) bytes (cc/cuda/arrange.cuh).
+    # combine_send holds the receive arrangement, 4 * (3 E + 3 L + N + 2) bytes (cc/gpu/arrange.cuh).
     SMEM_BYTES = 48 * 1024
 
     @classmethod

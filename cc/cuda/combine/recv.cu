@@ -1,18 +1,20 @@
 // combine recv: every block waits for every expert rank's rows and reduces its share of each
 // token's pairs in f32 with the router weights (plus `out`); the last block to finish frees our
 // combine region for the expert ranks. No grid-wide barrier.
-#include "cuda/common.cuh"
+#include "cuda/device.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
+#include "gpu/elems.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
+#include "gpu/reduce.cuh"
 
 namespace a2a::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParams P) {
-  const Geometry& g = P.g;
-  const GridIdx ix;
-  const int me = P.p.rank;
-  const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
+  A2A_KERNEL_START(P);
   SyncFlags* mine = flags_of(P.p, me);
   if (slot_failed(g, P.p) ||
       !remote::wait_peers(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1,
@@ -27,7 +29,7 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
     const int64_t at = ((int64_t(d) * g.tp + t % g.tp) * g.P + slot) * stride;
     return remote::is_remote(P.p, d) ? P.p.remote.c_recv + at : region + at;
   });
-  if (last_block_done(&epochs_of(g, P.p.priv)->done[3])) {  // expert ranks may overwrite our rows now
+  if (last_block_done(&ep->done[3])) {  // expert ranks may overwrite our rows now
     if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x))
       ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->c_free[me], epoch + 1);
     if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->c_consumed, epoch + 1);
@@ -38,17 +40,6 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
 
 cudaError_t launch_combine_recv(const CombineRecvParams& p, int blocks, cudaStream_t stream) {
   return launch_plain(combine_recv_kernel, blocks, 0, stream, p);
-}
-
-int64_t scratch_bytes(const Geometry& g) {  // dispatch_send's routing tables (cuda/route.cuh)
-  return 4 * (2 * int64_t(g.T) * g.K + 2 * int64_t(g.tp) * g.E);
-}
-
-int grid_blocks(int device) {
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) sms = 1;
-  // One block of kThreads per SM is always co-resident (the kernels use little shared memory).
-  return sms;
 }
 
 }  // namespace a2a::cuda

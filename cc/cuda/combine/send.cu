@@ -1,24 +1,25 @@
 // combine send: put each received row's expert output back at its source, at the slot the
 // source chose, for every member of the source's tp group; zeros for rows the capacity rule
 // dropped. Every block waits until the sources freed our previous rows, derives the arrangement
-// in its own shared memory (cuda/arrange.cuh) and copies its share of (row, segment) items; the
+// in its own shared memory (gpu/arrange.cuh) and copies its share of (row, segment) items; the
 // last block to finish raises each rank's combine arrival flag. No grid-wide barrier.
-#include "cuda/arrange.cuh"
-#include "cuda/common.cuh"
+#include "cuda/device.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/copy.cuh"
+#include "gpu/elems.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
 
 namespace a2a::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParams P) {
   extern __shared__ int32_t smem[];
-  const Geometry& g = P.g;
-  const GridIdx ix;
+  A2A_KERNEL_START(P);
   const int lane = ix.lane;
-  const int me = P.p.rank;
-  Epochs* ep = epochs_of(g, P.p.priv);
-  const uint64_t epoch = ep->c_send;  // advanced by the last block, after every block read it
   SyncFlags* mine = flags_of(P.p, me);
 
   if (slot_failed(g, P.p) ||

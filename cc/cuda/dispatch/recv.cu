@@ -1,22 +1,22 @@
 // dispatch recv: every block waits for every source's arrival flag, derives the canonical layout
-// (local expert, source, token; capacity rule) in its own shared memory (cuda/arrange.cuh), and
+// (local expert, source, token; capacity rule) in its own shared memory (gpu/arrange.cuh), and
 // copies its share of (row, segment) work items; the last block to finish frees the sources' rows.
 // No grid-wide barrier: blocks never wait for each other.
-#include "cuda/arrange.cuh"
-#include "cuda/common.cuh"
+#include "cuda/device.cuh"
 #include "cuda/kernels.h"
-#include "cuda/recv_rows.cuh"
 #include "cuda/remote.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
+#include "gpu/recv_rows.cuh"
 
 namespace a2a::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvParams P) {
   extern __shared__ int32_t smem[];
-  const Geometry& g = P.g;
-  const GridIdx ix;
-  const int me = P.p.rank;
-  const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
+  A2A_KERNEL_START(P);
   SyncFlags* mine = flags_of(P.p, me);
   const int32_t* counts = reinterpret_cast<const int32_t*>(P.p.peer_shared[me] + g.off_counts);
 
@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
     return remote::is_remote(P.p, s) ? remote::landed_row(P.p, g, s, j)
                                      : P.p.peer_shared[me] + g.off_rows + (int64_t(s) * g.P + j) * g.row;
   }, [&](int, int32_t, const uint8_t* row, int32_t* tok, float* wt) { row_trailer(g, row, tok, wt); });
-  if (last_block_done(&epochs_of(g, P.p.priv)->done[1])) {  // sources may reuse their rows now
+  if (last_block_done(&ep->done[1])) {  // sources may reuse their rows now
     if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x))
       ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->d_free[me], epoch + 1);
     if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->d_consumed, epoch + 1);

@@ -1,27 +1,27 @@
 // dispatch send: route, quantise/convert, push rows and counts into every peer's buffer, raise
 // each peer's arrival flag. One cooperative kernel of two phases separated by one grid sync, each
-// spread over the whole grid (cuda/route.cuh says what each routing phase reads and writes); the
+// spread over the whole grid (gpu/route.cuh says what each routing phase reads and writes); the
 // last block to finish raises the flags.
 #include <cstdlib>
 #include <string>
 
-#include "cuda/arrange.cuh"
-#include "cuda/common.cuh"
+#include "cuda/device.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
-#include "cuda/route.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/copy.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
+#include "gpu/route.cuh"
 
 namespace a2a::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendParams P) {
-  const Geometry& g = P.g;
+  A2A_KERNEL_START(P);
   cg::grid_group grid = cg::this_grid();
-  const GridIdx ix;
-  const int lane = ix.lane;
-  const int me = P.p.rank, member = me % g.tp;
-  Epochs* ep = epochs_of(g, P.p.priv);
-  const uint64_t epoch = ep->d_send;  // advanced by the last block, after every block read it
+  const int lane = ix.lane, member = me % g.tp;
   const int n = max(0, min(*P.num_tokens, g.T));
   SendScratch s = send_scratch(g, P.p.priv);
   if (slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it

@@ -3,14 +3,18 @@
 // itself in shared memory (ids [T*K], a token bitmap per expert [E][ceil(T/32)], counts and first
 // slots [E]), then quantises / converts its tokens one at a time into a shared-memory wire row and
 // writes that row straight to every destination of the token (no global staging). A pair's slot
-// is the same as in the grid-routed kernel (cuda/route.cuh): its expert's first slot within the
+// is the same as in the grid-routed kernel (gpu/route.cuh): its expert's first slot within the
 // destination plus the number of earlier tokens routed to that expert, so positions never depend
 // on timing. The last block to finish raises the arrival flags.
-#include "cuda/arrange.cuh"
-#include "cuda/common.cuh"
+#include "cuda/device.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
-#include "cuda/route.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/copy.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
+#include "gpu/route.cuh"
 
 namespace a2a::cuda {
 namespace {
@@ -47,12 +51,8 @@ __device__ __forceinline__ void warp_copy_from_shared(uint8_t* dst, const uint8_
 
 __global__ void __launch_bounds__(kThreads) dispatch_send_block_kernel(DispatchSendParams P) {
   extern __shared__ __align__(16) uint8_t smem[];
-  const Geometry& g = P.g;
-  const GridIdx ix;
+  A2A_KERNEL_START(P);
   const int lane = ix.lane, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int me = P.p.rank;
-  Epochs* ep = epochs_of(g, P.p.priv);
-  const uint64_t epoch = ep->d_send;  // advanced by the last block, after every block read it
   const int n = max(0, min(*P.num_tokens, g.T));
   const BlockRouteSmem lay(g);
   int32_t* pe = reinterpret_cast<int32_t*>(smem + lay.off_ids);

@@ -2,6 +2,11 @@
 // the whole tp group's, since every member gets every row), waits until c_rows reaches them and
 // reduces its share of each token's pairs in f32 with the router weights (plus `out`); the last
 // block to finish frees our combine region. No grid-wide barrier.
+#include "gpu/elems.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
+#include "gpu/reduce.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
 
@@ -9,11 +14,7 @@ namespace a2a::nvshmem {
 namespace {
 
 __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::CombineRecvParams P, NvSlot nv) {
-  const Geometry& g = P.g;
-  const Layout& lay = nv.lay;
-  const cuda::GridIdx ix;
-  const int me = P.p.rank;
-  const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
+  A2A_KERNEL_START(P);
   const int n = max(0, min(*P.num_tokens, g.T));
 
   if (cuda::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
@@ -29,7 +30,7 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
     if (d >= 0 && d < g.N) atomicAdd(&expect[d], 1);
   }
   __syncthreads();
-  uint64_t* consumed = seen(P.p, lay, 1, g);  // advanced by the last block, after every block waited
+  uint64_t* consumed = seen(P.p, nv.lay, 1, g);  // advanced by the last block, after every block waited
   Signals* mine = signals_at(P.p, me);
   if (!wait_signals(P.p, g, 3, [&](int r) { return &mine->c_rows[r]; },
                     [&](int r) { return consumed[r] + static_cast<uint64_t>(expect[r]); }, blockIdx.x == 0)) {
@@ -37,11 +38,11 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
     return;
   }
   const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
-  const uint8_t* region = P.p.peer_shared[me] + lay.off_c_rows;  // [N expert rank][tp][P][stride]
+  const uint8_t* region = P.p.peer_shared[me] + nv.lay.off_c_rows;  // [N expert rank][tp][P][stride]
   cuda::reduce_combine(P, n, ix, [&](int t, int d, int32_t slot) {
     return region + ((int64_t(d) * g.tp + t % g.tp) * g.P + slot) * stride;
   });
-  if (cuda::last_block_done(&cuda::epochs_of(g, P.p.priv)->done[3]) && threadIdx.x < g.N) {
+  if (cuda::last_block_done(&ep->done[3]) && threadIdx.x < g.N) {
     const int r = threadIdx.x;  // expert ranks may overwrite our combine region now
     consumed[r] += static_cast<uint64_t>(expect[r]);
     nvshmemx_signal_op(&signals_at(P.p, r)->c_free[me], epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[r]);

@@ -1,9 +1,13 @@
 // nvshmem combine send: put each received row's expert output back at its source, at the slot
 // the source chose, for every member of the source's tp group (put-with-signal, +1 on
 // c_rows[me] there); zeros for rows the capacity rule dropped. Every block waits for c_free and
-// derives the arrangement in its own shared memory (cuda/arrange.cuh). No closing signal:
+// derives the arrangement in its own shared memory (gpu/arrange.cuh). No closing signal:
 // receivers count rows.
-#include "cuda/arrange.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/elems.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
 
@@ -12,12 +16,7 @@ namespace {
 
 __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::CombineSendParams P, NvSlot nv) {
   extern __shared__ int32_t smem[];
-  const Geometry& g = P.g;
-  const Layout& lay = nv.lay;
-  const cuda::GridIdx ix;
-  const int me = P.p.rank;
-  cuda::Epochs* ep = cuda::epochs_of(g, P.p.priv);
-  const uint64_t epoch = ep->c_send;  // advanced by the last block, after every block read it
+  A2A_KERNEL_START(P);
 
   // Every source must have reduced our previous rows before we overwrite them.
   if (cuda::slot_failed(g, P.p) ||
@@ -27,13 +26,13 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
   const cuda::BlockArrangement a =
       cuda::block_arrange(g, [&](int s, int l) { return P.recv_counts[s * g.L + l]; }, smem);
   const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
-  const uint8_t* zero = P.p.priv + lay.off_zero;  // [H * 4] zeros, never written
+  const uint8_t* zero = P.p.priv + nv.lay.off_zero;  // [H * 4] zeros, never written
   for (int64_t w = ix.gwarp; w < a.row_base[g.N]; w += ix.nwarps) {  // warp per received row
     const cuda::RowLoc r = cuda::locate_row(g, a, static_cast<int32_t>(w));
     const uint8_t* src = r.pos >= 0 ? static_cast<const uint8_t*>(P.y) + r.pos * stride : zero;
     const int g0 = r.s / g.tp * g.tp;
     for (int m = g0; m < g0 + g.tp; ++m)
-      put_row_signal(P.p.peer_shared[m] + lay.off_c_rows + ((int64_t(me) * g.tp + r.s % g.tp) * g.P + r.j) * stride,
+      put_row_signal(P.p.peer_shared[m] + nv.lay.off_c_rows + ((int64_t(me) * g.tp + r.s % g.tp) * g.P + r.j) * stride,
                      src, stride, &signals_at(P.p, m)->c_rows[me], nv.pe[m]);
   }
   if (cuda::last_block_done(&ep->done[2]) && threadIdx.x == 0) {

@@ -1,9 +1,12 @@
 // nvshmem dispatch recv: every block waits for every source's meta block (d_meta), lays out the
-// arrangement from its counts in shared memory (cuda/arrange.cuh), waits until every source's rows
+// arrangement from its counts in shared memory (gpu/arrange.cuh), waits until every source's rows
 // have landed (d_rows reaches what we consumed before plus the rows it announced) and copies its
 // share of the rows out canonically (local expert, source, token; capacity rule); the last block
 // to finish tells every source its region is free (d_free). No grid-wide barrier.
-#include "cuda/recv_rows.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
+#include "gpu/recv_rows.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
 
@@ -12,14 +15,10 @@ namespace {
 
 __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::DispatchRecvParams P, NvSlot nv) {
   extern __shared__ int32_t smem[];
-  const Geometry& g = P.g;
-  const Layout& lay = nv.lay;
-  const cuda::GridIdx ix;
-  const int me = P.p.rank;
-  const uint64_t epoch = static_cast<uint64_t>(P.handle[0]);
+  A2A_KERNEL_START(P);
   const bool report = blockIdx.x == 0;
   Signals* mine = signals_at(P.p, me);
-  uint64_t* consumed = seen(P.p, lay, 0, g);  // advanced by the last block, after every block waited
+  uint64_t* consumed = seen(P.p, nv.lay, 0, g);  // advanced by the last block, after every block waited
 
   if (cuda::slot_failed(g, P.p) ||
       !wait_signals(P.p, g, 1, [&](int r) { return &mine->d_meta[r]; }, [&](int) { return epoch + 1; }, report)) {
@@ -27,7 +26,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::Dis
     return;
   }
   const cuda::BlockArrangement a = cuda::block_arrange(
-      g, [&](int s, int l) { return reinterpret_cast<const volatile int32_t*>(meta_at(P.p, lay, me, s))[l]; }, smem);
+      g, [&](int s, int l) { return reinterpret_cast<const volatile int32_t*>(meta_at(P.p, nv.lay, me, s))[l]; }, smem);
   if (!wait_signals(P.p, g, 1, [&](int r) { return &mine->d_rows[r]; },
                     [&](int r) { return consumed[r] + static_cast<uint64_t>(a.row_base[r + 1] - a.row_base[r]); },
                     report)) {
@@ -36,13 +35,13 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::Dis
   }
   cuda::write_recv_outputs(P, a, ix);
   cuda::copy_received_rows(
-      P, a, ix, [&](int s, int32_t j) { return P.p.peer_shared[me] + lay.off_rows + (int64_t(s) * g.P + j) * g.row; },
+      P, a, ix, [&](int s, int32_t j) { return P.p.peer_shared[me] + nv.lay.off_rows + (int64_t(s) * g.P + j) * g.row; },
       [&](int s, int32_t j, const uint8_t*, int32_t* tok, float* wt) {
-        const int32_t* m = meta_at(P.p, lay, me, s) + g.L + 2 * int64_t(j);
+        const int32_t* m = meta_at(P.p, nv.lay, me, s) + g.L + 2 * int64_t(j);
         *tok = m[0];
         *wt = __int_as_float(m[1]);
       });
-  if (cuda::last_block_done(&cuda::epochs_of(g, P.p.priv)->done[1]) && threadIdx.x < g.N) {
+  if (cuda::last_block_done(&ep->done[1]) && threadIdx.x < g.N) {
     const int r = threadIdx.x;  // sources may overwrite their rows and meta now
     consumed[r] += static_cast<uint64_t>(a.row_base[r + 1] - a.row_base[r]);
     nvshmemx_signal_op(&signals_at(P.p, r)->d_free[me], epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[r]);

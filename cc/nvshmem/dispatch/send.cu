@@ -2,8 +2,11 @@
 // pair's row into its private slot at the destination (put-with-signal, +1 on d_rows[me] there),
 // then one meta block per destination (counts per local expert, token and weight per row) whose
 // signal d_meta[me] = epoch + 1 tells the receiver how many rows to wait for.
-#include "cuda/arrange.cuh"
-#include "cuda/route.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/failure.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/kernel.cuh"
+#include "gpu/route.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
 
@@ -11,17 +14,13 @@ namespace a2a::nvshmem {
 namespace {
 
 __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::DispatchSendParams P, NvSlot nv) {
-  const Geometry& g = P.g;
-  const Layout& lay = nv.lay;
+  A2A_KERNEL_START(P);
   cuda::cg::grid_group grid = cuda::cg::this_grid();
-  const cuda::GridIdx ix;
-  const int me = P.p.rank, member = me % g.tp;
-  cuda::Epochs* ep = cuda::epochs_of(g, P.p.priv);
-  const uint64_t epoch = ep->d_send;  // advanced by the last block, after every block read it
+  const int member = me % g.tp;
   const int n = max(0, min(*P.num_tokens, g.T));
   const cuda::SendScratch s = cuda::send_scratch(g, P.p.priv);
-  int32_t* stage_meta = reinterpret_cast<int32_t*>(P.p.priv + lay.off_meta_stage);  // [N dest][meta_stride / 4]
-  const int64_t words = lay.meta_stride / 4;
+  int32_t* stage_meta = reinterpret_cast<int32_t*>(P.p.priv + nv.lay.off_meta_stage);  // [N dest][meta_stride / 4]
+  const int64_t words = nv.lay.meta_stride / 4;
   const int32_t* cnt = s.cnt + int64_t(member) * g.E;  // [E] rows of our member per expert
   if (cuda::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
     cuda::abandon_dispatch_send(P, ix);
@@ -60,7 +59,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
       m[0] = t;
       m[1] = __float_as_int(P.weights[q]);
     }
-    put_row_signal(P.p.peer_shared[d] + lay.off_rows + (int64_t(me) * g.P + j) * g.row,
+    put_row_signal(P.p.peer_shared[d] + nv.lay.off_rows + (int64_t(me) * g.P + j) * g.row,
                    P.p.priv + g.off_staging + int64_t(t) * g.row, body, &signals_at(P.p, d)->d_rows[me], nv.pe[d]);
   }
   // The last block to finish: one meta block per destination (warp per destination), epoch, handle.
@@ -70,7 +69,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
     int rows = 0;
     for (int l = ix.lane; l < g.L; l += 32) rows += cnt[int64_t(d) * g.L + l];
     for (int off = 16; off > 0; off >>= 1) rows += __shfl_xor_sync(0xffffffffu, rows, off);
-    nvshmemx_putmem_signal_nbi_warp(meta_at(P.p, lay, d, me), stage_meta + d * words,
+    nvshmemx_putmem_signal_nbi_warp(meta_at(P.p, nv.lay, d, me), stage_meta + d * words,
                                     4 * static_cast<size_t>(g.L + 2 * int64_t(rows)), &signals_at(P.p, d)->d_meta[me],
                                     epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[d]);
   }

@@ -6,7 +6,10 @@
 #pragma once
 
 #include "core/fp8.h"
-#include "cuda/common.cuh"
+#include "gpu/copy.cuh"
+#include "gpu/elems.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/params.h"
 
 namespace a2a::cuda {
 

@@ -1,11 +1,13 @@
 // dispatch_recv's output side, shared by the GPU backends (cuda, nvshmem): given a block's
-// arrangement (cuda/arrange.cuh), write the small outputs and copy the block's share of the
+// arrangement (gpu/arrange.cuh), write the small outputs and copy the block's share of the
 // received rows to their canonical positions. Work items are (row, segment) so that a decode
 // batch (a few hundred to a few thousand rows) spreads over every warp of the grid.
 #pragma once
 
-#include "cuda/arrange.cuh"
-#include "cuda/common.cuh"
+#include "gpu/arrange.cuh"
+#include "gpu/copy.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/params.h"
 
 namespace a2a::cuda {
 

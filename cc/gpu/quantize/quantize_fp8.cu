@@ -3,7 +3,7 @@
 #include <cuda_fp8.h>
 
 #include "core/fp8.h"
-#include "cuda/quantize/quantize_fp8.h"
+#include "gpu/quantize/quantize_fp8.h"
 
 namespace a2a::cuda {
 namespace {

@@ -11,7 +11,7 @@
 // while one thread built this table).
 #pragma once
 
-#include "cuda/common.cuh"
+#include "gpu/params.h"
 
 namespace a2a::cuda {
 

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/check.h"
+#include "gpu/check.h"
 
 namespace a2a::cuda {
 

@@ -1,0 +1,26 @@
+// Device helpers of the cuda backend's kernels: where a rank's epoch flags live in its shared
+// slot area (SyncFlags, written by peers through CUDA IPC or peer mappings) and the wait on them.
+// The inter-node side is cuda/remote.cuh.
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/params.h"
+#include "gpu/wait.cuh"
+
+namespace a2a::cuda {
+
+__device__ __forceinline__ SyncFlags* flags_of(const SlotPtrs& p, int rank) {
+  return reinterpret_cast<SyncFlags*>(p.peer_shared[rank]);
+}
+
+// The same wait with one target for every node-local rank (the cuda backend's epoch flags); ranks
+// on other nodes are the proxy's (cuda/remote.cuh).
+template <typename FlagFn>
+__device__ bool wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want,
+                           bool report = true) {
+  const uint64_t remote = p.remote.mask;
+  return wait_flags_each(p, g, op, flag, [want, remote](int r) { return remote >> r & 1 ? 0 : want; }, "cuda",
+                         report);
+}
+}  // namespace a2a::cuda

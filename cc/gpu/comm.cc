@@ -1,0 +1,56 @@
+#include "gpu/comm.h"
+
+#include <cuda_runtime_api.h>
+
+#include "core/align.h"
+
+namespace a2a::cuda {
+
+void finish_geometry(Geometry* g, int slots, int64_t* shared_bytes, int64_t* private_bytes) {
+  const int wire_bytes = g->wire_kind == 0 ? 4 : g->wire_kind == 3 ? 1 : 2;
+  g->L = g->E / g->N;
+  const int per_member = (g->T + g->tp - 1) / g->tp;
+  g->P = per_member * (g->K < g->L ? g->K : g->L);
+  g->payload = int64_t(g->H) * wire_bytes;
+  g->row = pad16(g->payload + 4 * int64_t(g->S) + 8);
+  g->c_stride_max = int64_t(g->H) * 4;
+  g->off_counts = pad16(sizeof(SyncFlags));
+  g->off_rows = g->off_counts + pad16(int64_t(g->N) * g->L * 4);
+  g->off_c_rows = g->off_rows + int64_t(g->N) * g->P * g->row;
+  g->shared_slot_bytes = pad16(g->off_c_rows + int64_t(g->N) * g->tp * g->P * g->c_stride_max);
+  g->off_staging = 0;
+  g->off_scratch = int64_t(g->T) * g->row;
+  g->off_epochs = g->off_scratch + pad16(scratch_bytes(*g));
+  g->private_slot_bytes = pad16(g->off_epochs + sizeof(Epochs));
+  *shared_bytes = g->shared_slot_bytes * slots;
+  *private_bytes = g->private_slot_bytes * slots;
+}
+
+int64_t scratch_bytes(const Geometry& g) {  // dispatch_send's routing tables (gpu/route.cuh)
+  return 4 * (2 * int64_t(g.T) * g.K + 2 * int64_t(g.tp) * g.E);
+}
+
+int grid_blocks(int device) {
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) sms = 1;
+  // One block of kThreads per SM is always co-resident (the kernels use little shared memory).
+  return sms;
+}
+
+std::string describe_error(const ErrorRecord& e, double timeout_s, const char* backend) {
+  if (e.code == 0) return "";
+  static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
+  std::string missing;
+  for (int r = 0; r < 64; ++r)
+    if (e.missing >> r & 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  const std::string what = missing.empty()
+                               // only the proxy knows who is missing, and it raised nothing in time
+                               ? "the inter-node proxy raised no flag within " + std::to_string(timeout_s * 1.5 + 2) +
+                                     " s (its thread stalled, or remote ranks are missing)"
+                               : "ranks [" + missing + "] did not arrive within " + std::to_string(timeout_s) + " s";
+  return "jax_moe_a2a " + std::string(backend) + " " + names[e.op & 3] + " (slot " + std::to_string(e.slot) +
+         ", rank " + std::to_string(e.rank) + "): " + what +
+         "; that step's outputs are NaN / empty and this communicator is unusable (create a new one)";
+}
+
+}  // namespace a2a::cuda

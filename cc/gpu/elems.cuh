@@ -1,0 +1,91 @@
+// The kernels' element kinds (0 f32, 1 bf16, 2 f16, 3 fp8 e4m3: Geometry::wire_kind, the *_kind
+// fields of the parameter structs) as f32: one element at a time, or eight with 16-byte accesses.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "gpu/ptx.cuh"
+
+namespace a2a::cuda {
+
+__device__ __forceinline__ float load_elem(const void* base, int64_t i, int kind) {
+  switch (kind) {
+    case 0: return static_cast<const float*>(base)[i];
+    case 1: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    case 2: return __half2float(static_cast<const __half*>(base)[i]);
+    default: {
+      __nv_fp8_e4m3 v;
+      v.__x = static_cast<const __nv_fp8_storage_t*>(base)[i];
+      return float(v);
+    }
+  }
+}
+
+__device__ __forceinline__ void store_elem(void* base, int64_t i, int kind, float v) {
+  switch (kind) {
+    case 0: static_cast<float*>(base)[i] = v; break;
+    case 1: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v); break;
+    case 2: static_cast<__half*>(base)[i] = __float2half_rn(v); break;
+    default:
+      static_cast<__nv_fp8_storage_t*>(base)[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+// Eight consecutive elements base[i .. i+8) of kind 0 (f32), 1 (bf16) or 2 (f16) as f32, with
+// 16-byte volatile loads (no stale L1 lines of a peer-written region; i a multiple of 8, base
+// 16-byte aligned).
+__device__ __forceinline__ void load_vec8(const void* base, int64_t i, int kind, float v[8]) {
+  const uint8_t* b = static_cast<const uint8_t*>(base);
+  if (kind == 0) {
+    const int4* p = reinterpret_cast<const int4*>(b + i * 4);
+    const int4 x = ptx::ld_volatile_v4(p), y = ptx::ld_volatile_v4(p + 1);
+    const int w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = __int_as_float(w[j]);
+    return;
+  }
+  const int4 x = ptx::ld_volatile_v4(reinterpret_cast<const int4*>(b + i * 2));
+  const uint32_t w[4] = {uint32_t(x.x), uint32_t(x.y), uint32_t(x.z), uint32_t(x.w)};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (kind == 1) {
+      v[2 * j] = __uint_as_float(w[j] << 16);
+      v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    } else {
+      v[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xffffu)));
+      v[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
+    }
+  }
+}
+
+// Stores eight f32 values as kind 0/1/2 at base[i .. i+8) with 16-byte stores (round to nearest even).
+__device__ __forceinline__ void store_vec8(void* base, int64_t i, int kind, const float v[8]) {
+  if (kind == 0) {
+    int4* p = reinterpret_cast<int4*>(static_cast<float*>(base) + i);
+    p[0] = make_int4(__float_as_int(v[0]), __float_as_int(v[1]), __float_as_int(v[2]), __float_as_int(v[3]));
+    p[1] = make_int4(__float_as_int(v[4]), __float_as_int(v[5]), __float_as_int(v[6]), __float_as_int(v[7]));
+    return;
+  }
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t lo, hi;
+    if (kind == 1) {
+      lo = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * j]));
+      hi = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * j + 1]));
+    } else {
+      lo = __half_as_ushort(__float2half_rn(v[2 * j]));
+      hi = __half_as_ushort(__float2half_rn(v[2 * j + 1]));
+    }
+    w[j] = lo | (hi << 16);
+  }
+  *reinterpret_cast<int4*>(static_cast<uint8_t*>(base) + i * 2) = make_int4(int(w[0]), int(w[1]), int(w[2]), int(w[3]));
+}
+
+__device__ __forceinline__ int elem_bytes(int kind) { return kind == 0 ? 4 : kind == 3 ? 1 : 2; }
+
+}  // namespace a2a::cuda
