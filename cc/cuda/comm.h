@@ -10,15 +10,19 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "core/config.h"
 
 #include "cuda/kernel_timer.h"
 #include "cuda/params.h"
 
 namespace a2a::cuda {
 
+// What a GPU communicator reads of its Config (cuda_options(config); the nvshmem backend's too).
 struct CudaOptions {
-  Geometry g;            // N, E, L, K, H, T, tp, S, scale_block, wire_kind, layout, capacity, pow2 set
+  Geometry g{};          // make_geometry(shape_of(config))
   int slots = 2;
   double timeout_s = 60.0;
   // Ranks a, b share a node iff a / node_size == b / node_size (0: every rank in one node). Peers
@@ -30,8 +34,15 @@ struct CudaOptions {
 
 class RemotePath;
 
-// Fills P, row, payload and every offset of g (the shape fields must be set).
-void finish_geometry(Geometry* g, int slots, int64_t* shared_bytes, int64_t* private_bytes);
+// The shape plus every byte offset of one slot (the one way a Geometry is made).
+Geometry make_geometry(const MoeShape& s);
+CudaOptions cuda_options(const Config& c);
+// Bytes per rank of each region the cuda backend allocates for `c` (all slots), in allocation
+// order: device memory (shared_*: peers write it; private_*), then, with peers on other nodes
+// (node_size < N, a build with libfabric), the pinned host buffers of the inter-node path
+// (remote_*). The one place these sizes are computed; device_bytes is the device memory's total.
+std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c);
+int64_t device_bytes(const Config& c);
 
 class RankState {
  public:
