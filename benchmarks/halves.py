@@ -176,8 +176,8 @@ def run(jax, args, progress_label=""):
         from jax_moe_a2a.backends.nvshmem import NvshmemBackend
         from jax_moe_a2a.config import Config
         nv = NvshmemBackend()
-        os.environ["JAX_MOE_A2A_NVSHMEM_ARENA"] = str(sum(nv.buffer_bytes(Config.build(chosen[s].spec(), mesh.size, nv))
-                                                          for s in names))
+        need = sum(nv.buffer_bytes(Config.build(chosen[s].spec(), mesh.size, nv)) for s in names)
+        os.environ["JAX_MOE_A2A_NVSHMEM_ARENA"] = str(need)
     results = []
     for b in backends:
         for s in names:
