@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "core/config.h"
-
 #include "cuda/kernel_timer.h"
 #include "cuda/params.h"
 
