@@ -68,7 +68,7 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0):
               "spec": {"T": spec.max_tokens_per_rank, "H": spec.hidden, "E": spec.num_experts,
                        "K": spec.experts_per_token, "dispatch_dtype": str(spec.dispatch_dtype),
                        "combine_dtype": str(spec.combine_dtype), "layout": spec.layout},
-              "buffer_bytes_per_rank": comm.buffer_bytes()}
+              "buffer_bytes_per_rank": comm.buffer_bytes(), "buffer_regions": comm.buffer_regions()}
     # bytes of payload each rank sends (one row per routed (token, expert) pair)
     rows = [int(oracle.routed_pairs(spec, i)[0].sum()) for i in inputs]
     record["dispatch_bytes_per_rank"] = float(np.mean(rows)) * spec.token_bytes()
@@ -105,7 +105,7 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0):
     samples = {h: [] for h in HALVES}
     # Kernel-only times (cuda backend with JAX_MOE_A2A_KERNEL_TIMING=1): CUDA events around each
     # half's kernel, free of Python dispatch and host synchronisation.
-    kernel_of = getattr(comm._backend, "kernel_seconds", None)
+    kernel_of = comm.kernel_seconds
     kernel = {h: [] for h in HALVES[:4]}
 
     def timed_call(name, timed, fn, *fn_args):
@@ -115,7 +115,7 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0):
         out, t = timing.time_once(fn, *fn_args)
         if timed:
             samples[name].append(t)
-            sec = kernel_of(comm, name) if kernel_of and name in kernel else None
+            sec = kernel_of(name) if name in kernel else None
             if sec is not None:
                 kernel[name].append(sec)
         return out
@@ -174,8 +174,10 @@ def run(jax, args, progress_label=""):
     if "nvshmem" in backends and not os.environ.get("JAX_MOE_A2A_NVSHMEM_ARENA"):
         # The first communicator of a process fixes the NVSHMEM arena: make room for every shape.
         from jax_moe_a2a.backends.nvshmem import NvshmemBackend
+        from jax_moe_a2a.config import Config
         nv = NvshmemBackend()
-        os.environ["JAX_MOE_A2A_NVSHMEM_ARENA"] = str(sum(nv.buffer_bytes(chosen[s].spec(), mesh.size) for s in names))
+        need = sum(nv.buffer_bytes(Config.build(chosen[s].spec(), mesh.size, nv)) for s in names)
+        os.environ["JAX_MOE_A2A_NVSHMEM_ARENA"] = str(need)
     results = []
     for b in backends:
         for s in names:

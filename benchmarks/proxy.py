@@ -64,12 +64,13 @@ def halves(args):
     mesh = testing.make_mesh()
     comm = a2a.init(table[args.shape].spec(**overrides), mesh, "ep", backend="cuda", collect_stats=False)
     lead = jax.process_index() == 0
-    before = comm._backend.proxy_stats(comm)
+    before = comm.proxy_stats()
     rec = bench_one(jax, comm, args.shape, argparse.Namespace(seed=args.seed, no_check=False), args.iters,
                     args.warmup, Progress(1 + args.iters + args.warmup, False))
-    after = comm._backend.proxy_stats(comm)
-    rec["node_size"] = comm._backend.node_size
-    rec["provider"] = getattr(comm._backend, "provider", None)
+    after = comm.proxy_stats()
+    diag = comm.diagnostics()
+    rec["node_size"] = diag.get("node_size")
+    rec["provider"] = diag.get("provider")
     per = {}
     for key, count in (("counts_to_landed_ns", "dispatches"), ("comb_to_landed_ns", "combines")):
         vals = [(after[r][key] - before[r][key]) / max(1, after[r][count] - before[r][count]) for r in after]

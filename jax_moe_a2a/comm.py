@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import weakref
 from typing import Optional
 
 import jax
@@ -20,7 +21,9 @@ import numpy as np
 from . import backends as _backends
 from . import runtime as _runtime
 from .backends.base import Ctx
+from .config import COMMON_OPTIONS, Config, check_options  # noqa: F401 (check_options: re-exported)
 from .eplb import ExpertMap, check_expert_map, map_ids
+from .groups import ep_groups, local_members
 from .spec import FP8_DTYPES, INPUT_DTYPES, COMBINE_DTYPES, Spec
 from .types import CombineHandle, DispatchHandle, Dispatched, Route
 
@@ -43,21 +46,6 @@ def _after(gate, tree):
         bits = jnp.dtype(f"uint{8 * dt.itemsize}")
         return jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(a, bits) + gate.astype(bits), dt)
     return jax.tree_util.tree_map(one, tree)
-
-
-COMMON_OPTIONS = ("debug", "timeout_s", "collect_stats")
-
-
-def check_options(backend, options: dict) -> dict:
-    """`options` if every name is one `backend` declares (Backend.OPTIONS), else ValueError
-    listing the valid names for it."""
-    valid = dict(getattr(backend, "OPTIONS", {}))
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        names = ", ".join(sorted(valid)) or "none"
-        raise ValueError(f"{backend.name} backend: unknown option(s) {', '.join(unknown)}; its options: {names} "
-                         f"(every backend also takes {', '.join(COMMON_OPTIONS)})")
-    return dict(options)
 
 
 class DroppedRowsError(RuntimeError):
@@ -157,35 +145,17 @@ class _SlotTracker:
                 d.pop(slot, None)
 
 
-def ep_groups(mesh, axis):
-    """The EP groups of `axis` (a mesh axis name, or a tuple of them) on `mesh`.
-
-    Returns (group_axes, devices): group_axes, the mesh's other axes in mesh order; devices, an
-    object array [G, N] whose row g lists group g's devices in rank order. Rank r of a group is
-    jax.lax.axis_index(axis) (row-major over a tuple of axes, in the tuple's order) and its group
-    g is jax.lax.axis_index(group_axes) (row-major over the other axes, in mesh order; 0 when the
-    mesh has no other axes)."""
-    axes = axis if isinstance(axis, tuple) else (axis,)
-    names = tuple(mesh.axis_names)
-    if not axes:
-        raise ValueError("axis: expected a mesh axis name or a non-empty tuple of them, got ()")
-    for a in axes:
-        if a not in names:
-            raise ValueError(f"axis: {a!r} is not an axis of the mesh (axes: {names})")
-    if len(set(axes)) != len(axes):
-        raise ValueError(f"axis: {axis!r} names an axis twice")
-    others = tuple(a for a in names if a not in axes)
-    devs = np.asarray(mesh.devices).transpose([names.index(a) for a in others + axes])
-    n = int(np.prod([mesh.shape[a] for a in axes]))
-    return others, devs.reshape(-1, n)
-
-
 class Communicator:
     """One MoE all-to-all over one mesh axis (or a tuple of axes). Create with `jax_moe_a2a.init`.
 
     Attributes: spec, mesh, axis, num_ranks (ranks of one EP group), backend_name, debug,
     timeout_s, group_axes (the mesh's other axes), num_groups, groups (devices [G, N]: row g is
-    EP group g in rank order; see `ep_groups`).
+    EP group g in rank order; see `ep_groups`), config (the `jax_moe_a2a.config.Config` the
+    backend was opened with), options (the backend options as given).
+
+    The backend is opened from (config, mesh, axis) and never sees the communicator; its
+    diagnostics come through `proxy_stats`, `kernel_seconds`, `last_error`, `buffer_regions` and
+    `diagnostics`.
     """
 
     def __init__(self, spec: Spec, mesh, axis, backend: str = "auto", *, debug: bool = False,
@@ -208,15 +178,21 @@ class Communicator:
         self._backend = _backends.create(backend)
         self.backend_name = self._backend.name
         self.options = check_options(self._backend, options)
+        self.config = Config.build(spec, self.num_ranks, self._backend, timeout_s=self.timeout_s,
+                                   options=self.options)
         self.comm_id = next(_COMM_IDS)
         self._call_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0, "masked": 0}
         self._slots = _SlotTracker()
         self._errors = []  # DroppedRowsErrors the debug check raised in this process, for check()
-        init_fn = getattr(self._backend, "init", None)
-        if init_fn is not None:
-            init_fn(self)
+        try:
+            self._backend.open(self.config, mesh, axis, self.comm_id)
+        except BaseException:
+            self._backend.close()  # what a failed open created (idempotent)
+            raise
+        # The backend's native state lives as long as the communicator (or until close()).
+        self._finalizer = weakref.finalize(self, self._backend.close)
         logger.info("jax_moe_a2a: %r (requested backend %r, options %s, debug=%s, collect_stats=%s)", self,
                     backend, self.options, self.debug, self.collect_stats)
 
@@ -228,13 +204,7 @@ class Communicator:
     def local_members(self) -> dict:
         """{group: [ranks within the group]} of this process's devices (groups without local
         devices left out), both ascending."""
-        me = jax.process_index()
-        out = {}
-        for g, row in enumerate(self.groups):
-            ranks = [r for r, d in enumerate(row) if d.process_index == me]
-            if ranks:
-                out[g] = ranks
-        return out
+        return local_members(self.groups)
 
     # ---- helpers -----------------------------------------------------------------------------
     def _ctx(self) -> Ctx:
@@ -244,7 +214,7 @@ class Communicator:
             raise ValueError(
                 f"jax_moe_a2a ops must run inside jax.shard_map over axis {self.axis!r}") from e
         return Ctx(self.spec, self.num_ranks, self.axis, rank.astype(jnp.int32), self.comm_id,
-                   next(self._call_ids), self.options, self.group_axes)
+                   next(self._call_ids), self.config, self.group_axes)
 
     def _check_slot(self, slot):
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.spec.slots:
@@ -573,8 +543,35 @@ class Communicator:
 
     # ---- introspection -----------------------------------------------------------------------
     def buffer_bytes(self) -> int:
-        """Communication buffer bytes per rank (all slots)."""
-        return int(self._backend.buffer_bytes(self.spec, self.num_ranks))
+        """Communication buffer bytes per rank (all slots), as the backend computes them (C++ for
+        the native backends; the cuda backend counts its device memory, not the remote_* pinned
+        host buffers that buffer_regions also lists)."""
+        return int(self._backend.buffer_bytes(self.config))
+
+    def buffer_regions(self) -> dict:
+        """{region: bytes per rank, all slots} of the backend's communication buffers (e.g. the
+        cuda backend's shared_counts, shared_dispatch_rows, shared_combine_rows, private_staging,
+        private_scratch, and remote_* with peers on other nodes). See docs/api.md."""
+        return dict(self._backend.buffer_regions(self.config))
+
+    def proxy_stats(self) -> dict:
+        """Counters of this process's proxy threads ({rank: dict}, or {(group, rank): dict} on a
+        mesh with several EP groups): the cuda backend's inter-node path, the host backend's
+        proxied mode; {} for a backend without proxies. Keys: docs/api.md."""
+        return self._backend.proxy_stats()
+
+    def kernel_seconds(self, half: str):
+        """Seconds the last kernel of `half` ("dispatch_send", ..., "combine_recv") took on the
+        slowest local rank (GPU backends, with JAX_MOE_A2A_KERNEL_TIMING=1 set at init); None when
+        not recorded or not a kernel backend."""
+        if half not in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv"):
+            raise ValueError(f"half: expected dispatch_send, dispatch_recv, combine_send or combine_recv, got {half!r}")
+        return self._backend.kernel_seconds(half)
+
+    def diagnostics(self) -> dict:
+        """What the backend resolved at init: {"backend": name, ...} plus e.g. the cuda backend's
+        node_size and the fabric provider in use, the host backend's engine, provider, proxied."""
+        return {"backend": self.backend_name, **self._backend.diagnostics()}
 
     def stats(self) -> dict:
         """Counters gathered from executed dispatches of this process's ranks (collect_stats=True):
@@ -591,15 +588,12 @@ class Communicator:
         """A failure the backend recorded out of band, or None. The cuda backend's kernels end a
         wait for a peer that never arrives by recording which ranks are missing and ending the
         step without data (combine output NaN); the next call raises it, and this returns it."""
-        fn = getattr(self._backend, "last_error", None)
-        return fn(self) if fn is not None else None
+        return self._backend.last_error()
 
     def close(self):
         """Releases the backend's buffers, engines and threads now (also done when the
         communicator is garbage-collected). The communicator is unusable afterwards."""
-        close = getattr(self._backend, "close", None)
-        if close is not None:
-            close()
+        self._finalizer()  # runs the backend's close once
 
     def reset_stats(self):
         with self._lock:

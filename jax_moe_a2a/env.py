@@ -79,7 +79,7 @@ VARS = (
         _NATIVE),
     Var("PROXY_IDLE_SLEEP_US", "float", "2000", "cc/proxy/proxy.cc", "... sleeps grow up to this", _NATIVE),
     Var("KERNEL_TIMING", "bool", "0", "cc/cuda/comm.cc (at communicator creation)",
-        "cuda backend: CUDA events around each launch (`comm._backend.kernel_seconds`)", _NATIVE),
+        "cuda backend: CUDA events around each launch (`comm.kernel_seconds(half)`)", _NATIVE),
     Var("DISPATCH_SEND", "auto|grid|block", "auto", "cc/cuda/dispatch/send.cu (once per process)",
         "cuda backend: dispatch_send kernel; `auto` takes the block-routed one where it applies (every peer "
         "node-local, tp_size 1, routing tables within 48 KiB of shared memory), `grid` forces the grid-routed one",

@@ -80,12 +80,11 @@ def test_accessors(monkeypatch):
 
 
 def test_cuda_options_read_the_environment_through_env(monkeypatch):
-    from types import SimpleNamespace
     from jax_moe_a2a.backends.cuda import CudaBackend
     monkeypatch.setenv("JAX_MOE_A2A_NODE_SIZE", "2")
     monkeypatch.setenv("JAX_MOE_A2A_MAX_PRIVATE_TOKENS", "3")
     monkeypatch.setenv("JAX_MOE_A2A_PROVIDER", "tcp;ofi_rxm")
-    assert CudaBackend._remote_options(SimpleNamespace(options={}), 4) == (2, 3, "tcp;ofi_rxm")
+    assert CudaBackend.transport({}, 4) == dict(node_size=2, max_private_tokens=3, provider="tcp;ofi_rxm")
 
 
 def test_library_prints_nothing():

@@ -172,7 +172,7 @@ def test_host_proxy_reports_flag_path(env, want, monkeypatch, mesh, num_ranks):
     T.check_all(comm, inputs, T.run_ops(comm, inputs))
     deadline = time.monotonic() + 10  # the proxy counts a combine after its last flag, on its own thread
     while True:
-        stats = comm._backend.proxy_stats(comm)
+        stats = comm.proxy_stats()
         if all(s["combines"] >= 1 for s in stats.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.01)
@@ -211,7 +211,7 @@ def test_mirrored_flags_against_oracle(node_size, priv, monkeypatch, mesh, num_r
         inputs = T.make_inputs(spec, num_ranks, 900 + step, num_tokens=[None, 5, None][step],
                                routing=["random", "skewed", "one_hot"][step])
         T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
-    assert {s["flag_path"] for s in comm._backend.proxy_stats(comm).values()} == {MIRROR}
+    assert {s["flag_path"] for s in comm.proxy_stats().values()} == {MIRROR}
     comm.close()
 
 

@@ -123,15 +123,14 @@ def test_proxy_threads_end_at_close(mesh, num_ranks):
 
 def test_cuda_node_size_option():
     """The cuda backend's node_size / max_private_tokens / provider options (checked without a GPU)."""
-    from types import SimpleNamespace
-
     from jax_moe_a2a.backends.cuda import CudaBackend
 
     def opts(**kw):
-        return CudaBackend._remote_options(SimpleNamespace(options=kw), 4)
+        t = CudaBackend.transport(kw, 4)
+        return t["node_size"], t["max_private_tokens"], t["provider"]
 
     if not os.environ.get("JAX_MOE_A2A_NODE_SIZE") and not os.environ.get("JAX_MOE_A2A_MAX_PRIVATE_TOKENS"):
-        assert opts()[:2] == (4, None)
+        assert opts()[:2] == (4, -1)
     assert opts(node_size=1, max_private_tokens=0, provider="tcp;ofi_rxm") == (1, 0, "tcp;ofi_rxm")
     assert opts(node_size=8)[0] == 4  # at most every rank in one node
     for bad in (0, -1, True, 1.5):

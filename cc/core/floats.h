@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/dtype.h"
 #include "core/fp8.h"
 #include "core/quantize.h"
 
@@ -29,19 +30,6 @@ inline uint16_t f32_to_f16(float f) {
   }
   uint32_t r = abs + 0xFFFu + ((abs >> 13) & 1u);              // round mantissa to 10 bits
   return sign | static_cast<uint16_t>(((r >> 13) - ((127 - 15) << 10)) & 0xFFFF);
-}
-
-// Wire/storage element kinds: the three float kinds of core/quantize.h plus fp8 (e4m3fn).
-enum class ElemKind : int { kF32 = 0, kBF16 = 1, kF16 = 2, kF8E4M3 = 3 };
-
-inline int elem_bytes(ElemKind k) {
-  switch (k) {
-    case ElemKind::kF32: return 4;
-    case ElemKind::kBF16:
-    case ElemKind::kF16: return 2;
-    case ElemKind::kF8E4M3: return 1;
-  }
-  return 0;
 }
 
 inline float load_elem(const void* base, int64_t i, ElemKind k) {

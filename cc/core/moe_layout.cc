@@ -5,7 +5,7 @@
 namespace a2a {
 
 SendPlan plan_sends(const MoeShape& s, int rank, const int32_t* ids, int num_tokens) {
-  const int N = s.num_ranks, L = s.local_experts(), K = s.topk, T = s.max_tokens, tp = s.tp;
+  const int N = s.N, L = s.L, K = s.K, T = s.T, tp = s.tp;
   const int my_member = rank % tp;
   SendPlan p;
   p.dest.assign(int64_t(T) * K, N);
@@ -21,7 +21,7 @@ SendPlan plan_sends(const MoeShape& s, int rank, const int32_t* ids, int num_tok
     const int member = t % tp;
     for (int k = 0; k < K; ++k) {
       const int32_t id = ids[int64_t(t) * K + k];
-      bool routed = id >= 0 && id < s.num_experts;
+      bool routed = id >= 0 && id < s.E;
       for (int j = 0; routed && j < k; ++j) routed = ids[int64_t(t) * K + j] != id;
       if (!routed) {
         if (id != -1 && member == my_member) ++p.dropped;
@@ -65,7 +65,7 @@ SendPlan plan_sends(const MoeShape& s, int rank, const int32_t* ids, int num_tok
 
 RecvArrangement::RecvArrangement(const MoeShape& s, const int32_t* counts)
     : s_(s), L_(s.local_experts()) {
-  const int N = s.num_ranks, L = L_;
+  const int N = s.N, L = L_;
   expert_offset_.assign(L, 0);
   before_src_.assign(int64_t(N) * L, 0);
   src_start_.assign(int64_t(N) * L, 0);
@@ -86,7 +86,7 @@ RecvArrangement::RecvArrangement(const MoeShape& s, const int32_t* counts)
   int64_t off = 0;
   for (int l = 0; l < L; ++l) {
     expert_offset_[l] = off;
-    if (s.layout == Layout::kRagged) {
+    if (s.ragged()) {
       const int64_t lo = std::min<int64_t>(off, s.capacity), hi = std::min<int64_t>(off + total[l], s.capacity);
       group_sizes_[l] = static_cast<int32_t>(hi - lo);
     } else {
@@ -99,7 +99,7 @@ RecvArrangement::RecvArrangement(const MoeShape& s, const int32_t* counts)
 
 int64_t RecvArrangement::position(int src, int l, int i) const {
   const int64_t j = before_src_[int64_t(src) * L_ + l] + i;  // index within expert l
-  if (s_.layout == Layout::kRagged) {
+  if (s_.ragged()) {
     const int64_t pos = expert_offset_[l] + j;
     return pos < s_.capacity ? pos : -1;
   }

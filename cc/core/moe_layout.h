@@ -10,41 +10,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/shape.h"
+
 namespace a2a {
-
-enum class Layout : int { kRagged = 0, kExpertMajor = 1 };
-
-struct MoeShape {
-  int num_ranks = 1;      // N
-  int num_experts = 1;    // E
-  int topk = 1;           // K
-  int hidden = 1;         // H
-  int max_tokens = 1;     // T
-  int tp = 1;             // tp_size
-  int num_scales = 0;     // S (fp8: H / scale_block, else 0)
-  int scale_block = 128;
-  int wire_elem_bytes = 2;
-  Layout layout = Layout::kRagged;
-  int capacity = 0;       // R (ragged) or C (expert_major)
-
-  int local_experts() const { return num_experts / num_ranks; }
-  int tokens_per_member() const { return (max_tokens + tp - 1) / tp; }
-  // Worst-case rows from one source to one destination: ceil(T/tp) * min(K, L).
-  int rows_per_peer() const {
-    int l = local_experts();
-    return tokens_per_member() * (topk < l ? topk : l);
-  }
-  int64_t recv_rows_total() const {  // rows of Dispatched.x without H
-    return layout == Layout::kRagged ? capacity : int64_t(local_experts()) * capacity;
-  }
-  // Bytes of one dispatched row on the wire: payload, fp8 scales, token index, router weight;
-  // rounded up to 16 bytes so rows stay aligned.
-  int64_t row_bytes() const {
-    int64_t b = int64_t(hidden) * wire_elem_bytes + 4 * int64_t(num_scales) + 8;
-    return (b + 15) / 16 * 16;
-  }
-  int64_t payload_bytes() const { return int64_t(hidden) * wire_elem_bytes; }
-};
 
 // Where one rank's pairs go. dest/slot are [T, K]; dest == N marks a pair that is not routed by
 // this rank (not routed at all, or sent by another tp member for tp > 1 is still recorded so that

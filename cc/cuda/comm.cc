@@ -35,12 +35,60 @@ uint64_t process_token() {
   return token;
 }
 
+namespace {
+#ifdef JAX_MOE_A2A_WITH_LIBFABRIC
+protocol::ExchangeOptions exchange_options(const CudaOptions& o) {
+  protocol::ExchangeOptions xo;
+  xo.shape = o.g;  // the MoeShape part
+  xo.slots = o.slots;
+  xo.priv_rows = o.priv_rows;
+  xo.node_size = o.node_size;
+  xo.timeout_s = o.timeout_s;
+  return xo;
+}
+#endif
+[[maybe_unused]] bool any_remote(const CudaOptions& o) {
+  return o.node_size > 0 && o.node_size < o.g.N;
+}
+}  // namespace
+
+std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
+  const CudaOptions o = cuda_options(c);
+  const Geometry& g = o.g;
+  const int64_t z = o.slots;
+  std::vector<std::pair<std::string, int64_t>> r = {
+      {"shared_flags", z * g.off_counts},
+      {"shared_counts", z * (g.off_rows - g.off_counts)},
+      {"shared_dispatch_rows", z * (g.off_c_rows - g.off_rows)},
+      {"shared_combine_rows", z * (g.shared_slot_bytes - g.off_c_rows)},
+      {"private_staging", z * (g.off_scratch - g.off_staging)},
+      {"private_scratch", z * (g.off_epochs - g.off_scratch)},
+      {"private_epochs", z * (g.private_slot_bytes - g.off_epochs)},
+  };
+#ifdef JAX_MOE_A2A_WITH_LIBFABRIC
+  if (any_remote(o)) {
+    const protocol::SlotLayout lay(exchange_options(o));
+    r.push_back({"remote_dispatch_send", z * lay.d_send_bytes});
+    r.push_back({"remote_dispatch_recv", z * lay.d_recv_bytes});
+    r.push_back({"remote_combine_send", z * lay.c_send_bytes});
+    r.push_back({"remote_combine_recv", z * lay.c_recv_bytes});
+  }
+#endif
+  return r;
+}
+
+int64_t device_bytes(const Config& c) {
+  const CudaOptions o = cuda_options(c);
+  return int64_t(o.slots) * (o.g.shared_slot_bytes + o.g.private_slot_bytes);
+}
+
 RankState::RankState(const CudaOptions& o, int rank, int device, int local_index) : o_(o), rank_(rank), device_(device) {
   if (o_.g.N > kMaxRanks) throw std::invalid_argument("jax_moe_a2a cuda: at most 64 ranks");
   if (o_.node_size < 0) throw std::invalid_argument("jax_moe_a2a cuda: node_size must be >= 0");
-  bool any_remote = false;
-  for (int r = 0; r < o_.g.N; ++r) any_remote = any_remote || !on_my_node(r);
-  finish_geometry(&o_.g, o_.slots, &shared_bytes_, &private_bytes_);
+  bool remote = false;
+  for (int r = 0; r < o_.g.N; ++r) remote = remote || !on_my_node(r);
+  shared_bytes_ = o_.g.shared_slot_bytes * o_.slots;
+  private_bytes_ = o_.g.private_slot_bytes * o_.slots;
   check(cudaSetDevice(device_), "cudaSetDevice");
   check(cudaMalloc(reinterpret_cast<void**>(&shared_), shared_bytes_), "cudaMalloc (shared buffers)");
   check(cudaMemset(shared_, 0, shared_bytes_), "cudaMemset");
@@ -57,26 +105,9 @@ RankState::RankState(const CudaOptions& o, int rank, int device, int local_index
     std::fprintf(stderr, "jax_moe_a2a cuda (rank %d, device %d): cooperative grid of %d blocks\n", rank_, device_,
                  blocks_);
   }
-  if (any_remote) {
+  if (remote) {
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
-    protocol::ExchangeOptions xo;
-    xo.shape.num_ranks = o_.g.N;
-    xo.shape.num_experts = o_.g.E;
-    xo.shape.topk = o_.g.K;
-    xo.shape.hidden = o_.g.H;
-    xo.shape.max_tokens = o_.g.T;
-    xo.shape.tp = o_.g.tp;
-    xo.shape.num_scales = o_.g.S;
-    xo.shape.scale_block = o_.g.scale_block;
-    xo.shape.wire_elem_bytes = o_.g.wire_kind == 0 ? 4 : o_.g.wire_kind == 3 ? 1 : 2;
-    xo.shape.layout = static_cast<Layout>(o_.g.layout);
-    xo.shape.capacity = o_.g.capacity;
-    xo.slots = o_.slots;
-    xo.priv_rows = o_.priv_rows;
-    xo.node_size = o_.node_size;
-    xo.timeout_s = o_.timeout_s;
-    if (xo.shape.row_bytes() != o_.g.row) throw std::logic_error("jax_moe_a2a cuda: wire row sizes disagree");
-    remote_ = std::make_unique<RemotePath>(xo, rank_, o_.provider, local_index);
+    remote_ = std::make_unique<RemotePath>(exchange_options(o_), rank_, o_.provider, local_index);
 #else
     throw std::invalid_argument("jax_moe_a2a cuda: node_size " + std::to_string(o_.node_size) +
                                 " puts peers on other nodes, which needs the TransferEngine: rebuild with libfabric");

@@ -10,16 +10,24 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/config.h"
 #include "gpu/comm.h"
 #include "gpu/kernel_timer.h"
 #include "gpu/params.h"
 
 namespace a2a::cuda {
 
-
 class RemotePath;
+
+// Bytes per rank of each region the cuda backend allocates for `c` (all slots), in allocation
+// order: device memory (shared_*: peers write it; private_*), then, with peers on other nodes
+// (node_size < N, a build with libfabric), the pinned host buffers of the inter-node path
+// (remote_*). The one place these sizes are computed; device_bytes is the device memory's total.
+std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c);
+int64_t device_bytes(const Config& c);
 
 class RankState {
  public:

@@ -103,7 +103,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
   int dev = -1;
   char bus[32] = {0};
   if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetPCIBusId(bus, sizeof(bus), dev) == cudaSuccess) bus_id_ = bus;
-  if (xo.slots > proxy::kMaxSlots || xo.shape.num_ranks > proxy::kMaxRanks)
+  if (xo.slots > proxy::kMaxSlots || xo.shape.N > proxy::kMaxRanks)
     throw std::invalid_argument("jax_moe_a2a cuda: the inter-node path supports at most 8 slots and 64 ranks");
   try {
     const protocol::SlotLayout lay(xo);
@@ -115,7 +115,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
     transfer::EngineOptions eo;
     eo.provider = provider;
     eo.rank = rank;
-    eo.world_size = xo.shape.num_ranks;
+    eo.world_size = xo.shape.N;
     engine_ = transfer::make_fabric_engine(eo);
     ex_ = std::make_unique<protocol::Exchange>(xo, rank, engine_, bufs_);
   } catch (...) {

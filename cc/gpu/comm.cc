@@ -6,24 +6,30 @@
 
 namespace a2a::cuda {
 
-void finish_geometry(Geometry* g, int slots, int64_t* shared_bytes, int64_t* private_bytes) {
-  const int wire_bytes = g->wire_kind == 0 ? 4 : g->wire_kind == 3 ? 1 : 2;
-  g->L = g->E / g->N;
-  const int per_member = (g->T + g->tp - 1) / g->tp;
-  g->P = per_member * (g->K < g->L ? g->K : g->L);
-  g->payload = int64_t(g->H) * wire_bytes;
-  g->row = pad16(g->payload + 4 * int64_t(g->S) + 8);
-  g->c_stride_max = int64_t(g->H) * 4;
-  g->off_counts = pad16(sizeof(SyncFlags));
-  g->off_rows = g->off_counts + pad16(int64_t(g->N) * g->L * 4);
-  g->off_c_rows = g->off_rows + int64_t(g->N) * g->P * g->row;
-  g->shared_slot_bytes = pad16(g->off_c_rows + int64_t(g->N) * g->tp * g->P * g->c_stride_max);
-  g->off_staging = 0;
-  g->off_scratch = int64_t(g->T) * g->row;
-  g->off_epochs = g->off_scratch + pad16(scratch_bytes(*g));
-  g->private_slot_bytes = pad16(g->off_epochs + sizeof(Epochs));
-  *shared_bytes = g->shared_slot_bytes * slots;
-  *private_bytes = g->private_slot_bytes * slots;
+Geometry make_geometry(const MoeShape& s) {
+  Geometry g{};
+  static_cast<MoeShape&>(g) = s;
+  g.c_stride_max = int64_t(g.H) * 4;
+  g.off_counts = pad16(sizeof(SyncFlags));
+  g.off_rows = g.off_counts + pad16(int64_t(g.N) * g.L * 4);
+  g.off_c_rows = g.off_rows + int64_t(g.N) * g.P * g.row;
+  g.shared_slot_bytes = pad16(g.off_c_rows + int64_t(g.N) * g.tp * g.P * g.c_stride_max);
+  g.off_staging = 0;
+  g.off_scratch = int64_t(g.T) * g.row;
+  g.off_epochs = g.off_scratch + pad16(scratch_bytes(g));
+  g.private_slot_bytes = pad16(g.off_epochs + sizeof(Epochs));
+  return g;
+}
+
+CudaOptions cuda_options(const Config& c) {
+  CudaOptions o;
+  o.g = make_geometry(shape_of(c));
+  o.slots = c.slots;
+  o.timeout_s = c.timeout_s;
+  o.node_size = c.node_size;
+  o.priv_rows = c.max_private_tokens;
+  o.provider = c.provider;
+  return o;
 }
 
 int64_t scratch_bytes(const Geometry& g) {  // dispatch_send's routing tables (gpu/route.cuh)

@@ -1,19 +1,20 @@
 // The host side that both GPU backends' communicators share (cc/cuda/comm.h, cc/nvshmem/comm.h):
-// their options, the completion of a slot's Geometry, the launch grid, and the text of a kernel
-// timeout recorded in an ErrorRecord.
+// their options read from the Config, the one way a slot's Geometry is made, the launch grid, and
+// the text of a kernel timeout recorded in an ErrorRecord.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "core/config.h"
 #include "gpu/params.h"
 
 namespace a2a::cuda {
 
-// Options of a GPU communicator. node_size, priv_rows and provider concern the cuda backend's
-// inter-node path only (the nvshmem backend ignores them).
+// What a GPU communicator reads of its Config (cuda_options(config)). node_size, priv_rows and
+// provider concern the cuda backend's inter-node path only (the nvshmem backend ignores them).
 struct CudaOptions {
-  Geometry g;            // N, E, L, K, H, T, tp, S, scale_block, wire_kind, layout, capacity, pow2 set
+  Geometry g{};          // make_geometry(shape_of(config))
   int slots = 2;
   double timeout_s = 60.0;
   // Ranks a, b share a node iff a / node_size == b / node_size (0: every rank in one node). Peers
@@ -23,8 +24,9 @@ struct CudaOptions {
   std::string provider;  // "" -> $JAX_MOE_A2A_PROVIDER -> shm
 };
 
-// Fills P, row, payload and every offset of g (the shape fields must be set).
-void finish_geometry(Geometry* g, int slots, int64_t* shared_bytes, int64_t* private_bytes);
+// The shape plus every byte offset of one slot (the one way a Geometry is made).
+Geometry make_geometry(const MoeShape& s);
+CudaOptions cuda_options(const Config& c);
 
 // Private scratch bytes per slot (routing and arrangement tables) for a geometry.
 int64_t scratch_bytes(const Geometry& g);

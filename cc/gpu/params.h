@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "core/shape.h"
 #include "proxy/ctrl.h"
 
 namespace a2a::cuda {
@@ -40,15 +41,10 @@ struct ErrorRecord {
   uint64_t missing;  // bit r: rank r never arrived (ranks < 64)
 };
 
-// Static shape of the all-to-all plus byte offsets of one slot's regions.
-struct Geometry {
-  int N, E, L, K, H, T, tp, S, scale_block, P;
-  int wire_kind;     // 0 f32, 1 bf16, 2 f16, 3 fp8 e4m3
-  int layout;        // 0 ragged, 1 expert_major
-  int capacity;      // R or C
-  int pow2;
-  int64_t row;       // bytes of one wire row (payload, scales, token, weight; 16-byte multiple)
-  int64_t payload;   // H * wire bytes
+// The static shape of the all-to-all (MoeShape, core/shape.h: N, E, L, K, H, T, tp, S,
+// scale_block, P, wire_kind, layout, capacity, pow2, row, payload) plus the byte offsets of one
+// slot's regions. Made only by make_geometry (cuda/comm.h) from shape_of(the Config).
+struct Geometry : MoeShape {
   // shared slot area
   int64_t off_counts, off_rows, off_c_rows, shared_slot_bytes;
   // private slot area

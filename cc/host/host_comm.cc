@@ -26,6 +26,19 @@ using protocol::kDispatchSend;
 using transfer::Bytes;
 using transfer::format;
 
+HostOptions host_options(const Config& c) {
+  HostOptions o;
+  o.shape = shape_of(c);
+  o.wire = c.dispatch_dtype;
+  o.pow2_scale = c.pow2_scale;
+  o.slots = c.slots;
+  o.priv_rows = c.max_private_tokens;
+  o.timeout_s = c.timeout_s;
+  o.proxied = c.proxied;
+  o.node_size = c.node_size;
+  return o;
+}
+
 namespace {
 
 protocol::ExchangeOptions exchange_options(const HostOptions& o) {
@@ -39,6 +52,19 @@ protocol::ExchangeOptions exchange_options(const HostOptions& o) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
+  const HostOptions o = host_options(c);
+  const SlotLayout lay(exchange_options(o));
+  const int64_t z = o.slots;
+  return {{"dispatch_recv_counts", z * lay.counts_bytes},
+          {"dispatch_recv_private_rows", z * (lay.over_off - lay.priv_off)},
+          {"dispatch_recv_overflow_rows", z * (lay.d_recv_bytes - lay.over_off)},
+          {"dispatch_send_counts", z * lay.d_send_rows_off},
+          {"dispatch_send_rows", z * (lay.d_send_bytes - lay.d_send_rows_off)},
+          {"combine_send_rows", z * lay.c_send_bytes},
+          {"combine_recv_rows", z * lay.c_recv_bytes}};
+}
 
 // What node-local peers write straight into us (the stand-in of the cuda backend's IPC buffers),
 // with epoch + 1 flags like cuda::SyncFlags: arrived[s] (s wrote), free[r] (r read our rows there).
@@ -73,24 +99,24 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
     }
     bufs.push_back(b);
     slots_.push_back(std::make_unique<Slot>());
-    slots_.back()->over_base.assign(o.shape.num_ranks, 0);
-    slots_.back()->d_alive.assign(o.shape.num_ranks, 1);
-    slots_.back()->c_alive.assign(o.shape.num_ranks, 1);
+    slots_.back()->over_base.assign(o.shape.N, 0);
+    slots_.back()->d_alive.assign(o.shape.N, 1);
+    slots_.back()->c_alive.assign(o.shape.N, 1);
   }
   ex_ = std::make_unique<protocol::Exchange>(xo, rank, std::move(engine), bufs);
   if (o.node_size < 0 || (o.node_size > 0 && !o.proxied))
     throw std::invalid_argument("host backend: node_size needs proxied=True (and must be >= 0)");
   for (int z = 0; z < o.slots && o.node_size > 0; ++z) {
-    const int N = o.shape.num_ranks;
+    const int N = o.shape.N;
     auto l = std::make_unique<Local>();
     l->rows.assign(int64_t(N) * lay.P * lay.row, 0);
-    l->counts.assign(int64_t(N) * o.shape.local_experts(), 0);
+    l->counts.assign(int64_t(N) * o.shape.L, 0);
     l->c_rows.assign(int64_t(N) * o.shape.tp * lay.P * lay.c_row_stride_max, 0);
     for (auto* f : {&l->d_arrived, &l->d_free, &l->c_arrived, &l->c_free}) f->assign(N, 0);
     local_.push_back(std::move(l));
   }
   if (o.proxied) {
-    if (o.shape.num_ranks > proxy::kMaxRanks) throw std::invalid_argument("host backend: proxied mode supports at most 64 ranks");
+    if (o.shape.N > proxy::kMaxRanks) throw std::invalid_argument("host backend: proxied mode supports at most 64 ranks");
     ctrl_ = std::make_unique<proxy::Ctrl>();
     in_ = ctrl_.get();
     // JAX_MOE_A2A_HOST_FLAG_MIRROR=1 (tests): the proxy also stores its flags into a second block,
@@ -114,7 +140,7 @@ proxy::ProxyStats RankComm::proxy_stats() const { return proxy_ ? proxy_->stats(
 RankComm::Local& RankComm::local(int z) const { return *local_[z]; }
 
 void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std::map<int, RankComm*>& locals) {
-  for (int r = 0; r < o_.shape.num_ranks && !local_.empty(); ++r) {
+  for (int r = 0; r < o_.shape.N && !local_.empty(); ++r) {
     if (!on_node(r)) continue;
     auto it = locals.find(r);
     if (it == locals.end())
@@ -142,7 +168,7 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
 void RankComm::raise(uint64_t* flag, uint64_t value) { proxy::store_release(flag, value); }
 
 std::vector<uint8_t> RankComm::use_mask(int z, const int32_t* alive, int op) {
-  const int N = o_.shape.num_ranks;
+  const int N = o_.shape.N;
   std::vector<uint8_t> m(N, 1);
   bool all = true;
   for (int r = 0; alive && r < N; ++r) {
@@ -195,7 +221,7 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   const MoeShape& s = o_.shape;
   const SlotLayout& lay = ex_->layout();
   const protocol::SlotBuffers& buf = ex_->buffers(a.slot);
-  const int N = s.num_ranks, L = s.local_experts(), K = s.topk, T = s.max_tokens;
+  const int N = s.N, L = s.L, K = s.K, T = s.T;
   const uint32_t e = sl.d_epoch;
   const std::vector<uint8_t> alive = use_mask(a.slot, a.alive, kDispatchSend);
   const bool me = alive[rank_];  // a masked rank (still running) touches no peer
@@ -251,7 +277,7 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
 void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
   Slot& sl = *slots_[a.slot];
   const MoeShape& s = o_.shape;
-  const int N = s.num_ranks, L = s.local_experts();
+  const int N = s.N, L = s.L;
   const uint32_t e = static_cast<uint32_t>(a.handle[0]);
   if (a.handle[1] != a.slot) throw std::invalid_argument("host dispatch_recv: handle from another slot");
   const int64_t* over_base = sl.over_base.data();
@@ -312,7 +338,7 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
 void RankComm::combine_send(const CombineSendArgs& a) {
   Slot& sl = *slots_[a.slot];
   const MoeShape& s = o_.shape;
-  const int N = s.num_ranks;
+  const int N = s.N;
   const int P = ex_->layout().P;
   uint8_t* c_send = ex_->buffers(a.slot).c_send;
   const uint32_t e = sl.c_epoch;
@@ -329,7 +355,7 @@ void RankComm::combine_send(const CombineSendArgs& a) {
     engine().flush(o_.timeout_s);
   }
   sl.c_alive = alive;
-  const int64_t stride = int64_t(s.hidden) * elem_bytes(a.y_kind);
+  const int64_t stride = int64_t(s.H) * elem_bytes(a.y_kind);
   for (int src = 0; src < N; ++src)  // dropped rows (capacity) come back as zeros
     std::memset(c_send + int64_t(src) * P * stride, 0, int64_t(a.recv_counts[src]) * stride);
   const int64_t R = s.recv_rows_total();
@@ -366,7 +392,7 @@ void RankComm::combine_send(const CombineSendArgs& a) {
 
 void RankComm::combine_recv(const CombineRecvArgs& a) {
   const MoeShape& s = o_.shape;
-  const int N = s.num_ranks, K = s.topk, T = s.max_tokens, H = s.hidden, tp = s.tp;
+  const int N = s.N, K = s.K, T = s.T, H = s.H, tp = s.tp;
   const int P = ex_->layout().P;
   const uint8_t* c_recv = ex_->buffers(a.slot).c_recv;
   const uint32_t e = static_cast<uint32_t>(a.handle[0]);

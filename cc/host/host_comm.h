@@ -19,8 +19,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/config.h"
 #include "core/floats.h"
 #include "core/moe_layout.h"
 #include "protocol/exchange.h"
@@ -35,7 +37,7 @@ struct ProxyStats;
 namespace a2a::host {
 
 struct HostOptions {
-  MoeShape shape;
+  MoeShape shape{};
   ElemKind wire = ElemKind::kBF16;  // dispatch wire dtype
   bool pow2_scale = false;
   int slots = 2;
@@ -44,6 +46,13 @@ struct HostOptions {
   bool proxied = false;             // run the protocol on a proxy thread (cc/proxy), as the cuda backend does
   int node_size = 0;                // proxied only: ranks r / node_size share a node (0: none do)
 };
+
+// The host backend's options from the communicator's Config (shape_of(c) and its transport).
+HostOptions host_options(const Config& c);
+
+// Bytes per rank of each buffer region the host backend allocates for `c` (all slots), in
+// allocation order: the one place these sizes are computed (Python reports them, never recomputes).
+std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c);
 
 using protocol::SlotLayout;
 

@@ -11,21 +11,21 @@ RowPacker::RowPacker(const HostOptions& o, const void* x, ElemKind x_kind, const
                      std::vector<uint8_t>& cache, std::vector<uint8_t>& filled)
     : o_(o), x_(x), x_kind_(x_kind), x_scale_(x_scale), cache_(cache), filled_(filled) {
   payload_ = o.shape.payload_bytes();
-  scales_ = int64_t(o.shape.num_scales) * 4;
-  cache_.resize(int64_t(o.shape.max_tokens) * (payload_ + scales_));
-  filled_.assign(o.shape.max_tokens, 0);
-  scale_tmp_.resize(o.shape.num_scales);
+  scales_ = int64_t(o.shape.S) * 4;
+  cache_.resize(int64_t(o.shape.T) * (payload_ + scales_));
+  filled_.assign(o.shape.T, 0);
+  scale_tmp_.resize(o.shape.S);
 }
 
 void RowPacker::pack(int t, float w, uint8_t* dst) {
   const MoeShape& s = o_.shape;
-  const int64_t H = s.hidden;
+  const int64_t H = s.H;
   uint8_t* c = cache_.data() + int64_t(t) * (payload_ + scales_);
   if (!filled_[t]) {
     if (o_.wire == ElemKind::kF8E4M3) {
       if (x_kind_ == ElemKind::kF8E4M3) {  // pre-quantised input: copy bits and scales
         std::memcpy(c, static_cast<const uint8_t*>(x_) + t * H, H);
-        std::memcpy(c + payload_, x_scale_ + int64_t(t) * s.num_scales, scales_);
+        std::memcpy(c + payload_, x_scale_ + int64_t(t) * s.S, scales_);
       } else {
         QuantizeParams p;  // one row: token t
         p.x = static_cast<const uint8_t*>(x_) + t * H * elem_bytes(x_kind_);
@@ -53,7 +53,7 @@ void RowPacker::pack(int t, float w, uint8_t* dst) {
 }
 
 RowUnpacker::RowUnpacker(const HostOptions& o, void* x, float* scale)
-    : payload_(o.shape.payload_bytes()), scales_(int64_t(o.shape.num_scales) * 4),
+    : payload_(o.shape.payload_bytes()), scales_(int64_t(o.shape.S) * 4),
       x_(static_cast<uint8_t*>(x)), scale_(scale) {}
 
 float RowUnpacker::unpack(const uint8_t* row, int64_t pos, int32_t* tok) {

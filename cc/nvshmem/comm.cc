@@ -21,25 +21,41 @@ void check(cudaError_t rc, const char* what) { cuda::check_cuda(rc, "jax_moe_a2a
 
 }  // namespace
 
-Layout make_layout(cuda::Geometry* g) {
-  int64_t shared_unused = 0, private_bytes = 0;
-  cuda::finish_geometry(g, 1, &shared_unused, &private_bytes);
+Layout make_layout(const cuda::Geometry& g) {
   Layout l{};
-  l.meta_stride = pad16(4 * meta_words(*g));
+  l.meta_stride = pad16(4 * meta_words(g));
   l.off_meta = pad16(sizeof(Signals));
-  l.off_rows = l.off_meta + int64_t(g->N) * l.meta_stride;
-  l.off_c_rows = l.off_rows + int64_t(g->N) * g->P * g->row;
-  l.off_priv = pad16(l.off_c_rows + int64_t(g->N) * g->tp * g->P * g->c_stride_max);
-  l.off_meta_stage = g->private_slot_bytes;
-  l.off_seen = l.off_meta_stage + int64_t(g->N) * l.meta_stride;
-  l.off_zero = l.off_seen + pad16(2 * 8 * int64_t(g->N));
-  l.slot_bytes = (l.off_priv + l.off_zero + g->c_stride_max + 255) / 256 * 256;
+  l.off_rows = l.off_meta + int64_t(g.N) * l.meta_stride;
+  l.off_c_rows = l.off_rows + int64_t(g.N) * g.P * g.row;
+  l.off_priv = pad16(l.off_c_rows + int64_t(g.N) * g.tp * g.P * g.c_stride_max);
+  l.off_meta_stage = g.private_slot_bytes;
+  l.off_seen = l.off_meta_stage + int64_t(g.N) * l.meta_stride;
+  l.off_zero = l.off_seen + pad16(2 * 8 * int64_t(g.N));
+  l.slot_bytes = (l.off_priv + l.off_zero + g.c_stride_max + 255) / 256 * 256;
   return l;
 }
 
-NvComm::NvComm(const cuda::CudaOptions& o, int rank, int device, int64_t arena_bytes) : o_(o), rank_(rank), device_(device) {
+std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
+  const cuda::CudaOptions o = cuda::cuda_options(c);
+  const cuda::Geometry& g = o.g;
+  const Layout l = make_layout(g);
+  const int64_t z = o.slots, priv = l.off_priv;  // private offsets count from off_priv
+  return {{"shared_signals", z * l.off_meta},
+          {"shared_meta", z * (l.off_rows - l.off_meta)},
+          {"shared_dispatch_rows", z * (l.off_c_rows - l.off_rows)},
+          {"shared_combine_rows", z * (priv - l.off_c_rows)},
+          {"private_staging", z * (g.off_scratch - g.off_staging)},
+          {"private_scratch", z * (g.off_epochs - g.off_scratch)},
+          {"private_epochs", z * (g.private_slot_bytes - g.off_epochs)},
+          {"private_meta_stage", z * (l.off_seen - l.off_meta_stage)},
+          {"private_seen", z * (l.off_zero - l.off_seen)},
+          {"private_zero_row", z * (l.slot_bytes - priv - l.off_zero)}};  // with the 256-byte padding
+}
+
+NvComm::NvComm(const Config& c, int rank, int device, int64_t arena_bytes)
+    : o_(cuda::cuda_options(c)), rank_(rank), device_(device) {
   if (o_.g.N > kMaxRanks) throw std::invalid_argument("jax_moe_a2a nvshmem: at most 64 ranks");
-  nv_.lay = make_layout(&o_.g);
+  nv_.lay = make_layout(o_.g);
   check(cudaSetDevice(device_), "cudaSetDevice");
   barrier_all();
   uint8_t* arena_base = arena(arena_bytes);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/comm.h"
@@ -17,15 +18,18 @@
 
 namespace a2a::nvshmem {
 
-// Fills the geometry (cuda::finish_geometry, cc/gpu/comm.h) and this backend's slot layout.
-Layout make_layout(cuda::Geometry* g);
+// This backend's slot layout around the cuda geometry (cuda::make_geometry, cc/gpu/comm.h).
+Layout make_layout(const cuda::Geometry& g);
+// Bytes per rank of each region of the symmetric block for `c` (all slots), in layout order:
+// the one place these sizes are computed; their sum is the block (and buffer_bytes).
+std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c);
 
 class NvComm {
  public:
   // Collective over every PE: waits until every PE's earlier device work is done (so a freed
   // arena block that peers may still have been signalling is safe to reuse), then takes and
   // zeroes this rank's block. `arena_bytes` sizes the arena when this is the first communicator.
-  NvComm(const cuda::CudaOptions& o, int rank, int device, int64_t arena_bytes);
+  NvComm(const Config& c, int rank, int device, int64_t arena_bytes);
   ~NvComm();
   NvComm(const NvComm&) = delete;
   NvComm& operator=(const NvComm&) = delete;

@@ -29,7 +29,7 @@ const char* op_name(int op) {
 
 SlotLayout::SlotLayout(const ExchangeOptions& o) {
   const MoeShape& s = o.shape;
-  const int N = s.num_ranks, L = s.local_experts();
+  const int N = s.N, L = s.L;
   P = s.rows_per_peer();
   priv = o.priv_rows < 0 ? P : std::min(o.priv_rows, P);
   row = s.row_bytes();
@@ -39,7 +39,7 @@ SlotLayout::SlotLayout(const ExchangeOptions& o) {
   d_recv_bytes = over_off + int64_t(N) * (P - priv) * row;
   d_send_rows_off = pad16(int64_t(N) * L * 4);
   d_send_bytes = d_send_rows_off + int64_t(N) * P * row;
-  c_row_stride_max = int64_t(s.hidden) * 4;
+  c_row_stride_max = int64_t(s.H) * 4;
   c_send_bytes = int64_t(N) * P * c_row_stride_max;
   c_recv_bytes = int64_t(N) * s.tp * P * c_row_stride_max;
 }
@@ -80,11 +80,11 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   if (o.shape.tp < 1 || o.shape.tp > 8) throw std::invalid_argument("jax_moe_a2a: tp_size must be in [1, 8]");
   if (o.node_size < 0) throw std::invalid_argument("jax_moe_a2a: node_size must be >= 0");
   if (int(buffers.size()) != o.slots) throw std::invalid_argument("Exchange: one SlotBuffers per slot");
-  for (int r = 0; r < o.shape.num_ranks; ++r) {
+  for (int r = 0; r < o.shape.N; ++r) {
     all_.push_back(r);
     if (remote(rank_, r)) remote_.push_back(r);
   }
-  alive_.assign(o.slots, std::vector<uint8_t>(o.shape.num_ranks, 1));
+  alive_.assign(o.slots, std::vector<uint8_t>(o.shape.N, 1));
   for (const SlotBuffers& b : bufs_) {
     Regions g;
     g.d_send = engine_->register_memory(b.d_send, lay_.d_send_bytes);
@@ -112,8 +112,8 @@ std::vector<Bytes> Exchange::descriptors() const {
 
 void Exchange::connect(const std::map<int, std::vector<Bytes>>& descs) {
   for (Regions& g : regions_) {
-    g.d_recv_peer.resize(o_.shape.num_ranks);
-    g.c_recv_peer.resize(o_.shape.num_ranks);
+    g.d_recv_peer.resize(o_.shape.N);
+    g.c_recv_peer.resize(o_.shape.N);
   }
   for (int r : all_) {
     auto it = descs.find(r);
@@ -138,9 +138,9 @@ uint32_t Exchange::imm(uint32_t tag, uint32_t epoch) const {
 }
 
 void Exchange::set_alive(int z, const std::vector<uint8_t>& alive) {
-  if (z < 0 || z >= o_.slots || int(alive.size()) != o_.shape.num_ranks)
+  if (z < 0 || z >= o_.slots || int(alive.size()) != o_.shape.N)
     throw std::invalid_argument(format("jax_moe_a2a: rank mask of %zu entries for slot %d (expected %d)", alive.size(),
-                                       z, o_.shape.num_ranks));
+                                       z, o_.shape.N));
   alive_[z] = alive;
 }
 
@@ -204,7 +204,7 @@ void Exchange::wait(Arrivals a, int op, int z, const char* what) {
 // ---- steps -----------------------------------------------------------------------------------
 
 void Exchange::post_counts(int z, uint32_t e) {
-  const int64_t cbytes = int64_t(o_.shape.num_ranks) * o_.shape.local_experts() * 4;
+  const int64_t cbytes = int64_t(o_.shape.N) * o_.shape.local_experts() * 4;
   for (int d : all_)
     if (alive(z, d))
       engine_->write(d, *regions_[z].d_send, 0, cbytes, &regions_[z].d_recv_peer[d], int64_t(rank_) * cbytes,
@@ -226,7 +226,7 @@ void Exchange::post_private(int z, uint32_t e) {
 }
 
 const int32_t* Exchange::counts_of(int z, int src) const {
-  const int64_t NL = int64_t(o_.shape.num_ranks) * o_.shape.local_experts();
+  const int64_t NL = int64_t(o_.shape.N) * o_.shape.local_experts();
   return reinterpret_cast<const int32_t*>(bufs_[z].d_recv) + src * NL;
 }
 
@@ -256,7 +256,7 @@ void Exchange::post_overflow(int z, uint32_t e) {
 
 void Exchange::overflow_bases(int z, int64_t* over_base) const {
   int64_t base = 0;
-  for (int src = 0; src < o_.shape.num_ranks; ++src) {
+  for (int src = 0; src < o_.shape.N; ++src) {
     over_base[src] = remote(src, rank_) ? base : 0;
     if (remote(src, rank_)) base += std::max<int64_t>(0, rows_between(z, src, rank_) - lay_.priv);
   }

@@ -36,7 +36,7 @@ enum Op : int { kDispatchSend = 0, kDispatchRecv = 1, kCombineSend = 2, kCombine
 const char* op_name(int op);
 
 struct ExchangeOptions {
-  MoeShape shape;
+  MoeShape shape{};    // shape_of(the Config)
   int slots = 2;
   int priv_rows = -1;   // private rows per sender; -1: rows_per_peer (nothing overflows)
   int node_size = 0;    // 0: every pair through the engine; else ranks a, b share a node iff a/ns == b/ns

@@ -56,7 +56,7 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
 
 Proxy::Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath flags)
     : ex_(ex), ctrl_(ctrl), o_(o), flags_(std::move(flags)), slots_(ex.options().slots) {
-  if (ex.options().shape.num_ranks > kMaxRanks || ex.options().slots > kMaxSlots)
+  if (ex.options().shape.N > kMaxRanks || ex.options().slots > kMaxSlots)
     throw std::invalid_argument("jax_moe_a2a proxy: at most 64 ranks and 8 slots");
   thread_ = std::thread([this] { run(); });
   if (o_.cpu >= 0) {
@@ -127,7 +127,7 @@ void Proxy::mirror_over_base(int z) {
   if (!flags_.mirror) return;
   volatile int64_t* dst = flags_.mirror->slot[z].over_base;
   const int64_t* src = ctrl_->slot[z].over_base;
-  for (int r = 0; r < ex_.options().shape.num_ranks; ++r) dst[r] = src[r];
+  for (int r = 0; r < ex_.options().shape.N; ++r) dst[r] = src[r];
 }
 
 void Proxy::check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what, Clock::time_point& since) {

@@ -10,7 +10,7 @@
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
 #include "cuda/remote_path.h"
 #endif
-#include "python/gpu_options.h"
+#include "python/config.h"
 #include "python/proxy_stats.h"
 
 namespace nb = nanobind;
@@ -22,23 +22,17 @@ void bind_cuda(nb::module_& m) {
   nb::module_ c = m.def_submodule("cuda", "cuda backend communicators (cc/cuda)");
   c.def(
       "create",
-      [](int64_t comm_id, int N, int E, int K, int H, int T, int tp, int S, int scale_block, int wire_kind, int layout,
-         int capacity, bool pow2, int slots, double timeout_s, std::vector<int> ranks, std::vector<int> devices,
-         int node_size, int priv_rows, const std::string& provider, int group,
+      [](int64_t comm_id, const Config& config, std::vector<int> ranks, std::vector<int> devices, int group,
          int first_local_index) {
-        cuda::CudaOptions o =
-            gpu_options(N, E, K, H, T, tp, S, scale_block, wire_kind, layout, capacity, pow2, slots, timeout_s);
-        o.node_size = node_size;
-        o.priv_rows = priv_rows;
-        o.provider = provider;
-        cuda::register_comm(comm_id, std::make_shared<cuda::CudaComm>(o, ranks, devices, first_local_index), group);
+        cuda::register_comm(
+            comm_id, std::make_shared<cuda::CudaComm>(cuda::cuda_options(config), ranks, devices, first_local_index),
+            group);
       },
-      "comm_id"_a, "N"_a, "E"_a, "K"_a, "H"_a, "T"_a, "tp"_a, "S"_a, "scale_block"_a, "wire_kind"_a, "layout"_a,
-      "capacity"_a, "pow2"_a, "slots"_a, "timeout_s"_a, "ranks"_a, "devices"_a, "node_size"_a = 0,
-      "priv_rows"_a = -1, "provider"_a = "", "group"_a = 0, "first_local_index"_a = 0,
+      "comm_id"_a, "config"_a, "ranks"_a, "devices"_a, "group"_a = 0, "first_local_index"_a = 0,
       "Creates EP group `group` of the communicator for this process's ranks of it (ranks within the group, "
-      "one device each; first_local_index: how many ranks of this process earlier groups hold); node_size > 0 puts ranks r // node_size on one node each, and peers on "
-      "other nodes go through a proxy thread and the TransferEngine over `provider`.");
+      "one device each; first_local_index: how many ranks of this process earlier groups hold). With "
+      "0 < config.node_size < num_ranks, ranks r // node_size share a node and peers on other nodes go "
+      "through a proxy thread and the TransferEngine over config.provider.");
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
   c.def(
       "remote_info",
@@ -94,13 +88,12 @@ void bind_cuda(nb::module_& m) {
     for (auto& b : peers) infos.emplace_back(static_cast<const char*>(b.data()), b.size());
     comm->rank(rank).connect(infos, comm->locals());  // peers[r]: rank r of this EP group
   }, "comm_id"_a, "rank"_a, "peers"_a, "group"_a = 0);
-  c.def("buffer_bytes", [](int N, int E, int K, int H, int T, int tp, int S, int wire_kind, int slots) {
-    cuda::Geometry g{};
-    g.N = N; g.E = E; g.K = K; g.H = H; g.T = T; g.tp = tp; g.S = S; g.wire_kind = wire_kind;
-    int64_t shared = 0, priv = 0;
-    cuda::finish_geometry(&g, slots, &shared, &priv);
-    return shared + priv;
-  });
+  c.def("buffer_bytes", &cuda::device_bytes, "config"_a,
+        "Device memory bytes one rank's communicator allocates (all slots): the shared_* and private_* regions.");
+  c.def(
+      "buffer_regions", [](const Config& config) { return regions_dict(cuda::buffer_regions(config)); }, "config"_a,
+      "{region: bytes per rank, all slots}: device memory (shared_*, private_*) and, with peers on other nodes, "
+      "the inter-node path's pinned host buffers (remote_*).");
   c.def("destroy", &cuda::unregister_comm, "comm_id"_a);
   c.def(
       "signal_roundtrip",

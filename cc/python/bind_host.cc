@@ -12,6 +12,7 @@
 #include "proxy/gdrcopy.h"
 #include "proxy/proxy.h"
 #include "proxy/topology.h"
+#include "python/config.h"
 #include "python/proxy_stats.h"
 #include "transfer/connect_order.h"
 #include "transfer/engine.h"
@@ -39,29 +40,10 @@ void bind_host(nb::module_& m) {
 
   h.def(
       "create",
-      [](int64_t comm_id, int num_ranks, int num_experts, int topk, int hidden, int max_tokens, int tp,
-         int num_scales, int scale_block, int wire_kind, int layout, int capacity, bool pow2, int slots,
-         int priv_rows, double timeout_s, std::vector<int> local_ranks, const std::string& engine,
-         const std::string& provider, bool proxied, int node_size, int group) {
-        host::HostOptions o;
-        o.shape.num_ranks = num_ranks;
-        o.shape.num_experts = num_experts;
-        o.shape.topk = topk;
-        o.shape.hidden = hidden;
-        o.shape.max_tokens = max_tokens;
-        o.shape.tp = tp;
-        o.shape.num_scales = num_scales;
-        o.shape.scale_block = scale_block;
-        o.wire = static_cast<ElemKind>(wire_kind);
-        o.shape.wire_elem_bytes = elem_bytes(o.wire);
-        o.shape.layout = static_cast<Layout>(layout);
-        o.shape.capacity = capacity;
-        o.pow2_scale = pow2;
-        o.slots = slots;
-        o.priv_rows = priv_rows;
-        o.timeout_s = timeout_s;
-        o.proxied = proxied;
-        o.node_size = node_size;
+      [](int64_t comm_id, const Config& config, std::vector<int> local_ranks, int group) {
+        const host::HostOptions o = host::host_options(config);
+        const int num_ranks = config.num_ranks;
+        const std::string& engine = config.engine;
         std::vector<std::shared_ptr<transfer::Engine>> engines;
         if (engine == "local") {
           if (int(local_ranks.size()) != num_ranks)
@@ -70,7 +52,7 @@ void bind_host(nb::module_& m) {
         } else if (engine == "fabric") {
           for (int r : local_ranks) {
             transfer::EngineOptions eo;
-            eo.provider = provider;
+            eo.provider = config.provider;
             eo.rank = r;
             eo.world_size = num_ranks;
             engines.push_back(transfer::make_fabric_engine(eo));
@@ -80,13 +62,21 @@ void bind_host(nb::module_& m) {
         }
         host::register_comm(comm_id, std::make_shared<host::HostComm>(o, std::move(engines), local_ranks), group);
       },
-      "comm_id"_a, "num_ranks"_a, "num_experts"_a, "topk"_a, "hidden"_a, "max_tokens"_a, "tp"_a,
-      "num_scales"_a, "scale_block"_a, "wire_kind"_a, "layout"_a, "capacity"_a, "pow2"_a, "slots"_a,
-      "priv_rows"_a, "timeout_s"_a, "local_ranks"_a, "engine"_a, "provider"_a, "proxied"_a = false, "node_size"_a = 0,
-      "group"_a = 0,
+      "comm_id"_a, "config"_a, "local_ranks"_a, "group"_a = 0,
       "Creates EP group `group` of the communicator `comm_id` for this process's ranks of it (ranks within "
-      "the group; engine 'local' or 'fabric', its engines know only the group's ranks); proxied: the protocol "
-      "runs on a proxy thread per rank (cc/proxy), as in the cuda backend. Call once per group with local ranks.");
+      "the group; config.engine 'local' or 'fabric', its engines know only the group's ranks); config.proxied: "
+      "the protocol runs on a proxy thread per rank (cc/proxy), as in the cuda backend. Call once per group.");
+  h.def(
+      "buffer_bytes",
+      [](const Config& config) {
+        int64_t total = 0;
+        for (const auto& [name, bytes] : host::buffer_regions(config)) total += bytes;
+        return total;
+      },
+      "config"_a, "Buffer bytes one rank holds (all slots): the sum of buffer_regions.");
+  h.def(
+      "buffer_regions", [](const Config& config) { return regions_dict(host::buffer_regions(config)); }, "config"_a,
+      "{region: bytes per rank, all slots} of the host backend's buffers.");
 
   h.def(
       "bootstrap_info",

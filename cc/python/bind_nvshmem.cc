@@ -10,7 +10,7 @@
 
 #include "nvshmem/comm.h"
 #include "nvshmem/runtime.h"
-#include "python/gpu_options.h"
+#include "python/config.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -34,14 +34,10 @@ void bind_nvshmem(nb::module_& m) {
   c.def("arena_size", &nvshmem::arena_size, "Bytes of this process's symmetric arena (0 before the first communicator).");
   c.def(
       "create",
-      [](int64_t comm_id, int N, int E, int K, int H, int T, int tp, int S, int scale_block, int wire_kind, int layout,
-         int capacity, bool pow2, int slots, double timeout_s, int rank, int device, int64_t arena_bytes) {
-        const cuda::CudaOptions o =
-            gpu_options(N, E, K, H, T, tp, S, scale_block, wire_kind, layout, capacity, pow2, slots, timeout_s);
-        nvshmem::register_comm(comm_id, std::make_shared<nvshmem::NvComm>(o, rank, device, arena_bytes));
+      [](int64_t comm_id, const Config& config, int rank, int device, int64_t arena_bytes) {
+        nvshmem::register_comm(comm_id, std::make_shared<nvshmem::NvComm>(config, rank, device, arena_bytes));
       },
-      "comm_id"_a, "N"_a, "E"_a, "K"_a, "H"_a, "T"_a, "tp"_a, "S"_a, "scale_block"_a, "wire_kind"_a, "layout"_a,
-      "capacity"_a, "pow2"_a, "slots"_a, "timeout_s"_a, "rank"_a, "device"_a, "arena_bytes"_a,
+      "comm_id"_a, "config"_a, "rank"_a, "device"_a, "arena_bytes"_a,
       "Collective over every PE (a host barrier, and the arena's nvshmem_malloc the first time).");
   c.def("bootstrap_info", [](int64_t comm_id) {
     const std::string s = nvshmem::find_comm(comm_id)->bootstrap_info();
@@ -52,10 +48,17 @@ void bind_nvshmem(nb::module_& m) {
     for (auto& b : peers) infos.emplace_back(static_cast<const char*>(b.data()), b.size());
     nvshmem::find_comm(comm_id)->connect(infos);
   });
-  c.def("buffer_bytes", [](int N, int E, int K, int H, int T, int tp, int S, int wire_kind, int slots) {
-    cuda::CudaOptions o = gpu_options(N, E, K, H, T, tp, S, 1, wire_kind, 0, 1, false, slots, 1.0);
-    return int64_t(slots) * nvshmem::make_layout(&o.g).slot_bytes;
-  }, "Symmetric heap bytes one rank's communicator takes (all slots).");
+  c.def(
+      "buffer_bytes",
+      [](const Config& config) {
+        int64_t total = 0;
+        for (const auto& [name, bytes] : nvshmem::buffer_regions(config)) total += bytes;
+        return total;
+      },
+      "config"_a, "Symmetric heap bytes one rank's communicator takes (all slots): the sum of buffer_regions.");
+  c.def(
+      "buffer_regions", [](const Config& config) { return regions_dict(nvshmem::buffer_regions(config)); },
+      "config"_a, "{region: bytes per rank, all slots} of the communicator's symmetric block.");
   c.def("destroy", &nvshmem::unregister_comm, "comm_id"_a);
   c.def("kernel_ms", [](int64_t comm_id, int rank, int op) {
     auto comm = nvshmem::find_comm(comm_id);

@@ -2,6 +2,7 @@
 #include <nanobind/nanobind.h>
 
 #include "ffi/handlers.h"
+#include "python/config.h"
 
 namespace nb = nanobind;
 
@@ -66,6 +67,7 @@ NB_MODULE(_C, m) {
     return d;
   }, "FFI handlers for the 'CUDA' platform: {target name: capsule}; empty without nvcc at build time.");
 
+  a2a::python::bind_config(m);
 #if defined(JAX_MOE_A2A_WITH_LIBFABRIC)
   a2a::python::bind_transfer(m);
   a2a::python::bind_host(m);

@@ -50,6 +50,18 @@ def create(name: str) -> Backend:
     return _FACTORIES[name]()
 
 
+def backend_class(backend) -> type:
+    """The Backend class of `backend`: a registered name (available here or not), a Backend class,
+    or an instance."""
+    if isinstance(backend, type) and issubclass(backend, Backend):
+        return backend
+    if isinstance(backend, Backend):
+        return type(backend)
+    if backend not in _FACTORIES:
+        raise ValueError(f"unknown backend {backend!r} (known: {known()})")
+    return type(_FACTORIES[backend]())
+
+
 def _reference():
     from .reference import ReferenceBackend
     return ReferenceBackend()

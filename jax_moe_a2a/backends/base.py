@@ -1,6 +1,10 @@
 """The interface every backend implements. The communicator validates, the backend moves data.
 
-All methods run inside `jax.shard_map` on one rank's shard; shapes in `jax_moe_a2a.types`.
+The contract: a backend is opened from (Config, mesh, axis) and its communicator id
+(`Backend.open`), keeps what it needs of them, and never reads the communicator back. The
+communicator asks it only through the methods declared here: the four halves (inside
+`jax.shard_map` on one rank's shard; shapes in `jax_moe_a2a.types`), the buffer sizes, the
+diagnostics (`proxy_stats`, `kernel_seconds`, `last_error`, `diagnostics`) and `close`.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ class Ctx:
     rank: Any           # [] int32, jax.lax.axis_index(axis)
     comm_id: int
     call_id: int        # distinct per call site, so XLA never merges two calls
-    options: dict
+    config: Any = None  # the communicator's jax_moe_a2a.config.Config
     group_axes: tuple = ()  # the mesh's other axes (mesh order): each position is one EP group
 
 
@@ -133,12 +137,49 @@ class Backend:
 
     name = "?"
     # The backend-specific options of `jax_moe_a2a.init` this backend reads (name -> meaning);
-    # the communicator refuses any other. Read them from `comm.options` in `init`.
+    # Config.build refuses any other and hands these to `transport`.
     OPTIONS: dict = {}
 
-    def buffer_bytes(self, spec: Spec, num_ranks: int) -> int:
-        """Communication buffer bytes one rank holds (all slots)."""
+    @classmethod
+    def transport(cls, opts: dict, num_ranks: int) -> dict:
+        """The Config's transport fields (config.TRANSPORT_FIELDS) from this backend's options
+        (only declared names reach here) and its defaults; ValueError for a bad value."""
+        return {}
+
+    def open(self, config, mesh, axis, comm_id: int) -> None:
+        """Creates whatever the halves need (collective over the processes of the mesh):
+        `config` (jax_moe_a2a.config.Config), the mesh and the EP axis, and the communicator id
+        (the key of the native registries). The pure-JAX backends keep the config only."""
+        self.config = config
+
+    def buffer_regions(self, config) -> dict:
+        """{region: bytes per rank, all slots} of the communication buffers for `config`."""
         raise NotImplementedError
+
+    def buffer_bytes(self, config) -> int:
+        """Communication buffer bytes one rank holds (all slots)."""
+        return int(sum(self.buffer_regions(config).values()))
+
+    # ---- diagnostics (declared here; the communicator forwards them) ------------------------
+    def proxy_stats(self) -> dict:
+        """Counters of this process's proxy threads ({rank: dict}, or {(group, rank): dict} on a
+        mesh with several EP groups); {} for a backend without proxies."""
+        return {}
+
+    def kernel_seconds(self, half: str):
+        """Seconds the last kernel of `half` took on the slowest local rank, or None."""
+        return None
+
+    def last_error(self):
+        """A failure the backend recorded out of band (text), or None."""
+        return None
+
+    def diagnostics(self) -> dict:
+        """What the backend resolved at open (e.g. the fabric provider in use)."""
+        return {}
+
+    def close(self) -> None:
+        """Releases native resources now (idempotent)."""
 
     def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot: int, after=None):
         """x [T, H] (input dtype, or fp8 with x_scale [T, S]); topk_ids [T, K] int32;

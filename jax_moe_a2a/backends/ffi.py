@@ -1,5 +1,5 @@
-"""Shared plumbing of the backends whose halves are XLA FFI calls (host, cuda): the wire dtype
-codes, the ordering operand, and the four FFI calls (`comm_call`: side-effecting custom calls
+"""Shared plumbing of the backends whose halves are XLA FFI calls (host, cuda, nvshmem): the
+ordering operand, and the four FFI calls (`comm_call`: side-effecting custom calls
 that `jax.checkpoint` accepts and never recomputes). A subclass names its targets and
 says which extra operands its handlers take."""
 
@@ -11,11 +11,8 @@ import numpy as np
 
 from .. import _ffi
 from ..commcall import comm_call
+from ..config import Dtype
 from .base import Backend, Ctx, finish_recv, recv_result_shapes, varying, vma
-
-# dtype -> the element-kind code the C++ side uses (cc/core/floats.h ElemKind, cc/cuda params).
-WIRE = {np.dtype(jnp.float32): 0, np.dtype(jnp.bfloat16): 1, np.dtype(jnp.float16): 2,
-        np.dtype(jnp.float8_e4m3fn): 3}
 
 
 def after_operand(after):
@@ -111,5 +108,5 @@ class FfiBackend(Backend):
                                route.arrays["slot"], route.topk_weights.astype(jnp.float32),
                                route.num_tokens.reshape(()), out_in,
                                *self._mask_operands(ctx, route.arrays.get("rank_mask")), slot=np.int32(slot),
-                               y_kind=np.int32(WIRE[np.dtype(arrays["y_dtype"].dtype)]))
+                               y_kind=np.int32(Dtype.of(arrays["y_dtype"].dtype)))
         return (res, rows) if pairs else res

@@ -4,32 +4,17 @@
 
 from __future__ import annotations
 
-import weakref
-
 import jax
 
 from .. import _ffi, env, runtime
+from ..groups import ep_groups, local_members
 from .base import group_index
-from .ffi import WIRE, FfiBackend, native_reason
+from .ffi import FfiBackend, native_reason
 
 
 def unavailable_reason():
     return native_reason("built_with_libfabric",
                          "the extension was built without libfabric (install libfabric-dev and rebuild)", "host", "cpu")
-
-
-def _layout_bytes(spec, n, priv_rows):
-    """Buffer bytes per rank and slot, mirroring cc/host/host_comm.cc SlotLayout."""
-    pad = lambda b: (b + 15) // 16 * 16
-    l_count = spec.local_experts(n)
-    p = spec.rows_per_peer(n)
-    priv = p if priv_rows is None else min(priv_rows, p)
-    row = pad(spec.hidden * spec.dispatch_dtype.itemsize + 4 * spec.num_scales + 8)
-    d_recv = pad(n * n * l_count * 4) + n * priv * row + n * (p - priv) * row
-    d_send = pad(n * l_count * 4) + n * p * row
-    c_send = n * p * spec.hidden * 4
-    c_recv = n * spec.tp_size * p * spec.hidden * 4
-    return d_recv + d_send + c_send + c_recv
 
 
 class HostBackend(FfiBackend):
@@ -45,66 +30,70 @@ class HostBackend(FfiBackend):
         "node_size": "with proxied: ranks r // node_size share a node (default 0: none do)",
     }
 
-    def __init__(self):
-        self._priv_rows = None
-        self._proxied = False
-
-    # ---- setup ---------------------------------------------------------------------------
-    def init(self, comm):
-        """Creates this process's ranks in C++ and connects each to every rank of its EP group
-        (collective). Every EP group (one per position along the mesh's other axes) is a
-        communicator of its own in C++: its own engines (knowing only the group's ranks),
-        buffers and bootstrap keys."""
-        spec, n = comm.spec, comm.num_ranks
-        if spec.slots > 8 or spec.tp_size > 8:
-            raise ValueError("host backend: Spec.slots and Spec.tp_size must be <= 8")
-        for d in comm.mesh.devices.flat:
-            if d.platform != "cpu":
-                raise ValueError(f"host backend: mesh device {d} is not a CPU device")
-        opts = comm.options
+    @classmethod
+    def transport(cls, opts, n):
+        """max_private_tokens (-1: all), engine (local in one process, else fabric), provider
+        ($JAX_MOE_A2A_PROVIDER, else shm), proxied ($JAX_MOE_A2A_HOST_PROXIED), node_size
+        (proxied only; 0: no two ranks share a node)."""
         priv = opts.get("max_private_tokens")
         if priv is not None and (int(priv) < 0):
             raise ValueError(f"max_private_tokens: expected >= 0, got {priv}")
-        self._priv_rows = None if priv is None else int(priv)
         engine = opts.get("engine") or ("local" if jax.process_count() == 1 else "fabric")
         provider = opts.get("provider") or env.get_str("PROVIDER", "shm")
         proxied = bool(opts.get("proxied", env.get_bool("HOST_PROXIED")))
         node_size = int(opts.get("node_size") or 0)  # proxied: ranks r // node_size share a node
         if node_size and not proxied:
             raise ValueError("host backend: node_size needs proxied=True")
-        self._proxied = proxied
+        return dict(max_private_tokens=-1 if priv is None else int(priv), engine=engine, provider=provider,
+                    proxied=proxied, node_size=node_size)
+
+    # ---- setup ---------------------------------------------------------------------------
+    def open(self, config, mesh, axis, comm_id):
+        """Creates this process's ranks in C++ and connects each to every rank of its EP group
+        (collective). Every EP group (one per position along the mesh's other axes) is a
+        communicator of its own in C++: its own engines (knowing only the group's ranks),
+        buffers and bootstrap keys."""
+        n = config.num_ranks
+        if config.slots > 8 or config.tp_size > 8:
+            raise ValueError("host backend: Spec.slots and Spec.tp_size must be <= 8")
+        for d in mesh.devices.flat:
+            if d.platform != "cpu":
+                raise ValueError(f"host backend: mesh device {d} is not a CPU device")
         c = _ffi.require_native()
         _ffi.register_targets()
-        self._finalizer = weakref.finalize(comm, c.host.destroy, comm.comm_id)  # every group, also if one fails
-        self.provider = provider
-        members = comm.local_members()
-        for g, local in members.items():
-            c.host.create(comm.comm_id, n, spec.num_experts, spec.experts_per_token, spec.hidden,
-                          spec.max_tokens_per_rank, spec.tp_size, spec.num_scales, spec.scale_block,
-                          WIRE[spec.dispatch_dtype], 0 if spec.layout == "ragged" else 1, spec.recv_rows(n),
-                          spec.pow2_scale, spec.slots, -1 if priv is None else int(priv), comm.timeout_s,
-                          local, engine, provider, proxied, node_size, group=g)
+        _, groups = ep_groups(mesh, axis)
+        self.config, self.comm_id = config, comm_id
+        self.members = local_members(groups)
+        self.provider = config.provider
+        self._closed = False  # close() destroys every group, also if one fails here
+        native = config.native()
+        for g, local in self.members.items():
+            c.host.create(comm_id, native, local, group=g)
         # Groups in ascending order on every process: a group's exchange waits only for processes
         # that finished their lower groups, and its engines' connections only on lower ranks.
-        for g, local in members.items():
-            prefix = f"jax_moe_a2a/host/{comm.comm_id}" + (f"/group{g}" if comm.num_groups > 1 else "")
+        for g, local in self.members.items():
+            prefix = f"jax_moe_a2a/host/{comm_id}" + (f"/group{g}" if len(groups) > 1 else "")
             self.provider = runtime.connect_engines(
-                prefix, {r: c.host.bootstrap_info(comm.comm_id, r, g) for r in local}, n, comm.timeout_s,
-                lambda r, peers, g=g: c.host.connect(comm.comm_id, r, peers, g), provider)
+                prefix, {r: c.host.bootstrap_info(comm_id, r, g) for r in local}, n, config.timeout_s,
+                lambda r, peers, g=g: c.host.connect(comm_id, r, peers, g), config.provider)
 
     def close(self):
-        if getattr(self, "_finalizer", None) is not None:
-            self._finalizer()  # runs destroy once
+        if not getattr(self, "_closed", True):
+            self._closed = True
+            _ffi.require_native().host.destroy(self.comm_id)  # every group
 
-    def proxy_stats(self, comm):
+    def proxy_stats(self):
         """Counters of this process's proxy threads ({rank: dict}, proxied mode); flag_path says
         where the proxy's flags live ("mapped-host: <why GDRCopy is not used>" here)."""
         c = _ffi.require_native()
-        local = [r for r, d in enumerate(comm.mesh.devices.flat) if d.process_index == jax.process_index()]
-        return {r: dict(c.host.proxy_stats(comm.comm_id, r)) for r in local}
+        return {r: dict(c.host.proxy_stats(self.comm_id, r)) for r in self.members.get(0, [])}
 
-    def buffer_bytes(self, spec, num_ranks):
-        return spec.slots * _layout_bytes(spec, num_ranks, self._priv_rows)
+    def diagnostics(self):
+        return {"engine": self.config.engine, "provider": self.provider, "proxied": self.config.proxied,
+                "node_size": self.config.node_size}
+
+    def buffer_regions(self, config):
+        return dict(_ffi.require_native().host.buffer_regions(config.native()))
 
     # ---- FfiBackend hooks: the CPU handlers take the rank and its EP group as operands ---
     def _rank(self, ctx):
@@ -118,7 +107,7 @@ class HostBackend(FfiBackend):
 
     # ---- elastic EP: the rank mask is the last operand of every half (all ones without one) ---
     def rank_mask_unsupported(self):
-        if self._proxied:
+        if getattr(self, "config", None) is not None and self.config.proxied:
             return "proxied=True (the proxy thread waits for every rank); use the inline mode (proxied=False)"
         return None
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import base64
 import os
-import weakref
 
 import jax
 
 from .. import _ffi, env, runtime
+from ..groups import ep_groups, local_members
 from .cuda import CudaBackend
-from .ffi import WIRE, native_reason
+from .ffi import native_reason
 
 _MIB = 1 << 20
 ARENA_MIN = 256 * _MIB
@@ -74,32 +74,44 @@ class NvshmemBackend(CudaBackend):
     def _group_arg(g):
         return ()
 
-    def init(self, comm):
-        spec, n = comm.spec, comm.num_ranks
-        self.check_shape(spec, n)
-        devices = self._gpu_mesh(comm)
+    @classmethod
+    def transport(cls, opts, n):
+        return {}  # NVSHMEM moves every byte: no transport options
+
+    def open(self, config, mesh, axis, comm_id):
+        n = config.num_ranks
+        self.check_shape(config, n)
+        devices = self._gpu_devices(mesh)
         if len({d.process_index for d in devices}) != jax.process_count():
             raise ValueError("nvshmem backend: the mesh must span every JAX process (they are the NVSHMEM PEs, and "
                              "creating a communicator is collective over all of them)")
-        local = self._local(comm)
+        _, groups = ep_groups(mesh, axis)
+        self.config, self.comm_id, self.num_groups = config, comm_id, len(groups)
+        self.members = local_members(groups)
+        self.provider = None
+        local = self._local()
         if len(local) != 1:
             raise NotImplementedError(
                 f"nvshmem backend: one process drives one GPU (one EP rank per process); this process holds "
-                f"{'ranks ' + str([r for _, r in local]) if comm.num_groups == 1 else '(group, rank) ' + str(local)}. "
+                f"{'ranks ' + str([r for _, r in local]) if self.num_groups == 1 else '(group, rank) ' + str(local)}. "
                 f"Launch one process per GPU, or use the cuda backend")
         # On a mesh with several EP groups every process is one rank of one group: its NvComm knows
         # only its group's PEs (bootstrap keys per group), and the handlers find it by comm id.
         group, rank = local[0]
-        device = comm.groups[group][rank].local_hardware_id
+        device = groups[group][rank].local_hardware_id
         c = _ffi.require_native()
         _ffi.register_targets()
-        arena = arena_bytes(self.buffer_bytes(spec, n))
-        start_runtime(c, device, arena, comm.timeout_s)
-        c.nvshmem.create(comm.comm_id, n, spec.num_experts, spec.experts_per_token, spec.hidden,
-                         spec.max_tokens_per_rank, spec.tp_size, spec.num_scales, spec.scale_block,
-                         WIRE[spec.dispatch_dtype], 0 if spec.layout == "ragged" else 1, spec.recv_rows(n),
-                         spec.pow2_scale, spec.slots, comm.timeout_s, rank, device, arena)
-        self._finalizer = weakref.finalize(comm, c.nvshmem.destroy, comm.comm_id)
-        mine = {rank: bytes(c.nvshmem.bootstrap_info(comm.comm_id))}
-        table = runtime.exchange(f"jax_moe_a2a/nvshmem/{self._group_key(comm, group)}", mine, n, comm.timeout_s)
-        c.nvshmem.connect(comm.comm_id, [table[i] for i in range(n)])
+        native = config.native()
+        arena = arena_bytes(int(c.nvshmem.buffer_bytes(native)))
+        start_runtime(c, device, arena, config.timeout_s)
+        self._closed = False
+        c.nvshmem.create(comm_id, native, rank, device, arena)
+        mine = {rank: bytes(c.nvshmem.bootstrap_info(comm_id))}
+        table = runtime.exchange(f"jax_moe_a2a/nvshmem/{self._group_key(group)}", mine, n, config.timeout_s)
+        c.nvshmem.connect(comm_id, [table[i] for i in range(n)])
+
+    def diagnostics(self):
+        return {}
+
+    def proxy_stats(self):
+        return {}  # no proxy threads

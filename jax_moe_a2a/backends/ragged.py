@@ -76,17 +76,23 @@ class RaggedBackend(Backend):
     autodiff = True
     xla_collectives = True
 
-    def init(self, comm):
-        reason = unavailable_reason({d.platform for d in comm.mesh.devices.flat})
+    def open(self, config, mesh, axis, comm_id):
+        reason = unavailable_reason({d.platform for d in mesh.devices.flat})
         if reason is not None:
             raise ValueError(f"backend 'ragged' is not available on this mesh: {reason}")
+        self.config = config
 
-    def buffer_bytes(self, spec, num_ranks):
-        m_send, m_recv = send_rows(spec), spec.worst_case_rows(num_ranks)
-        meta = 4 * (3 + spec.num_scales)                          # (weight, local, token, scales)
-        wire = (m_send + m_recv) * (spec.hidden * spec.dispatch_dtype.itemsize + meta)
-        back = (m_recv + spec.tp_size * m_send) * spec.hidden * 4
-        return wire + back  # XLA temporaries, not pinned
+    def buffer_regions(self, config):
+        """XLA temporaries (not pinned): the dispatch rows sent and received (payload, weight,
+        local expert, token, scales) and the combine rows."""
+        c = config
+        per_member = -(-c.max_tokens_per_rank // c.tp_size)
+        m_send = per_member * c.experts_per_token                 # send_rows
+        m_recv = c.num_ranks * per_member * min(c.experts_per_token, c.local_experts)  # worst_case_rows
+        meta = 4 * (3 + c.num_scales)                             # (weight, local, token, scales)
+        wire = (m_send + m_recv) * (c.hidden * c.dispatch_dtype.itemsize + meta)
+        back = (m_recv + c.tp_size * m_send) * c.hidden * 4
+        return {"dispatch_rows": wire, "combine_rows": back}
 
     # -- dispatch ------------------------------------------------------------------------------
     def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None):

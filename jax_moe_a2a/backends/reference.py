@@ -27,11 +27,14 @@ class ReferenceBackend(Backend):
     autodiff = True
     xla_collectives = True
 
-    def buffer_bytes(self, spec, num_ranks):
-        p = spec.rows_per_peer(num_ranks)
-        wire = num_ranks * p * (spec.token_bytes() + 12)  # + (expert, token, weight) per row
-        back = num_ranks * spec.tp_size * p * spec.hidden * 4
-        return 2 * (wire + back)  # send and receive copies (XLA temporaries, not pinned)
+    def buffer_regions(self, config):
+        """XLA temporaries (not pinned): send and receive copies of the dispatch rows (payload,
+        scales, expert, token, weight) and of the combine rows."""
+        c = config
+        p = -(-c.max_tokens_per_rank // c.tp_size) * min(c.experts_per_token, c.local_experts)
+        wire = c.num_ranks * p * (c.hidden * c.dispatch_dtype.itemsize + 4 * c.num_scales + 12)
+        back = c.num_ranks * c.tp_size * p * c.hidden * 4
+        return {"dispatch_rows": 2 * wire, "combine_rows": 2 * back}
 
     # -- dispatch ------------------------------------------------------------------------------
     def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None):

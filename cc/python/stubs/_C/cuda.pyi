@@ -2,10 +2,12 @@
 
 from collections.abc import Sequence
 
+import jax_moe_a2a._C
 
-def create(comm_id: int, N: int, E: int, K: int, H: int, T: int, tp: int, S: int, scale_block: int, wire_kind: int, layout: int, capacity: int, pow2: bool, slots: int, timeout_s: float, ranks: Sequence[int], devices: Sequence[int], node_size: int = 0, priv_rows: int = -1, provider: str = '', group: int = 0, first_local_index: int = 0) -> None:
+
+def create(comm_id: int, config: jax_moe_a2a._C.Config, ranks: Sequence[int], devices: Sequence[int], group: int = 0, first_local_index: int = 0) -> None:
     """
-    Creates EP group `group` of the communicator for this process's ranks of it (ranks within the group, one device each; first_local_index: how many ranks of this process earlier groups hold); node_size > 0 puts ranks r // node_size on one node each, and peers on other nodes go through a proxy thread and the TransferEngine over `provider`.
+    Creates EP group `group` of the communicator for this process's ranks of it (ranks within the group, one device each; first_local_index: how many ranks of this process earlier groups hold). With 0 < config.node_size < num_ranks, ranks r // node_size share a node and peers on other nodes go through a proxy thread and the TransferEngine over config.provider.
     """
 
 def remote_info(comm_id: int, rank: int, group: int = 0) -> object:
@@ -27,7 +29,15 @@ def bootstrap_info(comm_id: int, rank: int, group: int = 0) -> bytes: ...
 
 def connect(comm_id: int, rank: int, peers: Sequence[bytes], group: int = 0) -> None: ...
 
-def buffer_bytes(arg0: int, arg1: int, arg2: int, arg3: int, arg4: int, arg5: int, arg6: int, arg7: int, arg8: int, /) -> int: ...
+def buffer_bytes(config: jax_moe_a2a._C.Config) -> int:
+    """
+    Device memory bytes one rank's communicator allocates (all slots): the shared_* and private_* regions.
+    """
+
+def buffer_regions(config: jax_moe_a2a._C.Config) -> dict:
+    """
+    {region: bytes per rank, all slots}: device memory (shared_*, private_*) and, with peers on other nodes, the inter-node path's pinned host buffers (remote_*).
+    """
 
 def destroy(comm_id: int) -> None: ...
 

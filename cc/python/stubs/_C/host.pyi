@@ -2,11 +2,19 @@
 
 from collections.abc import Sequence
 
+import jax_moe_a2a._C
 
-def create(comm_id: int, num_ranks: int, num_experts: int, topk: int, hidden: int, max_tokens: int, tp: int, num_scales: int, scale_block: int, wire_kind: int, layout: int, capacity: int, pow2: bool, slots: int, priv_rows: int, timeout_s: float, local_ranks: Sequence[int], engine: str, provider: str, proxied: bool = False, node_size: int = 0, group: int = 0) -> None:
+
+def create(comm_id: int, config: jax_moe_a2a._C.Config, local_ranks: Sequence[int], group: int = 0) -> None:
     """
-    Creates EP group `group` of the communicator `comm_id` for this process's ranks of it (ranks within the group; engine 'local' or 'fabric', its engines know only the group's ranks); proxied: the protocol runs on a proxy thread per rank (cc/proxy), as in the cuda backend. Call once per group with local ranks.
+    Creates EP group `group` of the communicator `comm_id` for this process's ranks of it (ranks within the group; config.engine 'local' or 'fabric', its engines know only the group's ranks); config.proxied: the protocol runs on a proxy thread per rank (cc/proxy), as in the cuda backend. Call once per group.
     """
+
+def buffer_bytes(config: jax_moe_a2a._C.Config) -> int:
+    """Buffer bytes one rank holds (all slots): the sum of buffer_regions."""
+
+def buffer_regions(config: jax_moe_a2a._C.Config) -> dict:
+    """{region: bytes per rank, all slots} of the host backend's buffers."""
 
 def bootstrap_info(comm_id: int, rank: int, group: int = 0) -> tuple:
     """

@@ -2,6 +2,8 @@
 
 from collections.abc import Sequence
 
+import jax_moe_a2a._C
+
 
 def status() -> int:
     """
@@ -29,7 +31,7 @@ def arena_size() -> int:
     Bytes of this process's symmetric arena (0 before the first communicator).
     """
 
-def create(comm_id: int, N: int, E: int, K: int, H: int, T: int, tp: int, S: int, scale_block: int, wire_kind: int, layout: int, capacity: int, pow2: bool, slots: int, timeout_s: float, rank: int, device: int, arena_bytes: int) -> None:
+def create(comm_id: int, config: jax_moe_a2a._C.Config, rank: int, device: int, arena_bytes: int) -> None:
     """
     Collective over every PE (a host barrier, and the arena's nvshmem_malloc the first time).
     """
@@ -38,8 +40,15 @@ def bootstrap_info(arg: int, /) -> bytes: ...
 
 def connect(arg0: int, arg1: Sequence[bytes], /) -> None: ...
 
-def buffer_bytes(arg0: int, arg1: int, arg2: int, arg3: int, arg4: int, arg5: int, arg6: int, arg7: int, arg8: int, /) -> int:
-    """Symmetric heap bytes one rank's communicator takes (all slots)."""
+def buffer_bytes(config: jax_moe_a2a._C.Config) -> int:
+    """
+    Symmetric heap bytes one rank's communicator takes (all slots): the sum of buffer_regions.
+    """
+
+def buffer_regions(config: jax_moe_a2a._C.Config) -> dict:
+    """
+    {region: bytes per rank, all slots} of the communicator's symmetric block.
+    """
 
 def destroy(comm_id: int) -> None: ...
 

@@ -1,0 +1,167 @@
+"""The one configuration (jax_moe_a2a.config.Config -> _C.Config): built once from the Spec, the
+rank count and the backend's options; C++ derives the shape and the buffer sizes from it; the
+backend is opened from it and never sees the communicator."""
+
+import dataclasses
+import inspect
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_moe_a2a as a2a
+from jax_moe_a2a import _ffi
+from jax_moe_a2a.backends.base import Backend
+from jax_moe_a2a.config import Config, Dtype, Layout
+
+SPEC = a2a.Spec(num_experts=16, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+SPECS = [
+    a2a.Spec(num_experts=256, experts_per_token=8, hidden=7168, max_tokens_per_rank=128),
+    a2a.Spec(num_experts=256, experts_per_token=8, hidden=7168, max_tokens_per_rank=128,
+             dispatch_dtype=jnp.float8_e4m3fn, recv_capacity=1000),
+    a2a.Spec(num_experts=64, experts_per_token=4, hidden=512, max_tokens_per_rank=17, tp_size=2,
+             layout="expert_major", dispatch_dtype=jnp.float32, slots=3),
+]
+
+
+def _native():
+    if _ffi._C is None:
+        pytest.skip(f"native module not built: {_ffi._IMPORT_ERROR}")
+    return _ffi._C
+
+
+def test_build_reads_the_spec():
+    spec = SPECS[1]
+    c = Config.build(spec, 8, "reference", timeout_s=5.0)
+    assert (c.num_ranks, c.num_experts, c.experts_per_token, c.hidden, c.max_tokens_per_rank) == (8, 256, 8, 7168, 128)
+    assert c.dispatch_dtype is Dtype.F8_E4M3FN and c.combine_dtype is Dtype.BF16 and c.layout is Layout.RAGGED
+    assert c.num_scales == spec.num_scales == 56 and c.recv_rows == spec.recv_rows(8) == 1000
+    assert c.timeout_s == 5.0 and c.local_experts == 32
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.hidden = 1
+    assert hash(c) == hash(Config.build(spec, 8, "reference", timeout_s=5.0))
+
+
+def test_dtype_codes():
+    assert [Dtype.of(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn)] == [0, 1, 2, 3]
+    assert Dtype.BF16.numpy == np.dtype(jnp.bfloat16) and Dtype.F8_E4M3FN.itemsize == 1
+    with pytest.raises(ValueError, match="no jax_moe_a2a dtype code"):
+        Dtype.of(np.int8)
+
+
+def test_python_and_cpp_enums_agree():
+    c = _native()
+    assert {m.name: int(m) for m in Dtype} == {m.name: int(m.value) for m in c.Dtype}
+    assert {m.name: int(m) for m in Layout} == {m.name: int(m.value) for m in c.Layout}
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["bf16", "fp8-capacity", "f32-tp2-expert-major"])
+def test_native_config_and_its_shape(spec):
+    _native()
+    cfg = Config.build(spec, 8, "reference")
+    nat = cfg.native()
+    for f in dataclasses.fields(cfg):
+        if f.name != "backend":
+            assert int(getattr(nat, f.name)) == int(getattr(cfg, f.name)) if not isinstance(
+                getattr(cfg, f.name), str) else getattr(nat, f.name) == getattr(cfg, f.name), f.name
+    s = nat.shape()
+    assert (s["N"], s["E"], s["L"], s["K"], s["H"], s["T"], s["tp"], s["S"]) == (
+        8, spec.num_experts, spec.local_experts(8), spec.experts_per_token, spec.hidden, spec.max_tokens_per_rank,
+        spec.tp_size, spec.num_scales)
+    assert s["P"] == spec.rows_per_peer(8) and s["capacity"] == spec.recv_rows(8)
+    assert s["payload"] == spec.hidden * spec.dispatch_dtype.itemsize
+    assert s["row"] == -(-(spec.token_bytes() + 8) // 16) * 16
+    assert s["wire_kind"] == int(Dtype.of(spec.dispatch_dtype)) and s["layout"] == int(Layout.of(spec.layout))
+
+
+def test_unknown_options_raise_naming_the_valid_ones(mesh):
+    with pytest.raises(ValueError, match=r"reference backend: unknown option\(s\) unknown_option; its options: none"):
+        a2a.init(SPEC, mesh, "ep", backend="reference", unknown_option=1)
+    with pytest.raises(ValueError, match=r"cuda backend: unknown option\(s\) unknown_option; its options: "
+                                         r"max_private_tokens, node_size, provider"):
+        Config.build(SPEC, 8, "cuda", options={"unknown_option": 1})
+    with pytest.raises(ValueError, match=r"host backend: unknown option\(s\) unknown_option; its options: "
+                                         r"engine, max_private_tokens, node_size, provider, proxied"):
+        Config.build(SPEC, 8, "host", options={"unknown_option": 1})
+
+
+def _pad(b):
+    return (b + 15) // 16 * 16
+
+
+def _host_bytes_before(spec, n, priv_rows):
+    """The host backend's size as Python computed it before C++ reported it (SlotLayout)."""
+    l_count, p = spec.local_experts(n), spec.rows_per_peer(n)
+    priv = p if priv_rows is None else min(priv_rows, p)
+    row = _pad(spec.hidden * spec.dispatch_dtype.itemsize + 4 * spec.num_scales + 8)
+    d_recv = _pad(n * n * l_count * 4) + n * priv * row + n * (p - priv) * row
+    d_send = _pad(n * l_count * 4) + n * p * row
+    return spec.slots * (d_recv + d_send + n * p * spec.hidden * 4 + n * spec.tp_size * p * spec.hidden * 4)
+
+
+def _cuda_bytes_before(spec, n):
+    """cuda::finish_geometry's shared + private bytes (before make_geometry replaced it)."""
+    l_count, p, t = spec.local_experts(n), spec.rows_per_peer(n), spec.max_tokens_per_rank
+    row = _pad(spec.hidden * spec.dispatch_dtype.itemsize + 4 * spec.num_scales + 8)
+    off_rows = _pad(4 * 64 * 8) + _pad(n * l_count * 4)
+    shared = _pad(off_rows + n * p * row + n * spec.tp_size * p * spec.hidden * 4)
+    scratch = 4 * (2 * t * spec.experts_per_token + 2 * spec.tp_size * spec.num_experts)
+    private = _pad(t * row + _pad(scratch) + 48)
+    return spec.slots * (shared + private)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["bf16", "fp8-capacity", "f32-tp2-expert-major"])
+def test_buffer_sizes_come_from_cpp_unchanged(spec):
+    c = _native()
+    n = 8
+    if c.built_with_libfabric():
+        from jax_moe_a2a.backends.host import HostBackend
+        for priv in (None, 0, 3):
+            cfg = Config.build(spec, n, "host", options={} if priv is None else {"max_private_tokens": priv})
+            regions = HostBackend().buffer_regions(cfg)
+            assert sum(regions.values()) == HostBackend().buffer_bytes(cfg) == _host_bytes_before(spec, n, priv)
+    if c.built_with_cuda():
+        from jax_moe_a2a.backends.cuda import CudaBackend
+        cfg = Config.build(spec, n, "cuda")
+        regions = CudaBackend().buffer_regions(cfg)
+        assert CudaBackend().buffer_bytes(cfg) == sum(regions.values()) == _cuda_bytes_before(spec, n)
+        assert not any(k.startswith("remote_") for k in regions)
+        if c.built_with_libfabric():  # peers on other nodes: the pinned host buffers are listed, not counted
+            far = Config.build(spec, n, "cuda", options={"node_size": 4})
+            r = CudaBackend().buffer_regions(far)
+            assert {k for k in r if k.startswith("remote_")} == {
+                "remote_dispatch_send", "remote_dispatch_recv", "remote_combine_send", "remote_combine_recv"}
+            assert CudaBackend().buffer_bytes(far) == _cuda_bytes_before(spec, n)
+    if c.built_with_nvshmem():
+        from jax_moe_a2a.backends.nvshmem import NvshmemBackend
+        cfg = Config.build(spec, n, "nvshmem")
+        assert NvshmemBackend().buffer_bytes(cfg) == sum(NvshmemBackend().buffer_regions(cfg).values())
+        assert NvshmemBackend().buffer_bytes(cfg) % 256 == 0
+
+
+@pytest.mark.parametrize("backend", ["reference", "host"])
+def test_communicator_reports_and_the_backend_never_holds_it(mesh, backend):
+    if backend not in a2a.available_backends():
+        pytest.skip(f"{backend} backend not available")
+    comm = a2a.init(SPEC, mesh, "ep", backend=backend)
+    try:
+        assert comm.config == Config.build(SPEC, comm.num_ranks, backend, timeout_s=comm.timeout_s)
+        regions = comm.buffer_regions()
+        assert regions and sum(regions.values()) == comm.buffer_bytes() == comm.stats()["buffer_bytes_per_rank"]
+        assert comm.proxy_stats() == {} if backend == "reference" else set(comm.proxy_stats()) <= set(range(8))
+        assert comm.kernel_seconds("dispatch_send") is None and comm.last_error() is None
+        assert comm.diagnostics()["backend"] == backend
+        with pytest.raises(ValueError, match="half"):
+            comm.kernel_seconds("dispatch")
+        assert not any(v is comm for v in vars(comm._backend).values())
+    finally:
+        comm.close()
+    comm.close()  # idempotent
+
+
+def test_backend_contract_is_declared():
+    assert list(inspect.signature(Backend.open).parameters) == ["self", "config", "mesh", "axis", "comm_id"]
+    for name in ("proxy_stats", "kernel_seconds", "last_error", "diagnostics", "close", "buffer_regions",
+                 "buffer_bytes", "transport"):
+        assert callable(getattr(Backend, name)), name
+    assert not hasattr(Backend, "init")
