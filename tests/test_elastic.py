@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import jax_moe_a2a as a2a
+from jax_moe_a2a import env as a2a_env
 from jax_moe_a2a import eplb, oracle
 from jax_moe_a2a import testing as T
 
@@ -356,7 +357,8 @@ def test_process_failure(provider, tmp_path):
         pytest.skip("no host backend")
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PMIX", "JAX_MOE_A2A_TEST"))}
+    test_vars = {n for n in a2a_env.TABLE if "_TEST_" in n}  # this suite's own settings (jax_moe_a2a/env.py)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PMIX")) and k not in test_vars}
     env.update(JAX_PLATFORMS="cpu", ELASTIC_DIR=str(tmp_path), PYTHONUNBUFFERED="1", ELASTIC_PROVIDER=provider)
     if provider.startswith("tcp"):
         env.setdefault("JAX_MOE_A2A_IFACE", "lo")
