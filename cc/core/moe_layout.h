@@ -21,7 +21,7 @@ struct MoeShape {
   int hidden = 1;         // H
   int max_tokens = 1;     // T
   int tp = 1;             // tp_size
-  int num_scales = 0;     // S (fp8: H / scale_block, else 0)
+  int num_scales = 0;     // S (fp8: ceil(H / scale_block), the last block partial; else 0)
   int scale_block = 128;
   int wire_elem_bytes = 2;
   Layout layout = Layout::kRagged;
