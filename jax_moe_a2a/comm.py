@@ -250,7 +250,7 @@ class Communicator:
             if not s.is_fp8:
                 raise ValueError(f"x: fp8 input needs Spec.dispatch_dtype fp8, spec has {s.dispatch_dtype}")
             if x_scale is None:
-                raise ValueError("x_scale: required when x is already fp8, shape [T, H / scale_block] f32")
+                raise ValueError("x_scale: required when x is already fp8, shape [T, ceil(H / scale_block)] f32")
             if tuple(x_scale.shape) != (t, s.num_scales) or np.dtype(x_scale.dtype) != np.float32:
                 raise _shape_err("x_scale", f"float32{[t, s.num_scales]}", f"{x_scale.dtype}{list(x_scale.shape)}")
         elif xd not in INPUT_DTYPES:
@@ -378,7 +378,7 @@ class Communicator:
         """Starts sending this rank's tokens to the ranks hosting their experts.
 
         Args:
-          x: [T, H] bf16/f16/f32, or float8_e4m3fn with `x_scale` [T, H/scale_block] f32.
+          x: [T, H] bf16/f16/f32, or float8_e4m3fn with `x_scale` [T, ceil(H/scale_block)] f32.
           topk_ids: [T, K] int32 expert ids in [0, E); -1 = not routed; others dropped+counted.
           topk_weights: [T, K] f32 router weights (used by combine).
           num_tokens: [] int32 device scalar (or int); rows at or past it are ignored. Default T.

@@ -30,11 +30,23 @@ FP8 = ml_dtypes.float8_e4m3fn
 _INV_448 = np.float32(1.0) / np.float32(448.0)
 
 
+def num_blocks(h: int, block: int) -> int:
+    """Scales per row: ceil(h / block) (the last block is partial when block does not divide h)."""
+    if block <= 0:
+        raise ValueError(f"block must be a positive int, got {block}")
+    return -(-h // block)
+
+
 def quantize_fp8(x: np.ndarray, block: int = 128, pow2: bool = False):
-    """x [rows, H] float -> (q [rows, H] float8_e4m3fn, scale [rows, H/block] f32)."""
+    """x [rows, H] float -> (q [rows, H] float8_e4m3fn, scale [rows, ceil(H/block)] f32).
+
+    Block b covers values [b * block, min((b + 1) * block, H)): when block does not divide H the
+    last block is partial and its scale comes from its own values only."""
     x = np.asarray(x).astype(np.float32)
     rows, h = x.shape
-    xb = x.reshape(rows, h // block, block)
+    nb = num_blocks(h, block)
+    xp = np.pad(x, ((0, 0), (0, nb * block - h)))  # zeros: |0| never raises a block's amax
+    xb = xp.reshape(rows, nb, block)
     amax = np.max(np.abs(xb), axis=-1)
     scale = (np.maximum(amax, np.float32(1e-12)) * _INV_448).astype(np.float32)
     if pow2:
@@ -43,14 +55,15 @@ def quantize_fp8(x: np.ndarray, block: int = 128, pow2: bool = False):
         scale = np.where((b & np.uint32(0x007FFFFF)) != 0, up, b).astype(np.uint32).view(np.float32)
     inv = (np.float32(1.0) / scale).astype(np.float32)
     q = np.clip(xb * inv[..., None], -448.0, 448.0).astype(FP8)
-    return q.reshape(rows, h), scale
+    return np.ascontiguousarray(q.reshape(rows, nb * block)[:, :h]), scale
 
 
 def dequantize_fp8(q, scale, block: int = 128) -> np.ndarray:
+    """q [..., H] e4m3fn, scale [..., ceil(H/block)] f32 -> [..., H] f32 (value h uses scale h // block)."""
     q = np.asarray(q)
     h = q.shape[-1]
-    x = q.astype(np.float32).reshape(*q.shape[:-1], h // block, block) * np.asarray(scale)[..., None]
-    return x.reshape(q.shape)
+    s = np.repeat(np.asarray(scale, np.float32), block, axis=-1)[..., :h]
+    return q.astype(np.float32) * s
 
 
 @dataclasses.dataclass

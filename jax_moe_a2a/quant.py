@@ -1,7 +1,8 @@
 """fp8 (e4m3fn) block quantisation: the FFI op (CPU and CUDA) and its pure-JAX twin.
 
 Rules (shared with cc/core/fp8.h and the NumPy oracle): for each block of `block` consecutive
-values of a row, amax = max|x|, scale = max(amax, 1e-12) * f32(1/448) (optionally rounded up to a power
+values of a row (ceil(H / block) blocks; when `block` does not divide H the last one is partial
+and its scale comes from its own H % block values only), amax = max|x|, scale = max(amax, 1e-12) * f32(1/448) (optionally rounded up to a power
 of two), q = e4m3fn(x * (1 / scale)) rounded to nearest even and saturated at +-448.
 """
 
@@ -24,8 +25,13 @@ def _check(x, block: int):
         raise ValueError(f"x must be 2-D [rows, hidden], got shape {x.shape}")
     if np.dtype(x.dtype) not in (np.dtype(jnp.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16)):
         raise ValueError(f"x must be f32, bf16 or f16, got {x.dtype}")
-    if block <= 0 or x.shape[1] % block:
-        raise ValueError(f"block ({block}) must divide hidden ({x.shape[1]})")
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block <= 0:
+        raise ValueError(f"block must be a positive int, got {block!r}")
+
+
+def num_blocks(h: int, block: int) -> int:
+    """Scales per row: ceil(h / block)."""
+    return -(-h // block)
 
 
 def _pow2_round_up(s):
@@ -49,17 +55,19 @@ def _round_to_e4m3(v):
 
 
 def quantize_fp8_jax(x, block: int = 128, pow2_scale: bool = False):
-    """Pure-JAX quantiser. x [rows, H] f32/bf16/f16 -> (q [rows, H] e4m3fn, scale [rows, H/block] f32)."""
+    """Pure-JAX quantiser. x [rows, H] f32/bf16/f16 -> (q [rows, H] e4m3fn, scale [rows, ceil(H/block)] f32)."""
     _check(x, block)
     rows, h = x.shape
-    xb = x.astype(jnp.float32).reshape(rows, h // block, block)
+    nb = num_blocks(h, block)
+    xp = jnp.pad(x.astype(jnp.float32), ((0, 0), (0, nb * block - h)))  # zeros never raise an amax
+    xb = xp.reshape(rows, nb, block)
     amax = jnp.max(jnp.abs(xb), axis=-1)
     scale = jnp.maximum(amax, np.float32(MIN_AMAX)) * INV_FP8_MAX
     if pow2_scale:
         scale = _pow2_round_up(scale)
     inv = 1.0 / scale
     q = _round_to_e4m3(jnp.clip(xb * inv[..., None], -FP8_MAX, FP8_MAX)).astype(FP8)
-    return q.reshape(rows, h), scale
+    return q.reshape(rows, nb * block)[:, :h], scale
 
 
 def quantize_fp8(x, block: int = 128, pow2_scale: bool = False):
@@ -67,25 +75,23 @@ def quantize_fp8(x, block: int = 128, pow2_scale: bool = False):
 
     Args:
       x: [rows, H] f32, bf16 or f16.
-      block: values per scale; must divide H.
+      block: values per scale (any positive int; the last block is partial when it does not divide H).
       pow2_scale: round each scale up to a power of two.
     Returns:
-      (q [rows, H] float8_e4m3fn, scale [rows, H / block] float32); x ~= q * scale per block.
+      (q [rows, H] float8_e4m3fn, scale [rows, ceil(H / block)] float32); x ~= q * scale per block.
     """
     _check(x, block)
     _ffi.register_targets()
     rows, h = x.shape
     call = jax.ffi.ffi_call(
         "jax_moe_a2a_quantize_fp8",
-        (jax.ShapeDtypeStruct((rows, h), FP8), jax.ShapeDtypeStruct((rows, h // block), jnp.float32)),
+        (jax.ShapeDtypeStruct((rows, h), FP8), jax.ShapeDtypeStruct((rows, num_blocks(h, block)), jnp.float32)),
         vmap_method="sequential",
     )
     return call(x, block=np.int64(block), pow2=np.int32(bool(pow2_scale)))
 
 
 def dequantize_fp8(q, scale, block: int = 128):
-    """q [rows, H] e4m3fn, scale [rows, H/block] f32 -> [rows, H] f32."""
-    rows, h = q.shape[-2:]
-    lead = q.shape[:-2]
-    x = q.astype(jnp.float32).reshape(*lead, rows, h // block, block) * scale[..., None]
-    return x.reshape(*lead, rows, h)
+    """q [..., H] e4m3fn, scale [..., ceil(H/block)] f32 -> [..., H] f32 (value h uses scale h // block)."""
+    h = q.shape[-1]
+    return q.astype(jnp.float32) * jnp.repeat(scale.astype(jnp.float32), block, axis=-1)[..., :h]

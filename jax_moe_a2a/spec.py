@@ -32,7 +32,9 @@ class Spec:
       max_tokens_per_rank: T, static token capacity of one rank; `num_tokens <= T` is dynamic.
       dispatch_dtype: what travels on the wire and what `Dispatched.x` holds: bf16, f16, f32 or
         float8_e4m3fn (then one f32 scale per `scale_block` values travels with it).
-      scale_block: values per fp8 scale (divides H). Ignored for 16/32-bit dispatch.
+      scale_block: values per fp8 scale: S = ceil(H / scale_block) scales per token; when it does
+        not divide H the last block is partial (its scale comes from its own H % scale_block
+        values). Ignored for 16/32-bit dispatch.
       pow2_scale: fp8 scales rounded up to powers of two (exact rescaling downstream).
       combine_dtype: dtype of `combine_recv`'s [T, H] output (accumulation is always f32).
       layout: "ragged" (rows sorted by local expert, [R, H] + group_sizes [L], what
@@ -82,9 +84,6 @@ class Spec:
                 f"Spec.experts_per_token ({self.experts_per_token}) must be <= num_experts ({self.num_experts})")
         if self.is_fp8:
             object.__setattr__(self, "scale_block", _pos_int("scale_block", self.scale_block))
-            if self.hidden % self.scale_block:
-                raise ValueError(
-                    f"Spec.scale_block ({self.scale_block}) must divide hidden ({self.hidden}) for fp8 dispatch")
         if self.recv_capacity is not None:
             object.__setattr__(self, "recv_capacity", _pos_int("recv_capacity", self.recv_capacity))
         object.__setattr__(self, "pow2_scale", bool(self.pow2_scale))
@@ -96,8 +95,8 @@ class Spec:
 
     @property
     def num_scales(self) -> int:
-        """f32 scales per token (H / scale_block for fp8, else 0)."""
-        return self.hidden // self.scale_block if self.is_fp8 else 0
+        """f32 scales per token (ceil(H / scale_block) for fp8, else 0)."""
+        return -(-self.hidden // self.scale_block) if self.is_fp8 else 0
 
     def check_ranks(self, num_ranks: int) -> None:
         """Raises ValueError unless this spec fits an EP axis of `num_ranks` ranks."""

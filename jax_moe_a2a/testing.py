@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import oracle
+from . import oracle, quant
 from ._compat import shard_map  # noqa: F401  (tests and the benchmark use testing.shard_map)
 from .comm import Communicator
 from .spec import Spec
@@ -125,7 +125,7 @@ def expert_fn_jax(spec: Spec, num_ranks: int, got, y_dtype):
     """JAX twin of `expert_fn_np` applied to `got` (dequantising fp8)."""
     x = got.x.astype(jnp.float32)
     if spec.is_fp8:
-        x = (x.reshape(*x.shape[:-1], spec.num_scales, spec.scale_block) * got.scale[..., None]).reshape(x.shape)
+        x = quant.dequantize_fp8(got.x, got.scale, spec.scale_block)  # partial last block when H % block
     factor = 1.0 + row_expert(spec, num_ranks, got).astype(jnp.float32) / 4.0
     return (x * factor[..., None]).astype(y_dtype)
 

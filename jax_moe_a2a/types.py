@@ -1,7 +1,7 @@
 """Pytrees that carry data and routing state between the four halves.
 
 All arrays are per rank (the shard seen inside `jax.shard_map`). N ranks, L local experts,
-T = max_tokens_per_rank, K = experts_per_token, H = hidden, S = H / scale_block (fp8 only),
+T = max_tokens_per_rank, K = experts_per_token, H = hidden, S = ceil(H / scale_block) (fp8 only),
 R = ragged receive rows, C = expert_major rows per local expert.
 """
 

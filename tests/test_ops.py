@@ -20,7 +20,8 @@ from jax_moe_a2a import testing as T
 # JAX_MOE_A2A_MPI_ALL_CASES=1 runs every case under mpirun too (the GPU checks do).
 MPI_ALL_CASES = os.environ.get("JAX_MOE_A2A_MPI_ALL_CASES") == "1"
 MPI_CASES = {"fp8-random", "expert-major", "one-hot-expert", "empty-ranks", "minus-one-and-invalid",
-             "tp2-fp8-expert-major", "overflow-ragged", "combine-into-out"}
+             "tp2-fp8-expert-major", "overflow-ragged", "combine-into-out", "fp8-partial-block",
+             "fp8-partial-block-32", "fp8-partial-block-expert-major-pow2"}
 
 BACKENDS = [b for b in os.environ.get("JAX_MOE_A2A_TEST_BACKENDS", ",".join(a2a.available_backends())).split(",") if b]
 # Backends written in JAX alone: differentiated by JAX autodiff, never time out (XLA collectives).
@@ -64,6 +65,16 @@ CASES = [
     # fp8 scales that are not 4-byte aligned on the wire (H % 4 != 0)
     ("odd-hidden-bf16", dict(hidden=36, max_tokens_per_rank=5), {}, {}),
     ("odd-hidden-fp8", dict(hidden=30, max_tokens_per_rank=5, dispatch_dtype=FP8, scale_block=10), {}, {}),
+    # fp8 with a partial last scale block (scale_block does not divide H; gpt-oss has H = 2880 with
+    # 128: 22 full blocks and one of 64): small shapes of that kind, one with H % 8 != 0
+    ("fp8-partial-block", dict(hidden=144, max_tokens_per_rank=8, dispatch_dtype=FP8, scale_block=128), {}, {}),
+    ("fp8-partial-block-32", dict(hidden=48, max_tokens_per_rank=8, dispatch_dtype=FP8, scale_block=32), {}, {}),
+    ("fp8-partial-block-prequantized", dict(hidden=144, max_tokens_per_rank=8, dispatch_dtype=FP8, scale_block=128),
+     dict(prequantized=True), {}),
+    ("fp8-partial-block-expert-major-pow2", dict(hidden=48, max_tokens_per_rank=8, dispatch_dtype=FP8,
+                                                 scale_block=32, layout="expert_major", pow2_scale=True),
+     dict(input_dtype=jnp.bfloat16), {}),
+    ("odd-hidden-fp8-partial-block", dict(hidden=30, max_tokens_per_rank=5, dispatch_dtype=FP8, scale_block=16), {}, {}),
     ("one-shot", {}, {}, dict(split=False)),
     ("combine-into-out", dict(combine_dtype=jnp.float32), {}, dict(with_out=True)),
     ("slot1", dict(slots=2), {}, dict(slot=1)),

@@ -62,7 +62,63 @@ def test_e4m3_codes_exhaustive():
     np.testing.assert_array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8))
 
 
-@pytest.mark.parametrize("shape, block, needle", [((4, 100), 128, "divide"), ((4,), 128, "2-D")])
+# Partial last blocks (block does not divide H): gpt-oss's H = 2880 with 128 (22 full + 64), and
+# small shapes of the same kind, one with H % 8 != 0.
+PARTIAL = [(2880, 128), (144, 128), (48, 32), (30, 16), (100, 128)]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("pow2", [False, True], ids=["scale", "pow2"])
+@pytest.mark.parametrize("impl", ["ffi", "jax"])
+@pytest.mark.parametrize("h, block", PARTIAL, ids=[f"h{h}-b{b}" for h, b in PARTIAL])
+def test_partial_block_matches_oracle(dtype, pow2, impl, h, block):
+    x = _inputs(h + block + pow2, 9, h, dtype)
+    fn = quant.quantize_fp8 if impl == "ffi" else quant.quantize_fp8_jax
+    q, s = jax.jit(lambda a: fn(a, block, pow2))(x)
+    wq, ws = oracle.quantize_fp8(np.asarray(x.astype(jnp.float32)), block, pow2)
+    nb = -(-h // block)
+    assert q.shape == (9, h) and s.shape == (9, nb) and ws.shape == (9, nb)
+    np.testing.assert_array_equal(np.asarray(s), ws)
+    np.testing.assert_array_equal(np.asarray(q).view(np.uint8), wq.view(np.uint8))
+
+
+@pytest.mark.parametrize("h, block", PARTIAL, ids=[f"h{h}-b{b}" for h, b in PARTIAL])
+def test_partial_block_scale_from_its_own_values(h, block):
+    """The last block's scale comes from its H % block values only: huge values in the full
+    blocks do not reach it, and a tiny last block keeps a tiny scale (fine resolution)."""
+    rng = np.random.default_rng(h)
+    x = rng.standard_normal((4, h)).astype(np.float32) * 1e3
+    tail = h - (h // block) * block
+    x[:, h - tail:] = rng.standard_normal((4, tail)) * 1e-2
+    x[1, h - tail:] = 0.0                                     # an all-zero partial block
+    q, s = oracle.quantize_fp8(x, block)
+    amax_tail = np.abs(x[:, h - tail:]).max(-1)
+    np.testing.assert_array_equal(s[:, -1], np.maximum(amax_tail, np.float32(1e-12)) * quant.INV_FP8_MAX)
+    for b in range(h // block):
+        np.testing.assert_array_equal(s[:, b], np.abs(x[:, b * block:(b + 1) * block]).max(-1) * quant.INV_FP8_MAX)
+    # the largest value of the partial block quantises to +-448 exactly as in a full block
+    big = np.abs(q[:, h - tail:].astype(np.float32)).max(-1)
+    assert np.all(big[[0, 2, 3]] == 448.0) and big[1] == 0.0
+    fq, fs = quant.quantize_fp8(jnp.asarray(x), block)
+    np.testing.assert_array_equal(np.asarray(fs), s)
+    np.testing.assert_array_equal(np.asarray(fq).view(np.uint8), q.view(np.uint8))
+
+
+@pytest.mark.parametrize("h, block", PARTIAL, ids=[f"h{h}-b{b}" for h, b in PARTIAL])
+def test_partial_block_roundtrip_error_bound(h, block):
+    x = np.asarray(_inputs(h * 3 + block, 16, h, jnp.float32))
+    q, s = quant.quantize_fp8(jnp.asarray(x), block)
+    back = np.asarray(quant.dequantize_fp8(q, s, block))
+    np.testing.assert_array_equal(back, oracle.dequantize_fp8(np.asarray(q), np.asarray(s), block))
+    amax = np.repeat(np.asarray(s) * 448.0, block, axis=-1)[:, :h]  # each value's own block amax
+    assert np.all(np.abs(back - x) <= np.abs(x) / 16 + amax / 448 * 2.0**-9 + 1e-30)
+    # batched dequantisation ([..., H], as got.x of expert_major) agrees with the 2-D one
+    b3 = np.asarray(quant.dequantize_fp8(q.reshape(4, 4, h), s.reshape(4, 4, -1), block))
+    np.testing.assert_array_equal(b3.reshape(16, h), back)
+
+
+@pytest.mark.parametrize("shape, block, needle", [((4, 100), 0, "positive"), ((4, 100), True, "positive"),
+                                                  ((4,), 128, "2-D")])
 def test_bad_inputs(shape, block, needle):
     with pytest.raises(ValueError, match=needle):
         quant.quantize_fp8(jnp.zeros(shape, jnp.float32), block)

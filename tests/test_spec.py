@@ -22,6 +22,16 @@ def test_defaults_and_derived():
     assert Spec(**BASE, tp_size=2).worst_case_rows(8) == 8 * 64 * 8
 
 
+@pytest.mark.parametrize("h, block, s", [(7168, 128, 56), (2880, 128, 23), (144, 128, 2), (48, 32, 2),
+                                         (30, 16, 2), (100, 128, 1), (96, 32, 3)])
+def test_num_scales_partial_last_block(h, block, s):
+    """S = ceil(H / scale_block): a block that does not divide H leaves a partial last block."""
+    spec = Spec(**{**BASE, "hidden": h}, dispatch_dtype=jnp.float8_e4m3fn, scale_block=block)
+    assert spec.num_scales == s
+    assert spec.token_bytes() == h + 4 * s
+    assert Spec(**{**BASE, "hidden": h}, scale_block=block).num_scales == 0  # bf16: no scales
+
+
 def test_min_k_l():
     s = Spec(num_experts=16, experts_per_token=8, hidden=64, max_tokens_per_rank=10)
     assert s.rows_per_peer(8) == 10 * 2                  # L = 2 < K
@@ -49,7 +59,8 @@ def test_hashable_and_frozen():
     (dict(dispatch_dtype=jnp.int8), "dispatch_dtype"),
     (dict(combine_dtype=jnp.float8_e4m3fn), "combine_dtype"),
     (dict(layout="dense"), "layout"),
-    (dict(dispatch_dtype=jnp.float8_e4m3fn, scale_block=100), "scale_block"),
+    (dict(dispatch_dtype=jnp.float8_e4m3fn, scale_block=0), "scale_block"),
+    (dict(dispatch_dtype=jnp.float8_e4m3fn, scale_block=16.0), "scale_block"),
     (dict(recv_capacity=0), "recv_capacity"),
     (dict(tp_size=0), "tp_size"),
     (dict(slots=0), "slots"),

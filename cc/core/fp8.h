@@ -1,6 +1,8 @@
 // fp8 (e4m3fn) block quantisation rules shared by the CPU code and the CUDA kernels.
 //
-// A block of `scale_block` consecutive values of one row shares one f32 scale:
+// A block of `scale_block` consecutive values of one row shares one f32 scale. A row of H values
+// has ceil(H / scale_block) blocks; when scale_block does not divide H the last block is partial
+// (H % scale_block values) and everything below is over the values it has:
 //   amax  = max |x| over the block (f32)
 //   scale = max(amax, kMinAmax) * f32(1/448)           (or that value rounded up to a power of two)
 //   q     = e4m3fn(x * (1 / scale)), round to nearest even, saturating at +-448
@@ -45,6 +47,15 @@ A2A_HD float bits_f32(uint32_t b) {
   std::memcpy(&f, &b, 4);
   return f;
 #endif
+}
+
+// Scales per row: ceil(hidden / block) (block > 0).
+A2A_HD int64_t fp8_num_blocks(int64_t hidden, int64_t block) { return (hidden + block - 1) / block; }
+
+// Values in block b of a row: block, or what is left of the row for the last block.
+A2A_HD int64_t fp8_block_len(int64_t hidden, int64_t block, int64_t b) {
+  const int64_t left = hidden - b * block;
+  return left < block ? left : block;
 }
 
 // The per-block scale from the block's max-abs value. pow2: round the scale up to a power of two

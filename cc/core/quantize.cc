@@ -13,19 +13,20 @@ namespace {
 // inlines into the loops (the per-element switch of load_as_f32 cost as much as the rounding).
 template <FloatKind K>
 void quantize_rows(const QuantizeParams& p, int64_t row_begin, int64_t row_end) {
-  const int64_t nblocks = p.hidden / p.scale_block;
+  const int64_t nblocks = fp8_num_blocks(p.hidden, p.scale_block);
   for (int64_t r = row_begin; r < row_end; ++r) {
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t base = r * p.hidden + b * p.scale_block;
+      const int64_t len = fp8_block_len(p.hidden, p.scale_block, b);  // the last block may be partial
       float amax = 0.0f;
-      for (int64_t i = 0; i < p.scale_block; ++i) {
+      for (int64_t i = 0; i < len; ++i) {
         const float a = std::fabs(load_as_f32(p.x, base + i, K));
         amax = a > amax ? a : amax;  // NaN never wins, as with fmax
       }
       const float s = fp8_block_scale(amax, p.pow2_scale);
       const float inv = 1.0f / s;
       p.scale[r * nblocks + b] = s;
-      for (int64_t i = 0; i < p.scale_block; ++i) p.q[base + i] = f32_to_e4m3fn(load_as_f32(p.x, base + i, K) * inv);
+      for (int64_t i = 0; i < len; ++i) p.q[base + i] = f32_to_e4m3fn(load_as_f32(p.x, base + i, K) * inv);
     }
   }
 }

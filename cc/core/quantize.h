@@ -40,10 +40,10 @@ struct QuantizeParams {
   FloatKind kind = FloatKind::kF32;
   int64_t rows = 0;
   int64_t hidden = 0;
-  int64_t scale_block = 128;  // divides hidden
+  int64_t scale_block = 128;  // any > 0: ceil(hidden / scale_block) blocks, the last one may be partial
   bool pow2_scale = false;
   uint8_t* q = nullptr;       // [rows, hidden] e4m3fn bits
-  float* scale = nullptr;     // [rows, hidden / scale_block] f32
+  float* scale = nullptr;     // [rows, ceil(hidden / scale_block)] f32
 };
 
 // Quantises rows [row_begin, row_end) (the whole tensor by default).

@@ -21,7 +21,7 @@ struct MoeShape {
   int H;             // hidden (values per row)
   int T;             // max tokens per rank
   int tp;            // tp_size: consecutive ranks holding the same tokens
-  int S;             // fp8 scales per row (H / scale_block), else 0
+  int S;             // fp8 scales per row, ceil(H / scale_block) (the last block partial), else 0
   int scale_block;   // values per fp8 scale
   int P;             // worst-case rows from one source to one destination: ceil(T / tp) * min(K, L)
   int wire_kind;     // ElemKind code of the dispatch wire: 0 f32, 1 bf16, 2 f16, 3 fp8 e4m3

@@ -27,7 +27,7 @@ inline bool float_kind(ffi::DataType t, FloatKind* kind) {
 // Decodes and validates the operands of the fp8 quantiser into QuantizeParams.
 //   x:     [rows, hidden] f32 / bf16 / f16
 //   q:     [rows, hidden] f8e4m3fn
-//   scale: [rows, hidden / block] f32
+//   scale: [rows, ceil(hidden / block)] f32 (the last block partial when block does not divide hidden)
 inline ffi::Error decode_quantize(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q,
                                   ffi::Result<ffi::Buffer<ffi::F32>> scale, int64_t block,
                                   int32_t pow2, QuantizeParams* p) {
@@ -35,10 +35,10 @@ inline ffi::Error decode_quantize(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> 
   if (dims.size() != 2) return invalid("quantize_fp8: x must be 2-D [rows, hidden]");
   if (!float_kind(x.element_type(), &p->kind)) return invalid("quantize_fp8: x must be f32, bf16 or f16");
   if (q->element_type() != ffi::DataType::F8E4M3FN) return invalid("quantize_fp8: q must be f8e4m3fn");
-  if (block <= 0 || dims[1] % block != 0) return invalid("quantize_fp8: block must divide hidden");
+  if (block <= 0) return invalid("quantize_fp8: block must be positive");
   auto sd = scale->dimensions();
-  if (sd.size() != 2 || sd[0] != dims[0] || sd[1] != dims[1] / block)
-    return invalid("quantize_fp8: scale must be [rows, hidden / block]");
+  if (sd.size() != 2 || sd[0] != dims[0] || sd[1] != fp8_num_blocks(dims[1], block))
+    return invalid("quantize_fp8: scale must be [rows, ceil(hidden / block)]");
   p->x = x.untyped_data();
   p->rows = dims[0];
   p->hidden = dims[1];

@@ -180,9 +180,10 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
     }
     return;
   }
-  if (g.wire_kind == 3) {  // quantise: one f32 scale per scale_block values
+  if (g.wire_kind == 3) {  // quantise: one f32 scale per scale_block values (S blocks, the last may be partial)
     const int lpb = g.scale_block / 8;  // lanes per scale block, 8 values each
-    const bool vec = P.x_kind != 3 && g.scale_block % 8 == 0 && lpb <= 32 && aligned16(P.x);
+    // H % 8: every lane's 8 values are in the row and 16-byte aligned (scale_block % 8 no longer implies it)
+    const bool vec = P.x_kind != 3 && g.scale_block % 8 == 0 && g.H % 8 == 0 && lpb <= 32 && aligned16(P.x);
     if (vec) {
       const int bpw = 32 / lpb;  // scale blocks per warp
       const int64_t items = (g.S + bpw - 1) / bpw;
@@ -190,8 +191,9 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
       for (int64_t w = wk.warp0; w < nm * items; w += wk.nw) {
         const int t = token(w / items);
         const int b = static_cast<int>(w % items) * bpw + lane / lpb;
-        const bool on = active_lane && b < g.S;
         const int64_t h = int64_t(b) * g.scale_block + (lane % lpb) * 8;  // first of this lane's 8 values
+        const bool on = active_lane && b < g.S && h < g.H;  // h < H: lanes past a partial last block idle
+        // (the block's first lane, lane % lpb == 0, always has h < H: it writes the scale)
         float v[8];
         float amax = 0.f;
         if (on) {
@@ -218,13 +220,14 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
       const int b = static_cast<int>(w % g.S);
       const int64_t base = int64_t(t) * g.H + int64_t(b) * g.scale_block;
       uint8_t* q = row_of(t) + int64_t(b) * g.scale_block;
+      const int len = static_cast<int>(fp8_block_len(g.H, g.scale_block, b));  // the last block may be partial
       float amax = 0.f;
-      for (int i = lane; i < g.scale_block; i += 32) amax = fmaxf(amax, fabsf(load_elem(P.x, base + i, P.x_kind)));
+      for (int i = lane; i < len; i += 32) amax = fmaxf(amax, fabsf(load_elem(P.x, base + i, P.x_kind)));
       for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
       const float sc = fp8_block_scale(amax, g.pow2 != 0);
       const float inv = __frcp_rn(sc);
       if (lane == 0) store_f32(row_of(t) + g.payload + 4 * b, sc);
-      for (int i = lane; i < g.scale_block; i += 32)
+      for (int i = lane; i < len; i += 32)
         q[i] = __nv_cvt_float_to_fp8(__fmul_rn(load_elem(P.x, base + i, P.x_kind), inv), __NV_SATFINITE, __NV_E4M3);
     }
     return;

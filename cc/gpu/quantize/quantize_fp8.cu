@@ -19,35 +19,41 @@ __device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(
 
 constexpr int kWarpsPerCta = 8;
 
-// Grid: one warp per (row, scale block). x [rows, hidden], q [rows, hidden], scale [rows, hidden/block].
+// Grid: one warp per (row, scale block). x [rows, hidden], q [rows, hidden], scale [rows, nb],
+// nb = ceil(hidden / block): the last block of a row is partial when block does not divide hidden.
 template <typename T>
 __global__ void __launch_bounds__(kWarpsPerCta * 32)
     quantize_fp8_kernel(const T* __restrict__ x, __nv_fp8_storage_t* __restrict__ q,
-                        float* __restrict__ scale, int64_t total_blocks, int64_t block, bool pow2) {
+                        float* __restrict__ scale, int64_t total_blocks, int64_t hidden, int64_t nb,
+                        int64_t block, bool pow2) {
   const int lane = threadIdx.x & 31;
   const int64_t blk = static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + (threadIdx.x >> 5);
   if (blk >= total_blocks) return;
-  const T* src = x + blk * block;
+  const int64_t b = blk % nb;
+  const int64_t off = (blk / nb) * hidden + b * block;  // first value of (row, block b)
+  const int64_t len = fp8_block_len(hidden, block, b);
+  const T* src = x + off;
   float amax = 0.0f;
-  for (int64_t i = lane; i < block; i += 32) amax = fmaxf(amax, fabsf(to_f32(src[i])));
+  for (int64_t i = lane; i < len; i += 32) amax = fmaxf(amax, fabsf(to_f32(src[i])));
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
   const float s = fp8_block_scale(amax, pow2);
   const float inv = __frcp_rn(s);
   if (lane == 0) scale[blk] = s;
-  __nv_fp8_storage_t* dst = q + blk * block;
-  for (int64_t i = lane; i < block; i += 32) {
+  __nv_fp8_storage_t* dst = q + off;
+  for (int64_t i = lane; i < len; i += 32) {
     dst[i] = __nv_cvt_float_to_fp8(__fmul_rn(to_f32(src[i]), inv), __NV_SATFINITE, __NV_E4M3);
   }
 }
 
 template <typename T>
 cudaError_t launch_typed(const QuantizeParams& p, cudaStream_t stream) {
-  const int64_t total = p.rows * (p.hidden / p.scale_block);
+  const int64_t nb = fp8_num_blocks(p.hidden, p.scale_block);
+  const int64_t total = p.rows * nb;
   if (total == 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>((total + kWarpsPerCta - 1) / kWarpsPerCta);
   quantize_fp8_kernel<T><<<grid, kWarpsPerCta * 32, 0, stream>>>(
-      static_cast<const T*>(p.x), reinterpret_cast<__nv_fp8_storage_t*>(p.q), p.scale, total,
+      static_cast<const T*>(p.x), reinterpret_cast<__nv_fp8_storage_t*>(p.q), p.scale, total, p.hidden, nb,
       p.scale_block, p.pow2_scale);
   return cudaGetLastError();
 }
