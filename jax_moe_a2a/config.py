@@ -70,8 +70,8 @@ class Config:
     """Everything a backend is configured by (frozen, hashable). Build it with `Config.build`.
 
     Shape (from the Spec on an EP group of `num_ranks` ranks): num_ranks, num_experts,
-    experts_per_token, hidden, max_tokens_per_rank, tp_size, num_scales (fp8: hidden /
-    scale_block, else 0), scale_block, dispatch_dtype and combine_dtype (`Dtype`), layout
+    experts_per_token, hidden, max_tokens_per_rank, tp_size, num_scales (fp8:
+    ceil(hidden / scale_block), else 0), scale_block, dispatch_dtype and combine_dtype (`Dtype`), layout
     (`Layout`), recv_rows (R ragged, C per local expert expert_major; capacity applied),
     pow2_scale, slots; timeout_s (bound of every wait for a peer).
 
