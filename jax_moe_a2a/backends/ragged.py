@@ -24,11 +24,6 @@ import jax.numpy as jnp
 from .base import Backend, Ctx, varying
 from .pure_jax import lay_out, reduce_pairs, sort_pairs, wire_rows
 
-# The collective. XLA:CPU lacks it; CPU tests substitute an emulation, and replace
-# unavailable_reason too (tests/ragged_emulation.py).
-COLLECTIVE = jax.lax.ragged_all_to_all
-
-
 def unavailable_reason(platforms=None):
     """None if ragged-all-to-all can run on `platforms` (default: JAX's default backend)."""
     platforms = set(platforms or [jax.default_backend()])
@@ -64,22 +59,32 @@ def plan(counts, rank, tp, m_send):
     return tuple(a.astype(jnp.int32) for a in dispatch), tuple(a.astype(jnp.int32) for a in combine)
 
 
-def _exchange(ctx, operand, rows, args):
-    """ragged_all_to_all of operand [M, ...] into a fresh zero buffer [rows, ...]."""
-    out = jnp.zeros((rows,) + operand.shape[1:], operand.dtype)
-    operand, out, *args = varying((operand, out) + tuple(args), ctx.axis)
-    return COLLECTIVE(operand, out, *args, axis_name=ctx.axis)
-
-
 class RaggedBackend(Backend):
+    """collective: a function with `jax.lax.ragged_all_to_all`'s signature and semantics to use in
+    its place (default: that collective, checked to exist on the mesh's platforms); with one given,
+    the backend runs wherever that function does (e.g. tests/ragged_emulation.py's, built from
+    dense all_to_all, on XLA:CPU)."""
+
     name = "ragged"
     autodiff = True
     xla_collectives = True
 
+    def __init__(self, collective=None):
+        self._collective = collective
+
     def init(self, comm):
+        if self._collective is not None:
+            return
         reason = unavailable_reason({d.platform for d in comm.mesh.devices.flat})
         if reason is not None:
             raise ValueError(f"backend 'ragged' is not available on this mesh: {reason}")
+
+    def _exchange(self, ctx, operand, rows, args):
+        """ragged_all_to_all of operand [M, ...] into a fresh zero buffer [rows, ...]."""
+        out = jnp.zeros((rows,) + operand.shape[1:], operand.dtype)
+        operand, out, *args = varying((operand, out) + tuple(args), ctx.axis)
+        collective = self._collective or jax.lax.ragged_all_to_all
+        return collective(operand, out, *args, axis_name=ctx.axis)
 
     def buffer_bytes(self, spec, num_ranks):
         m_send, m_recv = send_rows(spec), spec.worst_case_rows(num_ranks)
@@ -112,7 +117,7 @@ class RaggedBackend(Backend):
         all_counts = jax.lax.all_gather(counts, ctx.axis, tiled=False).reshape(n, n)   # [N(src), N(dest)]
         args, _ = plan(all_counts, ctx.rank, spec.tp_size, m_send)
         m_recv = spec.worst_case_rows(n)
-        arrays = {"x": _exchange(ctx, send_x, m_recv, args), "meta": _exchange(ctx, send_meta, m_recv, args)}
+        arrays = {"x": self._exchange(ctx, send_x, m_recv, args), "meta": self._exchange(ctx, send_meta, m_recv, args)}
         route = {"dest": pr.dest, "slot": pr.slot, "counts": all_counts}
         num_dropped = jnp.sum(pr.bad & (pr.member == ctx.rank % spec.tp_size), dtype=jnp.int32)
         return arrays, route, num_dropped
@@ -138,7 +143,7 @@ class RaggedBackend(Backend):
         rows = jnp.where((pos >= 0)[:, None], flat[jnp.maximum(pos, 0)], jnp.zeros((), flat.dtype))
         m_send = send_rows(spec)
         _, args = plan(route.arrays["counts"], ctx.rank, spec.tp_size, m_send)
-        return {"y": _exchange(ctx, rows, spec.tp_size * m_send, args)}
+        return {"y": self._exchange(ctx, rows, spec.tp_size * m_send, args)}
 
     def combine_recv(self, ctx: Ctx, arrays, route, slot, out, pairs=False):
         spec, n = ctx.spec, ctx.num_ranks
