@@ -63,10 +63,8 @@ def test_benchmark_module_compiled_beside_the_library():
     """One build makes the benchmarks' own module jax_moe_a2a_bench (cc/bench) too, with the parts
     this machine can build; none of its loops is in the library's module."""
     import jax_moe_a2a_bench as loops
-    assert loops.built_with_cuda() == _c().built_with_cuda()
-    assert loops.built_with_libfabric() == _c().built_with_libfabric()
-    assert hasattr(loops, "signal_roundtrip") == loops.built_with_cuda()
+    assert hasattr(loops, "signal_roundtrip") == _c().built_with_cuda()
     assert all(hasattr(loops, n) for n in ("pingpong", "stream", "scatter", "barrier", "RawPingPong")) \
-        == loops.built_with_libfabric()
+        == _c().built_with_libfabric()
     names = set(dir(_c())) | {n for m in ("cuda", "transfer") if hasattr(_c(), m) for n in dir(getattr(_c(), m))}
     assert not {n for n in names if "bench" in n or n in ("signal_roundtrip", "RawPingPong")}
