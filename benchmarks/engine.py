@@ -58,7 +58,7 @@ def _fmt_size(n: int) -> str:
 
 def bench_provider(provider: str, args, rank: int, world: int, kv, tag: str) -> dict | None:
     from jax_moe_a2a import transfer
-    from jax_moe_a2a._C import transfer as native
+    import jax_moe_a2a_bench as loops  # the C++ timing loops (cc/bench), built with the package
 
     iface = args.iface if args.iface is not None else (
         os.environ.get("JAX_MOE_A2A_IFACE") or ("lo" if provider.startswith("tcp") else ""))
@@ -90,7 +90,7 @@ def bench_provider(provider: str, args, rank: int, world: int, kv, tag: str) -> 
     # with the engine's ping-pong so that both see the same placement and load.
     raw = None
     if "latency" in only and args.baseline:
-        raw = native.RawPingPong(provider, iface, maxsize) if rank < 2 else None
+        raw = loops.RawPingPong(provider, iface, maxsize) if rank < 2 else None
         blobs = conn.all_gather("raw-baseline", raw.blob() if raw else b"")
         if raw:
             raw.connect(blobs[1 - rank])
@@ -110,9 +110,9 @@ def bench_provider(provider: str, args, rank: int, world: int, kv, tag: str) -> 
             for b in range(blocks):  # the timing loops are C++; blocks only split the statistics
                 if with_raw:
                     raw_times.append(raw.run(size, per, rank == 0, timeout) / per / 2 * 1e6)
-                t = native.bench_pingpong(e, 1 - rank, rsrc, dsts[1 - rank], size, per,
-                                          max(10, per // 10) if b == 0 else 0, rank == 0,
-                                          transfer.pack_imm(20, 0, 0), timeout)
+                t = loops.pingpong(e, 1 - rank, rsrc, dsts[1 - rank], size, per,
+                                   max(10, per // 10) if b == 0 else 0, rank == 0,
+                                   transfer.pack_imm(20, 0, 0), timeout)
                 times.append(t / per / 2 * 1e6)
             if rank == 0:
                 row = {"size": size, "iters": per * blocks, "blocks": blocks,
@@ -154,10 +154,10 @@ def bench_provider(provider: str, args, rank: int, world: int, kv, tag: str) -> 
         sync(step)
         if rank < 2:
             count = max(8, min(base, (args.stream_mib * MIB) // size))
-            native.bench_stream(e, 1 - rank, rsrc, dsts[1 - rank], size, min(count, 64), rank == 0,
-                                transfer.pack_imm(22, 0, 0), transfer.pack_imm(23, 0, 0), timeout)
-            t = native.bench_stream(e, 1 - rank, rsrc, dsts[1 - rank], size, count, rank == 0,
-                                    transfer.pack_imm(22, 0, 0), transfer.pack_imm(23, 0, 0), timeout)
+            loops.stream(e, 1 - rank, rsrc, dsts[1 - rank], size, min(count, 64), rank == 0,
+                         transfer.pack_imm(22, 0, 0), transfer.pack_imm(23, 0, 0), timeout)
+            t = loops.stream(e, 1 - rank, rsrc, dsts[1 - rank], size, count, rank == 0,
+                             transfer.pack_imm(22, 0, 0), transfer.pack_imm(23, 0, 0), timeout)
             if rank == 0:
                 out["bandwidth"].append({"size": size, "count": count, "seconds": t,
                                          "MBps": size * count / t / 1e6})
@@ -168,8 +168,8 @@ def bench_provider(provider: str, args, rank: int, world: int, kv, tag: str) -> 
         step += 1
         sync(step)
         n = _iters(base // 4, size)
-        t = native.bench_scatter(e, peers, rsrc, [dsts[r] for r in peers.ranks], size, my_slot, n,
-                                 max(10, n // 10), transfer.pack_imm(24, 0, 0), timeout)
+        t = loops.scatter(e, peers, rsrc, [dsts[r] for r in peers.ranks], size, my_slot, n,
+                          max(10, n // 10), transfer.pack_imm(24, 0, 0), timeout)
         us = gather_max(f"scatter-{size}", t / n * 1e6)
         out["scatter"].append({"size": size, "peers": len(peers), "iters": n, "round_us": us})
 
@@ -178,8 +178,7 @@ def bench_provider(provider: str, args, rank: int, world: int, kv, tag: str) -> 
         step += 1
         sync(step)
         n = max(100, base // 10)
-        t = native.bench_barrier(e, peers, n, max(10, n // 10), transfer.pack_imm(25, 0, 0),
-                                 timeout)
+        t = loops.barrier(e, peers, n, max(10, n // 10), transfer.pack_imm(25, 0, 0), timeout)
         out["barrier"] = {"ranks": len(everyone), "iters": n,
                           "us": gather_max("barrier", t / n * 1e6)}
 

@@ -40,9 +40,10 @@ def parse_args(argv):
 
 
 def signal(iters):
-    from jax_moe_a2a import _ffi
-    c = _ffi.require_native()
-    ns = np.asarray(c.cuda.signal_roundtrip(0, iters)[iters // 10:])  # first 10 %: warm-up
+    import jax_moe_a2a_bench as loops  # the benchmark's C++ (cc/bench), built with the package
+    if not hasattr(loops, "signal_roundtrip"):
+        sys.exit("benchmarks/proxy.py --signal: jax_moe_a2a_bench was built without nvcc")
+    ns = np.asarray(loops.signal_roundtrip(0, iters)[iters // 10:])  # first 10 %: warm-up
     us = ns / 1e3
     rec = {"round_trips": int(us.size), "p50_us": float(np.percentile(us, 50)),
            "p99_us": float(np.percentile(us, 99)), "min_us": float(us.min()), "mean_us": float(us.mean())}

@@ -1,8 +1,12 @@
-"""Shared by tests and the benchmark: random inputs, running the ops on every rank, and
-comparing each rank's outputs with the NumPy oracle."""
+"""Helpers for testing code that uses jax_moe_a2a, and for its own tests and benchmarks: random
+inputs, running dispatch and combine on every rank, and comparing each rank's outputs with the
+NumPy oracle (`jax_moe_a2a.oracle`). A public module (docs/api.md), but outside the library
+proper: nothing in jax_moe_a2a imports it (tests/test_library_apart.py checks), and it reaches the
+communicator only through its public methods and attributes."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Dict, List, Optional
 
 import jax
@@ -130,19 +134,27 @@ def expert_fn_jax(spec: Spec, num_ranks: int, got, y_dtype):
     return (x * factor[..., None]).astype(y_dtype)
 
 
+# run_ops' compiled steps per communicator: {communicator: {variant: jitted step}}. An entry goes
+# with its communicator; the steps hold the communicator only weakly, so they do not keep it (and
+# the engines and threads it owns) alive.
+_STEPS: "weakref.WeakKeyDictionary[Communicator, dict]" = weakref.WeakKeyDictionary()
+
+
 def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split: bool, slot: int,
              has_map: bool = False, has_mask: bool = False):
     """The jitted per-rank step of run_ops, compiled once per (communicator, variant). With
     has_map, an argument is an ExpertMap (replicated: in_spec P()), a traced argument, so
     other maps of the same shapes reuse the step; with has_mask, the last one is the rank mask
     [N] (replicated, traced: a new mask reuses the step)."""
-    cache = comm.__dict__.setdefault("_test_steps", {})  # lives and dies with the communicator
+    cache = _STEPS.setdefault(comm, {})
     key = (has_scale, has_out, np.dtype(y_dtype).name, split, slot, has_map, has_mask)
     if key in cache:
         return cache[key]
     spec, n, axis, mesh = comm.spec, comm.num_ranks, comm.axis, comm.mesh
+    comm_ref = weakref.ref(comm)  # traced only from run_ops, while the communicator is alive
 
     def per_rank(x, ids, w, nt, *rest):
+        comm = comm_ref()
         rest = list(rest)
         xs = rest.pop(0) if has_scale else None
         o = rest.pop(0) if has_out else None

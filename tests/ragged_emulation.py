@@ -4,12 +4,19 @@ Test-only: the library never uses it. Inconsistent arguments (send_sizes != the 
 receivers' recv_sizes, or a slice out of bounds) poison the whole output with NaN (or -1 for
 integers), so that a wrong plan fails the oracle comparison instead of passing by luck.
 
-Enable for a whole pytest run with JAX_MOE_A2A_RAGGED_EMULATE=1 (tests/conftest.py), or with
-`use_emulation(monkeypatch)`.
+Enable for a whole pytest run with JAX_MOE_A2A_RAGGED_EMULATE=1 (tests/conftest.py), or for one
+test with `with emulated(): ...`. Either registers, under the name "ragged", the library's
+ragged backend with this function as its collective (`RaggedBackend(collective=...)`), through the
+public backend registry: nothing in the library is patched.
 """
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
+
+from jax_moe_a2a import backends
+from jax_moe_a2a.backends.ragged import RaggedBackend
 
 
 def _a2a(x, axis_name):
@@ -35,18 +42,22 @@ def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, outpu
     return jnp.where(bad, jnp.full_like(result, poison), result)
 
 
-def _available(platforms=None):
-    return None
+def _emulated_backend():
+    return RaggedBackend(collective=emulated_ragged_all_to_all)
 
 
-def install(setattr_fn=setattr):
-    """Makes the ragged backend use the emulation and count as available (for the session with
-    the default setattr, or for one test with pytest's monkeypatch.setattr)."""
-    from jax_moe_a2a.backends import ragged
-    setattr_fn(ragged, "COLLECTIVE", emulated_ragged_all_to_all)
-    setattr_fn(ragged, "unavailable_reason", _available)
+def install():
+    """Registers the ragged backend over the emulation (available everywhere) for the rest of the
+    process. Returns the registration it replaced."""
+    return backends.register("ragged", _emulated_backend, lambda: None)
 
 
-def use_emulation(monkeypatch):
-    """The emulation for one test."""
-    install(monkeypatch.setattr)
+@contextlib.contextmanager
+def emulated():
+    """The emulation inside the block (a communicator made there keeps it); the previous "ragged"
+    registration comes back at its end."""
+    previous = install()
+    try:
+        yield
+    finally:
+        backends.register("ragged", *previous)

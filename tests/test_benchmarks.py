@@ -91,3 +91,51 @@ def test_layers_children_get_their_own_cmdbuf():
     assert layers.without_option(["--backend", "cuda", "--cmdbuf", "on,off", "--layers", "8"], "--cmdbuf") == \
         ["--backend", "cuda", "--layers", "8"]
     assert layers.without_option(["--cmdbuf=on,off", "--quick"], "--cmdbuf") == ["--quick"]
+
+
+def test_engine_timing_loops_take_the_library_engines():
+    """benchmarks/engine.py's C++ loops live in their own module (jax_moe_a2a_bench, cc/bench) and
+    take the engines, regions and groups jax_moe_a2a._C.transfer makes (nanobind shares the types
+    between the two modules): every loop once between two in-process engines, a thread per rank,
+    and a timeout from the loop arrives as the library's TransferTimeoutError."""
+    import threading
+
+    import numpy as np
+
+    import jax_moe_a2a_bench as loops
+    from jax_moe_a2a import _ffi
+    if not _ffi.require_native().built_with_libfabric():
+        pytest.skip("built without libfabric: no TransferEngine")
+    transfer = _ffi.require_native().transfer
+    engines = transfer.local_engines(2)
+    for e in engines:
+        e.add_peers([(r, engines[r].address()) for r in range(2)])
+    bufs = [np.zeros(2 * 64, np.uint8) for _ in range(2)]
+    regions = [e.register_array(b) for e, b in zip(engines, bufs)]
+    descs = [r.descriptor() for r in regions]
+    imm = lambda tag: transfer.pack_imm(tag, 0, 0)
+    seconds, errors = {}, []
+
+    def rank_main(r):
+        try:
+            e = engines[r]
+            dsts = [e.remote(d) for d in descs]
+            g = e.peer_group([0, 1])
+            seconds[r] = (loops.pingpong(e, 1 - r, regions[r], dsts[1 - r], 64, 5, 1, r == 0, imm(20), 10.0),
+                          loops.stream(e, 1 - r, regions[r], dsts[1 - r], 64, 4, r == 0, imm(22), imm(23), 10.0),
+                          loops.scatter(e, g, regions[r], dsts, 64, r, 3, 1, imm(24), 10.0),
+                          loops.barrier(e, g, 3, 1, imm(25), 10.0))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append((r, exc))
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert all(s > 0 for s in seconds[0]) and seconds[1][1] == 0  # the stream's receiver reports 0
+    with pytest.raises(transfer.TransferTimeoutError):  # rank 1 never answers
+        loops.pingpong(engines[0], 1, regions[0], engines[0].remote(descs[1]), 8, 1, 0, True, imm(26), 0.2)
+    for e in engines:
+        e.close()

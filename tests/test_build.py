@@ -55,5 +55,16 @@ def test_transfer_engine_compiled_where_libfabric_exists():
 @pytest.mark.skipif(shutil.which("nvcc") is None or not _has_libfabric_dev(), reason="needs nvcc and libfabric")
 def test_cuda_inter_node_path_compiled_where_nvcc_and_libfabric_exist():
     c = _c().cuda
-    assert hasattr(c, "connect_remote") and hasattr(c, "signal_roundtrip"), \
+    assert hasattr(c, "connect_remote"), \
         "nvcc and libfabric exist but the cuda backend's inter-node path (proxy) was not built"
+
+
+def test_benchmark_module_compiled_beside_the_library():
+    """One build makes the benchmarks' own module jax_moe_a2a_bench (cc/bench) too, with the parts
+    this machine can build; none of its loops is in the library's module."""
+    import jax_moe_a2a_bench as loops
+    assert hasattr(loops, "signal_roundtrip") == _c().built_with_cuda()
+    assert all(hasattr(loops, n) for n in ("pingpong", "stream", "scatter", "barrier", "RawPingPong")) \
+        == _c().built_with_libfabric()
+    names = set(dir(_c())) | {n for m in ("cuda", "transfer") if hasattr(_c(), m) for n in dir(getattr(_c(), m))}
+    assert not {n for n in names if "bench" in n or n in ("signal_roundtrip", "RawPingPong")}

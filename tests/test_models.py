@@ -16,8 +16,22 @@ from jax_moe_a2a import testing as T
 from test_ops import BACKENDS
 
 
+# _run's results of _small_model's inputs, per (backend, ranks, score, remat): the model tests
+# share some (the sigmoid model's plain run of a backend is compared with the reference and with
+# its remat run), and each costs a compilation of a 2-layer forward and backward.
+_RUNS = {}
+
+
 def _run(backend, mesh, n, cfg, spec, params, x, remat=False):
-    """(out, loss, grad x, grad layers, lowered HLO text) of mean(toy_model(x)^2) on every rank."""
+    """(out, loss, grad x, grad layers, lowered HLO text) of mean(toy_model(x)^2) on every rank,
+    for _small_model(n, cfg.score)'s inputs."""
+    key = (backend, n, cfg.score, remat)
+    if key not in _RUNS:
+        _RUNS[key] = _run_uncached(backend, mesh, n, cfg, spec, params, x, remat)
+    return _RUNS[key]
+
+
+def _run_uncached(backend, mesh, n, cfg, spec, params, x, remat):
     comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=False)
     specs = [models.moe_param_specs(cfg) for _ in params]
 

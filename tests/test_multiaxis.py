@@ -23,7 +23,7 @@ import jax_moe_a2a as a2a
 from jax_moe_a2a import oracle
 from jax_moe_a2a import testing as T
 from jax_moe_a2a.comm import ep_groups
-from ragged_emulation import use_emulation
+from ragged_emulation import emulated
 from test_ops import BACKENDS
 
 # Under mpirun every process compiles every case: the multi-process suites run a subset (every
@@ -64,11 +64,12 @@ def make_mesh(mesh_id):
     return Mesh(np.array(jax.devices()).reshape(shape), names), axis
 
 
-def make_comm(spec, mesh, axis, backend, monkeypatch, **kw):
-    if backend == "ragged" and "ragged" not in BACKENDS:
-        use_emulation(monkeypatch)
+def make_comm(spec, mesh, axis, backend, **kw):
     if backend == "nvshmem" and jax.local_device_count() != 1:
         pytest.skip("nvshmem: one device per process")
+    if backend == "ragged" and "ragged" not in BACKENDS:
+        with emulated():  # the communicator keeps the emulated collective
+            return a2a.init(spec, mesh, axis, backend=backend, **kw)
     return a2a.init(spec, mesh, axis, backend=backend, **kw)
 
 
@@ -188,7 +189,7 @@ def _oracle_params():
 
 @pytest.mark.parametrize("backend", MULTI_BACKENDS)
 @pytest.mark.parametrize("mesh_id, case_id, spec_kw, run_kw", _oracle_params())
-def test_groups_against_oracle(backend, mesh_id, case_id, spec_kw, run_kw, monkeypatch):
+def test_groups_against_oracle(backend, mesh_id, case_id, spec_kw, run_kw):
     if backend == "ragged" and case_id != "bf16" and jax.process_count() > 1 and not MPI_ALL_CASES:
         pytest.skip("multi-process suites: ragged (pure JAX, like reference) only in the bf16 case")
     mesh, axis = make_mesh(mesh_id)
@@ -196,7 +197,7 @@ def test_groups_against_oracle(backend, mesh_id, case_id, spec_kw, run_kw, monke
     if n % spec_kw.get("tp_size", 1):
         pytest.skip(f"tp_size does not divide {n} ranks")
     spec = a2a.Spec(**{**BASE, **spec_kw})
-    comm = make_comm(spec, mesh, axis, backend, monkeypatch)
+    comm = make_comm(spec, mesh, axis, backend)
     assert comm.num_groups * comm.num_ranks == mesh.size
     seed = zlib.crc32(f"{mesh_id}/{case_id}".encode()) % 10**6
     inputs = group_inputs(spec, comm, seed, minus_one_frac=0.1)
@@ -205,13 +206,13 @@ def test_groups_against_oracle(backend, mesh_id, case_id, spec_kw, run_kw, monke
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", MULTI_BACKENDS)
-def test_groups_repeated_steps(backend, monkeypatch):
+def test_groups_repeated_steps(backend):
     """Two communicators on one multi-axis mesh, each run twice with fresh inputs (buffers and
     per-group state reused; one communicator's groups never see the other's)."""
     mesh_id = "2x4-ep" if jax.device_count() == 8 else "2x2-ep"
     mesh, axis = make_mesh(mesh_id)
     spec = a2a.Spec(**BASE, dispatch_dtype=FP8)
-    comms = [make_comm(spec, mesh, axis, backend, monkeypatch), make_comm(spec, mesh, axis, backend, monkeypatch)]
+    comms = [make_comm(spec, mesh, axis, backend), make_comm(spec, mesh, axis, backend)]
     for step in range(2):
         for i, comm in enumerate(comms):
             inputs = group_inputs(spec, comm, 500 + 10 * step + i, invalid_frac=0.05)
@@ -223,12 +224,12 @@ def test_groups_repeated_steps(backend, monkeypatch):
 @pytest.mark.parametrize("backend", [b for b in MULTI_BACKENDS if b != "reference"])
 @pytest.mark.parametrize("mesh_id", [pytest.param("2x4-ep", marks=MPI), "2x2x2-data-expert",
                                      pytest.param("2x2-ep", marks=MPI)])
-def test_groups_grad_matches_reference(backend, mesh_id, monkeypatch):
+def test_groups_grad_matches_reference(backend, mesh_id):
     mesh, axis = make_mesh(mesh_id)
     spec = a2a.Spec(**BASE, dispatch_dtype=jnp.float32, combine_dtype=jnp.float32)
     outs = {}
     for b in ("reference", backend):
-        comm = make_comm(spec, mesh, axis, b, monkeypatch, collect_stats=False)
+        comm = make_comm(spec, mesh, axis, b, collect_stats=False)
         n, axes = comm.num_ranks, data_axes(comm)
         inputs = [i for grp in group_inputs(spec, comm, 77, minus_one_frac=0.1) for i in grp]
         rng = np.random.default_rng(4)

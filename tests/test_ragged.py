@@ -15,7 +15,7 @@ import jax_moe_a2a as a2a
 from jax_moe_a2a import backends
 from jax_moe_a2a.backends.ragged import plan
 from jax_moe_a2a.testing import shard_map
-from ragged_emulation import emulated_ragged_all_to_all, use_emulation
+from ragged_emulation import emulated, emulated_ragged_all_to_all
 
 import test_grad
 import test_ops
@@ -106,12 +106,12 @@ CASES = {c[0]: c for c in test_ops.CASES}
                                      "empty-ranks", "minus-one-and-invalid", "num-tokens-zero", "tp2",
                                      "tp2-fp8-expert-major", "overflow-ragged-hot", "overflow-expert-major",
                                      "k-greater-than-l", "odd-sizes", "combine-into-out"])
-def test_oracle_through_emulation(case_id, num_ranks, mesh, monkeypatch):
-    use_emulation(monkeypatch)
-    test_ops.test_against_oracle("ragged", *CASES[case_id], num_ranks, mesh)
+def test_oracle_through_emulation(case_id, num_ranks, mesh):
+    with emulated():
+        test_ops.test_against_oracle("ragged", *CASES[case_id], num_ranks, mesh)
 
 
 @pytest.mark.parametrize("layout, tp", [("ragged", 1), ("expert_major", 2)])
-def test_grad_through_emulation(layout, tp, num_ranks, mesh, monkeypatch):
-    use_emulation(monkeypatch)
-    test_grad.test_grad_matches_closed_form("ragged", layout, tp, num_ranks, mesh)
+def test_grad_through_emulation(layout, tp, num_ranks, mesh):
+    with emulated():
+        test_grad.test_grad_matches_closed_form("ragged", layout, tp, num_ranks, mesh)

@@ -6,7 +6,6 @@
 #include <nanobind/stl/vector.h>
 
 #include "cuda/comm.h"
-#include "cuda/signal_bench.h"
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
 #include "cuda/remote_path.h"
 #endif
@@ -95,15 +94,6 @@ void bind_cuda(nb::module_& m) {
       "{region: bytes per rank, all slots}: device memory (shared_*, private_*) and, with peers on other nodes, "
       "the inter-node path's pinned host buffers (remote_*).");
   c.def("destroy", &cuda::unregister_comm, "comm_id"_a);
-  c.def(
-      "signal_roundtrip",
-      [](int device, int iters) {
-        nb::gil_scoped_release release;
-        return cuda::signal_roundtrip(device, iters);
-      },
-      "device"_a, "iters"_a,
-      "Nanoseconds of each GPU -> host -> GPU flag round trip through mapped pinned memory (the kernel <-> "
-      "proxy signalling path), timed by the GPU.");
   c.def("kernel_ms",
         [](int64_t comm_id, int rank, int op, int group) { return cuda::find_comm(comm_id, group)->rank(rank).kernel_ms(op); },
         "comm_id"_a, "rank"_a, "op"_a, "group"_a = 0,

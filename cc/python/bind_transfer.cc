@@ -9,8 +9,6 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include "transfer/bench_loops.h"
-#include "transfer/bench_raw.h"
 #include "transfer/connect_order.h"
 #include "transfer/engine.h"
 #include "transfer/fabric_engine.h"
@@ -228,31 +226,6 @@ void bind_helpers(nb::module_& m) {
     ImmFields f = unpack_imm(imm);
     return std::make_tuple(f.tag, f.epoch, f.rank);
   }, "imm"_a);
-
-  using Release = nb::call_guard<nb::gil_scoped_release>;
-  m.def("bench_pingpong", &bench::pingpong, "engine"_a, "peer"_a, "src"_a, "dst"_a, "size"_a,
-        "iters"_a, "warmup"_a, "initiator"_a, "imm"_a, "timeout_s"_a = kDefaultTimeout, Release());
-  m.def("bench_stream", &bench::stream, "engine"_a, "peer"_a, "src"_a, "dst"_a, "size"_a, "count"_a,
-        "sender"_a, "imm"_a, "ack_imm"_a, "timeout_s"_a = kDefaultTimeout, Release());
-  m.def("bench_scatter",
-        [](Engine& e, const PeerGroup& g, const Region& src, const std::vector<const RemoteRegion*>& dsts,
-           uint64_t size, int my_slot, int iters, int warmup, uint32_t imm, double timeout_s) {
-          if (dsts.size() != g.size()) throw std::invalid_argument("bench_scatter: one dst per member");
-          nb::gil_scoped_release release;
-          return bench::scatter_loop(e, g, src, dsts, size, my_slot, iters, warmup, imm, timeout_s);
-        },
-        "engine"_a, "group"_a, "src"_a, "dsts"_a, "size"_a, "my_slot"_a, "iters"_a, "warmup"_a,
-        "imm"_a, "timeout_s"_a = kDefaultTimeout);
-  nb::class_<bench::RawPingPong>(m, "RawPingPong",
-                                 "Raw fi_writedata ping-pong (no engine): the latency baseline.")
-      .def(nb::init<const std::string&, const std::string&, uint64_t>(), "provider"_a = "",
-           "iface"_a = "", "max_size"_a = 1 << 22)
-      .def("blob", [](const bench::RawPingPong& r) { return from_bytes(r.blob()); })
-      .def("connect", [](bench::RawPingPong& r, const nb::bytes& b) { r.connect(to_bytes(b)); })
-      .def("run", &bench::RawPingPong::run, "size"_a, "iters"_a, "initiator"_a,
-           "timeout_s"_a = kDefaultTimeout, Release());
-  m.def("bench_barrier", &bench::barrier_loop, "engine"_a, "group"_a, "iters"_a, "warmup"_a,
-        "imm"_a, "timeout_s"_a = kDefaultTimeout, Release());
 }
 
 }  // namespace

@@ -18,9 +18,13 @@ AUTO_ORDER = ("cuda", "host", "reference")
 
 
 def register(name: str, factory: Callable[[], Backend], unavailable_reason: Callable[[], "str | None"]):
-    """Registers a backend; `unavailable_reason()` returns None when usable here, else why not."""
+    """Registers a backend, or replaces the one of that name; `unavailable_reason()` returns None
+    when usable here, else why not. Returns the (factory, unavailable_reason) it replaced, or
+    None: registering that pair again restores the previous backend."""
+    previous = (_FACTORIES[name], _AVAILABLE[name]) if name in _FACTORIES else None
     _FACTORIES[name] = factory
     _AVAILABLE[name] = unavailable_reason
+    return previous
 
 
 def known() -> list:

@@ -24,11 +24,6 @@ import jax.numpy as jnp
 from .base import Backend, Ctx, varying
 from .pure_jax import lay_out, reduce_pairs, sort_pairs, wire_rows
 
-# The collective. XLA:CPU lacks it; CPU tests substitute an emulation, and replace
-# unavailable_reason too (tests/ragged_emulation.py).
-COLLECTIVE = jax.lax.ragged_all_to_all
-
-
 def unavailable_reason(platforms=None):
     """None if ragged-all-to-all can run on `platforms` (default: JAX's default backend)."""
     platforms = set(platforms or [jax.default_backend()])
@@ -64,20 +59,21 @@ def plan(counts, rank, tp, m_send):
     return tuple(a.astype(jnp.int32) for a in dispatch), tuple(a.astype(jnp.int32) for a in combine)
 
 
-def _exchange(ctx, operand, rows, args):
-    """ragged_all_to_all of operand [M, ...] into a fresh zero buffer [rows, ...]."""
-    out = jnp.zeros((rows,) + operand.shape[1:], operand.dtype)
-    operand, out, *args = varying((operand, out) + tuple(args), ctx.axis)
-    return COLLECTIVE(operand, out, *args, axis_name=ctx.axis)
-
-
 class RaggedBackend(Backend):
+    """collective: a function with `jax.lax.ragged_all_to_all`'s signature and semantics to use in
+    its place (default: that collective, checked to exist on the mesh's platforms); with one given,
+    the backend runs wherever that function does (e.g. tests/ragged_emulation.py's, built from
+    dense all_to_all, on XLA:CPU)."""
+
     name = "ragged"
     autodiff = True
     xla_collectives = True
 
+    def __init__(self, collective=None):
+        self._collective = collective
+
     def open(self, config, mesh, axis, comm_id):
-        reason = unavailable_reason({d.platform for d in mesh.devices.flat})
+        reason = None if self._collective is not None else unavailable_reason({d.platform for d in mesh.devices.flat})
         if reason is not None:
             raise ValueError(f"backend 'ragged' is not available on this mesh: {reason}")
         self.config = config
@@ -93,6 +89,13 @@ class RaggedBackend(Backend):
         wire = (m_send + m_recv) * (c.hidden * c.dispatch_dtype.itemsize + meta)
         back = (m_recv + c.tp_size * m_send) * c.hidden * 4
         return {"dispatch_rows": wire, "combine_rows": back}
+
+    def _exchange(self, ctx, operand, rows, args):
+        """ragged_all_to_all of operand [M, ...] into a fresh zero buffer [rows, ...]."""
+        out = jnp.zeros((rows,) + operand.shape[1:], operand.dtype)
+        operand, out, *args = varying((operand, out) + tuple(args), ctx.axis)
+        collective = self._collective or jax.lax.ragged_all_to_all
+        return collective(operand, out, *args, axis_name=ctx.axis)
 
     # -- dispatch ------------------------------------------------------------------------------
     def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None):
@@ -118,7 +121,7 @@ class RaggedBackend(Backend):
         all_counts = jax.lax.all_gather(counts, ctx.axis, tiled=False).reshape(n, n)   # [N(src), N(dest)]
         args, _ = plan(all_counts, ctx.rank, spec.tp_size, m_send)
         m_recv = spec.worst_case_rows(n)
-        arrays = {"x": _exchange(ctx, send_x, m_recv, args), "meta": _exchange(ctx, send_meta, m_recv, args)}
+        arrays = {"x": self._exchange(ctx, send_x, m_recv, args), "meta": self._exchange(ctx, send_meta, m_recv, args)}
         route = {"dest": pr.dest, "slot": pr.slot, "counts": all_counts}
         num_dropped = jnp.sum(pr.bad & (pr.member == ctx.rank % spec.tp_size), dtype=jnp.int32)
         return arrays, route, num_dropped
@@ -144,7 +147,7 @@ class RaggedBackend(Backend):
         rows = jnp.where((pos >= 0)[:, None], flat[jnp.maximum(pos, 0)], jnp.zeros((), flat.dtype))
         m_send = send_rows(spec)
         _, args = plan(route.arrays["counts"], ctx.rank, spec.tp_size, m_send)
-        return {"y": _exchange(ctx, rows, spec.tp_size * m_send, args)}
+        return {"y": self._exchange(ctx, rows, spec.tp_size * m_send, args)}
 
     def combine_recv(self, ctx: Ctx, arrays, route, slot, out, pairs=False):
         spec, n = ctx.spec, ctx.num_ranks

@@ -41,11 +41,6 @@ def buffer_regions(config: jax_moe_a2a._C.Config) -> dict:
 
 def destroy(comm_id: int) -> None: ...
 
-def signal_roundtrip(device: int, iters: int) -> list[float]:
-    """
-    Nanoseconds of each GPU -> host -> GPU flag round trip through mapped pinned memory (the kernel <-> proxy signalling path), timed by the GPU.
-    """
-
 def kernel_ms(comm_id: int, rank: int, op: int, group: int = 0) -> float:
     """
     Milliseconds of the last timed launch of op (0 dispatch_send .. 3 combine_recv) on a local rank; negative when none was timed (JAX_MOE_A2A_KERNEL_TIMING=1 not set, or the launch was captured in a command buffer).

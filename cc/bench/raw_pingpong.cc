@@ -1,4 +1,4 @@
-#include "transfer/bench_raw.h"
+#include "bench/raw_pingpong.h"
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -15,7 +15,9 @@
 #include "transfer/errors.h"
 #include "transfer/fabric.h"
 
-namespace a2a::transfer::bench {
+namespace a2a::bench {
+
+using namespace a2a::transfer;
 
 struct RawPingPong::Impl {
   fi_info* info = nullptr;
@@ -143,4 +145,4 @@ double RawPingPong::run(uint64_t size, int iters, bool initiator, double timeout
   return t;
 }
 
-}  // namespace a2a::transfer::bench
+}  // namespace a2a::bench

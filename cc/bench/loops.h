@@ -1,12 +1,19 @@
 // Timing loops over the public Engine API, in C++ so that no Python call sits in the measured
-// path (jax_moe_a2a.bench.engine drives them). Every rank involved calls the same function.
+// path (benchmarks/engine.py drives them through jax_moe_a2a_bench). Every rank involved calls the
+// same function. Benchmark code: not part of the library (cc/LAYERS, layer bench).
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "transfer/engine.h"
 
-namespace a2a::transfer::bench {
+namespace a2a::bench {
+
+using transfer::Engine;
+using transfer::PeerGroup;
+using transfer::Region;
+using transfer::RemoteRegion;
 
 // Ping-pong of `size`-byte writes with immediate `imm` between us and `peer`: the initiator writes
 // and waits for the answer, the other side waits and answers. Returns seconds for `iters` round
@@ -31,4 +38,4 @@ double scatter_loop(Engine& e, const PeerGroup& g, const Region& src,
 double barrier_loop(Engine& e, const PeerGroup& g, int iters, int warmup, uint32_t imm,
                     double timeout_s);
 
-}  // namespace a2a::transfer::bench
+}  // namespace a2a::bench

@@ -2,7 +2,8 @@
 // calling thread), the baseline the engine's small-write latency is compared with. It lives in
 // the same processes as the engine so that the benchmark can interleave raw and engine blocks:
 // on a small shared VM the placement of the two processes changes the half round trip by 3x over
-// seconds, and only side-by-side blocks compare fairly. Same logic as tools/fi_writedata_pingpong.c.
+// seconds, and only side-by-side blocks compare fairly. Same logic as
+// cc/transfer/tools/fi_writedata_pingpong.c. Benchmark code: not part of the library.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,9 @@
 
 #include "transfer/wire.h"
 
-namespace a2a::transfer::bench {
+namespace a2a::bench {
+
+using transfer::Bytes;
 
 class RawPingPong {
  public:
@@ -31,4 +34,4 @@ class RawPingPong {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace a2a::transfer::bench
+}  // namespace a2a::bench

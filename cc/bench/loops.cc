@@ -1,6 +1,12 @@
-#include "transfer/bench_loops.h"
+#include "bench/loops.h"
 
-namespace a2a::transfer::bench {
+#include <chrono>
+
+namespace a2a::bench {
+
+using transfer::Clock;
+using transfer::ScatterEntry;
+
 namespace {
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -71,4 +77,4 @@ double barrier_loop(Engine& e, const PeerGroup& g, int iters, int warmup, uint32
   return t;
 }
 
-}  // namespace a2a::transfer::bench
+}  // namespace a2a::bench

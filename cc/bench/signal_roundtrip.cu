@@ -10,12 +10,12 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/check.h"
-#include "cuda/ptx.cuh"
-#include "cuda/signal_bench.h"
+#include "bench/signal_roundtrip.h"
+#include "gpu/check.h"
+#include "gpu/ptx.cuh"
 #include "proxy/ctrl.h"
 
-namespace a2a::cuda {
+namespace a2a::bench {
 namespace {
 
 struct Flags {
@@ -26,19 +26,19 @@ struct Flags {
 // ns[i]: round trip i in nanoseconds. One thread.
 __global__ void pingpong_kernel(Flags* f, int iters, uint64_t* ns, int64_t timeout_ns) {
   for (int i = 0; i < iters; ++i) {
-    const uint64_t t0 = ptx::globaltimer();
-    ptx::st_release_sys(&f->to_host, uint64_t(i) + 1);
-    while (ptx::ld_acquire_sys(&f->to_gpu) < uint64_t(i) + 1) {
-      if (ptx::globaltimer() - t0 > static_cast<uint64_t>(timeout_ns)) {
+    const uint64_t t0 = cuda::ptx::globaltimer();
+    cuda::ptx::st_release_sys(&f->to_host, uint64_t(i) + 1);
+    while (cuda::ptx::ld_acquire_sys(&f->to_gpu) < uint64_t(i) + 1) {
+      if (cuda::ptx::globaltimer() - t0 > static_cast<uint64_t>(timeout_ns)) {
         ns[i] = ~0ull;
         return;
       }
     }
-    ns[i] = ptx::globaltimer() - t0;
+    ns[i] = cuda::ptx::globaltimer() - t0;
   }
 }
 
-void check(cudaError_t rc, const char* what) { check_cuda(rc, "signal_roundtrip", what); }
+void check(cudaError_t rc, const char* what) { cuda::check_cuda(rc, "signal_roundtrip", what); }
 
 }  // namespace
 
@@ -81,4 +81,4 @@ std::vector<double> signal_roundtrip(int device, int iters) {
   return out;
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::bench
