@@ -8,7 +8,7 @@
 """
 
 from . import backends as _backends
-from .comm import Communicator, DroppedRowsError, init
+from .comm import Communicator, DroppedRowsError, PeerFailure, init
 from .eplb import ExpertMap
 from .overlap import overlap
 from .quant import dequantize_fp8, quantize_fp8, quantize_fp8_jax
@@ -24,6 +24,6 @@ def available_backends() -> list:
 
 
 __all__ = [
-    "Spec", "init", "Communicator", "DroppedRowsError", "Dispatched", "DispatchHandle", "CombineHandle",
+    "Spec", "init", "Communicator", "DroppedRowsError", "PeerFailure", "Dispatched", "DispatchHandle", "CombineHandle",
     "Route", "ExpertMap", "available_backends", "overlap", "quantize_fp8", "quantize_fp8_jax", "dequantize_fp8",
 ]

@@ -96,6 +96,26 @@ class HostBackend(FfiBackend):
         if getattr(self, "_finalizer", None) is not None:
             self._finalizer()  # runs destroy once
 
+    # ---- elastic EP recovery (docs/protocol.md "Recovery") ---------------------------------
+    def recover(self, comm, alive):
+        if self._proxied:
+            raise NotImplementedError("recover() is not supported by the host backend with proxied=True: the "
+                                      "proxy thread waits for every rank (use the inline mode, proxied=False)")
+        c = _ffi.require_native()
+        for g in comm.local_members():  # ascending on every process, as at init
+            c.host.recover(comm.comm_id, [int(v) for v in alive], g)
+
+    def last_error(self, comm):
+        from ..comm import PeerFailure
+        c = _ffi.require_native()
+        texts, missing = [], set()
+        for g in comm.local_members():
+            got = c.host.last_error(comm.comm_id, g)
+            if got is not None:
+                texts.append(got[0])
+                missing.update(got[1])
+        return PeerFailure(texts[0], missing) if texts else None
+
     def proxy_stats(self, comm):
         """Counters of this process's proxy threads ({rank: dict}, proxied mode); flag_path says
         where the proxy's flags live ("mapped-host: <why GDRCopy is not used>" here)."""
