@@ -344,14 +344,9 @@ def test_host_proxied_refuses_a_mask(num_ranks, mesh):
 
 # ---- a process ends for real --------------------------------------------------------------------
 
-@pytest.mark.parametrize("provider", ["shm", "tcp;ofi_rxm"])
-def test_process_failure(provider, tmp_path):
-    """3 JAX processes (1 CPU device each, host backend over libfabric `provider`) under their
-    own mpirun: all run step 1, then process 2 ends (os._exit(0), no goodbye); once it is gone,
-    processes 0 and 1 run five more steps with the mask [1, 1, 0], each checked against the
-    oracle with that mask, in one compiled step (without the mask they would end at timeout_s
-    naming rank 2). Bounded: the workers' timeout_s is 10 s and this test kills the whole mpirun
-    session after 240 s."""
+def _run_workers(worker_name, provider, tmp_path, limit):
+    """mpirun -n 3 of tests/<worker_name> in a session of its own; its output (killed, with the
+    whole session, past `limit` s)."""
     if "host" not in BACKENDS:
         pytest.skip("no host backend")
     if shutil.which("mpirun") is None:
@@ -362,22 +357,48 @@ def test_process_failure(provider, tmp_path):
         env.setdefault("JAX_MOE_A2A_IFACE", "lo")
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                                 if not f.startswith("--xla_force_host_platform_device_count"))
-    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_worker.py")
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), worker_name)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "3",
            sys.executable, worker]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=240)
+        out, _ = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the session this test started: mpirun and its workers
         out, _ = proc.communicate()
-        pytest.fail(f"the elastic run did not finish within 240 s:\n{out[-6000:]}")
+        pytest.fail(f"the elastic run did not finish within {limit} s:\n{out[-6000:]}")
     assert proc.returncode == 0, f"mpirun exited with {proc.returncode}:\n{out[-6000:]}"
+    assert "ELASTIC_FAIL" not in out, out[-6000:]
+    return out
+
+
+@pytest.mark.parametrize("provider", ["shm", "tcp;ofi_rxm"])
+def test_process_failure(provider, tmp_path):
+    """3 JAX processes (1 CPU device each, host backend over libfabric `provider`) under their
+    own mpirun: all run step 1, then process 2 ends (os._exit(0), no goodbye); once it is gone,
+    processes 0 and 1 run five more steps with the mask [1, 1, 0], each checked against the
+    oracle with that mask, in one compiled step (without the mask they would end at timeout_s
+    naming rank 2). Bounded: the workers' timeout_s is 10 s and this test kills the whole mpirun
+    session after 240 s."""
+    out = _run_workers("elastic_worker.py", provider, tmp_path, 240)
     for r in (0, 1):
         assert f"ELASTIC_OK process {r} steps 6" in out, out[-6000:]
     assert "ELASTIC_EXIT process 2 after step 1" in out, out[-6000:]
-    assert "ELASTIC_FAIL" not in out, out[-6000:]
+
+
+@pytest.mark.parametrize("provider", ["shm", "tcp;ofi_rxm"])
+def test_recover_after_failure(provider, tmp_path):
+    """The failure as a server meets it (tests/elastic_recover_worker.py, 3 processes, timeout_s
+    3 s): process 2 ends in the middle of step 2 and nobody waits for it; the survivors' step 2
+    times out (both in dispatch_recv, at different points), the next op keeps refusing,
+    recover() with the dead rank still in the mask times out naming it, recover() with it masked
+    succeeds, and four more steps on the same communicator and compiled step are oracle-correct.
+    Bounded: the whole mpirun session is killed after 120 s."""
+    out = _run_workers("elastic_recover_worker.py", provider, tmp_path, 120)
+    for r in (0, 1):
+        assert f"ELASTIC_OK process {r} steps 4 after recovery" in out, out[-6000:]
+    assert "ELASTIC_EXIT process 2 in step 2" in out, out[-6000:]
 
 
 # ---- recovery after the timeout (host backend) --------------------------------------------------
