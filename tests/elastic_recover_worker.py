@@ -25,7 +25,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-TIMEOUT = 3.0
+TIMEOUT = 4.0
 AFTER = 4  # oracle-checked steps after the recovery
 WORKDIR = os.environ.get("ELASTIC_DIR", "/tmp")
 
@@ -59,6 +59,15 @@ def main():
         return res
 
     ones = np.ones(n, np.int32)
+    # compile first and meet (files, bounded): a slow compile on one process must not eat the
+    # others' short timeout in step 1
+    T.run_ops(comm, T.make_inputs(spec, n, 1), rank_mask=ones, compile_only=True)
+    open(os.path.join(WORKDIR, f"ready-{me}"), "w").close()
+    t0 = time.time()
+    while not all(os.path.exists(os.path.join(WORKDIR, f"ready-{p}")) for p in range(nproc)):
+        if time.time() - t0 > 120:
+            raise TimeoutError("waited 120 s for the others to compile")
+        time.sleep(0.05)
     step(1001, ones)
     log("step 1: all alive, oracle-correct")
     if me == victim:

@@ -390,7 +390,7 @@ def test_process_failure(provider, tmp_path):
 @pytest.mark.parametrize("provider", ["shm", "tcp;ofi_rxm"])
 def test_recover_after_failure(provider, tmp_path):
     """The failure as a server meets it (tests/elastic_recover_worker.py, 3 processes, timeout_s
-    3 s): process 2 ends in the middle of step 2 and nobody waits for it; the survivors' step 2
+    4 s): process 2 ends in the middle of step 2 and nobody waits for it; the survivors' step 2
     times out (both in dispatch_recv, at different points), the next op keeps refusing,
     recover() with the dead rank still in the mask times out naming it, recover() with it masked
     succeeds, and four more steps on the same communicator and compiled step are oracle-correct.
