@@ -8,7 +8,7 @@
 """
 
 from . import backends as _backends
-from .comm import Communicator, DroppedRowsError, init
+from .comm import Communicator, DroppedRowsError, PeerFailure, init
 from .config import Config
 from .eplb import ExpertMap
 from .overlap import overlap
@@ -25,6 +25,7 @@ def available_backends() -> list:
 
 
 __all__ = [
-    "Spec", "Config", "init", "Communicator", "DroppedRowsError", "Dispatched", "DispatchHandle", "CombineHandle",
+    "Spec", "Config", "init", "Communicator", "DroppedRowsError", "PeerFailure", "Dispatched", "DispatchHandle",
+    "CombineHandle",
     "Route", "ExpertMap", "available_backends", "overlap", "quantize_fp8", "quantize_fp8_jax", "dequantize_fp8",
 ]

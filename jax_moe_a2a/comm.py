@@ -48,6 +48,22 @@ def _after(gate, tree):
     return jax.tree_util.tree_map(one, tree)
 
 
+class PeerFailure(tuple):
+    """What the host backend recorded when a half failed: `message` (the first failure's text)
+    and `missing` (sorted ranks that timed-out waits named, over this process's ranks and EP
+    groups). `missing` is a hint, not the set of dead ranks: a survivor that failed earlier in
+    the same step never sent what the others waited for, so it is named too."""
+
+    def __new__(cls, message: str, missing):
+        return super().__new__(cls, (message, tuple(sorted(set(int(r) for r in missing)))))
+
+    message = property(lambda self: self[0])
+    missing = property(lambda self: self[1])
+
+    def __str__(self):
+        return self.message
+
+
 class DroppedRowsError(RuntimeError):
     """debug=True: a dispatch dropped pairs (bad expert ids) or overflowed a receive buffer.
 
@@ -587,8 +603,42 @@ class Communicator:
     def last_error(self):
         """A failure the backend recorded out of band, or None. The cuda backend's kernels end a
         wait for a peer that never arrives by recording which ranks are missing and ending the
-        step without data (combine output NaN); the next call raises it, and this returns it."""
+        step without data (combine output NaN); the next call raises it, and this returns it
+        (text). The host backend: a `PeerFailure` (message, missing ranks) after a half failed
+        (a timeout names the ranks it waited for in vain), until `recover`."""
         return self._backend.last_error()
+
+    def recover(self, rank_mask):
+        """Elastic EP: makes this communicator usable again after a peer failure (host backend).
+
+        After a step fails because a peer died (its halves time out naming the ranks they waited
+        for: `last_error().missing`), every surviving process calls `recover` with the same
+        concrete mask ([N] bool/int, nonzero = survivor: the dead ranks masked), with no step of
+        this communicator in flight (after the failed step's error was raised), whether or not
+        its own step failed. It flushes this process's writes (dropping the errors of writes to
+        the dead ranks), exchanges every slot's epochs among the survivors through the
+        transport, drops every stale arrival of the failed step, sets each slot to the
+        survivors' highest epochs, and barriers (docs/protocol.md "Recovery"). Then the same
+        communicator and the same compiled step go on with `rank_mask` passed to dispatch_send
+        (the recover mask or a subset of it). Bounded by timeout_s: when a rank the mask keeps
+        does not join (it is dead too, or did not call recover), it raises TimeoutError naming
+        it (jax_moe_a2a.transfer.TransferTimeoutError) and the communicator stays failed; call
+        recover again with a corrected mask. A masked rank of this process takes no part. The
+        ops themselves keep refusing a failed communicator ("unusable after an earlier
+        failure") until recover succeeds. Backends: host (inline mode); reference and ragged
+        keep no state between steps (a no-op after the mask checks); cuda, nvshmem and the host
+        backend with proxied=True raise NotImplementedError."""
+        mask = np.asarray(rank_mask)
+        n = self.num_ranks
+        if mask.shape != (n,):
+            raise _shape_err("rank_mask", f"shape [N] = [{n}] (one flag per EP rank)", list(mask.shape))
+        if mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.integer):
+            raise _shape_err("rank_mask", "dtype bool or an integer (nonzero = alive)", mask.dtype)
+        alive = (mask != 0).astype(np.int32)
+        if not alive.any():
+            raise ValueError("rank_mask: every rank is masked (at least the survivors must be alive)")
+        self._backend.recover(alive)
+        _runtime.forget_failed_effects()  # the failed step's token must not raise again later
 
     def close(self):
         """Releases the backend's buffers, engines and threads now (also done when the

@@ -345,14 +345,9 @@ def test_host_proxied_refuses_a_mask(num_ranks, mesh):
 
 # ---- a process ends for real --------------------------------------------------------------------
 
-@pytest.mark.parametrize("provider", ["shm", "tcp;ofi_rxm"])
-def test_process_failure(provider, tmp_path):
-    """3 JAX processes (1 CPU device each, host backend over libfabric `provider`) under their
-    own mpirun: all run step 1, then process 2 ends (os._exit(0), no goodbye); once it is gone,
-    processes 0 and 1 run five more steps with the mask [1, 1, 0], each checked against the
-    oracle with that mask, in one compiled step (without the mask they would end at timeout_s
-    naming rank 2). Bounded: the workers' timeout_s is 10 s and this test kills the whole mpirun
-    session after 240 s."""
+def _run_workers(worker_name, provider, tmp_path, limit):
+    """mpirun -n 3 of tests/<worker_name> in a session of its own; its output (killed, with the
+    whole session, past `limit` s)."""
     if "host" not in BACKENDS:
         pytest.skip("no host backend")
     if shutil.which("mpirun") is None:
@@ -364,19 +359,125 @@ def test_process_failure(provider, tmp_path):
         env.setdefault("JAX_MOE_A2A_IFACE", "lo")
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                                 if not f.startswith("--xla_force_host_platform_device_count"))
-    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_worker.py")
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), worker_name)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "3",
            sys.executable, worker]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=240)
+        out, _ = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the session this test started: mpirun and its workers
         out, _ = proc.communicate()
-        pytest.fail(f"the elastic run did not finish within 240 s:\n{out[-6000:]}")
+        pytest.fail(f"the elastic run did not finish within {limit} s:\n{out[-6000:]}")
     assert proc.returncode == 0, f"mpirun exited with {proc.returncode}:\n{out[-6000:]}"
+    assert "ELASTIC_FAIL" not in out, out[-6000:]
+    return out
+
+
+@pytest.mark.parametrize("provider", ["shm", "tcp;ofi_rxm"])
+def test_process_failure(provider, tmp_path):
+    """3 JAX processes (1 CPU device each, host backend over libfabric `provider`) under their
+    own mpirun: all run step 1, then process 2 ends (os._exit(0), no goodbye); once it is gone,
+    processes 0 and 1 run five more steps with the mask [1, 1, 0], each checked against the
+    oracle with that mask, in one compiled step (without the mask they would end at timeout_s
+    naming rank 2). Bounded: the workers' timeout_s is 10 s and this test kills the whole mpirun
+    session after 240 s."""
+    out = _run_workers("elastic_worker.py", provider, tmp_path, 240)
     for r in (0, 1):
         assert f"ELASTIC_OK process {r} steps 6" in out, out[-6000:]
     assert "ELASTIC_EXIT process 2 after step 1" in out, out[-6000:]
-    assert "ELASTIC_FAIL" not in out, out[-6000:]
+
+
+@pytest.mark.parametrize("provider", ["shm", "tcp;ofi_rxm"])
+def test_recover_after_failure(provider, tmp_path):
+    """The failure as a server meets it (tests/elastic_recover_worker.py, 3 processes, timeout_s
+    4 s): process 2 ends in the middle of step 2 and nobody waits for it; the survivors' step 2
+    times out (both in dispatch_recv, at different points), the next op keeps refusing,
+    recover() with the dead rank still in the mask times out naming it, recover() with it masked
+    succeeds, and four more steps on the same communicator and compiled step are oracle-correct.
+    Bounded: the whole mpirun session is killed after 120 s."""
+    out = _run_workers("elastic_recover_worker.py", provider, tmp_path, 120)
+    for r in (0, 1):
+        assert f"ELASTIC_OK process {r} steps 4 after recovery" in out, out[-6000:]
+    assert "ELASTIC_EXIT process 2 in step 2" in out, out[-6000:]
+
+
+# ---- recovery after the timeout (host backend) --------------------------------------------------
+
+def _disagreeing_step(comm, spec, n, mesh):
+    """One dispatch + combine where each rank sees its own row of an [N, N] mask (a sharded
+    operand): ranks that disagree about who is alive make a real timeout inside one process."""
+    from jax.sharding import PartitionSpec as P
+
+    def per_rank(x, ids, w, m):
+        got = comm.dispatch(x[0], ids[0], w[0], rank_mask=m[0])
+        return comm.combine(T.expert_fn_jax(spec, n, got, jnp.float32), got)[None]
+
+    return jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 4, out_specs=P("ep")))
+
+
+def test_recover_after_timeout_one_process(num_ranks, mesh):
+    """A real timeout in one process: rank 0 believes every rank is alive, the others mask rank 0,
+    so rank 0's dispatch_recv times out naming them while the others finish the step (the
+    survivors stopped at different points). The next op keeps refusing the failed communicator;
+    comm.recover(mask) makes it usable again and the following steps are oracle-correct."""
+    if "host" not in BACKENDS or num_ranks < 2:
+        pytest.skip("needs the host backend and 2 ranks")
+    n = num_ranks
+    spec = _spec(n)
+    comm = a2a.init(spec, mesh, "ep", backend="host", timeout_s=2)
+    inputs = T.make_inputs(spec, n, 21, num_tokens=spec.max_tokens_per_rank)
+    views = np.ones((n, n), np.int32)
+    views[1:, 0] = 0  # ranks 1.. mask rank 0; rank 0 masks nobody
+    args = [T.stack_global(mesh, "ep", [i.x[None] for i in inputs]),
+            T.stack_global(mesh, "ep", [i.topk_ids[None] for i in inputs]),
+            T.stack_global(mesh, "ep", [i.topk_weights[None] for i in inputs]),
+            T.stack_global(mesh, "ep", [views[r][None] for r in range(n)])]
+    assert comm.last_error() is None
+    with pytest.raises(jax.errors.JaxRuntimeError, match="did not arrive within 2.0 s"):
+        jax.block_until_ready(_disagreeing_step(comm, spec, n, mesh)(*args))
+    err = comm.last_error()
+    assert isinstance(err, a2a.PeerFailure) and err.missing and 0 not in err.missing, err
+    assert "did not arrive" in err.message
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"unusable after an earlier failure.*comm.recover"):
+        T.run_ops(comm, inputs, rank_mask=np.ones(n, np.int32))
+    comm.recover(np.ones(n, bool))  # every rank of this process is alive: all of them recover
+    assert comm.last_error() is None
+    for i in range(3):
+        mask = _mask(n, [] if i == 0 else [1 + i % (n - 1)])
+        inp = T.make_inputs(spec, n, 60 + i, invalid_frac=0.05, minus_one_frac=0.05)
+        res = T.run_ops(comm, inp, rank_mask=mask)
+        T.check_all(comm, inp, res, rank_mask=mask)
+    assert sum(v._cache_size() for v in comm._test_steps.values()) == 1
+    comm.recover(_mask(n, [n - 1]))  # also fine on a healthy communicator (a survivor whose step passed)
+    res = T.run_ops(comm, inputs, rank_mask=_mask(n, [n - 1]))
+    T.check_all(comm, inputs, res, rank_mask=_mask(n, [n - 1]))
+    comm.close()
+
+
+def test_recover_checks(num_ranks, mesh, monkeypatch):
+    """Wrong uses of recover raise clearly: a malformed or all-masked mask; backends that cannot
+    recover (cuda, nvshmem; host with proxied=True); reference is a no-op."""
+    n = num_ranks
+    spec = _spec(n)
+    comm = a2a.init(spec, mesh, "ep", backend="reference")
+    with pytest.raises(ValueError, match=r"rank_mask: expected shape \[N\]"):
+        comm.recover(np.ones(n + 1, bool))
+    with pytest.raises(ValueError, match="rank_mask: expected dtype bool or an integer"):
+        comm.recover(np.ones(n, np.float32))
+    with pytest.raises(ValueError, match="every rank is masked"):
+        comm.recover(np.zeros(n, bool))
+    comm.recover(np.ones(n, bool))  # reference: nothing to reset
+    from jax_moe_a2a.backends.cuda import CudaBackend
+    from jax_moe_a2a.backends.nvshmem import NvshmemBackend
+    assert not hasattr(CudaBackend, "recover") and not hasattr(NvshmemBackend, "recover")
+    monkeypatch.setattr(comm._backend, "xla_collectives", False)  # a backend without recover (as cuda)
+    comm.backend_name = "cuda"
+    with pytest.raises(NotImplementedError, match="not supported by the cuda backend"):
+        comm.recover(_mask(n, [0]))
+    if "host" in BACKENDS:
+        hc = a2a.init(spec, mesh, "ep", backend="host", proxied=True, timeout_s=5)
+        with pytest.raises(NotImplementedError, match="proxied=True"):
+            hc.recover(_mask(n, [0]))
+        hc.close()

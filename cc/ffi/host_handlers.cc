@@ -44,7 +44,7 @@ ffi::Error run(const char* op, int64_t comm_id, ffi::Buffer<ffi::S32> rank_buf, 
     f(comm->rank(rank));
     return ffi::Error::Success();
   } catch (const a2a::transfer::TimeoutError& e) {
-    if (comm) comm->fail(e.what());
+    if (comm) comm->fail(e.what(), e.missing);
     return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, e.what());
   } catch (const std::exception& e) {
     if (comm) comm->fail(std::string(op) + ": " + e.what());

@@ -51,6 +51,10 @@ protocol::ExchangeOptions exchange_options(const HostOptions& o) {
   return x;
 }
 
+// Recovery immediates (tags past the protocol's 0..127): the epoch tables, then "stale arrivals dropped".
+constexpr uint32_t kRecoverTable = 200, kRecoverDone = 201;
+int recover_words(int slots) { return 1 + 2 * slots; }
+
 }  // namespace
 
 std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
@@ -104,6 +108,11 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
     slots_.back()->c_alive.assign(o.shape.N, 1);
   }
   ex_ = std::make_unique<protocol::Exchange>(xo, rank, std::move(engine), bufs);
+  const int W = recover_words(o.slots);
+  recov_in_.assign(int64_t(o.shape.num_ranks) * W, 0);
+  recov_out_.assign(W, 0);
+  recov_in_reg_ = ex_->engine().register_memory(recov_in_.data(), recov_in_.size() * 4);
+  recov_out_reg_ = ex_->engine().register_memory(recov_out_.data(), recov_out_.size() * 4);
   if (o.node_size < 0 || (o.node_size > 0 && !o.proxied))
     throw std::invalid_argument("host backend: node_size needs proxied=True (and must be >= 0)");
   for (int z = 0; z < o.slots && o.node_size > 0; ++z) {
@@ -129,7 +138,17 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
   }
 }
 
-RankComm::~RankComm() { stop(); }
+RankComm::~RankComm() {
+  stop();
+  for (auto* r : {&recov_in_reg_, &recov_out_reg_})
+    if (*r) (*r)->close();
+}
+
+std::vector<Bytes> RankComm::descriptors() const {
+  std::vector<Bytes> out = ex_->descriptors();
+  out.push_back(recov_in_reg_->descriptor());
+  return out;
+}
 
 void RankComm::stop() {
   if (proxy_) proxy_->stop();
@@ -149,7 +168,16 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
                                          o_.node_size, r, rank_));
     node_[r] = it->second;
   }
-  ex_->connect(descs);
+  std::map<int, std::vector<Bytes>> ex_descs;
+  recov_peer_.resize(o_.shape.num_ranks);
+  for (const auto& [r, ds] : descs) {
+    if (ds.size() != size_t(2 * o_.slots + 1))
+      throw std::invalid_argument(format("jax_moe_a2a: rank %d sent %zu descriptors, expected %d", r, ds.size(),
+                                         2 * o_.slots + 1));
+    ex_descs[r] = std::vector<Bytes>(ds.begin(), ds.end() - 1);
+    if (r >= 0 && r < o_.shape.num_ranks) recov_peer_[r] = engine().remote(ds.back());
+  }
+  ex_->connect(ex_descs);
   if (o_.proxied) {
     // No GPU memory here: the flags stay in our (CPU) Ctrl block. Say why, as the cuda backend
     // does: GDRCopy's probe reason where it is missing (tests/test_gdrcopy.py checks it on CPUs).
@@ -432,6 +460,94 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
   else if (me) ex_->signal_free_c(a.slot, e);
 }
 
+// ---- recovery after a peer failure (docs/protocol.md "Recovery") ---------------------------------
+
+void RankComm::recover_flush() {
+  // Our writes of the failed step: those to survivors complete; those to a dead peer complete with
+  // an error (dropped here: that peer is gone) or, on some providers, never (then we cannot reuse
+  // our send buffers: refuse, naming the count).
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      engine().flush(o_.timeout_s);
+      return;
+    } catch (const transfer::TimeoutError& e) {
+      throw transfer::TimeoutError(format("jax_moe_a2a recover (rank %d): %s; writes to a dead peer never "
+                                          "completed, the communicator cannot be recovered (create a new one)",
+                                          rank_, e.what()),
+                                   e.arrived, e.expected, e.missing);
+    } catch (const transfer::TransferError&) {
+      // completion errors (writes to the dead peer): dropped; flush again for what is still in flight
+    }
+  }
+}
+
+void RankComm::recover_post(const std::vector<uint8_t>& alive, uint32_t gen) {
+  const int W = recover_words(o_.slots);
+  recov_out_[0] = gen;
+  for (int z = 0; z < o_.slots; ++z) {
+    recov_out_[1 + 2 * z] = slots_[z]->d_epoch;
+    recov_out_[2 + 2 * z] = slots_[z]->c_epoch;
+  }
+  const uint32_t imm = transfer::pack_imm(kRecoverTable, gen & transfer::kImmMaxEpoch, rank_);
+  for (int r = 0; r < o_.shape.num_ranks; ++r)
+    if (alive[r]) engine().write(r, *recov_out_reg_, 0, uint64_t(W) * 4, &recov_peer_[r], uint64_t(rank_) * W * 4, imm);
+}
+
+void RankComm::recover_wait(const std::vector<uint8_t>& alive, uint32_t gen, int phase) {
+  std::vector<int> ranks;
+  for (int r = 0; r < o_.shape.num_ranks; ++r)
+    if (alive[r]) ranks.push_back(r);
+  try {
+    engine().wait_ranks(phase ? kRecoverDone : kRecoverTable, gen & transfer::kImmMaxEpoch, ranks, o_.timeout_s);
+  } catch (const transfer::TimeoutError& e) {
+    throw transfer::TimeoutError(
+        format("jax_moe_a2a recover (rank %d, %s): ranks [%s] did not join the recovery within %.1f s: "
+               "rank_mask must mask every dead rank, and every survivor must call recover() with the same mask",
+               rank_, phase ? "barrier" : "epoch exchange", transfer::join_ranks(e.missing).c_str(), o_.timeout_s),
+        e.arrived, e.expected, e.missing);
+  }
+}
+
+void RankComm::recover_apply(const std::vector<uint8_t>& alive, uint32_t gen) {
+  const int W = recover_words(o_.slots);
+  for (int r = 0; r < o_.shape.num_ranks; ++r)
+    if (alive[r] && recov_in_[int64_t(r) * W] != gen)
+      throw std::runtime_error(format("jax_moe_a2a recover (rank %d): rank %d is at recovery %u, we are at %u "
+                                      "(every survivor must call recover() the same number of times)",
+                                      rank_, r, recov_in_[int64_t(r) * W], gen));
+  // Every survivor has flushed its writes of the failed step (it posted its table after its
+  // flush): what they left in our counters is stale. Drop every protocol arrival (tags < 128),
+  // and recovery arrivals of other generations.
+  const uint32_t g = gen & transfer::kImmMaxEpoch;
+  engine().discard_arrivals([g](uint32_t imm) {
+    const transfer::ImmFields f = transfer::unpack_imm(imm);
+    return f.tag < 128 || ((f.tag == kRecoverTable || f.tag == kRecoverDone) && f.epoch != g);
+  });
+  for (int z = 0; z < o_.slots; ++z) {
+    Slot& sl = *slots_[z];
+    uint32_t d = 0, c = 0;
+    for (int r = 0; r < o_.shape.num_ranks; ++r) {
+      if (!alive[r]) continue;
+      d = std::max(d, recov_in_[int64_t(r) * W + 1 + 2 * z]);
+      c = std::max(c, recov_in_[int64_t(r) * W + 2 + 2 * z]);
+    }
+    // The survivors' highest epochs: no survivor used them yet, and every arrival of an older
+    // epoch was dropped. The first dispatch_send / combine_send waits for no FREE signal (the
+    // barrier below stands for them: no survivor reads any slot any more); an all-zero mask of
+    // the "previous epoch" says exactly that.
+    sl.d_epoch = d;
+    sl.c_epoch = c;
+    sl.d_alive.assign(o_.shape.num_ranks, 0);
+    sl.c_alive.assign(o_.shape.num_ranks, 0);
+  }
+}
+
+void RankComm::recover_done(const std::vector<uint8_t>& alive, uint32_t gen) {
+  const uint32_t imm = transfer::pack_imm(kRecoverDone, gen & transfer::kImmMaxEpoch, rank_);
+  for (int r = 0; r < o_.shape.num_ranks; ++r)
+    if (alive[r]) engine().write(r, *recov_out_reg_, 0, 0, nullptr, 0, imm);
+}
+
 // ---- HostComm and the registry ---------------------------------------------------------------
 
 HostComm::HostComm(const HostOptions& o, std::vector<std::shared_ptr<transfer::Engine>> engines,
@@ -448,15 +564,65 @@ RankComm& HostComm::rank(int r) {
   return *it->second;
 }
 
-void HostComm::fail(const std::string& why) {
+void HostComm::fail(const std::string& why, const std::vector<int>& missing) {
   std::lock_guard<std::mutex> lock(mu_);
   if (failure_.empty()) failure_ = why;
+  for (int r : missing)
+    if (std::find(missing_.begin(), missing_.end(), r) == missing_.end()) missing_.push_back(r);
+  std::sort(missing_.begin(), missing_.end());
 }
 
 void HostComm::check_usable() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.empty())
-    throw std::runtime_error("jax_moe_a2a host communicator is unusable after an earlier failure: " + failure_);
+    throw std::runtime_error("jax_moe_a2a host communicator is unusable after an earlier failure (after a peer "
+                             "failure every survivor calls comm.recover(rank_mask) with the dead ranks masked): " +
+                             failure_);
+}
+
+std::string HostComm::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+std::vector<int> HostComm::failure_missing() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return missing_;
+}
+
+void HostComm::recover(const std::vector<uint8_t>& alive) {
+  const int N = o_.shape.num_ranks;
+  if (int(alive.size()) != N)
+    throw std::invalid_argument(format("jax_moe_a2a recover: rank_mask of %zu entries (expected %d)", alive.size(), N));
+  if (std::none_of(alive.begin(), alive.end(), [](uint8_t a) { return a != 0; }))
+    throw std::invalid_argument("jax_moe_a2a recover: every rank is masked");
+  for (auto& [r, c] : comms_)
+    if (!c->inline_mode())
+      throw std::invalid_argument("jax_moe_a2a recover: not supported by the host backend with proxied=True (the "
+                                  "proxy thread waits for every rank; rank_mask needs the inline mode)");
+  uint32_t gen;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    gen = ++generation_;
+  }
+  std::vector<RankComm*> mine;  // our survivors; a masked local rank takes no part (it touches no peer)
+  for (auto& [r, c] : comms_)
+    if (alive[r]) mine.push_back(c.get());
+  try {
+    for (RankComm* c : mine) c->recover_flush();
+    for (RankComm* c : mine) c->recover_post(alive, gen);
+    for (RankComm* c : mine) c->recover_wait(alive, gen, 0);
+    for (RankComm* c : mine) c->recover_apply(alive, gen);
+    for (RankComm* c : mine) c->recover_done(alive, gen);
+    for (RankComm* c : mine) c->recover_wait(alive, gen, 1);
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_ = std::string("recover() failed: ") + e.what();
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  failure_.clear();
+  missing_.clear();
 }
 
 void HostComm::close() {

@@ -123,8 +123,8 @@ class RankComm {
   int rank() const { return rank_; }
   transfer::Engine& engine() { return ex_->engine(); }
   double timeout_s() const { return o_.timeout_s; }
-  // Descriptors of our remotely written regions, [slot0 d_recv, slot0 c_recv, slot1 ...].
-  std::vector<transfer::Bytes> descriptors() const { return ex_->descriptors(); }
+  // Descriptors of our remotely written regions, [slot0 d_recv, slot0 c_recv, slot1 ..., recovery table].
+  std::vector<transfer::Bytes> descriptors() const;
   // Peers' descriptors in the same order, for every rank (ours included); `locals`: this process's
   // ranks (the node-local path needs every rank of our node among them). Starts the proxy.
   void connect(const std::map<int, std::vector<transfer::Bytes>>& descriptors, const std::map<int, RankComm*>& locals);
@@ -138,6 +138,16 @@ class RankComm {
   void dispatch_recv(const DispatchRecvArgs& a);
   void combine_send(const CombineSendArgs& a);
   void combine_recv(const CombineRecvArgs& a);
+
+  // ---- recovery after a peer failure (HostComm::recover drives the phases on every local rank) --
+  // alive: the survivors (this rank among them; a masked rank does none of this). gen: the
+  // recovery's generation, the same on every survivor.
+  void recover_flush();                                              // our writes done, dead peers' errors dropped
+  void recover_post(const std::vector<uint8_t>& alive, uint32_t gen);  // our epochs to every survivor
+  void recover_wait(const std::vector<uint8_t>& alive, uint32_t gen, int phase);  // phase 0 tables, 1 done
+  void recover_apply(const std::vector<uint8_t>& alive, uint32_t gen);  // drop stale arrivals, agree epochs
+  void recover_done(const std::vector<uint8_t>& alive, uint32_t gen);   // "I have dropped mine"
+  bool inline_mode() const { return !o_.proxied && node_.empty(); }
 
  private:
   struct Slot;
@@ -167,6 +177,11 @@ class RankComm {
   std::vector<std::unique_ptr<Local>> local_;  // per slot: what node-local peers write into us
   std::map<int, RankComm*> node_;              // node-local ranks (ourselves included)
   bool connected_ = false;
+  // Recovery table: [N][kRecoverWords(slots)] uint32 rows that survivors write into us (generation,
+  // then d_epoch, c_epoch per slot), and our own row (the source of those writes).
+  std::vector<uint32_t> recov_in_, recov_out_;
+  std::shared_ptr<transfer::Region> recov_in_reg_, recov_out_reg_;
+  std::vector<transfer::RemoteRegion> recov_peer_;  // [N]
 };
 
 // Every local rank of one communicator's EP group in this process.
@@ -177,9 +192,21 @@ class HostComm {
   RankComm& rank(int r);
   const std::vector<int>& ranks() const { return ranks_; }
   const HostOptions& options() const { return o_; }
-  // Marks the communicator unusable after a failure (timeouts leave peers mid-protocol).
-  void fail(const std::string& why);
+  // Marks the communicator unusable after a failure (timeouts leave peers mid-protocol); `missing`:
+  // the ranks the timed-out wait named (a hint: a live peer that itself failed is named too).
+  void fail(const std::string& why, const std::vector<int>& missing = {});
   void check_usable() const;
+  // The recorded failure ("" if none) and its missing ranks (union over this process's failures).
+  std::string failure() const;
+  std::vector<int> failure_missing() const;
+  // Elastic EP recovery (inline mode): every survivor calls it, with the same mask (1 = survivor),
+  // no step of this communicator in flight. Flushes our writes (dropping the dead peers' write
+  // errors), exchanges every slot's epochs among the survivors through the engines, drops every
+  // stale protocol arrival, sets each slot to the survivors' highest epochs with the first FREE
+  // wait skipped, and barriers; then the communicator is usable again. Bounded by timeout_s; a
+  // survivor that never joins (a mask that still includes a dead rank) raises TimeoutError naming
+  // it and leaves the communicator failed.
+  void recover(const std::vector<uint8_t>& alive);
   void close();
 
  private:
@@ -188,6 +215,8 @@ class HostComm {
   std::map<int, std::unique_ptr<RankComm>> comms_;
   mutable std::mutex mu_;
   std::string failure_;
+  std::vector<int> missing_;
+  uint32_t generation_ = 0;  // recover() calls so far (every survivor counts the same)
 };
 
 // Process-wide table: (communicator id, EP group) -> HostComm. A communicator over one axis of a

@@ -111,6 +111,28 @@ void bind_host(nb::module_& m) {
       "comm_id"_a, "rank"_a, "peers"_a, "group"_a = 0,
       "Connects one local rank to every rank of its EP group: [(rank, address, descriptors)].");
 
+  h.def(
+      "recover",
+      [](int64_t comm_id, const std::vector<int>& alive, int group) {
+        auto comm = host::find_comm(comm_id, group);
+        std::vector<uint8_t> m(alive.begin(), alive.end());
+        for (auto& v : m) v = v != 0;
+        nb::gil_scoped_release release;
+        comm->recover(m);
+      },
+      "comm_id"_a, "alive"_a, "group"_a = 0,
+      "Elastic EP recovery of EP group `group` after a peer failure (every survivor, same mask; docs/protocol.md).");
+
+  h.def(
+      "last_error",
+      [](int64_t comm_id, int group) -> nb::object {
+        auto comm = host::find_comm(comm_id, group);
+        const std::string f = comm->failure();
+        if (f.empty()) return nb::none();
+        return nb::make_tuple(f, comm->failure_missing());
+      },
+      "comm_id"_a, "group"_a = 0, "(failure text, missing ranks) of EP group `group`, or None when usable.");
+
   h.def("destroy", &host::unregister_comm, "comm_id"_a, "Closes the engines and forgets the communicator (every EP group).");
 
   h.def(

@@ -41,6 +41,20 @@ std::vector<std::pair<uint32_t, uint64_t>> ImmCounters::snapshot() const {
   return out;
 }
 
+uint64_t ImmCounters::discard_if(const std::function<bool(uint32_t)>& drop) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t n = 0;
+  for (auto it = counts_.begin(); it != counts_.end();) {
+    if (drop(it->first)) {
+      n += it->second;
+      it = counts_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
 bool ImmCounters::try_consume(uint32_t imm, uint64_t n) {
   std::lock_guard<std::mutex> lock(mu_);
   if (n == 0) return true;

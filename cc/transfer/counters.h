@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -29,6 +30,9 @@ class ImmCounters {
   // For each i with !seen[i]: consumes one arrival of imms[i] if there is one and sets seen[i].
   // Returns how many of the n are seen after the call.
   size_t consume_each(const uint32_t* imms, uint8_t* seen, size_t n);
+  // Drops every unconsumed arrival whose value `drop` accepts; returns how many (recovery after a
+  // failure: stale signals of a step that never finished must not count for a later epoch).
+  uint64_t discard_if(const std::function<bool(uint32_t)>& drop);
 
   // Changes each time arrivals are added (for blocking waits without polling).
   uint64_t version() const { return version_.load(std::memory_order_acquire); }

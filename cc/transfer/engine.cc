@@ -213,6 +213,13 @@ bool Engine::poll_ranks(uint32_t tag, uint32_t epoch, const std::vector<int>& ra
   return await(ready, Clock::now());
 }
 
+uint64_t Engine::discard_arrivals(const std::function<bool(uint32_t)>& drop) {
+  check_open("discard_arrivals");
+  auto never = [] { return false; };
+  await(never, Clock::now());  // one progress pass: arrivals still in the queues
+  return counters_.discard_if(drop);
+}
+
 bool Engine::poll_flush() {
   check_open("poll_flush");
   auto idle = [&] { return pending() == 0; };

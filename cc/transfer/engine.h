@@ -120,6 +120,9 @@ class Engine {
   // completion errors seen since the last flush raise as in flush()).
   bool poll_flush();
   uint64_t count(uint32_t imm) const { return counters_.count(imm); }
+  // Polls the transport once, then drops every unconsumed arrival whose immediate `drop` accepts;
+  // returns how many were dropped (the host backend's recovery after a peer failure).
+  uint64_t discard_arrivals(const std::function<bool(uint32_t)>& drop);
   std::vector<std::pair<uint32_t, uint64_t>> counts() const { return counters_.snapshot(); }
 
   // --- completion and shutdown ------------------------------------------------------------------

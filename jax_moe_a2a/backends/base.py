@@ -171,8 +171,19 @@ class Backend:
         return None
 
     def last_error(self):
-        """A failure the backend recorded out of band (text), or None."""
+        """A failure the backend recorded out of band (text, or the host backend's PeerFailure),
+        or None."""
         return None
+
+    def recover(self, alive) -> None:
+        """Elastic EP: rejoin the survivors `alive` ([N] int32, 1 = survivor) after a peer failure
+        (Communicator.recover). A backend of XLA collectives keeps no state between steps (a
+        no-op); one whose halves wait for peers and does not implement it raises."""
+        if self.xla_collectives:
+            return  # reference / ragged: no per-slot state between steps (their collectives need every process)
+        raise NotImplementedError(f"recover() is not supported by the {self.name} backend yet: its kernels wait "
+                                  "for every rank; a failed communicator cannot be reused (create a new one "
+                                  "without the dead ranks)")
 
     def diagnostics(self) -> dict:
         """What the backend resolved at open (e.g. the fabric provider in use)."""

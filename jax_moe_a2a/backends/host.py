@@ -82,6 +82,29 @@ class HostBackend(FfiBackend):
             self._closed = True
             _ffi.require_native().host.destroy(self.comm_id)  # every group
 
+    # ---- elastic EP recovery (docs/protocol.md "Recovery") ---------------------------------
+    def recover(self, alive):
+        """Every local EP group rejoins the survivors `alive` ([N] int, 1 = survivor) after a peer
+        failure (collective over the survivors; docs/protocol.md "Recovery")."""
+        if self.config.proxied:
+            raise NotImplementedError("recover() is not supported by the host backend with proxied=True: the "
+                                      "proxy thread waits for every rank (use the inline mode, proxied=False)")
+        c = _ffi.require_native()
+        for g in self.members:  # ascending on every process, as at open
+            c.host.recover(self.comm_id, [int(v) for v in alive], g)
+
+    def last_error(self):
+        """A `PeerFailure` (message, missing ranks) after a half failed, until recover; else None."""
+        from ..comm import PeerFailure
+        c = _ffi.require_native()
+        texts, missing = [], set()
+        for g in self.members:
+            got = c.host.last_error(self.comm_id, g)
+            if got is not None:
+                texts.append(got[0])
+                missing.update(got[1])
+        return PeerFailure(texts[0], missing) if texts else None
+
     def proxy_stats(self):
         """Counters of this process's proxy threads ({rank: dict}, proxied mode); flag_path says
         where the proxy's flags live ("mapped-host: <why GDRCopy is not used>" here)."""

@@ -26,6 +26,16 @@ def connect(comm_id: int, rank: int, peers: Sequence[tuple[int, bytes, Sequence[
     Connects one local rank to every rank of its EP group: [(rank, address, descriptors)].
     """
 
+def recover(comm_id: int, alive: Sequence[int], group: int = 0) -> None:
+    """
+    Elastic EP recovery of EP group `group` after a peer failure (every survivor, same mask; docs/protocol.md).
+    """
+
+def last_error(comm_id: int, group: int = 0) -> object:
+    """
+    (failure text, missing ranks) of EP group `group`, or None when usable.
+    """
+
 def destroy(comm_id: int) -> None:
     """Closes the engines and forgets the communicator (every EP group)."""
 

@@ -1,0 +1,140 @@
+"""One process of tests/test_elastic.py::test_recover_after_failure (run under `mpirun -n 3`).
+
+Every process has one CPU device (rank = process index), the host backend over libfabric, with
+timeout_s 3. Step 1 runs on all three with an all-alive mask (a device array: the one compiled
+step every later step reuses). In step 2 the victim (the last process) believes rank 0 is dead
+(mask [0, 1, 1]): it exchanges with rank 1 only and ends for real (os._exit(0) as its step ends,
+no goodbye, nobody waits for it). The survivors run step 2 with every rank alive and fail at
+different points of dispatch_recv: rank 0 waiting for the victim's counts (so it never posts its
+overflow writes), rank 1, which got everything from the victim and posted its own overflow,
+waiting for rank 0's (its timeout names rank 0, a live rank: `missing` is a hint).
+Then the survivors, without waiting for the victim's pid: a recover() with the full mask must
+raise a timeout naming the victim; recover() with the victim masked succeeds, and four more
+steps with that mask are checked against the oracle, in the same compiled step. ELASTIC_OK, or
+ELASTIC_FAIL and exit 1; every wait is bounded.
+"""
+
+import os
+import sys
+import time
+import traceback
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+TIMEOUT = 4.0
+AFTER = 4  # oracle-checked steps after the recovery
+WORKDIR = os.environ.get("ELASTIC_DIR", "/tmp")
+
+
+def log(msg):
+    print(f"[recover p{jax.process_index()}] {msg}", flush=True)
+
+
+def main():
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(heartbeat_timeout_seconds=600)
+    import jax_moe_a2a as a2a
+    from jax_moe_a2a import testing as T
+    from jax_moe_a2a.transfer import TransferTimeoutError
+
+    me, nproc = jax.process_index(), jax.process_count()
+    victim = nproc - 1
+    mesh = T.make_mesh()
+    n = mesh.devices.size
+    spec = a2a.Spec(num_experts=4 * n, experts_per_token=3, hidden=128, max_tokens_per_rank=16)
+    comm = a2a.init(spec, mesh, "ep", backend="host", timeout_s=TIMEOUT,
+                    provider=os.environ.get("ELASTIC_PROVIDER", "shm"))
+
+    def step(seed, mask, check=True):
+        inputs = T.make_inputs(spec, n, seed, num_tokens=spec.max_tokens_per_rank, invalid_frac=0.05,
+                               minus_one_frac=0.05)
+        res = T.run_ops(comm, inputs, rank_mask=mask)
+        if check:
+            live = [r for r in res if mask[r]]
+            T.check_all(comm, inputs, res, rank_mask=mask, ranks=live)
+        return res
+
+    ones = np.ones(n, np.int32)
+    # compile first and meet (files, bounded): a slow compile on one process must not eat the
+    # others' short timeout in step 1
+    T.run_ops(comm, T.make_inputs(spec, n, 1), rank_mask=ones, compile_only=True)
+    open(os.path.join(WORKDIR, f"ready-{me}"), "w").close()
+    t0 = time.time()
+    while not all(os.path.exists(os.path.join(WORKDIR, f"ready-{p}")) for p in range(nproc)):
+        if time.time() - t0 > 120:
+            raise TimeoutError("waited 120 s for the others to compile")
+        time.sleep(0.05)
+    step(1001, ones)
+    log("step 1: all alive, oracle-correct")
+    if me == victim:
+        view = ones.copy()
+        view[0] = 0
+        try:  # it exchanges with rank 1 only, then waits in vain for rank 1's expert outputs
+            step(1002, view, check=False)
+        except jax.errors.JaxRuntimeError:
+            pass
+        print(f"ELASTIC_EXIT process {me} in step 2", flush=True)
+        os._exit(0)
+    t0 = time.time()
+    try:
+        step(1002, ones)
+        raise AssertionError("step 2 passed on a survivor: the victim's failure went unnoticed")
+    except jax.errors.JaxRuntimeError as e:
+        err = comm.last_error()
+        log(f"step 2 failed after {time.time() - t0:.1f} s as expected; last_error().missing = {err.missing}")
+        assert err is not None and err.missing, err
+        # rank 0 waits for the victim's counts (it never posted its overflow writes); rank 1 got
+        # the victim's rows, posted its overflow, and waits for rank 0's (a live rank named)
+        where = "route counts" if me == 0 else "private and overflow rows"
+        assert "dispatch_recv" in str(e) and where in str(e), f"rank {me} should fail at {where}: {e}"
+    # the next op on the failed communicator keeps refusing
+    try:
+        step(1003, ones)
+        raise AssertionError("an op ran on the failed communicator")
+    except jax.errors.JaxRuntimeError as e:
+        assert "unusable after an earlier failure" in str(e), e
+    # a mask that still includes the dead rank: the recovery times out naming it
+    t0 = time.time()
+    try:
+        comm.recover(ones)
+        raise AssertionError("recover() with the dead rank in the mask succeeded")
+    except TransferTimeoutError as e:
+        assert f"ranks [{victim}] did not join the recovery" in str(e), e
+        log(f"recover(all alive) refused after {time.time() - t0:.1f} s, naming rank {victim}")
+    mask = ones.copy()
+    mask[victim] = 0
+    comm.recover(mask)
+    log(f"recovered with mask {mask.tolist()}")
+    masked = 0
+    for i in range(AFTER):
+        res = step(2000 + i, mask)
+        masked += sum(int(res[r]["num_masked"]) for r in res if mask[r])
+    if masked == 0:
+        raise AssertionError("the masked rank's experts received no pairs: the test proves nothing")
+    sizes = sum(f._cache_size() for f in comm._test_steps.values())
+    if sizes != 1:
+        raise AssertionError(f"the step compiled {sizes} times: recovery and a new mask must reuse it")
+    print(f"ELASTIC_OK process {me} steps {AFTER} after recovery", flush=True)
+    open(os.path.join(WORKDIR, f"done-{me}"), "w").close()
+    survivors = [p for p in range(nproc) if p != victim]
+    t0 = time.time()
+    while not all(os.path.exists(os.path.join(WORKDIR, f"done-{p}")) for p in survivors):
+        if time.time() - t0 > 60:
+            raise TimeoutError("waited 60 s for the other survivors")
+        time.sleep(0.05)
+    if me == 0:
+        time.sleep(1.0)  # the coordination service lives here: leave after the others
+    os._exit(0)  # no jax.distributed.shutdown: its barrier would wait for the dead task
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:
+        print(f"ELASTIC_FAIL process {os.environ.get('OMPI_COMM_WORLD_RANK', '?')}:\n{traceback.format_exc()}",
+              flush=True)
+        os._exit(1)
