@@ -109,7 +109,7 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
   }
   ex_ = std::make_unique<protocol::Exchange>(xo, rank, std::move(engine), bufs);
   const int W = recover_words(o.slots);
-  recov_in_.assign(int64_t(o.shape.num_ranks) * W, 0);
+  recov_in_.assign(int64_t(o.shape.N) * W, 0);
   recov_out_.assign(W, 0);
   recov_in_reg_ = ex_->engine().register_memory(recov_in_.data(), recov_in_.size() * 4);
   recov_out_reg_ = ex_->engine().register_memory(recov_out_.data(), recov_out_.size() * 4);
@@ -169,13 +169,13 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
     node_[r] = it->second;
   }
   std::map<int, std::vector<Bytes>> ex_descs;
-  recov_peer_.resize(o_.shape.num_ranks);
+  recov_peer_.resize(o_.shape.N);
   for (const auto& [r, ds] : descs) {
     if (ds.size() != size_t(2 * o_.slots + 1))
       throw std::invalid_argument(format("jax_moe_a2a: rank %d sent %zu descriptors, expected %d", r, ds.size(),
                                          2 * o_.slots + 1));
     ex_descs[r] = std::vector<Bytes>(ds.begin(), ds.end() - 1);
-    if (r >= 0 && r < o_.shape.num_ranks) recov_peer_[r] = engine().remote(ds.back());
+    if (r >= 0 && r < o_.shape.N) recov_peer_[r] = engine().remote(ds.back());
   }
   ex_->connect(ex_descs);
   if (o_.proxied) {
@@ -489,13 +489,13 @@ void RankComm::recover_post(const std::vector<uint8_t>& alive, uint32_t gen) {
     recov_out_[2 + 2 * z] = slots_[z]->c_epoch;
   }
   const uint32_t imm = transfer::pack_imm(kRecoverTable, gen & transfer::kImmMaxEpoch, rank_);
-  for (int r = 0; r < o_.shape.num_ranks; ++r)
+  for (int r = 0; r < o_.shape.N; ++r)
     if (alive[r]) engine().write(r, *recov_out_reg_, 0, uint64_t(W) * 4, &recov_peer_[r], uint64_t(rank_) * W * 4, imm);
 }
 
 void RankComm::recover_wait(const std::vector<uint8_t>& alive, uint32_t gen, int phase) {
   std::vector<int> ranks;
-  for (int r = 0; r < o_.shape.num_ranks; ++r)
+  for (int r = 0; r < o_.shape.N; ++r)
     if (alive[r]) ranks.push_back(r);
   try {
     engine().wait_ranks(phase ? kRecoverDone : kRecoverTable, gen & transfer::kImmMaxEpoch, ranks, o_.timeout_s);
@@ -510,7 +510,7 @@ void RankComm::recover_wait(const std::vector<uint8_t>& alive, uint32_t gen, int
 
 void RankComm::recover_apply(const std::vector<uint8_t>& alive, uint32_t gen) {
   const int W = recover_words(o_.slots);
-  for (int r = 0; r < o_.shape.num_ranks; ++r)
+  for (int r = 0; r < o_.shape.N; ++r)
     if (alive[r] && recov_in_[int64_t(r) * W] != gen)
       throw std::runtime_error(format("jax_moe_a2a recover (rank %d): rank %d is at recovery %u, we are at %u "
                                       "(every survivor must call recover() the same number of times)",
@@ -526,7 +526,7 @@ void RankComm::recover_apply(const std::vector<uint8_t>& alive, uint32_t gen) {
   for (int z = 0; z < o_.slots; ++z) {
     Slot& sl = *slots_[z];
     uint32_t d = 0, c = 0;
-    for (int r = 0; r < o_.shape.num_ranks; ++r) {
+    for (int r = 0; r < o_.shape.N; ++r) {
       if (!alive[r]) continue;
       d = std::max(d, recov_in_[int64_t(r) * W + 1 + 2 * z]);
       c = std::max(c, recov_in_[int64_t(r) * W + 2 + 2 * z]);
@@ -537,14 +537,14 @@ void RankComm::recover_apply(const std::vector<uint8_t>& alive, uint32_t gen) {
     // the "previous epoch" says exactly that.
     sl.d_epoch = d;
     sl.c_epoch = c;
-    sl.d_alive.assign(o_.shape.num_ranks, 0);
-    sl.c_alive.assign(o_.shape.num_ranks, 0);
+    sl.d_alive.assign(o_.shape.N, 0);
+    sl.c_alive.assign(o_.shape.N, 0);
   }
 }
 
 void RankComm::recover_done(const std::vector<uint8_t>& alive, uint32_t gen) {
   const uint32_t imm = transfer::pack_imm(kRecoverDone, gen & transfer::kImmMaxEpoch, rank_);
-  for (int r = 0; r < o_.shape.num_ranks; ++r)
+  for (int r = 0; r < o_.shape.N; ++r)
     if (alive[r]) engine().write(r, *recov_out_reg_, 0, 0, nullptr, 0, imm);
 }
 
@@ -591,7 +591,7 @@ std::vector<int> HostComm::failure_missing() const {
 }
 
 void HostComm::recover(const std::vector<uint8_t>& alive) {
-  const int N = o_.shape.num_ranks;
+  const int N = o_.shape.N;
   if (int(alive.size()) != N)
     throw std::invalid_argument(format("jax_moe_a2a recover: rank_mask of %zu entries (expected %d)", alive.size(), N));
   if (std::none_of(alive.begin(), alive.end(), [](uint8_t a) { return a != 0; }))
