@@ -140,6 +140,12 @@ def expert_fn_jax(spec: Spec, num_ranks: int, got, y_dtype):
 _STEPS: "weakref.WeakKeyDictionary[Communicator, dict]" = weakref.WeakKeyDictionary()
 
 
+def compiled_steps(comm: Communicator) -> dict:
+    """run_ops' jitted steps of `comm`, {variant: jitted function} (empty before the first run):
+    tests count their compilations with `sum(f._cache_size() for f in ...values())`."""
+    return _STEPS.get(comm, {})
+
+
 def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split: bool, slot: int,
              has_map: bool = False, has_mask: bool = False):
     """The jitted per-rank step of run_ops, compiled once per (communicator, variant). With

@@ -80,7 +80,7 @@ def main():
             pid = int(open(pid_file).read())
             wait_for(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 60, f"process {pid} to end")
             log(f"process {victim} (pid {pid}) has ended; going on with it masked")
-    sizes = sum(f._cache_size() for f in comm._test_steps.values())
+    sizes = sum(f._cache_size() for f in T.compiled_steps(comm).values())
     if sizes != 1:
         raise AssertionError(f"the step compiled {sizes} times: a new mask must reuse it")
     print(f"ELASTIC_OK process {me} steps {STEPS}", flush=True)
