@@ -468,7 +468,10 @@ class Communicator:
         """Starts sending expert outputs back to their tokens' ranks.
 
         Args:
-          y: expert outputs in `got.x`'s layout ([R, H] or [L, C, H]), bf16/f16/f32.
+          y: expert outputs in `got.x`'s layout ([R, H] or [L, C, H]), bf16/f16/f32. They travel
+            in their own dtype when it is no wider than Spec.combine_dtype, else they are cast to
+            Spec.combine_dtype first (the combine buffers are sized for it; set combine_dtype
+            f32 to send f32 outputs exactly). Accumulation is f32 either way.
           got: the `Dispatched` of the matching dispatch.
           slot: buffer slot (default: the dispatch's).
         """
@@ -483,6 +486,9 @@ class Communicator:
             raise _shape_err("y", f"shape {list(expected)} (the layout of got.x)", list(y.shape))
         if np.dtype(y.dtype) not in COMBINE_DTYPES:
             raise _shape_err("y", "dtype bf16, f16 or f32", y.dtype)
+        wire = self.spec.combine_wire_dtype(y.dtype)
+        if wire != np.dtype(y.dtype):  # the combine buffers hold rows of Spec.combine_dtype
+            y = y.astype(wire)
         ctx = self._ctx()
         with jax.named_scope("a2a_combine_send"):
             arrays = self._backend.combine_send(ctx, y, got.route, slot, after=after)

@@ -271,13 +271,15 @@ def combine(spec: Spec, inputs: List[RankInputs], expert_fn: Callable, y_dtype,
 
     expert_fn(rows_f32 [n, H], local_expert int) -> [n, H]: the expert applied to dequantised
     received rows (the test applies the same function in JAX); its result is cast to y_dtype
-    (as the expert output travels), then summed in f32 with the router weights.
+    and, when y_dtype is wider than spec.combine_dtype, to the combine dtype (as the expert
+    output travels: `Spec.combine_wire_dtype`), then summed in f32 with the router weights.
     expert_map: logical -> physical map applied first (expert_fn sees physical local experts).
     rank_mask: [N] alive flags: pairs to or from masked ranks contribute nothing; a masked rank's
     output is 0 (or `out`).
     """
     inputs = map_experts(spec, inputs, expert_map, rank_mask)
     inputs, _ = mask_pairs(spec, inputs, rank_mask)
+    wire = spec.combine_wire_dtype(y_dtype)
     n = len(inputs)
     l_count = spec.local_experts(n)
     tp = spec.tp_size
@@ -305,7 +307,8 @@ def combine(spec: Spec, inputs: List[RankInputs], expert_fn: Callable, y_dtype,
             for k in range(inp.topk_ids.shape[1]):
                 ex = int(inputs[s].topk_ids[t, k])
                 if routed[t, k] and (s, t, ex) in kept:
-                    y = np.asarray(expert_fn(row[None], ex % l_count)).astype(y_dtype).astype(np.float32)[0]
+                    y = np.asarray(expert_fn(row[None], ex % l_count)).astype(y_dtype)
+                    y = y.astype(wire).astype(np.float32)[0]
                     acc[t] += np.float32(inputs[s].topk_weights[t, k]) * y
         if out is not None:
             acc = acc + np.asarray(out[r]).astype(np.float32)

@@ -141,6 +141,12 @@ class Spec:
             return (self.recv_rows(num_ranks),)
         return (self.local_experts(num_ranks), self.recv_rows(num_ranks))
 
+    def combine_wire_dtype(self, y_dtype) -> np.dtype:
+        """The dtype combine_send's y travels in: its own when no wider than combine_dtype, else
+        combine_dtype (the combine buffers hold rows of combine_dtype; accumulation is f32)."""
+        y_dtype = np.dtype(y_dtype)
+        return y_dtype if y_dtype.itemsize <= self.combine_dtype.itemsize else self.combine_dtype
+
     def token_bytes(self) -> int:
         """Bytes one dispatched row carries on the wire (payload + fp8 scales)."""
         return self.hidden * self.dispatch_dtype.itemsize + 4 * self.num_scales

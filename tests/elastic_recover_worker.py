@@ -35,19 +35,11 @@ def log(msg):
 
 
 def main():
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(heartbeat_timeout_seconds=600)
-    import jax_moe_a2a as a2a
-    from jax_moe_a2a import testing as T
+    from elastic_common import start
     from jax_moe_a2a.transfer import TransferTimeoutError
 
-    me, nproc = jax.process_index(), jax.process_count()
+    _, T, me, nproc, _, n, spec, comm = start(timeout_s=TIMEOUT)
     victim = nproc - 1
-    mesh = T.make_mesh()
-    n = mesh.devices.size
-    spec = a2a.Spec(num_experts=4 * n, experts_per_token=3, hidden=128, max_tokens_per_rank=16)
-    comm = a2a.init(spec, mesh, "ep", backend="host", timeout_s=TIMEOUT,
-                    provider=os.environ.get("ELASTIC_PROVIDER", "shm"))
 
     def step(seed, mask, check=True):
         inputs = T.make_inputs(spec, n, seed, num_tokens=spec.max_tokens_per_rank, invalid_frac=0.05,

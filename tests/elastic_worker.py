@@ -39,20 +39,10 @@ def wait_for(cond, timeout, what):
 
 
 def main():
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    # A long heartbeat timeout: the coordination service must not declare the job failed (and
-    # stop the survivors) because of the dead task during the few seconds this run takes.
-    jax.distributed.initialize(heartbeat_timeout_seconds=600)
-    import jax_moe_a2a as a2a
-    from jax_moe_a2a import testing as T
+    from elastic_common import start
 
-    me, nproc = jax.process_index(), jax.process_count()
+    _, T, me, nproc, _, n, spec, comm = start(timeout_s=10)
     victim = nproc - 1
-    mesh = T.make_mesh()
-    n = mesh.devices.size
-    spec = a2a.Spec(num_experts=4 * n, experts_per_token=3, hidden=128, max_tokens_per_rank=16)
-    comm = a2a.init(spec, mesh, "ep", backend="host", timeout_s=10,
-                     provider=os.environ.get("ELASTIC_PROVIDER", "shm"))
     log(f"{comm!r}")
     for step in range(1, STEPS + 1):
         mask = np.ones(n, np.int32)

@@ -70,6 +70,7 @@ def test_native_config_and_its_shape(spec):
         spec.tp_size, spec.num_scales)
     assert s["P"] == spec.rows_per_peer(8) and s["capacity"] == spec.recv_rows(8)
     assert s["payload"] == spec.hidden * spec.dispatch_dtype.itemsize
+    assert s["c_row"] == spec.hidden * spec.combine_dtype.itemsize
     assert s["row"] == -(-(spec.token_bytes() + 8) // 16) * 16
     assert s["wire_kind"] == int(Dtype.of(spec.dispatch_dtype)) and s["layout"] == int(Layout.of(spec.layout))
 
@@ -89,29 +90,31 @@ def _pad(b):
     return (b + 15) // 16 * 16
 
 
-def _host_bytes_before(spec, n, priv_rows):
-    """The host backend's size as Python computed it before C++ reported it (SlotLayout)."""
+def _host_bytes(spec, n, priv_rows):
+    """The host backend's size by its formula (protocol::SlotLayout): combine rows of H values of
+    Spec.combine_dtype (a wider y is cast to it before combine_send)."""
     l_count, p = spec.local_experts(n), spec.rows_per_peer(n)
     priv = p if priv_rows is None else min(priv_rows, p)
     row = _pad(spec.hidden * spec.dispatch_dtype.itemsize + 4 * spec.num_scales + 8)
     d_recv = _pad(n * n * l_count * 4) + n * priv * row + n * (p - priv) * row
     d_send = _pad(n * l_count * 4) + n * p * row
-    return spec.slots * (d_recv + d_send + n * p * spec.hidden * 4 + n * spec.tp_size * p * spec.hidden * 4)
+    c_row = spec.hidden * spec.combine_dtype.itemsize
+    return spec.slots * (d_recv + d_send + n * p * c_row + n * spec.tp_size * p * c_row)
 
 
-def _cuda_bytes_before(spec, n):
-    """cuda::finish_geometry's shared + private bytes (before make_geometry replaced it)."""
+def _cuda_bytes(spec, n):
+    """cuda::make_geometry's shared + private bytes by formula (combine rows in the combine dtype)."""
     l_count, p, t = spec.local_experts(n), spec.rows_per_peer(n), spec.max_tokens_per_rank
     row = _pad(spec.hidden * spec.dispatch_dtype.itemsize + 4 * spec.num_scales + 8)
     off_rows = _pad(4 * 64 * 8) + _pad(n * l_count * 4)
-    shared = _pad(off_rows + n * p * row + n * spec.tp_size * p * spec.hidden * 4)
+    shared = _pad(off_rows + n * p * row + n * spec.tp_size * p * spec.hidden * spec.combine_dtype.itemsize)
     scratch = 4 * (2 * t * spec.experts_per_token + 2 * spec.tp_size * spec.num_experts)
     private = _pad(t * row + _pad(scratch) + 48)
     return spec.slots * (shared + private)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=["bf16", "fp8-capacity", "f32-tp2-expert-major"])
-def test_buffer_sizes_come_from_cpp_unchanged(spec):
+def test_buffer_sizes_come_from_cpp(spec):
     c = _native()
     n = 8
     if c.built_with_libfabric():
@@ -119,19 +122,19 @@ def test_buffer_sizes_come_from_cpp_unchanged(spec):
         for priv in (None, 0, 3):
             cfg = Config.build(spec, n, "host", options={} if priv is None else {"max_private_tokens": priv})
             regions = HostBackend().buffer_regions(cfg)
-            assert sum(regions.values()) == HostBackend().buffer_bytes(cfg) == _host_bytes_before(spec, n, priv)
+            assert sum(regions.values()) == HostBackend().buffer_bytes(cfg) == _host_bytes(spec, n, priv)
     if c.built_with_cuda():
         from jax_moe_a2a.backends.cuda import CudaBackend
         cfg = Config.build(spec, n, "cuda")
         regions = CudaBackend().buffer_regions(cfg)
-        assert CudaBackend().buffer_bytes(cfg) == sum(regions.values()) == _cuda_bytes_before(spec, n)
+        assert CudaBackend().buffer_bytes(cfg) == sum(regions.values()) == _cuda_bytes(spec, n)
         assert not any(k.startswith("remote_") for k in regions)
         if c.built_with_libfabric():  # peers on other nodes: the pinned host buffers are listed, not counted
             far = Config.build(spec, n, "cuda", options={"node_size": 4})
             r = CudaBackend().buffer_regions(far)
             assert {k for k in r if k.startswith("remote_")} == {
                 "remote_dispatch_send", "remote_dispatch_recv", "remote_combine_send", "remote_combine_recv"}
-            assert CudaBackend().buffer_bytes(far) == _cuda_bytes_before(spec, n)
+            assert CudaBackend().buffer_bytes(far) == _cuda_bytes(spec, n)
     if c.built_with_nvshmem():
         from jax_moe_a2a.backends.nvshmem import NvshmemBackend
         cfg = Config.build(spec, n, "nvshmem")
@@ -165,3 +168,22 @@ def test_backend_contract_is_declared():
                  "buffer_bytes", "transport"):
         assert callable(getattr(Backend, name)), name
     assert not hasattr(Backend, "init")
+
+
+def test_ep8_decode_buffers():
+    """Issue 15 item 4, computed for EP8 without eight GPUs: DeepSeek-V3 decode (E=256, top-8,
+    H=7168, T=128 per rank, fp8 dispatch, bf16 combine, two slots) on the cuda backend. The
+    combine region holds bf16 rows (it held f32 rows before: 565.6 MiB per rank), so 341.6 MiB."""
+    c = _native()
+    if not c.built_with_cuda():
+        pytest.skip("built without the CUDA kernels")
+    from jax_moe_a2a.backends.cuda import CudaBackend
+    spec = a2a.Spec(num_experts=256, experts_per_token=8, hidden=7168, max_tokens_per_rank=128,
+                    dispatch_dtype=jnp.float8_e4m3fn, combine_dtype=jnp.bfloat16, slots=2)
+    cfg = Config.build(spec, 8, "cuda")
+    regions = CudaBackend().buffer_regions(cfg)
+    total = CudaBackend().buffer_bytes(cfg)
+    assert total == sum(regions.values()) == _cuda_bytes(spec, 8) == 358_176_864
+    assert regions["shared_combine_rows"] == 2 * 8 * 1024 * 7168 * 2  # [N][tp][P][H] bf16, per slot
+    assert regions["shared_dispatch_rows"] == 2 * 8 * 1024 * 7408     # [N src][P][row], fp8 rows + scales
+    assert total / 2**20 < 342

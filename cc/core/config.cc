@@ -33,6 +33,7 @@ MoeShape shape_of(const Config& c) {
   s.pow2 = c.pow2_scale ? 1 : 0;
   s.payload = int64_t(s.H) * elem_bytes(c.dispatch_dtype);
   s.row = pad16(s.payload + 4 * int64_t(s.S) + 8);
+  s.c_row = int64_t(s.H) * elem_bytes(c.combine_dtype);
   return s;
 }
 

@@ -5,12 +5,7 @@
 
 #include <cstdint>
 
-// Host and device inline (the same definition as core/fp8.h's; empty of CUDA outside nvcc).
-#if defined(__CUDACC__)
-#define A2A_HD __host__ __device__ __forceinline__
-#else
-#define A2A_HD inline
-#endif
+#include "core/hd.h"
 
 namespace a2a {
 

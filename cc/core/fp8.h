@@ -15,11 +15,7 @@
 #include <cstring>
 #include <cmath>
 
-#if defined(__CUDACC__)
-#define A2A_HD __host__ __device__ __forceinline__
-#else
-#define A2A_HD inline
-#endif
+#include "core/hd.h"
 
 namespace a2a {
 

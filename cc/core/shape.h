@@ -30,6 +30,8 @@ struct MoeShape {
   int pow2;          // fp8 scales rounded up to powers of two
   int64_t row;       // bytes of one wire row: payload, scales, token, weight; 16-byte multiple
   int64_t payload;   // H * wire element bytes
+  int64_t c_row;     // bytes of one combine row: H * itemsize(combine dtype); combine_send's y travels
+                     // in its own dtype when no wider, else Python casts it to the combine dtype first
 
   A2A_HD int local_experts() const { return L; }
   A2A_HD int tokens_per_member() const { return (T + tp - 1) / tp; }

@@ -144,7 +144,11 @@ struct Handlers {
       p->y_kind = kind_of(y.element_type());
       p->recv_counts = recv_counts.typed_data();
       p->handle = handle->typed_data();
-      return p->y_kind >= 0 && p->y_kind != 3;
+      if (p->y_kind < 0 || p->y_kind == 3) return false;
+      // The combine region holds rows of the combine dtype (MoeShape::c_row); Python casts a wider y.
+      if (int64_t(p->g.H) * elem_bytes(static_cast<ElemKind>(p->y_kind)) > p->g.c_stride_max)
+        throw std::invalid_argument("y's dtype is wider than Spec.combine_dtype, which the combine buffers are sized for");
+      return true;
     });
   }
 

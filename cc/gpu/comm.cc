@@ -9,7 +9,7 @@ namespace a2a::cuda {
 Geometry make_geometry(const MoeShape& s) {
   Geometry g{};
   static_cast<MoeShape&>(g) = s;
-  g.c_stride_max = int64_t(g.H) * 4;
+  g.c_stride_max = g.c_row;  // combine rows in the combine dtype (y is cast to it when wider)
   g.off_counts = pad16(sizeof(SyncFlags));
   g.off_rows = g.off_counts + pad16(int64_t(g.N) * g.L * 4);
   g.off_c_rows = g.off_rows + int64_t(g.N) * g.P * g.row;

@@ -2,7 +2,7 @@
 // layout of one rank's communication memory. Shapes and dtypes are given per field.
 //
 // Per rank, one device allocation shared with peers (CUDA IPC, or peer access in-process):
-//   for each slot: SyncFlags | counts [N src][L] int32 | rows [N src][P][row] | c_rows [N][tp][P][H*4]
+//   for each slot: SyncFlags | counts [N src][L] int32 | rows [N src][P][row] | c_rows [N][tp][P][c_row]
 // and one private allocation: for each slot: staging [T][row] | scratch (int32) | epochs.
 #pragma once
 
@@ -49,7 +49,7 @@ struct Geometry : MoeShape {
   int64_t off_counts, off_rows, off_c_rows, shared_slot_bytes;
   // private slot area
   int64_t off_staging, off_scratch, off_epochs, private_slot_bytes;
-  int64_t c_stride_max;  // H * 4
+  int64_t c_stride_max;  // bytes of the widest combine row: c_row = H * itemsize(combine dtype)
 };
 
 // The inter-node path of one slot (device functions in cuda/remote.cuh, host side in

@@ -75,7 +75,7 @@ std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
 struct RankComm::Local {
   std::vector<uint8_t> rows;     // [N src][P][row]
   std::vector<int32_t> counts;   // [N src][L]
-  std::vector<uint8_t> c_rows;   // [N expert rank][tp][P][H*4]
+  std::vector<uint8_t> c_rows;   // [N expert rank][tp][P][c_row]
   std::vector<uint64_t> d_arrived, d_free, c_arrived, c_free;  // [N]
 };
 

@@ -4,9 +4,9 @@
 //
 // Per rank, one block of the NVSHMEM symmetric heap; per slot (all symmetric: peers write the
 // shared part, puts read the private part):
-//   shared:  Signals | meta [N src][L + 2P] int32 | rows [N src][P][row] | c_rows [N exp][tp][P][H*4]
+//   shared:  Signals | meta [N src][L + 2P] int32 | rows [N src][P][row] | c_rows [N exp][tp][P][c_row]
 //   private: cuda private area (staging [T][row], scratch, Epochs) | meta_stage [N dest][L + 2P] int32
-//            | seen [2][N] uint64 | zero row [H*4]
+//            | seen [2][N] uint64 | zero row [c_row]
 // meta block of one (source -> receiver) pair: counts [L] (rows per local expert), then (token
 // int32, weight f32 bits) for each of the source's P row slots; only the first rows_from are sent.
 #pragma once

@@ -39,7 +39,7 @@ SlotLayout::SlotLayout(const ExchangeOptions& o) {
   d_recv_bytes = over_off + int64_t(N) * (P - priv) * row;
   d_send_rows_off = pad16(int64_t(N) * L * 4);
   d_send_bytes = d_send_rows_off + int64_t(N) * P * row;
-  c_row_stride_max = int64_t(s.H) * 4;
+  c_row_stride_max = s.c_row;  // the combine dtype: wider y is cast to it before combine_send
   c_send_bytes = int64_t(N) * P * c_row_stride_max;
   c_recv_bytes = int64_t(N) * s.tp * P * c_row_stride_max;
 }

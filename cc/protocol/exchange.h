@@ -52,9 +52,9 @@ struct SlotLayout {
   int64_t d_recv_bytes;
   int64_t d_send_rows_off;   // d_send: our [N*L] counts, then [N dest][P][row]
   int64_t d_send_bytes;
-  int64_t c_row_stride_max;  // H * 4 (f32 outputs at most)
-  int64_t c_send_bytes;      // [N src][P][H*4]
-  int64_t c_recv_bytes;      // [N expert rank][tp][P][H*4]
+  int64_t c_row_stride_max;  // MoeShape::c_row = H * itemsize(combine dtype): the widest y row
+  int64_t c_send_bytes;      // [N src][P][c_row]
+  int64_t c_recv_bytes;      // [N expert rank][tp][P][c_row]
   int P, priv;
   int64_t row;
 };
