@@ -48,20 +48,24 @@ def _after(gate, tree):
     return jax.tree_util.tree_map(one, tree)
 
 
-class PeerFailure(tuple):
-    """What the host backend recorded when a half failed: `message` (the first failure's text)
-    and `missing` (sorted ranks that timed-out waits named, over this process's ranks and EP
-    groups). `missing` is a hint, not the set of dead ranks: a survivor that failed earlier in
-    the same step never sent what the others waited for, so it is named too."""
+class PeerFailure(str):
+    """What the host backend recorded when a half failed: the text of the first failure (it is a
+    str, so code that reads `last_error()` as text keeps working; also `.message`) and `missing`
+    (sorted ranks that timed-out waits named, over this process's ranks and EP groups).
+    `missing` is a hint, not the set of dead ranks: a survivor that failed earlier in the same
+    step never sent what the others waited for, so it is named too."""
 
     def __new__(cls, message: str, missing):
-        return super().__new__(cls, (message, tuple(sorted(set(int(r) for r in missing)))))
+        self = super().__new__(cls, message)
+        self.missing = tuple(sorted(set(int(r) for r in missing)))
+        return self
 
-    message = property(lambda self: self[0])
-    missing = property(lambda self: self[1])
+    @property
+    def message(self) -> str:
+        return str.__str__(self)
 
-    def __str__(self):
-        return self.message
+    def __repr__(self):
+        return f"PeerFailure({self.message!r}, missing={self.missing})"
 
 
 class DroppedRowsError(RuntimeError):

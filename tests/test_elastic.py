@@ -469,6 +469,8 @@ def test_recover_checks(num_ranks, mesh):
     with pytest.raises(ValueError, match="every rank is masked"):
         comm.recover(np.zeros(n, bool))
     comm.recover(np.ones(n, bool))  # reference: nothing to reset
+    pf = a2a.PeerFailure("dispatch_recv: ranks [2, 1] did not arrive", [2, 1, 2])
+    assert pf.missing == (1, 2) and pf.message == pf and "x: " + pf == "x: " + pf.message  # reads as text
     from jax_moe_a2a.backends.base import Backend
     from jax_moe_a2a.backends.cuda import CudaBackend
     from jax_moe_a2a.backends.nvshmem import NvshmemBackend

@@ -39,6 +39,8 @@ CASES = [
     ("f32-wire-f32-out", dict(dispatch_dtype=jnp.float32, combine_dtype=jnp.float32), {}, dict(y_dtype=jnp.float32)),
     ("f16-wire", dict(dispatch_dtype=jnp.float16, combine_dtype=jnp.float16), dict(input_dtype=jnp.float16),
      dict(y_dtype=jnp.float16)),
+    # y wider than the combine dtype travels cast to it (the combine buffers hold bf16 rows)
+    ("f32-y-bf16-combine", dict(dispatch_dtype=jnp.float32), {}, dict(y_dtype=jnp.float32)),
     ("expert-major", dict(layout="expert_major"), {}, {}),
     ("expert-major-fp8", dict(layout="expert_major", dispatch_dtype=FP8), {}, {}),
     ("one-hot-expert", {}, dict(routing="one_hot"), {}),
