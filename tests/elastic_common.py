@@ -5,6 +5,7 @@ takes), and the host backend on a small spec. Imported by the workers only, afte
 environment (sys.path has tests/ first: the worker's own directory)."""
 
 import os
+import traceback
 
 import jax
 
@@ -23,3 +24,14 @@ def start(timeout_s):
     comm = a2a.init(spec, mesh, "ep", backend="host", timeout_s=timeout_s,
                     provider=os.environ.get("ELASTIC_PROVIDER", "shm"))
     return a2a, testing, jax.process_index(), jax.process_count(), mesh, n, spec, comm
+
+
+def run(main):
+    """Runs a worker's main(): any failure prints ELASTIC_FAIL with the traceback and ends the
+    process with exit code 1 at once (no jax.distributed.shutdown: it would wait for the dead task)."""
+    try:
+        main()
+    except BaseException:
+        print(f"ELASTIC_FAIL process {os.environ.get('OMPI_COMM_WORLD_RANK', '?')}:\n{traceback.format_exc()}",
+              flush=True)
+        os._exit(1)

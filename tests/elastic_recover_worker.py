@@ -17,7 +17,6 @@ ELASTIC_FAIL and exit 1; every wait is bounded.
 import os
 import sys
 import time
-import traceback
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -124,9 +123,6 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        print(f"ELASTIC_FAIL process {os.environ.get('OMPI_COMM_WORLD_RANK', '?')}:\n{traceback.format_exc()}",
-              flush=True)
-        os._exit(1)
+    from elastic_common import run
+
+    run(main)

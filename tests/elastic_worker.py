@@ -14,7 +14,6 @@ coordination service) last. Any failure prints ELASTIC_FAIL and exits 1; every w
 import os
 import sys
 import time
-import traceback
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -92,9 +91,6 @@ def _zombie(pid):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        print(f"ELASTIC_FAIL process {os.environ.get('OMPI_COMM_WORLD_RANK', '?')}:\n{traceback.format_exc()}",
-              flush=True)
-        os._exit(1)
+    from elastic_common import run
+
+    run(main)
