@@ -197,7 +197,7 @@ class Communicator:
         self.collect_stats = bool(collect_stats) or self.debug
         self._backend = _backends.create(backend)
         self.backend_name = self._backend.name
-        self.options = check_options(self._backend, options)
+        self.options = dict(options)  # Config.build refuses a name the backend does not declare
         self.config = Config.build(spec, self.num_ranks, self._backend, timeout_s=self.timeout_s,
                                    options=self.options)
         self.comm_id = next(_COMM_IDS)
