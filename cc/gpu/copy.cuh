@@ -34,8 +34,12 @@ __device__ __forceinline__ float load_f32(const uint8_t* p) { return __uint_as_f
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // The calling warp copies `bytes` bytes: 16-byte volatile loads when both ends are 16-byte aligned
-// (rows of XLA arrays are not when H * element size % 16 != 0), bytes otherwise. A lane issues four
-// 16-byte loads before their stores, so that four loads per lane are in flight.
+// (rows of XLA arrays are not when H * element size % 16 != 0), bytes otherwise. A lane issues
+// kCopyBatch 16-byte loads (predicated past the end) before any of their stores, so that a lane's
+// whole share of a decode row segment is in flight at once: with a batch of 4 and a serial tail,
+// a 3.5 KB segment (7 vectors a lane) took four load latencies, the profile's top stall in
+// dispatch_recv and combine_send (2026-12-01, third session).
+constexpr int kCopyBatch = 8;
 __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
   if (!aligned16(dst) || !aligned16(src)) {
     for (int64_t i = lane; i < bytes; i += 32) dst[i] = src[i];
@@ -44,16 +48,15 @@ __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int6
   const int64_t nv = bytes / 16;
   const int4* s4 = reinterpret_cast<const int4*>(src);
   int4* d4 = reinterpret_cast<int4*>(dst);
-  int64_t i = lane;
-  for (; i + 96 < nv; i += 128) {
-    const int4 a = ptx::ld_volatile_v4(s4 + i), b = ptx::ld_volatile_v4(s4 + i + 32);
-    const int4 c = ptx::ld_volatile_v4(s4 + i + 64), d = ptx::ld_volatile_v4(s4 + i + 96);
-    d4[i] = a;
-    d4[i + 32] = b;
-    d4[i + 64] = c;
-    d4[i + 96] = d;
+  for (int64_t i0 = lane; i0 < nv; i0 += 32 * kCopyBatch) {
+    int4 v[kCopyBatch];
+#pragma unroll
+    for (int u = 0; u < kCopyBatch; ++u)
+      if (i0 + 32 * u < nv) v[u] = ptx::ld_volatile_v4(s4 + i0 + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kCopyBatch; ++u)
+      if (i0 + 32 * u < nv) d4[i0 + 32 * u] = v[u];
   }
-  for (; i < nv; i += 32) d4[i] = ptx::ld_volatile_v4(s4 + i);
   for (int64_t i = nv * 16 + lane; i < bytes; i += 32) dst[i] = src[i];
 }
 

@@ -21,73 +21,119 @@ constexpr int kReduceVec = 8;
 constexpr int kReduceSegment = 32 * kReduceVec;
 constexpr int kReduceBatch = 8;
 
+// 8 consecutive elements of kind Kind (0 f32, 1 bf16, 2 f16) at element h of `row`, as raw 16-byte
+// vectors (two for f32), then as f32. Split so that a batch of rows' loads is issued before any
+// conversion waits on one: with the kind chosen at run time inside the batch loop, each load sat
+// in its own branch next to its conversion and the batch's eight loads ran one after another
+// (combine_recv's top stall in the 2026-12-01 profile, third session).
+template <int Kind>
+__device__ __forceinline__ void load_raw8(const uint8_t* row, int64_t h, int4 r[2]) {
+  if constexpr (Kind == 0) {
+    const int4* p = reinterpret_cast<const int4*>(row + h * 4);
+    r[0] = ptx::ld_volatile_v4(p);
+    r[1] = ptx::ld_volatile_v4(p + 1);
+  } else {
+    r[0] = ptx::ld_volatile_v4(reinterpret_cast<const int4*>(row + h * 2));
+  }
+}
+template <int Kind>
+__device__ __forceinline__ void raw8_to_f32(const int4 r[2], float v[8]) {
+  if constexpr (Kind == 0) {
+    const int w[8] = {r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = __int_as_float(w[j]);
+  } else {
+    const uint32_t w[4] = {uint32_t(r[0].x), uint32_t(r[0].y), uint32_t(r[0].z), uint32_t(r[0].w)};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (Kind == 1) {
+        v[2 * j] = __uint_as_float(w[j] << 16);
+        v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+      } else {
+        v[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xffffu)));
+        v[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
+      }
+    }
+  }
+}
+
+// The vector path of reduce_combine for y rows of kind YKind (H % 8 == 0, 16-byte aligned buffers).
+template <int YKind, typename RowFn>
+__device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
+  const Geometry& g = P.g;
+  const int64_t segs = (g.H + kReduceSegment - 1) / kReduceSegment;
+  for (int64_t w = ix.gwarp; w < int64_t(g.T) * segs; w += ix.nwarps) {
+    const int t = static_cast<int>(w / segs);
+    const int64_t h = (w % segs) * kReduceSegment + int64_t(ix.lane) * kReduceVec;
+    const bool on = h < g.H;  // lanes past H only take part in the shuffles below
+    float acc[kReduceVec];
+#pragma unroll
+    for (int i = 0; i < kReduceVec; ++i) acc[i] = 0.f;
+    float o[kReduceVec];  // out_in's values, loaded first so that their latency overlaps the rows'
+    if (on && P.out_in) load_vec8(P.out_in, int64_t(t) * g.H + h, P.out_in_kind, o);
+    // Pairs in chunks of 32: lane i loads pair i's dest, slot and weight (one round of loads
+    // instead of a dependent chain per pair), then kReduceBatch pairs' 16-byte row loads are
+    // issued back to back and accumulated in k order.
+    for (int kc = 0; kc < g.K; kc += 32) {
+      int my_d = -1, my_slot = 0;
+      float my_w = 0.f;
+      if (kc + ix.lane < g.K && t < n) {
+        const int64_t q = int64_t(t) * g.K + kc + ix.lane;
+        my_d = P.dest[q];  // the three loads are independent: one latency, not a chain
+        my_slot = P.pair_slot[q];
+        my_w = P.weights[q];
+        if (my_d < 0 || my_d >= g.N) my_d = -1;
+      }
+      const int kn = min(32, g.K - kc);
+      for (int k0 = 0; k0 < kn; k0 += kReduceBatch) {
+        int4 raw[kReduceBatch][2];
+        float wt[kReduceBatch];
+        bool has[kReduceBatch];
+#pragma unroll
+        for (int u = 0; u < kReduceBatch; ++u) {  // every load of the batch first
+          const int src = min(k0 + u, 31);
+          const int d = __shfl_sync(0xffffffffu, my_d, src);
+          const int slot = __shfl_sync(0xffffffffu, my_slot, src);
+          wt[u] = __shfl_sync(0xffffffffu, my_w, src);
+          has[u] = on && k0 + u < kn && d >= 0;
+          raw[u][0] = raw[u][1] = make_int4(0, 0, 0, 0);
+          if (has[u]) load_raw8<YKind>(row(t, d, slot), h, raw[u]);
+        }
+        float v[kReduceBatch][kReduceVec];
+#pragma unroll
+        for (int u = 0; u < kReduceBatch; ++u) {  // then the conversions
+          raw8_to_f32<YKind>(raw[u], v[u]);
+          if (!has[u]) wt[u] = 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < kReduceBatch; ++u) {
+          if (k0 + u >= kn) break;
+#pragma unroll
+          for (int i = 0; i < kReduceVec; ++i) acc[i] = fmaf(wt[u], v[u][i], acc[i]);
+          if (on && P.pairs) store_vec8(P.pairs, (int64_t(t) * g.K + kc + k0 + u) * g.H + h, 0, v[u]);
+        }
+      }
+    }
+    if (!on) continue;
+    if (P.out_in) {
+#pragma unroll
+      for (int i = 0; i < kReduceVec; ++i) acc[i] += o[i];
+    }
+    store_vec8(P.out, int64_t(t) * g.H + h, P.out_kind, acc);
+  }
+}
+
 template <typename RowFn>
 __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
   const Geometry& g = P.g;
   const bool vec = g.H % kReduceVec == 0 && P.y_kind != 3 && P.out_kind != 3 && (!P.out_in || P.out_in_kind != 3) &&
                    aligned16(P.out) && aligned16(P.out_in) && aligned16(P.pairs);  // XLA's buffers (ours are padded)
   if (vec) {
-    const int64_t segs = (g.H + kReduceSegment - 1) / kReduceSegment;
-    for (int64_t w = ix.gwarp; w < int64_t(g.T) * segs; w += ix.nwarps) {
-      const int t = static_cast<int>(w / segs);
-      const int64_t h = (w % segs) * kReduceSegment + int64_t(ix.lane) * kReduceVec;
-      const bool on = h < g.H;  // lanes past H only take part in the shuffles below
-      float acc[kReduceVec];
-#pragma unroll
-      for (int i = 0; i < kReduceVec; ++i) acc[i] = 0.f;
-      // Pairs in chunks of 32: lane i loads pair i's dest, slot and weight (one round of loads
-      // instead of a dependent chain per pair), then kReduceBatch pairs' 16-byte row loads are
-      // issued back to back and accumulated in k order.
-      for (int kc = 0; kc < g.K; kc += 32) {
-        int my_d = -1, my_slot = 0;
-        float my_w = 0.f;
-        if (kc + ix.lane < g.K && t < n) {
-          const int64_t q = int64_t(t) * g.K + kc + ix.lane;
-          my_d = P.dest[q];
-          if (my_d >= 0 && my_d < g.N) {
-            my_slot = P.pair_slot[q];
-            my_w = P.weights[q];
-          } else {
-            my_d = -1;
-          }
-        }
-        const int kn = min(32, g.K - kc);
-        for (int k0 = 0; k0 < kn; k0 += kReduceBatch) {
-          float v[kReduceBatch][kReduceVec];
-          float wt[kReduceBatch];
-#pragma unroll
-          for (int u = 0; u < kReduceBatch; ++u) {
-            const int src = min(k0 + u, 31);
-            const int d = __shfl_sync(0xffffffffu, my_d, src);
-            const int slot = __shfl_sync(0xffffffffu, my_slot, src);
-            wt[u] = __shfl_sync(0xffffffffu, my_w, src);
-            if (on && k0 + u < kn && d >= 0) {
-              load_vec8(row(t, d, slot), h, P.y_kind, v[u]);
-            } else {
-              wt[u] = 0.f;
-#pragma unroll
-              for (int i = 0; i < kReduceVec; ++i) v[u][i] = 0.f;
-            }
-          }
-#pragma unroll
-          for (int u = 0; u < kReduceBatch; ++u) {
-            if (k0 + u >= kn) break;
-#pragma unroll
-            for (int i = 0; i < kReduceVec; ++i) acc[i] = fmaf(wt[u], v[u][i], acc[i]);
-            if (on && P.pairs) store_vec8(P.pairs, (int64_t(t) * g.K + kc + k0 + u) * g.H + h, 0, v[u]);
-          }
-        }
-      }
-      if (!on) continue;
-      if (P.out_in) {
-        float o[kReduceVec];
-        load_vec8(P.out_in, int64_t(t) * g.H + h, P.out_in_kind, o);
-#pragma unroll
-        for (int i = 0; i < kReduceVec; ++i) acc[i] += o[i];
-      }
-      store_vec8(P.out, int64_t(t) * g.H + h, P.out_kind, acc);
+    switch (P.y_kind) {
+      case 0: reduce_combine_vec<0>(P, n, ix, row); return;
+      case 1: reduce_combine_vec<1>(P, n, ix, row); return;
+      case 2: reduce_combine_vec<2>(P, n, ix, row); return;
     }
-    return;
   }
   for (int64_t i = ix.gtid; i < int64_t(g.T) * g.H; i += ix.gstride) {
     const int t = static_cast<int>(i / g.H);
