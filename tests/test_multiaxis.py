@@ -24,7 +24,7 @@ from jax_moe_a2a import oracle
 from jax_moe_a2a import testing as T
 from jax_moe_a2a.comm import ep_groups
 from ragged_emulation import emulated
-from test_ops import BACKENDS
+from test_ops import BACKENDS, PURE_JAX, xla_collectives_refused
 
 # Under mpirun every process compiles every case: the multi-process suites run a subset (every
 # mesh once, each variant on one mesh); JAX_MOE_A2A_MPI_ALL_CASES=1 runs them all (the GPU checks).
@@ -67,6 +67,8 @@ def make_mesh(mesh_id):
 def make_comm(spec, mesh, axis, backend, **kw):
     if backend == "nvshmem" and jax.local_device_count() != 1:
         pytest.skip("nvshmem: one device per process")
+    if backend in PURE_JAX and xla_collectives_refused():
+        pytest.skip(f"{backend} needs XLA's collectives, which refuse processes sharing a GPU")
     if backend == "ragged" and "ragged" not in BACKENDS:
         with emulated():  # the communicator keeps the emulated collective
             return a2a.init(spec, mesh, axis, backend=backend, **kw)
