@@ -6,11 +6,11 @@
 #include <nanobind/stl/vector.h>
 
 #include "cuda/comm.h"
-#ifdef JAX_MOE_A2A_WITH_LIBFABRIC
-#include "cuda/remote_path.h"
-#endif
 #include "python/config.h"
+#ifdef JAX_MOE_A2A_WITH_LIBFABRIC  // the inter-node path: proxy/proxy.h includes libfabric's headers
+#include "cuda/remote_path.h"
 #include "python/proxy_stats.h"
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
