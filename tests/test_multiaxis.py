@@ -32,8 +32,10 @@ MPI_ALL_CASES = os.environ.get("JAX_MOE_A2A_MPI_ALL_CASES") == "1"
 MPI = [pytest.mark.mpi]
 
 FP8 = jnp.float8_e4m3fn
-# Every backend this job can run, plus ragged through the emulation when XLA lacks its collective.
-MULTI_BACKENDS = list(BACKENDS) + ([] if "ragged" in BACKENDS else ["ragged"])
+# Every backend this job can run, plus ragged through the emulation when XLA lacks its collective
+# (unless JAX_MOE_A2A_TEST_BACKENDS names the backends to test).
+MULTI_BACKENDS = list(BACKENDS) + ([] if "ragged" in BACKENDS or os.environ.get("JAX_MOE_A2A_TEST_BACKENDS")
+                                   else ["ragged"])
 
 # (id, mesh shape, mesh axis names, EP axis)
 MESHES = [

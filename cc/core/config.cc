@@ -7,6 +7,16 @@
 
 namespace a2a {
 
+TransportOptions transport_options(const Config& c) {
+  TransportOptions t;
+  t.slots = c.slots;
+  t.timeout_s = c.timeout_s;
+  t.node_size = c.node_size;
+  t.priv_rows = c.max_private_tokens;
+  t.provider = c.provider;
+  return t;
+}
+
 MoeShape shape_of(const Config& c) {
   auto need = [](bool ok, const char* what) {
     if (!ok) throw std::invalid_argument(std::string("jax_moe_a2a Config: ") + what);

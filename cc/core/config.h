@@ -42,4 +42,16 @@ struct Config {
 // The shape of `c`, derived fields filled; throws std::invalid_argument on an inconsistent one.
 MoeShape shape_of(const Config& c);
 
+// The transport fields of a Config that every backend's communicator reads (the host backend's
+// HostOptions, the GPU backends' CudaOptions and the protocol's ExchangeOptions derive from it, so
+// the fields are declared and copied from the Config in one place: transport_options).
+struct TransportOptions {
+  int slots = 2;           // buffer sets, one op in flight on each
+  double timeout_s = 60.0;  // a peer that does not arrive within this ends the op with an error
+  int node_size = 0;       // ranks a, b share a node iff a / node_size == b / node_size (0: see Config)
+  int priv_rows = -1;      // private rows per remote sender before the counts arrive (-1: all)
+  std::string provider;    // libfabric provider ("" -> $JAX_MOE_A2A_PROVIDER -> shm)
+};
+TransportOptions transport_options(const Config& c);
+
 }  // namespace a2a

@@ -39,11 +39,8 @@ namespace {
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
 protocol::ExchangeOptions exchange_options(const CudaOptions& o) {
   protocol::ExchangeOptions xo;
+  static_cast<TransportOptions&>(xo) = o;
   xo.shape = o.g;  // the MoeShape part
-  xo.slots = o.slots;
-  xo.priv_rows = o.priv_rows;
-  xo.node_size = o.node_size;
-  xo.timeout_s = o.timeout_s;
   return xo;
 }
 #endif

@@ -23,12 +23,8 @@ Geometry make_geometry(const MoeShape& s) {
 
 CudaOptions cuda_options(const Config& c) {
   CudaOptions o;
+  static_cast<TransportOptions&>(o) = transport_options(c);
   o.g = make_geometry(shape_of(c));
-  o.slots = c.slots;
-  o.timeout_s = c.timeout_s;
-  o.node_size = c.node_size;
-  o.priv_rows = c.max_private_tokens;
-  o.provider = c.provider;
   return o;
 }
 

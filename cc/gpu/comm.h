@@ -13,15 +13,10 @@ namespace a2a::cuda {
 
 // What a GPU communicator reads of its Config (cuda_options(config)). node_size, priv_rows and
 // provider concern the cuda backend's inter-node path only (the nvshmem backend ignores them).
-struct CudaOptions {
+// Transport: node_size 0 puts every rank in one node; peers on other nodes go through the proxy
+// and a TransferEngine over `provider` (cuda/remote_path.h).
+struct CudaOptions : TransportOptions {
   Geometry g{};          // make_geometry(shape_of(config))
-  int slots = 2;
-  double timeout_s = 60.0;
-  // Ranks a, b share a node iff a / node_size == b / node_size (0: every rank in one node). Peers
-  // on other nodes go through the proxy and a TransferEngine over `provider` (cuda/remote_path.h).
-  int node_size = 0;
-  int priv_rows = -1;    // private rows per remote sender (-1: all; protocol::ExchangeOptions)
-  std::string provider;  // "" -> $JAX_MOE_A2A_PROVIDER -> shm
 };
 
 // The shape plus every byte offset of one slot (the one way a Geometry is made).

@@ -28,14 +28,11 @@ using transfer::format;
 
 HostOptions host_options(const Config& c) {
   HostOptions o;
+  static_cast<TransportOptions&>(o) = transport_options(c);
   o.shape = shape_of(c);
   o.wire = c.dispatch_dtype;
   o.pow2_scale = c.pow2_scale;
-  o.slots = c.slots;
-  o.priv_rows = c.max_private_tokens;
-  o.timeout_s = c.timeout_s;
   o.proxied = c.proxied;
-  o.node_size = c.node_size;
   return o;
 }
 
@@ -43,11 +40,9 @@ namespace {
 
 protocol::ExchangeOptions exchange_options(const HostOptions& o) {
   protocol::ExchangeOptions x;
+  static_cast<TransportOptions&>(x) = o;
   x.shape = o.shape;
-  x.slots = o.slots;
-  x.priv_rows = o.priv_rows;
-  x.node_size = o.proxied ? o.node_size : 0;  // 0: every pair, ourselves included, through the engine
-  x.timeout_s = o.timeout_s;
+  if (!o.proxied) x.node_size = 0;  // 0: every pair, ourselves included, through the engine
   return x;
 }
 

@@ -36,15 +36,13 @@ struct ProxyStats;
 
 namespace a2a::host {
 
-struct HostOptions {
+// Transport (core/config.h): priv_rows -1 is rows_per_peer (never overflows); node_size counts
+// only when proxied (0: no two ranks share a node).
+struct HostOptions : TransportOptions {
   MoeShape shape{};
   ElemKind wire = ElemKind::kBF16;  // dispatch wire dtype
   bool pow2_scale = false;
-  int slots = 2;
-  int priv_rows = -1;               // private rows per sender; -1: rows_per_peer (never overflows)
-  double timeout_s = 60.0;
   bool proxied = false;             // run the protocol on a proxy thread (cc/proxy), as the cuda backend does
-  int node_size = 0;                // proxied only: ranks r / node_size share a node (0: none do)
 };
 
 // The host backend's options from the communicator's Config (shape_of(c) and its transport).

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "core/moe_layout.h"
 #include "transfer/engine.h"
 
@@ -35,12 +36,11 @@ namespace a2a::protocol {
 enum Op : int { kDispatchSend = 0, kDispatchRecv = 1, kCombineSend = 2, kCombineRecv = 3 };
 const char* op_name(int op);
 
-struct ExchangeOptions {
+// The transport fields (core/config.h) with these meanings here: priv_rows -1 is rows_per_peer
+// (nothing overflows); node_size 0 sends every pair through the engine, else ranks a, b share a
+// node iff a / node_size == b / node_size; provider is the caller's (the exchange takes an engine).
+struct ExchangeOptions : TransportOptions {
   MoeShape shape{};    // shape_of(the Config)
-  int slots = 2;
-  int priv_rows = -1;   // private rows per sender; -1: rows_per_peer (nothing overflows)
-  int node_size = 0;    // 0: every pair through the engine; else ranks a, b share a node iff a/ns == b/ns
-  double timeout_s = 60.0;
 };
 
 // Byte offsets inside one slot's buffers (identical on every rank).
