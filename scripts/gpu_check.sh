@@ -30,6 +30,11 @@ quiet() { grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCEL
 rank_logs() {  # $1 = an mpirun --output-filename folder, $2 = lines kept per file
   for f in $(find "$1" -type f | sort); do echo "== $f"; quiet < "$f" | tail -"$2"; done
 }
+# A libfabric carried in .devdeps/libfabric (../shared/tools/device-libfabric.sh): the build finds it
+# through pkg-config and the tests load it (the proxy stages need it; the rest builds without).
+if [ -d .devdeps/libfabric/lib/pkgconfig ] && [ -z "${PKG_CONFIG_PATH:-}" ]; then
+  export PKG_CONFIG_PATH=$PWD/.devdeps/libfabric/lib/pkgconfig LD_LIBRARY_PATH=$PWD/.devdeps/libfabric/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 if stage build; then
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee "$OUT/env.log"
@@ -40,11 +45,16 @@ if stage build; then
     cp "$PREBUILT" jax_moe_a2a/ && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
     echo "prebuilt extension $PREBUILT" | tee "$OUT/build.log"
   else
-    python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -20 | tee "$OUT/build.log"
+    python3 -m pip install -v --no-build-isolation --no-deps . > "$OUT/build.full" 2>&1
+    tail -20 "$OUT/build.full" | tee "$OUT/build.log"
     SO=$(cd "$RUNDIR" && python3 -c "import jax_moe_a2a._C as c; print(c.__file__)")
     [ -n "$SO" ] && cp "$SO" "$OUT/_C-$SRC_HASH.so"  # bring it back for the next call
   fi
-  (cd "$RUNDIR" && python3 -c "import jax_moe_a2a._C as c; print('cuda:', c.built_with_cuda(), 'nvshmem:', c.built_with_nvshmem(), 'libfabric:', c.built_with_libfabric())") 2>&1 | tee -a "$OUT/build.log"
+  if ! (cd "$RUNDIR" && python3 -c "import jax_moe_a2a._C as c; print('cuda:', c.built_with_cuda(), 'nvshmem:', c.built_with_nvshmem(), 'libfabric:', c.built_with_libfabric())") 2>&1 | tee -a "$OUT/build.log"; then
+    echo "gpu_check: the build failed (no _C to import); its errors:" | tee -a "$OUT/build.log"
+    grep -B2 -A6 -E "error|FAILED" "$OUT/build.full" 2>/dev/null | head -60 | tee -a "$OUT/build.log"
+    exit 1  # every later stage would fail on the missing extension
+  fi
 fi
 cd tests
 if stage single; then

@@ -3,7 +3,7 @@
 # one rank (every peer wait is satisfied in-process, so ncu's kernel replay is safe), plus the
 # kernel-time bench with 1 and N processes on the GPU. Run on the GPU machine after the build
 # (scripts/gpu_check.sh STAGES=build). Env: OUT (logs), PROFILE_NPROCS (default "2 4"),
-# NCU_SET (default full) or NCU_SECTIONS (a list of ncu sections), NCU_KERNELS (regex, default the four halves), NCU=0 (no profile),
+# NCU_SET (default full) or NCU_SECTIONS (a list of ncu sections), NCU_KERNELS (regex, default the four halves, the block-routed dispatch_send included), NCU=0 (no profile),
 # KT_ITERS (timed iterations, default 50).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ done
 if [ -n "${NCU_SECTIONS:-}" ]; then WHAT=(); for x in $NCU_SECTIONS; do WHAT+=(--section "$x"); done
 else WHAT=(--set "${NCU_SET:-full}"); fi
 env "${NOBUF[@]}" timeout 300 ncu --clock-control none "${WHAT[@]}" --import-source yes \
-  -k "regex:${NCU_KERNELS:-(dispatch|combine)_(send|recv)_kernel}" --launch-skip 8 --launch-count 4 -f -o "$OUT/prof" \
+  -k "regex:${NCU_KERNELS:-(dispatch|combine)_(send|recv)(_block)?_kernel}" --launch-skip 8 --launch-count 4 -f -o "$OUT/prof" \
   python3 "$BENCH/halves.py" --backend cuda --shape decode --iters 2 --warmup 1 --no-check --out "$RUNDIR/b" \
   > "$OUT/ncu-run.log" 2>&1
 ncu --import "$OUT/prof.ncu-rep" --page details > "$OUT/ncu-details.txt" 2>&1
