@@ -35,30 +35,55 @@ __device__ __forceinline__ void store_elem(void* base, int64_t i, int kind, floa
   }
 }
 
-// Eight consecutive elements base[i .. i+8) of kind 0 (f32), 1 (bf16) or 2 (f16) as f32, with
-// 16-byte volatile loads (no stale L1 lines of a peer-written region; i a multiple of 8, base
-// 16-byte aligned).
-__device__ __forceinline__ void load_vec8(const void* base, int64_t i, int kind, float v[8]) {
-  const uint8_t* b = static_cast<const uint8_t*>(base);
-  if (kind == 0) {
-    const int4* p = reinterpret_cast<const int4*>(b + i * 4);
-    const int4 x = ptx::ld_volatile_v4(p), y = ptx::ld_volatile_v4(p + 1);
-    const int w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+// Eight consecutive elements of kind Kind (0 f32, 1 bf16, 2 f16) at element h of `row`, as raw
+// 16-byte volatile loads (two for f32; no stale L1 lines of a peer-written region; h a multiple
+// of 8, row 16-byte aligned), and those raw vectors as f32. Apart so that a caller can issue a
+// whole batch of loads before the first conversion waits on one (combine_recv: gpu/reduce.cuh).
+template <int Kind>
+__device__ __forceinline__ void load_raw8(const uint8_t* row, int64_t h, int4 r[2]) {
+  if constexpr (Kind == 0) {
+    const int4* p = reinterpret_cast<const int4*>(row + h * 4);
+    r[0] = ptx::ld_volatile_v4(p);
+    r[1] = ptx::ld_volatile_v4(p + 1);
+  } else {
+    r[0] = ptx::ld_volatile_v4(reinterpret_cast<const int4*>(row + h * 2));
+  }
+}
+template <int Kind>
+__device__ __forceinline__ void raw8_to_f32(const int4 r[2], float v[8]) {
+  if constexpr (Kind == 0) {
+    const int w[8] = {r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w};
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = __int_as_float(w[j]);
-    return;
-  }
-  const int4 x = ptx::ld_volatile_v4(reinterpret_cast<const int4*>(b + i * 2));
-  const uint32_t w[4] = {uint32_t(x.x), uint32_t(x.y), uint32_t(x.z), uint32_t(x.w)};
+  } else {
+    const uint32_t w[4] = {uint32_t(r[0].x), uint32_t(r[0].y), uint32_t(r[0].z), uint32_t(r[0].w)};
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (kind == 1) {
-      v[2 * j] = __uint_as_float(w[j] << 16);
-      v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    } else {
-      v[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xffffu)));
-      v[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (Kind == 1) {
+        v[2 * j] = __uint_as_float(w[j] << 16);
+        v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+      } else {
+        v[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xffffu)));
+        v[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
+      }
     }
+  }
+}
+
+// Eight consecutive elements base[i .. i+8) of kind 0 (f32), 1 (bf16) or 2 (f16) as f32, the
+// kind chosen at run time (load_raw8 and raw8_to_f32 for one known at compile time).
+__device__ __forceinline__ void load_vec8(const void* base, int64_t i, int kind, float v[8]) {
+  const uint8_t* b = static_cast<const uint8_t*>(base);
+  int4 r[2];
+  if (kind == 0) {
+    load_raw8<0>(b, i, r);
+    raw8_to_f32<0>(r, v);
+  } else if (kind == 1) {
+    load_raw8<1>(b, i, r);
+    raw8_to_f32<1>(r, v);
+  } else {
+    load_raw8<2>(b, i, r);
+    raw8_to_f32<2>(r, v);
   }
 }
 

@@ -21,42 +21,6 @@ constexpr int kReduceVec = 8;
 constexpr int kReduceSegment = 32 * kReduceVec;
 constexpr int kReduceBatch = 8;
 
-// 8 consecutive elements of kind Kind (0 f32, 1 bf16, 2 f16) at element h of `row`, as raw 16-byte
-// vectors (two for f32), then as f32. Split so that a batch of rows' loads is issued before any
-// conversion waits on one: with the kind chosen at run time inside the batch loop, each load sat
-// in its own branch next to its conversion and the batch's eight loads ran one after another
-// (combine_recv's top stall in the 2026-12-01 profile, third session).
-template <int Kind>
-__device__ __forceinline__ void load_raw8(const uint8_t* row, int64_t h, int4 r[2]) {
-  if constexpr (Kind == 0) {
-    const int4* p = reinterpret_cast<const int4*>(row + h * 4);
-    r[0] = ptx::ld_volatile_v4(p);
-    r[1] = ptx::ld_volatile_v4(p + 1);
-  } else {
-    r[0] = ptx::ld_volatile_v4(reinterpret_cast<const int4*>(row + h * 2));
-  }
-}
-template <int Kind>
-__device__ __forceinline__ void raw8_to_f32(const int4 r[2], float v[8]) {
-  if constexpr (Kind == 0) {
-    const int w[8] = {r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = __int_as_float(w[j]);
-  } else {
-    const uint32_t w[4] = {uint32_t(r[0].x), uint32_t(r[0].y), uint32_t(r[0].z), uint32_t(r[0].w)};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if constexpr (Kind == 1) {
-        v[2 * j] = __uint_as_float(w[j] << 16);
-        v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-      } else {
-        v[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xffffu)));
-        v[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
-      }
-    }
-  }
-}
-
 // The vector path of reduce_combine for y rows of kind YKind (H % 8 == 0, 16-byte aligned buffers).
 template <int YKind, typename RowFn>
 __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
@@ -90,7 +54,9 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
         float wt[kReduceBatch];
         bool has[kReduceBatch];
 #pragma unroll
-        for (int u = 0; u < kReduceBatch; ++u) {  // every load of the batch first
+        // Every load of the batch before any conversion: with each load beside its use (the
+        // dtype a run-time branch), the batch ran one load latency at a time (2026-12-01 profile).
+        for (int u = 0; u < kReduceBatch; ++u) {
           const int src = min(k0 + u, 31);
           const int d = __shfl_sync(0xffffffffu, my_d, src);
           const int slot = __shfl_sync(0xffffffffu, my_slot, src);
