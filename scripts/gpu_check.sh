@@ -42,7 +42,9 @@ if stage build; then
   SRC_HASH=$(cat CMakeLists.txt pyproject.toml $(find cc -type f | LC_ALL=C sort) | sha256sum | cut -c1-16)
   PREBUILT=$(ls .devdeps/prebuilt/"$SRC_HASH"/_C*.so 2>/dev/null | head -1)
   if [ -n "$PREBUILT" ]; then
-    cp "$PREBUILT" jax_moe_a2a/ && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+    # under the name Python imports (_C.cpython-312-x86_64-linux-gnu.so), not the carried one
+    cp "$PREBUILT" "jax_moe_a2a/_C$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')" \
+      && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
     echo "prebuilt extension $PREBUILT" | tee "$OUT/build.log"
   else
     python3 -m pip install -v --no-build-isolation --no-deps . > "$OUT/build.full" 2>&1

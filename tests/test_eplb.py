@@ -25,7 +25,7 @@ def _layout(n, permute_seed=None, hot_last=False):
     """E = 2n physical experts, E_log = 2n - max(1, n // 2) logical ones; `extra` logical experts
     (the first, or the last with hot_last) get a second replica, on another rank where n > 1
     (n = 8: 16 physical, 12 logical, 4 of them twice). permute_seed: physical ids permuted."""
-    e_phys = 2 * n
+    e_phys = 2 * max(n, 2)  # n = 1: 4 physical, 3 logical (K = 3 needs 3)
     extra = max(1, n // 2)
     e_log = e_phys - extra
     two = set(range(e_log - extra, e_log)) if hot_last else set(range(extra))

@@ -10,15 +10,22 @@
 
 namespace a2a::cuda {
 
-// dispatch_send picks its kernel: block-routed (cuda/dispatch/send_block.cu) when every peer is
-// node-local, tp_size is 1 and the routing tables fit in kBlockRoutingSmem bytes of shared memory
-// (decode batches), else grid-routed (cuda/dispatch/send.cu). JAX_MOE_A2A_DISPATCH_SEND=grid|block
-// forces one (block only where it applies), read once per process: for benchmarks and tests.
+// dispatch_send picks its kernel (cuda/dispatch/send.cu): block-routed when every peer is
+// node-local, tp_size is 1, K <= 16 and the routing tables fit in kBlockRoutingSmem bytes of
+// shared memory (decode batches), else grid-routed. Block-routed, the token is staged in registers
+// (cuda/dispatch/send_regs.cu) where regs_staging_kind allows, else in shared memory
+// (send_block.cu). JAX_MOE_A2A_DISPATCH_SEND=grid|block|regs|auto (default auto) forces one where
+// it applies (block: the shared-memory staging), read once per process: for benchmarks and tests.
 constexpr int64_t kBlockRoutingSmem = 48 * 1024;
 int64_t block_routing_smem_bytes(const Geometry& g);
+int64_t block_routing_smem_bytes_regs(const Geometry& g);
 bool use_block_routing(const Geometry& g, const SlotPtrs& p);
+// The register-staged kernel for these parameters: 0/1/2 quantise f32/bf16/f16 x to fp8, 3 copy
+// (x in the wire dtype), -1 none (sizes, alignment or dtypes it does not take).
+int regs_staging_kind(const DispatchSendParams& p);
 cudaError_t launch_dispatch_send(const DispatchSendParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_dispatch_send_block(const DispatchSendParams& p, int blocks, cudaStream_t stream);
+cudaError_t launch_dispatch_send_regs(const DispatchSendParams& p, int kind, int blocks, cudaStream_t stream);
 cudaError_t launch_dispatch_recv(const DispatchRecvParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_combine_send(const CombineSendParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_combine_recv(const CombineRecvParams& p, int blocks, cudaStream_t stream);

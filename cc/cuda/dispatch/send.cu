@@ -9,6 +9,7 @@
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
 #include "gpu/arrange.cuh"
+#include "gpu/block_route.cuh"
 #include "gpu/copy.cuh"
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
@@ -91,16 +92,25 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
 
 }  // namespace
 
-bool use_block_routing(const Geometry& g, const SlotPtrs& p) {
+static const std::string& dispatch_send_mode() {
   static const std::string mode = [] {
     const char* v = std::getenv("JAX_MOE_A2A_DISPATCH_SEND");
     return std::string(v ? v : "auto");
   }();
-  return mode != "grid" && p.remote.mask == 0 && g.tp == 1 && block_routing_smem_bytes(g) <= kBlockRoutingSmem;
+  return mode;
+}
+
+bool use_block_routing(const Geometry& g, const SlotPtrs& p) {
+  return dispatch_send_mode() != "grid" && p.remote.mask == 0 && g.tp == 1 && g.K <= kBlockRouteMaxK &&
+         block_routing_smem_bytes(g) <= kBlockRoutingSmem;
 }
 
 cudaError_t launch_dispatch_send(const DispatchSendParams& p, int blocks, cudaStream_t stream) {
-  if (use_block_routing(p.g, p.p)) return launch_dispatch_send_block(p, blocks, stream);
+  if (use_block_routing(p.g, p.p)) {
+    const int kind = dispatch_send_mode() == "block" ? -1 : regs_staging_kind(p);
+    if (kind >= 0) return launch_dispatch_send_regs(p, kind, blocks, stream);
+    return launch_dispatch_send_block(p, blocks, stream);
+  }
   return launch_cooperative(dispatch_send_kernel, blocks, 0, stream, p);
 }
 
