@@ -35,6 +35,10 @@ __device__ __forceinline__ uint64_t globaltimer() {
   return t;
 }
 
+// Brings the line holding p into L1 without waiting for it (data of ours, ready at kernel entry,
+// that a later load will read after a wait on peers).
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
 // 16-byte load that bypasses L1 (data written by another GPU or process).
 __device__ __forceinline__ int4 ld_nc_v4(const int4* p) {
   int4 v;

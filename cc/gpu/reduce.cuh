@@ -89,6 +89,19 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
   }
 }
 
+// The calling warp's first work item of reduce_combine_vec: lane k < K prefetches pair k's dest,
+// slot and weight into L1 (combine_recv issues it before its wait on the expert ranks, so that the
+// item's first round of loads finds them there).
+__device__ inline void prefetch_reduce_meta(const CombineRecvParams& P, const GridIdx& ix) {
+  const Geometry& g = P.g;
+  const int64_t segs = (g.H + kReduceSegment - 1) / kReduceSegment;
+  if (ix.gwarp >= int64_t(g.T) * segs || ix.lane >= g.K) return;
+  const int64_t q = ix.gwarp / segs * g.K + ix.lane;
+  ptx::prefetch_l1(P.dest + q);
+  ptx::prefetch_l1(P.pair_slot + q);
+  ptx::prefetch_l1(P.weights + q);
+}
+
 template <typename RowFn>
 __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
   const Geometry& g = P.g;

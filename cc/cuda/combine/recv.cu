@@ -16,6 +16,7 @@ namespace {
 __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParams P) {
   A2A_KERNEL_START(P);
   SyncFlags* mine = flags_of(P.p, me);
+  prefetch_reduce_meta(P, ix);  // our pairs' dest / slot / weight into L1 while we wait
   if (slot_failed(g, P.p) ||
       !remote::wait_peers(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1,
                           &P.p.remote.ctrl->c_landed, epoch + 1, blockIdx.x == 0)) {

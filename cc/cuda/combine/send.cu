@@ -3,6 +3,7 @@
 // dropped. Every block waits until the sources freed our previous rows, derives the arrangement
 // in its own shared memory (gpu/arrange.cuh) and copies its share of (row, segment) items; the
 // last block to finish raises each rank's combine arrival flag. No grid-wide barrier.
+// The arrangement comes first, the wait after it: reading recv_counts needs no peer.
 #include "cuda/device.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
@@ -12,6 +13,7 @@
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/kernel.cuh"
+#include "gpu/ptx.cuh"
 
 namespace a2a::cuda {
 namespace {
@@ -22,11 +24,18 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
   const int lane = ix.lane;
   SyncFlags* mine = flags_of(P.p, me);
 
-  if (slot_failed(g, P.p) ||
+  if (slot_failed(g, P.p)) return;  // an op of this slot failed: the host raises it
+  // The arrangement needs only recv_counts (ours, ready at entry), so it is built before the wait
+  // for the sources to free our previous rows; their flags are read once first (threads < N,
+  // acquire) and the full wait runs only when one was not yet set (and always with remote peers,
+  // whose proxy flag it also waits for).
+  const bool free_now = !remote::any(P.p) &&
+                        (threadIdx.x >= g.N || ptx::ld_acquire_sys(&mine->c_free[threadIdx.x]) >= epoch);
+  const BlockArrangement a = block_arrange(g, [&](int s, int l) { return P.recv_counts[s * g.L + l]; }, smem);
+  if (!__syncthreads_and(free_now) &&
       !remote::wait_peers(P.p, g, 2, [&](int r) { return &mine->c_free[r]; }, epoch, &P.p.remote.ctrl->c_send_ok,
                           epoch + 1, blockIdx.x == 0))
-    return;  // an op of this slot failed: the host raises it
-  const BlockArrangement a = block_arrange(g, [&](int s, int l) { return P.recv_counts[s * g.L + l]; }, smem);
+    return;
   const int ybytes = elem_bytes(P.y_kind);
   const int64_t stride = int64_t(g.H) * ybytes;
   if (blockIdx.x == 0 && remote::any(P.p)) {  // what the proxy needs to write our rows back
