@@ -82,7 +82,9 @@ VARS = (
         "cuda backend: CUDA events around each launch (`comm.kernel_seconds(half)`)", _NATIVE),
     Var("DISPATCH_SEND", "auto|grid|block", "auto", "cc/cuda/dispatch/send.cu (once per process)",
         "cuda backend: dispatch_send kernel; `auto` takes the block-routed one where it applies (every peer "
-        "node-local, tp_size 1, routing tables within 48 KiB of shared memory), `grid` forces the grid-routed one",
+        "node-local, tp_size 1, K <= 16, routing tables within 48 KiB of shared memory), the token staged in "
+        "registers where its dtypes, sizes and alignment allow, else in shared memory; `block` forces the "
+        "shared-memory staging, `grid` the grid-routed kernel",
         _NATIVE),
     Var("GDRCOPY", "auto|0|1", "auto", "cc/proxy/gdrcopy.cc, cc/cuda/remote_path.cc",
         "cuda inter-node path: the proxy writes its flags into GPU memory through GDRCopy where "
