@@ -6,8 +6,8 @@
 // shared-memory wire row and writes that row straight to every destination of the token (no
 // global staging). The last block to finish raises the arrival flags.
 #include "cuda/device.cuh"
+#include "cuda/dispatch/block_send.cuh"
 #include "cuda/kernels.h"
-#include "cuda/remote.cuh"
 #include "gpu/arrange.cuh"
 #include "gpu/block_route.cuh"
 #include "gpu/copy.cuh"
@@ -46,19 +46,11 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_block_kernel(DispatchS
     return;
   }
 
-  // 1. Routing in shared memory (gpu/block_route.cuh). 2. Small outputs, grid-wide: dest and
-  // pair_slot of every pair; the drop count (block 0).
-  const BlockRouteResult routed = block_route(P, n, rt, true);
-  write_route_outputs(P, rt, ix);
-  if (blockIdx.x == 0 && threadIdx.x == 0) *P.dropped = routed.dropped;
+  // 1. Routing in shared memory (gpu/block_route.cuh), dest, pair_slot, drops; 2. peers must
+  // have finished reading our previous rows before we overwrite them (always the full wait).
+  if (!block_route_and_wait(P, n, rt, false, ix, epoch)) return;
 
-  // 3. Peers must have finished reading our previous rows before we overwrite them.
-  if (!wait_flags(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch, blockIdx.x == 0)) {
-    abandon_dispatch_send(P, ix);
-    return;
-  }
-
-  // 4. Our tokens, one at a time: wire row in shared memory, then to each destination.
+  // 3. Our tokens, one at a time: wire row in shared memory, then to each destination.
   const int64_t body = g.payload + 4 * int64_t(g.S);  // payload then fp8 scales
   const int64_t body16 = body / 16 * 16;
   const int64_t seg = row_segment_bytes(body16, g.K, nwarps);
@@ -81,13 +73,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_block_kernel(DispatchS
     __syncthreads();  // the row is rewritten for the next token
   }
 
-  // 5. Our counts column into every peer (block 0): counts[me][l] = rows we send it for expert l.
-  if (blockIdx.x == 0)
-    for (int i = threadIdx.x; i < g.N * g.L; i += blockDim.x)
-      reinterpret_cast<int32_t*>(P.p.peer_shared[i / g.L] + g.off_counts)[int64_t(me) * g.L + i % g.L] = rt.cnt[i];
-  if (last_block_done(&ep->done[0]))  // every peer is node-local here: no proxy flag
-    remote::close_send(P.p, g, nullptr, [&](int r) { return &flags_of(P.p, r)->d_arrived[me]; }, &ep->d_send, epoch,
-                       P.handle);
+  // 4. Our counts column into every peer; the last block raises the arrival flags.
+  close_block_send(P, rt, ep, epoch);
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 // runs while they are in flight, and each thread then writes its chunks straight to each of the
 // token's destinations: 16-byte stores, one barrier after the routing, one per later token.
 #include "cuda/device.cuh"
+#include "cuda/dispatch/block_send.cuh"
 #include "cuda/kernels.h"
-#include "cuda/remote.cuh"
 #include "gpu/block_route.cuh"
 #include "gpu/copy.cuh"
 #include "gpu/elems.cuh"
@@ -138,19 +138,11 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_regs_kernel(DispatchSe
     return;
   }
 
-  // 1. Routing in shared memory while those loads are in flight; 2. dest, pair_slot, drops.
-  const BlockRouteResult routed = block_route(P, n, rt, free_now);
-  write_route_outputs(P, rt, ix);
-  if (blockIdx.x == 0 && threadIdx.x == 0) *P.dropped = routed.dropped;
+  // 1. Routing in shared memory while those loads are in flight, dest, pair_slot, drops; 2. a
+  // peer still reading our previous rows: wait for it (with the timeout) before overwriting.
+  if (!block_route_and_wait(P, n, rt, free_now, ix, epoch)) return;
 
-  // 3. A peer still reading our previous rows: wait for it (with the timeout) before overwriting.
-  if (!routed.all && !wait_flags(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch,
-                                 blockIdx.x == 0)) {
-    abandon_dispatch_send(P, ix);
-    return;
-  }
-
-  // 4. Our tokens t = blockIdx.x, + gridDim.x, ...: threads < K find the pair's destination row;
+  // 3. Our tokens t = blockIdx.x, + gridDim.x, ...: threads < K find the pair's destination row;
   // every thread writes its chunks to each of them, thread k the token and weight after pair k's body.
   const int64_t body = g.payload + 4 * int64_t(g.S);
   for (; t < n; t += gridDim.x) {
@@ -178,13 +170,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_regs_kernel(DispatchSe
     if (t + static_cast<int>(gridDim.x) < n) __syncthreads();  // tail is rewritten for the next token
   }
 
-  // 5. Our counts column into every peer (block 0): counts[me][l] = rows we send it for expert l.
-  if (blockIdx.x == 0)
-    for (int i = threadIdx.x; i < g.N * g.L; i += blockDim.x)
-      reinterpret_cast<int32_t*>(P.p.peer_shared[i / g.L] + g.off_counts)[int64_t(me) * g.L + i % g.L] = rt.cnt[i];
-  if (last_block_done(&ep->done[0]))  // every peer is node-local here: no proxy flag
-    remote::close_send(P.p, g, nullptr, [&](int r) { return &flags_of(P.p, r)->d_arrived[me]; }, &ep->d_send, epoch,
-                       P.handle);
+  // 4. Our counts column into every peer; the last block raises the arrival flags.
+  close_block_send(P, rt, ep, epoch);
 }
 
 bool aligned16_host(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
