@@ -106,6 +106,8 @@ VARS = (
         _TEST),
     Var("TEST_TIMEOUT", "bool", "0", "tests/test_protocol.py",
         "run the never-calls timeout test on the GPU backends", _TEST),
+    Var("TEST_WORKERS", "int", "2", "scripts/test.sh",
+        "pytest-xdist workers of the single-process suite (0: none)", _TEST),
     Var("RAGGED_EMULATE", "bool", "0", "tests/conftest.py, tests/ragged_emulation.py",
         "emulate ragged-all-to-all on XLA:CPU so the ragged backend's tests run", _TEST),
     # ---- scripts and benchmarks ----------------------------------------------------------------

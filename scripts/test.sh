@@ -6,18 +6,29 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 cd tests   # import the installed package, not the source tree
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
-echo "== single process, 8 CPU devices"
-timeout -k 60 1800 python -m pytest -q -p no:cacheprovider "$@" .
+# The single-process suite over JAX_MOE_A2A_TEST_WORKERS pytest-xdist workers (default 2, one per
+# CI core; 0: none), a test file per worker at a time (--dist loadfile keeps each file's
+# module-scoped communicators in one process): 6 min 16 s instead of 11 min 42 s on CI's two
+# cores (2026-12-02), the time being mostly XLA compiling small programs on one thread each.
+WORKERS=${JAX_MOE_A2A_TEST_WORKERS:-2}
+XDIST=(); [ "$WORKERS" != 0 ] && XDIST=(-n "$WORKERS" --dist loadfile)
+echo "== single process, 8 CPU devices${XDIST:+, $WORKERS pytest workers}"
+timeout -k 60 1800 python -m pytest -q -p no:cacheprovider "${XDIST[@]}" --durations=15 "$@" .
 if command -v mpirun >/dev/null; then
   echo "== mpirun -n 2, 2 CPU devices per process, host backend over shm"
-  JAX_MOE_A2A_TEST_DEVICES=2 timeout -k 60 1200 "${MPIRUN[@]}" -n 2 python -m pytest -q --color=no -p no:cacheprovider -m mpi "$@" .
+  JAX_MOE_A2A_TEST_DEVICES=2 timeout -k 60 1200 "${MPIRUN[@]}" -n 2 python -m pytest -q --color=no -p no:cacheprovider -m mpi --durations=10 "$@" .
   echo "== mpirun -n 4, 1 CPU device per process, host backend over tcp;ofi_rxm (loopback)"
   # Four processes on CI's two cores: the files whose cases depend on the rank count or the
   # provider (EPLB, GDRCopy's flag mirror and the debug stop ran under -n 2 above); the reference
   # backend only in the multi-axis meshes (elsewhere it is JAX's own collectives, tested under
-  # -n 2, and took about 40 % of this stage); the proxied soak's epoch wrap (300 steps) ran under -n 2.
-  JAX_MOE_A2A_PROVIDER="tcp;ofi_rxm" JAX_MOE_A2A_TEST_DEVICES=1 JAX_MOE_A2A_TEST_BACKENDS=host,reference JAX_MOE_A2A_PROXY_SOAK_STEPS=40 \
-    timeout -k 60 2400 "${MPIRUN[@]}" -n 4 python -m pytest -q --color=no -p no:cacheprovider -m mpi -k "test_multiaxis or not reference" \
+  # -n 2, and took about 40 % of this stage); the proxied soak's epoch wrap (300 steps) and the
+  # 100-step protocol soak ran under -n 2 (40 steps each here); of the proxied oracle cases the
+  # three that depend on the rank count (fp8-random, overflow-ragged, tp2-fp8: 2026-12-02, that
+  # test was a quarter of this stage), the other three ran under -n 2 and in one process.
+  JAX_MOE_A2A_PROVIDER="tcp;ofi_rxm" JAX_MOE_A2A_TEST_DEVICES=1 JAX_MOE_A2A_TEST_BACKENDS=host,reference \
+    JAX_MOE_A2A_PROXY_SOAK_STEPS=40 JAX_MOE_A2A_SOAK_STEPS=40 \
+    timeout -k 60 2400 "${MPIRUN[@]}" -n 4 python -m pytest -q --color=no -p no:cacheprovider -m mpi \
+    -k "(test_multiaxis or not reference) and not (test_proxied_against_oracle and (bf16-one-hot or expert-major-skewed or empty))" \
     --ignore=test_eplb.py --ignore=test_gdrcopy.py --ignore=test_debug.py "$@" .
 else
   echo "mpirun not found: multi-process tests not run" >&2
