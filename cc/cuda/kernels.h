@@ -14,7 +14,7 @@ namespace a2a::cuda {
 // node-local, tp_size is 1, K <= 16 and the routing tables fit in kBlockRoutingSmem bytes of
 // shared memory (decode batches), else grid-routed. Block-routed, the token is staged in registers
 // (cuda/dispatch/send_regs.cu) where regs_staging_kind allows, else in shared memory
-// (send_block.cu). JAX_MOE_A2A_DISPATCH_SEND=grid|block|regs|auto (default auto) forces one where
+// (send_block.cu). JAX_MOE_A2A_DISPATCH_SEND=grid|block|auto (default auto) forces one where
 // it applies (block: the shared-memory staging), read once per process: for benchmarks and tests.
 constexpr int64_t kBlockRoutingSmem = 48 * 1024;
 int64_t block_routing_smem_bytes(const Geometry& g);

@@ -12,7 +12,6 @@
 
 #include <cstdint>
 
-#include "gpu/arrange.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
 
