@@ -15,7 +15,7 @@ env XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${NCU_TIMEOUT:-200}" ncu --cloc
   "${FILTER[@]}" --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-4000}" -f -o "$OUT/ncu-dur-$LABEL" "$@" \
   > "$OUT/ncu-dur-$LABEL.log" 2>&1
 ncu --import "$OUT/ncu-dur-$LABEL.ncu-rep" --csv --page raw --metrics gpu__time_duration.sum > "$OUT/ncu-dur-$LABEL.csv" 2>&1
-python3 - "$OUT/ncu-dur-$LABEL.csv" "${NCU_FIRST_SKIP:-0}" <<'EOF' | tee "$OUT/ncu-dur-$LABEL.txt"
+python3 - "$OUT/ncu-dur-$LABEL.csv" <<'EOF' | tee "$OUT/ncu-dur-$LABEL.txt"
 import csv, statistics, sys, re
 rows = list(csv.reader(open(sys.argv[1])))
 if not rows or "Kernel Name" not in rows[0]:
@@ -31,9 +31,7 @@ for r in rows[2:]:
         continue
     name = re.sub(r"\(.*", "", r[ki]).split("::")[-1][:60]
     per.setdefault(name, []).append(v)
-skip = int(sys.argv[2])
 print(f"{'kernel':60} {'n':>5} {'median':>8} {'min':>8} {'max':>8} {'total':>10}  (µs)")
 for name, vs in sorted(per.items(), key=lambda kv: -sum(kv[1])):
-    vs = vs[skip:] or vs
     print(f"{name:60} {len(vs):5d} {statistics.median(vs):8.2f} {min(vs):8.2f} {max(vs):8.2f} {sum(vs):10.1f}")
 EOF

@@ -23,4 +23,13 @@ __device__ bool wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn 
   return wait_flags_each(p, g, op, flag, [want, remote](int r) { return remote >> r & 1 ? 0 : want; }, "cuda",
                          report);
 }
+// One look at the flags, no waiting: thread r < N reads flag(r) once (acquire, so a flag seen set
+// orders the thread's later writes, and the block's after a barrier); true in threads >= N and
+// where it reached `want`. AND it over the block (__syncthreads_and) to skip wait_flags when every
+// flag was already set at kernel entry.
+template <typename FlagFn>
+__device__ __forceinline__ bool flag_set_now(const Geometry& g, FlagFn flag, uint64_t want) {
+  return threadIdx.x >= g.N || ptx::ld_acquire_sys(flag(static_cast<int>(threadIdx.x))) >= want;
+}
+
 }  // namespace a2a::cuda

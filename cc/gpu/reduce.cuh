@@ -53,9 +53,9 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
         int4 raw[kReduceBatch][2];
         float wt[kReduceBatch];
         bool has[kReduceBatch];
-#pragma unroll
         // Every load of the batch before any conversion: with each load beside its use (the
         // dtype a run-time branch), the batch ran one load latency at a time (2026-12-01 profile).
+#pragma unroll
         for (int u = 0; u < kReduceBatch; ++u) {
           const int src = min(k0 + u, 31);
           const int d = __shfl_sync(0xffffffffu, my_d, src);

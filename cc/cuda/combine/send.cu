@@ -1,9 +1,9 @@
 // combine send: put each received row's expert output back at its source, at the slot the
 // source chose, for every member of the source's tp group; zeros for rows the capacity rule
-// dropped. Every block waits until the sources freed our previous rows, derives the arrangement
-// in its own shared memory (gpu/arrange.cuh) and copies its share of (row, segment) items; the
-// last block to finish raises each rank's combine arrival flag. No grid-wide barrier.
-// The arrangement comes first, the wait after it: reading recv_counts needs no peer.
+// dropped. Every block derives the arrangement in its own shared memory (gpu/arrange.cuh; from
+// recv_counts, which needs no peer), then waits until the sources freed our previous rows and
+// copies its share of (row, segment) items; the last block to finish raises each rank's combine
+// arrival flag. No grid-wide barrier.
 #include "cuda/device.cuh"
 #include "cuda/kernels.h"
 #include "cuda/remote.cuh"
@@ -13,7 +13,6 @@
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/kernel.cuh"
-#include "gpu/ptx.cuh"
 
 namespace a2a::cuda {
 namespace {
@@ -29,8 +28,7 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
   // for the sources to free our previous rows; their flags are read once first (threads < N,
   // acquire) and the full wait runs only when one was not yet set (and always with remote peers,
   // whose proxy flag it also waits for).
-  const bool free_now = !remote::any(P.p) &&
-                        (threadIdx.x >= g.N || ptx::ld_acquire_sys(&mine->c_free[threadIdx.x]) >= epoch);
+  const bool free_now = !remote::any(P.p) && flag_set_now(g, [&](int r) { return &mine->c_free[r]; }, epoch);
   const BlockArrangement a = block_arrange(g, [&](int s, int l) { return P.recv_counts[s * g.L + l]; }, smem);
   if (!__syncthreads_and(free_now) &&
       !remote::wait_peers(P.p, g, 2, [&](int r) { return &mine->c_free[r]; }, epoch, &P.p.remote.ctrl->c_send_ok,

@@ -21,7 +21,6 @@
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/kernel.cuh"
-#include "gpu/ptx.cuh"
 #include "gpu/route.cuh"
 
 namespace a2a::cuda {
@@ -71,7 +70,7 @@ struct QuantChunks {
       float amax = 0.f;  // chunks past the end hold zeros
 #pragma unroll
       for (int j = 0; j < 16; ++j) amax = fmaxf(amax, fabsf(v[j]));
-      for (int off = lpb / 2; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+      amax = group_max(amax, lpb, threadIdx.x & 31);  // lpb a power of two: xor shuffles
       const float sc = fp8_block_scale(amax, P.g.pow2 != 0);
       const float inv = __frcp_rn(sc);
       uint32_t w[4] = {0u, 0u, 0u, 0u};
@@ -127,8 +126,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_regs_kernel(DispatchSe
   Chunks ch;
   int t = blockIdx.x;
   if (t < g.T) ch.load(P, t);
-  const uint64_t* freed = flags_of(P.p, me)->d_free;
-  const bool free_now = threadIdx.x >= g.N || ptx::ld_acquire_sys(freed + threadIdx.x) >= epoch;
+  const bool free_now = flag_set_now(g, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch);
   const int n = max(0, min(*P.num_tokens, g.T));
   const BlockRouteSmem lay(g, sizeof(RegsTail));
   const BlockRoute rt(smem, lay, g.L);
