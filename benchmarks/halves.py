@@ -7,7 +7,8 @@ Checks every backend against the NumPy oracle first (the `check` column), then t
 as one jitted call from Python to block_until_ready with a barrier (the jax.distributed key-value
 store) before it: p50/p99 over iterations, max over processes. With JAX_MOE_A2A_KERNEL_TIMING=1
 (and XLA command buffers off) the cuda and nvshmem backends also report CUDA-event times of each
-half's kernel alone. --anchor-json DIR adds pplx-kernels' times at the same shape (DIR/pplx_N.json
+half's kernel alone, each launch behind a GPU-side barrier of the EP group as in pplx-kernels'
+benchmark (`nosync`: without it). --anchor-json DIR adds pplx-kernels' times at the same shape (DIR/pplx_N.json
 of the anchor kit, N = the number of processes: intra-sync kernels next to cuda, inter next to
 nvshmem) with ours/pplx ratios. Writes halves.json (and halves.png unless --no-plot) into --out.
 `python benchmarks/halves.py --report A/halves.json B/halves.json` prints several runs as one table.
@@ -161,7 +162,7 @@ def run(jax, args, progress_label=""):
     warmup = args.warmup if args.warmup is not None else (5 if gpu and not args.quick else 1)
     mesh = testing.make_mesh(args.ranks)
     meta = benchlib.run_meta(jax, iters=iters, warmup=warmup, ranks=mesh.size,
-                             kernel_timing=os.environ.get("JAX_MOE_A2A_KERNEL_TIMING") == "1")
+                             kernel_timing=os.environ.get("JAX_MOE_A2A_KERNEL_TIMING", "0"))
     if lead:
         print(f"halves benchmark: backends {backends}, shapes {names}, {mesh.size} ranks on {meta['devices']} "
               f"{platform} device(s) in {meta['processes']} process(es), {iters} timed + {warmup} warm-up "

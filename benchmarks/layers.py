@@ -6,7 +6,8 @@
 Per backend, shape, expert kind (`identity`: the received rows are the expert output;
 `ragged_dot`: silu(x @ w1) @ w2 per local expert with jax.lax.ragged_dot, F = --ffn) and shared
 expert placement (`overlap`: its two halves in flight with jax_moe_a2a.overlap, as in
-models.moe_block(overlap=True); `after`: after combine_recv, behind an optimisation barrier), it
+models.moe_block(overlap=True); `after`: after combine_recv, behind an optimisation barrier; `none`:
+no shared expert, so that with identity experts the layer is dispatch + combine and their glue), it
 times `steps` back-to-back calls of the jitted L-layer step (each step's output is the next one's
 input) after two warm-up calls (one on CPUs), blocks at the end and divides by steps x L: one repeat. p50 and
 min over repeats, max over processes. Next to every backend: `plain`, the same layer without
@@ -45,7 +46,8 @@ def parse_args(argv):
     p.add_argument("--experts", default=None,
                    help="comma-separated: identity, ragged_dot (default both on GPUs; identity on CPUs, where "
                         "XLA's ragged_dot computes every row against every local expert)")
-    p.add_argument("--shared", default="overlap,after", help="comma-separated: overlap, after")
+    p.add_argument("--shared", default="overlap,after",
+                   help="comma-separated: overlap, after, none (no shared expert: dispatch + experts + combine only)")
     p.add_argument("--ffn", type=int, default=None, help="expert FFN width F (default 2048; scaled on CPU)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain-XLA layer")
     p.add_argument("--cmdbuf", default="auto",
@@ -131,6 +133,8 @@ def make_step(comm, experts: str, shared: str, num_layers: int, plain: bool):
             back, out = a2a.overlap(back, shared_down, h, p["w2s"])
             return comm.combine_recv(back, out=out)
         y = comm.combine_recv(back)
+        if shared == "none":  # dispatch + experts + combine only
+            return y
         y, x = jax.lax.optimization_barrier((y, x))  # the shared expert strictly after the exchange
         return y + shared_down(shared_up(x, p["w1s"]), p["w2s"])
 
@@ -149,7 +153,7 @@ def make_step(comm, experts: str, shared: str, num_layers: int, plain: bool):
         y = run_experts(x[tok].astype(jnp.bfloat16), group_sizes, p)
         wf = jnp.where(valid, w, 0.0).reshape(-1)[order]
         out = out.at[tok].add(y.astype(jnp.float32) * wf[:, None])
-        if shared != "overlap":
+        if shared == "after":
             out, x = jax.lax.optimization_barrier((out, x))
             out = out + shared_down(shared_up(x, p["w1s"]), p["w2s"]).astype(jnp.float32)
         return out.astype(spec.combine_dtype)
@@ -269,7 +273,7 @@ def run(jax, args, progress_label=""):
                 continue
             for kind in kinds:
                 for place in placements:
-                    rec = {"backend": b, "shape": s, "experts": kind, "overlap": place == "overlap", "shared": True,
+                    rec = {"backend": b, "shape": s, "experts": kind, "overlap": place == "overlap", "shared": place != "none", "placement": place,
                            "cmdbuf": cmdbuf, "ranks": mesh.size, "layers": args.layers, "steps": args.steps,
                            "repeats": args.repeats, "ffn": shape.ffn, "scaled": shape.scaled,
                            "spec": {"T": shape.tokens, "H": shape.hidden, "E": shape.experts, "K": shape.topk}}

@@ -78,8 +78,10 @@ VARS = (
     Var("PROXY_IDLE_MS", "float", "20", "cc/proxy/proxy.cc", "proxy: after this long without progress ...",
         _NATIVE),
     Var("PROXY_IDLE_SLEEP_US", "float", "2000", "cc/proxy/proxy.cc", "... sleeps grow up to this", _NATIVE),
-    Var("KERNEL_TIMING", "bool", "0", "cc/cuda/comm.cc (at communicator creation)",
-        "cuda backend: CUDA events around each launch (`comm.kernel_seconds(half)`)", _NATIVE),
+    Var("KERNEL_TIMING", "0|1|nosync", "0", "cc/gpu/kernel_timer.h (cuda, nvshmem: at communicator creation)",
+        "GPU backends: CUDA events around each launch (`comm.kernel_seconds(half)`); `1` puts a GPU-side barrier "
+        "of the EP group on the stream before each timed launch (pplx-kernels' benchmark method), `nosync` none",
+        _NATIVE),
     Var("DISPATCH_SEND", "auto|grid|block", "auto", "cc/cuda/dispatch/send.cu (once per process)",
         "cuda backend: dispatch_send kernel; `auto` takes the block-routed one where it applies (every peer "
         "node-local, tp_size 1, K <= 16, routing tables within 48 KiB of shared memory), the token staged in "

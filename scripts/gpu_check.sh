@@ -9,7 +9,8 @@
 #      (our cuda and nvshmem halves the same way, one table next to pplx's; run after anchor),
 #      gpus gpusbench: every GPU of the machine, one process driving all and one process per GPU),
 #      GPUS_SINGLE=0 skips the gpus stage's one-process run, TMAX (cap on every stage's timeout, s), .devdeps/prebuilt/<hash>/_C*.so (skip the build).
-#      NVSHMEM_NPROCS (process counts of the nvshmem stage, default "1 2 4"; 1 = no mpirun).
+#      NVSHMEM_NPROCS (process counts of the nvshmem stage, default "1 2 4"; 1 = no mpirun),
+#      SINGLE_TESTS / MPI_TESTS (the test files of the single and mpi stages).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -69,7 +70,7 @@ if stage mpi; then
     JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda \
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.6/$n, 3))") \
       JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 100) timeout $(cap 400) "${MPIRUN[@]}" -n "$n" python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x \
-      test_ops.py test_grad.py test_protocol.py 2>&1 | quiet \
+      ${MPI_TESTS:-test_ops.py test_grad.py test_protocol.py} 2>&1 | quiet \
       | tail -30 | tee "$OUT/mpi$n.log"
   done
 fi

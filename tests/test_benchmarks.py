@@ -40,12 +40,12 @@ def test_layers_tiny(tmp_path, capsys):
     import layers
     from benchlib import report
     args = layers.parse_args(["--quick", "--shape", "decode", "--backend", _backends(), "--experts", "identity",
-                              "--out", str(tmp_path)])
+                              "--shared", "overlap,after,none", "--out", str(tmp_path)])
     out = layers.run(jax, args)
     rows = out["results"]
     assert not [r for r in rows if "error" in r], rows
     assert {r["backend"] for r in rows} == set(_backends().split(",")) | {"plain"}
-    assert {r["overlap"] for r in rows} == {True, False}
+    assert {r["placement"] for r in rows} == {"overlap", "after", "none"}
     assert all(r["per_layer_us"]["p50"] > 0 and r["finite"] for r in rows)
     # the real experts once (ragged_dot is slow on XLA:CPU)
     args = layers.parse_args(["--quick", "--shape", "decode", "--backend", "reference", "--experts", "ragged_dot",

@@ -75,7 +75,10 @@ def print_halves(out: dict) -> None:
                                  else f"{'-':>15}" for x in HALVES[:4])
                 print(f"{'  ours/pplx p50':<18} {what[:5]:<5} {cells}")
         if any("kernel_timings" in r for r in mine):
-            print("(kernel) rows: CUDA events around our kernel alone (JAX_MOE_A2A_KERNEL_TIMING=1, command buffers off)")
+            mode = meta.get("kernel_timing", "1")
+            print("(kernel) rows: CUDA events around our kernel alone (JAX_MOE_A2A_KERNEL_TIMING="
+                  f"{mode}{', each launch behind a GPU-side barrier' if str(mode) in ('1', 'True') else ''}, "
+                  "command buffers off)")
         if any(r.get("anchor_row") for r in mine):
             print(f"pplx rows: pplx-kernels {anchor.get('meta', {}).get('pplx_commit', '')} at the same shape and "
                   f"process count, PE 0's CUDA-event times (pplx_N.json of the anchor kit); ratios > 1: ours slower")
@@ -141,8 +144,13 @@ def plot_halves(out: dict, out_dir: str) -> list:
 
 
 # --- layers ------------------------------------------------------------------------------------
+def _placement(r):
+    """The shared expert's placement of a layer record: overlap, after or none."""
+    return r.get("placement") or ("overlap" if r["overlap"] else ("after" if r.get("shared", True) else "none"))
+
+
 def _variant(r):
-    return (r["experts"], r["overlap"], r["cmdbuf"])
+    return (r["experts"], _placement(r), r["cmdbuf"])
 
 
 def print_layers(out: dict) -> None:
@@ -172,7 +180,7 @@ def print_layers(out: dict) -> None:
             vs = f"{ref['per_layer_us']['p50'] / us:>6.2f}x" if ref and r["backend"] != "plain" else f"{'':>7}"
             vp = f"{us / plain['per_layer_us']['p50']:>7.2f}x" if plain and r["backend"] != "plain" else f"{'':>8}"
             gb = f"{r['GBps']:>7.2f}" if r.get("GBps") else f"{'':>7}"
-            shared = "overlap" if r["overlap"] else ("after" if r.get("shared") else "none")
+            shared = _placement(r)
             print(f"{r['backend']:<11} {r['experts']:<11} {shared:<10} {r['cmdbuf']:<6} {us:>12.1f} "
                   f"{r['per_layer_us']['min']:>9.1f} {vs} {vp} {gb}")
     print("vs ref: the reference backend's time / this one's (> 1: faster); vs plain: this time / the plain-XLA "
@@ -195,7 +203,8 @@ def layer_fastest(rows):
             ref = [r for r in sel if r["backend"] == "reference" and _variant(r) == _variant(best)]
             vs = (f", {ref[0]['per_layer_us']['p50'] / best['per_layer_us']['p50']:.2f}x the reference backend"
                   if ref and best["backend"] != "reference" else "")
-            shared = "shared expert overlapped" if best["overlap"] else "shared expert after combine"
+            shared = {"overlap": "shared expert overlapped", "after": "shared expert after combine",
+                      "none": "no shared expert"}[_placement(best)]
             lines.append(f"fastest MoE layer at {shape}, {experts} experts: {best['backend']} "
                          f"({best['per_layer_us']['p50']:.1f} µs/layer, {shared}, command buffers {best['cmdbuf']}{vs})")
     return lines
@@ -226,7 +235,7 @@ def plot_layers(out: dict, out_dir: str) -> list:
             x = np.arange(len(variants)) + (i - (len(backends) - 1) / 2) * width
             ax.bar(x, vals, width, label=b)
         ax.set_xticks(np.arange(len(variants)))
-        ax.set_xticklabels([f"{e}\n{'overlap' if o else 'no overlap'}\ncmdbuf {c}" for e, o, c in variants], fontsize=8)
+        ax.set_xticklabels([f"{e}\nshared {o}\ncmdbuf {c}" for e, o, c in variants], fontsize=8)
         ax.set_title(_shape_note(mine, shape))
         ax.set_ylabel(f"{unit} per layer (p50)")
         ax.set_ylim(bottom=0)

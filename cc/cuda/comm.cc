@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "core/registry.h"
+#include "cuda/kernels.h"
 #include "gpu/check.h"
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
 #include "cuda/remote_path.h"
@@ -114,7 +115,9 @@ RankState::RankState(const CudaOptions& o, int rank, int device, int local_index
 
 cudaError_t RankState::launch_timed(int op, cudaStream_t stream, cudaError_t (*launch)(const void*, int, cudaStream_t),
                                     const void* params) {
-  const bool timed = timer_.begin(op, stream);
+  const bool timed = timer_.begin(op, stream, [this](cudaStream_t s) {
+    return launch_timing_barrier(slot(0), o_.g.N, ++timing_barriers_, s);
+  });
   cudaError_t rc = launch(params, blocks_, stream);
   while (rc == cudaErrorCooperativeLaunchTooLarge && blocks_ > 1) {
     // Fewer SMs than the device reports (an MPS client limited by CUDA_MPS_ACTIVE_THREAD_PERCENTAGE):

@@ -56,8 +56,9 @@ class RankState {
   std::string error_text() const;
   uint8_t* shared_base() const { return shared_; }
 
-  // Kernel timing (JAX_MOE_A2A_KERNEL_TIMING=1 at creation): CUDA events around each launch,
-  // op 0..3 = dispatch_send, dispatch_recv, combine_send, combine_recv. Not recorded while XLA
+  // Kernel timing (JAX_MOE_A2A_KERNEL_TIMING=1 or nosync at creation, gpu/kernel_timer.h): CUDA
+  // events around each launch (with 1, after a GPU-side barrier of the node-local ranks), op
+  // 0..3 = dispatch_send, dispatch_recv, combine_send, combine_recv. Not recorded while XLA
   // captures a command buffer (events there would time graph construction, not the kernel).
   cudaError_t launch_timed(int op, cudaStream_t stream, cudaError_t (*launch)(const void*, int, cudaStream_t),
                            const void* params);
@@ -76,6 +77,7 @@ class RankState {
   std::vector<uint8_t*> opened_;    // IPC mappings to close
   std::unique_ptr<RemotePath> remote_;
   KernelTimer timer_;
+  uint64_t timing_barriers_ = 0;  // timing barriers passed (every rank counts the same launches)
 };
 
 class CudaComm {

@@ -29,5 +29,8 @@ cudaError_t launch_dispatch_send_regs(const DispatchSendParams& p, int kind, int
 cudaError_t launch_dispatch_recv(const DispatchRecvParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_combine_send(const CombineSendParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_combine_recv(const CombineRecvParams& p, int blocks, cudaStream_t stream);
+// Kernel timing only (cuda/timing_barrier.cu): a barrier of the node-local ranks on `stream`,
+// the count-th one (every rank passes the same count).
+cudaError_t launch_timing_barrier(const SlotPtrs& slot0, int num_ranks, uint64_t count, cudaStream_t stream);
 
 }  // namespace a2a::cuda

@@ -9,6 +9,7 @@
 #include "ffi/handlers.h"
 #include "nvshmem/comm.h"
 #include "nvshmem/kernels.h"
+#include "nvshmem/runtime.h"
 
 namespace {
 
@@ -32,10 +33,11 @@ struct NvshmemBackend {
     return rank;
   }
 
-  // Between CUDA events when kernel timing is on (op 0..3 as in cuda::KernelTimer).
+  // Between CUDA events when kernel timing is on (op 0..3 as in cuda::KernelTimer), after a
+  // barrier of every PE on the stream in mode 1.
   template <typename P>
   static cudaError_t launch(Rank& c, int op, cudaStream_t stream, const P& p) {
-    const bool timed = c.timer().begin(op, stream);
+    const bool timed = c.timer().begin(op, stream, nv::barrier_all_on_stream);
     cudaError_t rc = launch_kernel(c, stream, p);
     if (rc == cudaSuccess && timed) rc = c.timer().end(op, stream);
     return rc;

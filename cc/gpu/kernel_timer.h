@@ -1,5 +1,11 @@
 // CUDA-event times of the four halves' kernels, shared by the cuda and nvshmem backends
-// (JAX_MOE_A2A_KERNEL_TIMING=1 at communicator creation; read by the benchmarks).
+// (JAX_MOE_A2A_KERNEL_TIMING at communicator creation; read by the benchmarks):
+//   1       a GPU-side barrier of the EP group on the stream, then the start event, the kernel,
+//           the end event: pplx-kernels' benchmark method. With N processes time-slicing one
+//           GPU, a host barrier leaves each process's events around other processes' work too
+//           (the bimodal times of 2026-12-02, docs/benchmarks.md); the barrier on the stream
+//           lines every rank's kernel up behind the same point.
+//   nosync  the events alone (no barrier): what the benchmarks measured before 2026-12-03.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,24 +32,31 @@ class KernelTimer {
   KernelTimer(const KernelTimer&) = delete;
   KernelTimer& operator=(const KernelTimer&) = delete;
 
-  // With the communicator's device current: creates the events when JAX_MOE_A2A_KERNEL_TIMING=1.
-  // Returns whether timing is on.
+  // With the communicator's device current: creates the events when JAX_MOE_A2A_KERNEL_TIMING
+  // is 1 or nosync. Returns whether timing is on.
   bool init(const char* who) {
     const char* env = std::getenv("JAX_MOE_A2A_KERNEL_TIMING");
-    if (on_ || !env || std::strcmp(env, "1") != 0) return on_;
+    if (on_ || !env) return on_;
+    const bool sync = std::strcmp(env, "1") == 0, nosync = std::strcmp(env, "nosync") == 0;
+    if (!sync && !nosync) return on_;
     for (auto& pair : events_)
       for (auto& e : pair) check_cuda(cudaEventCreate(&e), who, "cudaEventCreate");
     on_ = true;
+    sync_ = sync;
     return on_;
   }
   bool enabled() const { return on_; }
+  bool synchronised() const { return sync_; }
 
-  // Records op's start on `stream` when timing is on and the stream is not capturing; returns
-  // whether the launch is timed (then call end() after it).
-  bool begin(int op, cudaStream_t stream) {
+  // When timing is on and the stream is not capturing: `barrier(stream)` (the backend's GPU-side
+  // barrier of the EP group, returning a cudaError_t; in mode 1 only), then op's start event.
+  // Returns whether the launch is timed (then call end() after it).
+  template <typename Barrier>
+  bool begin(int op, cudaStream_t stream, Barrier&& barrier) {
     if (!on_ || op < 0 || op >= kOps) return false;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return false;
+    if (sync_ && barrier(stream) != cudaSuccess) return false;
     return cudaEventRecord(events_[op][0], stream) == cudaSuccess;
   }
   cudaError_t end(int op, cudaStream_t stream) {
@@ -64,6 +77,7 @@ class KernelTimer {
 
  private:
   bool on_ = false;
+  bool sync_ = false;
   cudaEvent_t events_[kOps][2] = {};
   bool recorded_[kOps] = {};
 };

@@ -21,6 +21,7 @@ struct SyncFlags {
   uint64_t d_free[kMaxRanks];     // receiver d finished reading our rows of epoch e: e + 1
   uint64_t c_arrived[kMaxRanks];  // expert rank e wrote our combine rows for epoch c: c + 1
   uint64_t c_free[kMaxRanks];     // rank m finished reading our combine rows of epoch c: c + 1
+  uint64_t timing[kMaxRanks];     // rank r reached its b-th timing barrier: b (slot 0 only; cuda/timing_barrier.cu)
 };
 
 struct Epochs {  // device-side counters so that kernels need no per-call host parameters

@@ -149,4 +149,9 @@ void barrier_all() {
   nvshmem_barrier_all();
 }
 
+cudaError_t barrier_all_on_stream(cudaStream_t stream) {
+  nvshmemx_barrier_all_on_stream(stream);
+  return cudaGetLastError();
+}
+
 }  // namespace a2a::nvshmem

@@ -5,6 +5,8 @@
 // allocation after the first one.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <string>
 
@@ -37,5 +39,9 @@ void arena_free(int64_t offset);
 // Host barrier over every PE, after this process's device work is done (nvshmem_barrier_all:
 // supported in limited MPG mode, unlike the host collectives).
 void barrier_all();
+
+// The same barrier on `stream` (nvshmemx_barrier_all_on_stream), for kernel timing only
+// (gpu/kernel_timer.h): every PE must make the same number of calls.
+cudaError_t barrier_all_on_stream(cudaStream_t stream);
 
 }  // namespace a2a::nvshmem
