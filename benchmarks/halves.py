@@ -49,6 +49,9 @@ def parse_args(argv):
                    help="timed iterations per half (default 50 on GPUs, 5 on CPUs, 1 with --quick)")
     p.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default 5 on GPUs, else 1)")
     p.add_argument("--no-check", action="store_true", help="skip the oracle check")
+    p.add_argument("--x-dtype", default="f32", choices=("f32", "bf16", "fp8"),
+                   help="dtype of dispatch_send's x: f32 / bf16 (fp8 dispatch quantises in the send half), or fp8 "
+                        "pre-quantised with its f32 scales (the send half copies: what pplx-kernels' dispatch takes)")
     p.add_argument("--json-out", default=None, help=argparse.SUPPRESS)  # child processes: results only
     p.add_argument("--anchor-json", default=os.environ.get("JAX_MOE_A2A_ANCHOR_JSON"),
                    help="folder with the pplx anchor kit's pplx_N.json (default $JAX_MOE_A2A_ANCHOR_JSON)")
@@ -64,8 +67,13 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0):
     from jax_moe_a2a import oracle, testing
 
     spec, mesh, n = comm.spec, comm.mesh, comm.num_ranks
-    inputs = testing.make_inputs(spec, n, args.seed, num_tokens=spec.max_tokens_per_rank)
+    prequantized = args.x_dtype == "fp8" and spec.is_fp8
+    inputs = testing.make_inputs(spec, n, args.seed, num_tokens=spec.max_tokens_per_rank,
+                                 input_dtype=np.float32 if args.x_dtype == "f32" else jnp.bfloat16,
+                                 prequantized=prequantized)
     record = {"backend": comm.backend_name, "shape": shape_name, "ranks": n, "processes": jax.process_count(),
+              "x_dtype": "fp8 (pre-quantised)" if prequantized else ("f32" if args.x_dtype == "f32" else "bf16"),
+              "local_path": bool(comm.diagnostics().get("local_path")),
               "spec": {"T": spec.max_tokens_per_rank, "H": spec.hidden, "E": spec.num_experts,
                        "K": spec.experts_per_token, "dispatch_dtype": str(spec.dispatch_dtype),
                        "combine_dtype": str(spec.combine_dtype), "layout": spec.layout},
@@ -89,18 +97,20 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0):
     axis = comm.axis
     glob = [testing.stack_global(mesh, axis, [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
     glob.append(testing.stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs]))
+    if prequantized:
+        glob.append(testing.stack_global(mesh, axis, [i.x_scale for i in inputs]))
     add = lambda t: jax.tree.map(lambda a: a[None], t)   # per-rank leaf -> [1, ...] for out_specs
     rm = lambda t: jax.tree.map(lambda a: a[0], t)
 
     def sm(fn, nin):
         return jax.jit(testing.shard_map(fn, mesh=mesh, in_specs=(P(axis),) * nin, out_specs=P(axis)))
 
-    f_ds = sm(lambda x, i, w, k: add(comm.dispatch_send(x, i, w, k)), 4)
+    f_ds = sm(lambda x, i, w, k, *xs: add(comm.dispatch_send(x, i, w, k, x_scale=xs[0] if xs else None)), len(glob))
     f_dr = sm(lambda h: add(comm.dispatch_recv(rm(h))), 1)
     f_y = sm(lambda g: add(testing.expert_fn_jax(spec, n, rm(g), jnp.bfloat16)), 1)
     f_cs = sm(lambda y, g: add(comm.combine_send(rm(y), rm(g))), 2)
     f_cr = sm(lambda h: add(comm.combine_recv(rm(h))), 1)
-    f_d = sm(lambda x, i, w, k: add(comm.dispatch(x, i, w, k)), 4)
+    f_d = sm(lambda x, i, w, k, *xs: add(comm.dispatch(x, i, w, k, x_scale=xs[0] if xs else None)), len(glob))
     f_c = sm(lambda y, g: add(comm.combine(rm(y), rm(g))), 2)
 
     samples = {h: [] for h in HALVES}
@@ -205,13 +215,16 @@ def run(jax, args, progress_label=""):
 
 
 def merged_report(paths) -> dict:
-    """Several halves.json (e.g. N = 2 and N = 4 processes) as one: backends tagged with N."""
+    """Several halves.json (e.g. N = 2 and N = 4 processes) as one: backends tagged with N (and x's
+    dtype when not f32)."""
     out = None
     for path in paths:
         with open(path) as f:
             part = json.load(f)
         for r in part["results"]:
-            r["backend"] = f"{r['backend']} N={r.get('processes', part['meta'].get('processes'))}"
+            x = {"bf16": " x=bf16", "fp8 (pre-quantised)": " x=fp8"}.get(r.get("x_dtype"), "")
+            local = " EP=1 path" if r.get("local_path") else ""
+            r["backend"] = f"{r['backend']} N={r.get('processes', part['meta'].get('processes'))}{x}{local}"
         if out is None:
             out = part
         else:

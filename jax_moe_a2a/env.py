@@ -46,6 +46,9 @@ VARS = (
         "option wins)"),
     Var("NVSHMEM_ARENA", "int", "2x the first communicator's need, >= 256 MiB", "jax_moe_a2a/backends/nvshmem.py",
         "nvshmem backend: bytes of the symmetric arena (fixed by the process's first communicator)"),
+    Var("LOCAL_PATH", "auto|0", "auto", "jax_moe_a2a/backends/ffi.py (at the first call of a communicator)",
+        "cuda, nvshmem backends at EP = 1 (one rank on the EP axis): `auto` runs dispatch and combine as one "
+        "kernel each without communication buffers; `0` runs the exchange halves (tests, benchmarks)"),
     Var("LOCAL_DEVICE_IDS", "str", "JAX decides", "jax_moe_a2a/runtime.py (examples/serve.py, tests/conftest.py)",
         "`local_device_ids` for jax.distributed.initialize: `0`, `0,1` (every process takes those) or "
         "`local_rank` (the Open MPI / Slurm node-local rank)"),

@@ -106,7 +106,7 @@ def _cuda_bytes(spec, n):
     """cuda::make_geometry's shared + private bytes by formula (combine rows in the combine dtype)."""
     l_count, p, t = spec.local_experts(n), spec.rows_per_peer(n), spec.max_tokens_per_rank
     row = _pad(spec.hidden * spec.dispatch_dtype.itemsize + 4 * spec.num_scales + 8)
-    off_rows = _pad(4 * 64 * 8) + _pad(n * l_count * 4)
+    off_rows = _pad(5 * 64 * 8) + _pad(n * l_count * 4)  # SyncFlags: five [64] uint64 flag arrays
     shared = _pad(off_rows + n * p * row + n * spec.tp_size * p * spec.hidden * spec.combine_dtype.itemsize)
     scratch = 4 * (2 * t * spec.experts_per_token + 2 * spec.tp_size * spec.num_experts)
     private = _pad(t * row + _pad(scratch) + 48)
@@ -183,7 +183,7 @@ def test_ep8_decode_buffers():
     cfg = Config.build(spec, 8, "cuda")
     regions = CudaBackend().buffer_regions(cfg)
     total = CudaBackend().buffer_bytes(cfg)
-    assert total == sum(regions.values()) == _cuda_bytes(spec, 8) == 358_176_864
+    assert total == sum(regions.values()) == _cuda_bytes(spec, 8) == 358_177_888
     assert regions["shared_combine_rows"] == 2 * 8 * 1024 * 7168 * 2  # [N][tp][P][H] bf16, per slot
     assert regions["shared_dispatch_rows"] == 2 * 8 * 1024 * 7408     # [N src][P][row], fp8 rows + scales
     assert total / 2**20 < 342

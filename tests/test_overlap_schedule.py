@@ -63,7 +63,10 @@ def _describe(found, halves):
 
 
 @pytest.mark.skipif("cuda" not in BACKENDS, reason="needs the cuda backend (XLA:CPU drops barriers before scheduling)")
-def test_shared_expert_scheduled_between_send_and_recv_gpu(mesh):
+def test_shared_expert_scheduled_between_send_and_recv_gpu(mesh, monkeypatch):
+    # the exchange halves even on one GPU (EP = 1 otherwise takes the local path: one call per op,
+    # nothing in flight between them)
+    monkeypatch.setenv("JAX_MOE_A2A_LOCAL_PATH", "0")
     found, windows, halves, seq = _schedule("cuda", mesh, "overlap")
     for s in SCOPES:
         outside = [i for i in found[s] if i not in windows[s]]

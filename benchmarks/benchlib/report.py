@@ -20,6 +20,7 @@ def _shape_note(rows, shape):
         return shape
     s = r["spec"]
     return (f"{shape}: T={s['T']} H={s['H']} E={s['E']} K={s['K']}, {r['ranks']} ranks"
+            + (f", x {r['x_dtype']}" if r.get("x_dtype") else "")
             + (", scaled down for CPUs" if r.get("scaled") else ""))
 
 

@@ -9,6 +9,7 @@
 #include "cuda/kernels.h"
 #include "ffi/gpu_handlers.h"
 #include "ffi/handlers.h"
+#include "gpu/local/local.h"
 
 namespace {
 
@@ -50,6 +51,20 @@ struct CudaBackend {
   }
   static cudaError_t launch(Rank& st, int op, cudaStream_t s, const cu::CombineRecvParams& p) {
     return timed<cu::CombineRecvParams, cu::launch_combine_recv>(st, op, s, p);
+  }
+  // EP = 1 (gpu/local/local.h)
+  struct LocalDispatch {
+    cu::LocalDispatchParams p;
+    int kind;
+  };
+  static cudaError_t launch_local_dispatch(const LocalDispatch& l, int blocks, cudaStream_t s) {
+    return cu::launch_local_dispatch(l.p, l.kind, blocks, s);
+  }
+  static cudaError_t launch(Rank& st, int op, cudaStream_t s, const cu::LocalDispatchParams& p, int kind) {
+    return timed<LocalDispatch, launch_local_dispatch>(st, op, s, LocalDispatch{p, kind});
+  }
+  static cudaError_t launch(Rank& st, int op, cudaStream_t s, const cu::LocalCombineParams& p) {
+    return timed<cu::LocalCombineParams, cu::launch_local_combine>(st, op, s, p);
   }
 };
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "gpu/local/local.h"
 #include "gpu/params.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -87,7 +88,9 @@ namespace a2a::ffi_gpu {
 //       this call's rank (kept alive by *keep until the launch returns), or null with the error
 //       text in *why; may throw
 //   static cudaError_t launch(Rank&, int op, cudaStream_t, const P&);  // for each parameter struct P
-//       op 0..3 = dispatch_send, dispatch_recv, combine_send, combine_recv (cuda::KernelTimer)
+//       op 0..3 = dispatch_send, dispatch_recv, combine_send, combine_recv (cuda::KernelTimer);
+//       the EP = 1 kernels (gpu/local/local.h) are timed as ops 0 (dispatch) and 3 (combine)
+//   static cudaError_t launch(Rank&, int op, cudaStream_t, const LocalDispatchParams&, int kind);
 template <typename Backend>
 struct Handlers {
   using Any = ffi::AnyBuffer;
@@ -103,17 +106,7 @@ struct Handlers {
                                   Any /*after*/, Out<S32> handle, Out<S32> dest, Out<S32> pair_slot, Out<S32> dropped,
                                   SendAttrs a) {
     return run<cuda::DispatchSendParams>("dispatch_send", 0, stream, dev, a.comm_id, a.slot, [&](auto* p) {
-      p->x = x.untyped_data();
-      p->x_kind = kind_of(x.element_type());
-      p->x_scale = x_scale.element_count() ? x_scale.typed_data() : nullptr;
-      p->ids = ids.typed_data();
-      p->weights = weights.typed_data();
-      p->num_tokens = num_tokens.typed_data();
-      p->handle = handle->typed_data();
-      p->dest = dest->typed_data();
-      p->pair_slot = pair_slot->typed_data();
-      p->dropped = dropped->typed_data();
-      return p->x_kind >= 0;
+      return fill_send(p, x, x_scale, ids, weights, num_tokens, handle, dest, pair_slot, dropped);
     });
   }
 
@@ -124,15 +117,7 @@ struct Handlers {
                                   Out<S32> recv_counts, Out<S32> overflow, RecvAttrs a) {
     return run<cuda::DispatchRecvParams>("dispatch_recv", 1, stream, dev, a.comm_id, a.slot, [&](auto* p) {
       p->handle = handle.typed_data();
-      p->x = x->untyped_data();
-      p->scale = scale->element_count() ? scale->typed_data() : nullptr;
-      p->group_sizes = group_sizes->typed_data();
-      p->weights = weights->typed_data();
-      p->src = src->typed_data();
-      p->recv_slot = recv_slot->typed_data();
-      p->recv_counts = recv_counts->typed_data();
-      p->overflow = overflow->typed_data();
-      return true;
+      return fill_recv(p, x, scale, group_sizes, weights, src, recv_slot, recv_counts, overflow);
     });
   }
 
@@ -158,27 +143,120 @@ struct Handlers {
                                  S32 num_tokens, Any out_in, Out<Any> out, Out<F32> pairs, CombineRecvAttrs a) {
     return run<cuda::CombineRecvParams>("combine_recv", 3, stream, dev, a.comm_id, a.slot, [&](auto* p) {
       p->handle = handle.typed_data();
-      p->y_kind = a.y_kind;
-      p->dest = dest.typed_data();
-      p->pair_slot = pair_slot.typed_data();
-      p->weights = weights.typed_data();
-      p->num_tokens = num_tokens.typed_data();
-      p->out_in = out_in.element_count() ? out_in.untyped_data() : nullptr;
-      p->out_in_kind = kind_of(out_in.element_type());
-      p->out = out->untyped_data();
-      p->out_kind = kind_of(out->element_type());
-      p->pairs = pairs->element_count() ? pairs->typed_data() : nullptr;
-      return true;
+      return fill_combine_recv(p, a.y_kind, dest, pair_slot, weights, num_tokens, out_in, out, pairs);
+    });
+  }
+
+  // EP = 1, the local path (gpu/local/local.h): dispatch_send's operands -> dispatch_send's
+  // results, then dispatch_recv's (as in those two handlers). One kernel where it applies
+  // (local_dispatch_kind), else the two exchange kernels back to back on the slot's buffers.
+  static ffi::Error local_dispatch(Stream stream, Device dev, Any x, F32 x_scale, S32 ids, F32 weights,
+                                   S32 num_tokens, Any /*after*/, Out<S32> handle, Out<S32> dest, Out<S32> pair_slot,
+                                   Out<S32> dropped, Out<Any> rx, Out<F32> rscale, Out<S32> group_sizes,
+                                   Out<F32> rweights, Out<S32> src, Out<S32> recv_slot, Out<S32> recv_counts,
+                                   Out<S32> overflow, SendAttrs a) {
+    return run<cuda::LocalDispatchParams>(
+        "dispatch (EP = 1)", 0, stream, dev, a.comm_id, a.slot,
+        [&](auto* p) {
+          p->r.handle = handle->typed_data();
+          return fill_send(&p->s, x, x_scale, ids, weights, num_tokens, handle, dest, pair_slot, dropped) &&
+                 fill_recv(&p->r, rx, rscale, group_sizes, rweights, src, recv_slot, recv_counts, overflow);
+        },
+        [](typename Backend::Rank& rank, int, cudaStream_t s, const cuda::LocalDispatchParams& p) {
+          const int kind = cuda::local_dispatch_kind(p);
+          if (kind >= 0) return Backend::launch(rank, 0, s, p, kind);
+          cudaError_t rc = Backend::launch(rank, 0, s, p.s);
+          return rc == cudaSuccess ? Backend::launch(rank, 1, s, p.r) : rc;
+        });
+  }
+
+  // EP = 1: combine_send and combine_recv in one kernel that reads y where it is. y [R', H]
+  // f32/bf16/f16, recv_counts [1, L], dest/pair_slot [T, K], weights [T, K], num_tokens [],
+  // out_in [T, H] or empty -> out [T, H] combine dtype, pairs [T, K, H] f32 or empty.
+  static ffi::Error local_combine(Stream stream, Device dev, Any y, S32 recv_counts, S32 dest, S32 pair_slot,
+                                  F32 weights, S32 num_tokens, Any out_in, Out<Any> out, Out<F32> pairs,
+                                  SendAttrs a) {
+    return run<cuda::LocalCombineParams>("combine (EP = 1)", 3, stream, dev, a.comm_id, a.slot, [&](auto* p) {
+      p->y = y.untyped_data();
+      p->recv_counts = recv_counts.typed_data();
+      const int y_kind = kind_of(y.element_type());
+      return y_kind >= 0 && y_kind != 3 &&
+             fill_combine_recv(&p->c, y_kind, dest, pair_slot, weights, num_tokens, out_in, out, pairs);
     });
   }
 
  private:
+  // The operands of each half into its parameter struct (shared by the halves and the EP = 1
+  // handlers); false for an operand dtype the kernels do not take.
+  static bool fill_send(cuda::DispatchSendParams* p, Any x, F32 x_scale, S32 ids, F32 weights, S32 num_tokens,
+                        Out<S32>& handle, Out<S32>& dest, Out<S32>& pair_slot, Out<S32>& dropped) {
+    p->x = x.untyped_data();
+    p->x_kind = kind_of(x.element_type());
+    p->x_scale = x_scale.element_count() ? x_scale.typed_data() : nullptr;
+    p->ids = ids.typed_data();
+    p->weights = weights.typed_data();
+    p->num_tokens = num_tokens.typed_data();
+    p->handle = handle->typed_data();
+    p->dest = dest->typed_data();
+    p->pair_slot = pair_slot->typed_data();
+    p->dropped = dropped->typed_data();
+    return p->x_kind >= 0;
+  }
+  static bool fill_recv(cuda::DispatchRecvParams* p, Out<Any>& x, Out<F32>& scale, Out<S32>& group_sizes,
+                        Out<F32>& weights, Out<S32>& src, Out<S32>& recv_slot, Out<S32>& recv_counts,
+                        Out<S32>& overflow) {
+    p->x = x->untyped_data();
+    p->scale = scale->element_count() ? scale->typed_data() : nullptr;
+    p->group_sizes = group_sizes->typed_data();
+    p->weights = weights->typed_data();
+    p->src = src->typed_data();
+    p->recv_slot = recv_slot->typed_data();
+    p->recv_counts = recv_counts->typed_data();
+    p->overflow = overflow->typed_data();
+    return true;
+  }
+  static bool fill_combine_recv(cuda::CombineRecvParams* p, int32_t y_kind, S32 dest, S32 pair_slot, F32 weights,
+                                S32 num_tokens, Any out_in, Out<Any>& out, Out<F32>& pairs) {
+    p->y_kind = y_kind;
+    p->dest = dest.typed_data();
+    p->pair_slot = pair_slot.typed_data();
+    p->weights = weights.typed_data();
+    p->num_tokens = num_tokens.typed_data();
+    p->out_in = out_in.element_count() ? out_in.untyped_data() : nullptr;
+    p->out_in_kind = kind_of(out_in.element_type());
+    p->out = out->untyped_data();
+    p->out_kind = kind_of(out->element_type());
+    p->pairs = pairs->element_count() ? pairs->typed_data() : nullptr;
+    return true;
+  }
+
+  // The rank's geometry and slot pointers into a parameter struct (both halves' for the EP = 1 ones).
+  template <typename P>
+  static void init(P* p, typename Backend::Rank& rank, int32_t slot) {
+    p->g = rank.geometry();
+    p->p = rank.slot(slot);
+  }
+  static void init(cuda::LocalDispatchParams* p, typename Backend::Rank& rank, int32_t slot) {
+    init(&p->s, rank, slot);
+    init(&p->r, rank, slot);
+  }
+  static void init(cuda::LocalCombineParams* p, typename Backend::Rank& rank, int32_t slot) { init(&p->c, rank, slot); }
+
+ private:
   // Finds the rank, raises an error a kernel recorded earlier, fills P (the rank's geometry and
   // slot pointers, then the operands: `fill` returns false for an operand dtype the kernels do not
-  // take), makes `dev` current and launches.
+  // take), makes `dev` current and launches (Backend::launch, or `launch` for the EP = 1 dispatch).
   template <typename P, typename Fill>
   static ffi::Error run(const char* op, int op_index, Stream stream, Device dev, int64_t comm_id, int32_t slot,
                         Fill&& fill) {
+    return run<P>(op, op_index, stream, dev, comm_id, slot, fill,
+                  [](typename Backend::Rank& rank, int i, cudaStream_t s, const P& p) {
+                    return Backend::launch(rank, i, s, p);
+                  });
+  }
+  template <typename P, typename Fill, typename Launch>
+  static ffi::Error run(const char* op, int op_index, Stream stream, Device dev, int64_t comm_id, int32_t slot,
+                        Fill&& fill, Launch&& launch) {
     const auto fail = [&](const std::string& what) {
       return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_moe_a2a ") + Backend::kName + " " + op + ": " + what);
     };
@@ -189,12 +267,11 @@ struct Handlers {
       if (!rank) return ffi::Error(ffi::ErrorCode::kInternal, why);
       rank->check_error();
       P p{};
-      p.g = rank->geometry();
-      p.p = rank->slot(slot);
+      init(&p, *rank, slot);
       cudaError_t rc = fill(&p) ? cudaSuccess : cudaErrorInvalidValue;
       int cur = -1;
       if (rc == cudaSuccess && (cudaGetDevice(&cur) != cudaSuccess || cur != dev.ordinal)) rc = cudaSetDevice(dev.ordinal);
-      if (rc == cudaSuccess) rc = Backend::launch(*rank, op_index, stream.s, p);
+      if (rc == cudaSuccess) rc = launch(*rank, op_index, stream.s, p);
       if (rc != cudaSuccess) return fail(cudaGetErrorString(rc));
       return ffi::Error::Success();
     } catch (const std::exception& e) {
@@ -214,9 +291,12 @@ struct Handlers {
     return handler->Call(call_frame);                                                                   \
   }
 
-// The four handler symbols <prefix>DispatchSend, ... (cc/ffi/handlers.h) of backend `Backend`.
+// The handler symbols <prefix>DispatchSend, ..., <prefix>LocalDispatch, <prefix>LocalCombine
+// (cc/ffi/handlers.h) of backend `Backend`.
 #define A2A_GPU_HANDLERS(prefix, Backend)                                                               \
   A2A_GPU_HANDLER(prefix##DispatchSend, &::a2a::ffi_gpu::Handlers<Backend>::dispatch_send)              \
   A2A_GPU_HANDLER(prefix##DispatchRecv, &::a2a::ffi_gpu::Handlers<Backend>::dispatch_recv)              \
   A2A_GPU_HANDLER(prefix##CombineSend, &::a2a::ffi_gpu::Handlers<Backend>::combine_send)                \
-  A2A_GPU_HANDLER(prefix##CombineRecv, &::a2a::ffi_gpu::Handlers<Backend>::combine_recv)
+  A2A_GPU_HANDLER(prefix##CombineRecv, &::a2a::ffi_gpu::Handlers<Backend>::combine_recv)                \
+  A2A_GPU_HANDLER(prefix##LocalDispatch, &::a2a::ffi_gpu::Handlers<Backend>::local_dispatch)            \
+  A2A_GPU_HANDLER(prefix##LocalCombine, &::a2a::ffi_gpu::Handlers<Backend>::local_combine)

@@ -20,6 +20,9 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaDispatchSend);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaDispatchRecv);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaCombineSend);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaCombineRecv);
+// ... and its EP = 1 path (cc/gpu/local): dispatch and combine each one kernel, no communication.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaLocalDispatch);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaLocalCombine);
 #endif
 #if defined(JAX_MOE_A2A_WITH_NVSHMEM)
 // nvshmem backend (cc/nvshmem): the four halves on NVIDIA GPUs, peers over NVSHMEM puts and signals.
@@ -27,4 +30,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aNvshmemDispatchSend);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aNvshmemDispatchRecv);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aNvshmemCombineSend);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aNvshmemCombineRecv);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aNvshmemLocalDispatch);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aNvshmemLocalCombine);
 #endif

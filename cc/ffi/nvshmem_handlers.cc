@@ -7,6 +7,7 @@
 
 #include "ffi/gpu_handlers.h"
 #include "ffi/handlers.h"
+#include "gpu/local/local.h"
 #include "nvshmem/comm.h"
 #include "nvshmem/kernels.h"
 #include "nvshmem/runtime.h"
@@ -35,10 +36,10 @@ struct NvshmemBackend {
 
   // Between CUDA events when kernel timing is on (op 0..3 as in cuda::KernelTimer), after a
   // barrier of every PE on the stream in mode 1.
-  template <typename P>
-  static cudaError_t launch(Rank& c, int op, cudaStream_t stream, const P& p) {
+  template <typename P, typename... Extra>
+  static cudaError_t launch(Rank& c, int op, cudaStream_t stream, const P& p, Extra... extra) {
     const bool timed = c.timer().begin(op, stream, nv::barrier_all_on_stream);
-    cudaError_t rc = launch_kernel(c, stream, p);
+    cudaError_t rc = launch_kernel(c, stream, p, extra...);
     if (rc == cudaSuccess && timed) rc = c.timer().end(op, stream);
     return rc;
   }
@@ -53,6 +54,13 @@ struct NvshmemBackend {
   }
   static cudaError_t launch_kernel(Rank& c, cudaStream_t s, const cu::CombineRecvParams& p) {
     return nv::launch_combine_recv(p, c.nv(), c.blocks(), s);
+  }
+  // EP = 1 (gpu/local/local.h): no NVSHMEM memory involved
+  static cudaError_t launch_kernel(Rank& c, cudaStream_t s, const cu::LocalDispatchParams& p, int kind) {
+    return cu::launch_local_dispatch(p, kind, c.blocks(), s);
+  }
+  static cudaError_t launch_kernel(Rank& c, cudaStream_t s, const cu::LocalCombineParams& p) {
+    return cu::launch_local_combine(p, c.blocks(), s);
   }
 };
 

@@ -14,6 +14,9 @@
 namespace a2a::cuda {
 
 constexpr int kMaxRanks = 64;
+// Shared memory a block-routed kernel's routing tables may take (gpu/block_route.cuh): past it
+// (large T), the grid-routed kernels.
+constexpr int64_t kBlockRoutingSmem = 48 * 1024;
 
 // Flags written by peers into our shared memory (monotonic epoch + 1 values).
 struct SyncFlags {
@@ -134,6 +137,21 @@ struct CombineRecvParams {
   void* out;                // [T, H] out_kind
   int out_kind;
   float* pairs;             // [T, K, H] or null
+};
+
+// EP = 1 (one rank on the EP axis): the "local path" of the GPU backends (gpu/local/), which
+// moves nothing between ranks and so needs no communication memory. One dispatch kernel reads
+// dispatch_send's operands and writes dispatch_send's and dispatch_recv's results; one combine
+// kernel reads the expert outputs y where they are.
+struct LocalDispatchParams {
+  DispatchSendParams s;  // x, x_scale, ids, weights, num_tokens -> handle, dest, pair_slot, dropped
+  DispatchRecvParams r;  // -> x, scale, group_sizes, weights, src, recv_slot, recv_counts, overflow
+};
+
+struct LocalCombineParams {
+  CombineRecvParams c;         // dest, pair_slot, weights, num_tokens, out_in -> out, pairs
+  const void* y;               // [R', H] c.y_kind: the expert outputs in got.x's layout
+  const int32_t* recv_counts;  // [1, L] from the dispatch: rows per local expert
 };
 
 }  // namespace a2a::cuda

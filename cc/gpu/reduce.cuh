@@ -14,27 +14,53 @@ namespace a2a::cuda {
 //   out[t, h] = sum_k weights[t, k] * row(t, d, slot)[h] (+ out_in[t, h]), f32 accumulation in k order,
 //   pairs[t, k, h] = row(t, d, slot)[h] (0 for pairs not routed and tokens t >= n),
 // where q = t * K + k, d = dest[q], slot = pair_slot[q] and row(t, d, slot) is the start of that
-// pair's y row (H elements of y_kind, 16-byte aligned). Work items are (token, 256-element segment), one warp each, so that
-// a decode batch (T = 128) still spreads over every SM; a lane reduces 8 consecutive elements with
-// 16-byte loads and stores. One thread per element when H % 8 != 0 or a buffer is fp8.
-constexpr int kReduceVec = 8;
-constexpr int kReduceSegment = 32 * kReduceVec;
+// pair's y row (H elements of y_kind, 16-byte aligned). Work items are (token, segment), one warp
+// each, so that a decode batch (T = 128) still spreads over every SM; a lane reduces 32 bytes of
+// each pair's row (16 bf16/f16 or 8 f32 elements: two 16-byte loads per pair) with 16-byte loads
+// and stores. One thread per element when H % 8 != 0 or a buffer is fp8.
+constexpr int kReduceVec = 8;  // elements of one load_raw8 / store_vec8
 constexpr int kReduceBatch = 8;
+// Elements per lane and per warp item for y of kind YKind: 32 bytes of y per pair and lane. At
+// decode (T = 128, H = 7168, bf16) that is 1,792 items, one round over a 132-SM grid of 16-warp
+// blocks; with 16 bytes per lane (before 2026-12-03) it was 3,584 items, two rounds, each paying
+// the dependent metadata and row loads again.
+template <int YKind>
+struct ReduceShape {
+  static constexpr int kParts = YKind == 0 ? 1 : 2;  // load_raw8 calls per pair and lane
+  static constexpr int kLane = kParts * kReduceVec;  // elements per lane
+  static constexpr int kSegment = 32 * kLane;        // elements per warp item
+  // pairs whose row loads are in flight at once: 8 x 16 bytes, or 4 x 32 bytes (8 x 32 spilled
+  // past the 128 registers a 512-thread block allows)
+  static constexpr int kBatch = kParts == 1 ? kReduceBatch : kReduceBatch / 2;
+};
 
 // The vector path of reduce_combine for y rows of kind YKind (H % 8 == 0, 16-byte aligned buffers).
 template <int YKind, typename RowFn>
 __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
+  using RS = ReduceShape<YKind>;
+  constexpr int kParts = RS::kParts;
+  constexpr int kBatch = RS::kBatch;
   const Geometry& g = P.g;
-  const int64_t segs = (g.H + kReduceSegment - 1) / kReduceSegment;
+  const int64_t segs = (g.H + RS::kSegment - 1) / RS::kSegment;
   for (int64_t w = ix.gwarp; w < int64_t(g.T) * segs; w += ix.nwarps) {
     const int t = static_cast<int>(w / segs);
-    const int64_t h = (w % segs) * kReduceSegment + int64_t(ix.lane) * kReduceVec;
-    const bool on = h < g.H;  // lanes past H only take part in the shuffles below
-    float acc[kReduceVec];
+    const int64_t h0 = (w % segs) * RS::kSegment + int64_t(ix.lane) * RS::kLane;
+    bool on[kParts];  // lanes past H only take part in the shuffles below (H % 8 == 0: parts are whole)
 #pragma unroll
-    for (int i = 0; i < kReduceVec; ++i) acc[i] = 0.f;
-    float o[kReduceVec];  // out_in's values, loaded first so that their latency overlaps the rows'
-    if (on && P.out_in) load_vec8(P.out_in, int64_t(t) * g.H + h, P.out_in_kind, o);
+    for (int c = 0; c < kParts; ++c) on[c] = h0 + c * kReduceVec < g.H;
+    float acc[kParts][kReduceVec];
+#pragma unroll
+    for (int c = 0; c < kParts; ++c)
+#pragma unroll
+      for (int i = 0; i < kReduceVec; ++i) acc[c][i] = 0.f;
+    // out_in's values are added at the end: prefetched into L1 now, so that their latency overlaps
+    // the rows' (loading them into registers here spilled: the batch's row vectors take 64)
+    if (P.out_in && on[0]) {
+      const int64_t bytes_before = (int64_t(t) * g.H + h0) * (P.out_in_kind == 0 ? 4 : 2);
+      ptx::prefetch_l1(static_cast<const uint8_t*>(P.out_in) + bytes_before);
+      if (kParts * kReduceVec * (P.out_in_kind == 0 ? 4 : 2) > 32)
+        ptx::prefetch_l1(static_cast<const uint8_t*>(P.out_in) + bytes_before + 32);
+    }
     // Pairs in chunks of 32: lane i loads pair i's dest, slot and weight (one round of loads
     // instead of a dependent chain per pair), then kReduceBatch pairs' 16-byte row loads are
     // issued back to back and accumulated in k order.
@@ -49,43 +75,59 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
         if (my_d < 0 || my_d >= g.N) my_d = -1;
       }
       const int kn = min(32, g.K - kc);
-      for (int k0 = 0; k0 < kn; k0 += kReduceBatch) {
-        int4 raw[kReduceBatch][2];
-        float wt[kReduceBatch];
-        bool has[kReduceBatch];
+      for (int k0 = 0; k0 < kn; k0 += kBatch) {
+        int4 raw[kBatch][2];
+        float wt[kBatch];
+        bool has[kBatch];
         // Every load of the batch before any conversion: with each load beside its use (the
         // dtype a run-time branch), the batch ran one load latency at a time (2026-12-01 profile).
 #pragma unroll
-        for (int u = 0; u < kReduceBatch; ++u) {
+        for (int u = 0; u < kBatch; ++u) {
           const int src = min(k0 + u, 31);
           const int d = __shfl_sync(0xffffffffu, my_d, src);
           const int slot = __shfl_sync(0xffffffffu, my_slot, src);
           wt[u] = __shfl_sync(0xffffffffu, my_w, src);
-          has[u] = on && k0 + u < kn && d >= 0;
+          const uint8_t* r = k0 + u < kn && d >= 0 ? row(t, d, slot) : nullptr;
+          has[u] = r != nullptr;
           raw[u][0] = raw[u][1] = make_int4(0, 0, 0, 0);
-          if (has[u]) load_raw8<YKind>(row(t, d, slot), h, raw[u]);
-        }
-        float v[kReduceBatch][kReduceVec];
+          if (has[u]) {
+            if constexpr (kParts == 1) {  // f32: one call loads both vectors
+              if (on[0]) load_raw8<YKind>(r, h0, raw[u]);
+            } else {  // 16-bit: one vector per part
 #pragma unroll
-        for (int u = 0; u < kReduceBatch; ++u) {  // then the conversions
-          raw8_to_f32<YKind>(raw[u], v[u]);
+              for (int c = 0; c < kParts; ++c)
+                if (on[c]) load_raw8<YKind>(r, h0 + c * kReduceVec, &raw[u][c]);
+            }
+          }
           if (!has[u]) wt[u] = 0.f;
         }
+        // then the conversions and sums, pair by pair in k order
 #pragma unroll
-        for (int u = 0; u < kReduceBatch; ++u) {
+        for (int u = 0; u < kBatch; ++u) {
           if (k0 + u >= kn) break;
 #pragma unroll
-          for (int i = 0; i < kReduceVec; ++i) acc[i] = fmaf(wt[u], v[u][i], acc[i]);
-          if (on && P.pairs) store_vec8(P.pairs, (int64_t(t) * g.K + kc + k0 + u) * g.H + h, 0, v[u]);
+          for (int c = 0; c < kParts; ++c) {
+            float v[kReduceVec];
+            raw8_to_f32<YKind>(kParts == 1 ? raw[u] : &raw[u][c], v);
+#pragma unroll
+            for (int i = 0; i < kReduceVec; ++i) acc[c][i] = fmaf(wt[u], v[i], acc[c][i]);
+            if (on[c] && P.pairs)
+              store_vec8(P.pairs, (int64_t(t) * g.K + kc + k0 + u) * g.H + h0 + c * kReduceVec, 0, v);
+          }
         }
       }
     }
-    if (!on) continue;
-    if (P.out_in) {
 #pragma unroll
-      for (int i = 0; i < kReduceVec; ++i) acc[i] += o[i];
+    for (int c = 0; c < kParts; ++c) {
+      if (!on[c]) continue;
+      if (P.out_in) {
+        float o[kReduceVec];
+        load_vec8(P.out_in, int64_t(t) * g.H + h0 + c * kReduceVec, P.out_in_kind, o);
+#pragma unroll
+        for (int i = 0; i < kReduceVec; ++i) acc[c][i] += o[i];
+      }
+      store_vec8(P.out, int64_t(t) * g.H + h0 + c * kReduceVec, P.out_kind, acc[c]);
     }
-    store_vec8(P.out, int64_t(t) * g.H + h, P.out_kind, acc);
   }
 }
 
@@ -94,7 +136,8 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
 // item's first round of loads finds them there).
 __device__ inline void prefetch_reduce_meta(const CombineRecvParams& P, const GridIdx& ix) {
   const Geometry& g = P.g;
-  const int64_t segs = (g.H + kReduceSegment - 1) / kReduceSegment;
+  const int64_t seg = P.y_kind == 0 ? ReduceShape<0>::kSegment : ReduceShape<1>::kSegment;
+  const int64_t segs = (g.H + seg - 1) / seg;
   if (ix.gwarp >= int64_t(g.T) * segs || ix.lane >= g.K) return;
   const int64_t q = ix.gwarp / segs * g.K + ix.lane;
   ptx::prefetch_l1(P.dest + q);
@@ -102,11 +145,15 @@ __device__ inline void prefetch_reduce_meta(const CombineRecvParams& P, const Gr
   ptx::prefetch_l1(P.weights + q);
 }
 
+// `row(t, d, slot)` may return null for a pair with no row (counted as a row of zeros);
+// `rows_aligned`: every row it returns is 16-byte aligned (the vector path needs it).
 template <typename RowFn>
-__device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
+__device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row,
+                               bool rows_aligned = true) {
   const Geometry& g = P.g;
   const bool vec = g.H % kReduceVec == 0 && P.y_kind != 3 && P.out_kind != 3 && (!P.out_in || P.out_in_kind != 3) &&
-                   aligned16(P.out) && aligned16(P.out_in) && aligned16(P.pairs);  // XLA's buffers (ours are padded)
+                   rows_aligned && aligned16(P.out) && aligned16(P.out_in) &&
+                   aligned16(P.pairs);  // XLA's buffers (ours are padded)
   if (vec) {
     switch (P.y_kind) {
       case 0: reduce_combine_vec<0>(P, n, ix, row); return;
@@ -122,8 +169,9 @@ __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx&
       const int64_t q = int64_t(t) * g.K + k;
       const int d = t < n ? P.dest[q] : -1;
       float v = 0.f;
-      if (d >= 0 && d < g.N) {
-        v = load_elem(row(t, d, P.pair_slot[q]), h, P.y_kind);
+      const uint8_t* r = d >= 0 && d < g.N ? row(t, d, P.pair_slot[q]) : nullptr;
+      if (r != nullptr) {
+        v = load_elem(r, h, P.y_kind);
         acc = fmaf(P.weights[q], v, acc);
       }
       if (P.pairs) P.pairs[q * g.H + h] = v;

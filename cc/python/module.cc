@@ -57,12 +57,16 @@ NB_MODULE(_C, m) {
     d["jax_moe_a2a_cuda_dispatch_recv"] = capsule(A2aCudaDispatchRecv);
     d["jax_moe_a2a_cuda_combine_send"] = capsule(A2aCudaCombineSend);
     d["jax_moe_a2a_cuda_combine_recv"] = capsule(A2aCudaCombineRecv);
+    d["jax_moe_a2a_cuda_local_dispatch"] = capsule(A2aCudaLocalDispatch);
+    d["jax_moe_a2a_cuda_local_combine"] = capsule(A2aCudaLocalCombine);
 #endif
 #if defined(JAX_MOE_A2A_WITH_NVSHMEM)
     d["jax_moe_a2a_nvshmem_dispatch_send"] = capsule(A2aNvshmemDispatchSend);
     d["jax_moe_a2a_nvshmem_dispatch_recv"] = capsule(A2aNvshmemDispatchRecv);
     d["jax_moe_a2a_nvshmem_combine_send"] = capsule(A2aNvshmemCombineSend);
     d["jax_moe_a2a_nvshmem_combine_recv"] = capsule(A2aNvshmemCombineRecv);
+    d["jax_moe_a2a_nvshmem_local_dispatch"] = capsule(A2aNvshmemLocalDispatch);
+    d["jax_moe_a2a_nvshmem_local_combine"] = capsule(A2aNvshmemLocalCombine);
 #endif
     return d;
   }, "FFI handlers for the 'CUDA' platform: {target name: capsule}; empty without nvcc at build time.");

@@ -23,6 +23,7 @@ class CudaBackend(FfiBackend):
     name = "cuda"
     target = "cuda"
     debug_psum = False  # see Backend.debug_psum
+    local_path = True   # EP = 1: one kernel per op (FfiBackend, cc/gpu/local)
     OPTIONS = {
         "node_size": "ranks r, s share a node iff r // node_size == s // node_size (default every rank, or "
                      "$JAX_MOE_A2A_NODE_SIZE); other nodes' peers go through a proxy thread",
@@ -157,10 +158,13 @@ class CudaBackend(FfiBackend):
         if not hasattr(native, "kernel_ms"):  # a subclass backend without kernel timing
             return None
         ms = [native.kernel_ms(self.comm_id, r, op, *self._group_arg(g)) for g, r in self._local()]
+        if ms and min(ms) < 0 and op in (1, 2) and self.uses_local_path(self.config.num_ranks):
+            return 0.0  # EP = 1: the dispatch and combine kernels are timed as dispatch_send and combine_recv
         return None if not ms or min(ms) < 0 else max(ms) * 1e-3
 
     def diagnostics(self):
-        return {"node_size": self.config.node_size, "provider": self.provider}
+        return {"node_size": self.config.node_size, "provider": self.provider,
+                "local_path": self.uses_local_path(self.config.num_ranks)}
 
     def close(self):
         if not getattr(self, "_closed", True):

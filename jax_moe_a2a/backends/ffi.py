@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _ffi
+from .. import _ffi, env
 from ..commcall import comm_call
 from ..config import Dtype
 from .base import Backend, Ctx, finish_recv, recv_result_shapes, varying, vma
@@ -34,10 +34,18 @@ def native_reason(flag: str, missing: str, backend: str, platform: str):
 
 
 class FfiBackend(Backend):
-    """The four halves as FFI calls to `jax_moe_a2a_<target>_<half>`."""
+    """The four halves as FFI calls to `jax_moe_a2a_<target>_<half>`.
+
+    EP = 1 (`local_path`, the GPU backends): with one rank on the EP axis nothing moves between
+    ranks, so dispatch_send is one FFI call (`<target>_local_dispatch`) that produces
+    dispatch_recv's results too, dispatch_recv only unpacks them, combine_send passes y on, and
+    combine_recv is one FFI call (`<target>_local_combine`) that reduces y where it is
+    (cc/gpu/local). The results are those of the exchange halves. $JAX_MOE_A2A_LOCAL_PATH=0
+    (read when the communicator is created) runs the exchange halves at EP = 1 too."""
 
     target = "?"
     takes_rank_mask = True
+    local_path = False  # the GPU backends: EP = 1 takes the local path
 
     # ---- what differs between backends -----------------------------------------------------
     def _rank(self, ctx: Ctx) -> tuple:
@@ -71,6 +79,13 @@ class FfiBackend(Backend):
         axes = ep + tuple(a for a in ctx.group_axes if a in data_axes)
         return varying(call(*self._rank(ctx), *operands, comm_id=np.int64(ctx.comm_id), **attrs), axes)
 
+    def uses_local_path(self, num_ranks: int) -> bool:
+        """Whether the halves of a communicator over `num_ranks` EP ranks take the EP = 1 local
+        path (decided once, when first asked, so that every call of a communicator agrees)."""
+        if getattr(self, "_local", None) is None:
+            self._local = self.local_path and num_ranks == 1 and env.get_str("LOCAL_PATH", "auto") != "0"
+        return self._local
+
     def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None,
                       rank_mask=None):
         t, k = topk_ids.shape
@@ -78,20 +93,29 @@ class FfiBackend(Backend):
         outs = (jax.ShapeDtypeStruct((2,), i32), jax.ShapeDtypeStruct((t, k), i32),
                 jax.ShapeDtypeStruct((t, k), i32), jax.ShapeDtypeStruct((), i32))
         xs = x_scale if x_scale is not None else jnp.zeros((0,), jnp.float32)
-        handle, dest, pair_slot, dropped = self._call(
-            "dispatch_send", outs, ctx, x, xs, topk_ids, topk_weights.astype(jnp.float32), num_tokens.reshape(()),
-            after_operand(after), *self._mask_operands(ctx, rank_mask), slot=np.int32(slot),
-            call_id=np.int64(ctx.call_id))
-        return {"handle": handle}, {"dest": dest, "slot": pair_slot}, dropped
+        local = self.uses_local_path(ctx.num_ranks)
+        if local:  # dispatch_recv's results too, from the same call
+            outs += recv_result_shapes(ctx.spec, 1, self._counts_shape(ctx.spec, 1))
+        res = self._call(
+            "local_dispatch" if local else "dispatch_send", outs, ctx, x, xs, topk_ids,
+            topk_weights.astype(jnp.float32), num_tokens.reshape(()), after_operand(after),
+            *self._mask_operands(ctx, rank_mask), slot=np.int32(slot), call_id=np.int64(ctx.call_id))
+        handle, dest, pair_slot, dropped = res[:4]
+        arrays = {"handle": handle, "local_recv": tuple(res[4:])} if local else {"handle": handle}
+        return arrays, {"dest": dest, "slot": pair_slot}, dropped
 
     def dispatch_recv(self, ctx: Ctx, arrays, route, slot):
         spec, n = ctx.spec, ctx.num_ranks
+        if "local_recv" in arrays:  # EP = 1: produced by dispatch_send's call
+            return finish_recv(spec, n, arrays["local_recv"], route)
         outs = self._call("dispatch_recv", recv_result_shapes(spec, n, self._counts_shape(spec, n)), ctx,
                           arrays["handle"], *self._mask_operands(ctx, route.get("rank_mask")), slot=np.int32(slot))
         return finish_recv(spec, n, outs, route)
 
     def combine_send(self, ctx: Ctx, y, route, slot, after=None):
         spec = ctx.spec
+        if self.uses_local_path(ctx.num_ranks):  # EP = 1: combine_recv reads y where it is
+            return {"y": y.reshape(-1, spec.hidden), "y_dtype": jnp.zeros((0,), y.dtype)}
         handle = self._call("combine_send", jax.ShapeDtypeStruct((2,), jnp.int32), ctx, y.reshape(-1, spec.hidden),
                             *self._combine_send_routing(route.arrays), after_operand(after),
                             *self._mask_operands(ctx, route.arrays.get("rank_mask")), slot=np.int32(slot),
@@ -104,9 +128,12 @@ class FfiBackend(Backend):
         out_in = out if out is not None else jnp.zeros((0,), spec.combine_dtype)
         outs = (jax.ShapeDtypeStruct((t, h), spec.combine_dtype),
                 jax.ShapeDtypeStruct((t, k, h) if pairs else (0,), jnp.float32))
-        res, rows = self._call("combine_recv", outs, ctx, arrays["handle"], route.arrays["dest"],
-                               route.arrays["slot"], route.topk_weights.astype(jnp.float32),
-                               route.num_tokens.reshape(()), out_in,
-                               *self._mask_operands(ctx, route.arrays.get("rank_mask")), slot=np.int32(slot),
-                               y_kind=np.int32(Dtype.of(arrays["y_dtype"].dtype)))
+        routing = (route.arrays["dest"], route.arrays["slot"], route.topk_weights.astype(jnp.float32),
+                   route.num_tokens.reshape(()), out_in, *self._mask_operands(ctx, route.arrays.get("rank_mask")))
+        if "y" in arrays:  # EP = 1
+            res, rows = self._call("local_combine", outs, ctx, arrays["y"], route.arrays["recv_counts"], *routing,
+                                   slot=np.int32(slot), call_id=np.int64(ctx.call_id))
+        else:
+            res, rows = self._call("combine_recv", outs, ctx, arrays["handle"], *routing, slot=np.int32(slot),
+                                   y_kind=np.int32(Dtype.of(arrays["y_dtype"].dtype)))
         return (res, rows) if pairs else res

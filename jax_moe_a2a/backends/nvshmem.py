@@ -111,7 +111,7 @@ class NvshmemBackend(CudaBackend):
         c.nvshmem.connect(comm_id, [table[i] for i in range(n)])
 
     def diagnostics(self):
-        return {}
+        return {"local_path": self.uses_local_path(self.config.num_ranks)}
 
     def proxy_stats(self):
         return {}  # no proxy threads

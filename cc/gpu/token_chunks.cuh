@@ -1,0 +1,128 @@
+// A token's wire row held in registers by one block (kThreads threads), for the kernels that
+// write a token to several places straight from registers: the cuda backend's decode
+// dispatch_send (cuda/dispatch/send_regs.cu) and the EP = 1 dispatch (gpu/local/dispatch.cu).
+//   - QuantChunks<XK>: fp8 quantisation of f32 / bf16 / f16 x (XK = 0 / 1 / 2): a chunk is 16
+//     values -> 16 fp8 bytes, the scale block's lanes (scale_block / 16 of them, a power of two)
+//     share one f32 scale;
+//   - CopyChunks: a copy when x is already in the wire dtype (pre-quantised fp8 brings its scales).
+// Chunk c of the payload is thread c % blockDim's, i = c / blockDim of its kChunks registers.
+// Each has load(P, t) (issue the loads of token t), convert(P) and store(P, payload, scales).
+// Which one applies to a launch: regs_chunk_kind below.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "core/fp8.h"
+#include "gpu/copy.cuh"
+#include "gpu/elems.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/params.h"
+#include "gpu/route.cuh"
+
+namespace a2a::cuda {
+
+__device__ __forceinline__ int chunk_of(int i) { return threadIdx.x + i * blockDim.x; }
+
+// fp8 quantisation of x of kind XK (0 f32, 1 bf16, 2 f16) in registers. Chunk c holds values
+// [16c, 16c + 16) of the token, scale block c / lpb (lpb = scale_block / 16 lanes, a power of two
+// <= 32, so a scale block's lanes are aligned within a warp). The same arithmetic as stage_rows'
+// vector path (gpu/route.cuh): amax over the block, fp8_block_scale, x * (1 / scale) rounded
+// to e4m3 with saturation.
+template <int XK>
+struct QuantChunks {
+  static constexpr int kChunks = 2;  // payload <= 2 * 16 * blockDim bytes
+  int4 raw[kChunks][2][2];           // [chunk][half of 16 values][load_raw8's vectors]
+  uint4 q[kChunks];
+  float scale[kChunks];
+
+  __device__ void load(const DispatchSendParams& P, int t) {
+    const uint8_t* x = static_cast<const uint8_t*>(P.x) + int64_t(t) * P.g.H * (XK == 0 ? 4 : 2);
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int64_t h = int64_t(chunk_of(i)) * 16;
+      if (h < P.g.H) {
+        load_raw8<XK>(x, h, raw[i][0]);
+        load_raw8<XK>(x, h + 8, raw[i][1]);
+      } else {
+        raw[i][0][0] = raw[i][0][1] = raw[i][1][0] = raw[i][1][1] = make_int4(0, 0, 0, 0);
+      }
+    }
+  }
+  __device__ void convert(const DispatchSendParams& P) {
+    const int lpb = P.g.scale_block / 16;
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {  // every lane runs every step: the shuffles need the warp
+      float v[16];
+      raw8_to_f32<XK>(raw[i][0], v);
+      raw8_to_f32<XK>(raw[i][1], v + 8);
+      float amax = 0.f;  // chunks past the end hold zeros
+#pragma unroll
+      for (int j = 0; j < 16; ++j) amax = fmaxf(amax, fabsf(v[j]));
+      amax = group_max(amax, lpb, threadIdx.x & 31);  // lpb a power of two: xor shuffles
+      const float sc = fp8_block_scale(amax, P.g.pow2 != 0);
+      const float inv = __frcp_rn(sc);
+      uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        w[j / 4] |= uint32_t(__nv_cvt_float_to_fp8(__fmul_rn(v[j], inv), __NV_SATFINITE, __NV_E4M3)) << (8 * (j % 4));
+      q[i] = make_uint4(w[0], w[1], w[2], w[3]);
+      scale[i] = sc;
+    }
+  }
+  // The payload's chunks at `payload` (16-byte aligned), the scales (f32) at `scales`.
+  __device__ void store(const DispatchSendParams& P, uint8_t* payload, uint8_t* scales) const {
+    const int lpb = P.g.scale_block / 16;
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = chunk_of(i);
+      if (int64_t(c) * 16 >= P.g.H) continue;
+      *reinterpret_cast<uint4*>(payload + int64_t(c) * 16) = q[i];
+      if (c % lpb == 0) store_f32(scales + 4 * int64_t(c / lpb), scale[i]);
+    }
+  }
+};
+
+// x already in the wire dtype: its payload bytes in 16-byte chunks, and (pre-quantised fp8) the
+// S scales from x_scale, scale b in thread b.
+struct CopyChunks {
+  static constexpr int kChunks = 4;  // payload <= 4 * 16 * blockDim bytes
+  int4 v[kChunks];
+  float scale;
+
+  __device__ void load(const DispatchSendParams& P, int t) {
+    const int4* x = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(P.x) + int64_t(t) * P.g.payload);
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i)
+      if (int64_t(chunk_of(i)) * 16 < P.g.payload) v[i] = __ldg(x + chunk_of(i));
+    if (P.g.wire_kind == 3 && threadIdx.x < P.g.S) scale = __ldg(P.x_scale + int64_t(t) * P.g.S + threadIdx.x);
+  }
+  __device__ void convert(const DispatchSendParams&) {}
+  __device__ void store(const DispatchSendParams& P, uint8_t* payload, uint8_t* scales) const {
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i)
+      if (int64_t(chunk_of(i)) * 16 < P.g.payload) reinterpret_cast<int4*>(payload)[chunk_of(i)] = v[i];
+    if (P.g.wire_kind == 3 && threadIdx.x < P.g.S) store_f32(scales + 4 * int64_t(threadIdx.x), scale);
+  }
+};
+
+// The chunk kind of a launch with these sizes and dtypes (alignment is the caller's to check):
+// 0/1/2 quantise f32/bf16/f16 x to fp8, 3 copy (x in the wire dtype), -1 neither fits.
+inline int regs_chunk_kind(const Geometry& g, int x_kind, bool has_x_scale) {
+  const int64_t threads = kThreads;
+  if (g.wire_kind == 3 && x_kind >= 0 && x_kind <= 2) {  // quantise
+    const int lpb = g.scale_block / 16;
+    const bool pow2_lanes = lpb >= 1 && lpb <= 32 && (lpb & (lpb - 1)) == 0 && g.scale_block % 16 == 0;
+    const bool fits = g.H % 16 == 0 && g.H <= QuantChunks<1>::kChunks * 16 * threads;
+    return pow2_lanes && fits ? x_kind : -1;
+  }
+  if (x_kind == g.wire_kind) {  // copy
+    const bool scales_ok = g.wire_kind != 3 || (has_x_scale && g.S <= threads);
+    const bool fits = g.payload % 16 == 0 && g.payload <= CopyChunks::kChunks * 16 * threads;
+    return scales_ok && fits ? 3 : -1;
+  }
+  return -1;
+}
+
+}  // namespace a2a::cuda
