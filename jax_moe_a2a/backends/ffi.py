@@ -82,9 +82,9 @@ class FfiBackend(Backend):
     def uses_local_path(self, num_ranks: int) -> bool:
         """Whether the halves of a communicator over `num_ranks` EP ranks take the EP = 1 local
         path (decided once, when first asked, so that every call of a communicator agrees)."""
-        if getattr(self, "_local", None) is None:
-            self._local = self.local_path and num_ranks == 1 and env.get_str("LOCAL_PATH", "auto") != "0"
-        return self._local
+        if getattr(self, "_local_path_on", None) is None:
+            self._local_path_on = self.local_path and num_ranks == 1 and env.get_str("LOCAL_PATH", "auto") != "0"
+        return self._local_path_on
 
     def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None,
                       rank_mask=None):
