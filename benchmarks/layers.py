@@ -79,16 +79,27 @@ def cmdbuf_variants(arg: str) -> list:
 
 
 def current_cmdbuf(jax) -> str:
+    """off, on (XLA's default command types), or on:TYPES when XLA_FLAGS names them."""
     if jax.default_backend() == "cpu":
         return "n/a"
-    return "off" if NO_CMDBUF in os.environ.get("XLA_FLAGS", "").split() else "on"
+    types = [f.split("=", 1)[1] for f in os.environ.get("XLA_FLAGS", "").split()
+             if f.startswith(NO_CMDBUF)]
+    if not types:
+        return "on"
+    return "off" if not types[-1] else f"on:{types[-1]}"
 
 
 def with_cmdbuf_env(variant: str) -> dict:
+    """The environment of a child for `variant`: off, or on (keeping the command types XLA_FLAGS
+    names, e.g. --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUSTOM_CALL; else XLA's default)."""
     env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_gpu_enable_command_buffer")]
+    flags = env.get("XLA_FLAGS", "").split()
+    cmd = [f for f in flags if f.startswith(NO_CMDBUF)]
+    flags = [f for f in flags if not f.startswith("--xla_gpu_enable_command_buffer")]
     if variant == "off":
         flags.append(NO_CMDBUF)
+    elif cmd and cmd[-1] != NO_CMDBUF:
+        flags.append(cmd[-1])
     env["XLA_FLAGS"] = " ".join(flags)
     return env
 
