@@ -211,23 +211,29 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     for _ in range(2 if jax.default_backend() != "cpu" else 1):  # compile (GPUs: one more untimed call)
         y = timing.block(f_step(y, ids, w, num, params))
     progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared} compile", 2 * units)
-    per_layer = []
+    per_layer, enqueued = [], []
+    import time
     for _ in range(args.repeats):
         timing.barrier("layers")
         y = x
-        import time
         t0 = time.perf_counter()
         for _ in range(args.steps):
             y = f_step(y, ids, w, num, params)
+        t1 = time.perf_counter()  # every step handed to the runtime (JAX dispatches asynchronously)
         timing.block(y)
         per_layer.append((time.perf_counter() - t0) / (args.steps * args.layers))
+        enqueued.append((t1 - t0) / (args.steps * args.layers))
         progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared}", units)
     arr = timing.max_over_processes(per_layer, "layer") * 1e6
     finite = bool(np.isfinite(np.asarray(jax.device_get(y), np.float32)).all()) if jax.process_count() == 1 else None
     t, k = spec.max_tokens_per_rank, spec.experts_per_token
     moved = t * k * (spec.token_bytes() + spec.hidden * 2)  # dispatch + combine payload per rank
     p50 = float(np.percentile(arr, 50))
+    # host time to hand the steps over, per layer: close to per_layer_us when the host, not the
+    # device, sets the pace (launch overhead of the step's thunks and FFI calls)
+    host = float(np.percentile(np.asarray(enqueued) * 1e6, 50))
     return {"per_layer_us": {"p50": p50, "min": float(arr.min()), "max": float(arr.max()), "samples": arr.tolist()},
+            "enqueue_us_per_layer": host,
             "GBps": (moved / (p50 * 1e3)) if (p50 and not plain) else None, "finite": finite,
             "buffer_bytes_per_rank": None if plain else comm.buffer_bytes()}
 

@@ -167,7 +167,7 @@ def print_layers(out: dict) -> None:
         mine = [r for r in rows if r["shape"] == shape]
         print(f"\n-- {_shape_note(mine, shape)}; experts F={mine[0].get('ffn', '?')}")
         print(f"{'backend':<11} {'experts':<11} {'shared':<10} {'cmdbuf':<6} {'µs/layer p50':>12} {'(min)':>9} "
-              f"{'vs ref':>7} {'vs plain':>8} {'GB/s':>7}")
+              f"{'vs ref':>7} {'vs plain':>8} {'GB/s':>7} {'enqueue':>8}")
         for r in mine:
             if "per_layer_us" not in r:
                 print(f"{r['backend']:<11} {r.get('experts', ''):<11} {'':<10} {r.get('cmdbuf', ''):<6} "
@@ -182,11 +182,13 @@ def print_layers(out: dict) -> None:
             vp = f"{us / plain['per_layer_us']['p50']:>7.2f}x" if plain and r["backend"] != "plain" else f"{'':>8}"
             gb = f"{r['GBps']:>7.2f}" if r.get("GBps") else f"{'':>7}"
             shared = _placement(r)
+            enq = f"{r['enqueue_us_per_layer']:>8.1f}" if r.get("enqueue_us_per_layer") is not None else f"{'':>8}"
             print(f"{r['backend']:<11} {r['experts']:<11} {shared:<10} {r['cmdbuf']:<6} {us:>12.1f} "
-                  f"{r['per_layer_us']['min']:>9.1f} {vs} {vp} {gb}")
+                  f"{r['per_layer_us']['min']:>9.1f} {vs} {vp} {gb} {enq}")
     print("vs ref: the reference backend's time / this one's (> 1: faster); vs plain: this time / the plain-XLA "
           "layer's (the same local compute without communication: the cost of the exchange); GB/s: dispatch + "
-          "combine payload per rank / layer time")
+          "combine payload per rank / layer time; enqueue: µs per layer the host took to hand the steps to "
+          "the runtime (p50; near µs/layer: the host sets the pace)")
     print()
     for line in layer_fastest(rows):
         print(line)
