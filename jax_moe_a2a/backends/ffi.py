@@ -41,7 +41,7 @@ class FfiBackend(Backend):
     dispatch_recv's results too, dispatch_recv only unpacks them, combine_send passes y on, and
     combine_recv is one FFI call (`<target>_local_combine`) that reduces y where it is
     (cc/gpu/local). The results are those of the exchange halves. $JAX_MOE_A2A_LOCAL_PATH=0
-    (read when the communicator is created) runs the exchange halves at EP = 1 too."""
+    (read at the communicator's first call) runs the exchange halves at EP = 1 too."""
 
     target = "?"
     takes_rank_mask = True
