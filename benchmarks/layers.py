@@ -290,7 +290,8 @@ def run(jax, args, progress_label=""):
                 continue
             for kind in kinds:
                 for place in placements:
-                    rec = {"backend": b, "shape": s, "experts": kind, "overlap": place == "overlap", "shared": place != "none", "placement": place,
+                    rec = {"backend": b, "shape": s, "experts": kind, "overlap": place == "overlap",
+                           "shared": place != "none", "placement": place,
                            "cmdbuf": cmdbuf, "ranks": mesh.size, "layers": args.layers, "steps": args.steps,
                            "repeats": args.repeats, "ffn": shape.ffn, "scaled": shape.scaled,
                            "spec": {"T": shape.tokens, "H": shape.hidden, "E": shape.experts, "K": shape.topk}}

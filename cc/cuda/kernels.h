@@ -12,9 +12,9 @@ namespace a2a::cuda {
 
 // dispatch_send picks its kernel (cuda/dispatch/send.cu): block-routed when every peer is
 // node-local, tp_size is 1, K <= 16 and the routing tables fit in kBlockRoutingSmem bytes
-// (gpu/params.h) of shared memory (decode batches), else grid-routed. Block-routed, the token is staged in registers
-// (cuda/dispatch/send_regs.cu) where regs_staging_kind allows, else in shared memory
-// (send_block.cu). JAX_MOE_A2A_DISPATCH_SEND=grid|block|auto (default auto) forces one where
+// (gpu/params.h) of shared memory (decode batches), else grid-routed. Block-routed, the token is
+// staged in registers (cuda/dispatch/send_regs.cu) where regs_staging_kind allows, else in
+// shared memory (send_block.cu). JAX_MOE_A2A_DISPATCH_SEND=grid|block|auto (default auto) forces one where
 // it applies (block: the shared-memory staging), read once per process: for benchmarks and tests.
 int64_t block_routing_smem_bytes(const Geometry& g);
 int64_t block_routing_smem_bytes_regs(const Geometry& g);

@@ -46,7 +46,6 @@ class KernelTimer {
     return on_;
   }
   bool enabled() const { return on_; }
-  bool synchronised() const { return sync_; }
 
   // When timing is on and the stream is not capturing: `barrier(stream)` (the backend's GPU-side
   // barrier of the EP group, returning a cudaError_t; in mode 1 only), then op's start event.

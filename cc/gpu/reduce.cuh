@@ -62,8 +62,8 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
         ptx::prefetch_l1(static_cast<const uint8_t*>(P.out_in) + bytes_before + 32);
     }
     // Pairs in chunks of 32: lane i loads pair i's dest, slot and weight (one round of loads
-    // instead of a dependent chain per pair), then kReduceBatch pairs' 16-byte row loads are
-    // issued back to back and accumulated in k order.
+    // instead of a dependent chain per pair), then kBatch pairs' row loads (kParts 16-byte
+    // vectors each) are issued back to back and accumulated in k order.
     for (int kc = 0; kc < g.K; kc += 32) {
       int my_d = -1, my_slot = 0;
       float my_w = 0.f;
