@@ -50,6 +50,9 @@ def parse_args(argv):
                    help="comma-separated: overlap, after, none (no shared expert: dispatch + experts + combine only)")
     p.add_argument("--ffn", type=int, default=None, help="expert FFN width F (default 2048; scaled on CPU)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain-XLA layer")
+    p.add_argument("--trace", action="store_true",
+                   help="after timing, trace 3 steps with the JAX profiler: device busy time, idle gaps and "
+                        "the top kernels per layer (benchlib/trace.py; GPUs only)")
     p.add_argument("--cmdbuf", default="auto",
                    help="XLA command buffers: on, off, on,off (one child process each), or auto (on,off on "
                         "GPUs in one process, else as XLA_FLAGS say)")
@@ -224,6 +227,17 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
         per_layer.append((time.perf_counter() - t0) / (args.steps * args.layers))
         enqueued.append((t1 - t0) / (args.steps * args.layers))
         progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared}", units)
+    device = None
+    if getattr(args, "trace", False):
+        from benchlib import trace
+        state = {"y": x}
+
+        def one_step():
+            state["y"] = f_step(state["y"], ids, w, num, params)
+            return state["y"]
+        name = f"{'plain' if plain else comm.backend_name}-{shape.name}-{experts}-{shared}-{current_cmdbuf(jax)}"
+        keep = os.path.join(args.out, "traces", name.replace(":", "_").replace(",", "_").replace("/", "")) if args.out else None
+        device = trace.device_profile(one_step, steps=3, per=args.layers, keep_dir=keep)
     arr = timing.max_over_processes(per_layer, "layer") * 1e6
     finite = bool(np.isfinite(np.asarray(jax.device_get(y), np.float32)).all()) if jax.process_count() == 1 else None
     t, k = spec.max_tokens_per_rank, spec.experts_per_token
@@ -233,7 +247,7 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     # device, sets the pace (launch overhead of the step's thunks and FFI calls)
     host = float(np.percentile(np.asarray(enqueued) * 1e6, 50))
     return {"per_layer_us": {"p50": p50, "min": float(arr.min()), "max": float(arr.max()), "samples": arr.tolist()},
-            "enqueue_us_per_layer": host,
+            "enqueue_us_per_layer": host, "device": device,
             "GBps": (moved / (p50 * 1e3)) if (p50 and not plain) else None, "finite": finite,
             "buffer_bytes_per_rank": None if plain else comm.buffer_bytes()}
 

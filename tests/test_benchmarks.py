@@ -58,6 +58,27 @@ def test_layers_tiny(tmp_path, capsys):
     assert "fastest MoE layer at decode, identity experts" in capsys.readouterr().out
 
 
+def test_trace_summary_counts_overlaps_once_and_gaps():
+    from benchlib import trace
+    # two steps, per=2: kernels a [0,10) and b [5,20) overlap (busy 20), then c [30,40) after a gap
+    ev = [(0, 10_000, "a"), (5_000, 20_000, "b"), (30_000, 40_000, "c"), (50_000, 60_000, "a")]
+    s = trace.summarize_events(ev, steps=2, per=2)
+    assert s["busy_us"] == pytest.approx((20 + 10 + 10) / 4)
+    assert s["span_us"] == pytest.approx(60 / 4)
+    assert s["gap_us"] == pytest.approx(s["span_us"] - s["busy_us"])
+    assert [k["name"] for k in s["kernels"]] == ["a", "b", "c"]  # by total time: a 20, b 15, c 10
+    assert s["kernels"][0]["calls_per_step"] == 1 and s["kernels"][0]["us"] == pytest.approx(20 / 4)
+    assert trace.summarize_events([], 1)["busy_us"] is None
+
+
+def test_layers_trace_on_cpu_says_why(tmp_path):
+    import layers
+    args = layers.parse_args(["--quick", "--shape", "decode", "--backend", "reference", "--experts", "identity",
+                              "--shared", "none", "--no-plain", "--trace", "--out", str(tmp_path)])
+    rows = layers.run(jax, args)["results"]
+    assert rows and all(r["device"]["busy_us"] is None and "no GPU" in r["device"]["why"] for r in rows), rows
+
+
 def test_anchor_merge(tmp_path, capsys):
     """pplx_N.json of the anchor kit -> pplx rows and ours/pplx ratios in the halves table."""
     from benchlib import anchor, report

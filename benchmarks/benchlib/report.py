@@ -190,6 +190,16 @@ def print_layers(out: dict) -> None:
           "combine payload per rank / layer time; enqueue: µs per layer the host took to hand the steps to "
           "the runtime (p50; near µs/layer: the host sets the pace)")
     print()
+    traced = [r for r in rows if (r.get("device") or {}).get("busy_us") is not None]
+    if traced:
+        print("device trace (--trace; µs per layer): busy = the union of kernel intervals, span = first kernel "
+              "start to last kernel end / steps, gap = span - busy (device idle: the host sets the pace)")
+        for r in traced:
+            d = r["device"]
+            print(f"  {r['backend']:<11} {r['shape']:<8} {r['experts']:<11} {_placement(r):<10} {r['cmdbuf']:<6} "
+                  f"busy {d['busy_us']:>8.1f}  span {d['span_us']:>8.1f}  gap {d['gap_us']:>8.1f}")
+            for k in d["kernels"][:8]:
+                print(f"      {k['us']:>8.2f} µs  x{k['calls_per_step']:<5g} {k['name']}")
     for line in layer_fastest(rows):
         print(line)
 
