@@ -1,54 +1,44 @@
-"""`comm_call`: an XLA FFI call for the communication halves that `jax.checkpoint` accepts.
+"""`comm_call`: the XLA FFI call of the communication halves, with no JAX-level effect.
 
-`jax.ffi.ffi_call(..., has_side_effect=True)` marks its equation with JAX's `FfiEffect`, which
-`jax.checkpoint` (remat) refuses ("Effects not supported in partial-eval of checkpoint"). Our
-halves must stay side-effecting custom calls for XLA (never removed, merged or duplicated), and
-under remat they must run exactly once: recomputing a dispatch in the backward pass would be a
-second, unplanned use of its slot on every rank. So `comm_call` binds its own primitive whose
-effect, `CommEffect`, is allowed under remat; JAX's partial evaluation never recomputes an
-effectful equation but keeps its outputs as residuals, so a checkpointed layer recomputes its
-local work (router, experts, shared expert) and reuses the communication's results.
+Our halves must stay side-effecting custom calls for XLA (never removed, merged or duplicated):
+the lowering is `jax.ffi.ffi_lowering(target, has_side_effect=True)`, the same custom call that
+`jax.ffi.ffi_call(..., has_side_effect=True)` emits, and every call site carries a distinct
+`call_id` attribute.
 
-The lowering is `jax.ffi.ffi_lowering(target, has_side_effect=True)`: the HLO is the same custom
-call that `jax.ffi.ffi_call` emits. Uses JAX internals (`jax._src.effects`, the FFI abstract
+At the JAX level the equation carries NO effect, unlike `ffi_call(has_side_effect=True)` (whose
+`FfiEffect` makes the whole executable "effectful"). An executable with any effect leaves JAX's
+C++ dispatch fast path: every call of the jitted step goes through Python (`_run_python_pjit`)
+and threads runtime tokens, 0.2-0.8 ms of host time per call measured on the GPU machine
+(2026-12-02, `benchmarks/layers.py --trace`): at decode that, not the kernels, set the pace of an
+MoE layer. What the effect gave us is kept by two rules on our primitive instead:
+
+- dead-code elimination (`pe.dce_rules`): the equation is never removed from its jaxpr, even
+  when none of its outputs is used (a half is a collective: every rank must run it);
+- remat (`pe.partial_eval_jaxpr_custom_rules`): under `jax.checkpoint` the equation is never
+  recomputed. It runs once in the forward pass and its outputs are saved as residuals, exactly
+  as JAX treats effectful equations: recomputing a dispatch in the backward pass would be a
+  second, unplanned use of its slot on every rank. A checkpointed layer recomputes its local
+  work (router, experts, shared expert) and reuses the communication's results.
+
+Uses JAX internals (`jax._src.interpreters.partial_eval`'s rule tables, the FFI abstract
 evaluation); they are stable across the JAX versions we test (0.10, 0.11).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.extend.core as _jex
 import numpy as np
 from jax.interpreters import mlir
-# No public API for these (jax 0.10, 0.11): the effect-type registries that let remat, control
-# flow and custom_vjp accept our effect, eager dispatch of a primitive, the FFI call's abstract
-# evaluation, and the auto-reshard of operands that jax.ffi.ffi_call does.
+# No public API for these (jax 0.10, 0.11): the DCE and remat rule tables, eager dispatch of a
+# primitive, the FFI call's abstract evaluation, and the auto-reshard of operands that
+# jax.ffi.ffi_call does.
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
-from jax._src import effects as _effects
 from jax._src import ffi as _jffi
-
-
-@dataclasses.dataclass(frozen=True)
-class CommEffect(_jex.Effect):
-    """The effect of a jax_moe_a2a communication half (writes peers' buffers, waits for them)."""
-
-    def __str__(self):
-        return "jax_moe_a2a"
-
-
-COMM_EFFECT = CommEffect()
-_effects.lowerable_effects.add_type(CommEffect)
-_effects.control_flow_allowed_effects.add_type(CommEffect)
-_effects.remat_allowed_effects.add_type(CommEffect)
-# Newer JAX releases also have these sets (and put their own FfiEffect in them): custom_vjp
-# bodies may carry the effect, and partial evaluation keeps (never recomputes) the equation.
-for _name in ("custom_derivatives_allowed_effects", "partial_eval_kept_effects"):
-    if hasattr(_effects, _name):
-        getattr(_effects, _name).add_type(CommEffect)
+from jax._src.interpreters import partial_eval as _pe
 
 _auto_reshard = getattr(_core, "auto_insert_reshard", None)
 
@@ -60,7 +50,7 @@ comm_call_p.def_impl(functools.partial(_dispatch.apply_primitive, comm_call_p))
 def _abstract_eval(*avals_in, result_avals, target_name, attributes):
     del target_name, attributes
     outs, _ = _jffi.ffi_call_abstract_eval(*avals_in, result_avals=result_avals, has_side_effect=False)
-    return outs, {COMM_EFFECT}
+    return outs
 
 
 def _lowering(ctx, *operands, result_avals, target_name, attributes):
@@ -69,13 +59,33 @@ def _lowering(ctx, *operands, result_avals, target_name, attributes):
     return rule(ctx, *operands, **dict(attributes))
 
 
-comm_call_p.def_effectful_abstract_eval(_abstract_eval)
+def _keep_dce(used_outputs, eqn):
+    """Never dead-code eliminated: every input stays used, the equation stays."""
+    del used_outputs
+    return [True] * len(eqn.invars), eqn
+
+
+def _never_recompute(saveable, unks_in, inst_in, eqn):
+    """Partial evaluation under remat, as JAX treats an effectful equation: with every input
+    known it runs on the known (forward) side only and its outputs become residuals where the
+    staged side needs them; with an unknown input it is staged, its known inputs residuals."""
+    del saveable
+    n = len(eqn.outvars)
+    if not any(unks_in):
+        return eqn, None, [False] * n, [False] * n, []
+    res = [v for v, inst in zip(eqn.invars, inst_in) if type(v) is _core.Var and not inst]
+    return None, eqn, [True] * n, [True] * n, res
+
+
+comm_call_p.def_abstract_eval(_abstract_eval)
 mlir.register_lowering(comm_call_p, _lowering)
+_pe.dce_rules[comm_call_p] = _keep_dce
+_pe.partial_eval_jaxpr_custom_rules[comm_call_p] = _never_recompute
 
 
 def comm_call(target_name: str, result_shape_dtypes):
     """Like `jax.ffi.ffi_call(target_name, result_shape_dtypes, has_side_effect=True)` (a tuple
-    of ShapeDtypeStructs, or one), with remat-compatible effect semantics (module docstring).
+    of ShapeDtypeStructs, or one), without a JAX-level effect (module docstring).
     Attributes are scalars (numpy ints/floats), as the handlers decode them."""
     multiple = isinstance(result_shape_dtypes, (tuple, list))
     shapes = tuple(result_shape_dtypes) if multiple else (result_shape_dtypes,)
