@@ -85,6 +85,15 @@ CASES = [
                                                  scale_block=32, layout="expert_major", pow2_scale=True),
      dict(input_dtype=jnp.bfloat16), {}),
     ("odd-hidden-fp8-partial-block", dict(hidden=30, max_tokens_per_rank=5, dispatch_dtype=FP8, scale_block=16), {}, {}),
+    # batches whose routing tables pass one block's shared memory (prefill-sized T at E = 256):
+    # on the GPU at EP = 1 the grid-routed local dispatch (cc/gpu/local/dispatch_grid.cu)
+    ("many-tokens-fp8", dict(num_experts=256, experts_per_token=8, hidden=128, max_tokens_per_rank=1024,
+                             dispatch_dtype=FP8), dict(num_tokens=1000, minus_one_frac=0.1, invalid_frac=0.05), {}),
+    ("many-tokens-expert-major-overflow", dict(num_experts=256, experts_per_token=8, hidden=128,
+                                               max_tokens_per_rank=1024, dispatch_dtype=FP8, layout="expert_major",
+                                               recv_capacity=24), dict(input_dtype=jnp.bfloat16), {}),
+    ("many-tokens-bf16-overflow", dict(num_experts=256, experts_per_token=8, hidden=128, max_tokens_per_rank=1024,
+                                       recv_capacity=6000), dict(input_dtype=jnp.bfloat16), {}),
     ("one-shot", {}, {}, dict(split=False)),
     ("combine-into-out", dict(combine_dtype=jnp.float32), {}, dict(with_out=True)),
     ("slot1", dict(slots=2), {}, dict(slot=1)),

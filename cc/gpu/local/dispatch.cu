@@ -9,69 +9,11 @@
 #include "gpu/copy.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/local/local.h"
+#include "gpu/local/outputs.cuh"
 #include "gpu/token_chunks.cuh"
 
 namespace a2a::cuda {
 namespace {
-
-// Where a token's chunks go (threads < K fill them for each token).
-struct LocalTail {
-  int32_t pos[kBlockRouteMaxK];  // output row of pair k, -1 when not routed or past the capacity
-};
-
-// Output row of the routed pair of expert e with slot j, or -1 past the capacity.
-__device__ __forceinline__ int64_t local_pos(const Geometry& g, const BlockRoute& rt, int e, int32_t j) {
-  if (g.layout == 0) return j < g.capacity ? int64_t(j) : -1;
-  const int32_t within = j - rt.start[e];
-  return within < g.capacity ? int64_t(e) * g.capacity + within : -1;
-}
-
-// Rows of local expert l the capacity rule keeps (its group size).
-__device__ __forceinline__ int32_t local_kept(const Geometry& g, const BlockRoute& rt, int l) {
-  if (g.layout == 0) return min(rt.start[l] + rt.cnt[l], g.capacity) - min(rt.start[l], g.capacity);
-  return min(rt.cnt[l], g.capacity);
-}
-
-// The small outputs from the block's complete routing tables: block 0 writes group_sizes [L],
-// recv_counts [1, L], overflow, dropped and the handle; the grid marks every output row no pair
-// lands on (weight 0, src (-1, -1), recv_slot -1), as dispatch_recv does.
-__device__ void local_small_outputs(const LocalDispatchParams& P, const BlockRoute& rt, int dropped,
-                                    const GridIdx& ix) {
-  const DispatchRecvParams& R = P.r;
-  const Geometry& g = R.g;
-  if (blockIdx.x == 0) {
-    __shared__ int over;
-    if (threadIdx.x == 0) over = 0;
-    __syncthreads();
-    int mine = 0;
-    for (int l = threadIdx.x; l < g.L; l += blockDim.x) {
-      const int32_t kept = local_kept(g, rt, l);
-      R.recv_counts[l] = rt.cnt[l];
-      R.group_sizes[l] = kept;
-      mine += rt.cnt[l] - kept;
-    }
-    for (int off = 16; off > 0; off >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, off);
-    if ((threadIdx.x & 31) == 0 && mine) atomicAdd(&over, mine);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      *R.overflow = over;  // an integer sum: the same in any order
-      *P.s.dropped = dropped;
-      P.s.handle[0] = 0;
-      P.s.handle[1] = P.s.p.slot;
-    }
-  }
-  const int64_t total = int64_t(rt.start[g.E - 1]) + rt.cnt[g.E - 1];
-  const int64_t rows_out = g.layout == 0 ? g.capacity : int64_t(g.L) * g.capacity;
-  for (int64_t i = ix.gtid; i < rows_out; i += ix.gstride) {
-    const bool used = g.layout == 0 ? i < min(total, int64_t(g.capacity))
-                                    : i % g.capacity < local_kept(g, rt, static_cast<int>(i / g.capacity));
-    if (used) continue;
-    R.weights[i] = 0.f;
-    R.src[2 * i] = -1;
-    R.src[2 * i + 1] = -1;
-    R.recv_slot[i] = -1;
-  }
-}
 
 template <class Chunks>
 __global__ void __launch_bounds__(kThreads) local_dispatch_kernel(LocalDispatchParams P) {
@@ -127,17 +69,32 @@ bool aligned16_host(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15
 
 int64_t local_smem_bytes(const Geometry& g) { return BlockRouteSmem(g, sizeof(LocalTail)).bytes; }
 
+// Shared memory one block may opt in to on the current device (227 KiB on Hopper), cached.
+int64_t max_block_smem() {
+  static int cache[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 48 * 1024;
+  if (dev >= 0 && dev < 64 && cache[dev] > 0) return cache[dev];
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || v <= 0) v = 48 * 1024;
+  if (dev >= 0 && dev < 64) cache[dev] = v;
+  return v;
+}
+
 }  // namespace
 
 int local_dispatch_kind(const LocalDispatchParams& p) {
   const Geometry& g = p.s.g;
-  if (g.N != 1 || g.tp != 1 || g.K > kBlockRouteMaxK || local_smem_bytes(g) > kBlockRoutingSmem) return -1;
+  if (g.N != 1 || g.tp != 1 || g.K > kBlockRouteMaxK) return -1;
   if (!aligned16_host(p.s.x) || !aligned16_host(p.r.x) || g.payload % 16 != 0) return -1;
   if (g.wire_kind == 3 && p.r.scale == nullptr) return -1;
-  return regs_chunk_kind(g, p.s.x_kind, p.s.x_scale != nullptr);
+  const int kind = regs_chunk_kind(g, p.s.x_kind, p.s.x_scale != nullptr);
+  if (kind < 0 || local_smem_bytes(g) <= kBlockRoutingSmem) return kind;
+  return local_dispatch_grid_fits(p, max_block_smem()) ? kind + kLocalGridRouted : -1;
 }
 
 cudaError_t launch_local_dispatch(const LocalDispatchParams& p, int kind, int blocks, cudaStream_t stream) {
+  if (kind >= kLocalGridRouted) return launch_local_dispatch_grid(p, kind - kLocalGridRouted, blocks, stream);
   const size_t smem = static_cast<size_t>(local_smem_bytes(p.s.g));
   switch (kind) {
     case 0: return launch_plain(local_dispatch_kernel<QuantChunks<0>>, blocks, smem, stream, p);

@@ -1,0 +1,80 @@
+// What both EP = 1 dispatch kernels (gpu/local/dispatch.cu, block-routed; dispatch_grid.cu,
+// grid-routed) write besides the rows: where a pair lands, and the small outputs. At N = 1 a
+// pair's slot j in the receive arrangement is its canonical position: ragged row j (dropped at
+// j >= capacity), or expert_major [e][j - start[e]]. The routing tables are any type with
+//   const int32_t* start;  // [E] exclusive prefix of the per-expert pair counts
+//   const int32_t* cnt;    // [E] pairs per expert
+// (BlockRoute in shared memory, or the grid-routed kernel's own).
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/block_route.cuh"
+#include "gpu/grid.cuh"
+#include "gpu/params.h"
+
+namespace a2a::cuda {
+
+// Where a token's chunks go (threads < K fill them for each token).
+struct LocalTail {
+  int32_t pos[kBlockRouteMaxK];  // output row of pair k, -1 when not routed or past the capacity
+};
+
+// Output row of the routed pair of expert e with slot j, or -1 past the capacity.
+template <class Tables>
+__device__ __forceinline__ int64_t local_pos(const Geometry& g, const Tables& rt, int e, int32_t j) {
+  if (g.layout == 0) return j < g.capacity ? int64_t(j) : -1;
+  const int32_t within = j - rt.start[e];
+  return within < g.capacity ? int64_t(e) * g.capacity + within : -1;
+}
+
+// Rows of local expert l the capacity rule keeps (its group size).
+template <class Tables>
+__device__ __forceinline__ int32_t local_kept(const Geometry& g, const Tables& rt, int l) {
+  if (g.layout == 0) return min(rt.start[l] + rt.cnt[l], g.capacity) - min(rt.start[l], g.capacity);
+  return min(rt.cnt[l], g.capacity);
+}
+
+// The small outputs from the block's complete routing tables: block 0 writes group_sizes [L],
+// recv_counts [1, L], overflow, dropped and the handle; the grid marks every output row no pair
+// lands on (weight 0, src (-1, -1), recv_slot -1), as dispatch_recv does.
+template <class Tables>
+__device__ void local_small_outputs(const LocalDispatchParams& P, const Tables& rt, int dropped,
+                                    const GridIdx& ix) {
+  const DispatchRecvParams& R = P.r;
+  const Geometry& g = R.g;
+  if (blockIdx.x == 0) {
+    __shared__ int over;
+    if (threadIdx.x == 0) over = 0;
+    __syncthreads();
+    int mine = 0;
+    for (int l = threadIdx.x; l < g.L; l += blockDim.x) {
+      const int32_t kept = local_kept(g, rt, l);
+      R.recv_counts[l] = rt.cnt[l];
+      R.group_sizes[l] = kept;
+      mine += rt.cnt[l] - kept;
+    }
+    for (int off = 16; off > 0; off >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, off);
+    if ((threadIdx.x & 31) == 0 && mine) atomicAdd(&over, mine);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      *R.overflow = over;  // an integer sum: the same in any order
+      *P.s.dropped = dropped;
+      P.s.handle[0] = 0;
+      P.s.handle[1] = P.s.p.slot;
+    }
+  }
+  const int64_t total = int64_t(rt.start[g.E - 1]) + rt.cnt[g.E - 1];
+  const int64_t rows_out = g.layout == 0 ? g.capacity : int64_t(g.L) * g.capacity;
+  for (int64_t i = ix.gtid; i < rows_out; i += ix.gstride) {
+    const bool used = g.layout == 0 ? i < min(total, int64_t(g.capacity))
+                                    : i % g.capacity < local_kept(g, rt, static_cast<int>(i / g.capacity));
+    if (used) continue;
+    R.weights[i] = 0.f;
+    R.src[2 * i] = -1;
+    R.src[2 * i + 1] = -1;
+    R.recv_slot[i] = -1;
+  }
+}
+
+}  // namespace a2a::cuda
