@@ -30,9 +30,9 @@ __device__ __forceinline__ int chunk_of(int i) { return threadIdx.x + i * blockD
 // <= 32, so a scale block's lanes are aligned within a warp). The same arithmetic as stage_rows'
 // vector path (gpu/route.cuh): amax over the block, fp8_block_scale, x * (1 / scale) rounded
 // to e4m3 with saturation.
-template <int XK>
+template <int XK, int kC = 2>
 struct QuantChunks {
-  static constexpr int kChunks = 2;  // payload <= 2 * 16 * blockDim bytes
+  static constexpr int kChunks = kC;  // payload <= kC * 16 * blockDim bytes
   int4 raw[kChunks][2][2];           // [chunk][half of 16 values][load_raw8's vectors]
   uint4 q[kChunks];
   float scale[kChunks];
@@ -86,8 +86,9 @@ struct QuantChunks {
 
 // x already in the wire dtype: its payload bytes in 16-byte chunks, and (pre-quantised fp8) the
 // S scales from x_scale, scale b in thread b.
+template <int kC = 4>
 struct CopyChunks {
-  static constexpr int kChunks = 4;  // payload <= 4 * 16 * blockDim bytes
+  static constexpr int kChunks = kC;  // payload <= kC * 16 * blockDim bytes
   int4 v[kChunks];
   float scale;
 
@@ -119,10 +120,30 @@ inline int regs_chunk_kind(const Geometry& g, int x_kind, bool has_x_scale) {
   }
   if (x_kind == g.wire_kind) {  // copy
     const bool scales_ok = g.wire_kind != 3 || (has_x_scale && g.S <= threads);
-    const bool fits = g.payload % 16 == 0 && g.payload <= CopyChunks::kChunks * 16 * threads;
+    const bool fits = g.payload % 16 == 0 && g.payload <= CopyChunks<>::kChunks * 16 * threads;
     return scales_ok && fits ? 3 : -1;
   }
   return -1;
+}
+
+// Calls f(Chunks{}) with the chunk type of `kind` (regs_chunk_kind: 0/1/2 QuantChunks of f32 /
+// bf16 / f16 x, else CopyChunks) and returns what f returns; the launchers instantiate their
+// kernel for decltype of the argument. Small = true: one chunk per thread (payloads up to 16 *
+// blockDim bytes, half the registers: room for a second token in flight).
+template <bool Small = false, class F>
+inline auto with_chunk_kind(int kind, F&& f) {
+  constexpr int q = Small ? 1 : 2, c = Small ? 1 : 4;
+  switch (kind) {
+    case 0: return f(QuantChunks<0, q>{});
+    case 1: return f(QuantChunks<1, q>{});
+    case 2: return f(QuantChunks<2, q>{});
+    default: return f(CopyChunks<c>{});
+  }
+}
+
+// Whether a launch of `kind` fits the Small chunk types (one chunk per thread).
+inline bool small_chunks_fit(const Geometry& g, int kind) {
+  return kind <= 2 ? int64_t(g.H) <= 16 * int64_t(kThreads) : g.payload <= 16 * int64_t(kThreads);
 }
 
 }  // namespace a2a::cuda

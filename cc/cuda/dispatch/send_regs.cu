@@ -105,12 +105,9 @@ int64_t block_routing_smem_bytes_regs(const Geometry& g) { return BlockRouteSmem
 
 cudaError_t launch_dispatch_send_regs(const DispatchSendParams& p, int kind, int blocks, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(block_routing_smem_bytes_regs(p.g));
-  switch (kind) {
-    case 0: return launch_plain(dispatch_send_regs_kernel<QuantChunks<0>>, blocks, smem, stream, p);
-    case 1: return launch_plain(dispatch_send_regs_kernel<QuantChunks<1>>, blocks, smem, stream, p);
-    case 2: return launch_plain(dispatch_send_regs_kernel<QuantChunks<2>>, blocks, smem, stream, p);
-    default: return launch_plain(dispatch_send_regs_kernel<CopyChunks>, blocks, smem, stream, p);
-  }
+  return with_chunk_kind(kind, [&](auto chunks) {
+    return launch_plain(dispatch_send_regs_kernel<decltype(chunks)>, blocks, smem, stream, p);
+  });
 }
 
 }  // namespace a2a::cuda

@@ -96,12 +96,9 @@ int local_dispatch_kind(const LocalDispatchParams& p) {
 cudaError_t launch_local_dispatch(const LocalDispatchParams& p, int kind, int blocks, cudaStream_t stream) {
   if (kind >= kLocalGridRouted) return launch_local_dispatch_grid(p, kind - kLocalGridRouted, blocks, stream);
   const size_t smem = static_cast<size_t>(local_smem_bytes(p.s.g));
-  switch (kind) {
-    case 0: return launch_plain(local_dispatch_kernel<QuantChunks<0>>, blocks, smem, stream, p);
-    case 1: return launch_plain(local_dispatch_kernel<QuantChunks<1>>, blocks, smem, stream, p);
-    case 2: return launch_plain(local_dispatch_kernel<QuantChunks<2>>, blocks, smem, stream, p);
-    default: return launch_plain(local_dispatch_kernel<CopyChunks>, blocks, smem, stream, p);
-  }
+  return with_chunk_kind(kind, [&](auto chunks) {
+    return launch_plain(local_dispatch_kernel<decltype(chunks)>, blocks, smem, stream, p);
+  });
 }
 
 }  // namespace a2a::cuda

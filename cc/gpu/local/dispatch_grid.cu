@@ -9,7 +9,8 @@
 //      of e (popcounts of bits), and total [E] i32;
 //   3. every block: start [E], the exclusive prefix of total (shared memory), the small outputs,
 //      then tokens blockIdx.x, + gridDim.x, ...: each loaded, quantised or copied in registers
-//      (gpu/token_chunks.cuh) and stored once per routed pair at its canonical row.
+//      (gpu/token_chunks.cuh) and stored once per routed pair at its canonical row, with the
+//      block's next token's loads in flight meanwhile (one chunk per thread where the row fits).
 // A pair's slot is start[e] + off[e][c] + the earlier tokens of its chunk routed to e: the same
 // number the block-routed kernel and the exchange kernels give it (no atomic decides a position).
 // bits, off, total and drops live in the slot's private area (staging and scratch, unused by
@@ -81,8 +82,60 @@ __device__ __forceinline__ int route_token(const DispatchSendParams& S, int t, i
   return bad;
 }
 
+// Token t (< n) whose chunks are loaded: lanes < K of warp 0 place its pairs (the token's ids
+// deduplicated again; dest, pair_slot and the receive outputs of each pair; its rows into the
+// tail), then every thread converts and stores its chunks at each row. `more`: the block takes
+// another token after this one (the tail is rewritten: wait for every thread's reads).
 template <class Chunks>
-__global__ void __launch_bounds__(kThreads) local_dispatch_grid_kernel(LocalDispatchParams P) {
+__device__ __forceinline__ void place_and_store(const LocalDispatchParams& P, const GridTables& tb,
+                                                const StartCnt& rt, LocalTail* tail, Chunks& ch, int t, int n,
+                                                bool more) {
+  const DispatchSendParams& S = P.s;
+  const DispatchRecvParams& R = P.r;
+  const Geometry& g = S.g;
+  if (threadIdx.x < 32) {
+    int32_t pe[kBlockRouteMaxK];
+    route_token(S, t, n, pe);
+    const int k = threadIdx.x;
+    int e = -1;
+#pragma unroll
+    for (int i = 0; i < kBlockRouteMaxK; ++i)
+      if (i == k) e = pe[i];
+    if (k < g.K) {
+      const int64_t q = int64_t(t) * g.K + k;
+      int32_t j = 0;
+      int64_t pos = -1;
+      if (e >= 0) {
+        const int64_t ec = int64_t(e) * tb.C + t / 32;
+        j = rt.start[e] + tb.off[ec] + __popc(tb.bits[ec] & ((1u << (t % 32)) - 1u));
+        pos = local_pos(g, rt, e, j);
+      }
+      S.dest[q] = e >= 0 ? 0 : g.N;
+      S.pair_slot[q] = j;
+      tail->pos[k] = static_cast<int32_t>(pos);
+      if (pos >= 0) {
+        R.weights[pos] = S.weights[q];
+        R.src[2 * pos] = 0;
+        R.src[2 * pos + 1] = t;
+        R.recv_slot[pos] = j;
+      }
+    }
+  }
+  ch.convert(S);
+  __syncthreads();
+  int32_t rows[kBlockRouteMaxK];  // every row first, then the stores back to back
+#pragma unroll
+  for (int k = 0; k < kBlockRouteMaxK; ++k) rows[k] = k < g.K ? tail->pos[k] : -1;
+#pragma unroll
+  for (int k = 0; k < kBlockRouteMaxK; ++k)
+    if (rows[k] >= 0)
+      ch.store(S, static_cast<uint8_t*>(R.x) + int64_t(rows[k]) * g.payload,
+               reinterpret_cast<uint8_t*>(R.scale + int64_t(rows[k]) * g.S));
+  if (more) __syncthreads();
+}
+
+template <class Chunks>
+__global__ void __launch_bounds__(kThreads, Chunks::kChunks == 1 ? 2 : 1) local_dispatch_grid_kernel(LocalDispatchParams P) {
   extern __shared__ __align__(16) uint8_t smem[];
   const DispatchSendParams& S = P.s;
   const DispatchRecvParams& R = P.r;
@@ -157,47 +210,15 @@ __global__ void __launch_bounds__(kThreads) local_dispatch_grid_kernel(LocalDisp
     S.pair_slot[q] = 0;
   }
 
-  for (; t < n; t += gridDim.x) {
-    if (t != static_cast<int>(blockIdx.x)) ch.load(S, t);
-    if (threadIdx.x < 32) {  // lanes < K place pair k (the token's ids deduplicated again)
-      int32_t pe[kBlockRouteMaxK];
-      route_token(S, t, n, pe);
-      const int k = ix.lane;
-      int e = -1;
-#pragma unroll
-      for (int i = 0; i < kBlockRouteMaxK; ++i)
-        if (i == k) e = pe[i];
-      if (k < g.K) {
-        const int64_t q = int64_t(t) * g.K + k;
-        int32_t j = 0;
-        int64_t pos = -1;
-        if (e >= 0) {
-          const int64_t ec = int64_t(e) * tb.C + t / 32;
-          j = start[e] + tb.off[ec] + __popc(tb.bits[ec] & ((1u << (t % 32)) - 1u));
-          pos = local_pos(g, rt, e, j);
-        }
-        S.dest[q] = e >= 0 ? 0 : g.N;
-        S.pair_slot[q] = j;
-        tail->pos[k] = static_cast<int32_t>(pos);
-        if (pos >= 0) {
-          R.weights[pos] = S.weights[q];
-          R.src[2 * pos] = 0;
-          R.src[2 * pos + 1] = t;
-          R.recv_slot[pos] = j;
-        }
-      }
-    }
-    ch.convert(S);
-    __syncthreads();
-    int32_t rows[kBlockRouteMaxK];  // every row first, then the stores back to back
-#pragma unroll
-    for (int k = 0; k < kBlockRouteMaxK; ++k) rows[k] = k < g.K ? tail->pos[k] : -1;
-#pragma unroll
-    for (int k = 0; k < kBlockRouteMaxK; ++k)
-      if (rows[k] >= 0)
-        ch.store(S, static_cast<uint8_t*>(R.x) + int64_t(rows[k]) * g.payload,
-                 reinterpret_cast<uint8_t*>(R.scale + int64_t(rows[k]) * g.S));
-    if (t + static_cast<int>(gridDim.x) < n) __syncthreads();  // tail is rewritten for the next token
+  // Two tokens in flight per block: the next one's loads go out before this one's stores.
+  Chunks other;
+  const int G = gridDim.x;
+  for (; t < n; t += 2 * G) {
+    if (t + G < n) other.load(S, t + G);
+    place_and_store(P, tb, rt, tail, ch, t, n, t + G < n);
+    if (t + G >= n) break;
+    if (t + 2 * G < n) ch.load(S, t + 2 * G);
+    place_and_store(P, tb, rt, tail, other, t + G, n, t + 2 * G < n);
   }
 }
 
@@ -227,12 +248,8 @@ bool local_dispatch_grid_fits(const LocalDispatchParams& p, int64_t max_smem) {
 }
 
 cudaError_t launch_local_dispatch_grid(const LocalDispatchParams& p, int kind, int sms, cudaStream_t stream) {
-  switch (kind) {
-    case 0: return launch_grid<QuantChunks<0>>(p, sms, stream);
-    case 1: return launch_grid<QuantChunks<1>>(p, sms, stream);
-    case 2: return launch_grid<QuantChunks<2>>(p, sms, stream);
-    default: return launch_grid<CopyChunks>(p, sms, stream);
-  }
+  const auto launch = [&](auto chunks) { return launch_grid<decltype(chunks)>(p, sms, stream); };
+  return small_chunks_fit(p.s.g, kind) ? with_chunk_kind<true>(kind, launch) : with_chunk_kind(kind, launch);
 }
 
 }  // namespace a2a::cuda
