@@ -42,8 +42,8 @@ def kv_client():
 
 
 def forget_failed_effects():
-    """Drops JAX's record of the runtime tokens of computations with effects (ours have
-    `CommEffect`), as after a step that failed: JAX keeps the failed step's token and raises its
+    """Drops JAX's record of the runtime tokens of computations with effects (a host callback,
+    e.g. `debug=True`'s check), as after a step that failed: JAX keeps the failed step's token and raises its
     error again from `jax.effects_barrier()` and at interpreter exit. No public API does this
     (jax.effects_barrier re-raises and keeps the token); a no-op if the internals moved."""
     try:
