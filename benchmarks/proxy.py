@@ -1,27 +1,68 @@
-"""The cuda backend's inter-node path (proxy thread + TransferEngine) on GPUs.
+"""The cuda backend's inter-node path (proxy thread + TransferEngine) on GPUs, and where its transfer goes.
 
     python benchmarks/proxy.py --signal             # GPU -> host -> GPU flag round trip
-    JAX_MOE_A2A_NODE_SIZE=1 mpirun -n 2 python benchmarks/proxy.py --shape decode
+    JAX_MOE_A2A_NODE_SIZE=1 JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS=--xla_gpu_enable_command_buffer= \\
+        mpirun -n 2 python benchmarks/proxy.py --shape decode --json proxy.json
+    mpirun -n 2 python benchmarks/proxy.py --backend host --tokens 16 --hidden 256
+                                                    # the same program on CPUs (host backend's proxy)
 
-The second form checks against the oracle and times each half as the main bench does (barrier
-between halves, max over processes), with JAX_MOE_A2A_KERNEL_TIMING=1 also each half's kernel
-alone, and adds the proxy's counters. Breakdown per dispatch (µs, p50 over iterations where timed):
-  pack       dispatch_send kernel (CUDA events): routing, packing remote rows into pinned memory
-  transfer   the proxy's time from posting our counts to every remote row landed
-             (counts_to_landed, mean over dispatches; includes waiting for the slowest peer)
-  unpack     dispatch_recv kernel (CUDA events): reading remote rows from pinned memory
-  reaction   half the signalling round trip (--signal): one kernel -> proxy or proxy -> kernel flag
-and the same for combine (comb_to_landed between the two kernels).
+The second form first runs the engine benchmark's latency and bandwidth loops (benchmarks/engine.py,
+same processes, same provider), then, once per proxy mode (--proxy-modes, default "default,spin": a
+communicator per mode, the mode's environment set before it is created), checks against the oracle
+and times each half as the main bench does (halves.bench_one: a key-value-store barrier before each
+jitted call, max over processes), with JAX_MOE_A2A_KERNEL_TIMING=1 also each half's kernel alone.
+Each timed call is recorded: the proxy's counters before it and a host clock right after its barrier.
+Breakdown per half (µs, p50 over the timed iterations; benchlib/proxy_breakdown.py does the arithmetic):
+  pack         dispatch: the dispatch_send kernel (CUDA events): routing, packing remote rows into
+               pinned host memory; combine: the combine_send kernel
+  transfer     the proxy's counter: dispatch from our COUNTS posted (dispatch_send raised d_counts,
+               before it packs) to every remote rank's PRIV and OVER rows landed (counts_to_landed_ns);
+               combine from our COMB posted (combine_send done) to every remote rank's COMB landed
+               (comb_to_landed_ns). Per iteration the counter's increase over the half's calls, max
+               over ranks; it includes waiting for the slowest peer
+  unpack       dispatch: the dispatch_recv kernel (reads remote rows from pinned memory); combine:
+               `reduce`, the combine_recv kernel
+  skew         how far apart the processes enter the half: per iteration, max - min over processes of
+               the host clock read right before each process's first call of the half (after its
+               barrier; CLOCK_MONOTONIC, one clock for the processes of a machine), gathered through
+               the key-value store. Host side only: processes that time-slice one GPU (no MPS) start
+               their kernels later still
+  wire         what the transport alone would take: latency + bytes / bandwidth. bytes: the most any
+               rank sends to remote ranks in the half (rows of the benchmark's routing times the
+               proxy's row: dispatch pad16(payload + scales + 8), combine H * itemsize(combine dtype));
+               latency: the engine benchmark's half round trip at its size nearest one row;
+               bandwidth: its streaming bandwidth at its size nearest one peer's block (bytes / remote
+               peers)
+  unexplained  transfer - (skew + wire), from the p50s (so that the parts add up), and the p50 of
+               the same difference per iteration: the proxy's reaction to flags and the engine's
+               progress thread (their idle policies), GPU time-slicing, and for dispatch the part of
+               our own pack kernel after the counts went out (at most `pack`)
+  idle policy  the transfer per proxy mode: `default` (the adaptive back-off: poll 20 µs after
+               progress, then sleep 1 µs doubling to 100 µs, after 20 ms idle up to 2 ms), `spin`
+               (JAX_MOE_A2A_PROXY=spin: the proxy never sleeps), `spin-all` (also
+               JAX_MOE_A2A_PROGRESS=spin: the engine's progress thread too); `default - spin` is what
+               sleeping cost
+  reaction     half the signalling round trip (--signal): one kernel -> proxy or proxy -> kernel flag
+The same parts for the one-call ops ("dispatch (one call)", "combine (one call)": transfer, skew,
+wire; no kernel times). --json holds every mode's record with the per-iteration samples.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
+import socket
 import sys
+import time
 
 import numpy as np
+
+from benchlib import proxy_breakdown as pb
+
+_GATHERS = itertools.count()
 
 
 def parse_args(argv):
@@ -35,8 +76,23 @@ def parse_args(argv):
     p.add_argument("--tokens", type=int, default=None)
     p.add_argument("--hidden", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--proxy-modes", default="default,spin",
+                   help=f"the timed loop once per mode, comma-separated: {', '.join(pb.PROXY_MODES)} "
+                        "(default: %(default)s)")
+    p.add_argument("--backend", default="cuda", choices=("cuda", "host"),
+                   help="cuda, or host: the host backend's proxied mode (same proxy thread, C++ packing), "
+                        "which runs this program without GPUs")
+    p.add_argument("--no-engine", action="store_true", help="skip the engine benchmark (no wire time)")
+    p.add_argument("--engine-iters", type=int, default=5000,
+                   help="engine benchmark: ping-pong iterations at small sizes")
+    p.add_argument("--engine-stream-mib", type=int, default=64, help="engine benchmark: MiB per bandwidth point")
     p.add_argument("--json", default=None, help="write the record here (process 0)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.modes = pb.parse_modes(args.proxy_modes)
+    except ValueError as e:
+        p.error(f"--proxy-modes: {e}")
+    return args
 
 
 def signal(iters):
@@ -52,51 +108,254 @@ def signal(iters):
     return rec
 
 
+# ---- across processes -----------------------------------------------------------------------
+
+def gather(value, name):
+    """Every process's JSON-able `value`, in process order (collective: every process calls it in
+    the same order), through the jax.distributed key-value store as benchlib.timing does."""
+    import jax
+    if jax.process_count() == 1:
+        return [value]
+    from jax_moe_a2a.runtime import kv_client
+    client = kv_client()
+    key = f"jax_moe_a2a_proxybench_{name}_{next(_GATHERS)}"
+    client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(value))
+    return [json.loads(client.blocking_key_value_get(f"{key}/{p}", 300_000)) for p in range(jax.process_count())]
+
+
+def host_clock():
+    """(clock() -> int ns, its name): CLOCK_MONOTONIC when every process runs on this machine (Linux
+    keeps one for all processes), else the wall clock (as good as the hosts' synchronisation)."""
+    if len(set(gather(socket.gethostname(), "hosts"))) == 1:
+        return (lambda: time.clock_gettime_ns(time.CLOCK_MONOTONIC)), "CLOCK_MONOTONIC"
+    return time.time_ns, "CLOCK_REALTIME (processes on several hosts)"
+
+
+@contextlib.contextmanager
+def environment(changes):
+    """os.environ with `changes` ({name: value, None: unset}) applied inside, restored after."""
+    old = {k: os.environ.get(k) for k in changes}
+
+    def put(values):
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    put(changes)
+    try:
+        yield
+    finally:
+        put(old)
+
+
+class CallRecorder:
+    """Records every timed call of halves.bench_one while active. Its loop calls
+    benchlib.timing.barrier(name) right before each call (warm-up and timed), so the barrier is
+    wrapped: it snapshots comm.proxy_stats() before waiting (= after the previous call) and reads
+    `clock` after (= just before the call). names[k], stamps[k] (ns) and snaps[k] belong to call k;
+    snaps has one more entry, taken on exit (after the last call)."""
+
+    def __init__(self, comm, clock):
+        self.comm, self.clock = comm, clock
+        self.names, self.stamps, self.snaps = [], [], []
+
+    def __enter__(self):
+        from benchlib import timing
+        self._timing, self._barrier = timing, timing.barrier
+        timing.barrier = self._record
+        return self
+
+    def _record(self, name, *args, **kwargs):
+        self.snaps.append(self.comm.proxy_stats())
+        self._barrier(name, *args, **kwargs)
+        self.stamps.append(self.clock())
+        self.names.append(name)
+
+    def __exit__(self, *exc):
+        self._timing.barrier = self._barrier
+        self.snaps.append(self.comm.proxy_stats())
+        return False
+
+
+def part_samples(calls, iters):
+    """{part: {"transfer_us": [iters], "skew_us": [iters]}} for every part of pb.PARTS (collective):
+    transfer max over ranks and processes, skew max - min of the entry stamps over processes."""
+    out = {}
+    for i, (part, (names, key, _)) in enumerate(pb.PARTS.items()):
+        mine = pb.per_iteration(calls.names, pb.counter_deltas(calls.snaps, key) / 1e3, names, iters)
+        transfer = np.max(np.asarray(gather(mine.tolist(), f"transfer{i}"), np.float64), axis=0)
+        stamps = pb.per_iteration(calls.names, calls.stamps, names, iters, how="first")
+        skew = pb.skew_us(np.asarray(gather([int(s) for s in stamps], f"stamps{i}"), np.int64))
+        out[part] = {"transfer_us": transfer.tolist(), "skew_us": skew.tolist()}
+    return out
+
+
+# ---- bytes and the engine's figures -----------------------------------------------------------
+
+def routed_rows(spec, n, seed):
+    """[N, N] rows[s, d] that bench_one's inputs (same seed) route from rank s to rank d (tp_size 1)."""
+    from jax_moe_a2a import oracle, testing
+    inputs = testing.make_inputs(spec, n, seed, num_tokens=spec.max_tokens_per_rank)
+    L = spec.local_experts(n)
+    return pb.rows_between([np.asarray(i.topk_ids)[oracle.routed_pairs(spec, i)[0]] // L for i in inputs], n)
+
+
+def wire_bytes(spec, n, seed, node_size):
+    """{"dispatch", "combine"}: pb.half_bytes of each half plus the row size it moves."""
+    rows, remote = routed_rows(spec, n, seed), pb.remote_pairs(n, node_size)
+    d_row = pb.dispatch_row_bytes(spec.hidden, np.dtype(spec.dispatch_dtype).itemsize, spec.num_scales)
+    c_row = spec.hidden * np.dtype(spec.combine_dtype).itemsize
+    return {"dispatch": {**pb.half_bytes(rows, remote, d_row), "row": d_row},
+            "combine": {**pb.half_bytes(rows.T, remote.T, c_row), "row": c_row}}
+
+
+def measure_engine(jax, provider, args):
+    """The engine benchmark's latency and bandwidth loops (benchmarks/engine.py, bench_provider) for
+    `provider` between these processes (collective). Returns (its result on process 0, else None;
+    why there is none)."""
+    if args.no_engine:
+        return None, "--no-engine"
+    if jax.process_count() < 2:
+        return None, "the engine benchmark needs 2 processes"
+    import engine
+    from jax_moe_a2a.runtime import kv_client
+    opts = argparse.Namespace(iface=None, num_domains=1, iters=args.engine_iters, blocks=20, baseline=True,
+                              baseline_max=64 * engine.KIB, stream_mib=args.engine_stream_mib, timeout=60.0,
+                              only="latency,bandwidth")
+    try:
+        res = engine.bench_provider(provider, opts, jax.process_index(), jax.process_count(), kv_client(),
+                                    "proxybench")
+        return res, "" if res or jax.process_index() else "no result"
+    except Exception as e:  # report it and go on: the rest of the breakdown stands without wire time
+        return None, f"{type(e).__name__}: {e}"
+
+
+def wire_parts(nbytes, engine_result):
+    """{part: (engine figures, wire µs or None)} for every part of pb.PARTS."""
+    out = {}
+    for part in pb.PARTS:
+        b = nbytes[part.split(" ")[0]]
+        fig = pb.engine_figures(engine_result, b["row"], b["block"]) if engine_result else None
+        ok = fig and fig["latency_us"] is not None and fig["bandwidth_MBps"]
+        out[part] = (fig, pb.wire_us(b["bytes"], fig["latency_us"], fig["bandwidth_MBps"]) if ok else None)
+    return out
+
+
+# ---- one mode ---------------------------------------------------------------------------------
+
+def run_mode(jax, spec, mesh, args, clock, mode):
+    """Creates the communicator under the mode's environment, runs halves.bench_one recording its
+    calls, and returns the record with "samples" (per part, per iteration; collective)."""
+    import jax_moe_a2a as a2a
+    from benchlib import Progress, timing
+    from halves import bench_one
+
+    opts = {"proxied": True} if args.backend == "host" else {}
+    if args.backend == "host":
+        from jax_moe_a2a import env
+        opts["node_size"] = env.get_int("NODE_SIZE", 0)
+    with environment(pb.PROXY_MODES[mode]):
+        comm = a2a.init(spec, mesh, "ep", backend=args.backend, collect_stats=False, **opts)
+    try:
+        before = comm.proxy_stats()
+        if not before:  # the same on every process: all leave here
+            raise SystemExit(f"benchmarks/proxy.py: no proxy thread (node_size {comm.diagnostics().get('node_size')} "
+                             f"of {comm.num_ranks} ranks): set JAX_MOE_A2A_NODE_SIZE below the number of ranks")
+        with CallRecorder(comm, clock) as calls:
+            rec = bench_one(jax, comm, args.shape, argparse.Namespace(seed=args.seed, no_check=False, x_dtype="f32"),
+                            args.iters, args.warmup, Progress(1 + args.iters + args.warmup, False))
+        after = comm.proxy_stats()
+        diag = comm.diagnostics()
+        rec.update(proxy_mode=mode, proxy_env=pb.PROXY_MODES[mode], node_size=diag.get("node_size"),
+                   provider=diag.get("provider"), num_ranks=comm.num_ranks, spec_text=comm.spec.describe())
+        rec["proxy_threads"] = {str(r): {k: s.get(k) for k in ("cpu", "flag_path")} for r, s in after.items()}
+        # Mean over every dispatch / combine of the run (check and warm-up included), as before.
+        per = {}
+        for key, count in (("counts_to_landed_ns", "dispatches"), ("comb_to_landed_ns", "combines")):
+            vals = [(after[r][key] - before[r][key]) / max(1, after[r][count] - before[r][count]) for r in after]
+            per[key] = float(np.max(timing.max_over_processes([max(vals) if vals else 0.0], "proxy" + key)))
+        rec["proxy"] = {"counts_to_landed_us": per["counts_to_landed_ns"] / 1e3,
+                        "comb_to_landed_us": per["comb_to_landed_ns"] / 1e3}
+        rec["samples"] = part_samples(calls, args.iters)
+    finally:
+        comm.close()
+    return rec
+
+
+def add_breakdown(rec, wires):
+    """rec["breakdown"] = {part: pb.breakdown(...)} from the samples, kernel p50s and wire times."""
+    k = rec.get("kernel_timings")
+    rec["breakdown"] = {}
+    for part, (_, _, halves) in pb.PARTS.items():
+        kernels = None
+        if k and halves:
+            kernels = {lab: k[h]["p50_us"] for lab, h in zip(pb.KERNEL_LABELS[part], halves)}
+        s = rec["samples"][part]
+        rec["breakdown"][part] = pb.breakdown(s["transfer_us"], s["skew_us"], wires[part][1], kernels)
+
+
+def print_mode(rec, nbytes, wires):
+    t, k = rec["timings"], rec.get("kernel_timings")
+    env = ", ".join(f"{n}={'unset' if v is None else v}" for n, v in rec["proxy_env"].items())
+    what = "cuda inter-node path" if rec["backend"] == "cuda" else f"{rec['backend']} backend, proxied"
+    print(f"\n{what}, proxy mode {rec['proxy_mode']} ({env}): {rec['num_ranks']} ranks, node_size "
+          f"{rec['node_size']}, provider {rec['provider']}, {rec['spec_text']}, check {rec['check']}")
+    for h in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv", "dispatch", "combine"):
+        kt = f"   kernel p50 {k[h]['p50_us']:8.1f} µs" if k and h in k else ""
+        print(f"  {h:<14} wall p50 {t[h]['p50_us']:8.1f} µs  p99 {t[h]['p99_us']:8.1f} µs{kt}")
+    if not k:
+        print("  (set JAX_MOE_A2A_KERNEL_TIMING=1 and disable command buffers for the kernel times)")
+    for part, b in rec["breakdown"].items():
+        for line in pb.format_half(part, b, nbytes[part.split(" ")[0]], wires[part][0]):
+            print(line)
+    print(f"  proxy threads (rank: pinned CPU, flag path): "
+          + ", ".join(f"{r}: {th['cpu']}, {th['flag_path']}" for r, th in rec["proxy_threads"].items()), flush=True)
+
+
 def halves(args):
     import benchlib
-    from benchlib import Progress, shapes, timing
-    from halves import bench_one
+    from benchlib import shapes
     jax = benchlib.setup_runtime()
-    import jax_moe_a2a as a2a
-    from jax_moe_a2a import testing
+    from jax_moe_a2a import env, testing
 
     table = shapes.pick(jax.default_backend(), False)
     overrides = {k: v for k, v in (("max_tokens_per_rank", args.tokens), ("hidden", args.hidden)) if v}
+    spec = table[args.shape].spec(**overrides)
     mesh = testing.make_mesh()
-    comm = a2a.init(table[args.shape].spec(**overrides), mesh, "ep", backend="cuda", collect_stats=False)
     lead = jax.process_index() == 0
-    before = comm.proxy_stats()
-    rec = bench_one(jax, comm, args.shape, argparse.Namespace(seed=args.seed, no_check=False), args.iters,
-                    args.warmup, Progress(1 + args.iters + args.warmup, False))
-    after = comm.proxy_stats()
-    diag = comm.diagnostics()
-    rec["node_size"] = diag.get("node_size")
-    rec["provider"] = diag.get("provider")
-    per = {}
-    for key, count in (("counts_to_landed_ns", "dispatches"), ("comb_to_landed_ns", "combines")):
-        vals = [(after[r][key] - before[r][key]) / max(1, after[r][count] - before[r][count]) for r in after]
-        per[key] = float(np.max(timing.max_over_processes([max(vals) if vals else 0.0], "proxy" + key)))
-    rec["proxy"] = {"counts_to_landed_us": per["counts_to_landed_ns"] / 1e3,
-                    "comb_to_landed_us": per["comb_to_landed_ns"] / 1e3}
+    clock, clock_name = host_clock()
+    provider = env.get_str("PROVIDER", "shm")
+    engine_result, why = measure_engine(jax, provider, args)
+    out = {"meta": benchlib.run_meta(jax, iters=args.iters, warmup=args.warmup, backend=args.backend,
+                                     kernel_timing=os.environ.get("JAX_MOE_A2A_KERNEL_TIMING", "0")),
+           "clock": clock_name, "engine": {"provider": provider, "result": engine_result, "why_none": why},
+           "modes": {}}
     if lead:
-        t, k = rec["timings"], rec.get("kernel_timings")
-        print(f"cuda inter-node path: {comm.num_ranks} ranks, node_size {rec['node_size']}, provider "
-              f"{rec['provider']}, {comm.spec.describe()}, check {rec['check']}")
-        for h in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv", "dispatch", "combine"):
-            kt = f"   kernel p50 {k[h]['p50_us']:8.1f} µs" if k and h in k else ""
-            print(f"  {h:<14} wall p50 {t[h]['p50_us']:8.1f} µs  p99 {t[h]['p99_us']:8.1f} µs{kt}")
-        if k:
-            print(f"  breakdown dispatch: pack {k['dispatch_send']['p50_us']:.1f} µs | transfer (proxy: counts out -> "
-                  f"all rows landed) {rec['proxy']['counts_to_landed_us']:.1f} µs | unpack "
-                  f"{k['dispatch_recv']['p50_us']:.1f} µs")
-            print(f"  breakdown combine:  pack {k['combine_send']['p50_us']:.1f} µs | transfer (proxy: rows out -> "
-                  f"all landed) {rec['proxy']['comb_to_landed_us']:.1f} µs | reduce {k['combine_recv']['p50_us']:.1f} µs")
-        else:
-            print("  (set JAX_MOE_A2A_KERNEL_TIMING=1 and disable command buffers for the kernel breakdown)")
-    comm.close()
+        print(f"proxy path breakdown: modes {args.modes}, {args.iters} timed + {args.warmup} warm-up iterations, "
+              f"skew from {clock_name}", flush=True)
+        print("\n".join(pb.format_engine(engine_result, why)), flush=True)
+    nbytes = wires = None
+    for mode in args.modes:
+        rec = run_mode(jax, spec, mesh, args, clock, mode)
+        if nbytes is None:  # routing and placement are the same in every mode
+            nbytes = wire_bytes(spec, rec["num_ranks"], args.seed, rec["node_size"] or 0)
+            wires = wire_parts(nbytes, engine_result)
+            out["wire_bytes"] = nbytes
+            out["engine"]["figures"] = {p: fig for p, (fig, _) in wires.items()}
+        add_breakdown(rec, wires)
+        out["modes"][mode] = rec
+        if lead:
+            print_mode(rec, nbytes, wires)
+    out["idle_policy"] = pb.idle_policy({m: {p: b["transfer_us"] for p, b in r["breakdown"].items()}
+                                         for m, r in out["modes"].items()})
+    if lead:
+        print()
+        for line in pb.format_idle(out["idle_policy"], args.modes):
+            print(line)
     if jax.process_count() > 1:
         jax.distributed.shutdown()
-    return rec
+    return out
 
 
 def main(argv=None):

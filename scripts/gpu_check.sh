@@ -235,15 +235,25 @@ mpi_bench() {  # $1 = label, $2 = n, extra env before the command
 if stage mpibench; then
   for n in ${NPROCS:-2 4 8}; do mpi_bench bench "$n"; done
 fi
-if stage proxybench; then  # the inter-node path on one GPU: signalling round trip, then halves + breakdown
+# The inter-node path on one GPU: signalling round trip, then per run (n:node_size:provider) the engine
+# benchmark and the halves once per proxy mode (PROXYBENCH_MODES, default "default,spin"; spin-all also
+# spins the engine's progress thread) in one mpirun, with the transfer's breakdown (skew, wire time,
+# unexplained rest, idle policy); log and JSON per run. Each run's timeout grows with the modes (PROXYBENCH_TMAX
+# per mode, default 240 s; TMAX caps the total).
+if stage proxybench; then
   JAX_PLATFORMS=cuda,cpu timeout $(cap 120) python3 "$BENCH/proxy.py" --signal 2>&1 | tee "$OUT/proxybench-signal.log"
+  modes=${PROXYBENCH_MODES:-default,spin}
+  nmodes=$(( $(tr -cd , <<< "$modes" | wc -c) + 1 ))
   for run in ${PROXYBENCH_RUNS:-2:1:shm 4:1:shm 4:2:shm "2:1:tcp;ofi_rxm"}; do
     IFS=: read -r n ns prov <<< "$run"
+    name="proxybench-n$n-ns$ns-${prov%%;*}"
     env JAX_MOE_A2A_NODE_SIZE="$ns" JAX_MOE_A2A_PROVIDER="$prov" JAX_MOE_A2A_IFACE="$([ "$prov" = shm ] || echo lo)" \
       JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
-      XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") timeout $(cap 300) "${MPIRUN[@]}" -n "$n" \
-      python3 "$BENCH/proxy.py" --shape decode 2>&1 | quiet \
-      | tee "$OUT/proxybench-n$n-ns$ns-${prov%%;*}.log"
+      XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") \
+      timeout -k 20 $(cap $(( 60 + nmodes * ${PROXYBENCH_TMAX:-240} ))) "${MPIRUN[@]}" -n "$n" \
+      python3 "$BENCH/proxy.py" --shape decode --proxy-modes "$modes" --json "$OUT/$name.json" 2>&1 | quiet \
+      | tee "$OUT/$name.log"
+    echo "exit ${PIPESTATUS[0]}" >> "$OUT/$name.log"
   done
 fi
 if stage mpsbench; then

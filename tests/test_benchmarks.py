@@ -160,3 +160,206 @@ def test_engine_timing_loops_take_the_library_engines():
         loops.pingpong(engines[0], 1, regions[0], engines[0].remote(descs[1]), 8, 1, 0, True, imm(26), 0.2)
     for e in engines:
         e.close()
+
+
+# ---- benchmarks/proxy.py: the proxy path's breakdown (benchlib/proxy_breakdown.py) ------------
+
+def test_proxy_breakdown_bytes_on_the_wire():
+    """Routed rows -> [N, N] rows, the pairs that go through the engine, and the busiest rank's
+    bytes per half (dispatch: the routing, combine: its transpose) on a 4-rank, 2-node routing."""
+    import numpy as np
+
+    from benchlib import proxy_breakdown as pb
+    # DeepSeek-V3 decode's row: 7168 fp8 values, 56 f32 scales, token + weight -> 7408 bytes
+    assert pb.dispatch_row_bytes(7168, 1, 56) == 7408 and pb.dispatch_row_bytes(10, 2, 0) == 32
+    dests = [np.array([0, 1, 2, 2, 3]), np.array([2, 2, 2, 3, 3, 3, 3]), np.array([], int), np.array([0, 1, 3])]
+    rows = pb.rows_between(dests, 4)
+    assert rows.tolist() == [[1, 1, 2, 1], [0, 0, 3, 4], [0, 0, 0, 0], [1, 1, 0, 1]]
+    remote = pb.remote_pairs(4, 2)  # ranks 0, 1 on one node, 2, 3 on the other
+    assert remote.tolist() == [[False, False, True, True], [False, False, True, True],
+                               [True, True, False, False], [True, True, False, False]]
+    assert pb.remote_pairs(2, 0).all()  # node_size 0 (host backend): every pair, self included
+    d = pb.half_bytes(rows, remote, 100)  # rank 1 sends 3 + 4 remote rows, to 2 peers
+    assert d == {"bytes": 700, "rank": 1, "peers": 2, "rows": 7, "block": 350.0}
+    c = pb.half_bytes(rows.T, remote.T, 10)  # expert rank 2 returns 2 + 3 rows, rank 3 1 + 4 + 0
+    assert c["bytes"] == 50 and c["rank"] == 2 and c["rows"] == 5 and c["block"] == 25.0
+    assert pb.half_bytes(np.ones((2, 2), np.int64), pb.remote_pairs(2, 2), 8)["bytes"] == 0  # one node
+
+
+def test_proxy_breakdown_engine_figures_and_wire_time():
+    """The engine benchmark's points nearest one row (latency) and one peer's block (bandwidth), on
+    a log scale, and wire = latency + bytes / bandwidth (MB/s = bytes per µs)."""
+    from benchlib import proxy_breakdown as pb
+    lat = [{"size": s, "half_rtt_us": u, **({"raw_half_rtt_us": u / 2} if s <= 4096 else {})}
+           for s, u in ((8, 1.0), (512, 1.5), (4096, 2.0), (65536, 10.0), (4 << 20, 500.0))]
+    bw = [{"size": s, "MBps": m} for s, m in ((4096, 1000.0), (1 << 20, 8000.0), (4 << 20, 10000.0))]
+    assert pb.nearest(lat, 7408)["size"] == 4096       # log distance 0.59 against 2.18 to 64 KiB
+    assert pb.nearest(lat, 40000)["size"] == 65536
+    assert pb.nearest(lat, 64)["size"] == 8            # equal log distance to 8 and 512: the smaller
+    assert pb.nearest([], 10) is None
+    fig = pb.engine_figures({"provider": "shm", "latency": lat, "bandwidth": bw}, 7408, 3.5e6)
+    assert fig == {"provider": "shm", "latency_us": 2.0, "latency_size": 4096, "raw_latency_us": 1.0,
+                   "bandwidth_MBps": 10000.0, "bandwidth_size": 4 << 20}
+    assert pb.engine_figures({"latency": [], "bandwidth": bw}, 10, 10)["latency_us"] is None
+    assert pb.wire_us(3.5e6, 2.0, 10000.0) == pytest.approx(352.0)
+    lines = pb.format_engine({"provider": "shm", "latency": lat, "bandwidth": bw})
+    assert "4 KiB 2.00" in lines[1] and "4 KiB 1.00" in lines[2] and "4 MiB 10000" in lines[3]
+    assert "no figures (boom)" in pb.format_engine(None, "boom")[0]
+
+
+def test_proxy_breakdown_skew_counters_and_iterations():
+    """Skew = max - min of the processes' stamps per iteration; counter increases per call (max over
+    a process's ranks); calls grouped per iteration with the warm-up dropped."""
+    import numpy as np
+
+    from benchlib import proxy_breakdown as pb
+    base = 1_700_000_000_000_000_000  # wall-clock ns: past 2**53, so stamps must stay integers
+    stamps = np.array([[base + 0, base + 10_000], [base + 2_500, base + 9_000], [base + 1_000, base + 10_500]])
+    assert pb.skew_us(stamps).tolist() == [2.5, 1.5]
+    assert pb.skew_us(stamps[:1]).tolist() == [0.0, 0.0]
+    snap = lambda a, b: {0: {"counts_to_landed_ns": a}, 1: {"counts_to_landed_ns": b}}
+    snaps = [snap(0, 0), snap(1000, 3000), snap(1000, 3000), snap(6000, 4000)]
+    assert pb.counter_deltas(snaps, "counts_to_landed_ns").tolist() == [3000, 0, 5000]
+    assert pb.counter_deltas([{}, {}], "x").tolist() == [0]
+    names = ["dispatch_send", "dispatch_recv", "combine_send"] * 3  # one warm-up, two timed iterations
+    values = [100, 1, 7, 200, 2, 8, 300, 3, 9]
+    assert pb.per_iteration(names, values, ("dispatch_send", "dispatch_recv"), 2).tolist() == [202, 303]
+    assert pb.per_iteration(names, values, ("combine_send",), 3).tolist() == [7, 8, 9]
+    firsts = pb.per_iteration(names, [base + v for v in values], ("dispatch_send", "dispatch_recv"), 2, how="first")
+    assert firsts.dtype == np.int64 and firsts.tolist() == [base + 200, base + 300]
+    with pytest.raises(ValueError, match="expected 4 or more"):
+        pb.per_iteration(names, values, ("dispatch_send",), 4)
+    with pytest.raises(ValueError):
+        pb.per_iteration(names[:-1], values[:-1], ("dispatch_send", "combine_send"), 2)
+
+
+def test_proxy_breakdown_unexplained_idle_policy_and_report():
+    """unexplained = transfer - (skew + wire) from the p50s (and per iteration), the idle-policy table
+    with default - mode, and the report lines carrying those numbers."""
+    from benchlib import proxy_breakdown as pb
+    transfer = [2000.0, 2100.0, 1900.0, 5000.0, 2050.0]  # p50 2050
+    skew = [1200.0, 1000.0, 1100.0, 4000.0, 900.0]        # p50 1100
+    b = pb.breakdown(transfer, skew, 350.0, {"pack": 250.0, "unpack": 300.0})
+    assert b["transfer_us"] == 2050.0 and b["skew_us"] == 1100.0 and b["iters"] == 5
+    assert b["unexplained_us"] == pytest.approx(2050 - 1100 - 350)
+    assert b["unexplained_per_iter_us"] == pytest.approx(650.0)  # of 450, 750, 450, 650, 800
+    assert b["transfer_mean_us"] == pytest.approx(2610.0)
+    none = pb.breakdown(transfer, skew, None)
+    assert none["unexplained_us"] is None and none["kernels_us"] == {}
+    lines = pb.format_half("dispatch", b, {"bytes": 3_500_000, "rank": 1, "peers": 1},
+                           {"latency_us": 2.0, "latency_size": 4096, "bandwidth_MBps": 10000.0,
+                            "bandwidth_size": 4 << 20})
+    assert lines[0].startswith("  breakdown dispatch: pack 250.0 µs | transfer 2050.0 µs | unpack 300.0 µs")
+    assert "= skew 1100.0 µs + wire 350.0 µs" in lines[1] and "unexplained 600.0 µs" in lines[1]
+    assert "3.500 MB" in lines[1] and "10000 MB/s" in lines[1]
+    assert "wire n/a" in pb.format_half("combine", none)[1] and "unexplained n/a" in pb.format_half("combine", none)[1]
+    table = pb.idle_policy({"default": {"dispatch": 2050.0, "combine": 900.0},
+                            "spin": {"dispatch": 1500.0, "combine": None}})
+    assert table["dispatch"] == {"default": 2050.0, "spin": 1500.0, "default - spin": 550.0}
+    assert "default - spin" not in table["combine"]
+    text = "\n".join(pb.format_idle(table, ["default", "spin"]))
+    assert "2050.0 | 1500.0 | 550.0" in text and "900.0 | n/a | n/a" in text
+    assert pb.idle_policy({"spin": {"dispatch": 1.0}}) == {"dispatch": {"spin": 1.0}}
+    assert pb.parse_modes("spin, default,spin") == ["spin", "default"]
+    with pytest.raises(ValueError, match="unknown proxy mode 'fast'.*spin-all"):
+        pb.parse_modes("default,fast")
+
+
+def test_proxy_program_records_calls_and_parses_modes(capsys):
+    """benchmarks/proxy.py imports without a GPU; --proxy-modes is checked; the call recorder wraps
+    the barrier halves.bench_one calls before each timed call (counter snapshot before, stamp after)
+    and restores it; part_samples turns the record into per-iteration transfer and skew (one
+    process: no skew)."""
+    import numpy as np
+
+    import proxy
+    from benchlib import proxy_breakdown as pb
+    from benchlib import timing
+    assert proxy.parse_args([]).modes == ["default", "spin"]
+    assert proxy.parse_args(["--proxy-modes", "spin-all"]).modes == ["spin-all"]
+    with pytest.raises(SystemExit):
+        proxy.parse_args(["--proxy-modes", "sleepy"])
+    assert "unknown proxy mode" in capsys.readouterr().err
+
+    class Comm:  # a proxy whose counters move by known amounts per call
+        def __init__(self):
+            self.stats = {"counts_to_landed_ns": 0, "comb_to_landed_ns": 0}
+
+        def proxy_stats(self):
+            return {0: dict(self.stats)}
+
+    comm, ticks = Comm(), iter(range(1000, 10**6, 1000))
+    original = timing.barrier
+    bump = {"dispatch_send": ("counts_to_landed_ns", 0), "dispatch_recv": ("counts_to_landed_ns", 40_000),
+            "combine_send": ("comb_to_landed_ns", 0), "combine_recv": ("comb_to_landed_ns", 30_000),
+            "dispatch": ("counts_to_landed_ns", 20_000), "combine": ("comb_to_landed_ns", 10_000)}
+    with proxy.CallRecorder(comm, lambda: next(ticks)) as calls:
+        assert timing.barrier is not original
+        for it in range(3):  # one warm-up, two timed iterations, as bench_one calls them
+            for name, (key, ns) in bump.items():
+                timing.barrier(name)
+                comm.stats[key] += ns * (it + 1)
+    assert timing.barrier is original
+    assert len(calls.names) == 18 and len(calls.snaps) == 19 and calls.stamps[:2] == [1000, 2000]
+    samples = proxy.part_samples(calls, 2)
+    assert samples["dispatch"]["transfer_us"] == [80.0, 120.0]
+    assert samples["combine"]["transfer_us"] == [60.0, 90.0]
+    assert samples["dispatch (one call)"]["transfer_us"] == [40.0, 60.0]
+    assert samples["combine (one call)"]["skew_us"] == [0.0, 0.0]
+    assert set(samples) == set(pb.PARTS)
+    before = {k: os.environ.get(k) for k in ("JAX_MOE_A2A_PROXY", "JAX_MOE_A2A_PROGRESS")}
+    with proxy.environment({"JAX_MOE_A2A_PROXY": "spin", "JAX_MOE_A2A_PROGRESS": None}):
+        assert os.environ["JAX_MOE_A2A_PROXY"] == "spin" and "JAX_MOE_A2A_PROGRESS" not in os.environ
+    assert {k: os.environ.get(k) for k in before} == before
+    assert np.all(np.asarray(samples["dispatch"]["skew_us"]) == 0)
+
+
+def test_proxy_program_help_runs_as_a_script():
+    import subprocess
+    out = subprocess.run([sys.executable, os.path.join(BENCH_DIR, "proxy.py"), "--help"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "unexplained" in out.stdout and "--proxy-modes" in out.stdout
+
+
+def test_proxy_program_under_mpirun_on_cpus(tmp_path):
+    """The whole program on CPUs (the host backend's proxied mode: the same proxy thread) under its
+    own `mpirun -n 2`: engine benchmark, both proxy modes, breakdown lines and the JSON record."""
+    import shutil
+    import signal
+    import subprocess
+    from jax_moe_a2a import _ffi
+    if shutil.which("mpirun") is None:
+        pytest.skip("no mpirun")
+    if "host" not in a2a.available_backends() or not _ffi.require_native().built_with_libfabric():
+        pytest.skip("no host backend with libfabric")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PMIX", "JAX_MOE_A2A_"))}
+    env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if not f.startswith("--xla_force_host_platform_device_count"))
+    out_json = tmp_path / "proxy.json"
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "2", sys.executable,
+           os.path.join(BENCH_DIR, "proxy.py"), "--backend", "host", "--tokens", "8", "--hidden", "128",
+           "--iters", "3", "--warmup", "1", "--engine-iters", "300", "--engine-stream-mib", "2",
+           "--json", str(out_json)]
+    proc = subprocess.Popen(cmd, env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the session this test started: mpirun and its processes
+        text, _ = proc.communicate()
+        pytest.fail(f"proxy.py did not finish within 240 s:\n{text[-6000:]}")
+    assert proc.returncode == 0, text[-6000:]
+    assert "half round trip (µs)" in text and "idle policy, transfer p50" in text, text[-6000:]
+    assert text.count("breakdown dispatch:") == 2 and "unexplained" in text, text[-6000:]
+    rec = json.loads(out_json.read_text())
+    assert list(rec["modes"]) == ["default", "spin"]
+    for mode in rec["modes"].values():
+        assert mode["check"] == "ok"
+        for part in ("dispatch", "combine", "dispatch (one call)", "combine (one call)"):
+            b = mode["breakdown"][part]
+            assert b["iters"] == 3 and b["transfer_us"] > 0 and b["skew_us"] >= 0 and b["wire_us"] > 0
+            assert b["unexplained_us"] == pytest.approx(b["transfer_us"] - b["skew_us"] - b["wire_us"])
+    assert rec["wire_bytes"]["dispatch"]["bytes"] > 0 and rec["engine"]["figures"]["dispatch"]["latency_us"] > 0
+    assert "default - spin" in rec["idle_policy"]["dispatch"]
