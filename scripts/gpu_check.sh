@@ -8,7 +8,8 @@
 #      .devdeps/pplx_anchor at N = ANCHOR_NPROCS, default "2 4", processes on GPU 0) and anchorbench
 #      (our cuda and nvshmem halves the same way, one table next to pplx's; run after anchor),
 #      gpus gpusbench: every GPU of the machine, one process driving all and one process per GPU),
-#      GPUS_SINGLE=0 skips the gpus stage's one-process run, TMAX (cap on every stage's timeout, s), .devdeps/prebuilt/<hash>/_C*.so (skip the build).
+#      GPUS_SINGLE=0 skips the gpus stage's one-process run, TMAX (cap on every stage's timeout, s), .devdeps/prebuilt/<hash>/_C*.so (skip the build; with
+#      jax_moe_a2a_bench*.so beside it, the benchmarks' C++ loops too).
 #      NVSHMEM_NPROCS (process counts of the nvshmem stage, default "1 2 4"; 1 = no mpirun),
 #      SINGLE_TESTS / MPI_TESTS (the test files of the single and mpi stages).
 set -uo pipefail
@@ -44,14 +45,19 @@ if stage build; then
   PREBUILT=$(ls .devdeps/prebuilt/"$SRC_HASH"/_C*.so 2>/dev/null | head -1)
   if [ -n "$PREBUILT" ]; then
     # under the name Python imports (_C.cpython-312-x86_64-linux-gnu.so), not the carried one
-    cp "$PREBUILT" "jax_moe_a2a/_C$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')" \
-      && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+    EXT=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+    cp "$PREBUILT" "jax_moe_a2a/_C$EXT" && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+    # the benchmarks' C++ timing loops (benchmarks/engine.py, proxy.py), when carried beside it
+    BENCH_SO=$(ls .devdeps/prebuilt/"$SRC_HASH"/jax_moe_a2a_bench*.so 2>/dev/null | head -1)
+    [ -n "$BENCH_SO" ] && cp "$BENCH_SO" "jax_moe_a2a_bench$EXT"
     echo "prebuilt extension $PREBUILT" | tee "$OUT/build.log"
   else
     python3 -m pip install -v --no-build-isolation --no-deps . > "$OUT/build.full" 2>&1
     tail -20 "$OUT/build.full" | tee "$OUT/build.log"
     SO=$(cd "$RUNDIR" && python3 -c "import jax_moe_a2a._C as c; print(c.__file__)")
     [ -n "$SO" ] && cp "$SO" "$OUT/_C-$SRC_HASH.so"  # bring it back for the next call
+    BSO=$(cd "$RUNDIR" && python3 -c "import jax_moe_a2a_bench as b; print(b.__file__)" 2>/dev/null)
+    [ -n "$BSO" ] && cp "$BSO" "$OUT/jax_moe_a2a_bench-$SRC_HASH.so"  # carried beside _C (prebuilt/<hash>/)
   fi
   if ! (cd "$RUNDIR" && python3 -c "import jax_moe_a2a._C as c; print('cuda:', c.built_with_cuda(), 'nvshmem:', c.built_with_nvshmem(), 'libfabric:', c.built_with_libfabric())") 2>&1 | tee -a "$OUT/build.log"; then
     echo "gpu_check: the build failed (no _C to import); its errors:" | tee -a "$OUT/build.log"
