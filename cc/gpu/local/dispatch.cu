@@ -19,7 +19,6 @@ template <class Chunks>
 __global__ void __launch_bounds__(kThreads) local_dispatch_kernel(LocalDispatchParams P) {
   extern __shared__ __align__(16) uint8_t smem[];
   const DispatchSendParams& S = P.s;
-  const DispatchRecvParams& R = P.r;
   const Geometry& g = S.g;
   const GridIdx ix;
   // The block's first token's x goes out before the routing, which runs while it is in flight.
@@ -42,25 +41,9 @@ __global__ void __launch_bounds__(kThreads) local_dispatch_kernel(LocalDispatchP
       const int64_t q = int64_t(t) * g.K + threadIdx.x;
       const int e = rt.pe[q];
       const int32_t j = e >= 0 ? rt.slot_of(t, e) : 0;
-      const int64_t pos = e >= 0 ? local_pos(g, rt, e, j) : -1;
-      tail->pos[threadIdx.x] = static_cast<int32_t>(pos);
-      if (pos >= 0) {
-        R.weights[pos] = S.weights[q];
-        R.src[2 * pos] = 0;
-        R.src[2 * pos + 1] = t;
-        R.recv_slot[pos] = j;
-      }
+      local_place(P, tail, t, threadIdx.x, q, j, e >= 0 ? local_pos(g, rt, e, j) : -1);
     }
-    ch.convert(S);
-    __syncthreads();
-    int32_t rows[kBlockRouteMaxK];  // every row first, then the stores back to back
-#pragma unroll
-    for (int k = 0; k < kBlockRouteMaxK; ++k) rows[k] = k < g.K ? tail->pos[k] : -1;
-#pragma unroll
-    for (int k = 0; k < kBlockRouteMaxK; ++k)
-      if (rows[k] >= 0)
-        ch.store(S, static_cast<uint8_t*>(R.x) + int64_t(rows[k]) * g.payload,
-                 reinterpret_cast<uint8_t*>(R.scale + int64_t(rows[k]) * g.S));
+    local_store_rows(P, tail, ch);
     if (t + static_cast<int>(gridDim.x) < n) __syncthreads();  // tail is rewritten for the next token
   }
 }

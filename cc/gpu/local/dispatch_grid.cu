@@ -91,7 +91,6 @@ __device__ __forceinline__ void place_and_store(const LocalDispatchParams& P, co
                                                 const StartCnt& rt, LocalTail* tail, Chunks& ch, int t, int n,
                                                 bool more) {
   const DispatchSendParams& S = P.s;
-  const DispatchRecvParams& R = P.r;
   const Geometry& g = S.g;
   if (threadIdx.x < 32) {
     int32_t pe[kBlockRouteMaxK];
@@ -112,25 +111,10 @@ __device__ __forceinline__ void place_and_store(const LocalDispatchParams& P, co
       }
       S.dest[q] = e >= 0 ? 0 : g.N;
       S.pair_slot[q] = j;
-      tail->pos[k] = static_cast<int32_t>(pos);
-      if (pos >= 0) {
-        R.weights[pos] = S.weights[q];
-        R.src[2 * pos] = 0;
-        R.src[2 * pos + 1] = t;
-        R.recv_slot[pos] = j;
-      }
+      local_place(P, tail, t, k, q, j, pos);
     }
   }
-  ch.convert(S);
-  __syncthreads();
-  int32_t rows[kBlockRouteMaxK];  // every row first, then the stores back to back
-#pragma unroll
-  for (int k = 0; k < kBlockRouteMaxK; ++k) rows[k] = k < g.K ? tail->pos[k] : -1;
-#pragma unroll
-  for (int k = 0; k < kBlockRouteMaxK; ++k)
-    if (rows[k] >= 0)
-      ch.store(S, static_cast<uint8_t*>(R.x) + int64_t(rows[k]) * g.payload,
-               reinterpret_cast<uint8_t*>(R.scale + int64_t(rows[k]) * g.S));
+  local_store_rows(P, tail, ch);
   if (more) __syncthreads();
 }
 
@@ -138,7 +122,6 @@ template <class Chunks>
 __global__ void __launch_bounds__(kThreads, Chunks::kChunks == 1 ? 2 : 1) local_dispatch_grid_kernel(LocalDispatchParams P) {
   extern __shared__ __align__(16) uint8_t smem[];
   const DispatchSendParams& S = P.s;
-  const DispatchRecvParams& R = P.r;
   const Geometry& g = S.g;
   const GridIdx ix;
   cg::grid_group grid = cg::this_grid();

@@ -77,4 +77,37 @@ __device__ void local_small_outputs(const LocalDispatchParams& P, const Tables& 
   }
 }
 
+// Pair k of token t (q = t * K + k) lands at output row pos (-1: none) with slot j: its row into the
+// tail and, where it lands, its weight, source and slot outputs as dispatch_recv writes them.
+__device__ __forceinline__ void local_place(const LocalDispatchParams& P, LocalTail* tail, int t, int k, int64_t q,
+                                            int32_t j, int64_t pos) {
+  const DispatchRecvParams& R = P.r;
+  tail->pos[k] = static_cast<int32_t>(pos);
+  if (pos >= 0) {
+    R.weights[pos] = P.s.weights[q];
+    R.src[2 * pos] = 0;
+    R.src[2 * pos + 1] = t;
+    R.recv_slot[pos] = j;
+  }
+}
+
+// Every thread, once the tail's rows are placed: converts its chunks of the token (gpu/token_chunks.cuh)
+// and stores them at each row, every row read first, then the stores back to back.
+template <class Chunks>
+__device__ __forceinline__ void local_store_rows(const LocalDispatchParams& P, const LocalTail* tail, Chunks& ch) {
+  const DispatchSendParams& S = P.s;
+  const DispatchRecvParams& R = P.r;
+  const Geometry& g = S.g;
+  ch.convert(S);
+  __syncthreads();
+  int32_t rows[kBlockRouteMaxK];
+#pragma unroll
+  for (int k = 0; k < kBlockRouteMaxK; ++k) rows[k] = k < g.K ? tail->pos[k] : -1;
+#pragma unroll
+  for (int k = 0; k < kBlockRouteMaxK; ++k)
+    if (rows[k] >= 0)
+      ch.store(S, static_cast<uint8_t*>(R.x) + int64_t(rows[k]) * g.payload,
+               reinterpret_cast<uint8_t*>(R.scale + int64_t(rows[k]) * g.S));
+}
+
 }  // namespace a2a::cuda
