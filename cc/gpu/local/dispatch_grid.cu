@@ -35,14 +35,14 @@ struct GridTables {
   int32_t* cnt;    // [E] pairs per expert (total)
   int32_t* drops;  // [gridDim]
   int64_t C;
-  __host__ __device__ GridTables(const Geometry& g, uint8_t* priv, int blocks) {
+  __host__ __device__ GridTables(const Geometry& g, uint8_t* priv) {
     C = (int64_t(g.T) + 31) / 32;
     bits = reinterpret_cast<uint32_t*>(priv);
     off = reinterpret_cast<int32_t*>(bits + int64_t(g.E) * C);
     cnt = off + int64_t(g.E) * C;
     drops = cnt + g.E;
-    (void)blocks;
   }
+  // Bytes of the tables for a grid of `blocks` blocks.
   __host__ __device__ static int64_t bytes(const Geometry& g, int blocks) {
     return 4 * (2 * int64_t(g.E) * ((int64_t(g.T) + 31) / 32) + g.E + blocks);
   }
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, Chunks::kChunks == 1 ? 2 : 1) local_
   const Geometry& g = S.g;
   const GridIdx ix;
   cg::grid_group grid = cg::this_grid();
-  const GridTables tb(g, S.p.priv, gridDim.x);
+  const GridTables tb(g, S.p.priv);
   const int n = max(0, min(*S.num_tokens, g.T));
   const int warp = threadIdx.x >> 5;
   __shared__ int block_bad;
