@@ -235,8 +235,9 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
         def one_step():
             state["y"] = f_step(state["y"], ids, w, num, params)
             return state["y"]
-        name = f"{'plain' if plain else comm.backend_name}-{shape.name}-{experts}-{shared}-{current_cmdbuf(jax)}"
-        keep = os.path.join(args.out, "traces", name.replace(":", "_").replace(",", "_").replace("/", "")) if args.out else None
+        name = (f"{'plain' if plain else comm.backend_name}-{shape.name}-{experts}-{shared}-{current_cmdbuf(jax)}"
+                f"-p{jax.process_index()}").replace(":", "_").replace(",", "_").replace("/", "")
+        keep = os.path.join(args.out, "traces", name) if args.out else None
         device = trace.device_profile(one_step, steps=3, per=args.layers, keep_dir=keep)
     arr = timing.max_over_processes(per_layer, "layer") * 1e6
     finite = bool(np.isfinite(np.asarray(jax.device_get(y), np.float32)).all()) if jax.process_count() == 1 else None

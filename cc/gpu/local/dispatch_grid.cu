@@ -119,7 +119,8 @@ __device__ __forceinline__ void place_and_store(const LocalDispatchParams& P, co
 }
 
 template <class Chunks>
-__global__ void __launch_bounds__(kThreads, Chunks::kChunks == 1 ? 2 : 1) local_dispatch_grid_kernel(LocalDispatchParams P) {
+__global__ void __launch_bounds__(kThreads, Chunks::kChunks == 1 ? 2 : 1)
+    local_dispatch_grid_kernel(LocalDispatchParams P) {
   extern __shared__ __align__(16) uint8_t smem[];
   const DispatchSendParams& S = P.s;
   const Geometry& g = S.g;
@@ -210,7 +211,8 @@ cudaError_t launch_grid(const LocalDispatchParams& p, int sms, cudaStream_t stre
   const size_t smem = static_cast<size_t>(grid_smem_bytes(p.s.g));
   auto* kernel = local_dispatch_grid_kernel<Chunks>;
   if (smem > 48 * 1024) {
-    const cudaError_t rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    const cudaError_t rc =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (rc != cudaSuccess) return rc;
   }
   // Two blocks per SM where they fit (more tokens' loads in flight), every block co-resident.
