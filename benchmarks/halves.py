@@ -58,7 +58,11 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0):
+def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0, hooks=None):
+    """Checks `comm` against the oracle, then times its halves (module docstring); returns the
+    record. hooks: None, or an object whose before_barrier(name) and after_barrier(name) run
+    around the barrier before every call of a half (warm-up and timed; benchmarks/proxy.py records
+    its counters and a clock there)."""
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import PartitionSpec as P
@@ -122,7 +126,11 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0):
     def timed_call(name, timed, fn, *fn_args):
         """A barrier, then fn(*fn_args) to completion; its wall time (and, for the four halves, its
         kernel time) into the samples when `timed`. Returns fn's result."""
+        if hooks is not None:
+            hooks.before_barrier(name)
         timing.barrier(name)
+        if hooks is not None:
+            hooks.after_barrier(name)
         out, t = timing.time_once(fn, *fn_args)
         if timed:
             samples[name].append(t)

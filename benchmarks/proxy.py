@@ -11,7 +11,7 @@ same processes, same provider), then, once per proxy mode (--proxy-modes, defaul
 communicator per mode, the mode's environment set before it is created), checks against the oracle
 and times each half as the main bench does (halves.bench_one: a key-value-store barrier before each
 jitted call, max over processes), with JAX_MOE_A2A_KERNEL_TIMING=1 also each half's kernel alone.
-Each timed call is recorded: the proxy's counters before it and a host clock right after its barrier.
+Each call is recorded (bench_one's hooks): the proxy's counters before it and a host clock right after its barrier.
 Breakdown per half (µs, p50 over the timed iterations; benchlib/proxy_breakdown.py does the arithmetic):
   pack         dispatch: the dispatch_send kernel (CUDA events): routing, packing remote rows into
                pinned host memory; combine: the combine_send kernel
@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import os
 import socket
@@ -61,9 +60,6 @@ import time
 import numpy as np
 
 from benchlib import proxy_breakdown as pb
-
-_GATHERS = itertools.count()
-
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python benchmarks/proxy.py", description=__doc__,
@@ -110,22 +106,10 @@ def signal(iters):
 
 # ---- across processes -----------------------------------------------------------------------
 
-def gather(value, name):
-    """Every process's JSON-able `value`, in process order (collective: every process calls it in
-    the same order), through the jax.distributed key-value store as benchlib.timing does."""
-    import jax
-    if jax.process_count() == 1:
-        return [value]
-    from jax_moe_a2a.runtime import kv_client
-    client = kv_client()
-    key = f"jax_moe_a2a_proxybench_{name}_{next(_GATHERS)}"
-    client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(value))
-    return [json.loads(client.blocking_key_value_get(f"{key}/{p}", 300_000)) for p in range(jax.process_count())]
-
-
 def host_clock():
     """(clock() -> int ns, its name): CLOCK_MONOTONIC when every process runs on this machine (Linux
     keeps one for all processes), else the wall clock (as good as the hosts' synchronisation)."""
+    from benchlib.timing import gather
     if len(set(gather(socket.gethostname(), "hosts"))) == 1:
         return (lambda: time.clock_gettime_ns(time.CLOCK_MONOTONIC)), "CLOCK_MONOTONIC"
     return time.time_ns, "CLOCK_REALTIME (processes on several hosts)"
@@ -150,43 +134,36 @@ def environment(changes):
 
 
 class CallRecorder:
-    """Records every timed call of halves.bench_one while active. Its loop calls
-    benchlib.timing.barrier(name) right before each call (warm-up and timed), so the barrier is
-    wrapped: it snapshots comm.proxy_stats() before waiting (= after the previous call) and reads
-    `clock` after (= just before the call). names[k], stamps[k] (ns) and snaps[k] belong to call k;
-    snaps has one more entry, taken on exit (after the last call)."""
+    """Records every call of halves.bench_one's halves (warm-up and timed), as its `hooks`: a
+    snapshot of comm.proxy_stats() before each call's barrier (= after the previous call) and
+    `clock` after it (= just before the call). names[k], stamps[k] (ns) and snaps[k] belong to call
+    k; close() takes one more snapshot (after the last call)."""
 
     def __init__(self, comm, clock):
         self.comm, self.clock = comm, clock
         self.names, self.stamps, self.snaps = [], [], []
 
-    def __enter__(self):
-        from benchlib import timing
-        self._timing, self._barrier = timing, timing.barrier
-        timing.barrier = self._record
-        return self
-
-    def _record(self, name, *args, **kwargs):
+    def before_barrier(self, name):
         self.snaps.append(self.comm.proxy_stats())
-        self._barrier(name, *args, **kwargs)
+
+    def after_barrier(self, name):
         self.stamps.append(self.clock())
         self.names.append(name)
 
-    def __exit__(self, *exc):
-        self._timing.barrier = self._barrier
+    def close(self):
         self.snaps.append(self.comm.proxy_stats())
-        return False
 
 
 def part_samples(calls, iters):
     """{part: {"transfer_us": [iters], "skew_us": [iters]}} for every part of pb.PARTS (collective):
     transfer max over ranks and processes, skew max - min of the entry stamps over processes."""
+    from benchlib import timing
     out = {}
     for i, (part, (names, key, _)) in enumerate(pb.PARTS.items()):
         mine = pb.per_iteration(calls.names, pb.counter_deltas(calls.snaps, key) / 1e3, names, iters)
-        transfer = np.max(np.asarray(gather(mine.tolist(), f"transfer{i}"), np.float64), axis=0)
+        transfer = np.max(np.asarray(timing.gather(mine.tolist(), f"transfer{i}"), np.float64), axis=0)
         stamps = pb.per_iteration(calls.names, calls.stamps, names, iters, how="first")
-        skew = pb.skew_us(np.asarray(gather([int(s) for s in stamps], f"stamps{i}"), np.int64))
+        skew = pb.skew_us(np.asarray(timing.gather([int(s) for s in stamps], f"stamps{i}"), np.int64))
         out[part] = {"transfer_us": transfer.tolist(), "skew_us": skew.tolist()}
     return out
 
@@ -262,9 +239,10 @@ def run_mode(jax, spec, mesh, args, clock, mode):
         if not before:  # the same on every process: all leave here
             raise SystemExit(f"benchmarks/proxy.py: no proxy thread (node_size {comm.diagnostics().get('node_size')} "
                              f"of {comm.num_ranks} ranks): set JAX_MOE_A2A_NODE_SIZE below the number of ranks")
-        with CallRecorder(comm, clock) as calls:
-            rec = bench_one(jax, comm, args.shape, argparse.Namespace(seed=args.seed, no_check=False, x_dtype="f32"),
-                            args.iters, args.warmup, Progress(1 + args.iters + args.warmup, False))
+        calls = CallRecorder(comm, clock)
+        rec = bench_one(jax, comm, args.shape, argparse.Namespace(seed=args.seed, no_check=False, x_dtype="f32"),
+                        args.iters, args.warmup, Progress(1 + args.iters + args.warmup, False), hooks=calls)
+        calls.close()
         after = comm.proxy_stats()
         diag = comm.diagnostics()
         rec.update(proxy_mode=mode, proxy_env=pb.PROXY_MODES[mode], node_size=diag.get("node_size"),

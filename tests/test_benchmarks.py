@@ -266,10 +266,9 @@ def test_proxy_breakdown_unexplained_idle_policy_and_report():
 
 
 def test_proxy_program_records_calls_and_parses_modes(capsys):
-    """benchmarks/proxy.py imports without a GPU; --proxy-modes is checked; the call recorder wraps
-    the barrier halves.bench_one calls before each timed call (counter snapshot before, stamp after)
-    and restores it; part_samples turns the record into per-iteration transfer and skew (one
-    process: no skew)."""
+    """benchmarks/proxy.py imports without a GPU; --proxy-modes is checked; the call recorder, as
+    halves.bench_one's hooks, snapshots the counters before each call's barrier and stamps after
+    it; part_samples turns the record into per-iteration transfer and skew (one process: no skew)."""
     import numpy as np
 
     import proxy
@@ -289,17 +288,17 @@ def test_proxy_program_records_calls_and_parses_modes(capsys):
             return {0: dict(self.stats)}
 
     comm, ticks = Comm(), iter(range(1000, 10**6, 1000))
-    original = timing.barrier
     bump = {"dispatch_send": ("counts_to_landed_ns", 0), "dispatch_recv": ("counts_to_landed_ns", 40_000),
             "combine_send": ("comb_to_landed_ns", 0), "combine_recv": ("comb_to_landed_ns", 30_000),
             "dispatch": ("counts_to_landed_ns", 20_000), "combine": ("comb_to_landed_ns", 10_000)}
-    with proxy.CallRecorder(comm, lambda: next(ticks)) as calls:
-        assert timing.barrier is not original
-        for it in range(3):  # one warm-up, two timed iterations, as bench_one calls them
-            for name, (key, ns) in bump.items():
-                timing.barrier(name)
-                comm.stats[key] += ns * (it + 1)
-    assert timing.barrier is original
+    calls = proxy.CallRecorder(comm, lambda: next(ticks))
+    for it in range(3):  # one warm-up, two timed iterations, as bench_one's hooks see them
+        for name, (key, ns) in bump.items():
+            calls.before_barrier(name)
+            timing.barrier(name)
+            calls.after_barrier(name)
+            comm.stats[key] += ns * (it + 1)
+    calls.close()
     assert len(calls.names) == 18 and len(calls.snaps) == 19 and calls.stamps[:2] == [1000, 2000]
     samples = proxy.part_samples(calls, 2)
     assert samples["dispatch"]["transfer_us"] == [80.0, 120.0]
@@ -312,6 +311,27 @@ def test_proxy_program_records_calls_and_parses_modes(capsys):
         assert os.environ["JAX_MOE_A2A_PROXY"] == "spin" and "JAX_MOE_A2A_PROGRESS" not in os.environ
     assert {k: os.environ.get(k) for k in before} == before
     assert np.all(np.asarray(samples["dispatch"]["skew_us"]) == 0)
+
+
+def test_bench_one_calls_its_hooks_around_every_barrier():
+    import argparse
+
+    import halves
+    from benchlib import Progress
+    spec = a2a.Spec(num_experts=8, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    comm = a2a.init(spec, a2a.testing.make_mesh(2), "ep", backend="reference")
+    seen = []
+
+    class Hooks:
+        def before_barrier(self, name):
+            seen.append(("before", name))
+
+        def after_barrier(self, name):
+            seen.append(("after", name))
+    halves.bench_one(jax, comm, "tiny", argparse.Namespace(seed=0, no_check=False, x_dtype="f32"), 2, 1,
+                     Progress(4, False), hooks=Hooks())
+    order = ["dispatch_send", "dispatch_recv", "combine_send", "combine_recv", "dispatch", "combine"]
+    assert seen == [(w, h) for h in order for w in ("before", "after")] * 3  # one warm-up, two timed
 
 
 def test_proxy_program_help_runs_as_a_script():

@@ -34,16 +34,23 @@ def time_once(fn: Callable, *args):
     return out, time.perf_counter() - t0
 
 
+def gather(value, name: str = "gather") -> list:
+    """Every process's JSON-able `value`, in process order (collective: every process calls it in
+    the same order with the same name)."""
+    if jax.process_count() == 1:
+        return [value]
+    from jax_moe_a2a.runtime import kv_client
+    client = kv_client()
+    key = f"jax_moe_a2a_bench_{name}_{next(_BARRIERS)}"
+    client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(value))
+    return [json.loads(client.blocking_key_value_get(f"{key}/{p}", 300_000)) for p in range(jax.process_count())]
+
+
 def max_over_processes(samples: List[float], name: str = "times") -> np.ndarray:
     """[iters] seconds per process -> [iters] max over processes (the slowest rank decides)."""
     arr = np.asarray(samples, np.float64)
     if jax.process_count() > 1:
-        from jax_moe_a2a.runtime import kv_client
-        client = kv_client()
-        key = f"jax_moe_a2a_bench_{name}_{next(_BARRIERS)}"
-        client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(arr.tolist()))
-        rows = [json.loads(client.blocking_key_value_get(f"{key}/{p}", 300_000)) for p in range(jax.process_count())]
-        arr = np.max(np.asarray(rows, np.float64), axis=0)
+        arr = np.max(np.asarray(gather(arr.tolist(), name), np.float64), axis=0)
     return arr
 
 
