@@ -1,13 +1,14 @@
 // A token's wire row held in registers by one block (kThreads threads), for the kernels that
 // write a token to several places straight from registers: the cuda backend's decode
-// dispatch_send (cuda/dispatch/send_regs.cu) and the EP = 1 dispatch (gpu/local/dispatch.cu).
-//   - QuantChunks<XK>: fp8 quantisation of f32 / bf16 / f16 x (XK = 0 / 1 / 2): a chunk is 16
+// dispatch_send (cuda/dispatch/send_regs.cu) and both EP = 1 dispatch kernels (gpu/local/).
+//   - QuantChunks<XK, kC>: fp8 quantisation of f32 / bf16 / f16 x (XK = 0 / 1 / 2): a chunk is 16
 //     values -> 16 fp8 bytes, the scale block's lanes (scale_block / 16 of them, a power of two)
 //     share one f32 scale;
-//   - CopyChunks: a copy when x is already in the wire dtype (pre-quantised fp8 brings its scales).
-// Chunk c of the payload is thread c % blockDim's, i = c / blockDim of its kChunks registers.
+//   - CopyChunks<kC>: a copy when x is already in the wire dtype (pre-quantised fp8 brings its
+//     scales).
+// Chunk c of the payload is thread c % blockDim's, i = c / blockDim of its kC registers.
 // Each has load(P, t) (issue the loads of token t), convert(P) and store(P, payload, scales).
-// Which one applies to a launch: regs_chunk_kind below.
+// Which one applies to a launch: regs_chunk_kind and with_chunk_kind below.
 #pragma once
 
 #include <cuda_fp8.h>
