@@ -11,7 +11,10 @@
 #      GPUS_SINGLE=0 skips the gpus stage's one-process run, TMAX (cap on every stage's timeout, s), .devdeps/prebuilt/<hash>/_C*.so (skip the build; with
 #      jax_moe_a2a_bench*.so beside it, the benchmarks' C++ loops too).
 #      NVSHMEM_NPROCS (process counts of the nvshmem stage, default "1 2 4"; 1 = no mpirun),
-#      SINGLE_TESTS / MPI_TESTS (the test files of the single and mpi stages).
+#      SINGLE_TESTS / MPI_TESTS (the test files of the single and mpi stages),
+#      PROXYBENCH_RUNS / PROXYBENCH_MODES / PROXYBENCH_TMAX (the proxybench stage, below),
+#      BENCH_ARGS (halves.py options of the bench stages; the anchor kit's run.sh reads it too, so
+#      run `anchor` in a call without it and `anchorbench` with it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
