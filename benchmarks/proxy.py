@@ -181,7 +181,7 @@ def routed_rows(spec, n, seed):
 def wire_bytes(spec, n, seed, node_size):
     """{"dispatch", "combine"}: pb.half_bytes of each half plus the row size it moves."""
     rows, remote = routed_rows(spec, n, seed), pb.remote_pairs(n, node_size)
-    d_row = pb.dispatch_row_bytes(spec.hidden, np.dtype(spec.dispatch_dtype).itemsize, spec.num_scales)
+    d_row = pb.dispatch_row_bytes(spec.token_bytes())
     c_row = spec.hidden * np.dtype(spec.combine_dtype).itemsize
     return {"dispatch": {**pb.half_bytes(rows, remote, d_row), "row": d_row},
             "combine": {**pb.half_bytes(rows.T, remote.T, c_row), "row": c_row}}

@@ -167,11 +167,15 @@ def test_engine_timing_loops_take_the_library_engines():
 def test_proxy_breakdown_bytes_on_the_wire():
     """Routed rows -> [N, N] rows, the pairs that go through the engine, and the busiest rank's
     bytes per half (dispatch: the routing, combine: its transpose) on a 4-rank, 2-node routing."""
+    import jax.numpy as jnp
     import numpy as np
 
     from benchlib import proxy_breakdown as pb
     # DeepSeek-V3 decode's row: 7168 fp8 values, 56 f32 scales, token + weight -> 7408 bytes
-    assert pb.dispatch_row_bytes(7168, 1, 56) == 7408 and pb.dispatch_row_bytes(10, 2, 0) == 32
+    assert pb.dispatch_row_bytes(7168 + 4 * 56) == 7408 and pb.dispatch_row_bytes(20) == 32
+    spec = a2a.Spec(num_experts=8, experts_per_token=2, hidden=7168, max_tokens_per_rank=4,
+                    dispatch_dtype=jnp.float8_e4m3fn)
+    assert pb.dispatch_row_bytes(spec.token_bytes()) == 7408  # DeepSeek's row: 7168 fp8 + 56 scales
     dests = [np.array([0, 1, 2, 2, 3]), np.array([2, 2, 2, 3, 3, 3, 3]), np.array([], int), np.array([0, 1, 3])]
     rows = pb.rows_between(dests, 4)
     assert rows.tolist() == [[1, 1, 2, 1], [0, 0, 3, 4], [0, 0, 0, 0], [1, 1, 0, 1]]

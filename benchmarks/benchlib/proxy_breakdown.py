@@ -52,10 +52,10 @@ def pad16(n: int) -> int:
     return -(-int(n) // 16) * 16
 
 
-def dispatch_row_bytes(hidden: int, wire_itemsize: int, num_scales: int) -> int:
-    """Bytes of one dispatched row in the proxy's buffers (cc/core/config.cc `row`): payload, f32
-    scales, token index and router weight, padded to 16."""
-    return pad16(hidden * wire_itemsize + 4 * num_scales + 8)
+def dispatch_row_bytes(token_bytes: int) -> int:
+    """Bytes of one dispatched row in the proxy's buffers (cc/core/config.cc `row`): the wire row
+    (Spec.token_bytes: payload and f32 scales), token index and router weight, padded to 16."""
+    return pad16(token_bytes + 8)
 
 
 def rows_between(dest_ranks: Sequence[np.ndarray], n: int) -> np.ndarray:
