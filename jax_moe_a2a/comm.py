@@ -292,13 +292,21 @@ class Communicator:
         Returns (`dropped`, gate): `dropped` threaded through the debug check so XLA cannot drop
         the check, and with debug=True an int32 zero that only the check produces (else None)."""
         masked = jnp.zeros((), jnp.int32) if masked is None else masked
+        # The callbacks hold the communicator weakly: the compiled step keeps them (and the jit
+        # caches keep the step), so a strong reference would keep the communicator, its engines
+        # and their progress threads alive for the life of the process (a test suite under mpirun
+        # gained two threads per test and spent more time waking them than computing).
+        comm_ref = weakref.ref(self)
 
         def record(d, o, m=0):
-            with self._lock:
-                self._stats["dispatches"] += 1
-                self._stats["dropped"] += int(d)
-                self._stats["overflow"] += int(o)
-                self._stats["masked"] += int(m)
+            self_ = comm_ref()
+            if self_ is None:  # a step compiled for a communicator since collected
+                return
+            with self_._lock:
+                self_._stats["dispatches"] += 1
+                self_._stats["dropped"] += int(d)
+                self_._stats["overflow"] += int(o)
+                self_._stats["masked"] += int(m)
 
         if self.collect_stats and not self.debug:
             jax.debug.callback(record, dropped, overflow, masked)
@@ -320,9 +328,11 @@ class Communicator:
                     err = DroppedRowsError(
                         f"jax_moe_a2a: dispatch dropped {int(d)} pair(s) with bad expert ids and {int(o)} row(s) "
                         f"past recv_capacity on this rank, {int(b)} in all ranks (debug=True)")
-                    with self._lock:
-                        if len(self._errors) < 64:
-                            self._errors.append(err)
+                    self_ = comm_ref()
+                    if self_ is not None:
+                        with self_._lock:
+                            if len(self_._errors) < 64:
+                                self_._errors.append(err)
                     logger.error("%s", err)
                     raise err
                 return np.int32(d), np.int32(0)

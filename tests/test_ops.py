@@ -3,8 +3,10 @@
 Marked `mpi`: also runs under mpirun (one JAX process per rank or several devices each).
 """
 
+import gc
 import os
 import time
+import weakref
 import zlib
 
 import jax
@@ -123,6 +125,25 @@ def test_against_oracle(backend, case_id, spec_kw, input_kw, run_kw, num_ranks, 
     T.check_all(comm, inputs, results, y_dtype=y_dtype, out=out)
     if case_id.startswith("overflow"):
         assert sum(int(r["num_overflow"]) for r in results.values()) > 0 or jax.process_count() > 1
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("debug", [False, True], ids=["stats", "debug"])
+def test_communicator_collected_after_running(backend, debug, num_ranks, mesh):
+    """A communicator nobody holds is collected after it ran, its engines and threads with it,
+    though the jit caches keep its compiled step (and the host callbacks that count drops into it:
+    collect_stats, or debug's check). They held it strongly until 2026-12-02: every test under
+    mpirun left two progress threads behind, and the suite slowed to a crawl waking them."""
+    spec = a2a.Spec(**BASE)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=True, debug=debug)
+    inputs = T.make_inputs(spec, num_ranks, 4242)
+    T.check_all(comm, inputs, T.run_ops(comm, inputs))
+    assert comm.stats()["dispatches"] > 0, "the callback counted into the communicator"
+    ref = weakref.ref(comm)
+    del comm
+    gc.collect()
+    assert ref() is None, [type(r) for r in gc.get_referrers(ref())]
 
 
 @pytest.mark.mpi
