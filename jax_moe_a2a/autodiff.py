@@ -4,11 +4,16 @@ The cotangent of dispatch is a combine of the row cotangents with unit weights; 
 combine is a dispatch of the output cotangent (rows scaled by their router weight) plus the weight
 gradient <cotangent, expert row>, for which the forward combine also returns every pair's row.
 Only the one-shot `dispatch` / `combine` are differentiable; the split halves are for inference.
+
+The rules' closures hold the communicator through a weak proxy: the custom_vjp equation keeps
+them in the traced program, which JAX caches with the jitted function, and a strong reference
+would keep the communicator (its buffers, engines and threads) alive as long as that function.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +31,11 @@ def _zero_cotangent(tree, axis):
     return jax.tree.map(z, tree)
 
 
+def _weak(comm):
+    """`comm` for closures that traced programs keep (see the module's docstring)."""
+    return comm if isinstance(comm, weakref.ProxyType) else weakref.proxy(comm)
+
+
 def _axes_of(a, comm):
     """The axes primal `a` varies over, or (not in shard_map's typed mode) the EP axis."""
     axes = tuple(sorted(vma(a)))
@@ -41,6 +51,7 @@ def _fp8_error():
 def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot, rank_mask=None):
     """Differentiable one-shot dispatch (w.r.t. x and topk_weights). Shapes as Communicator.dispatch.
     rank_mask: int32 [N] or None (the combines of the backward take it from the route)."""
+    comm = _weak(comm)
     spec = comm.spec
     x_axes, w_axes = _axes_of(x, comm), _axes_of(topk_weights, comm)  # the cotangents' types
 
@@ -81,6 +92,7 @@ def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot, rank_mask=None):
 
 def combine(comm, y, got: Dispatched, out, slot):
     """Differentiable one-shot combine (w.r.t. y, the router weights in got.route, and out)."""
+    comm = _weak(comm)
     spec = comm.spec
     has_out = out is not None
     y_axes, w_axes = _axes_of(y, comm), _axes_of(got.route.topk_weights, comm)

@@ -213,7 +213,9 @@ class Communicator:
             raise
         # The backend's native state lives as long as the communicator (or until close()).
         self._finalizer = weakref.finalize(self, self._backend.close)
-        logger.info("jax_moe_a2a: %r (requested backend %r, options %s, debug=%s, collect_stats=%s)", self,
+        # repr(self), not self: a handler that keeps records (pytest's, a memory handler) would keep
+        # the communicator alive through the record's arguments
+        logger.info("jax_moe_a2a: %s (requested backend %r, options %s, debug=%s, collect_stats=%s)", repr(self),
                     backend, self.options, self.debug, self.collect_stats)
 
     def __repr__(self):
@@ -298,7 +300,7 @@ class Communicator:
         # gained two threads per test and spent more time waking them than computing).
         comm_ref = weakref.ref(self)
 
-        def record(d, o, m=0):
+        def record(d, o, m=0, err=None):
             self_ = comm_ref()
             if self_ is None:  # a step compiled for a communicator since collected
                 return
@@ -307,6 +309,8 @@ class Communicator:
                 self_._stats["dropped"] += int(d)
                 self_._stats["overflow"] += int(o)
                 self_._stats["masked"] += int(m)
+                if err is not None and len(self_._errors) < 64:
+                    self_._errors.append(err)
 
         if self.collect_stats and not self.debug:
             jax.debug.callback(record, dropped, overflow, masked)
@@ -323,16 +327,15 @@ class Communicator:
                 bad = jax.lax.psum(bad, self.axis)
 
             def check(d, o, b, m):
-                record(d, o, m)
+                # (the communicator only inside record(): this frame, which the error's traceback
+                # keeps, must not hold it)
+                err = None
                 if int(b):
                     err = DroppedRowsError(
                         f"jax_moe_a2a: dispatch dropped {int(d)} pair(s) with bad expert ids and {int(o)} row(s) "
                         f"past recv_capacity on this rank, {int(b)} in all ranks (debug=True)")
-                    self_ = comm_ref()
-                    if self_ is not None:
-                        with self_._lock:
-                            if len(self_._errors) < 64:
-                                self_._errors.append(err)
+                record(d, o, m, err)
+                if err is not None:
                     logger.error("%s", err)
                     raise err
                 return np.int32(d), np.int32(0)
@@ -677,7 +680,7 @@ class Communicator:
         with self._lock:
             errors, self._errors = self._errors, []
         if errors:
-            raise errors[0]
+            raise _copy_of(errors[0])
 
     @contextlib.contextmanager
     def checked(self):
@@ -702,9 +705,16 @@ class Communicator:
             if not errors and DroppedRowsError.__name__ not in str(e):
                 raise
             _runtime.forget_failed_effects()
-            err = errors[0] if errors else DroppedRowsError(str(e))
+            err = _copy_of(errors[0]) if errors else DroppedRowsError(str(e))
             raise err from e
         self.check()
+
+
+def _copy_of(err: DroppedRowsError) -> DroppedRowsError:
+    """A new error with `err`'s message, to raise from a method: raising `err` itself would add
+    the method's frame (and `self` in it) to the traceback of an object that logging records of
+    the failed callback may keep (pytest's do), keeping the communicator alive with them."""
+    return type(err)(*err.args)
 
 
 def init(spec: Spec, mesh, axis="ep", backend: str = "auto", *, debug: bool = False, timeout_s: float = 60.0,

@@ -57,6 +57,26 @@ def _collect_communicators():
     gc.collect()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_communicator_outlives_its_module(request):
+    """Once a test file is done (its module fixtures too: this one is set up first, so it is torn
+    down last) no communicator of it may be alive. One that is leaks its buffers, engines and
+    progress threads for the rest of the run: until 2026-12-02 every communicator did (compiled
+    steps held it through their host callbacks), and mpirun -n 2 took 28 min instead of 5.
+    pytest itself keeps the last test's fixture values (item.funcargs) for a while: not a leak."""
+    yield
+    import gc
+    from jax_moe_a2a.comm import Communicator
+    gc.collect()
+    held = {id(v) for item in request.session.items if getattr(item, "module", None) is request.module
+            for v in (getattr(item, "funcargs", None) or {}).values()}
+    alive = [o for o in gc.get_objects() if isinstance(o, Communicator) and id(o) not in held]
+    if alive:
+        for c in alive:  # free them, so that one leak does not slow every later file
+            c.close()
+        pytest.fail(f"{len(alive)} communicator(s) outlived their test file: {alive[:3]}", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def num_ranks():
     return jax.device_count()
