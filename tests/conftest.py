@@ -57,24 +57,32 @@ def _collect_communicators():
     gc.collect()
 
 
+# Communicators alive when the previous test file ended (weak references).
+_ALIVE_AT_LAST_FILE_END: list = []
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _no_communicator_outlives_its_module(request):
-    """Once a test file is done (its module fixtures too: this one is set up first, so it is torn
-    down last) no communicator of it may be alive. One that is leaks its buffers, engines and
-    progress threads for the rest of the run: until 2026-12-02 every communicator did (compiled
-    steps held it through their host callbacks), and mpirun -n 2 took 28 min instead of 5.
-    pytest itself keeps the last test's fixture values (item.funcargs) for a while: not a leak."""
+    """No communicator of a test file may still be alive one file later (this fixture is set up
+    first, so it is torn down after the file's own fixtures). One that is leaks its buffers,
+    engines and progress threads for the rest of the run: until 2026-12-02 every communicator did
+    (compiled steps held it through their host callbacks), and mpirun -n 2 took 28 min instead of
+    5. Checked one file late, because the last test's objects can stay alive for a while for
+    reasons that are not leaks: pytest keeps its fixture values and the last raised exception's
+    traceback (its frames hold the communicator) until later tests replace them."""
     yield
     import gc
+    import weakref
     from jax_moe_a2a.comm import Communicator
     gc.collect()
-    held = {id(v) for item in request.session.items if getattr(item, "module", None) is request.module
-            for v in (getattr(item, "funcargs", None) or {}).values()}
-    alive = [o for o in gc.get_objects() if isinstance(o, Communicator) and id(o) not in held]
-    if alive:
-        for c in alive:  # free them, so that one leak does not slow every later file
+    leaked = [c for c in (r() for r in _ALIVE_AT_LAST_FILE_END) if c is not None]
+    _ALIVE_AT_LAST_FILE_END[:] = [weakref.ref(o) for o in gc.get_objects()
+                                  if isinstance(o, Communicator) and all(o is not c for c in leaked)]
+    if leaked:
+        for c in leaked:  # free them, so that one leak does not slow every later file
             c.close()
-        pytest.fail(f"{len(alive)} communicator(s) outlived their test file: {alive[:3]}", pytrace=False)
+        pytest.fail(f"{len(leaked)} communicator(s) of an earlier test file still alive at the end of this one: "
+                    f"{leaked[:3]}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
