@@ -198,7 +198,7 @@ if stage proxy; then
   done
   # A rank that never calls (node_size 2 with 4 ranks: the silent one is remote to two of them).
   # PROXY_TIMEOUT_SPREAD=1: two processes per GPU over the machine's GPUs instead of all on GPU 0.
-  for ns in ${PROXY_TIMEOUT_NS:-1 2}; do
+  for ns in ${PROXY_TIMEOUT_NS-1 2}; do  # set and empty: none
     n=$((2 * ns)); rm -rf "$RUNDIR/proxy-timeout$ns"
     place=(env CUDA_VISIBLE_DEVICES=0)
     [ "${PROXY_TIMEOUT_SPREAD:-0}" = 1 ] && place=(env -u CUDA_VISIBLE_DEVICES bash -c \

@@ -99,16 +99,18 @@ def _host_bytes(spec, n, priv_rows):
     d_recv = _pad(n * n * l_count * 4) + n * priv * row + n * (p - priv) * row
     d_send = _pad(n * l_count * 4) + n * p * row
     c_row = spec.hidden * spec.combine_dtype.itemsize
-    return spec.slots * (d_recv + d_send + n * p * c_row + n * spec.tp_size * p * c_row)
+    q = spec.tokens_per_member() * spec.experts_per_token  # combine rows per tp member: [tp][Q]
+    return spec.slots * (d_recv + d_send + n * p * c_row + spec.tp_size * q * c_row)
 
 
 def _cuda_bytes(spec, n):
     """cuda::make_geometry's shared + private bytes by formula (combine rows in the combine dtype)."""
     l_count, p, t = spec.local_experts(n), spec.rows_per_peer(n), spec.max_tokens_per_rank
     row = _pad(spec.hidden * spec.dispatch_dtype.itemsize + 4 * spec.num_scales + 8)
-    off_rows = _pad(5 * 64 * 8) + _pad(n * l_count * 4)  # SyncFlags: five [64] uint64 flag arrays
-    shared = _pad(off_rows + n * p * row + n * spec.tp_size * p * spec.hidden * spec.combine_dtype.itemsize)
-    scratch = 4 * (2 * t * spec.experts_per_token + 2 * spec.tp_size * spec.num_experts)
+    q = spec.tokens_per_member() * spec.experts_per_token  # combine rows per tp member: [tp][Q]
+    off_rows = _pad(5 * 64 * 8) + _pad(n * (l_count + 1) * 4)  # SyncFlags: five [64] uint64 flag arrays
+    shared = _pad(off_rows + n * p * row + spec.tp_size * q * spec.hidden * spec.combine_dtype.itemsize)
+    scratch = 4 * (2 * t * spec.experts_per_token + 2 * spec.tp_size * spec.num_experts + spec.tp_size * n)
     private = _pad(t * row + _pad(scratch) + 48)
     return spec.slots * (shared + private)
 
@@ -172,8 +174,10 @@ def test_backend_contract_is_declared():
 
 def test_ep8_decode_buffers():
     """Issue 15 item 4, computed for EP8 without eight GPUs: DeepSeek-V3 decode (E=256, top-8,
-    H=7168, T=128 per rank, fp8 dispatch, bf16 combine, two slots) on the cuda backend. The
-    combine region holds bf16 rows (it held f32 rows before: 565.6 MiB per rank), so 341.6 MiB."""
+    H=7168, T=128 per rank, fp8 dispatch, bf16 combine, two slots) on the cuda backend, at most
+    256 MiB per rank. The combine region holds bf16 rows (it held f32 rows before: 565.6 MiB) and
+    [tp][Q] of them, Q = ceil(T / tp) * K, each source laying the rows from expert rank d after
+    those of lower ranks (it held [N][tp][P], P = ceil(T / tp) * min(K, L): 341.6 MiB)."""
     c = _native()
     if not c.built_with_cuda():
         pytest.skip("built without the CUDA kernels")
@@ -183,7 +187,12 @@ def test_ep8_decode_buffers():
     cfg = Config.build(spec, 8, "cuda")
     regions = CudaBackend().buffer_regions(cfg)
     total = CudaBackend().buffer_bytes(cfg)
-    assert total == sum(regions.values()) == _cuda_bytes(spec, 8) == 358_177_888
-    assert regions["shared_combine_rows"] == 2 * 8 * 1024 * 7168 * 2  # [N][tp][P][H] bf16, per slot
+    assert total == sum(regions.values()) == _cuda_bytes(spec, 8) == 152_657_120
+    assert regions["shared_combine_rows"] == 2 * 1024 * 7168 * 2     # [tp][Q][H] bf16, per slot
     assert regions["shared_dispatch_rows"] == 2 * 8 * 1024 * 7408     # [N src][P][row], fp8 rows + scales
-    assert total / 2**20 < 342
+    assert total / 2**20 < 146 <= 256
+    if c.built_with_nvshmem():  # the same regions, and the meta blocks instead of counts records
+        from jax_moe_a2a.backends.nvshmem import NvshmemBackend
+        nv = NvshmemBackend().buffer_regions(cfg)
+        assert nv["shared_combine_rows"] == regions["shared_combine_rows"]
+        assert NvshmemBackend().buffer_bytes(cfg) / 2**20 < 256

@@ -67,7 +67,7 @@ def test_halves_call_the_local_targets_at_ep1(n, monkeypatch):
     gx, scale, sizes, weights, src, overflow, route_arrays = got
     rows = SPEC.recv_rows(n)
     assert gx.shape == (rows, h) and gx.dtype == jnp.float8_e4m3fn and scale.shape == (rows, SPEC.num_scales)
-    assert sizes.shape == (SPEC.local_experts(n),) and route_arrays["recv_counts"].shape == (n, SPEC.local_experts(n))
+    assert sizes.shape == (SPEC.local_experts(n),) and route_arrays["recv_counts"].shape == (n, SPEC.local_experts(n) + 1)
     route = Route(w, jnp.int32(t), route_arrays)
     y = jnp.zeros((rows, h), jnp.bfloat16)
     back = b.combine_send(ctx, y, route, 0)
@@ -77,7 +77,7 @@ def test_halves_call_the_local_targets_at_ep1(n, monkeypatch):
     if n == 1:  # one call per op; combine_send passes y on to the combine call
         assert halves == ["local_dispatch", "local_combine"]
         assert b.calls[0][1] == [(t, h), (0,), (t, k), (t, k), (), (0,)]  # x, x_scale, ids, weights, num_tokens, after
-        assert b.calls[1][1] == [(rows, h), (1, SPEC.local_experts(1)), (t, k), (t, k), (t, k), (), (0,)]
+        assert b.calls[1][1] == [(rows, h), (1, SPEC.local_experts(1) + 1), (t, k), (t, k), (t, k), (), (0,)]
         assert back["y"] is not None and "handle" not in back
         assert b.calls[0][2] == b.calls[1][2] == ["call_id", "slot"]  # SendAttrs (comm_id: added by _call)
     else:

@@ -37,6 +37,7 @@ MoeShape shape_of(const Config& c) {
   s.S = c.num_scales;
   s.scale_block = c.scale_block;
   s.P = s.tokens_per_member() * (s.K < s.L ? s.K : s.L);
+  s.Q = s.tokens_per_member() * s.K;
   s.wire_kind = static_cast<int>(c.dispatch_dtype);
   s.layout = static_cast<int>(c.layout);
   s.capacity = c.recv_rows;

@@ -10,6 +10,7 @@ SendPlan plan_sends(const MoeShape& s, int rank, const int32_t* ids, int num_tok
   SendPlan p;
   p.dest.assign(int64_t(T) * K, N);
   p.slot.assign(int64_t(T) * K, 0);
+  p.comb_slot.assign(int64_t(T) * K, 0);
   p.counts.assign(int64_t(N) * L, 0);
   p.rows_to.assign(N, 0);
   p.order.assign(N, {});
@@ -48,6 +49,12 @@ SendPlan plan_sends(const MoeShape& s, int rank, const int32_t* ids, int num_tok
         for (int l = 0; l < L; ++l) p.counts[int64_t(d) * L + l] = cnt[(int64_t(m) * N + d) * L + l];
       }
     }
+  // Combine offsets of every member of the group: off[m * N + d] = rows m sends to ranks below d
+  // (combine_offset over m's count matrix, which is cnt[m]).
+  std::vector<int32_t> off(int64_t(tp) * N, 0);
+  for (int m = 0; m < tp; ++m)
+    for (int d = 0; d < N; ++d)
+      off[int64_t(m) * N + d] = static_cast<int32_t>(combine_offset(&cnt[int64_t(m) * N * L], L, d));
   for (int t = 0; t < n; ++t) {  // tokens in order: slots within an expert follow token order
     const int member = t % tp;
     for (int k = 0; k < K; ++k) {
@@ -57,10 +64,17 @@ SendPlan plan_sends(const MoeShape& s, int rank, const int32_t* ids, int num_tok
       const int l = ids[pk] % L;
       const int32_t sl = next[(int64_t(member) * N + d) * L + l]++;
       p.slot[pk] = sl;
+      p.comb_slot[pk] = off[int64_t(member) * N + d] + sl;
       if (member == my_member) p.order[d][sl] = {t, k};
     }
   }
   return p;
+}
+
+int64_t combine_offset(const int32_t* counts, int L, int dest) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < int64_t(dest) * L; ++i) n += counts[i];
+  return n;
 }
 
 RecvArrangement::RecvArrangement(const MoeShape& s, const int32_t* counts)

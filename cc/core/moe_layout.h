@@ -20,6 +20,10 @@ namespace a2a {
 struct SendPlan {
   std::vector<int32_t> dest;     // [T*K] destination rank, N if the pair does not exist
   std::vector<int32_t> slot;     // [T*K] row index within (sending member, dest), sorted by (local expert, token)
+  // [T*K] the pair's row in the combine region's part of its sending member m = t % tp (MoeShape::Q
+  // rows): combine_offset(m's counts, dest) + slot, 0 if the pair does not exist. dispatch_send's
+  // `pair_slot` output; combine_recv reads the pair's row at (m * Q + comb_slot) * stride.
+  std::vector<int32_t> comb_slot;
   std::vector<int32_t> counts;   // [N*L] rows this rank sends to (dest, local expert)
   std::vector<int32_t> rows_to;  // [N] rows this rank sends to each dest
   // order[d] lists (token, k) of this rank's rows to d in slot order.
@@ -31,6 +35,12 @@ struct SendPlan {
 // of every pair of its group (so combine can read any member's rows), but counts, rows_to, order
 // and dropped cover only the pairs this rank sends.
 SendPlan plan_sends(const MoeShape& s, int rank, const int32_t* ids, int num_tokens);
+
+// The combine offset (docs/protocol.md, "One combine"): rows a source sends to ranks below `dest`
+// in one dispatch, from its count matrix `counts` [N dest][L] (exactly what it publishes as
+// COUNTS). The source's rows for `dest` occupy [offset, offset + rows to dest) of the source's
+// part ([Q] rows) of the combine region at every member of its tp group; offset + rows <= Q.
+int64_t combine_offset(const int32_t* counts, int L, int dest);
 
 // Position of the i-th row that source `src` sends for local expert `l`, in the receiver's
 // output, given counts[src][l] (rows each source sends this receiver per local expert, [N*L]).

@@ -24,6 +24,8 @@ struct MoeShape {
   int S;             // fp8 scales per row, ceil(H / scale_block) (the last block partial), else 0
   int scale_block;   // values per fp8 scale
   int P;             // worst-case rows from one source to one destination: ceil(T / tp) * min(K, L)
+  int Q;             // worst-case rows one tp member sends to all destinations together: ceil(T / tp) * K
+                     // (the combine region holds [tp][Q] rows: a pair's row at off[member][dest] + slot)
   int wire_kind;     // ElemKind code of the dispatch wire: 0 f32, 1 bf16, 2 f16, 3 fp8 e4m3
   int layout;        // Layout code: 0 ragged, 1 expert_major
   int capacity;      // receive rows: R (ragged) or C per local expert (expert_major)

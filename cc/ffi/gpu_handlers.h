@@ -111,7 +111,7 @@ struct Handlers {
   }
 
   // handle [2] -> x [R', H] wire dtype, scale [R', S] f32 (empty unless fp8), group_sizes [L],
-  // weights [R'], src [R', 2], recv_slot [R'], recv_counts [N, L], overflow [].
+  // weights [R'], src [R', 2], recv_slot [R'], recv_counts [N, L + 1], overflow [].
   static ffi::Error dispatch_recv(Stream stream, Device dev, S32 handle, Out<Any> x, Out<F32> scale,
                                   Out<S32> group_sizes, Out<F32> weights, Out<S32> src, Out<S32> recv_slot,
                                   Out<S32> recv_counts, Out<S32> overflow, RecvAttrs a) {
@@ -121,7 +121,7 @@ struct Handlers {
     });
   }
 
-  // y [R', H] f32/bf16/f16, recv_counts [N, L] -> handle [2].
+  // y [R', H] f32/bf16/f16, recv_counts [N, L + 1] -> handle [2].
   static ffi::Error combine_send(Stream stream, Device dev, Any y, S32 recv_counts, Any /*after*/, Out<S32> handle,
                                  SendAttrs a) {
     return run<cuda::CombineSendParams>("combine_send", 2, stream, dev, a.comm_id, a.slot, [&](auto* p) {
@@ -171,7 +171,7 @@ struct Handlers {
   }
 
   // EP = 1: combine_send and combine_recv in one kernel that reads y where it is. y [R', H]
-  // f32/bf16/f16, recv_counts [1, L], dest/pair_slot [T, K], weights [T, K], num_tokens [],
+  // f32/bf16/f16, recv_counts [1, L + 1], dest/pair_slot [T, K], weights [T, K], num_tokens [],
   // out_in [T, H] or empty -> out [T, H] combine dtype, pairs [T, K, H] f32 or empty.
   static ffi::Error local_combine(Stream stream, Device dev, Any y, S32 recv_counts, S32 dest, S32 pair_slot,
                                   F32 weights, S32 num_tokens, Any out_in, Out<Any> out, Out<F32> pairs,

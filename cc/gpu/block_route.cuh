@@ -6,8 +6,9 @@
 //   bits [E][words] u32  bit t of expert e's bitmap: token t routed to e (words = ceil(T / 32))
 //   cnt  [E] int32       pairs per expert
 //   start[E] int32       exclusive prefix of cnt over all experts (first_slot: within the dest)
-// A pair's slot is start[e] + the number of earlier tokens routed to e: the same in every block
-// and in the grid-routed kernel (gpu/route.cuh), independent of timing; no atomic decides it.
+// A pair's slot within its dest is first_slot(e) + the number of earlier tokens routed to e, its
+// row in our combine region start[e] + that number (combine_of: tp is 1 here): the same in every
+// block and in the grid-routed kernel (gpu/route.cuh), independent of timing; no atomic decides it.
 #pragma once
 
 #include <cstdint>
@@ -54,13 +55,17 @@ struct BlockRoute {
         L(local_experts) {}
   // First slot of expert e within its destination (pairs of the dest's lower local experts).
   __device__ int32_t first_slot(int e) const { return start[e] - start[e / L * L]; }
-  // Slot of routed pair (token t, expert e) within e's destination.
-  __device__ int32_t slot_of(int t, int e) const {
+  // Earlier tokens routed to e than t.
+  __device__ int32_t rank_in(int t, int e) const {
     const uint32_t* b = bits + int64_t(e) * words;
     int before = __popc(b[t / 32] & ((1u << (t % 32)) - 1u));
     for (int w = 0; w < t / 32; ++w) before += __popc(b[w]);
-    return first_slot(e) + before;
+    return before;
   }
+  // Slot of routed pair (token t, expert e) within e's destination.
+  __device__ int32_t slot_of(int t, int e) const { return first_slot(e) + rank_in(t, e); }
+  // Its row in our combine region (pair_slot; our rows for lower ranks first: gpu/route.cuh combine_slot).
+  __device__ int32_t combine_of(int t, int e) const { return start[e] + rank_in(t, e); }
 };
 
 struct BlockRouteResult {
@@ -134,13 +139,14 @@ __device__ inline BlockRouteResult block_route(const DispatchSendParams& P, int 
   return {bad, all};
 }
 
-// Grid-wide: dest and pair_slot of every pair (from any block's complete tables).
+// Grid-wide: dest and pair_slot (the row in our combine region) of every pair (from any block's
+// complete tables).
 __device__ inline void write_route_outputs(const DispatchSendParams& P, const BlockRoute& r, const GridIdx& ix) {
   const Geometry& g = P.g;
   for (int64_t q = ix.gtid; q < int64_t(g.T) * g.K; q += ix.gstride) {
     const int e = r.pe[q];
     P.dest[q] = e >= 0 ? e / g.L : g.N;
-    P.pair_slot[q] = e >= 0 ? r.slot_of(static_cast<int>(q / g.K), e) : 0;
+    P.pair_slot[q] = e >= 0 ? r.combine_of(static_cast<int>(q / g.K), e) : 0;
   }
 }
 

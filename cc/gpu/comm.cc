@@ -11,9 +11,9 @@ Geometry make_geometry(const MoeShape& s) {
   static_cast<MoeShape&>(g) = s;
   g.c_stride_max = g.c_row;  // combine rows in the combine dtype (y is cast to it when wider)
   g.off_counts = pad16(sizeof(SyncFlags));
-  g.off_rows = g.off_counts + pad16(int64_t(g.N) * g.L * 4);
+  g.off_rows = g.off_counts + pad16(int64_t(g.N) * counts_stride(g) * 4);
   g.off_c_rows = g.off_rows + int64_t(g.N) * g.P * g.row;
-  g.shared_slot_bytes = pad16(g.off_c_rows + int64_t(g.N) * g.tp * g.P * g.c_stride_max);
+  g.shared_slot_bytes = pad16(g.off_c_rows + int64_t(g.tp) * g.Q * g.c_stride_max);
   g.off_staging = 0;
   g.off_scratch = int64_t(g.T) * g.row;
   g.off_epochs = g.off_scratch + pad16(scratch_bytes(g));
@@ -29,7 +29,7 @@ CudaOptions cuda_options(const Config& c) {
 }
 
 int64_t scratch_bytes(const Geometry& g) {  // dispatch_send's routing tables (gpu/route.cuh)
-  return 4 * (2 * int64_t(g.T) * g.K + 2 * int64_t(g.tp) * g.E);
+  return 4 * (2 * int64_t(g.T) * g.K + 2 * int64_t(g.tp) * g.E + int64_t(g.tp) * g.N);
 }
 
 int grid_blocks(int device) {

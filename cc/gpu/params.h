@@ -2,7 +2,10 @@
 // layout of one rank's communication memory. Shapes and dtypes are given per field.
 //
 // Per rank, one device allocation shared with peers (CUDA IPC, or peer access in-process):
-//   for each slot: SyncFlags | counts [N src][L] int32 | rows [N src][P][row] | c_rows [N][tp][P][c_row]
+//   for each slot: SyncFlags | counts [N src][L + 1] int32 | rows [N src][P][row] | c_rows [tp][Q][c_row]
+// counts[s][L] is where s's combine region part expects our rows (rows s sends to ranks below us);
+// c_rows[j] holds the rows coming back for member j of our tp group, the pair (t, k) of member
+// j = t % tp at row pair_slot[t, k] (gpu/route.cuh combine_slot: j's rows for lower ranks first).
 // and one private allocation: for each slot: staging [T][row] | scratch (int32) | epochs.
 #pragma once
 
@@ -56,6 +59,9 @@ struct Geometry : MoeShape {
   int64_t c_stride_max;  // bytes of the widest combine row: c_row = H * itemsize(combine dtype)
 };
 
+// Row stride of the counts records and of recv_counts: L counts, then the source's combine offset.
+A2A_HD int counts_stride(const MoeShape& g) { return g.L + 1; }
+
 // The inter-node path of one slot (device functions in cuda/remote.cuh, host side in
 // cuda/remote_path.h): pinned host memory registered with the TransferEngine that kernels read and
 // write through mapped pointers, in the layout of protocol::SlotLayout, and the flag block shared
@@ -69,7 +75,7 @@ struct RemotePtrs {
   uint8_t* d_send;                 // our counts [N][L] int32 (16-byte padded) | rows [N dest][P][row]
   const uint8_t* d_recv;           // counts [N src][N][L] | private [N src][priv][row] | overflow [N*(P-priv)][row]
   uint8_t* c_send;                 // [N src][P][H * itemsize(y)]
-  const uint8_t* c_recv;           // [N expert rank][tp][P][H * itemsize(y)]
+  const uint8_t* c_recv;           // [tp][Q][H * itemsize(y)] (rows of remote expert ranks, protocol::SlotLayout)
   int64_t d_send_rows_off, priv_off, over_off;
   int priv;
 };
@@ -96,7 +102,7 @@ struct DispatchSendParams {
   const int32_t* num_tokens;  // [] device scalar
   int32_t* handle;          // [2] out: epoch, slot
   int32_t* dest;            // [T, K] out
-  int32_t* pair_slot;       // [T, K] out
+  int32_t* pair_slot;       // [T, K] out: the pair's row in the combine region's part of its member
   int32_t* dropped;         // [] out
 };
 
@@ -110,7 +116,8 @@ struct DispatchRecvParams {
   float* weights;           // [R']
   int32_t* src;             // [R', 2]
   int32_t* recv_slot;       // [R']
-  int32_t* recv_counts;     // [N, L] rows per (source, local expert)
+  int32_t* recv_counts;     // [N, L + 1] rows per (source, local expert), then the source's
+                            // combine offset for us (0 for remote sources: the proxy keeps theirs)
   int32_t* overflow;        // []
 };
 
@@ -119,7 +126,7 @@ struct CombineSendParams {
   SlotPtrs p;
   const void* y;            // [R', H] y_kind
   int y_kind;
-  const int32_t* recv_counts;  // [N, L] from dispatch_recv
+  const int32_t* recv_counts;  // [N, L + 1] from dispatch_recv
   int32_t* handle;          // [2] out
 };
 
@@ -129,7 +136,7 @@ struct CombineRecvParams {
   const int32_t* handle;    // [2]
   int y_kind;
   const int32_t* dest;      // [T, K]
-  const int32_t* pair_slot; // [T, K]
+  const int32_t* pair_slot; // [T, K]: row in c_rows[t % tp]
   const float* weights;     // [T, K]
   const int32_t* num_tokens;  // []
   const void* out_in;       // [T, H] or null
@@ -151,7 +158,7 @@ struct LocalDispatchParams {
 struct LocalCombineParams {
   CombineRecvParams c;         // dest, pair_slot, weights, num_tokens, out_in -> out, pairs
   const void* y;               // [R', H] c.y_kind: the expert outputs in got.x's layout
-  const int32_t* recv_counts;  // [1, L] from the dispatch: rows per local expert
+  const int32_t* recv_counts;  // [1, L + 1] from the dispatch: rows per local expert (then 0)
 };
 
 }  // namespace a2a::cuda

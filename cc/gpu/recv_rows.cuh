@@ -11,12 +11,17 @@
 
 namespace a2a::cuda {
 
-// group_sizes [L], overflow [], recv_counts [N, L] (block 0), and for every output row no received
-// row lands on: weight 0, src (-1, -1), recv_slot -1 (grid-wide, disjoint from the copied rows).
-__device__ inline void write_recv_outputs(const DispatchRecvParams& P, const BlockArrangement& a, const GridIdx& ix) {
+// group_sizes [L], overflow [], recv_counts [N, L + 1] (block 0: the counts, then c_off(s), where
+// source s's combine region part expects our rows), and for every output row no received row
+// lands on: weight 0, src (-1, -1), recv_slot -1 (grid-wide, disjoint from the copied rows).
+template <typename COffFn>
+__device__ inline void write_recv_outputs(const DispatchRecvParams& P, const BlockArrangement& a, const GridIdx& ix,
+                                          COffFn c_off) {
   const Geometry& g = P.g;
   if (blockIdx.x == 0) {
-    for (int i = threadIdx.x; i < g.N * g.L; i += blockDim.x) P.recv_counts[i] = a.counts[i];
+    const int cs = counts_stride(g);
+    for (int i = threadIdx.x; i < g.N * cs; i += blockDim.x)
+      P.recv_counts[i] = i % cs < g.L ? a.counts[i / cs * g.L + i % cs] : c_off(i / cs);
     for (int l = threadIdx.x; l < g.L; l += blockDim.x) P.group_sizes[l] = a.kept[l];
     if (threadIdx.x == 0) *P.overflow = a.overflow;
   }

@@ -18,6 +18,8 @@ struct SendScratch {
   int32_t* pos_in;       // [T*K] index among (member, expert)'s pairs in token order
   int32_t* cnt;          // [tp*E]
   int32_t* start;        // [tp*E] first slot of (member, expert) within (member, dest)
+  int32_t* c_off;        // [tp*N] rows member m sends to ranks below d: where d's rows start in the
+                         // combine region's part of m ([tp][Q] rows, combine_slot)
 };
 
 __device__ inline SendScratch send_scratch(const Geometry& g, uint8_t* priv) {
@@ -28,14 +30,16 @@ __device__ inline SendScratch send_scratch(const Geometry& g, uint8_t* priv) {
   s.pos_in = base + tk;
   s.cnt = base + 2 * tk;
   s.start = s.cnt + int64_t(g.tp) * g.E;
+  s.c_off = s.start + int64_t(g.tp) * g.E;
   return s;
 }
 
 // The routing runs over the whole cooperative grid in two phases with one grid sync between them:
 //   route_pairs (phase 1, every thread):   pair_expert, dest; drops added to Epochs::dropped
-//   scan_experts (phase 1, every warp):    pos_in, cnt, start (from ids directly: validity and
-//                                          dedup again, so that it need not wait for route_pairs)
-//   pair_slot (phase 2, anyone):           slot of a pair from start and pos_in
+//   scan_experts (phase 1, every warp):    pos_in, cnt, start, c_off (from ids directly: validity
+//                                          and dedup again, so that it need not wait for route_pairs)
+//   pair_slot (phase 2, anyone):           slot of a pair within (member, dest) from start and pos_in
+//   combine_slot (phase 2, anyone):        its row in the combine region's part of the member: + c_off
 // Phase 1 reads only ids; phase 2 reads what phase 1 wrote. No atomics decide a position; every
 // scratch word has one writer (the drop count is an integer sum).
 
@@ -65,13 +69,15 @@ __device__ inline void route_pairs(const DispatchSendParams& P, const SendScratc
 // from ids (a pair counts when its id is e, or in e's rank below e, and not repeated earlier in
 // its token). Gives each of the expert's pairs its index in token order (pos_in), the expert's
 // count (cnt) and its first slot within (m, dest of e) (start: m's pairs for the dest's lower
-// local experts, counted in the same pass, so no prefix over cnt needs a grid sync).
+// local experts, counted in the same pass, so no prefix over cnt needs a grid sync). The warp of
+// a rank's local expert 0 also counts m's pairs for lower ranks (c_off).
 __device__ inline void scan_experts(const DispatchSendParams& P, const SendScratch& s, int n, const GridIdx& ix) {
   const Geometry& g = P.g;
   const int lane = ix.lane;
   for (int me_e = ix.gwarp; me_e < g.tp * g.E; me_e += ix.nwarps) {
     const int m = me_e / g.E, e = me_e % g.E, first = e / g.L * g.L;  // first: local expert 0 of e's rank
-    int running = 0, before = 0;
+    const int lowest = e == first ? 0 : first;  // ids counted: [lowest, e]
+    int running = 0, before = 0, below = 0;
     for (int t0 = 0; t0 < n; t0 += 32) {
       const int t = t0 + lane;
       int hit_k = -1;
@@ -79,21 +85,25 @@ __device__ inline void scan_experts(const DispatchSendParams& P, const SendScrat
         const int32_t* row = P.ids + int64_t(t) * g.K;
         for (int k = 0; k < g.K; ++k) {
           const int x = __ldg(row + k);
-          if (x < first || x > e) continue;
+          if (x < lowest || x > e) continue;
           bool dup = false;
           for (int j = 0; j < k; ++j) dup |= __ldg(row + j) == x;
           if (dup) continue;
-          if (x == e) hit_k = k; else ++before;
+          if (x == e) hit_k = k; else if (x >= first) ++before; else ++below;
         }
       }
       const unsigned ballot = __ballot_sync(0xffffffffu, hit_k >= 0);
       if (hit_k >= 0) s.pos_in[int64_t(t) * g.K + hit_k] = running + __popc(ballot & ((1u << lane) - 1));
       running += __popc(ballot);
     }
-    for (int off = 16; off > 0; off >>= 1) before += __shfl_xor_sync(0xffffffffu, before, off);
+    for (int off = 16; off > 0; off >>= 1) {
+      before += __shfl_xor_sync(0xffffffffu, before, off);
+      below += __shfl_xor_sync(0xffffffffu, below, off);
+    }
     if (lane == 0) {
       s.cnt[me_e] = running;
       s.start[me_e] = before;
+      if (e == first) s.c_off[int64_t(m) * g.N + e / g.L] = below;
     }
   }
 }
@@ -103,13 +113,19 @@ __device__ __forceinline__ int32_t pair_slot(const Geometry& g, const SendScratc
   return s.start[int64_t(t % g.tp) * g.E + e] + s.pos_in[q];
 }
 
-// Phase 2, every thread: pair_slot out for every pair of the group (combine_recv reads any member's
-// rows), 0 for pairs that are not routed.
+// Phase 2: row of routed pair q (token t, expert e) in the combine region's part of member t % tp
+// ([tp][Q] rows at every member of the group): the member's rows for lower ranks come first.
+__device__ __forceinline__ int32_t combine_slot(const Geometry& g, const SendScratch& s, int64_t q, int t, int e) {
+  return s.c_off[int64_t(t % g.tp) * g.N + e / g.L] + pair_slot(g, s, q, t, e);
+}
+
+// Phase 2, every thread: the pair_slot output (combine_slot) for every pair of the group
+// (combine_recv reads any member's rows), 0 for pairs that are not routed.
 __device__ inline void write_pair_slots(const DispatchSendParams& P, const SendScratch& s, const GridIdx& ix) {
   const Geometry& g = P.g;
   for (int64_t q = ix.gtid; q < int64_t(g.T) * g.K; q += ix.gstride) {
     const int e = s.pair_expert[q];
-    P.pair_slot[q] = e >= 0 ? pair_slot(g, s, q, static_cast<int>(q / g.K), e) : 0;
+    P.pair_slot[q] = e >= 0 ? combine_slot(g, s, q, static_cast<int>(q / g.K), e) : 0;
   }
 }
 

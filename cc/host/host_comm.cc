@@ -70,7 +70,7 @@ std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
 struct RankComm::Local {
   std::vector<uint8_t> rows;     // [N src][P][row]
   std::vector<int32_t> counts;   // [N src][L]
-  std::vector<uint8_t> c_rows;   // [N expert rank][tp][P][c_row]
+  std::vector<uint8_t> c_rows;   // [tp member][Q][c_row], as c_recv (protocol/exchange.h)
   std::vector<uint64_t> d_arrived, d_free, c_arrived, c_free;  // [N]
 };
 
@@ -115,7 +115,7 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
     auto l = std::make_unique<Local>();
     l->rows.assign(int64_t(N) * lay.P * lay.row, 0);
     l->counts.assign(int64_t(N) * o.shape.L, 0);
-    l->c_rows.assign(int64_t(N) * o.shape.tp * lay.P * lay.c_row_stride_max, 0);
+    l->c_rows.assign(int64_t(o.shape.tp) * lay.Q * lay.c_row_stride_max, 0);
     for (auto* f : {&l->d_arrived, &l->d_free, &l->c_arrived, &l->c_free}) f->assign(N, 0);
     local_.push_back(std::move(l));
   }
@@ -263,7 +263,7 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   sl.plan = plan_sends(s, rank_, a.ids, a.num_tokens);
   const SendPlan& p = sl.plan;
   std::memcpy(a.dest, p.dest.data(), sizeof(int32_t) * T * K);
-  std::memcpy(a.pair_slot, p.slot.data(), sizeof(int32_t) * T * K);
+  std::memcpy(a.pair_slot, p.comb_slot.data(), sizeof(int32_t) * T * K);  // the compact combine index
   *a.dropped = p.dropped;
   a.handle[0] = static_cast<int32_t>(e);
   a.handle[1] = a.slot;
@@ -315,6 +315,9 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
     ex_->wait(ex_->expect_rows(a.slot, e), kDispatchRecv, a.slot, "private and overflow rows");
     ex_->overflow_bases(a.slot, sl.over_base.data());
   }
+  // Inline mode: the combine offsets' snapshot (the proxy takes it at its "counts in" step), before
+  // FREE_D lets the sources overwrite their count matrices; zeros when we are masked.
+  if (!o_.proxied) ex_->take_combine_offsets(a.slot);
 
   for (auto [s, peer] : node_) wait_flag(&local(a.slot).d_arrived[s], e + 1, kDispatchRecv, a.slot, s);
   std::vector<int32_t> to_me(int64_t(N) * L);
@@ -362,7 +365,7 @@ void RankComm::combine_send(const CombineSendArgs& a) {
   Slot& sl = *slots_[a.slot];
   const MoeShape& s = o_.shape;
   const int N = s.N;
-  const int P = ex_->layout().P;
+  const int P = ex_->layout().P, Q = ex_->layout().Q;
   uint8_t* c_send = ex_->buffers(a.slot).c_send;
   const uint32_t e = sl.c_epoch;
   const std::vector<uint8_t> alive = use_mask(a.slot, a.alive, kCombineSend);
@@ -379,6 +382,10 @@ void RankComm::combine_send(const CombineSendArgs& a) {
   }
   sl.c_alive = alive;
   const int64_t stride = int64_t(s.H) * elem_bytes(a.y_kind);
+  for (int src = 0; src < N; ++src)
+    if (a.recv_counts[src] < 0 || a.recv_counts[src] > P)
+      throw std::invalid_argument(format("host combine_send: %d rows from rank %d (at most %d): routing arrays "
+                                         "corrupted", a.recv_counts[src], src, P));
   for (int src = 0; src < N; ++src)  // dropped rows (capacity) come back as zeros
     std::memset(c_send + int64_t(src) * P * stride, 0, int64_t(a.recv_counts[src]) * stride);
   const int64_t R = s.recv_rows_total();
@@ -391,13 +398,21 @@ void RankComm::combine_send(const CombineSendArgs& a) {
       throw std::invalid_argument(format("host combine_send: routing arrays corrupted at row %lld", (long long)pos));
     std::memcpy(c_send + (int64_t(src) * P + j) * stride, y + pos * stride, stride);
   }
-  for (auto [m, peer] : node_) {  // node-local ranks: every member j of m's tp group
+  // Node-local ranks: every member j of m's tp group gets source g0 + j's run at its combine
+  // offset (the Exchange's snapshot of this dispatch), as post_combine writes remote ones.
+  const int64_t* off = ex_->combine_offsets(a.slot);
+  for (auto [m, peer] : node_) {
     wait_flag(&local(a.slot).c_free[m], e, kCombineSend, a.slot, m);
     Local& there = peer->local(a.slot);
     const int g0 = m / s.tp * s.tp;
-    for (int j = 0; j < s.tp; ++j)
-      std::memcpy(&there.c_rows[(int64_t(rank_) * s.tp + j) * P * stride], c_send + int64_t(g0 + j) * P * stride,
-                  int64_t(a.recv_counts[g0 + j]) * stride);
+    for (int j = 0; j < s.tp; ++j) {
+      const int src = g0 + j;
+      if (off[src] + a.recv_counts[src] > Q)
+        throw std::invalid_argument(format("host combine_send: %d rows from rank %d at combine offset %lld (offset + "
+                                           "rows at most %d)", a.recv_counts[src], src, (long long)off[src], Q));
+      std::memcpy(&there.c_rows[(int64_t(j) * Q + off[src]) * stride], c_send + int64_t(src) * P * stride,
+                  int64_t(a.recv_counts[src]) * stride);
+    }
     raise(&there.c_arrived[rank_], e + 1);
   }
   if (o_.proxied) {
@@ -416,7 +431,7 @@ void RankComm::combine_send(const CombineSendArgs& a) {
 void RankComm::combine_recv(const CombineRecvArgs& a) {
   const MoeShape& s = o_.shape;
   const int N = s.N, K = s.K, T = s.T, H = s.H, tp = s.tp;
-  const int P = ex_->layout().P;
+  const int Q = ex_->layout().Q;
   const uint8_t* c_recv = ex_->buffers(a.slot).c_recv;
   const uint32_t e = static_cast<uint32_t>(a.handle[0]);
   if (a.handle[1] != a.slot) throw std::invalid_argument("host combine_recv: handle from another slot");
@@ -436,9 +451,9 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
         const int64_t pk = int64_t(t) * K + k;
         const int d = a.dest[pk];
         if (d < 0 || d >= N || !me || !alive[d]) continue;  // masked: nothing came (the send stopped it)
-        const int32_t j = a.pair_slot[pk];
-        if (j < 0 || j >= P) throw std::invalid_argument("host combine_recv: routing arrays corrupted");
-        const int64_t at = ((int64_t(d) * tp + t % tp) * P + j) * stride;
+        const int32_t j = a.pair_slot[pk];  // the compact index: sender's combine offset for d + slot
+        if (j < 0 || j >= Q) throw std::invalid_argument("host combine_recv: routing arrays corrupted");
+        const int64_t at = (int64_t(t % tp) * Q + j) * stride;
         const uint8_t* row = node_.count(d) ? &local(a.slot).c_rows[at] : c_recv + at;
         const float w = a.weights[pk];
         accumulate_row(acc.data(), row, a.y_kind, H, w);

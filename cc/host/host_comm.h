@@ -66,7 +66,7 @@ struct DispatchSendArgs {
   // outputs
   int32_t* handle;            // [2]: epoch, slot
   int32_t* dest;              // [T, K]
-  int32_t* pair_slot;         // [T, K]
+  int32_t* pair_slot;         // [T, K] compact combine index (SendPlan::comb_slot), 0 if not routed
   int32_t* dropped;           // []
   const int32_t* alive = nullptr;  // [N] rank mask (elastic EP; 0 = masked), null: every rank alive
 };
@@ -101,7 +101,7 @@ struct CombineRecvArgs {
   const int32_t* handle;      // [2]
   ElemKind y_kind;
   const int32_t* dest;        // [T, K]
-  const int32_t* pair_slot;   // [T, K]
+  const int32_t* pair_slot;   // [T, K]: the row of (t, k) is at ((t % tp) * Q + pair_slot) * stride
   const float* weights;       // [T, K]
   int num_tokens;
   const void* out_in;         // [T, H] or null

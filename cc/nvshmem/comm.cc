@@ -27,7 +27,7 @@ Layout make_layout(const cuda::Geometry& g) {
   l.off_meta = pad16(sizeof(Signals));
   l.off_rows = l.off_meta + int64_t(g.N) * l.meta_stride;
   l.off_c_rows = l.off_rows + int64_t(g.N) * g.P * g.row;
-  l.off_priv = pad16(l.off_c_rows + int64_t(g.N) * g.tp * g.P * g.c_stride_max);
+  l.off_priv = pad16(l.off_c_rows + int64_t(g.tp) * g.Q * g.c_stride_max);
   l.off_meta_stage = g.private_slot_bytes;
   l.off_seen = l.off_meta_stage + int64_t(g.N) * l.meta_stride;
   l.off_zero = l.off_seen + pad16(2 * 8 * int64_t(g.N));

@@ -4,11 +4,13 @@
 //
 // Per rank, one block of the NVSHMEM symmetric heap; per slot (all symmetric: peers write the
 // shared part, puts read the private part):
-//   shared:  Signals | meta [N src][L + 2P] int32 | rows [N src][P][row] | c_rows [N exp][tp][P][c_row]
-//   private: cuda private area (staging [T][row], scratch, Epochs) | meta_stage [N dest][L + 2P] int32
-//            | seen [2][N] uint64 | zero row [c_row]
-// meta block of one (source -> receiver) pair: counts [L] (rows per local expert), then (token
-// int32, weight f32 bits) for each of the source's P row slots; only the first rows_from are sent.
+//   shared:  Signals | meta [N src][L + 1 + 2P] int32 | rows [N src][P][row] | c_rows [tp][Q][c_row]
+//   private: cuda private area (staging [T][row], scratch, Epochs) | meta_stage [N dest][L + 1 + 2P]
+//            int32 | seen [2][N] uint64 | zero row [c_row]
+// meta block of one (source -> receiver) pair: counts [L] (rows per local expert), the source's
+// combine offset for the receiver (rows it sends lower ranks: where the receiver's combine rows
+// start in its member's part of c_rows), then (token int32, weight f32 bits) for each of the
+// source's P row slots; only the first rows_from are sent.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +32,7 @@ struct Signals {
 
 // Byte offsets inside one slot of a rank's symmetric block (see the header comment).
 struct Layout {
-  int64_t meta_stride;                      // 4 * (L + 2P), padded to 16
+  int64_t meta_stride;                      // 4 * (L + 1 + 2P), padded to 16
   int64_t off_meta, off_rows, off_c_rows;   // shared part, from the slot start
   int64_t off_priv;                         // start of the private part (cuda private area)
   int64_t off_meta_stage, off_seen, off_zero;  // from the private start
@@ -43,6 +45,9 @@ struct NvSlot {
   int pe[kMaxRanks];  // NVSHMEM PE of every EP rank
 };
 
-__host__ __device__ inline int64_t meta_words(const cuda::Geometry& g) { return int64_t(g.L) + 2 * int64_t(g.P); }
+// A meta block [L + 1 + 2P] int32: counts per local expert, the source's combine offset for the
+// receiver (its rows for lower ranks), then token and weight per row.
+__host__ __device__ inline int64_t meta_words(const cuda::Geometry& g) { return int64_t(g.L) + 1 + 2 * int64_t(g.P); }
+__host__ __device__ inline int64_t meta_row_words(const cuda::Geometry& g) { return int64_t(g.L) + 1; }
 
 }  // namespace a2a::nvshmem

@@ -31,6 +31,7 @@ SlotLayout::SlotLayout(const ExchangeOptions& o) {
   const MoeShape& s = o.shape;
   const int N = s.N, L = s.L;
   P = s.rows_per_peer();
+  Q = s.Q;
   priv = o.priv_rows < 0 ? P : std::min(o.priv_rows, P);
   row = s.row_bytes();
   counts_bytes = pad16(int64_t(N) * N * L * 4);
@@ -41,7 +42,7 @@ SlotLayout::SlotLayout(const ExchangeOptions& o) {
   d_send_bytes = d_send_rows_off + int64_t(N) * P * row;
   c_row_stride_max = s.c_row;  // the combine dtype: wider y is cast to it before combine_send
   c_send_bytes = int64_t(N) * P * c_row_stride_max;
-  c_recv_bytes = int64_t(N) * s.tp * P * c_row_stride_max;
+  c_recv_bytes = int64_t(s.tp) * Q * c_row_stride_max;
 }
 
 std::vector<int> Arrivals::missing() const {
@@ -85,6 +86,7 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
     if (remote(rank_, r)) remote_.push_back(r);
   }
   alive_.assign(o.slots, std::vector<uint8_t>(o.shape.N, 1));
+  comb_off_.assign(o.slots, std::vector<int64_t>(o.shape.N, 0));
   for (const SlotBuffers& b : bufs_) {
     Regions g;
     g.d_send = engine_->register_memory(b.d_send, lay_.d_send_bytes);
@@ -268,6 +270,13 @@ const uint8_t* Exchange::landed_row(int z, int src, int64_t j, int64_t over_base
                        : d + lay_.over_off + (over_base + j - lay_.priv) * lay_.row;
 }
 
+void Exchange::take_combine_offsets(int z) {
+  const int L = o_.shape.local_experts();
+  std::vector<int64_t>& off = comb_off_[z];
+  for (int src = 0; src < o_.shape.N; ++src)  // a masked rank's count matrix is stale: zeros
+    off[src] = alive(z, src) && alive(z, rank_) ? combine_offset(counts_of(z, src), L, rank_) : 0;
+}
+
 void Exchange::signal_remote(int z, uint32_t tag, uint32_t epoch) {
   const uint32_t v = imm(tag, epoch);
   for (int r : remote_)
@@ -282,18 +291,21 @@ void Exchange::post_combine(int z, uint32_t c, const int32_t* rows_from, int64_t
   if (stride <= 0 || stride > lay_.c_row_stride_max)
     throw std::invalid_argument(format("jax_moe_a2a combine: row stride %lld outside (0, %lld]",
                                        (long long)stride, (long long)lay_.c_row_stride_max));
-  // To every remote rank m: the rows of each member j of m's tp group, into m's region [us][j].
+  // To every remote rank m: the rows of each member j of m's tp group (source src = g0 + j), into
+  // m's region at row j * Q + off[src] (the rows src sends ranks below us come first there).
+  const int64_t* off = comb_off_[z].data();
   for (int m : remote_) {
     if (!alive(z, m)) continue;
     const int g0 = m / tp * tp;
     for (int j = 0; j < tp; ++j) {
       const int src = g0 + j;
-      if (rows_from[src] < 0 || rows_from[src] > lay_.P)
-        throw std::invalid_argument(format("jax_moe_a2a combine: %d rows from rank %d (at most %d)", rows_from[src],
-                                           src, lay_.P));
+      if (rows_from[src] < 0 || rows_from[src] > lay_.P || off[src] + rows_from[src] > lay_.Q)
+        throw std::invalid_argument(format("jax_moe_a2a combine: %d rows from rank %d at combine offset %lld (at "
+                                           "most %d, and offset + rows at most %d)", rows_from[src], src,
+                                           (long long)off[src], lay_.P, lay_.Q));
       const int64_t bytes = int64_t(rows_from[src]) * stride;
       engine_->write(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride, bytes,
-                     bytes ? &regions_[z].c_recv_peer[m] : nullptr, (int64_t(rank_) * tp + j) * lay_.P * stride,
+                     bytes ? &regions_[z].c_recv_peer[m] : nullptr, (int64_t(j) * lay_.Q + off[src]) * stride,
                      imm(comb_tag(j, z), c));
     }
   }

@@ -16,8 +16,15 @@
 //   post_private: first `priv` rows for each remote destination into our private region (PRIV)
 //   wait COUNTS from every rank; post_overflow: rows past `priv` at the exact offset      (OVER)
 //   wait PRIV and OVER from remote ranks; the rows have landed; read them; signal FREE_D(e).
+//   (after COUNTS, before FREE_D(e): take_combine_offsets, the snapshot combine uses.)
 // Combine (slot z, epoch c): wait FREE_C(c-1); post_combine (COMB, one write per (remote rank,
 // member of its tp group)); wait COMB from remote ranks for every member; read; signal FREE_C(c).
+//
+// The combine region is compact: [tp member j][Q][c_row] (MoeShape::Q = ceil(T/tp) * K, the most
+// rows one member sends all destinations together). Expert rank d's rows for source s (member
+// j = s % tp of its group) go to every member of s's group at rows [j*Q + off_s[d], + rows), where
+// off_s[d] = combine_offset(s's count matrix, d) (core/moe_layout.h): the rows s sends to ranks
+// below d. Every member computes the same index for each pair of its group (SendPlan::comb_slot).
 #pragma once
 
 #include <cstdint>
@@ -54,8 +61,8 @@ struct SlotLayout {
   int64_t d_send_bytes;
   int64_t c_row_stride_max;  // MoeShape::c_row = H * itemsize(combine dtype): the widest y row
   int64_t c_send_bytes;      // [N src][P][c_row]
-  int64_t c_recv_bytes;      // [N expert rank][tp][P][c_row]
-  int P, priv;
+  int64_t c_recv_bytes;      // [tp member][Q][c_row] (compact: see the top of this file)
+  int P, Q, priv;
   int64_t row;
 };
 
@@ -132,7 +139,9 @@ class Exchange {
   void post_overflow(int z, uint32_t e);  // needs every rank's count matrix (after COUNTS)
   void signal_free_d(int z, uint32_t e);
   // rows_from[src]: rows we received from src in the matching dispatch; c_send holds them at
-  // [src][P][stride] (stride = H * output itemsize).
+  // [src][P][stride] (stride = H * output itemsize). Src's run goes to every remote member m of
+  // its tp group at row (src % tp) * Q + combine_offsets(z)[src] of m's region (the snapshot of
+  // the matching dispatch); refused unless that offset + rows_from[src] <= Q.
   void post_combine(int z, uint32_t c, const int32_t* rows_from, int64_t stride);
   void signal_free_c(int z, uint32_t c);
 
@@ -146,6 +155,16 @@ class Exchange {
   void overflow_bases(int z, int64_t* over_base) const;
   // Row j of remote source src in d_recv, given its overflow base.
   const uint8_t* landed_row(int z, int src, int64_t j, int64_t over_base) const;
+
+  // ---- the combine offsets of slot z (a snapshot per slot) --------------------------------------
+  // Records off[src] = combine_offset(src's count matrix, our rank) for every source (0 for a
+  // source masked in slot z, or for all when we are masked ourselves): where src's rows start in
+  // its part of the combine region. Call after COUNTS arrived from every live rank and before
+  // FREE_D(e) goes out (after it a source may overwrite its count matrix in our d_recv with its
+  // next dispatch's COUNTS, possibly before our combine_send): the inline driver in dispatch_recv,
+  // the proxy at its "counts in" step. post_combine (and the host backend's node-local copy) read it.
+  void take_combine_offsets(int z);
+  const int64_t* combine_offsets(int z) const { return comb_off_[z].data(); }
 
  private:
   uint32_t imm(uint32_t tag, uint32_t epoch) const;
@@ -162,6 +181,7 @@ class Exchange {
   std::vector<Regions> regions_;
   std::vector<int> all_, remote_;
   std::vector<std::vector<uint8_t>> alive_;  // [slot][N]
+  std::vector<std::vector<int64_t>> comb_off_;  // [slot][N src]: take_combine_offsets
 };
 
 }  // namespace a2a::protocol

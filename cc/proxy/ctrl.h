@@ -14,12 +14,14 @@
 //   kernel: wait d_send_ok > e (proxy: FREE_D(e-1) from remote ranks arrived and our writes are
 //           done); write our [N, L] count matrix at d_send offset 0, raise d_counts = e + 1; pack
 //           rows for remote destinations into d_send [dest][P][row], raise d_packed = e + 1.
-//   proxy:  COUNTS to every rank on d_counts; PRIV on d_packed; OVER once every count matrix is
-//           in; over_base[] and d_landed = e + 1 once PRIV and OVER arrived from every remote rank.
+//   proxy:  COUNTS to every rank on d_counts; PRIV on d_packed; OVER (and the snapshot of the
+//           combine offsets) once every count matrix is in; over_base[] and d_landed = e + 1 once
+//           PRIV and OVER arrived from every remote rank.
 //   kernel: wait d_landed > e; read remote rows from d_recv; raise d_consumed = e + 1.
 //   proxy:  FREE_D(e) to remote ranks on d_consumed.
 // One combine on slot z, epoch c: kernel waits c_send_ok > c, writes rows into c_send
-// [src][P][stride], rows_from[] and c_stride, raises c_packed; the proxy writes them back (COMB)
+// [src][P][stride], rows_from[] and c_stride, raises c_packed; the proxy writes them back (COMB,
+// each source's run at its combine offset in the compact [tp][Q] region: protocol/exchange.h)
 // and raises c_landed once every remote rank's rows arrived; the kernel reduces and raises
 // c_consumed; the proxy signals FREE_C(c).
 // A kernel that waits on the proxy first raises waiting[op] = epoch + 1: the proxy's timeout for

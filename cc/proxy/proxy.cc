@@ -184,6 +184,14 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         check_late(kDispatchRecv, z, e, s.d_wait, "route counts", s.d_since);
         return false;
       }
+      // The combine offsets of this dispatch replace the previous dispatch's, which a combine
+      // packed but not yet posted still needs: the packer raised that c_packed before this
+      // dispatch's d_counts (a slot's combine_send precedes its next dispatch_send), so post it now.
+      if (s.c == kCPacked && load_acquire(&c.c_packed) >= uint64_t(s.ce) + 1) {
+        step_combine(z, s);
+        cur_op_ = kDispatchRecv;
+      }
+      ex_.take_combine_offsets(z);
       ex_.post_overflow(z, e);
       ex_.overflow_bases(z, c.over_base);
       mirror_over_base(z);

@@ -6,8 +6,9 @@
 //
 // Each slot runs two independent pipelines of steps, advanced without ever blocking:
 //   dispatch: FREE (FREE_D(e-1) in, writes flushed) -> raise d_send_ok | on d_counts: COUNTS out |
-//             on d_packed: PRIV out | COUNTS in: OVER out, over_base | PRIV+OVER in: raise
-//             d_landed | on d_consumed: FREE_D(e) out, next epoch
+//             on d_packed: PRIV out | COUNTS in: the combine offsets' snapshot
+//             (Exchange::take_combine_offsets; a combine already packed is posted first), OVER
+//             out, over_base | PRIV+OVER in: raise d_landed | on d_consumed: FREE_D(e) out, next epoch
 //   combine:  FREE (FREE_C(c-1) in, flushed) -> raise c_send_ok | on c_packed: COMB out |
 //             COMB in: raise c_landed | on c_consumed: FREE_C(c) out, next epoch
 // Failure: a step whose kernel waits (Ctrl::waiting) longer than the timeout, or any transport

@@ -179,9 +179,11 @@ class CudaBackend(FfiBackend):
         reported by buffer_regions but not counted here)."""
         return int(self._native(_ffi.require_native()).buffer_bytes(config.native()))
 
-    # ---- FfiBackend hooks: the device ordinal names the rank; counts are [N, L] ------------
+    # ---- FfiBackend hooks: the device ordinal names the rank; counts are [N, L + 1] --------
     def _counts_shape(self, spec, n):
-        return (n, spec.local_experts(n))
+        # per source: rows for each local expert, then where our rows start in the source's
+        # combine region (the rows it sends lower ranks; cc/gpu/params.h counts_stride)
+        return (n, spec.local_experts(n) + 1)
 
     def _combine_send_routing(self, a):
         return (a["recv_counts"],)

@@ -25,9 +25,9 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
   }
   const int n = max(0, min(*P.num_tokens, g.T));
   const int64_t stride = int64_t(g.H) * elem_bytes(P.y_kind);
-  const uint8_t* region = P.p.peer_shared[me] + g.off_c_rows;  // [N expert rank][tp][P][stride]
+  const uint8_t* region = P.p.peer_shared[me] + g.off_c_rows;  // [tp][Q][stride]
   reduce_combine(P, n, ix, [&](int t, int d, int32_t slot) {
-    const int64_t at = ((int64_t(d) * g.tp + t % g.tp) * g.P + slot) * stride;
+    const int64_t at = (int64_t(t % g.tp) * g.Q + slot) * stride;  // slot: the pair's row in its member's part
     return remote::is_remote(P.p, d) ? P.p.remote.c_recv + at : region + at;
   });
   if (last_block_done(&ep->done[3])) {  // expert ranks may overwrite our rows now

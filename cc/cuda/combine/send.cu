@@ -1,5 +1,6 @@
-// combine send: put each received row's expert output back at its source, at the slot the
-// source chose, for every member of the source's tp group; zeros for rows the capacity rule
+// combine send: put each received row's expert output back at its source, at the row the source
+// chose (its combine region part for the source's member, from the source's offset for us in
+// recv_counts [N, L + 1], plus the row's slot), for every member of the source's tp group; zeros for rows the capacity rule
 // dropped. Every block derives the arrangement in its own shared memory (gpu/arrange.cuh; from
 // recv_counts, which needs no peer), then waits until the sources freed our previous rows and
 // copies its share of (row, segment) items; the last block to finish raises each rank's combine
@@ -29,7 +30,8 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
   // acquire) and the full wait runs only when one was not yet set (and always with remote peers,
   // whose proxy flag it also waits for).
   const bool free_now = !remote::any(P.p) && flag_set_now(g, [&](int r) { return &mine->c_free[r]; }, epoch);
-  const BlockArrangement a = block_arrange(g, [&](int s, int l) { return P.recv_counts[s * g.L + l]; }, smem);
+  const int cs = counts_stride(g);
+  const BlockArrangement a = block_arrange(g, [&](int s, int l) { return P.recv_counts[s * cs + l]; }, smem);
   if (!__syncthreads_and(free_now) &&
       !remote::wait_peers(P.p, g, 2, [&](int r) { return &mine->c_free[r]; }, epoch, &P.p.remote.ctrl->c_send_ok,
                           epoch + 1, blockIdx.x == 0))
@@ -53,7 +55,8 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
       if (m < g0 + g.tp && remote::is_remote(P.p, m)) continue;
       uint8_t* dst = m == g0 + g.tp
                          ? P.p.remote.c_send + (int64_t(r.s) * g.P + r.j) * stride
-                         : P.p.peer_shared[m] + g.off_c_rows + ((int64_t(me) * g.tp + r.s % g.tp) * g.P + r.j) * stride;
+                         : P.p.peer_shared[m] + g.off_c_rows +
+                               (int64_t(r.s % g.tp) * g.Q + P.recv_counts[r.s * cs + g.L] + r.j) * stride;
       if (r.pos >= 0)
         warp_copy(dst + lo, static_cast<const uint8_t*>(P.y) + r.pos * stride + lo, bytes, lane);
       else

@@ -32,15 +32,19 @@ __device__ inline bool block_route_and_wait(const DispatchSendParams& P, int n, 
   return false;
 }
 
-// Every thread of the block, after its rows: block 0 writes our count column into every peer
-// (counts[me][l] = rows we send it for local expert l); the last block to finish raises each
-// peer's arrival flag, advances the slot's epoch and writes the handle.
+// Every thread of the block, after its rows: block 0 writes our counts record into every peer
+// (counts[me][l] = rows we send it for local expert l, counts[me][L] = rows we send ranks below
+// it); the last block to finish raises each peer's arrival flag, advances the slot's epoch and
+// writes the handle.
 __device__ inline void close_block_send(const DispatchSendParams& P, const BlockRoute& rt, Epochs* ep, uint64_t epoch) {
   const Geometry& g = P.g;
-  const int me = P.p.rank;
+  const int me = P.p.rank, cs = counts_stride(g);
   if (blockIdx.x == 0)
-    for (int i = threadIdx.x; i < g.N * g.L; i += blockDim.x)
-      reinterpret_cast<int32_t*>(P.p.peer_shared[i / g.L] + g.off_counts)[int64_t(me) * g.L + i % g.L] = rt.cnt[i];
+    for (int i = threadIdx.x; i < g.N * cs; i += blockDim.x) {
+      const int d = i / cs, l = i % cs;
+      reinterpret_cast<int32_t*>(P.p.peer_shared[d] + g.off_counts)[int64_t(me) * cs + l] =
+          l < g.L ? rt.cnt[d * g.L + l] : rt.start[d * g.L];
+    }
   if (last_block_done(&ep->done[0]))
     remote::close_send(P.p, g, nullptr, [&](int r) { return &flags_of(P.p, r)->d_arrived[me]; }, &ep->d_send, epoch,
                        P.handle);

@@ -18,7 +18,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
   extern __shared__ int32_t smem[];
   A2A_KERNEL_START(P);
   SyncFlags* mine = flags_of(P.p, me);
-  const int32_t* counts = reinterpret_cast<const int32_t*>(P.p.peer_shared[me] + g.off_counts);
+  const int32_t* counts = reinterpret_cast<const int32_t*>(P.p.peer_shared[me] + g.off_counts);  // [N src][L + 1]
+  const int cs = counts_stride(g);
 
   if (slot_failed(g, P.p) ||
       !remote::wait_peers(P.p, g, 1, [&](int r) { return &mine->d_arrived[r]; }, epoch + 1,
@@ -30,10 +31,12 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
       g,
       [&](int s, int l) {
         return remote::is_remote(P.p, s) ? remote::remote_count(P.p, g, s, l)
-                                         : reinterpret_cast<const volatile int32_t*>(counts)[s * g.L + l];
+                                         : reinterpret_cast<const volatile int32_t*>(counts)[s * cs + l];
       },
       smem);
-  write_recv_outputs(P, a, ix);
+  write_recv_outputs(P, a, ix, [&](int s) {  // the proxy keeps remote sources' combine offsets
+    return remote::is_remote(P.p, s) ? 0 : reinterpret_cast<const volatile int32_t*>(counts)[s * cs + g.L];
+  });
   copy_received_rows(P, a, ix, [&](int s, int32_t j) {
     return remote::is_remote(P.p, s) ? remote::landed_row(P.p, g, s, j)
                                      : P.p.peer_shared[me] + g.off_rows + (int64_t(s) * g.P + j) * g.row;

@@ -77,12 +77,14 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
     if (lo != 0) continue;
     write_row_tail(dst, src, body, body16, t, P.weights[q], lane);
   }
-  // Our counts column into every node-local peer: counts[me][l] = rows we send it for local expert l.
-  for (int64_t i = ix.gtid; i < int64_t(g.N) * g.L; i += ix.gstride) {
-    const int d = i / g.L, l = i % g.L;
+  // Our counts record into every node-local peer: counts[me][l] = rows we send it for local expert
+  // l, counts[me][L] = rows we send ranks below it (where its rows start in our combine region).
+  const int cs = counts_stride(g);
+  for (int64_t i = ix.gtid; i < int64_t(g.N) * cs; i += ix.gstride) {
+    const int d = i / cs, l = i % cs;
     if (remote::is_remote(P.p, d)) continue;  // the proxy sends our whole count matrix there
-    int32_t* c = reinterpret_cast<int32_t*>(P.p.peer_shared[d] + g.off_counts) + int64_t(me) * g.L + l;
-    *c = s.cnt[int64_t(member) * g.E + d * g.L + l];
+    int32_t* c = reinterpret_cast<int32_t*>(P.p.peer_shared[d] + g.off_counts) + int64_t(me) * cs + l;
+    *c = l < g.L ? s.cnt[int64_t(member) * g.E + d * g.L + l] : s.c_off[int64_t(member) * g.N + d];
   }
   if (remote::any(P.p)) __threadfence_system();  // our rows in d_send, before the proxy's flag
   if (last_block_done(&ep->done[0]))

@@ -36,7 +36,7 @@ __device__ __forceinline__ int32_t local_kept(const Geometry& g, const Tables& r
 }
 
 // The small outputs from the block's complete routing tables: block 0 writes group_sizes [L],
-// recv_counts [1, L], overflow, dropped and the handle; the grid marks every output row no pair
+// recv_counts [1, L + 1] (the counts, then combine offset 0), overflow, dropped and the handle; the grid marks every output row no pair
 // lands on (weight 0, src (-1, -1), recv_slot -1), as dispatch_recv does.
 template <class Tables>
 __device__ void local_small_outputs(const LocalDispatchParams& P, const Tables& rt, int dropped,
@@ -58,6 +58,7 @@ __device__ void local_small_outputs(const LocalDispatchParams& P, const Tables& 
     if ((threadIdx.x & 31) == 0 && mine) atomicAdd(&over, mine);
     __syncthreads();
     if (threadIdx.x == 0) {
+      R.recv_counts[g.L] = 0;  // our own combine offset: one rank, nothing below it
       *R.overflow = over;  // an integer sum: the same in any order
       *P.s.dropped = dropped;
       P.s.handle[0] = 0;

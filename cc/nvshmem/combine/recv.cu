@@ -38,9 +38,9 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
     return;
   }
   const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
-  const uint8_t* region = P.p.peer_shared[me] + nv.lay.off_c_rows;  // [N expert rank][tp][P][stride]
-  cuda::reduce_combine(P, n, ix, [&](int t, int d, int32_t slot) {
-    return region + ((int64_t(d) * g.tp + t % g.tp) * g.P + slot) * stride;
+  const uint8_t* region = P.p.peer_shared[me] + nv.lay.off_c_rows;  // [tp][Q][stride]
+  cuda::reduce_combine(P, n, ix, [&](int t, int, int32_t slot) {
+    return region + (int64_t(t % g.tp) * g.Q + slot) * stride;  // slot: the pair's row in its member's part
   });
   if (cuda::last_block_done(&ep->done[3]) && threadIdx.x < g.N) {
     const int r = threadIdx.x;  // expert ranks may overwrite our combine region now

@@ -1,5 +1,5 @@
-// nvshmem combine send: put each received row's expert output back at its source, at the slot
-// the source chose, for every member of the source's tp group (put-with-signal, +1 on
+// nvshmem combine send: put each received row's expert output back at its source, at the row
+// the source chose (its offset for us from the meta block, via recv_counts [N, L + 1], plus the slot), for every member of the source's tp group (put-with-signal, +1 on
 // c_rows[me] there); zeros for rows the capacity rule dropped. Every block waits for c_free and
 // derives the arrangement in its own shared memory (gpu/arrange.cuh). No closing signal:
 // receivers count rows.
@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
                     blockIdx.x == 0))
     return;  // an op of this slot failed: the host raises it
   const cuda::BlockArrangement a =
-      cuda::block_arrange(g, [&](int s, int l) { return P.recv_counts[s * g.L + l]; }, smem);
+      cuda::block_arrange(g, [&](int s, int l) { return P.recv_counts[s * cuda::counts_stride(g) + l]; }, smem);
   const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
   const uint8_t* zero = P.p.priv + nv.lay.off_zero;  // [H * 4] zeros, never written
   for (int64_t w = ix.gwarp; w < a.row_base[g.N]; w += ix.nwarps) {  // warp per received row
@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
     const uint8_t* src = r.pos >= 0 ? static_cast<const uint8_t*>(P.y) + r.pos * stride : zero;
     const int g0 = r.s / g.tp * g.tp;
     for (int m = g0; m < g0 + g.tp; ++m)
-      put_row_signal(P.p.peer_shared[m] + nv.lay.off_c_rows + ((int64_t(me) * g.tp + r.s % g.tp) * g.P + r.j) * stride,
+      put_row_signal(P.p.peer_shared[m] + nv.lay.off_c_rows +
+                         (int64_t(r.s % g.tp) * g.Q + P.recv_counts[r.s * cuda::counts_stride(g) + g.L] + r.j) * stride,
                      src, stride, &signals_at(P.p, m)->c_rows[me], nv.pe[m]);
   }
   if (cuda::last_block_done(&ep->done[2]) && threadIdx.x == 0) {

@@ -1,6 +1,7 @@
 // nvshmem dispatch send: route and stage (the cuda backend's helpers), then put every routed
 // pair's row into its private slot at the destination (put-with-signal, +1 on d_rows[me] there),
-// then one meta block per destination (counts per local expert, token and weight per row) whose
+// then one meta block per destination (counts per local expert, our combine offset for it, token
+// and weight per row) whose
 // signal d_meta[me] = epoch + 1 tells the receiver how many rows to wait for.
 #include "gpu/arrange.cuh"
 #include "gpu/failure.cuh"
@@ -47,6 +48,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
   cuda::write_pair_slots(P, s, ix);
   for (int64_t i = ix.gtid; i < int64_t(g.N) * g.L; i += ix.gstride)
     stage_meta[(i / g.L) * words + i % g.L] = cnt[i];
+  for (int d = ix.gtid; d < g.N; d += ix.gstride) stage_meta[d * words + g.L] = s.c_off[int64_t(member) * g.N + d];
   const int64_t body = g.payload + 4 * int64_t(g.S);  // payload then fp8 scales
   for (int64_t q = ix.gwarp; q < int64_t(g.T) * g.K; q += ix.nwarps) {  // warp per pair of our member
     const int e = s.pair_expert[q];
@@ -55,7 +57,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
     const int d = e / g.L;
     const int64_t j = cuda::pair_slot(g, s, q, t, e);  // pair_slot out is written by other warps now
     if (ix.lane == 0) {
-      int32_t* m = stage_meta + d * words + g.L + 2 * j;
+      int32_t* m = stage_meta + d * words + meta_row_words(g) + 2 * j;
       m[0] = t;
       m[1] = __float_as_int(P.weights[q]);
     }
@@ -70,7 +72,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
     for (int l = ix.lane; l < g.L; l += 32) rows += cnt[int64_t(d) * g.L + l];
     for (int off = 16; off > 0; off >>= 1) rows += __shfl_xor_sync(0xffffffffu, rows, off);
     nvshmemx_putmem_signal_nbi_warp(meta_at(P.p, nv.lay, d, me), stage_meta + d * words,
-                                    4 * static_cast<size_t>(g.L + 2 * int64_t(rows)), &signals_at(P.p, d)->d_meta[me],
+                                    4 * static_cast<size_t>(meta_row_words(g) + 2 * int64_t(rows)), &signals_at(P.p, d)->d_meta[me],
                                     epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[d]);
   }
   if (threadIdx.x == 0) {
