@@ -15,6 +15,9 @@ namespace {
 
 __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParams P) {
   A2A_KERNEL_START(P);
+  // The token count (written before the launch) is loaded at entry, so that its latency overlaps
+  // the flag wait instead of following it (the acquire loads keep a later load behind them).
+  const int32_t num_tokens = *P.num_tokens;
   SyncFlags* mine = flags_of(P.p, me);
   prefetch_reduce_meta(P, ix);  // our pairs' dest / slot / weight into L1 while we wait
   if (slot_failed(g, P.p) ||
@@ -23,7 +26,7 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
     poison_combine_recv(P, ix);  // an op of this slot failed: the host raises it
     return;
   }
-  const int n = max(0, min(*P.num_tokens, g.T));
+  const int n = max(0, min(num_tokens, g.T));
   const int64_t stride = int64_t(g.H) * elem_bytes(P.y_kind);
   const uint8_t* region = P.p.peer_shared[me] + g.off_c_rows;  // [tp][Q][stride]
   reduce_combine(P, n, ix, [&](int t, int d, int32_t slot) {
