@@ -117,7 +117,7 @@ struct DispatchRecvParams {
   int32_t* src;             // [R', 2]
   int32_t* recv_slot;       // [R']
   int32_t* recv_counts;     // [N, L + 1] rows per (source, local expert), then the source's
-                            // combine offset for us (0 for remote sources: the proxy keeps theirs)
+                            // combine offset for us (rows it sends ranks below us)
   int32_t* overflow;        // []
 };
 
