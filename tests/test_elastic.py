@@ -144,7 +144,7 @@ def test_map_ids_jax_matches_oracle():
 
 # ---- backends against the oracle ----------------------------------------------------------------
 
-MASK_BACKENDS = [b for b in BACKENDS if b in ("reference", "host", "ragged")]
+MASK_BACKENDS = [b for b in BACKENDS if b in ("reference", "host", "ragged", "cuda")]
 
 
 @pytest.mark.mpi
@@ -220,6 +220,8 @@ def test_mask_with_replicas(backend, num_ranks, mesh):
 @pytest.mark.parametrize("backend", MASK_BACKENDS)
 def test_stats_and_debug(backend, num_ranks, mesh):
     """Masked pairs go to stats()['masked'], not 'dropped'; debug=True does not raise for them."""
+    if num_ranks < 2:
+        pytest.skip("needs 2 ranks")
     spec = _spec(num_ranks)
     comm = a2a.init(spec, mesh, "ep", backend=backend, debug=True, timeout_s=20)
     inputs = T.make_inputs(spec, num_ranks, 9, num_tokens=spec.max_tokens_per_rank)
@@ -308,21 +310,28 @@ def test_mask_checks(num_ranks, mesh):
 
 
 def test_gpu_backends_refuse_a_mask(num_ranks, mesh, monkeypatch):
-    """cuda/nvshmem: a device-array mask raises at trace time (their kernels wait for every
-    rank); a concrete all-alive mask is accepted (it is no mask). Checked through the cuda
-    backend's own refusal on a reference communicator (no GPU here)."""
+    """nvshmem, and cuda with peers on other nodes (node_size < N: the proxy waits for every
+    rank): a device-array mask raises at trace time; cuda on one node takes it (its kernels leave
+    masked ranks out: the GPU runs of the mask tests). A concrete all-alive mask is accepted (it is
+    no mask). The refusal checked through a reference communicator (no GPU here)."""
+    from types import SimpleNamespace
+
     from jax.sharding import PartitionSpec as P
     from jax_moe_a2a.backends.cuda import CudaBackend
     from jax_moe_a2a.backends.nvshmem import NvshmemBackend
-    reason = CudaBackend.rank_mask_unsupported(None)
-    assert "kernels wait for every rank" in reason
-    assert NvshmemBackend.rank_mask_unsupported is CudaBackend.rank_mask_unsupported
+    reason = NvshmemBackend.rank_mask_unsupported(None)
+    assert "count every rank's rows" in reason
+    assert CudaBackend.rank_mask_unsupported(SimpleNamespace(config=None)) is None
+    one_node = SimpleNamespace(config=SimpleNamespace(node_size=4, num_ranks=4))
+    two_nodes = SimpleNamespace(config=SimpleNamespace(node_size=2, num_ranks=4))
+    assert CudaBackend.rank_mask_unsupported(one_node) is None
+    assert "inter-node proxy waits for every remote rank" in CudaBackend.rank_mask_unsupported(two_nodes)
     spec = _spec(num_ranks)
     comm = a2a.init(spec, mesh, "ep", backend="reference")
     monkeypatch.setattr(comm._backend, "rank_mask_unsupported", lambda: reason)
-    comm.backend_name = "cuda"
+    comm.backend_name = "nvshmem"
     inputs = T.make_inputs(spec, num_ranks, 1)
-    with pytest.raises(ValueError, match="rank_mask is not supported by the cuda backend yet"):
+    with pytest.raises(ValueError, match="rank_mask is not supported by the nvshmem backend yet"):
         T.run_ops(comm, inputs, rank_mask=_mask(num_ranks, [0]))
     # a concrete all-alive mask (a closure constant) is no mask: accepted (jitted: run op by op,
     # the dispatch took 30 s of XLA:CPU)
@@ -346,16 +355,19 @@ def test_host_proxied_refuses_a_mask(num_ranks, mesh):
 
 # ---- a process ends for real --------------------------------------------------------------------
 
-def _run_workers(worker_name, provider, tmp_path, limit):
+def _run_workers(worker_name, provider, tmp_path, limit, backend="host"):
     """mpirun -n 3 of tests/<worker_name> in a session of its own; its output (killed, with the
-    whole session, past `limit` s)."""
-    if "host" not in BACKENDS:
-        pytest.skip("no host backend")
+    whole session, past `limit` s). backend "cuda": the three processes share GPU 0."""
+    if backend not in BACKENDS:
+        pytest.skip(f"no {backend} backend")
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun")
     test_vars = {n for n in a2a_env.TABLE if "_TEST_" in n}  # this suite's own settings (jax_moe_a2a/env.py)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PMIX")) and k not in test_vars}
-    env.update(JAX_PLATFORMS="cpu", ELASTIC_DIR=str(tmp_path), PYTHONUNBUFFERED="1", ELASTIC_PROVIDER=provider)
+    env.update(JAX_PLATFORMS="cpu", ELASTIC_DIR=str(tmp_path), PYTHONUNBUFFERED="1", ELASTIC_PROVIDER=provider,
+               ELASTIC_BACKEND=backend)
+    if backend == "cuda":
+        env.update(JAX_PLATFORMS="cuda,cpu", JAX_MOE_A2A_LOCAL_DEVICE_IDS="0", XLA_PYTHON_CLIENT_MEM_FRACTION="0.1")
     if provider.startswith("tcp"):
         env.setdefault("JAX_MOE_A2A_IFACE", "lo")
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
@@ -385,6 +397,16 @@ def test_process_failure(provider, tmp_path):
     naming rank 2). Bounded: the workers' timeout_s is 10 s and this test kills the whole mpirun
     session after 240 s."""
     out = _run_workers("elastic_worker.py", provider, tmp_path, 240)
+    for r in (0, 1):
+        assert f"ELASTIC_OK process {r} steps 6" in out, out[-6000:]
+    assert "ELASTIC_EXIT process 2 after step 1" in out, out[-6000:]
+
+
+def test_process_failure_gpu(tmp_path):
+    """The same with the cuda backend, the three processes sharing GPU 0: process 2 ends after
+    step 1 (its CUDA context with it); processes 0 and 1 run five more steps with it masked, their
+    kernels neither waiting for it nor writing to it, oracle-checked, in one compiled step."""
+    out = _run_workers("elastic_worker.py", "shm", tmp_path, 240, backend="cuda")
     for r in (0, 1):
         assert f"ELASTIC_OK process {r} steps 6" in out, out[-6000:]
     assert "ELASTIC_EXIT process 2 after step 1" in out, out[-6000:]
@@ -475,7 +497,8 @@ def test_recover_checks(num_ranks, mesh):
     from jax_moe_a2a.backends.base import Backend
     from jax_moe_a2a.backends.cuda import CudaBackend
     from jax_moe_a2a.backends.nvshmem import NvshmemBackend
-    # the GPU backends keep the base class's recover, which refuses (their kernels wait for every rank)
+    # the GPU backends keep the base class's recover, which refuses (a step that failed leaves their
+    # device-side epochs and flags inconsistent: make a new communicator)
     assert CudaBackend.recover is Backend.recover and NvshmemBackend.recover is Backend.recover
     for cls in (CudaBackend, NvshmemBackend):
         with pytest.raises(NotImplementedError, match=f"not supported by the {cls.name} backend"):

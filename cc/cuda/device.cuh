@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "gpu/mask.cuh"
 #include "gpu/params.h"
 #include "gpu/wait.cuh"
 
@@ -15,12 +16,13 @@ __device__ __forceinline__ SyncFlags* flags_of(const SlotPtrs& p, int rank) {
 }
 
 // The same wait with one target for every node-local rank (the cuda backend's epoch flags); ranks
-// on other nodes are the proxy's (cuda/remote.cuh).
+// on other nodes are the proxy's (cuda/remote.cuh), ranks with a bit in `skip` (elastic EP: masked
+// ones, gpu/mask.cuh) are not waited for.
 template <typename FlagFn>
 __device__ bool wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want,
-                           bool report = true) {
-  const uint64_t remote = p.remote.mask;
-  return wait_flags_each(p, g, op, flag, [want, remote](int r) { return remote >> r & 1 ? 0 : want; }, "cuda",
+                           bool report = true, uint64_t skip = 0) {
+  const uint64_t none = p.remote.mask | skip;
+  return wait_flags_each(p, g, op, flag, [want, none](int r) { return none >> r & 1 ? 0 : want; }, "cuda",
                          report);
 }
 // One look at the flags, no waiting: thread r < N reads flag(r) once (acquire, so a flag seen set
@@ -28,8 +30,9 @@ __device__ bool wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn 
 // where it reached `want`. AND it over the block (__syncthreads_and) to skip wait_flags when every
 // flag was already set at kernel entry.
 template <typename FlagFn>
-__device__ __forceinline__ bool flag_set_now(const Geometry& g, FlagFn flag, uint64_t want) {
-  return threadIdx.x >= g.N || ptx::ld_acquire_sys(flag(static_cast<int>(threadIdx.x))) >= want;
+__device__ __forceinline__ bool flag_set_now(const Geometry& g, FlagFn flag, uint64_t want, uint64_t skip = 0) {
+  return threadIdx.x >= g.N || (skip >> threadIdx.x & 1) ||
+         ptx::ld_acquire_sys(flag(static_cast<int>(threadIdx.x))) >= want;
 }
 
 }  // namespace a2a::cuda

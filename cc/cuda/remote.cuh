@@ -73,8 +73,8 @@ __device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, 
 // in wait_flags_each (block 0 when every block waits).
 template <typename FlagFn>
 __device__ bool wait_peers(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want,
-                           const uint64_t* proxy_flag, uint64_t proxy_want, bool report = true) {
-  if (!wait_flags(p, g, op, flag, want, report)) return false;
+                           const uint64_t* proxy_flag, uint64_t proxy_want, bool report = true, uint64_t skip = 0) {
+  if (!wait_flags(p, g, op, flag, want, report, skip)) return false;
   return !any(p) || wait_proxy(p, g, op, proxy_flag, proxy_want, report);
 }
 
@@ -133,13 +133,13 @@ __device__ __forceinline__ bool group_has_remote(const SlotPtrs& p, const Geomet
 }
 
 // The last block of a send half (every thread of it): the proxy's flag `packed` (with remote
-// peers), each node-local rank's arrival flag arrived(r) = epoch + 1, our epoch counter and the
-// handle [epoch, slot].
+// peers), each node-local rank's arrival flag arrived(r) = epoch + 1 (not those in `skip`:
+// elastic EP's masked ranks), our epoch counter and the handle [epoch, slot].
 template <typename ArrivedFn>
 __device__ inline void close_send(const SlotPtrs& p, const Geometry& g, uint64_t* packed, ArrivedFn arrived,
-                                  uint64_t* epoch_counter, uint64_t epoch, int32_t* handle) {
+                                  uint64_t* epoch_counter, uint64_t epoch, int32_t* handle, uint64_t skip = 0) {
   if (any(p)) raise_for_proxy(packed, epoch + 1);
-  if (threadIdx.x < g.N && !is_remote(p, threadIdx.x)) {
+  if (threadIdx.x < g.N && !is_remote(p, threadIdx.x) && !(skip >> threadIdx.x & 1)) {
     __threadfence_system();
     ptx::st_release_sys(arrived(threadIdx.x), epoch + 1);
   }

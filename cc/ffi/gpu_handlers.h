@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "gpu/local/local.h"
@@ -101,30 +102,33 @@ struct Handlers {
 
   // x [T, H] f32/bf16/f16 (or fp8 with x_scale [T, S] f32; else x_scale is empty), ids [T, K],
   // weights [T, K], num_tokens [] -> handle [2], dest [T, K], pair_slot [T, K], dropped []. `after`
-  // operands only order a call after earlier work (jax_moe_a2a/backends/ffi.py).
+  // operands only order a call after earlier work (jax_moe_a2a/backends/ffi.py). Every half's last
+  // operand `alive` is the elastic EP rank mask, [N] (nonzero = alive), or empty: no mask.
   static ffi::Error dispatch_send(Stream stream, Device dev, Any x, F32 x_scale, S32 ids, F32 weights, S32 num_tokens,
-                                  Any /*after*/, Out<S32> handle, Out<S32> dest, Out<S32> pair_slot, Out<S32> dropped,
-                                  SendAttrs a) {
+                                  Any /*after*/, S32 alive, Out<S32> handle, Out<S32> dest, Out<S32> pair_slot,
+                                  Out<S32> dropped, SendAttrs a) {
     return run<cuda::DispatchSendParams>("dispatch_send", 0, stream, dev, a.comm_id, a.slot, [&](auto* p) {
-      return fill_send(p, x, x_scale, ids, weights, num_tokens, handle, dest, pair_slot, dropped);
+      return set_alive(&p->p, p->g, alive) &&
+             fill_send(p, x, x_scale, ids, weights, num_tokens, handle, dest, pair_slot, dropped);
     });
   }
 
   // handle [2] -> x [R', H] wire dtype, scale [R', S] f32 (empty unless fp8), group_sizes [L],
   // weights [R'], src [R', 2], recv_slot [R'], recv_counts [N, L + 1], overflow [].
-  static ffi::Error dispatch_recv(Stream stream, Device dev, S32 handle, Out<Any> x, Out<F32> scale,
+  static ffi::Error dispatch_recv(Stream stream, Device dev, S32 handle, S32 alive, Out<Any> x, Out<F32> scale,
                                   Out<S32> group_sizes, Out<F32> weights, Out<S32> src, Out<S32> recv_slot,
                                   Out<S32> recv_counts, Out<S32> overflow, RecvAttrs a) {
     return run<cuda::DispatchRecvParams>("dispatch_recv", 1, stream, dev, a.comm_id, a.slot, [&](auto* p) {
       p->handle = handle.typed_data();
-      return fill_recv(p, x, scale, group_sizes, weights, src, recv_slot, recv_counts, overflow);
+      return set_alive(&p->p, p->g, alive) && fill_recv(p, x, scale, group_sizes, weights, src, recv_slot, recv_counts, overflow);
     });
   }
 
   // y [R', H] f32/bf16/f16, recv_counts [N, L + 1] -> handle [2].
-  static ffi::Error combine_send(Stream stream, Device dev, Any y, S32 recv_counts, Any /*after*/, Out<S32> handle,
-                                 SendAttrs a) {
+  static ffi::Error combine_send(Stream stream, Device dev, Any y, S32 recv_counts, Any /*after*/, S32 alive,
+                                 Out<S32> handle, SendAttrs a) {
     return run<cuda::CombineSendParams>("combine_send", 2, stream, dev, a.comm_id, a.slot, [&](auto* p) {
+      if (!set_alive(&p->p, p->g, alive)) return false;
       p->y = y.untyped_data();
       p->y_kind = kind_of(y.element_type());
       p->recv_counts = recv_counts.typed_data();
@@ -140,10 +144,11 @@ struct Handlers {
   // handle [2], dest/pair_slot [T, K], weights [T, K], num_tokens [], out_in [T, H] or empty ->
   // out [T, H] combine dtype, pairs [T, K, H] f32 or empty.
   static ffi::Error combine_recv(Stream stream, Device dev, S32 handle, S32 dest, S32 pair_slot, F32 weights,
-                                 S32 num_tokens, Any out_in, Out<Any> out, Out<F32> pairs, CombineRecvAttrs a) {
+                                 S32 num_tokens, Any out_in, S32 alive, Out<Any> out, Out<F32> pairs,
+                                 CombineRecvAttrs a) {
     return run<cuda::CombineRecvParams>("combine_recv", 3, stream, dev, a.comm_id, a.slot, [&](auto* p) {
       p->handle = handle.typed_data();
-      return fill_combine_recv(p, a.y_kind, dest, pair_slot, weights, num_tokens, out_in, out, pairs);
+      return set_alive(&p->p, p->g, alive) && fill_combine_recv(p, a.y_kind, dest, pair_slot, weights, num_tokens, out_in, out, pairs);
     });
   }
 
@@ -151,7 +156,7 @@ struct Handlers {
   // results, then dispatch_recv's (as in those two handlers). One kernel where it applies
   // (local_dispatch_kind), else the two exchange kernels back to back on the slot's buffers.
   static ffi::Error local_dispatch(Stream stream, Device dev, Any x, F32 x_scale, S32 ids, F32 weights,
-                                   S32 num_tokens, Any /*after*/, Out<S32> handle, Out<S32> dest, Out<S32> pair_slot,
+                                   S32 num_tokens, Any /*after*/, S32 /*alive: one rank, alive*/, Out<S32> handle, Out<S32> dest, Out<S32> pair_slot,
                                    Out<S32> dropped, Out<Any> rx, Out<F32> rscale, Out<S32> group_sizes,
                                    Out<F32> rweights, Out<S32> src, Out<S32> recv_slot, Out<S32> recv_counts,
                                    Out<S32> overflow, SendAttrs a) {
@@ -174,8 +179,8 @@ struct Handlers {
   // f32/bf16/f16, recv_counts [1, L + 1], dest/pair_slot [T, K], weights [T, K], num_tokens [],
   // out_in [T, H] or empty -> out [T, H] combine dtype, pairs [T, K, H] f32 or empty.
   static ffi::Error local_combine(Stream stream, Device dev, Any y, S32 recv_counts, S32 dest, S32 pair_slot,
-                                  F32 weights, S32 num_tokens, Any out_in, Out<Any> out, Out<F32> pairs,
-                                  SendAttrs a) {
+                                  F32 weights, S32 num_tokens, Any out_in, S32 /*alive: one rank, alive*/,
+                                  Out<Any> out, Out<F32> pairs, SendAttrs a) {
     return run<cuda::LocalCombineParams>("combine (EP = 1)", 3, stream, dev, a.comm_id, a.slot, [&](auto* p) {
       p->y = y.untyped_data();
       p->recv_counts = recv_counts.typed_data();
@@ -186,6 +191,19 @@ struct Handlers {
   }
 
  private:
+  // The elastic EP mask (every half's last operand): [N] int32 on the device, or empty (no mask:
+  // the kernels skip its loads). Refused with peers on other nodes (the proxy waits for every rank;
+  // Python refuses first).
+  static bool set_alive(cuda::SlotPtrs* p, const cuda::Geometry& g, S32 alive) {
+    if (alive.element_count() == 0) return true;
+    if (alive.element_count() != size_t(g.N))
+      throw std::invalid_argument("rank mask of " + std::to_string(alive.element_count()) + " entries for " +
+                                  std::to_string(g.N) + " ranks");
+    if (p->remote.mask != 0) throw std::invalid_argument("a rank mask with peers on other nodes (node_size < N)");
+    p->alive = alive.typed_data();
+    return true;
+  }
+
   // The operands of each half into its parameter struct (shared by the halves and the EP = 1
   // handlers); false for an operand dtype the kernels do not take.
   static bool fill_send(cuda::DispatchSendParams* p, Any x, F32 x_scale, S32 ids, F32 weights, S32 num_tokens,

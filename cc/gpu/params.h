@@ -36,6 +36,10 @@ struct Epochs {  // device-side counters so that kernels need no per-call host p
   uint32_t done[4];  // blocks of op 0..3 that finished this launch (last_block_done); 0 between launches
   int32_t dropped;   // dispatch_send: bad pairs counted by every block before its grid sync; 0 between launches
   int32_t pad_;
+  // Elastic EP: bit r = rank r took no part in this slot's last dispatch / combine (every bit when
+  // we were masked ourselves): nobody owes us its FREE flag for that epoch. Written by the send
+  // half's last block.
+  uint64_t d_masked, c_masked;
 };
 
 // Error record in mapped host memory: set by a kernel that timed out (the host raises it at the
@@ -89,6 +93,8 @@ struct SlotPtrs {
   int slot;
   int64_t timeout_ns;
   RemotePtrs remote;                // peers on other nodes (cuda backend with node_size < N)
+  const int32_t* alive;             // elastic EP: [N] device array, nonzero = alive; null: every rank
+                                    // (this call's operand; gpu/mask.cuh)
 };
 
 struct DispatchSendParams {

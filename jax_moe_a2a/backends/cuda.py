@@ -38,9 +38,20 @@ class CudaBackend(FfiBackend):
         return c.cuda
 
     def rank_mask_unsupported(self):
-        # The kernels wait for every rank's counts and flags: a mask would still hang on a dead peer.
-        return ("its kernels wait for every rank (a dead peer still ends the op at timeout_s); use the host "
-                "backend, or leave rank_mask out (an all-alive constant mask is accepted)")
+        # The kernels leave masked ranks out of every wait and write (cc/gpu/mask.cuh); the
+        # inter-node proxy does not (it waits for every remote rank).
+        config = getattr(self, "config", None)
+        if config is not None and config.node_size < config.num_ranks:
+            return (f"node_size={config.node_size} < {config.num_ranks} ranks: the inter-node proxy waits for "
+                    "every remote rank; use node_size = the EP size, or the host backend")
+        return None
+
+    def _mask_operands(self, ctx, rank_mask):
+        # every half's last operand: the mask [N] int32, or empty (no mask: the kernels load nothing)
+        import jax.numpy as jnp
+        if rank_mask is None:
+            return (jnp.zeros((0,), jnp.int32),)
+        return (rank_mask.astype(jnp.int32),)
 
     def _gpu_devices(self, mesh):
         """The mesh's devices, after checking they are GPUs (Config.build checked the rank count)."""

@@ -110,6 +110,13 @@ class NvshmemBackend(CudaBackend):
         table = runtime.exchange(f"jax_moe_a2a/nvshmem/{self._group_key(group)}", mine, n, config.timeout_s)
         c.nvshmem.connect(comm_id, [table[i] for i in range(n)])
 
+    def rank_mask_unsupported(self):
+        # Its receivers count rows cumulatively per source (Signals::d_rows / c_rows); a masked
+        # source's counters would need resynchronising when it is unmasked: not implemented.
+        return ("its kernels count every rank's rows and wait for them (a dead peer still ends the op at "
+                "timeout_s); use the cuda or host backend, or leave rank_mask out (an all-alive constant mask is "
+                "accepted)")
+
     def diagnostics(self):
         return {"local_path": self.uses_local_path(self.config.num_ranks)}
 

@@ -20,9 +20,10 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
   const int32_t num_tokens = *P.num_tokens;
   SyncFlags* mine = flags_of(P.p, me);
   prefetch_reduce_meta(P, ix);  // our pairs' dest / slot / weight into L1 while we wait
+  const uint64_t out = masked_ranks(g, P.p);  // elastic EP: wrote us nothing (our pairs to them were stopped)
   if (slot_failed(g, P.p) ||
       !remote::wait_peers(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1,
-                          &P.p.remote.ctrl->c_landed, epoch + 1, blockIdx.x == 0)) {
+                          &P.p.remote.ctrl->c_landed, epoch + 1, blockIdx.x == 0, out)) {
     poison_combine_recv(P, ix);  // an op of this slot failed: the host raises it
     return;
   }
@@ -34,7 +35,7 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
     return remote::is_remote(P.p, d) ? P.p.remote.c_recv + at : region + at;
   });
   if (last_block_done(&ep->done[3])) {  // expert ranks may overwrite our rows now
-    if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x))
+    if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x) && !left_out(out, threadIdx.x))
       ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->c_free[me], epoch + 1);
     if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->c_consumed, epoch + 1);
   }

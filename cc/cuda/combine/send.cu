@@ -29,12 +29,14 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
   // for the sources to free our previous rows; their flags are read once first (threads < N,
   // acquire) and the full wait runs only when one was not yet set (and always with remote peers,
   // whose proxy flag it also waits for).
-  const bool free_now = !remote::any(P.p) && flag_set_now(g, [&](int r) { return &mine->c_free[r]; }, epoch);
+  const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
+  const uint64_t skip = out | ep->c_masked;   // ... nor whose FREE we wait for (masked then or now)
+  const bool free_now = !remote::any(P.p) && flag_set_now(g, [&](int r) { return &mine->c_free[r]; }, epoch, skip);
   const int cs = counts_stride(g);
   const BlockArrangement a = block_arrange(g, [&](int s, int l) { return P.recv_counts[s * cs + l]; }, smem);
   if (!__syncthreads_and(free_now) &&
       !remote::wait_peers(P.p, g, 2, [&](int r) { return &mine->c_free[r]; }, epoch, &P.p.remote.ctrl->c_send_ok,
-                          epoch + 1, blockIdx.x == 0))
+                          epoch + 1, blockIdx.x == 0, skip))
     return;
   const int ybytes = elem_bytes(P.y_kind);
   const int64_t stride = int64_t(g.H) * ybytes;
@@ -52,7 +54,7 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
     const int g0 = r.s / g.tp * g.tp;
     const bool to_proxy = remote::group_has_remote(P.p, g, r.s);  // once into c_send [s][P][stride]
     for (int m = g0; m < g0 + g.tp + (to_proxy ? 1 : 0); ++m) {  // every member of the source's group gets the row
-      if (m < g0 + g.tp && remote::is_remote(P.p, m)) continue;
+      if (m < g0 + g.tp && (remote::is_remote(P.p, m) || left_out(out, m))) continue;
       uint8_t* dst = m == g0 + g.tp
                          ? P.p.remote.c_send + (int64_t(r.s) * g.P + r.j) * stride
                          : P.p.peer_shared[m] + g.off_c_rows +
@@ -64,9 +66,11 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
     }
   }
   if (remote::any(P.p)) __threadfence_system();  // our rows in c_send, before the proxy's flag
-  if (last_block_done(&ep->done[2]))
+  if (last_block_done(&ep->done[2])) {
+    if (threadIdx.x == 0) ep->c_masked = out;
     remote::close_send(P.p, g, &P.p.remote.ctrl->c_packed, [&](int r) { return &flags_of(P.p, r)->c_arrived[me]; },
-                       &ep->c_send, epoch, P.handle);
+                       &ep->c_send, epoch, P.handle, out);
+  }
 }
 
 }  // namespace

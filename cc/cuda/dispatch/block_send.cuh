@@ -20,13 +20,14 @@ namespace a2a::cuda {
 // entry) held in every thread. False when the wait timed out: the outputs are abandoned and the
 // caller returns.
 __device__ inline bool block_route_and_wait(const DispatchSendParams& P, int n, const BlockRoute& rt, bool free_now,
-                                            const GridIdx& ix, uint64_t epoch) {
+                                            const GridIdx& ix, uint64_t epoch, uint64_t skip) {
   const Geometry& g = P.g;
   const int me = P.p.rank;
   const BlockRouteResult routed = block_route(P, n, rt, free_now);
   write_route_outputs(P, rt, ix);
   if (blockIdx.x == 0 && threadIdx.x == 0) *P.dropped = routed.dropped;
-  if (routed.all || wait_flags(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch, blockIdx.x == 0))
+  if (routed.all ||
+      wait_flags(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch, blockIdx.x == 0, skip))
     return true;
   abandon_dispatch_send(P, ix);
   return false;
@@ -36,18 +37,22 @@ __device__ inline bool block_route_and_wait(const DispatchSendParams& P, int n, 
 // (counts[me][l] = rows we send it for local expert l, counts[me][L] = rows we send ranks below
 // it); the last block to finish raises each peer's arrival flag, advances the slot's epoch and
 // writes the handle.
-__device__ inline void close_block_send(const DispatchSendParams& P, const BlockRoute& rt, Epochs* ep, uint64_t epoch) {
+__device__ inline void close_block_send(const DispatchSendParams& P, const BlockRoute& rt, Epochs* ep, uint64_t epoch,
+                                        uint64_t out) {
   const Geometry& g = P.g;
   const int me = P.p.rank, cs = counts_stride(g);
   if (blockIdx.x == 0)
     for (int i = threadIdx.x; i < g.N * cs; i += blockDim.x) {
       const int d = i / cs, l = i % cs;
+      if (left_out(out, d)) continue;  // elastic EP: masked
       reinterpret_cast<int32_t*>(P.p.peer_shared[d] + g.off_counts)[int64_t(me) * cs + l] =
           l < g.L ? rt.cnt[d * g.L + l] : rt.start[d * g.L];
     }
-  if (last_block_done(&ep->done[0]))
+  if (last_block_done(&ep->done[0])) {
+    if (threadIdx.x == 0) ep->d_masked = out;
     remote::close_send(P.p, g, nullptr, [&](int r) { return &flags_of(P.p, r)->d_arrived[me]; }, &ep->d_send, epoch,
-                       P.handle);
+                       P.handle, out);
+  }
 }
 
 }  // namespace a2a::cuda

@@ -20,22 +20,25 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
   SyncFlags* mine = flags_of(P.p, me);
   const int32_t* counts = reinterpret_cast<const int32_t*>(P.p.peer_shared[me] + g.off_counts);  // [N src][L + 1]
   const int cs = counts_stride(g);
+  const uint64_t out = masked_ranks(g, P.p);  // elastic EP: sent us nothing; their counts are stale
 
   if (slot_failed(g, P.p) ||
       !remote::wait_peers(P.p, g, 1, [&](int r) { return &mine->d_arrived[r]; }, epoch + 1,
-                          &P.p.remote.ctrl->d_landed, epoch + 1, blockIdx.x == 0)) {
+                          &P.p.remote.ctrl->d_landed, epoch + 1, blockIdx.x == 0, out)) {
     abandon_dispatch_recv(P, ix);  // an op of this slot failed: the host raises it
     return;
   }
   const BlockArrangement a = block_arrange(
       g,
       [&](int s, int l) {
-        return remote::is_remote(P.p, s) ? remote::remote_count(P.p, g, s, l)
-                                         : reinterpret_cast<const volatile int32_t*>(counts)[s * cs + l];
+        return left_out(out, s)          ? 0
+               : remote::is_remote(P.p, s) ? remote::remote_count(P.p, g, s, l)
+                                           : reinterpret_cast<const volatile int32_t*>(counts)[s * cs + l];
       },
       smem);
   write_recv_outputs(P, a, ix, [&](int s) {  // remote sources: below
-    return remote::is_remote(P.p, s) ? 0 : reinterpret_cast<const volatile int32_t*>(counts)[s * cs + g.L];
+    return remote::is_remote(P.p, s) || left_out(out, s) ? 0
+                                                          : reinterpret_cast<const volatile int32_t*>(counts)[s * cs + g.L];
   });
   if (blockIdx.x == 0 && remote::any(P.p)) {  // remote sources' combine offsets, from their count matrices
     __syncthreads();  // after write_recv_outputs' 0 in the same place
@@ -50,7 +53,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
                                      : P.p.peer_shared[me] + g.off_rows + (int64_t(s) * g.P + j) * g.row;
   }, [&](int, int32_t, const uint8_t* row, int32_t* tok, float* wt) { row_trailer(g, row, tok, wt); });
   if (last_block_done(&ep->done[1])) {  // sources may reuse their rows now
-    if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x))
+    if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x) && !left_out(out, threadIdx.x))
       ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->d_free[me], epoch + 1);
     if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->d_consumed, epoch + 1);
   }

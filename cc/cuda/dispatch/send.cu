@@ -25,6 +25,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   const int lane = ix.lane, member = me % g.tp;
   const int n = max(0, min(*P.num_tokens, g.T));
   SendScratch s = send_scratch(g, P.p.priv);
+  const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
   if (slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
     abandon_dispatch_send(P, ix);
     return;
@@ -39,7 +40,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   stage_tokens(P, n, member, ix);
   if (blockIdx.x == 0)
     remote::wait_peers(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch,
-                       &P.p.remote.ctrl->d_send_ok, epoch + 1);
+                       &P.p.remote.ctrl->d_send_ok, epoch + 1, true, out | ep->d_masked);
   grid.sync();
   if (slot_failed(g, P.p)) {
     abandon_dispatch_send(P, ix);
@@ -82,14 +83,16 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   const int cs = counts_stride(g);
   for (int64_t i = ix.gtid; i < int64_t(g.N) * cs; i += ix.gstride) {
     const int d = i / cs, l = i % cs;
-    if (remote::is_remote(P.p, d)) continue;  // the proxy sends our whole count matrix there
+    if (remote::is_remote(P.p, d) || left_out(out, d)) continue;  // remote: the proxy sends our count matrix
     int32_t* c = reinterpret_cast<int32_t*>(P.p.peer_shared[d] + g.off_counts) + int64_t(me) * cs + l;
     *c = l < g.L ? s.cnt[int64_t(member) * g.E + d * g.L + l] : s.c_off[int64_t(member) * g.N + d];
   }
   if (remote::any(P.p)) __threadfence_system();  // our rows in d_send, before the proxy's flag
-  if (last_block_done(&ep->done[0]))
+  if (last_block_done(&ep->done[0])) {
+    if (threadIdx.x == 0) ep->d_masked = out;
     remote::close_send(P.p, g, &P.p.remote.ctrl->d_packed, [&](int r) { return &flags_of(P.p, r)->d_arrived[me]; },
-                       &ep->d_send, epoch, P.handle);
+                       &ep->d_send, epoch, P.handle, out);
+  }
 }
 
 }  // namespace
