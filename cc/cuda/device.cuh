@@ -29,10 +29,13 @@ __device__ bool wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn 
 // orders the thread's later writes, and the block's after a barrier); true in threads >= N and
 // where it reached `want`. AND it over the block (__syncthreads_and) to skip wait_flags when every
 // flag was already set at kernel entry.
+// Ranks with a bit in `skip` count as set; their flag is still loaded first (our own memory), so
+// that the load never waits for `skip` (which the callers load from the slot's Epochs).
 template <typename FlagFn>
 __device__ __forceinline__ bool flag_set_now(const Geometry& g, FlagFn flag, uint64_t want, uint64_t skip = 0) {
-  return threadIdx.x >= g.N || (skip >> threadIdx.x & 1) ||
-         ptx::ld_acquire_sys(flag(static_cast<int>(threadIdx.x))) >= want;
+  if (threadIdx.x >= g.N) return true;
+  const bool set = ptx::ld_acquire_sys(flag(static_cast<int>(threadIdx.x))) >= want;
+  return set || (skip >> threadIdx.x & 1);
 }
 
 }  // namespace a2a::cuda
