@@ -76,8 +76,9 @@ def test_halves_call_the_local_targets_at_ep1(n, monkeypatch):
     halves = [c[0] for c in b.calls]
     if n == 1:  # one call per op; combine_send passes y on to the combine call
         assert halves == ["local_dispatch", "local_combine"]
-        assert b.calls[0][1] == [(t, h), (0,), (t, k), (t, k), (), (0,)]  # x, x_scale, ids, weights, num_tokens, after
-        assert b.calls[1][1] == [(rows, h), (1, SPEC.local_experts(1) + 1), (t, k), (t, k), (t, k), (), (0,)]
+        # x, x_scale, ids, weights, num_tokens, after, rank mask (empty: none)
+        assert b.calls[0][1] == [(t, h), (0,), (t, k), (t, k), (), (0,), (0,)]
+        assert b.calls[1][1] == [(rows, h), (1, SPEC.local_experts(1) + 1), (t, k), (t, k), (t, k), (), (0,), (0,)]
         assert back["y"] is not None and "handle" not in back
         assert b.calls[0][2] == b.calls[1][2] == ["call_id", "slot"]  # SendAttrs (comm_id: added by _call)
     else:
