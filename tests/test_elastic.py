@@ -363,7 +363,12 @@ def _run_workers(worker_name, provider, tmp_path, limit, backend="host"):
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun")
     test_vars = {n for n in a2a_env.TABLE if "_TEST_" in n}  # this suite's own settings (jax_moe_a2a/env.py)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PMIX")) and k not in test_vars}
+    # An outer mpirun's variables go; outside one, the machine's Open MPI settings (OMPI_MCA_*, e.g.
+    # plm_rsh_agent on the GPU machine, without which mpirun looks for ssh) stay.
+    keep_mca = "OMPI_COMM_WORLD_SIZE" not in os.environ
+    env = {k: v for k, v in os.environ.items()
+           if ((keep_mca and k.startswith("OMPI_MCA_")) or not k.startswith(("OMPI_", "PMI", "PMIX")))
+           and k not in test_vars}
     env.update(JAX_PLATFORMS="cpu", ELASTIC_DIR=str(tmp_path), PYTHONUNBUFFERED="1", ELASTIC_PROVIDER=provider,
                ELASTIC_BACKEND=backend)
     if backend == "cuda":
