@@ -47,7 +47,7 @@ struct NvSlot {
 
 // A meta block [L + 1 + 2P] int32: counts per local expert, the source's combine offset for the
 // receiver (its rows for lower ranks), then token and weight per row.
-__host__ __device__ inline int64_t meta_words(const cuda::Geometry& g) { return int64_t(g.L) + 1 + 2 * int64_t(g.P); }
-__host__ __device__ inline int64_t meta_row_words(const cuda::Geometry& g) { return int64_t(g.L) + 1; }
+__host__ __device__ inline int64_t meta_head_words(const cuda::Geometry& g) { return int64_t(g.L) + 1; }
+__host__ __device__ inline int64_t meta_words(const cuda::Geometry& g) { return meta_head_words(g) + 2 * int64_t(g.P); }
 
 }  // namespace a2a::nvshmem

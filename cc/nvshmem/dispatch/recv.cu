@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::Dis
   cuda::copy_received_rows(
       P, a, ix, [&](int s, int32_t j) { return P.p.peer_shared[me] + nv.lay.off_rows + (int64_t(s) * g.P + j) * g.row; },
       [&](int s, int32_t j, const uint8_t*, int32_t* tok, float* wt) {
-        const int32_t* m = meta_at(P.p, nv.lay, me, s) + meta_row_words(g) + 2 * int64_t(j);
+        const int32_t* m = meta_at(P.p, nv.lay, me, s) + meta_head_words(g) + 2 * int64_t(j);
         *tok = m[0];
         *wt = __int_as_float(m[1]);
       });

@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
     const int d = e / g.L;
     const int64_t j = cuda::pair_slot(g, s, q, t, e);  // pair_slot out is written by other warps now
     if (ix.lane == 0) {
-      int32_t* m = stage_meta + d * words + meta_row_words(g) + 2 * j;
+      int32_t* m = stage_meta + d * words + meta_head_words(g) + 2 * j;
       m[0] = t;
       m[1] = __float_as_int(P.weights[q]);
     }
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
     for (int l = ix.lane; l < g.L; l += 32) rows += cnt[int64_t(d) * g.L + l];
     for (int off = 16; off > 0; off >>= 1) rows += __shfl_xor_sync(0xffffffffu, rows, off);
     nvshmemx_putmem_signal_nbi_warp(meta_at(P.p, nv.lay, d, me), stage_meta + d * words,
-                                    4 * static_cast<size_t>(meta_row_words(g) + 2 * int64_t(rows)), &signals_at(P.p, d)->d_meta[me],
+                                    4 * static_cast<size_t>(meta_head_words(g) + 2 * int64_t(rows)), &signals_at(P.p, d)->d_meta[me],
                                     epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[d]);
   }
   if (threadIdx.x == 0) {
