@@ -432,7 +432,8 @@ class Communicator:
             combine output is 0 (or `out`). The combine halves take the mask from `got`. A
             concrete all-alive mask is the same as none. Backends: reference, ragged (send-side
             only: their XLA collectives still need every process), host (also skips masked peers;
-            not with proxied=True); cuda/nvshmem refuse a mask at trace time. docs/api.md.
+            not with proxied=True), cuda (its kernels skip masked peers; not with node_size < N);
+            nvshmem refuses a mask at trace time. docs/api.md.
         Returns: a DispatchHandle for `dispatch_recv`.
         """
         slot = self._check_slot(slot)

@@ -1,11 +1,11 @@
 """Elastic EP (issue 15, item 2): a rank mask so that the survivors of a failure go on.
 
-The oracle's mask semantics (jax_moe_a2a/oracle.py) on their own; the reference and host backends
-against the oracle with random masks (masked ranks still run here: the others just ignore them),
+The oracle's mask semantics (jax_moe_a2a/oracle.py) on their own; the reference, host and cuda
+(on a GPU) backends against the oracle with random masks (masked ranks still run here: the others just ignore them),
 an all-alive mask equal to no mask, a mask with replicas (ExpertMap), a new mask in the same
 compiled step, the counters and debug=True; the backends that refuse a mask. The real failure, a
 process ending for good in the middle of a run, is `test_process_failure` (tests/elastic_worker.py
-under its own mpirun).
+under its own mpirun; `test_process_failure_gpu` with the cuda backend, three processes on GPU 0).
 """
 
 import os
