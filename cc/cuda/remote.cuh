@@ -106,15 +106,11 @@ __device__ __forceinline__ int32_t remote_count(const SlotPtrs& p, const Geometr
   return m[(int64_t(s) * g.N + p.rank) * g.L + l];
 }
 
-// dispatch_recv, after d_landed, every lane of one warp: remote source s's combine offset for us
-// (the rows it sends ranks below us, from its count matrix in d_recv). Our combine_send writes its
-// rows itself into the members of s's tp group that are node-local to us (the proxy offsets the rest).
-__device__ inline int32_t remote_c_off(const SlotPtrs& p, const Geometry& g, int s, int lane) {
-  const int32_t* m = reinterpret_cast<const int32_t*>(p.remote.d_recv) + int64_t(s) * g.N * g.L;
-  int32_t sum = 0;
-  for (int64_t i = lane; i < int64_t(p.rank) * g.L; i += 32) sum += m[i];
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  return sum;
+// dispatch_recv, after d_landed: remote source s's combine offset for us (the proxy's snapshot
+// of this dispatch, Exchange::combine_offsets). Our combine_send writes its rows itself into the
+// members of s's tp group that are node-local to us (the proxy offsets the rest).
+__device__ __forceinline__ int32_t remote_c_off(const SlotPtrs& p, int s) {
+  return *reinterpret_cast<const volatile int32_t*>(&p.remote.in->c_off[s]);
 }
 
 // Row j that remote source s sent us (private region, or overflow at the proxy's base for s).

@@ -15,7 +15,7 @@
 //           done); write our [N, L] count matrix at d_send offset 0, raise d_counts = e + 1; pack
 //           rows for remote destinations into d_send [dest][P][row], raise d_packed = e + 1.
 //   proxy:  COUNTS to every rank on d_counts; PRIV on d_packed; OVER (and the snapshot of the
-//           combine offsets) once every count matrix is in; over_base[] and d_landed = e + 1 once
+//           combine offsets) once every count matrix is in; over_base[], c_off[] and d_landed = e + 1 once
 //           PRIV and OVER arrived from every remote rank.
 //   kernel: wait d_landed > e; read remote rows from d_recv; raise d_consumed = e + 1.
 //   proxy:  FREE_D(e) to remote ranks on d_consumed.
@@ -47,10 +47,12 @@ struct alignas(64) SlotCtrl {
   int32_t rows_from[kMaxRanks];  // rows we received from each source in the matching dispatch
   // ---- written by the proxy, read by the kernel ----
   alignas(64) uint64_t d_send_ok;  // e + 1: epoch e may overwrite d_send (and remote regions)
-  uint64_t d_landed;               // e + 1: every remote row of epoch e landed; over_base valid
+  uint64_t d_landed;               // e + 1: every remote row of epoch e landed; over_base, c_off valid
   uint64_t c_send_ok;              // c + 1
   uint64_t c_landed;               // c + 1
   int64_t over_base[kMaxRanks];    // first row of each remote source's overflow in our region
+  int32_t c_off[kMaxRanks];        // each source's combine offset for us (Exchange::combine_offsets,
+                                   // the snapshot of this dispatch); valid with d_landed like over_base
 };
 
 // Written once by the proxy when it fails (then it stops): code 1 timeout (missing ranks set),

@@ -1,6 +1,6 @@
 // GDRCopy, loaded at run time: the fast path for the proxy's host -> GPU flags (cc/proxy/ctrl.h).
 //
-// Without it the proxy raises its flags (d_send_ok, d_landed, c_send_ok, c_landed, over_base, the
+// Without it the proxy raises its flags (d_send_ok, d_landed, c_send_ok, c_landed, over_base, c_off, the
 // error record) in mapped pinned host memory and the kernels poll them across PCIe. With it a
 // copy of the Ctrl block lives in GPU memory (cudaMalloc, 64 KiB aligned), pinned by the gdrdrv
 // kernel module (gdr_pin_buffer) and mapped into the process through the GPU's BAR (gdr_map): the

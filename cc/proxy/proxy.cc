@@ -118,16 +118,23 @@ void Proxy::fail(int code, int op, int z, const std::vector<int>& missing, const
 void Proxy::raise(int z, uint64_t SlotCtrl::*field, uint64_t v) {
   store_release(&(ctrl_->slot[z].*field), v);
   if (!flags_.mirror) return;
-  gdr::wc_fence();  // every earlier store to the mirror (over_base) reaches the GPU first
+  gdr::wc_fence();  // every earlier store to the mirror (over_base, c_off) reaches the GPU first
   *reinterpret_cast<volatile uint64_t*>(&(flags_.mirror->slot[z].*field)) = v;
   gdr::wc_fence();  // drain the write-combining buffer: the flag goes out now
 }
 
-void Proxy::mirror_over_base(int z) {
+void Proxy::publish_landing(int z) {
+  SlotCtrl& c = ctrl_->slot[z];
+  const int N = ex_.options().shape.N;
+  ex_.overflow_bases(z, c.over_base);
+  const int64_t* off = ex_.combine_offsets(z);
+  for (int r = 0; r < N; ++r) c.c_off[r] = static_cast<int32_t>(off[r]);
   if (!flags_.mirror) return;
-  volatile int64_t* dst = flags_.mirror->slot[z].over_base;
-  const int64_t* src = ctrl_->slot[z].over_base;
-  for (int r = 0; r < ex_.options().shape.N; ++r) dst[r] = src[r];
+  SlotCtrl& m = flags_.mirror->slot[z];
+  for (int r = 0; r < N; ++r) {
+    reinterpret_cast<volatile int64_t*>(m.over_base)[r] = c.over_base[r];
+    reinterpret_cast<volatile int32_t*>(m.c_off)[r] = c.c_off[r];
+  }
 }
 
 void Proxy::check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what, Clock::time_point& since) {
@@ -193,8 +200,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       }
       ex_.take_combine_offsets(z);
       ex_.post_overflow(z, e);
-      ex_.overflow_bases(z, c.over_base);
-      mirror_over_base(z);
+      publish_landing(z);
       s.d_wait = ex_.expect_rows(z, e);
       s.d = kDRowsIn;
       return true;

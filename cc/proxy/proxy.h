@@ -8,7 +8,7 @@
 //   dispatch: FREE (FREE_D(e-1) in, writes flushed) -> raise d_send_ok | on d_counts: COUNTS out |
 //             on d_packed: PRIV out | COUNTS in: the combine offsets' snapshot
 //             (Exchange::take_combine_offsets; a combine already packed is posted first), OVER
-//             out, over_base | PRIV+OVER in: raise d_landed | on d_consumed: FREE_D(e) out, next epoch
+//             out, over_base + c_off | PRIV+OVER in: raise d_landed | on d_consumed: FREE_D(e) out, next epoch
 //   combine:  FREE (FREE_C(c-1) in, flushed) -> raise c_send_ok | on c_packed: COMB out |
 //             COMB in: raise c_landed | on c_consumed: FREE_C(c) out, next epoch
 // Failure: a step whose kernel waits (Ctrl::waiting) longer than the timeout, or any transport
@@ -48,7 +48,7 @@ struct ProxyOptions {
 // Where the proxy raises its flags for the kernels. By default in the Ctrl block itself (mapped
 // pinned host memory on GPUs, plain memory on CPUs). With `mirror` (GDRCopy, proxy/gdrcopy.h: a
 // Ctrl in GPU memory mapped through the BAR) every proxy-written field (d_send_ok, d_landed,
-// c_send_ok, c_landed, over_base, the error record) is stored there too, with a store fence
+// c_send_ok, c_landed, over_base, c_off, the error record) is stored there too, with a store fence
 // between data and flag and after the flag; the kernels read the mirror, the proxy never does.
 struct FlagPath {
   Ctrl* mirror = nullptr;
@@ -101,7 +101,7 @@ class Proxy {
   // Raises slot z's proxy-written flag `field` to v (release) in ctrl_ and, with a mirror, there
   // after a store fence (earlier mirror stores land first), followed by one (sent now).
   void raise(int z, uint64_t SlotCtrl::*field, uint64_t v);
-  void mirror_over_base(int z);  // slot z's over_base into the mirror (before d_landed)
+  void publish_landing(int z);  // slot z's over_base and c_off (and their mirror), before d_landed
 
   protocol::Exchange& ex_;
   Ctrl* ctrl_;

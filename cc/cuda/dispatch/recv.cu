@@ -36,18 +36,11 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
                                            : reinterpret_cast<const volatile int32_t*>(counts)[s * cs + l];
       },
       smem);
-  write_recv_outputs(P, a, ix, [&](int s) {  // remote sources: below
-    return remote::is_remote(P.p, s) || left_out(out, s) ? 0
-                                                          : reinterpret_cast<const volatile int32_t*>(counts)[s * cs + g.L];
+  write_recv_outputs(P, a, ix, [&](int s) {
+    return left_out(out, s)              ? 0
+           : remote::is_remote(P.p, s) ? remote::remote_c_off(P.p, s)
+                                       : reinterpret_cast<const volatile int32_t*>(counts)[s * cs + g.L];
   });
-  if (blockIdx.x == 0 && remote::any(P.p)) {  // remote sources' combine offsets, from their count matrices
-    __syncthreads();  // after write_recv_outputs' 0 in the same place
-    for (int s = threadIdx.x >> 5; s < g.N; s += blockDim.x >> 5)
-      if (remote::is_remote(P.p, s)) {
-        const int32_t off = remote::remote_c_off(P.p, g, s, ix.lane);
-        if (ix.lane == 0) P.recv_counts[s * cs + g.L] = off;
-      }
-  }
   copy_received_rows(P, a, ix, [&](int s, int32_t j) {
     return remote::is_remote(P.p, s) ? remote::landed_row(P.p, g, s, j)
                                      : P.p.peer_shared[me] + g.off_rows + (int64_t(s) * g.P + j) * g.row;
