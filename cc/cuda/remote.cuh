@@ -78,6 +78,21 @@ __device__ bool wait_peers(const SlotPtrs& p, const Geometry& g, int op, FlagFn 
   return !any(p) || wait_proxy(p, g, op, proxy_flag, proxy_want, report);
 }
 
+// The entry wait of a receive half (every block, every thread): one look at the node-local flags
+// (flag_set_now) with the slot's failure word loaded beside it, one barrier; only when something
+// is missing (or peers are remote) the full wait_peers. true: proceed; false: the slot failed or
+// a peer never arrived (recorded). In the common case of a receive launched after its data landed
+// this is one round of loads and one barrier instead of wait_flags_each's three barriers behind
+// the failure word's load.
+template <typename FlagFn>
+__device__ __forceinline__ bool arrived(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want,
+                                        const uint64_t* proxy_flag, uint64_t skip) {
+  const bool failed = slot_failed(g, p);  // issued beside the flag loads, not before them
+  const bool now = !any(p) && flag_set_now(g, flag, want, skip);
+  if (__syncthreads_and(now && !failed)) return true;
+  return !slot_failed(g, p) && wait_peers(p, g, op, flag, want, proxy_flag, want, blockIdx.x == 0, skip);
+}
+
 // Makes this thread's earlier stores to mapped memory visible system-wide, then (thread 0 of the
 // block, after a __syncthreads) raises a flag for the proxy. Call from every thread of the block.
 __device__ inline void raise_for_proxy(uint64_t* flag, uint64_t value) {

@@ -21,9 +21,8 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
   SyncFlags* mine = flags_of(P.p, me);
   prefetch_reduce_meta(P, ix);  // our pairs' dest / slot / weight into L1 while we wait
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: wrote us nothing (our pairs to them were stopped)
-  if (slot_failed(g, P.p) ||
-      !remote::wait_peers(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1,
-                          &P.p.remote.ctrl->c_landed, epoch + 1, blockIdx.x == 0, out)) {
+  if (!remote::arrived(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1, &P.p.remote.ctrl->c_landed,
+                       out)) {
     poison_combine_recv(P, ix);  // an op of this slot failed: the host raises it
     return;
   }

@@ -22,9 +22,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
   const int cs = counts_stride(g);
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: sent us nothing; their counts are stale
 
-  if (slot_failed(g, P.p) ||
-      !remote::wait_peers(P.p, g, 1, [&](int r) { return &mine->d_arrived[r]; }, epoch + 1,
-                          &P.p.remote.ctrl->d_landed, epoch + 1, blockIdx.x == 0, out)) {
+  if (!remote::arrived(P.p, g, 1, [&](int r) { return &mine->d_arrived[r]; }, epoch + 1, &P.p.remote.ctrl->d_landed,
+                       out)) {
     abandon_dispatch_recv(P, ix);  // an op of this slot failed: the host raises it
     return;
   }
