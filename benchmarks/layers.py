@@ -50,6 +50,9 @@ def parse_args(argv):
                    help="comma-separated: overlap, after, none (no shared expert: dispatch + experts + combine only)")
     p.add_argument("--ffn", type=int, default=None, help="expert FFN width F (default 2048; scaled on CPU)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain-XLA layer")
+    p.add_argument("--dispatch-dtype", default="fp8", choices=("fp8", "bf16"),
+                   help="dispatch (wire) dtype: fp8 e4m3 with 128-value scales (DeepSeek-V3's; identity and bf16 "
+                        "experts dequantise the rows) or bf16 (the bytes the plain-XLA layer moves)")
     p.add_argument("--trace", action="store_true",
                    help="after timing, trace 3 steps with the JAX profiler: device busy time, idle gaps and "
                         "the top kernels per layer (benchlib/trace.py; GPUs only)")
@@ -280,7 +283,7 @@ def run(jax, args, progress_label=""):
     if lead:
         print(f"layer benchmark: {runs}, shapes {names}, experts {kinds}, shared expert {placements}, "
               f"{mesh.size} ranks on {meta['devices']} {platform} device(s) in {meta['processes']} process(es), "
-              f"command buffers {cmdbuf}", flush=True)
+              f"command buffers {cmdbuf}, dispatch dtype {args.dispatch_dtype}", flush=True)
         for b, why in skipped.items():
             print(f"  skipped {b}: {why}", flush=True)
         if args.experts is None and not gpu:
@@ -290,13 +293,14 @@ def run(jax, args, progress_label=""):
     progress = Progress(len(runs) * len(kinds) * len(placements) * sum(per[s] * (args.repeats + 2) for s in names),
                         lead, label=progress_label)
     results = []
+    wire = {} if args.dispatch_dtype == "fp8" else {"dispatch_dtype": jax.numpy.bfloat16}
     for b in runs:
         for s in names:
             shape = chosen[s]
             comm = None
             try:
                 # plain: the reference backend's communicator only supplies the spec and mesh
-                comm = a2a.init(shape.spec(), mesh, "ep", backend="reference" if b == "plain" else b,
+                comm = a2a.init(shape.spec(**wire), mesh, "ep", backend="reference" if b == "plain" else b,
                                 collect_stats=False)
             except Exception as e:
                 results.append({"backend": b, "shape": s, "experts": "", "overlap": False, "cmdbuf": cmdbuf,
@@ -307,7 +311,7 @@ def run(jax, args, progress_label=""):
                 for place in placements:
                     rec = {"backend": b, "shape": s, "experts": kind, "overlap": place == "overlap",
                            "shared": place != "none", "placement": place,
-                           "cmdbuf": cmdbuf, "ranks": mesh.size, "layers": args.layers, "steps": args.steps,
+                           "cmdbuf": cmdbuf, "dispatch_dtype": args.dispatch_dtype, "ranks": mesh.size, "layers": args.layers, "steps": args.steps,
                            "repeats": args.repeats, "ffn": shape.ffn, "scaled": shape.scaled,
                            "spec": {"T": shape.tokens, "H": shape.hidden, "E": shape.experts, "K": shape.topk}}
                     try:
