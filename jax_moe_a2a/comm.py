@@ -432,8 +432,9 @@ class Communicator:
             combine output is 0 (or `out`). The combine halves take the mask from `got`. A
             concrete all-alive mask is the same as none. Backends: reference, ragged (send-side
             only: their XLA collectives still need every process), host (also skips masked peers;
-            not with proxied=True), cuda (its kernels skip masked peers; not with node_size < N);
-            nvshmem refuses a mask at trace time. docs/api.md.
+            not with proxied=True), cuda (its kernels skip masked peers; not with node_size < N),
+            nvshmem (its kernels skip masked peers; their per-source row counters stand still
+            while a rank is masked). docs/api.md.
         Returns: a DispatchHandle for `dispatch_recv`.
         """
         slot = self._check_slot(slot)
@@ -651,7 +652,8 @@ class Communicator:
         ops themselves keep refusing a failed communicator ("unusable after an earlier
         failure") until recover succeeds. Backends: host (inline mode); reference and ragged
         keep no state between steps (a no-op after the mask checks); cuda, nvshmem and the host
-        backend with proxied=True raise NotImplementedError."""
+        backend with proxied=True raise NotImplementedError (cuda and nvshmem take a mask for a
+        rank that ended between steps, not a recovery after a step that timed out)."""
         mask = np.asarray(rank_mask)
         n = self.num_ranks
         if mask.shape != (n,):

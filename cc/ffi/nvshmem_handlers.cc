@@ -1,5 +1,7 @@
 // FFI handlers of the `nvshmem` backend: the GPU handlers of cc/ffi/gpu_handlers.h over this
-// process's one rank (the communicator) and this backend's launches.
+// process's one rank (the communicator) and this backend's launches. The elastic EP rank mask
+// reaches the kernels as there (Handlers::set_alive: SlotPtrs::alive, null without a mask; this
+// backend's slots have no remote peers, so it is never refused here).
 #include <cuda_runtime_api.h>
 
 #include <memory>

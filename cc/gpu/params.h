@@ -45,7 +45,7 @@ struct Epochs {  // device-side counters so that kernels need no per-call host p
 // Error record in mapped host memory: set by a kernel that timed out (the host raises it at the
 // next call).
 struct ErrorRecord {
-  int32_t code;      // 0: none, 1: timeout
+  int32_t code;      // 0: none, 1: timeout, 2: nvshmem row counter ahead (nvshmem::kCounterAhead)
   int32_t op;        // 0 dispatch_send, 1 dispatch_recv, 2 combine_send, 3 combine_recv
   int32_t slot;
   int32_t rank;

@@ -1,20 +1,45 @@
 // Device helpers of the nvshmem backend's kernels: where a slot's signals, metadata and rows
-// live (at our own address or, as a symmetric address, at a peer's), and the one put helper.
-// Every remote write is an NVSHMEM put-with-signal or signal operation; nothing calls quiet or
-// fence: each wait counts the signals of the data it reads, and a put's signal lands after its
-// data.
+// live (at our own address or, as a symmetric address, at a peer's), the one put helper, and the
+// guard on the cumulative row counters under a rank mask. Every remote write is an NVSHMEM
+// put-with-signal or signal operation; nothing calls quiet or fence: each wait counts the signals
+// of the data it reads, and a put's signal lands after its data.
+//
+// Elastic EP (docs/api.md, "Elastic EP"; gpu/mask.cuh): every half leaves the masked ranks out of
+// its waits (a masked rank's target is 0) and its puts, reads a masked source's stale meta block
+// as zeros, never advances `seen` for it and sends it no FREE; a send half awaits each live rank's
+// FREE of the last step both took part in (`owed`). The row counters (Signals::d_rows / c_rows)
+// are cumulative, so they must stay in step with `seen`:
+//   - a masked rank that still runs is masked in its own calls too (masked_ranks: every bit): it
+//     puts nothing and nobody puts to it, so both sides' counters stand still and it can be
+//     unmasked at any later step;
+//   - a rank that died in the middle of its puts may leave its counter at a survivor ahead of
+//     `seen` for good. In that step the survivor either waited for it (its meta signal goes out
+//     after its rows; a combine_recv waits for the rows it is owed) and timed out: the slot is
+//     marked failed, no later kernel of the slot reads a counter, and recover() is refused on the
+//     GPU backends (make a new communicator); or it had the rank masked already and read nothing
+//     of it. A dead rank stays masked for the rest of the communicator, so its counter is never
+//     read again; unmasking it is a timeout (its meta signal never comes), not a hang and not a
+//     misread.
+// Ranks that pass different masks (a user error) can put rows their receiver does not count:
+// counters_in_step finds a counter past what this epoch explains before the FREE signals go out,
+// and fails the op (error code kCounterAhead) instead of letting a later step read stale rows.
 #pragma once
 
 #include <nvshmem.h>
 #include <nvshmemx.h>
 
+#include "gpu/failure.cuh"
+#include "gpu/mask.cuh"
 #include "gpu/params.h"
+#include "gpu/ptx.cuh"
 #include "gpu/wait.cuh"
 #include "nvshmem/params.h"
 
 namespace a2a::nvshmem {
 
 using cuda::Geometry;
+using cuda::left_out;
+using cuda::masked_ranks;
 using cuda::SlotPtrs;
 
 __device__ __forceinline__ Signals* signals_at(const SlotPtrs& p, int rank) {
@@ -31,6 +56,15 @@ __device__ __forceinline__ uint64_t* seen(const SlotPtrs& p, const Layout& lay, 
   return reinterpret_cast<uint64_t*>(p.priv + lay.off_seen) + int64_t(which) * g.N;
 }
 
+// Per-rank FREE values owed to us: [0] d_free, [1] c_free (nvshmem/params.h). A send half awaits
+// owed[r] from every rank r alive now, and its last block sets owed[r] = epoch + 1 for every rank
+// alive in this call (each will free this epoch for us); a masked one keeps what it owed before.
+// So a rank masked for a step and then unmasked is still awaited for the FREE of the last step it
+// took part in: it may lag behind and still be reading our rows, meta or combine rows of that step.
+__device__ __forceinline__ uint64_t* owed(const SlotPtrs& p, const Layout& lay, int which, const Geometry& g) {
+  return reinterpret_cast<uint64_t*>(p.priv + lay.off_owed) + int64_t(which) * g.N;
+}
+
 // Warp-wide: `bytes` from local `src` to `dst` (a symmetric address) on PE `pe`, then adds 1 to
 // the signal `sig` there (it lands after the data).
 __device__ __forceinline__ void put_row_signal(void* dst, const void* src, int64_t bytes, uint64_t* sig, int pe) {
@@ -44,6 +78,54 @@ template <typename FlagFn, typename WantFn>
 __device__ bool wait_signals(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want,
                              bool report = true) {
   return cuda::wait_flags_each(p, g, op, flag, want, "nvshmem", report);
+}
+
+// Elastic EP's guard on the cumulative row counters (header comment), called by every thread of
+// a receive half's last block, after every block's row wait and before the FREE signals: a source
+// r not in `skip` cannot have put rows of its next epoch yet (it waits for our FREE), so
+// *counter(r) > want(r) (seen plus this epoch's rows) means its counter and our `seen` are out
+// of step, and the rows we just read may be another epoch's. Then the offending sources are
+// recorded (ErrorRecord code kCounterAhead, `missing` = their bits), the slot is marked failed
+// and every thread gets false: the caller poisons its outputs and sends no FREE. Only with a mask
+// operand (p.alive): counters drift only when ranks disagree about a mask, and without one the
+// receive halves keep their closing path as it was (no extra load and barriers).
+template <typename CounterFn, typename WantFn>
+__device__ bool counters_in_step(const SlotPtrs& p, const Geometry& g, int op, uint64_t skip, CounterFn counter,
+                                 WantFn want) {
+  if (p.alive == nullptr) return true;
+  __shared__ unsigned long long ahead;
+  if (threadIdx.x == 0) ahead = 0;
+  __syncthreads();
+  const int r = threadIdx.x;
+  if (r < g.N && !left_out(skip, r) && cuda::ptx::ld_acquire_sys(counter(r)) > want(r)) atomicOr(&ahead, 1ull << r);
+  __syncthreads();
+  const unsigned long long bad = ahead;
+  if (bad == 0) return true;
+  if (threadIdx.x == 0) {
+    p.err->missing = bad;
+    p.err->op = op;
+    p.err->slot = p.slot;
+    p.err->rank = p.rank;
+    __threadfence_system();
+    p.err->code = kCounterAhead;
+    __threadfence_system();
+    cuda::mark_failed(g, p);
+    printf("jax_moe_a2a nvshmem %s (slot %d, rank %d): the row counters of ranks with bits 0x%llx set ran ahead of "
+           "what we consumed (ranks passing different rank masks?)\n",
+           cuda::op_name(op), p.slot, p.rank, bad);
+  }
+  return false;
+}
+
+// A GridIdx that makes one block cover the whole grid's range: the last block poisons every
+// output of an op that failed after the other blocks wrote theirs (it sees their writes).
+__device__ __forceinline__ cuda::GridIdx whole_grid_in_block() {
+  cuda::GridIdx ix;
+  ix.gtid = threadIdx.x;
+  ix.gstride = blockDim.x;
+  ix.gwarp = static_cast<int>(threadIdx.x >> 5);
+  ix.nwarps = static_cast<int>(blockDim.x >> 5);
+  return ix;
 }
 
 }  // namespace a2a::nvshmem

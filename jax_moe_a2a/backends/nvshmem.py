@@ -10,6 +10,9 @@ it. Communicators take blocks of one symmetric arena allocated with the first on
 JAX_MOE_A2A_NVSHMEM_ARENA bytes, default twice the first communicator's need and at least
 256 MiB); NVSHMEM_SYMMETRIC_SIZE defaults to the arena plus 256 MiB for NVSHMEM itself.
 
+Elastic EP: every half takes the rank mask as its last operand, like the cuda backend's; docs/api.md,
+"Elastic EP".
+
 Every FFI call only launches kernels on XLA's stream (command-buffer compatible)."""
 
 from __future__ import annotations
@@ -111,11 +114,13 @@ class NvshmemBackend(CudaBackend):
         c.nvshmem.connect(comm_id, [table[i] for i in range(n)])
 
     def rank_mask_unsupported(self):
-        # Its receivers count rows cumulatively per source (Signals::d_rows / c_rows); a masked
-        # source's counters would need resynchronising when it is unmasked: not implemented.
-        return ("its kernels count every rank's rows and wait for them (a dead peer still ends the op at "
-                "timeout_s); use the cuda or host backend, or leave rank_mask out (an all-alive constant mask is "
-                "accepted)")
+        # The kernels leave masked ranks out of every wait and put (cc/nvshmem/device.cuh; the mask
+        # is every half's last operand, CudaBackend._mask_operands). The per-source row counters
+        # (Signals::d_rows / c_rows, cumulative) stay in step: a masked rank that still runs puts
+        # nothing and gets nothing, and a dead one stays masked (recover() is refused here). Every
+        # peer is reached peer to peer (connect refuses others): no proxy, so unlike cuda no
+        # node_size condition (this backend's Config leaves node_size at 0).
+        return None
 
     def diagnostics(self):
         return {"local_path": self.uses_local_path(self.config.num_ranks)}

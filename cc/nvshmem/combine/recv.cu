@@ -1,7 +1,10 @@
 // nvshmem combine recv: every block counts the rows each expert rank owes us (our routed pairs;
 // the whole tp group's, since every member gets every row), waits until c_rows reaches them and
 // reduces its share of each token's pairs in f32 with the router weights (plus `out`); the last
-// block to finish frees our combine region. No grid-wide barrier.
+// block to finish frees our combine region. No grid-wide barrier. Elastic EP: masked expert
+// ranks are not waited for (our pairs to them were stopped: none owe us rows), their `seen`
+// counter stays, and they get no FREE; when we are masked ourselves we wait for nobody and the
+// communicator replaces our output (nvshmem/device.cuh).
 #include "gpu/elems.cuh"
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
@@ -32,8 +35,10 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
   __syncthreads();
   uint64_t* consumed = seen(P.p, nv.lay, 1, g);  // advanced by the last block, after every block waited
   Signals* mine = signals_at(P.p, me);
+  const uint64_t out = masked_ranks(g, P.p);  // elastic EP: owe us nothing
+  const auto rows_due = [&](int r) { return consumed[r] + static_cast<uint64_t>(expect[r]); };
   if (!wait_signals(P.p, g, 3, [&](int r) { return &mine->c_rows[r]; },
-                    [&](int r) { return consumed[r] + static_cast<uint64_t>(expect[r]); }, blockIdx.x == 0)) {
+                    [&](int r) { return left_out(out, r) ? 0 : rows_due(r); }, blockIdx.x == 0)) {
     cuda::poison_combine_recv(P, ix);
     return;
   }
@@ -42,9 +47,14 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
   cuda::reduce_combine(P, n, ix, [&](int t, int, int32_t slot) {
     return region + (int64_t(t % g.tp) * g.Q + slot) * stride;  // slot: the pair's row in its member's part
   });
-  if (cuda::last_block_done(&ep->done[3]) && threadIdx.x < g.N) {
+  if (!cuda::last_block_done(&ep->done[3])) return;
+  if (!counters_in_step(P.p, g, 3, out, [&](int r) { return &mine->c_rows[r]; }, rows_due)) {
+    cuda::poison_combine_recv(P, whole_grid_in_block());  // every block's outputs: they are done
+    return;
+  }
+  if (threadIdx.x < g.N && !left_out(out, threadIdx.x)) {
     const int r = threadIdx.x;  // expert ranks may overwrite our combine region now
-    consumed[r] += static_cast<uint64_t>(expect[r]);
+    consumed[r] = rows_due(r);
     nvshmemx_signal_op(&signals_at(P.p, r)->c_free[me], epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[r]);
   }
 }

@@ -2,7 +2,9 @@
 // the source chose (its offset for us from the meta block, via recv_counts [N, L + 1], plus the slot), for every member of the source's tp group (put-with-signal, +1 on
 // c_rows[me] there); zeros for rows the capacity rule dropped. Every block waits for c_free and
 // derives the arrangement in its own shared memory (gpu/arrange.cuh). No closing signal:
-// receivers count rows.
+// receivers count rows. Elastic EP: masked members get no row (a masked source sent us none: its
+// recv_counts are 0) and their c_free is not awaited; a live rank's is awaited for the last
+// combine it took part in (owed[1], nvshmem/device.cuh).
 #include "gpu/arrange.cuh"
 #include "gpu/elems.cuh"
 #include "gpu/failure.cuh"
@@ -18,10 +20,14 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
   extern __shared__ int32_t smem[];
   A2A_KERNEL_START(P);
 
-  // Every source must have reduced our previous rows before we overwrite them.
+  // Every source must have reduced the rows we last wrote it before we overwrite them; masked
+  // ranks get nothing now (owed[r]: epoch without a mask; rewritten by the last block, after
+  // every block waited).
+  const uint64_t out = masked_ranks(g, P.p);
+  uint64_t* free_due = owed(P.p, nv.lay, 1, g);
   if (cuda::slot_failed(g, P.p) ||
-      !wait_signals(P.p, g, 2, [&](int r) { return &signals_at(P.p, me)->c_free[r]; }, [&](int) { return epoch; },
-                    blockIdx.x == 0))
+      !wait_signals(P.p, g, 2, [&](int r) { return &signals_at(P.p, me)->c_free[r]; },
+                    [&](int r) { return left_out(out, r) ? 0 : free_due[r]; }, blockIdx.x == 0))
     return;  // an op of this slot failed: the host raises it
   const cuda::BlockArrangement a =
       cuda::block_arrange(g, [&](int s, int l) { return P.recv_counts[s * cuda::counts_stride(g) + l]; }, smem);
@@ -31,12 +37,17 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
     const cuda::RowLoc r = cuda::locate_row(g, a, static_cast<int32_t>(w));
     const uint8_t* src = r.pos >= 0 ? static_cast<const uint8_t*>(P.y) + r.pos * stride : zero;
     const int g0 = r.s / g.tp * g.tp;
-    for (int m = g0; m < g0 + g.tp; ++m)
+    for (int m = g0; m < g0 + g.tp; ++m) {
+      if (left_out(out, m)) continue;  // elastic EP: a masked member of the source's group
       put_row_signal(P.p.peer_shared[m] + nv.lay.off_c_rows +
                          (int64_t(r.s % g.tp) * g.Q + P.recv_counts[r.s * cuda::counts_stride(g) + g.L] + r.j) * stride,
                      src, stride, &signals_at(P.p, m)->c_rows[me], nv.pe[m]);
+    }
   }
-  if (cuda::last_block_done(&ep->done[2]) && threadIdx.x == 0) {
+  if (!cuda::last_block_done(&ep->done[2])) return;
+  if (threadIdx.x < g.N && !left_out(out, threadIdx.x))
+    free_due[threadIdx.x] = epoch + 1;  // every live rank frees this epoch for us
+  if (threadIdx.x == 0) {
     ep->c_send = epoch + 1;
     P.handle[0] = static_cast<int32_t>(epoch);
     P.handle[1] = P.p.slot;

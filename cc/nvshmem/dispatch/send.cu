@@ -2,7 +2,10 @@
 // pair's row into its private slot at the destination (put-with-signal, +1 on d_rows[me] there),
 // then one meta block per destination (counts per local expert, our combine offset for it, token
 // and weight per row) whose
-// signal d_meta[me] = epoch + 1 tells the receiver how many rows to wait for.
+// signal d_meta[me] = epoch + 1 tells the receiver how many rows to wait for. Elastic EP: masked
+// ranks get no meta block and no row (the communicator already stopped every pair to them) and
+// their FREE is not awaited; a live rank's is awaited for the last dispatch it took part in
+// (owed[0], nvshmem/device.cuh).
 #include "gpu/arrange.cuh"
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
@@ -23,6 +26,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
   int32_t* stage_meta = reinterpret_cast<int32_t*>(P.p.priv + nv.lay.off_meta_stage);  // [N dest][meta_stride / 4]
   const int64_t words = nv.lay.meta_stride / 4;
   const int32_t* cnt = s.cnt + int64_t(member) * g.E;  // [E] rows of our member per expert
+  const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
   if (cuda::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
     cuda::abandon_dispatch_send(P, ix);
     return;
@@ -33,8 +37,11 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
   cuda::route_pairs(P, s, n, ix, &ep->dropped);
   cuda::scan_experts(P, s, n, ix);
   cuda::stage_tokens(P, n, member, ix);
+  // (owed[r]: epoch without a mask; rewritten by the last block, after the grid sync below)
+  uint64_t* free_due = owed(P.p, nv.lay, 0, g);
   if (blockIdx.x == 0)
-    wait_signals(P.p, g, 0, [&](int r) { return &signals_at(P.p, me)->d_free[r]; }, [&](int) { return epoch; });
+    wait_signals(P.p, g, 0, [&](int r) { return &signals_at(P.p, me)->d_free[r]; },
+                 [&](int r) { return left_out(out, r) ? 0 : free_due[r]; });
   grid.sync();
   if (cuda::slot_failed(g, P.p)) {
     cuda::abandon_dispatch_send(P, ix);
@@ -55,6 +62,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
     const int t = q / g.K;
     if (e < 0 || t % g.tp != member) continue;
     const int d = e / g.L;
+    if (left_out(out, d)) continue;  // never routed (its id was rewritten to E); no put into a dead process
     const int64_t j = cuda::pair_slot(g, s, q, t, e);  // pair_slot out is written by other warps now
     if (ix.lane == 0) {
       int32_t* m = stage_meta + d * words + meta_head_words(g) + 2 * j;
@@ -68,6 +76,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
   if (!cuda::last_block_done(&ep->done[0])) return;
   const int warp = threadIdx.x >> 5;
   for (int d = warp; d < g.N; d += blockDim.x >> 5) {
+    if (left_out(out, d)) continue;  // elastic EP: it does not wait for our meta (every d when we are masked)
     int rows = 0;
     for (int l = ix.lane; l < g.L; l += 32) rows += cnt[int64_t(d) * g.L + l];
     for (int off = 16; off > 0; off >>= 1) rows += __shfl_xor_sync(0xffffffffu, rows, off);
@@ -75,6 +84,8 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
                                     4 * static_cast<size_t>(meta_head_words(g) + 2 * int64_t(rows)), &signals_at(P.p, d)->d_meta[me],
                                     epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[d]);
   }
+  if (threadIdx.x < g.N && !left_out(out, threadIdx.x))
+    free_due[threadIdx.x] = epoch + 1;  // every live rank frees this epoch for us
   if (threadIdx.x == 0) {
     ep->d_send = epoch + 1;
     P.handle[0] = static_cast<int32_t>(epoch);
