@@ -50,9 +50,10 @@ def parse_args(argv):
                    help="comma-separated: overlap, after, none (no shared expert: dispatch + experts + combine only)")
     p.add_argument("--ffn", type=int, default=None, help="expert FFN width F (default 2048; scaled on CPU)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain-XLA layer")
-    p.add_argument("--dispatch-dtype", default="fp8", choices=("fp8", "bf16"),
-                   help="dispatch (wire) dtype: fp8 e4m3 with 128-value scales (DeepSeek-V3's; identity and bf16 "
-                        "experts dequantise the rows) or bf16 (the bytes the plain-XLA layer moves)")
+    p.add_argument("--dispatch-dtype", default="fp8", choices=("fp8", "fp8-recv-bf16", "bf16"),
+                   help="dispatch dtype: fp8 e4m3 with 128-value scales (DeepSeek-V3's; identity and bf16 experts "
+                        "dequantise the rows in XLA), fp8-recv-bf16 (fp8 on the wire, the rows dequantised to bf16 "
+                        "on receive: Spec.recv_dtype) or bf16 (the bytes the plain-XLA layer moves)")
     p.add_argument("--trace", action="store_true",
                    help="after timing, trace 3 steps with the JAX profiler: device busy time, idle gaps and "
                         "the top kernels per layer (benchlib/trace.py; GPUs only)")
@@ -143,7 +144,7 @@ def make_step(comm, experts: str, shared: str, num_layers: int, plain: bool):
             sent, h = a2a.overlap(sent, shared_up, x, p["w1s"])
         got = comm.dispatch_recv(sent)
         rows = got.x
-        if spec.is_fp8:
+        if spec.recv_is_fp8:
             rows = a2a.dequantize_fp8(got.x, got.scale, spec.scale_block)
         back = comm.combine_send(run_experts(rows, got.group_sizes, p), got)
         if shared == "overlap":
@@ -293,7 +294,8 @@ def run(jax, args, progress_label=""):
     progress = Progress(len(runs) * len(kinds) * len(placements) * sum(per[s] * (args.repeats + 2) for s in names),
                         lead, label=progress_label)
     results = []
-    wire = {} if args.dispatch_dtype == "fp8" else {"dispatch_dtype": jax.numpy.bfloat16}
+    wire = {"fp8": {}, "fp8-recv-bf16": {"recv_dtype": jax.numpy.bfloat16},
+            "bf16": {"dispatch_dtype": jax.numpy.bfloat16}}[args.dispatch_dtype]
     for b in runs:
         for s in names:
             shape = chosen[s]

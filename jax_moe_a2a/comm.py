@@ -24,6 +24,7 @@ from .backends.base import Ctx
 from .config import COMMON_OPTIONS, Config, check_options  # noqa: F401 (check_options: re-exported)
 from .eplb import ExpertMap, check_expert_map, map_ids
 from .groups import ep_groups, local_members
+from .quant import dequantize_fp8
 from .spec import FP8_DTYPES, INPUT_DTYPES, COMBINE_DTYPES, Spec
 from .types import CombineHandle, DispatchHandle, Dispatched, Route
 
@@ -472,6 +473,8 @@ class Communicator:
         with jax.named_scope("a2a_dispatch_recv"):
             x, scale, sizes, weights, src, overflow, route_arrays = self._backend.dispatch_recv(
                 ctx, arrays, handle.route.arrays, handle.slot)
+            if self.spec.recv_dtype is not None and scale is not None:  # the backend returned fp8 rows
+                x, scale = dequantize_fp8(x, scale, self.spec.scale_block).astype(self.spec.recv_dtype), None
         dropped, gate = self._record_stats(dropped, overflow, masked)
         if self.debug:  # what follows the dispatch (the combine's communication too) waits for the check
             # An optimisation barrier orders XLA's schedule, but XLA:CPU runs thunks as soon as their

@@ -83,7 +83,7 @@ def route(cfg: MoEConfig, router_w, x):
 def _experts(spec, params, got):
     """Routed experts on the ragged layout: got.x [R, H] -> [R, H] (ragged_dot over local experts)."""
     xin = got.x
-    if spec.is_fp8:
+    if spec.recv_is_fp8:  # else got.x arrives dequantised (Spec.recv_dtype) or 16/32-bit
         from .quant import dequantize_fp8
         xin = dequantize_fp8(got.x, got.scale, spec.scale_block)
     xin = xin.astype(params["w1"].dtype)

@@ -270,7 +270,7 @@ def combine(spec: Spec, inputs: List[RankInputs], expert_fn: Callable, y_dtype,
     """Every rank's expected `combine_recv` output [T, H] (combine_dtype).
 
     expert_fn(rows_f32 [n, H], local_expert int) -> [n, H]: the expert applied to dequantised
-    received rows (the test applies the same function in JAX); its result is cast to y_dtype
+    received rows (rounded to Spec.recv_dtype when set) (the test applies the same function in JAX); its result is cast to y_dtype
     and, when y_dtype is wider than spec.combine_dtype, to the combine dtype (as the expert
     output travels: `Spec.combine_wire_dtype`), then summed in f32 with the router weights.
     expert_map: logical -> physical map applied first (expert_fn sees physical local experts).
@@ -293,7 +293,10 @@ def combine(spec: Spec, inputs: List[RankInputs], expert_fn: Callable, y_dtype,
     rows_all = []
     for inp in inputs:
         xw, xs = _wire(spec, inp)
-        rows_all.append(dequantize_fp8(xw, xs, spec.scale_block) if spec.is_fp8 else xw.astype(np.float32))
+        rows = dequantize_fp8(xw, xs, spec.scale_block) if spec.is_fp8 else xw.astype(np.float32)
+        if spec.recv_dtype is not None:  # what the experts see: the dequantised rows in recv_dtype
+            rows = rows.astype(spec.recv_dtype).astype(np.float32)
+        rows_all.append(rows)
     alive = alive_of(rank_mask, n)
     results = []
     for r in range(n):

@@ -36,6 +36,12 @@ class Spec:
         not divide H the last block is partial (its scale comes from its own H % scale_block
         values). Ignored for 16/32-bit dispatch.
       pow2_scale: fp8 scales rounded up to powers of two (exact rescaling downstream).
+      recv_dtype: with fp8 dispatch, the dtype `Dispatched.x` arrives in: None keeps the fp8 rows
+        and their scales (for experts with fp8 matmuls); bf16, f16 or f32 dequantises them on
+        receive (`Dispatched.scale` is then None), the values `dequantize_fp8(x, scale)` cast to
+        that dtype, bit for bit. The wire stays fp8; the GPU kernels write the dequantised rows
+        where they would have written the fp8 ones, so experts that compute in bf16 skip a pass
+        over the rows. Only with fp8 dispatch_dtype.
       combine_dtype: dtype of `combine_recv`'s [T, H] output (accumulation is always f32).
       layout: "ragged" (rows sorted by local expert, [R, H] + group_sizes [L], what
         `jax.lax.ragged_dot` takes) or "expert_major" ([L, C, H] + counts [L]).
@@ -59,6 +65,7 @@ class Spec:
     recv_capacity: Optional[int] = None
     tp_size: int = 1
     slots: int = 2
+    recv_dtype: object = None
 
     def __post_init__(self):
         for name in ("num_experts", "experts_per_token", "hidden", "max_tokens_per_rank", "tp_size", "slots"):
@@ -77,6 +84,17 @@ class Spec:
         if cd not in COMBINE_DTYPES:
             raise ValueError(f"Spec.combine_dtype must be one of {[str(d) for d in COMBINE_DTYPES]}, got {cd}")
         object.__setattr__(self, "combine_dtype", cd)
+        if self.recv_dtype is not None:
+            try:
+                rd = np.dtype(self.recv_dtype)
+            except TypeError as e:
+                raise ValueError(f"Spec.recv_dtype: not a dtype: {self.recv_dtype!r}") from e
+            if rd not in COMBINE_DTYPES:
+                raise ValueError(f"Spec.recv_dtype must be None or one of {[str(d) for d in COMBINE_DTYPES]}, got {rd}")
+            if dd not in FP8_DTYPES:
+                raise ValueError(f"Spec.recv_dtype dequantises fp8 rows on receive: it needs an fp8 dispatch_dtype, "
+                                 f"got {dd} (16/32-bit rows arrive in dispatch_dtype)")
+            object.__setattr__(self, "recv_dtype", rd)
         if self.layout not in LAYOUTS:
             raise ValueError(f"Spec.layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.experts_per_token > self.num_experts:
@@ -92,6 +110,16 @@ class Spec:
     @property
     def is_fp8(self) -> bool:
         return self.dispatch_dtype in FP8_DTYPES
+
+    @property
+    def recv_x_dtype(self) -> np.dtype:
+        """The dtype of `Dispatched.x`: recv_dtype when set, else dispatch_dtype."""
+        return self.recv_dtype if self.recv_dtype is not None else self.dispatch_dtype
+
+    @property
+    def recv_is_fp8(self) -> bool:
+        """`Dispatched.x` holds fp8 rows with `Dispatched.scale` (fp8 dispatch, no recv_dtype)."""
+        return self.is_fp8 and self.recv_dtype is None
 
     @property
     def num_scales(self) -> int:
@@ -153,7 +181,8 @@ class Spec:
 
     def describe(self) -> str:
         return (f"E={self.num_experts} K={self.experts_per_token} H={self.hidden} T={self.max_tokens_per_rank} "
-                f"{self.dispatch_dtype}->{self.combine_dtype} {self.layout} tp={self.tp_size}")
+                f"{self.dispatch_dtype}{'' if self.recv_dtype is None else '(recv ' + str(self.recv_dtype) + ')'}"
+                f"->{self.combine_dtype} {self.layout} tp={self.tp_size}")
 
     def replace(self, **changes) -> "Spec":
         return dataclasses.replace(self, **changes)

@@ -23,7 +23,7 @@ from jax_moe_a2a import testing as T
 MPI_ALL_CASES = os.environ.get("JAX_MOE_A2A_MPI_ALL_CASES") == "1"
 MPI_CASES = {"fp8-random", "expert-major", "one-hot-expert", "empty-ranks", "minus-one-and-invalid",
              "tp2-fp8-expert-major", "overflow-ragged", "combine-into-out", "fp8-partial-block",
-             "fp8-partial-block-32", "fp8-partial-block-expert-major-pow2"}
+             "fp8-partial-block-32", "fp8-partial-block-expert-major-pow2", "fp8-recv-bf16"}
 
 BACKENDS = [b for b in os.environ.get("JAX_MOE_A2A_TEST_BACKENDS", ",".join(a2a.available_backends())).split(",") if b]
 # Backends written in JAX alone: differentiated by JAX autodiff, never time out (XLA collectives).
@@ -96,6 +96,18 @@ CASES = [
                                                recv_capacity=24), dict(input_dtype=jnp.bfloat16), {}),
     ("many-tokens-bf16-overflow", dict(num_experts=256, experts_per_token=8, hidden=128, max_tokens_per_rank=1024,
                                        recv_capacity=6000), dict(input_dtype=jnp.bfloat16), {}),
+    # fp8 on the wire, dequantised on receive (Spec.recv_dtype): the GPU kernels write the rows in
+    # recv_dtype (the EP = 1 kernels too, block- and grid-routed; the exchange's row copy with odd
+    # sizes and pre-quantised x), every other backend through the communicator's dequantisation
+    ("fp8-recv-bf16", dict(dispatch_dtype=FP8, recv_dtype=jnp.bfloat16), {}, {}),
+    ("fp8-recv-f32-expert-major", dict(dispatch_dtype=FP8, recv_dtype=jnp.float32, layout="expert_major"),
+     dict(input_dtype=jnp.bfloat16), {}),
+    ("fp8-recv-f16-odd-hidden", dict(hidden=30, max_tokens_per_rank=5, dispatch_dtype=FP8, scale_block=10,
+                                     recv_dtype=jnp.float16), {}, {}),
+    ("fp8-recv-bf16-prequantized-partial-block", dict(hidden=144, max_tokens_per_rank=8, dispatch_dtype=FP8,
+                                                      recv_dtype=jnp.bfloat16), dict(prequantized=True), {}),
+    ("many-tokens-fp8-recv-bf16", dict(num_experts=256, experts_per_token=8, hidden=128, max_tokens_per_rank=1024,
+                                       dispatch_dtype=FP8, recv_dtype=jnp.bfloat16), dict(num_tokens=1000), {}),
     ("one-shot", {}, {}, dict(split=False)),
     ("combine-into-out", dict(combine_dtype=jnp.float32), {}, dict(with_out=True)),
     ("slot1", dict(slots=2), {}, dict(slot=1)),

@@ -64,6 +64,9 @@ def test_hashable_and_frozen():
     (dict(recv_capacity=0), "recv_capacity"),
     (dict(tp_size=0), "tp_size"),
     (dict(slots=0), "slots"),
+    (dict(recv_dtype=jnp.bfloat16), "recv_dtype.*fp8"),  # 16/32-bit rows arrive as they travel
+    (dict(dispatch_dtype=jnp.float8_e4m3fn, recv_dtype=jnp.float8_e4m3fn), "recv_dtype"),
+    (dict(dispatch_dtype=jnp.float8_e4m3fn, recv_dtype="not-a-dtype"), "recv_dtype"),
 ], ids=lambda v: v if isinstance(v, str) else "-".join(v))
 def test_invalid_spec(bad, needle):
     with pytest.raises(ValueError, match=needle):
@@ -84,3 +87,15 @@ def test_tp_divisibility():
 def test_dtypes_normalised():
     s = Spec(**BASE, dispatch_dtype="bfloat16", combine_dtype=np.float32)
     assert s.dispatch_dtype == np.dtype(jnp.bfloat16) and s.combine_dtype == np.dtype(np.float32)
+
+
+def test_recv_dtype():
+    """fp8 dispatch dequantised on receive: Dispatched.x's dtype, no scales, the wire unchanged."""
+    fp8 = Spec(**BASE, dispatch_dtype=jnp.float8_e4m3fn)
+    deq = Spec(**BASE, dispatch_dtype=jnp.float8_e4m3fn, recv_dtype="bfloat16")
+    assert fp8.recv_is_fp8 and fp8.recv_x_dtype == np.dtype(jnp.float8_e4m3fn) and fp8.recv_dtype is None
+    assert not deq.recv_is_fp8 and deq.recv_x_dtype == np.dtype(jnp.bfloat16) == deq.recv_dtype
+    assert deq.token_bytes() == fp8.token_bytes() and deq.num_scales == fp8.num_scales
+    assert deq != fp8 and hash(deq) != hash(fp8)
+    bf16 = Spec(**BASE)
+    assert not bf16.recv_is_fp8 and bf16.recv_x_dtype == np.dtype(jnp.bfloat16)

@@ -224,6 +224,10 @@ struct Handlers {
                         Out<F32>& weights, Out<S32>& src, Out<S32>& recv_slot, Out<S32>& recv_counts,
                         Out<S32>& overflow) {
     p->x = x->untyped_data();
+    p->x_kind = kind_of(x->element_type());
+    // x in the wire's dtype, or f32/bf16/f16 with fp8 on the wire (dequantised on receive: Spec.recv_dtype)
+    if (p->x_kind != p->g.wire_kind && !(p->g.wire_kind == 3 && p->x_kind >= 0 && p->x_kind <= 2))
+      throw std::invalid_argument("dispatch_recv's x output must be the wire dtype, or f32/bf16/f16 with fp8 on the wire");
     p->scale = scale->element_count() ? scale->typed_data() : nullptr;
     p->group_sizes = group_sizes->typed_data();
     p->weights = weights->typed_data();

@@ -116,8 +116,10 @@ struct DispatchRecvParams {
   Geometry g;
   SlotPtrs p;
   const int32_t* handle;    // [2]
-  void* x;                  // [R', H] wire dtype
-  float* scale;             // [R', S] or null
+  void* x;                  // [R', H] x_kind
+  int x_kind;               // the wire's kind, or 0/1/2 (f32/bf16/f16) with fp8 on the wire: rows
+                            // dequantised on receive (Spec.recv_dtype, gpu/dequant.cuh)
+  float* scale;             // [R', S] (fp8 rows) or null
   int32_t* group_sizes;     // [L]
   float* weights;           // [R']
   int32_t* src;             // [R', 2]

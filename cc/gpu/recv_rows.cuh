@@ -6,6 +6,7 @@
 
 #include "gpu/arrange.cuh"
 #include "gpu/copy.cuh"
+#include "gpu/dequant.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
 
@@ -35,8 +36,9 @@ __device__ inline void write_recv_outputs(const DispatchRecvParams& P, const Blo
   }
 }
 
-// Every received row w (compact order) to x [pos] (payload), scale [pos] (fp8 scales, read from
-// the row after the payload), weights/src/recv_slot [pos]; row(s, j) is where source s's slot j
+// Every received row w (compact order) to x [pos] (payload; with P.x_kind != wire_kind its values
+// dequantised: gpu/dequant.cuh), scale [pos] (fp8 scales, read from the row after the payload;
+// null when dequantised), weights/src/recv_slot [pos]; row(s, j) is where source s's slot j
 // landed (a wire row: payload, scales, token, weight) and meta(s, j, row, &token, &weight) reads
 // that row's token and router weight.
 template <typename RowFn, typename MetaFn>
@@ -51,7 +53,11 @@ __device__ inline void copy_received_rows(const DispatchRecvParams& P, const Blo
     if (r.pos < 0) continue;
     const int64_t lo = (w % nseg) * seg;
     const uint8_t* row = row_of(r.s, r.j);
-    warp_copy(static_cast<uint8_t*>(P.x) + r.pos * g.payload + lo, row + lo, min(seg, g.payload - lo), ix.lane);
+    if (P.x_kind == g.wire_kind)
+      warp_copy(static_cast<uint8_t*>(P.x) + r.pos * g.payload + lo, row + lo, min(seg, g.payload - lo), ix.lane);
+    else  // fp8 on the wire, dequantised into x (payload bytes are elements)
+      warp_dequant(static_cast<uint8_t*>(P.x) + r.pos * g.H * elem_bytes(P.x_kind), P.x_kind, row, g, lo,
+                   min(seg, g.payload - lo), ix.lane);
     if (lo != 0) continue;
     if (P.scale)
       for (int b = ix.lane; b < g.S; b += 32) P.scale[r.pos * g.S + b] = load_f32(row + g.payload + 4 * b);

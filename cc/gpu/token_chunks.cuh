@@ -17,6 +17,7 @@
 
 #include "core/fp8.h"
 #include "gpu/copy.cuh"
+#include "gpu/dequant.cuh"
 #include "gpu/elems.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
@@ -34,6 +35,7 @@ __device__ __forceinline__ int chunk_of(int i) { return threadIdx.x + i * blockD
 template <int XK, int kC = 2>
 struct QuantChunks {
   static constexpr int kChunks = kC;  // payload <= kC * 16 * blockDim bytes
+  static constexpr bool kQuantizes = true;  // holds each chunk's scale: can write dequantised rows
   int4 raw[kChunks][2][2];           // [chunk][half of 16 values][load_raw8's vectors]
   uint4 q[kChunks];
   float scale[kChunks];
@@ -77,6 +79,22 @@ struct QuantChunks {
       soff[i] = int64_t(c) * 16 < P.g.H && (c & (lpb - 1)) == 0 ? 4 * (c >> shift) : -1;
     }
   }
+  // After convert: chunk i's 16 values dequantised (gpu/dequant.cuh) into out_kind (0 f32: four
+  // 16-byte vectors; 1/2 bf16/f16: the first two), converted once and stored at each of the
+  // token's rows (gpu/local/outputs.cuh).
+  __device__ void dequantize(int i, int out_kind, int4 out[4]) const {
+    float v[16];
+    dequant16(make_int4(int(q[i].x), int(q[i].y), int(q[i].z), int(q[i].w)), scale[i], v);
+    if (out_kind == 0) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        out[j] = make_int4(__float_as_int(v[4 * j]), __float_as_int(v[4 * j + 1]), __float_as_int(v[4 * j + 2]),
+                           __float_as_int(v[4 * j + 3]));
+    } else {
+      store_vec8(&out[0], 0, out_kind, v);
+      store_vec8(&out[1], 0, out_kind, v + 8);
+    }
+  }
   // The payload's chunks at `payload` (16-byte aligned), the scales (f32) at `scales`.
   __device__ void store(const DispatchSendParams& P, uint8_t* payload, uint8_t* scales) const {
 #pragma unroll
@@ -94,6 +112,7 @@ struct QuantChunks {
 template <int kC = 4>
 struct CopyChunks {
   static constexpr int kChunks = kC;  // payload <= kC * 16 * blockDim bytes
+  static constexpr bool kQuantizes = false;  // a chunk's scale is another thread's: no dequantised rows
   int4 v[kChunks];
   float scale;
 

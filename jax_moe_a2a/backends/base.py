@@ -102,17 +102,19 @@ def like_primal(ct, axes):
     return varying(ct, axes) if axes else ct
 
 
-def recv_result_shapes(spec, n, counts_shape):
+def recv_result_shapes(spec, n, counts_shape, dequant=False):
     """Result shapes of an FFI dispatch_recv: x, scale, group_sizes, weights, src, recv_slot,
-    recv_counts (counts_shape), overflow; rows flattened to R' = prod(recv_shape)."""
+    recv_counts (counts_shape), overflow; rows flattened to R' = prod(recv_shape). dequant: the
+    kernels write x in spec.recv_dtype (fp8 dequantised on receive) and no scales ([R', 0])."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     rows = int(np.prod(spec.recv_shape(n)))
     i32, f32 = jnp.int32, jnp.float32
-    return (jax.ShapeDtypeStruct((rows, spec.hidden), spec.dispatch_dtype),
-            jax.ShapeDtypeStruct((rows, spec.num_scales), f32),
+    dequant = dequant and spec.recv_dtype is not None
+    return (jax.ShapeDtypeStruct((rows, spec.hidden), spec.recv_dtype if dequant else spec.dispatch_dtype),
+            jax.ShapeDtypeStruct((rows, 0 if dequant else spec.num_scales), f32),
             jax.ShapeDtypeStruct((spec.local_experts(n),), i32),
             jax.ShapeDtypeStruct((rows,), f32),
             jax.ShapeDtypeStruct((rows, 2), i32),
@@ -128,7 +130,8 @@ def finish_recv(spec, n, outs, route):
     shape = spec.recv_shape(n)
     route = dict(route, recv_src=src, recv_slot=recv_slot, recv_counts=recv_counts)
     x = x.reshape(*shape, spec.hidden)
-    scale = scale.reshape(*shape, spec.num_scales) if spec.is_fp8 else None
+    # no scales: 16/32-bit rows, or fp8 rows the kernels dequantised (recv_result_shapes' dequant)
+    scale = scale.reshape(*shape, spec.num_scales) if spec.is_fp8 and scale.shape[-1] else None
     return x, scale, sizes, weights.reshape(shape), src.reshape(*shape, 2), overflow, route
 
 

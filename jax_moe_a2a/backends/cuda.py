@@ -24,6 +24,7 @@ class CudaBackend(FfiBackend):
     target = "cuda"
     debug_psum = False  # see Backend.debug_psum
     local_path = True   # EP = 1: one kernel per op (FfiBackend, cc/gpu/local)
+    dequantizes_on_recv = True  # Spec.recv_dtype: the receive kernels write dequantised rows (cc/gpu/dequant.cuh)
     OPTIONS = {
         "node_size": "ranks r, s share a node iff r // node_size == s // node_size (default every rank, or "
                      "$JAX_MOE_A2A_NODE_SIZE); other nodes' peers go through a proxy thread",

@@ -46,6 +46,9 @@ class FfiBackend(Backend):
     target = "?"
     takes_rank_mask = True
     local_path = False  # the GPU backends: EP = 1 takes the local path
+    # The kernels write fp8 rows dequantised into Spec.recv_dtype themselves (the GPU backends);
+    # otherwise the communicator dequantises what the backend returns (Communicator.dispatch_recv).
+    dequantizes_on_recv = False
 
     # ---- what differs between backends -----------------------------------------------------
     def _rank(self, ctx: Ctx) -> tuple:
@@ -95,7 +98,7 @@ class FfiBackend(Backend):
         xs = x_scale if x_scale is not None else jnp.zeros((0,), jnp.float32)
         local = self.uses_local_path(ctx.num_ranks)
         if local:  # dispatch_recv's results too, from the same call
-            outs += recv_result_shapes(ctx.spec, 1, self._counts_shape(ctx.spec, 1))
+            outs += recv_result_shapes(ctx.spec, 1, self._counts_shape(ctx.spec, 1), self.dequantizes_on_recv)
         res = self._call(
             "local_dispatch" if local else "dispatch_send", outs, ctx, x, xs, topk_ids,
             topk_weights.astype(jnp.float32), num_tokens.reshape(()), after_operand(after),
@@ -108,8 +111,9 @@ class FfiBackend(Backend):
         spec, n = ctx.spec, ctx.num_ranks
         if "local_recv" in arrays:  # EP = 1: produced by dispatch_send's call
             return finish_recv(spec, n, arrays["local_recv"], route)
-        outs = self._call("dispatch_recv", recv_result_shapes(spec, n, self._counts_shape(spec, n)), ctx,
-                          arrays["handle"], *self._mask_operands(ctx, route.get("rank_mask")), slot=np.int32(slot))
+        shapes = recv_result_shapes(spec, n, self._counts_shape(spec, n), self.dequantizes_on_recv)
+        outs = self._call("dispatch_recv", shapes, ctx, arrays["handle"], *self._mask_operands(ctx, route.get("rank_mask")),
+                          slot=np.int32(slot))
         return finish_recv(spec, n, outs, route)
 
     def combine_send(self, ctx: Ctx, y, route, slot, after=None):

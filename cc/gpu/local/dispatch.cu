@@ -15,7 +15,7 @@
 namespace a2a::cuda {
 namespace {
 
-template <class Chunks>
+template <class Chunks, bool kDequant>
 __global__ void __launch_bounds__(kThreads) local_dispatch_kernel(LocalDispatchParams P) {
   extern __shared__ __align__(16) uint8_t smem[];
   const DispatchSendParams& S = P.s;
@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(kThreads) local_dispatch_kernel(LocalDispatchP
       const int32_t j = e >= 0 ? rt.slot_of(t, e) : 0;
       local_place(P, tail, t, threadIdx.x, q, j, e >= 0 ? local_pos(g, rt, e, j) : -1);
     }
-    local_store_rows(P, tail, ch);
+    local_store_rows<kDequant>(P, tail, ch);
     if (t + static_cast<int>(gridDim.x) < n) __syncthreads();  // tail is rewritten for the next token
   }
 }
@@ -70,8 +70,10 @@ int local_dispatch_kind(const LocalDispatchParams& p) {
   const Geometry& g = p.s.g;
   if (g.N != 1 || g.tp != 1 || g.K > kBlockRouteMaxK) return -1;
   if (!aligned16_host(p.s.x) || !aligned16_host(p.r.x) || g.payload % 16 != 0) return -1;
-  if (g.wire_kind == 3 && p.r.scale == nullptr) return -1;
+  const bool dequant = p.r.x_kind != g.wire_kind;  // fp8 rows dequantised on receive: no scale output
+  if (g.wire_kind == 3 && !dequant && p.r.scale == nullptr) return -1;
   const int kind = regs_chunk_kind(g, p.s.x_kind, p.s.x_scale != nullptr);
+  if (dequant && kind == 3) return -1;  // pre-quantised x: a chunk's scale is another thread's (CopyChunks)
   if (kind < 0 || local_smem_bytes(g) <= kBlockRoutingSmem) return kind;
   return local_dispatch_grid_fits(p, max_block_smem()) ? kind + kLocalGridRouted : -1;
 }
@@ -80,7 +82,10 @@ cudaError_t launch_local_dispatch(const LocalDispatchParams& p, int kind, int bl
   if (kind >= kLocalGridRouted) return launch_local_dispatch_grid(p, kind - kLocalGridRouted, blocks, stream);
   const size_t smem = static_cast<size_t>(local_smem_bytes(p.s.g));
   return with_chunk_kind(kind, [&](auto chunks) {
-    return launch_plain(local_dispatch_kernel<decltype(chunks)>, blocks, smem, stream, p);
+    using Chunks = decltype(chunks);
+    if constexpr (Chunks::kQuantizes)
+      if (p.r.x_kind != p.s.g.wire_kind) return launch_plain(local_dispatch_kernel<Chunks, true>, blocks, smem, stream, p);
+    return launch_plain(local_dispatch_kernel<Chunks, false>, blocks, smem, stream, p);
   });
 }
 

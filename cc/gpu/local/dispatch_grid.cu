@@ -86,7 +86,7 @@ __device__ __forceinline__ int route_token(const DispatchSendParams& S, int t, i
 // deduplicated again; dest, pair_slot and the receive outputs of each pair; its rows into the
 // tail), then every thread converts and stores its chunks at each row. `more`: the block takes
 // another token after this one (the tail is rewritten: wait for every thread's reads).
-template <class Chunks>
+template <bool kDequant, class Chunks>
 __device__ __forceinline__ void place_and_store(const LocalDispatchParams& P, const GridTables& tb,
                                                 const StartCnt& rt, LocalTail* tail, Chunks& ch, int t, int n,
                                                 bool more) {
@@ -114,11 +114,11 @@ __device__ __forceinline__ void place_and_store(const LocalDispatchParams& P, co
       local_place(P, tail, t, k, q, j, pos);
     }
   }
-  local_store_rows(P, tail, ch);
+  local_store_rows<kDequant>(P, tail, ch);
   if (more) __syncthreads();
 }
 
-template <class Chunks>
+template <class Chunks, bool kDequant>
 __global__ void __launch_bounds__(kThreads, Chunks::kChunks == 1 ? 2 : 1)
     local_dispatch_grid_kernel(LocalDispatchParams P) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -199,17 +199,17 @@ __global__ void __launch_bounds__(kThreads, Chunks::kChunks == 1 ? 2 : 1)
   const int G = gridDim.x;
   for (; t < n; t += 2 * G) {
     if (t + G < n) other.load(S, t + G);
-    place_and_store(P, tb, rt, tail, ch, t, n, t + G < n);
+    place_and_store<kDequant>(P, tb, rt, tail, ch, t, n, t + G < n);
     if (t + G >= n) break;
     if (t + 2 * G < n) ch.load(S, t + 2 * G);
-    place_and_store(P, tb, rt, tail, other, t + G, n, t + 2 * G < n);
+    place_and_store<kDequant>(P, tb, rt, tail, other, t + G, n, t + 2 * G < n);
   }
 }
 
-template <class Chunks>
+template <class Chunks, bool kDequant>
 cudaError_t launch_grid(const LocalDispatchParams& p, int sms, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(grid_smem_bytes(p.s.g));
-  auto* kernel = local_dispatch_grid_kernel<Chunks>;
+  auto* kernel = local_dispatch_grid_kernel<Chunks, kDequant>;
   if (smem > 48 * 1024) {
     const cudaError_t rc =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -233,7 +233,12 @@ bool local_dispatch_grid_fits(const LocalDispatchParams& p, int64_t max_smem) {
 }
 
 cudaError_t launch_local_dispatch_grid(const LocalDispatchParams& p, int kind, int sms, cudaStream_t stream) {
-  const auto launch = [&](auto chunks) { return launch_grid<decltype(chunks)>(p, sms, stream); };
+  const auto launch = [&](auto chunks) {
+    using Chunks = decltype(chunks);
+    if constexpr (Chunks::kQuantizes)
+      if (p.r.x_kind != p.s.g.wire_kind) return launch_grid<Chunks, true>(p, sms, stream);
+    return launch_grid<Chunks, false>(p, sms, stream);
+  };
   return small_chunks_fit(p.s.g, kind) ? with_chunk_kind<true>(kind, launch) : with_chunk_kind(kind, launch);
 }
 

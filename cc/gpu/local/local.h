@@ -22,6 +22,7 @@ constexpr int kLocalGridRouted = 16;
 // quantise f32/bf16/f16 x, 3 copy) of the block-routed kernel (gpu/local/dispatch.cu), or that
 // kind + kLocalGridRouted when its routing tables pass 48 KiB of shared memory (large T); -1
 // where neither applies: N or tp_size above 1, K > 16, x or the x output not 16-byte aligned,
+// pre-quantised fp8 x with the rows dequantised on receive,
 // sizes and dtypes the register chunks do not take, or (grid-routed) tables past the slot's
 // private area or the shared memory a block may take. There the handler runs the exchange kernels
 // (dispatch_send, then dispatch_recv) instead.

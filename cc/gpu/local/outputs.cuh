@@ -10,8 +10,10 @@
 #include <cstdint>
 
 #include "gpu/block_route.cuh"
+#include "gpu/elems.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
+#include "gpu/token_chunks.cuh"
 
 namespace a2a::cuda {
 
@@ -93,8 +95,12 @@ __device__ __forceinline__ void local_place(const LocalDispatchParams& P, LocalT
 }
 
 // Every thread, once the tail's rows are placed: converts its chunks of the token (gpu/token_chunks.cuh)
-// and stores them at each row, every row read first, then the stores back to back.
-template <class Chunks>
+// and stores them at each row, every row read first, then the stores back to back; with x in
+// another kind than the wire's (fp8 dequantised on receive) the dequantised values instead.
+// kDequant: the kernel's instantiation for x dequantised on receive (a template parameter, so that
+// the kernels without it keep their registers: the dequantised vectors cost the grid-routed
+// kernel's two-blocks-per-SM variants spills).
+template <bool kDequant, class Chunks>
 __device__ __forceinline__ void local_store_rows(const LocalDispatchParams& P, const LocalTail* tail, Chunks& ch) {
   const DispatchSendParams& S = P.s;
   const DispatchRecvParams& R = P.r;
@@ -104,6 +110,27 @@ __device__ __forceinline__ void local_store_rows(const LocalDispatchParams& P, c
   int32_t rows[kBlockRouteMaxK];
 #pragma unroll
   for (int k = 0; k < kBlockRouteMaxK; ++k) rows[k] = k < g.K ? tail->pos[k] : -1;
+  if constexpr (kDequant && Chunks::kQuantizes) {
+    {  // rows dequantised on receive (Spec.recv_dtype, R.x_kind != wire_kind): each chunk
+      const int ob = elem_bytes(R.x_kind);  // converted once, then stored at every row (16 * ob bytes)
+#pragma unroll
+      for (int i = 0; i < Chunks::kChunks; ++i) {
+        const int c = chunk_of(i);
+        if (int64_t(c) * 16 >= g.H) continue;
+        int4 dq[4];
+        ch.dequantize(i, R.x_kind, dq);
+#pragma unroll
+        for (int k = 0; k < kBlockRouteMaxK; ++k) {
+          if (rows[k] < 0) continue;
+          int4* dst = reinterpret_cast<int4*>(static_cast<uint8_t*>(R.x) + (int64_t(rows[k]) * g.H + int64_t(c) * 16) * ob);
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            if (j < ob) dst[j] = dq[j];  // 16 values * ob bytes = ob vectors
+        }
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int k = 0; k < kBlockRouteMaxK; ++k)
     if (rows[k] >= 0)
