@@ -100,6 +100,9 @@ VARS = (
     Var("HOST_FLAG_MIRROR", "bool", "0", "cc/host/host_comm.cc",
         "host backend, proxied: the proxy stores its flags into a second block as it would through GDRCopy, "
         "and the host reads them only there (tests of the GDRCopy store path on CPUs)", _NATIVE),
+    Var("HOST_RECV_PAUSE_S", "float", "0", "cc/host/host_comm.cc (at communicator creation)",
+        "host backend, tests: each dispatch_recv sleeps this long after its rows arrived and before it reads "
+        "them (a receiver held in the middle of its read: tests/test_elastic.py)", _NATIVE),
     # ---- tests ---------------------------------------------------------------------------------
     Var("TEST_DEVICES", "int", "8 (1 per process under mpirun)", "tests/conftest.py",
         "CPU devices per test process", _TEST),

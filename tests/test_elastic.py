@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -243,6 +244,86 @@ def test_stats_and_debug(backend, num_ranks, mesh):
     st = comm.stats()
     want = oracle.dispatch(spec, inputs, rank_mask=mask)
     assert st["dropped"] == 0 and st["masked"] == sum(want[r].num_masked for r in res) > 0, st
+
+
+# Backends whose send halves wait for FREE signals (the reference and ragged backends keep no
+# buffers between steps).
+FREE_BACKENDS = [b for b in MASK_BACKENDS if b in ("host", "cuda", "nvshmem")]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", FREE_BACKENDS)
+def test_unmasked_rank_still_reading(backend, num_ranks, mesh, monkeypatch):
+    """A rank masked for one step and unmasked the next may still be reading the rows we wrote it
+    the step before: our send must wait for the FREE it owes for that step. Three dispatch-only
+    steps on slot 0 (each a call of one compiled step): A all alive, the last rank deliberately
+    slow to read; B with it masked; C all alive again. The fast ranks run B and C meanwhile, and
+    C's send writes the slow rank's buffers: with the FREE awaited only from ranks alive in the
+    slot's last dispatch (B) it did so before the slow rank read A's rows, which then held C's
+    (the slow rank's A failed the oracle). Every rank's every step against the oracle.
+
+    The slow read: GPU backends, a host callback sleeps on the slow rank between its
+    dispatch_send and dispatch_recv of A (its kernels read only after it). Host backend, its
+    dispatch_recv pauses after its rows arrived (JAX_MOE_A2A_HOST_RECV_PAUSE_S, in the slow rank's
+    process only): a sleep before it would not do, because the receive half posts the rows past
+    `priv` (OVER) that the fast ranks' dispatch_recv of A waits for. Dispatch-only on purpose: with
+    a combine after each dispatch, a combine_recv waits for every live rank's expert outputs, sent
+    after its dispatch_recv, which orders the next-but-one dispatch after that read anyway. Needs
+    the slow rank in a process of its own (mpirun): a process reads a step's results only once all
+    its ranks finished it."""
+    from jax.sharding import PartitionSpec as P
+
+    if num_ranks < 2 or jax.process_count() < 2:
+        pytest.skip("needs 2 ranks and the slow one in a process of its own (mpirun)")
+    slow, pause = num_ranks - 1, 2.0
+    mine = {d.id for d in jax.local_devices()}
+    if mesh.devices.flat[slow].id in mine and mesh.devices.flat[0].id in mine:
+        pytest.skip("the slow rank shares a process with rank 0")
+    if backend == "host" and mesh.devices.flat[slow].id in mine:
+        monkeypatch.setenv("JAX_MOE_A2A_HOST_RECV_PAUSE_S", str(pause))  # read once, by init
+    spec = _spec(num_ranks)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, timeout_s=30)
+    monkeypatch.delenv("JAX_MOE_A2A_HOST_RECV_PAUSE_S", raising=False)
+
+    def hold(delay, rank, *leaves):
+        """The slow rank's pause before its dispatch_recv (host callback: [] f32 seconds, [] int32
+        rank, then the handle's arrays, returned unchanged)."""
+        if int(rank) == slow and float(delay) > 0:
+            time.sleep(float(delay))
+        return list(leaves)
+
+    def per_rank(x, ids, w, mask, delay):
+        h = comm.dispatch_send(x, ids, w, rank_mask=mask)
+        leaves, tree = jax.tree_util.tree_flatten(h)  # dispatch_recv runs after the callback: it reads its result
+        leaves = jax.pure_callback(hold, [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in leaves], delay,
+                                   jax.lax.axis_index("ep"), *leaves)
+        got = comm.dispatch_recv(jax.tree_util.tree_unflatten(tree, list(leaves)))
+        fields = {"x": got.x, "group_sizes": got.group_sizes, "weights": got.weights, "src": got.src,
+                  "num_dropped": got.num_dropped, "num_overflow": got.num_overflow, "num_masked": got.num_masked}
+        return jax.tree.map(lambda a: a[None], fields)
+
+    step = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 3 + (P(), P()), out_specs=P("ep")))
+    sleep_a = 0.0 if backend == "host" else pause
+    plan = [("A", _mask(num_ranks, []), sleep_a), ("B", _mask(num_ranks, [slow]), 0.0),
+            ("C", _mask(num_ranks, []), 0.0)]
+    runs = []
+    for i, (name, mask, delay) in enumerate(plan):
+        inputs = T.make_inputs(spec, num_ranks, 500 + i, num_tokens=spec.max_tokens_per_rank)
+        args = [T.stack_global(mesh, "ep", [getattr(r, k) for r in inputs]) for k in ("x", "topk_ids", "topk_weights")]
+        res = step(*args, jnp.asarray(mask), jnp.float32(delay))
+        # this process's ranks only: the fast ranks finish A (and then B) while the slow one reads
+        runs.append((name, mask, inputs, {k: T.local_ranks_of(v) for k, v in res.items()}))
+    assert step._cache_size() == 1
+    for name, mask, inputs, per in runs:
+        want = oracle.dispatch(spec, inputs, rank_mask=mask)
+        for r in sorted(per["x"]):
+            got = {k: per[k][r] for k in per}
+            assert int(got["num_masked"]) == want[r].num_masked, f"step {name}, rank {r}"
+            try:
+                T.check_dispatch(spec, num_ranks, r, want[r], got)
+            except AssertionError as e:
+                raise AssertionError(f"step {name} (mask {mask.tolist()}), rank {r}: {e}") from None
+    comm.close()
 
 
 @pytest.mark.parametrize("backend", ["reference"])

@@ -61,7 +61,7 @@ std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
       {"shared_combine_rows", z * (g.shared_slot_bytes - g.off_c_rows)},
       {"private_staging", z * (g.off_scratch - g.off_staging)},
       {"private_scratch", z * (g.off_epochs - g.off_scratch)},
-      {"private_epochs", z * (g.private_slot_bytes - g.off_epochs)},
+      {"private_epochs", z * (g.private_slot_bytes - g.off_epochs)},  // Epochs and the owed FREE values
   };
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
   if (any_remote(o)) {

@@ -68,14 +68,22 @@ __device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, 
   return ok;
 }
 
-// A block's waits before a kernel's work: node-local peers' flags, then (with remote peers) the
-// proxy's flag; true when everything arrived. Call from every thread of the block; `report` as
-// in wait_flags_each (block 0 when every block waits).
+// A block's waits before a kernel's work: node-local peers' flags (flag(r) up to want(r): a
+// per-rank target such as a send half's FreeDue), then (with remote peers) the proxy's flag; true
+// when everything arrived. Call from every thread of the block; `report` as in wait_flags_each
+// (block 0 when every block waits).
+template <typename FlagFn, typename WantFn>
+__device__ bool wait_peers_due(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want,
+                               const uint64_t* proxy_flag, uint64_t proxy_want, bool report = true,
+                               uint64_t skip = 0) {
+  if (!wait_flags_due(p, g, op, flag, want, report, skip)) return false;
+  return !any(p) || wait_proxy(p, g, op, proxy_flag, proxy_want, report);
+}
+// The same with one target for every node-local rank.
 template <typename FlagFn>
 __device__ bool wait_peers(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want,
                            const uint64_t* proxy_flag, uint64_t proxy_want, bool report = true, uint64_t skip = 0) {
-  if (!wait_flags(p, g, op, flag, want, report, skip)) return false;
-  return !any(p) || wait_proxy(p, g, op, proxy_flag, proxy_want, report);
+  return wait_peers_due(p, g, op, flag, [want](int) { return want; }, proxy_flag, proxy_want, report, skip);
 }
 
 // The entry wait of a receive half (every block, every thread): one look at the node-local flags

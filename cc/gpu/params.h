@@ -6,7 +6,9 @@
 // counts[s][L] is where s's combine region part expects our rows (rows s sends to ranks below us);
 // c_rows[j] holds the rows coming back for member j of our tp group, the pair (t, k) of member
 // j = t % tp at row pair_slot[t, k] (gpu/route.cuh combine_slot: j's rows for lower ranks first).
-// and one private allocation: for each slot: staging [T][row] | scratch (int32) | epochs.
+// and one private allocation: for each slot: staging [T][row] | scratch (int32) | Epochs | owed
+// [2][N] uint64 (elastic EP: the FREE flag values ranks that sat out the slot's last dispatch /
+// combine owe us; Epochs::d_lagging says where they count, cuda/device.cuh FreeDue).
 #pragma once
 
 #include <cstdint>
@@ -37,9 +39,11 @@ struct Epochs {  // device-side counters so that kernels need no per-call host p
   int32_t dropped;   // dispatch_send: bad pairs counted by every block before its grid sync; 0 between launches
   int32_t pad_;
   // Elastic EP: bit r = rank r took no part in this slot's last dispatch / combine (every bit when
-  // we were masked ourselves): nobody owes us its FREE flag for that epoch. Written by the send
-  // half's last block.
-  uint64_t d_masked, c_masked;
+  // we were masked ourselves), so the FREE flag it owes us is older than the next call's epoch:
+  // that of the last one both of us took part in, kept in the slot's owed array (after Epochs).
+  // A clear bit (every bit, without a mask) means it owes the call's epoch. Written by the send
+  // half's last block (cuda/device.cuh owe_free).
+  uint64_t d_lagging, c_lagging;
 };
 
 // Error record in mapped host memory: set by a kernel that timed out (the host raises it at the

@@ -79,9 +79,6 @@ struct RankComm::Slot {
   SendPlan plan;  // from the last dispatch_send
   std::vector<uint8_t> pack_cache, pack_filled;  // RowPacker's per-token rows, reused per dispatch
   std::vector<int64_t> over_base;                // [N] inline mode: from Exchange::overflow_bases
-  // Elastic EP: the rank masks of this slot's last dispatch and combine (every rank alive at
-  // first). A FREE signal of epoch e-1 comes only from ranks alive in e-1 (and only if we were).
-  std::vector<uint8_t> d_alive, c_alive;
 };
 
 RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Engine> engine)
@@ -99,8 +96,6 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
     bufs.push_back(b);
     slots_.push_back(std::make_unique<Slot>());
     slots_.back()->over_base.assign(o.shape.N, 0);
-    slots_.back()->d_alive.assign(o.shape.N, 1);
-    slots_.back()->c_alive.assign(o.shape.N, 1);
   }
   ex_ = std::make_unique<protocol::Exchange>(xo, rank, std::move(engine), bufs);
   const int W = recover_words(o.slots);
@@ -119,6 +114,7 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
     for (auto* f : {&l->d_arrived, &l->d_free, &l->c_arrived, &l->c_free}) f->assign(N, 0);
     local_.push_back(std::move(l));
   }
+  if (const char* v = std::getenv("JAX_MOE_A2A_HOST_RECV_PAUSE_S")) recv_pause_s_ = std::max(0.0, std::atof(v));
   if (o.proxied) {
     if (o.shape.N > proxy::kMaxRanks) throw std::invalid_argument("host backend: proxied mode supports at most 64 ranks");
     ctrl_ = std::make_unique<proxy::Ctrl>();
@@ -205,15 +201,6 @@ std::vector<uint8_t> RankComm::use_mask(int z, const int32_t* alive, int op) {
   return m;
 }
 
-namespace {
-// Ranks alive in both masks (a FREE signal of the previous epoch comes only from those).
-std::vector<uint8_t> both(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
-  std::vector<uint8_t> out(a.size());
-  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] && b[i];
-  return out;
-}
-}  // namespace
-
 void RankComm::wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, int peer) {
   using Clock = std::chrono::steady_clock;
   if (peer < 0) raise(&ctrl_->slot[slot].waiting[op], want);
@@ -251,14 +238,12 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   if (o_.proxied) {
     wait_flag(&in_->slot[a.slot].d_send_ok, e + 1, kDispatchSend, a.slot);
   } else if (me) {
-    if (e > 0 && sl.d_alive[rank_]) {
-      protocol::Arrivals w = ex_->expect_free_d(a.slot, e - 1);
-      w.keep_only(sl.d_alive);
-      ex_->wait(std::move(w), kDispatchSend, a.slot, "waiting for peers to free the slot");
-    }
+    // From each live rank the FREE_D it owes us: e - 1, or under a mask that of the last dispatch
+    // of this slot both of us took part in (it may still be reading that one: exchange.h)
+    ex_->wait(ex_->expect_owed_free_d(a.slot), kDispatchSend, a.slot, "waiting for peers to free the slot");
     engine().flush(o_.timeout_s);  // our previous writes from this slot's send buffer are done
+    ex_->owe_free_d(a.slot, e);
   }
-  sl.d_alive = alive;
 
   sl.plan = plan_sends(s, rank_, a.ids, a.num_tokens);
   const SendPlan& p = sl.plan;
@@ -318,6 +303,7 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
   // Inline mode: the combine offsets' snapshot (the proxy takes it at its "counts in" step), before
   // FREE_D lets the sources overwrite their count matrices; zeros when we are masked.
   if (!o_.proxied) ex_->take_combine_offsets(a.slot);
+  if (recv_pause_s_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(recv_pause_s_));  // tests
 
   for (auto [s, peer] : node_) wait_flag(&local(a.slot).d_arrived[s], e + 1, kDispatchRecv, a.slot, s);
   std::vector<int32_t> to_me(int64_t(N) * L);
@@ -373,14 +359,10 @@ void RankComm::combine_send(const CombineSendArgs& a) {
   if (o_.proxied) {
     wait_flag(&in_->slot[a.slot].c_send_ok, e + 1, kCombineSend, a.slot);
   } else if (me) {
-    if (e > 0 && sl.c_alive[rank_]) {
-      protocol::Arrivals w = ex_->expect_free_c(a.slot, e - 1);
-      w.keep_only(sl.c_alive);
-      ex_->wait(std::move(w), kCombineSend, a.slot, "waiting for peers to free the slot");
-    }
+    ex_->wait(ex_->expect_owed_free_c(a.slot), kCombineSend, a.slot, "waiting for peers to free the slot");
     engine().flush(o_.timeout_s);
+    ex_->owe_free_c(a.slot, e);
   }
-  sl.c_alive = alive;
   const int64_t stride = int64_t(s.H) * elem_bytes(a.y_kind);
   for (int src = 0; src < N; ++src)
     if (a.recv_counts[src] < 0 || a.recv_counts[src] > P)
@@ -543,12 +525,10 @@ void RankComm::recover_apply(const std::vector<uint8_t>& alive, uint32_t gen) {
     }
     // The survivors' highest epochs: no survivor used them yet, and every arrival of an older
     // epoch was dropped. The first dispatch_send / combine_send waits for no FREE signal (the
-    // barrier below stands for them: no survivor reads any slot any more); an all-zero mask of
-    // the "previous epoch" says exactly that.
+    // barrier below stands for them: no survivor reads any slot any more): nobody owes one.
     sl.d_epoch = d;
     sl.c_epoch = c;
-    sl.d_alive.assign(o_.shape.N, 0);
-    sl.c_alive.assign(o_.shape.N, 0);
+    ex_->forget_owed(z);
   }
 }
 

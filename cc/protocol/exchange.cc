@@ -87,6 +87,8 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   }
   alive_.assign(o.slots, std::vector<uint8_t>(o.shape.N, 1));
   comb_off_.assign(o.slots, std::vector<int64_t>(o.shape.N, 0));
+  owed_d_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
+  owed_c_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
   for (const SlotBuffers& b : bufs_) {
     Regions g;
     g.d_send = engine_->register_memory(b.d_send, lay_.d_send_bytes);
@@ -148,8 +150,8 @@ void Exchange::set_alive(int z, const std::vector<uint8_t>& alive) {
 
 Arrivals Exchange::expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const {
   Arrivals a;
-  a.epoch = epoch & transfer::kImmMaxEpoch;
-  for (uint32_t t : tags) a.parts.push_back({t, ranks, std::vector<uint8_t>(ranks.size(), 0)});
+  for (uint32_t t : tags)
+    a.parts.push_back({t, epoch & transfer::kImmMaxEpoch, ranks, std::vector<uint8_t>(ranks.size(), 0)});
   return a;
 }
 
@@ -170,10 +172,46 @@ Arrivals Exchange::live(int z, Arrivals a) const {
   return a;
 }
 
+// The FREE waits of a send half (exchange.h, "elastic EP"). In a slot's full cycle other waits
+// order our writes after a peer's reads too (our combine_recv waits for every live rank's COMB,
+// sent after its dispatch_recv; our dispatch_recv for its COUNTS, sent after its combine_recv),
+// but a slot reused by dispatch-only steps has FREE_D alone: our dispatch_recv of a step returns
+// once rank r posted its OVER, at the start of r's dispatch_recv, which may then still be reading.
+// So a rank that sat out the slot's last dispatch must still be awaited for the one before it
+// (tests/test_elastic.py::test_unmasked_rank_still_reading).
+Arrivals Exchange::expect_owed(int z, uint32_t tag, const std::vector<uint32_t>& owed) const {
+  Arrivals a;
+  if (!alive(z, rank_)) return a;  // masked ourselves: we write nobody now
+  for (int r : remote_) {
+    if (!alive(z, r) || owed[r] == 0) continue;  // masked now, or it owes nothing (never took part with us)
+    const uint32_t e = (owed[r] - 1) & transfer::kImmMaxEpoch;
+    auto part = std::find_if(a.parts.begin(), a.parts.end(), [e](const Arrivals::Part& p) { return p.epoch == e; });
+    if (part == a.parts.end()) part = a.parts.insert(a.parts.end(), {tag, e, {}, {}});
+    part->ranks.push_back(r);
+    part->seen.push_back(0);
+  }
+  return a;  // without a mask: one part, every remote rank, epoch e - 1
+}
+
+void Exchange::owe(int z, uint32_t epoch, std::vector<uint32_t>& owed) {
+  if (!alive(z, rank_)) return;  // we posted nothing: every rank keeps what it owed
+  for (int r : remote_)
+    if (alive(z, r)) owed[r] = epoch + 1;  // it frees this epoch for us (its receive half, same mask)
+}
+
+Arrivals Exchange::expect_owed_free_d(int z) const { return expect_owed(z, tag_of(kFreeD, z), owed_d_[z]); }
+Arrivals Exchange::expect_owed_free_c(int z) const { return expect_owed(z, tag_of(kFreeC, z), owed_c_[z]); }
+void Exchange::owe_free_d(int z, uint32_t e) { owe(z, e, owed_d_[z]); }
+void Exchange::owe_free_c(int z, uint32_t c) { owe(z, c, owed_c_[z]); }
+void Exchange::forget_owed(int z) {
+  std::fill(owed_d_[z].begin(), owed_d_[z].end(), 0);
+  std::fill(owed_c_[z].begin(), owed_c_[z].end(), 0);
+}
+
 bool Exchange::poll(Arrivals& a) {
   bool all = true;
   for (Arrivals::Part& p : a.parts)
-    if (!engine_->poll_ranks(p.tag, a.epoch, p.ranks, p.seen)) all = false;
+    if (!engine_->poll_ranks(p.tag, p.epoch, p.ranks, p.seen)) all = false;
   return all;
 }
 
@@ -193,7 +231,7 @@ void Exchange::wait(Arrivals a, int op, int z, const char* what) {
   for (Arrivals::Part& p : a.parts) {
     const double left = std::chrono::duration<double>(deadline - transfer::Clock::now()).count();
     try {
-      engine_->wait_ranks(p.tag, a.epoch, p.ranks, std::max(0.0, left));
+      engine_->wait_ranks(p.tag, p.epoch, p.ranks, std::max(0.0, left));
       std::fill(p.seen.begin(), p.seen.end(), 1);
     } catch (const transfer::TimeoutError& e) {
       for (size_t i = 0; i < p.ranks.size(); ++i)

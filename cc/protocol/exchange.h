@@ -12,6 +12,8 @@
 //
 // Steps of dispatch (slot z, epoch e) at rank r, sources and destinations "remote" as above:
 //   wait FREE_D(e-1) from remote ranks; flush      -> our send buffer and their regions are reusable
+//     (under a rank mask: from each live rank the FREE_D it owes, that of the last dispatch of the
+//     slot both took part in; expect_owed_free_d)
 //   post_counts: our [N, L] count matrix (send buffer offset 0) to every rank          (COUNTS)
 //   post_private: first `priv` rows for each remote destination into our private region (PRIV)
 //   wait COUNTS from every rank; post_overflow: rows past `priv` at the exact offset      (OVER)
@@ -75,15 +77,16 @@ struct SlotBuffers {
   uint8_t* c_recv;
 };
 
-// One wait in progress: arrivals of (tag, epoch, rank) for a set of tags and ranks.
+// One wait in progress: arrivals of (tag, epoch, rank) for sets of tags and ranks, each part
+// with its own epoch (the owed FREE waits of elastic EP wait for different epochs per rank).
 struct Arrivals {
   struct Part {
     uint32_t tag;
+    uint32_t epoch;  // as the immediates carry it (transfer::kImmMaxEpoch bits)
     std::vector<int> ranks;
     std::vector<uint8_t> seen;
   };
   std::vector<Part> parts;
-  uint32_t epoch = 0;
   std::vector<int> missing() const;  // ranks not yet seen in some part, ascending, unique
   // Drops the ranks r with !keep[r] from every part (elastic EP: a peer masked in an earlier epoch).
   void keep_only(const std::vector<uint8_t>& keep);
@@ -119,6 +122,23 @@ class Exchange {
   // rows_between / overflow_bases. Default: every rank alive (the proxy never sets it).
   void set_alive(int z, const std::vector<uint8_t>& alive);
   bool alive(int z, int r) const { return alive_[z][r] != 0; }
+
+  // ---- elastic EP: the FREE signals owed to slot z's send halves (the inline driver) -----------
+  // Rank r owes us the FREE_D / FREE_C of slot z's last dispatch / combine in which both of us took
+  // part (it signals FREE only for a step it was alive in, and only to ranks alive there): kept as
+  // that epoch + 1, 0 when none. A send half waits for it from every rank alive in slot z's mask
+  // now, then owe_free_d / owe_free_c records its own epoch for every rank of that mask; a masked
+  // rank keeps what it owed. So a rank masked for a step and unmasked the next is still awaited for
+  // the step before, which it may still be reading (a "last op's mask" rule would skip it: it was
+  // masked then). Without a mask every rank owes e - 1 at epoch e: the same wait as
+  // expect_free_d(z, e - 1) (the proxy's, which never has a mask).
+  Arrivals expect_owed_free_d(int z) const;  // nothing when we are masked in slot z (we write nobody)
+  Arrivals expect_owed_free_c(int z) const;
+  void owe_free_d(int z, uint32_t e);  // dispatch e went out under slot z's mask (no-op when we are masked)
+  void owe_free_c(int z, uint32_t c);
+  // Recovery (RankComm::recover_apply): nobody owes slot z anything; the survivors' barrier stands
+  // for the FREE signals of the failed step.
+  void forget_owed(int z);
 
   // ---- what each step waits for ------------------------------------------------------------
   Arrivals expect_free_d(int z, uint32_t e) const;  // FREE_D(e) from remote ranks
@@ -170,6 +190,8 @@ class Exchange {
   uint32_t imm(uint32_t tag, uint32_t epoch) const;
   Arrivals expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const;
   Arrivals live(int z, Arrivals a) const;  // without the ranks slot z's mask marks dead
+  Arrivals expect_owed(int z, uint32_t tag, const std::vector<uint32_t>& owed) const;
+  void owe(int z, uint32_t epoch, std::vector<uint32_t>& owed);
   void signal_remote(int z, uint32_t tag, uint32_t epoch);
 
   ExchangeOptions o_;
@@ -182,6 +204,8 @@ class Exchange {
   std::vector<int> all_, remote_;
   std::vector<std::vector<uint8_t>> alive_;  // [slot][N]
   std::vector<std::vector<int64_t>> comb_off_;  // [slot][N src]: take_combine_offsets
+  // [slot][N]: the FREE_D / FREE_C epoch + 1 each rank owes us (expect_owed_free_d; 0: none)
+  std::vector<std::vector<uint32_t>> owed_d_, owed_c_;
 };
 
 }  // namespace a2a::protocol

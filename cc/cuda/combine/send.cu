@@ -30,13 +30,13 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
   // acquire) and the full wait runs only when one was not yet set (and always with remote peers,
   // whose proxy flag it also waits for).
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
-  const uint64_t skip = out | ep->c_masked;   // ... nor whose FREE we wait for (masked then or now)
-  const bool free_now = !remote::any(P.p) && flag_set_now(g, [&](int r) { return &mine->c_free[r]; }, epoch, skip);
+  const FreeDue due = free_due(g, P.p, 1, epoch);  // ... and the FREE flag the others owe us
+  const bool free_now = !remote::any(P.p) && free_set_now(g, [&](int r) { return &mine->c_free[r]; }, due, out);
   const int cs = counts_stride(g);
   const BlockArrangement a = block_arrange(g, [&](int s, int l) { return P.recv_counts[s * cs + l]; }, smem);
   if (!__syncthreads_and(free_now) &&
-      !remote::wait_peers(P.p, g, 2, [&](int r) { return &mine->c_free[r]; }, epoch, &P.p.remote.ctrl->c_send_ok,
-                          epoch + 1, blockIdx.x == 0, skip))
+      !remote::wait_peers_due(P.p, g, 2, [&](int r) { return &mine->c_free[r]; }, due, &P.p.remote.ctrl->c_send_ok,
+                              epoch + 1, blockIdx.x == 0, out))
     return;
   const int ybytes = elem_bytes(P.y_kind);
   const int64_t stride = int64_t(g.H) * ybytes;
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
   }
   if (remote::any(P.p)) __threadfence_system();  // our rows in c_send, before the proxy's flag
   if (last_block_done(&ep->done[2])) {
-    if (threadIdx.x == 0) ep->c_masked = out;
+    owe_free(g, P.p, 1, due, out);
     remote::close_send(P.p, g, &P.p.remote.ctrl->c_packed, [&](int r) { return &flags_of(P.p, r)->c_arrived[me]; },
                        &ep->c_send, epoch, P.handle, out);
   }

@@ -26,6 +26,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   const int n = max(0, min(*P.num_tokens, g.T));
   SendScratch s = send_scratch(g, P.p.priv);
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
+  const FreeDue due = free_due(g, P.p, 0, epoch);  // ... and the FREE flag the others owe us
   if (slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
     abandon_dispatch_send(P, ix);
     return;
@@ -39,8 +40,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   scan_experts(P, s, n, ix);
   stage_tokens(P, n, member, ix);
   if (blockIdx.x == 0)
-    remote::wait_peers(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch,
-                       &P.p.remote.ctrl->d_send_ok, epoch + 1, true, out | ep->d_masked);
+    remote::wait_peers_due(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, due,
+                           &P.p.remote.ctrl->d_send_ok, epoch + 1, true, out);
   grid.sync();
   if (slot_failed(g, P.p)) {
     abandon_dispatch_send(P, ix);
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   }
   if (remote::any(P.p)) __threadfence_system();  // our rows in d_send, before the proxy's flag
   if (last_block_done(&ep->done[0])) {
-    if (threadIdx.x == 0) ep->d_masked = out;
+    owe_free(g, P.p, 0, due, out);
     remote::close_send(P.p, g, &P.p.remote.ctrl->d_packed, [&](int r) { return &flags_of(P.p, r)->d_arrived[me]; },
                        &ep->d_send, epoch, P.handle, out);
   }

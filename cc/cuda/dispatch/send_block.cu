@@ -49,7 +49,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_block_kernel(DispatchS
   // 1. Routing in shared memory (gpu/block_route.cuh), dest, pair_slot, drops; 2. peers must
   // have finished reading our previous rows before we overwrite them (always the full wait).
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
-  if (!block_route_and_wait(P, n, rt, false, ix, epoch, out | ep->d_masked)) return;
+  const FreeDue due = free_due(g, P.p, 0, epoch);  // ... and the FREE flag the others owe us
+  if (!block_route_and_wait(P, n, rt, false, ix, due, out)) return;
 
   // 3. Our tokens, one at a time: wire row in shared memory, then to each destination.
   const int64_t body = g.payload + 4 * int64_t(g.S);  // payload then fp8 scales
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_block_kernel(DispatchS
   }
 
   // 4. Our counts column into every peer; the last block raises the arrival flags.
-  close_block_send(P, rt, ep, epoch, out);
+  close_block_send(P, rt, ep, epoch, due, out);
 }
 
 }  // namespace

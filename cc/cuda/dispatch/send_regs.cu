@@ -43,7 +43,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_regs_kernel(DispatchSe
   int t = blockIdx.x;
   if (t < g.T) ch.load(P, t);
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
-  const bool free_now = flag_set_now(g, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, epoch, out | ep->d_masked);
+  const FreeDue due = free_due(g, P.p, 0, epoch);  // ... and the FREE flag the others owe us
+  const bool free_now = free_set_now(g, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, due, out);
   const int n = max(0, min(*P.num_tokens, g.T));
   const BlockRouteSmem lay(g, sizeof(RegsTail));
   const BlockRoute rt(smem, lay, g.L);
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_regs_kernel(DispatchSe
 
   // 1. Routing in shared memory while those loads are in flight, dest, pair_slot, drops; 2. a
   // peer still reading our previous rows: wait for it (with the timeout) before overwriting.
-  if (!block_route_and_wait(P, n, rt, free_now, ix, epoch, out | ep->d_masked)) return;
+  if (!block_route_and_wait(P, n, rt, free_now, ix, due, out)) return;
 
   // 3. Our tokens t = blockIdx.x, + gridDim.x, ...: threads < K find the pair's destination row;
   // every thread writes its chunks to each of them, thread k the token and weight after pair k's body.
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_regs_kernel(DispatchSe
   }
 
   // 4. Our counts column into every peer; the last block raises the arrival flags.
-  close_block_send(P, rt, ep, epoch, out);
+  close_block_send(P, rt, ep, epoch, due, out);
 }
 
 bool aligned16_host(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
