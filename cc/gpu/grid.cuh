@@ -6,7 +6,6 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <cstdint>
 
 namespace a2a::cuda {
@@ -42,23 +41,6 @@ cudaError_t launch_plain(void (*kernel)(Params...), int blocks, size_t smem, cud
   void* args[] = {const_cast<Params*>(&params)...};
   return cudaLaunchKernel(reinterpret_cast<void*>(kernel), blocks, kThreads, args, smem, stream);
 }
-
-// Dynamic shared memory past 48 KiB needs an opt-in per kernel and device
-// (cudaFuncAttributeMaxDynamicSharedMemorySize). One static SmemOptIn per kernel remembers what was
-// granted on each device, so that a launch pays the driver call once, not every time.
-struct SmemOptIn {
-  std::atomic<int64_t> granted[64];  // static storage: zero-initialised
-  cudaError_t ensure(const void* kernel, size_t bytes) {
-    if (bytes <= 48 * 1024) return cudaSuccess;
-    int dev = 0;
-    cudaError_t rc = cudaGetDevice(&dev);
-    if (rc != cudaSuccess) return rc;
-    if (dev >= 0 && dev < 64 && granted[dev].load(std::memory_order_relaxed) >= int64_t(bytes)) return cudaSuccess;
-    rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    if (rc == cudaSuccess && dev >= 0 && dev < 64) granted[dev].store(int64_t(bytes), std::memory_order_relaxed);
-    return rc;
-  }
-};
 
 // Every thread of every block calls this once, after its block's work: true in exactly one block,
 // the last to get here, which then sees every other block's earlier writes (the fence-and-count

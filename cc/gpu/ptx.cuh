@@ -56,23 +56,4 @@ __device__ __forceinline__ int4 ld_volatile_v4(const int4* p) {
   return v;
 }
 
-// 16 bytes from global memory (16-byte aligned: ours, a peer's through IPC, or mapped host memory)
-// into shared memory without passing through registers (cp.async, sm_80+; .cg: L2 only, so no stale
-// L1 line of a peer-written region, like ld_volatile_v4). Completes at cp_async_wait_all. Before
-// sm_80: a plain volatile load and shared store.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-#else
-  *static_cast<int4*>(smem) = ld_volatile_v4(static_cast<const int4*>(gmem));
-#endif
-}
-// Waits for every cp_async16 of the calling thread; their bytes are then visible to it.
-__device__ __forceinline__ void cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
-#endif
-}
-
 }  // namespace a2a::cuda::ptx

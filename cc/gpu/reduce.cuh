@@ -131,100 +131,6 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
   }
 }
 
-// The staged vector path: the same items, sums and outputs as reduce_combine_vec, but a lane's
-// 32 bytes of each of up to kStagePairs pairs go to shared memory with cp.async (no registers
-// held while they are in flight), so that a decode item's eight rows are all loaded at once: the
-// register path keeps four in flight (more spilled), two dependent load latencies per item, the
-// top stall of the EP = 1 combine (2026-12-03 profile: 39 % of samples waiting on the rows).
-// `stage`: the block's kReduceStageBytes of shared memory (16-byte aligned), one part per warp.
-constexpr int kStagePairs = 8;
-constexpr int64_t kReduceStageWarpBytes = int64_t(kStagePairs) * 2 * 32 * 16;  // [pair][vector][lane] int4
-constexpr int64_t kReduceStageBytes = (kThreads / 32) * kReduceStageWarpBytes;  // 128 KiB for 16 warps
-template <int YKind, typename RowFn>
-__device__ void reduce_combine_staged_vec(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row, uint8_t* stage) {
-  using RS = ReduceShape<YKind>;
-  constexpr int kParts = RS::kParts;
-  const Geometry& g = P.g;
-  int4* my = reinterpret_cast<int4*>(stage + (threadIdx.x >> 5) * kReduceStageWarpBytes);  // [u][v][32]
-  const int64_t segs = (g.H + RS::kSegment - 1) / RS::kSegment;
-  for (int64_t w = ix.gwarp; w < int64_t(g.T) * segs; w += ix.nwarps) {
-    const int t = static_cast<int>(w / segs);
-    const int64_t h0 = (w % segs) * RS::kSegment + int64_t(ix.lane) * RS::kLane;
-    bool on[kParts];
-#pragma unroll
-    for (int c = 0; c < kParts; ++c) on[c] = h0 + c * kReduceVec < g.H;
-    float acc[kParts][kReduceVec];
-#pragma unroll
-    for (int c = 0; c < kParts; ++c)
-#pragma unroll
-      for (int i = 0; i < kReduceVec; ++i) acc[c][i] = 0.f;
-    if (P.out_in && on[0]) {
-      const int64_t bytes_before = (int64_t(t) * g.H + h0) * (P.out_in_kind == 0 ? 4 : 2);
-      ptx::prefetch_l1(static_cast<const uint8_t*>(P.out_in) + bytes_before);
-      if (kParts * kReduceVec * (P.out_in_kind == 0 ? 4 : 2) > 32)
-        ptx::prefetch_l1(static_cast<const uint8_t*>(P.out_in) + bytes_before + 32);
-    }
-    const int64_t lane_bytes = h0 * (YKind == 0 ? 4 : 2);  // this lane's 32 bytes in a row
-    for (int kc = 0; kc < g.K; kc += 32) {
-      int my_d = -1, my_slot = 0;
-      float my_w = 0.f;
-      if (kc + ix.lane < g.K && t < n) {
-        const int64_t q = int64_t(t) * g.K + kc + ix.lane;
-        my_d = P.dest[q];
-        my_slot = P.pair_slot[q];
-        my_w = P.weights[q];
-        if (my_d < 0 || my_d >= g.N) my_d = -1;
-      }
-      const int kn = min(32, g.K - kc);
-      for (int k0 = 0; k0 < kn; k0 += kStagePairs) {
-        float wt[kStagePairs];
-        bool has[kStagePairs];
-#pragma unroll
-        for (int u = 0; u < kStagePairs; ++u) {
-          const int src = min(k0 + u, 31);
-          const int d = __shfl_sync(0xffffffffu, my_d, src);
-          const int slot = __shfl_sync(0xffffffffu, my_slot, src);
-          wt[u] = __shfl_sync(0xffffffffu, my_w, src);
-          const uint8_t* r = k0 + u < kn && d >= 0 ? row(t, d, slot) : nullptr;
-          has[u] = r != nullptr;
-          if (!has[u]) wt[u] = 0.f;
-          // the lane's two 16-byte vectors (f32: both halves of its 8 values; 16-bit: one part each)
-          if (has[u] && on[0]) ptx::cp_async16(&my[(u * 2) * 32 + ix.lane], r + lane_bytes);
-          if (has[u] && on[kParts - 1]) ptx::cp_async16(&my[(u * 2 + 1) * 32 + ix.lane], r + lane_bytes + 16);
-        }
-        ptx::cp_async_wait_all();
-#pragma unroll
-        for (int u = 0; u < kStagePairs; ++u) {
-          if (k0 + u >= kn) break;
-          int4 raw[2] = {make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0)};
-          if (has[u] && on[0]) raw[0] = my[(u * 2) * 32 + ix.lane];
-          if (has[u] && on[kParts - 1]) raw[1] = my[(u * 2 + 1) * 32 + ix.lane];
-#pragma unroll
-          for (int c = 0; c < kParts; ++c) {
-            float v[kReduceVec];
-            raw8_to_f32<YKind>(kParts == 1 ? raw : &raw[c], v);
-#pragma unroll
-            for (int i = 0; i < kReduceVec; ++i) acc[c][i] = fmaf(wt[u], v[i], acc[c][i]);
-            if (on[c] && P.pairs)
-              store_vec8(P.pairs, (int64_t(t) * g.K + kc + k0 + u) * g.H + h0 + c * kReduceVec, 0, v);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int c = 0; c < kParts; ++c) {
-      if (!on[c]) continue;
-      if (P.out_in) {
-        float o[kReduceVec];
-        load_vec8(P.out_in, int64_t(t) * g.H + h0 + c * kReduceVec, P.out_in_kind, o);
-#pragma unroll
-        for (int i = 0; i < kReduceVec; ++i) acc[c][i] += o[i];
-      }
-      store_vec8(P.out, int64_t(t) * g.H + h0 + c * kReduceVec, P.out_kind, acc[c]);
-    }
-  }
-}
-
 // The calling warp's first work item of reduce_combine_vec: lane k < K prefetches pair k's dest,
 // slot and weight into L1 (combine_recv issues it before its wait on the expert ranks, so that the
 // item's first round of loads finds them there).
@@ -239,11 +145,22 @@ __device__ inline void prefetch_reduce_meta(const CombineRecvParams& P, const Gr
   ptx::prefetch_l1(P.weights + q);
 }
 
-// The scalar path of both entries below: one thread per element (H % 8 != 0, an fp8 buffer, or
-// a buffer not 16-byte aligned).
+// `row(t, d, slot)` may return null for a pair with no row (counted as a row of zeros);
+// `rows_aligned`: every row it returns is 16-byte aligned (the vector path needs it).
 template <typename RowFn>
-__device__ void reduce_combine_scalar(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
+__device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row,
+                               bool rows_aligned = true) {
   const Geometry& g = P.g;
+  const bool vec = g.H % kReduceVec == 0 && P.y_kind != 3 && P.out_kind != 3 && (!P.out_in || P.out_in_kind != 3) &&
+                   rows_aligned && aligned16(P.out) && aligned16(P.out_in) &&
+                   aligned16(P.pairs);  // XLA's buffers (ours are padded)
+  if (vec) {
+    switch (P.y_kind) {
+      case 0: reduce_combine_vec<0>(P, n, ix, row); return;
+      case 1: reduce_combine_vec<1>(P, n, ix, row); return;
+      case 2: reduce_combine_vec<2>(P, n, ix, row); return;
+    }
+  }
   for (int64_t i = ix.gtid; i < int64_t(g.T) * g.H; i += ix.gstride) {
     const int t = static_cast<int>(i / g.H);
     const int64_t h = i % g.H;
@@ -262,44 +179,6 @@ __device__ void reduce_combine_scalar(const CombineRecvParams& P, int n, const G
     if (P.out_in) acc += load_elem(P.out_in, int64_t(t) * g.H + h, P.out_in_kind);
     store_elem(P.out, int64_t(t) * g.H + h, P.out_kind, acc);
   }
-}
-
-// Whether the vector paths apply: H % 8 == 0, no fp8 buffer, every row (`rows_aligned`) and
-// output 16-byte aligned (XLA's buffers; ours are padded).
-__device__ __forceinline__ bool reduce_vec_ok(const CombineRecvParams& P, bool rows_aligned) {
-  return P.g.H % kReduceVec == 0 && P.y_kind != 3 && P.out_kind != 3 && (!P.out_in || P.out_in_kind != 3) &&
-         rows_aligned && aligned16(P.out) && aligned16(P.out_in) && aligned16(P.pairs);
-}
-
-// `row(t, d, slot)` may return null for a pair with no row (counted as a row of zeros);
-// `rows_aligned`: every row it returns is 16-byte aligned (the vector path needs it).
-// The register path (reduce_combine_vec), for kernels without the staging's shared memory.
-template <typename RowFn>
-__device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row,
-                               bool rows_aligned = true) {
-  if (reduce_vec_ok(P, rows_aligned)) {
-    switch (P.y_kind) {
-      case 0: reduce_combine_vec<0>(P, n, ix, row); return;
-      case 1: reduce_combine_vec<1>(P, n, ix, row); return;
-      case 2: reduce_combine_vec<2>(P, n, ix, row); return;
-    }
-  }
-  reduce_combine_scalar(P, n, ix, row);
-}
-
-// The same through the staged path (reduce_combine_staged_vec): `stage` is the block's
-// kReduceStageBytes of dynamic shared memory (16-byte aligned).
-template <typename RowFn>
-__device__ void reduce_combine_staged(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row,
-                                      uint8_t* stage, bool rows_aligned = true) {
-  if (reduce_vec_ok(P, rows_aligned)) {
-    switch (P.y_kind) {
-      case 0: reduce_combine_staged_vec<0>(P, n, ix, row, stage); return;
-      case 1: reduce_combine_staged_vec<1>(P, n, ix, row, stage); return;
-      case 2: reduce_combine_staged_vec<2>(P, n, ix, row, stage); return;
-    }
-  }
-  reduce_combine_scalar(P, n, ix, row);
 }
 
 }  // namespace a2a::cuda

@@ -14,7 +14,6 @@ namespace a2a::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParams P) {
-  extern __shared__ __align__(16) uint8_t stage[];  // kReduceStageBytes: the rows in flight (gpu/reduce.cuh)
   A2A_KERNEL_START(P);
   // The token count (written before the launch) is loaded at entry, so that its latency overlaps
   // the flag wait instead of following it (the acquire loads keep a later load behind them).
@@ -30,10 +29,10 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
   const int n = max(0, min(num_tokens, g.T));
   const int64_t stride = int64_t(g.H) * elem_bytes(P.y_kind);
   const uint8_t* region = P.p.peer_shared[me] + g.off_c_rows;  // [tp][Q][stride]
-  reduce_combine_staged(P, n, ix, [&](int t, int d, int32_t slot) {
+  reduce_combine(P, n, ix, [&](int t, int d, int32_t slot) {
     const int64_t at = (int64_t(t % g.tp) * g.Q + slot) * stride;  // slot: the pair's row in its member's part
     return remote::is_remote(P.p, d) ? P.p.remote.c_recv + at : region + at;
-  }, stage);
+  });
   if (last_block_done(&ep->done[3])) {  // expert ranks may overwrite our rows now
     if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x) && !left_out(out, threadIdx.x))
       ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->c_free[me], epoch + 1);
@@ -44,9 +43,7 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
 }  // namespace
 
 cudaError_t launch_combine_recv(const CombineRecvParams& p, int blocks, cudaStream_t stream) {
-  static SmemOptIn opt_in;
-  const cudaError_t rc = opt_in.ensure(reinterpret_cast<const void*>(combine_recv_kernel), kReduceStageBytes);
-  return rc != cudaSuccess ? rc : launch_plain(combine_recv_kernel, blocks, kReduceStageBytes, stream, p);
+  return launch_plain(combine_recv_kernel, blocks, 0, stream, p);
 }
 
 }  // namespace a2a::cuda

@@ -13,13 +13,8 @@
 namespace a2a::cuda {
 namespace {
 
-// Byte offset of the staging after start [L] (expert_major only), 16-byte aligned.
-__host__ __device__ inline int64_t stage_offset(const Geometry& g) { return g.layout != 0 ? (int64_t(4) * g.L + 15) / 16 * 16 : 0; }
-
 __global__ void __launch_bounds__(kThreads) local_combine_kernel(LocalCombineParams P) {
-  // expert_major: start [L] (first slot of each local expert), then (16-byte aligned) the
-  // reduction's staging (kReduceStageBytes, gpu/reduce.cuh)
-  extern __shared__ __align__(16) int32_t start[];
+  extern __shared__ int32_t start[];  // expert_major: [L] first slot of each local expert
   const CombineRecvParams& C = P.c;
   const Geometry& g = C.g;
   const GridIdx ix;
@@ -33,7 +28,7 @@ __global__ void __launch_bounds__(kThreads) local_combine_kernel(LocalCombinePar
   const int n = max(0, min(*C.num_tokens, g.T));
   const int64_t stride = int64_t(g.H) * elem_bytes(C.y_kind);
   const uint8_t* y = static_cast<const uint8_t*>(P.y);
-  reduce_combine_staged(
+  reduce_combine(
       C, n, ix,
       [&](int, int, int32_t j) -> const uint8_t* {
         int64_t pos;
@@ -50,16 +45,14 @@ __global__ void __launch_bounds__(kThreads) local_combine_kernel(LocalCombinePar
         }
         return pos >= 0 ? y + pos * stride : nullptr;
       },
-      reinterpret_cast<uint8_t*>(start) + stage_offset(g), aligned16(P.y) && stride % 16 == 0);
+      aligned16(P.y) && stride % 16 == 0);
 }
 
 }  // namespace
 
 cudaError_t launch_local_combine(const LocalCombineParams& p, int blocks, cudaStream_t stream) {
-  static SmemOptIn opt_in;
-  const size_t smem = static_cast<size_t>(stage_offset(p.c.g) + kReduceStageBytes);
-  const cudaError_t rc = opt_in.ensure(reinterpret_cast<const void*>(local_combine_kernel), smem);
-  return rc != cudaSuccess ? rc : launch_plain(local_combine_kernel, blocks, smem, stream, p);
+  const size_t smem = p.c.g.layout != 0 ? size_t(4) * p.c.g.L : 0;
+  return launch_plain(local_combine_kernel, blocks, smem, stream, p);
 }
 
 }  // namespace a2a::cuda

@@ -17,7 +17,6 @@ namespace a2a::nvshmem {
 namespace {
 
 __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::CombineRecvParams P, NvSlot nv) {
-  extern __shared__ __align__(16) uint8_t stage[];  // kReduceStageBytes: the rows in flight (gpu/reduce.cuh)
   A2A_KERNEL_START(P);
   const int n = max(0, min(*P.num_tokens, g.T));
 
@@ -45,9 +44,9 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
   }
   const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
   const uint8_t* region = P.p.peer_shared[me] + nv.lay.off_c_rows;  // [tp][Q][stride]
-  cuda::reduce_combine_staged(P, n, ix, [&](int t, int, int32_t slot) {
+  cuda::reduce_combine(P, n, ix, [&](int t, int, int32_t slot) {
     return region + (int64_t(t % g.tp) * g.Q + slot) * stride;  // slot: the pair's row in its member's part
-  }, stage);
+  });
   if (!cuda::last_block_done(&ep->done[3])) return;
   if (!counters_in_step(P.p, g, 3, out, [&](int r) { return &mine->c_rows[r]; }, rows_due)) {
     cuda::poison_combine_recv(P, whole_grid_in_block());  // every block's outputs: they are done
@@ -63,9 +62,7 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
 }  // namespace
 
 cudaError_t launch_combine_recv(const cuda::CombineRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
-  static cuda::SmemOptIn opt_in;
-  const cudaError_t rc = opt_in.ensure(reinterpret_cast<const void*>(combine_recv_kernel), cuda::kReduceStageBytes);
-  return rc != cudaSuccess ? rc : cuda::launch_plain(combine_recv_kernel, blocks, cuda::kReduceStageBytes, stream, p, nv);
+  return cuda::launch_plain(combine_recv_kernel, blocks, 0, stream, p, nv);
 }
 
 }  // namespace a2a::nvshmem
