@@ -110,26 +110,24 @@ __device__ __forceinline__ void local_store_rows(const LocalDispatchParams& P, c
   int32_t rows[kBlockRouteMaxK];
 #pragma unroll
   for (int k = 0; k < kBlockRouteMaxK; ++k) rows[k] = k < g.K ? tail->pos[k] : -1;
-  if constexpr (kDequant && Chunks::kQuantizes) {
-    {  // rows dequantised on receive (Spec.recv_dtype, R.x_kind != wire_kind): each chunk
-      const int ob = elem_bytes(R.x_kind);  // converted once, then stored at every row (16 * ob bytes)
+  if constexpr (kDequant && Chunks::kQuantizes) {  // R.x_kind != wire_kind (Spec.recv_dtype)
+    const int ob = elem_bytes(R.x_kind);  // each chunk converted once, then stored at every row
 #pragma unroll
-      for (int i = 0; i < Chunks::kChunks; ++i) {
-        const int c = chunk_of(i);
-        if (int64_t(c) * 16 >= g.H) continue;
-        int4 dq[4];
-        ch.dequantize(i, R.x_kind, dq);
+    for (int i = 0; i < Chunks::kChunks; ++i) {
+      const int c = chunk_of(i);
+      if (int64_t(c) * 16 >= g.H) continue;
+      int4 dq[4];
+      ch.dequantize(i, R.x_kind, dq);
 #pragma unroll
-        for (int k = 0; k < kBlockRouteMaxK; ++k) {
-          if (rows[k] < 0) continue;
-          int4* dst = reinterpret_cast<int4*>(static_cast<uint8_t*>(R.x) + (int64_t(rows[k]) * g.H + int64_t(c) * 16) * ob);
+      for (int k = 0; k < kBlockRouteMaxK; ++k) {
+        if (rows[k] < 0) continue;
+        int4* dst = reinterpret_cast<int4*>(static_cast<uint8_t*>(R.x) + (int64_t(rows[k]) * g.H + int64_t(c) * 16) * ob);
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            if (j < ob) dst[j] = dq[j];  // 16 values * ob bytes = ob vectors
-        }
+        for (int j = 0; j < 4; ++j)
+          if (j < ob) dst[j] = dq[j];  // 16 values of ob bytes: ob 16-byte vectors
       }
-      return;
     }
+    return;
   }
 #pragma unroll
   for (int k = 0; k < kBlockRouteMaxK; ++k)
