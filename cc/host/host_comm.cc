@@ -141,6 +141,21 @@ std::vector<Bytes> RankComm::descriptors() const {
   return out;
 }
 
+void RankComm::drain() {
+  if (!connected_) return;
+  for (int z = 0; z < o_.slots; ++z) {
+    const Slot& sl = *slots_[z];
+    if (o_.proxied) {
+      wait_flag(&in_->slot[z].d_send_ok, uint64_t(sl.d_epoch) + 1, kDispatchSend, z);
+      wait_flag(&in_->slot[z].c_send_ok, uint64_t(sl.c_epoch) + 1, kCombineSend, z);
+    } else {
+      ex_->wait(ex_->expect_all_owed(z), kDispatchSend, z, "closing: waiting for peers to free the slot");
+      ex_->forget_owed(z);
+    }
+  }
+  engine().flush(o_.timeout_s);
+}
+
 void RankComm::stop() {
   if (proxy_) proxy_->stop();
 }
@@ -616,6 +631,19 @@ void HostComm::recover(const std::vector<uint8_t>& alive) {
 }
 
 void HostComm::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+  }
+  // A failed communicator leaves peers mid-protocol: nothing to drain.
+  if (failure().empty()) {
+    try {
+      for (auto& [r, c] : comms_) c->drain();
+    } catch (const std::exception&) {
+      // a peer never freed (dead, or it never ran the step's receive half): close all the same
+    }
+  }
   for (auto& [r, c] : comms_) c->stop();  // proxy threads first: they use the engines
   for (auto& [r, c] : comms_) c->engine().close();
 }

@@ -127,6 +127,14 @@ class RankComm {
   // ranks (the node-local path needs every rank of our node among them). Starts the proxy.
   void connect(const std::map<int, std::vector<transfer::Bytes>>& descriptors, const std::map<int, RankComm*>& locals);
   bool connected() const { return connected_; }
+  // Before the engine closes (HostComm::close): waits until every peer signalled the FREE_D /
+  // FREE_C it still owes us (a peer may still be reading the last step's rows we wrote it, and
+  // signals FREE after: into a closed engine its write could never complete) and our own writes
+  // are done. Inline mode: what Exchange::expect_all_owed lists, every slot (not from a masked peer); proxied
+  // mode: the proxy raised every slot's d_send_ok / c_send_ok for the next epoch (it got the FREE
+  // signals of the last one and flushed). Throws transfer::TimeoutError past timeout_s (a peer
+  // that died, or never ran the step's receive half).
+  void drain();
   // Stops the proxy thread (if any); idempotent.
   void stop();
   // The proxy thread's counters and flag path (proxied mode; zeros and "" without a proxy).
@@ -209,6 +217,11 @@ class HostComm {
   // survivor that never joins (a mask that still includes a dead rank) raises TimeoutError naming
   // it and leaves the communicator failed.
   void recover(const std::vector<uint8_t>& alive);
+  // Collective in effect (every process closes its communicator): unless the communicator failed,
+  // first drains every local rank (RankComm::drain: the FREE signals peers still owe us, our
+  // writes), so that no peer is left writing into a closed engine; a drain that times out (a dead
+  // peer) only delays the close by timeout_s. Then stops the proxy threads and closes the engines.
+  // Idempotent; never throws.
   void close();
 
  private:
@@ -219,6 +232,7 @@ class HostComm {
   std::string failure_;
   std::vector<int> missing_;
   uint32_t generation_ = 0;  // recover() calls so far (every survivor counts the same)
+  bool closed_ = false;
 };
 
 // Process-wide table: (communicator id, EP group) -> HostComm. A communicator over one axis of a

@@ -179,9 +179,9 @@ Arrivals Exchange::live(int z, Arrivals a) const {
 // once rank r posted its OVER, at the start of r's dispatch_recv, which may then still be reading.
 // So a rank that sat out the slot's last dispatch must still be awaited for the one before it
 // (tests/test_elastic.py::test_unmasked_rank_still_reading).
-Arrivals Exchange::expect_owed(int z, uint32_t tag, const std::vector<uint32_t>& owed) const {
+Arrivals Exchange::expect_owed(int z, uint32_t tag, const std::vector<uint32_t>& owed, bool even_if_masked) const {
   Arrivals a;
-  if (!alive(z, rank_)) return a;  // masked ourselves: we write nobody now
+  if (!even_if_masked && !alive(z, rank_)) return a;  // masked ourselves: we write nobody now
   for (int r : remote_) {
     if (!alive(z, r) || owed[r] == 0) continue;  // masked now, or it owes nothing (never took part with us)
     const uint32_t e = (owed[r] - 1) & transfer::kImmMaxEpoch;
@@ -203,6 +203,11 @@ Arrivals Exchange::expect_owed_free_d(int z) const { return expect_owed(z, tag_o
 Arrivals Exchange::expect_owed_free_c(int z) const { return expect_owed(z, tag_of(kFreeC, z), owed_c_[z]); }
 void Exchange::owe_free_d(int z, uint32_t e) { owe(z, e, owed_d_[z]); }
 void Exchange::owe_free_c(int z, uint32_t c) { owe(z, c, owed_c_[z]); }
+Arrivals Exchange::expect_all_owed(int z) const {
+  Arrivals a = expect_owed(z, tag_of(kFreeD, z), owed_d_[z], true);
+  for (Arrivals::Part& p : expect_owed(z, tag_of(kFreeC, z), owed_c_[z], true).parts) a.parts.push_back(std::move(p));
+  return a;
+}
 void Exchange::forget_owed(int z) {
   std::fill(owed_d_[z].begin(), owed_d_[z].end(), 0);
   std::fill(owed_c_[z].begin(), owed_c_[z].end(), 0);

@@ -139,6 +139,11 @@ class Exchange {
   // Recovery (RankComm::recover_apply): nobody owes slot z anything; the survivors' barrier stands
   // for the FREE signals of the failed step.
   void forget_owed(int z);
+  // Close (RankComm::drain): every FREE_D and FREE_C owed to us in slot z by the ranks alive in its
+  // mask now, also when we are masked ourselves (a peer may still be reading the last step we took
+  // part in, and signals its FREE after we finished ours). A masked peer is not awaited (it may be
+  // dead: no wait ever waits for a masked rank), nor one that owes nothing.
+  Arrivals expect_all_owed(int z) const;
 
   // ---- what each step waits for ------------------------------------------------------------
   Arrivals expect_free_d(int z, uint32_t e) const;  // FREE_D(e) from remote ranks
@@ -190,7 +195,8 @@ class Exchange {
   uint32_t imm(uint32_t tag, uint32_t epoch) const;
   Arrivals expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const;
   Arrivals live(int z, Arrivals a) const;  // without the ranks slot z's mask marks dead
-  Arrivals expect_owed(int z, uint32_t tag, const std::vector<uint32_t>& owed) const;
+  // even_if_masked: also when slot z's mask marks us dead (else nothing then: we write nobody)
+  Arrivals expect_owed(int z, uint32_t tag, const std::vector<uint32_t>& owed, bool even_if_masked = false) const;
   void owe(int z, uint32_t epoch, std::vector<uint32_t>& owed);
   void signal_remote(int z, uint32_t tag, uint32_t epoch);
 
