@@ -270,9 +270,10 @@ def combine(spec: Spec, inputs: List[RankInputs], expert_fn: Callable, y_dtype,
     """Every rank's expected `combine_recv` output [T, H] (combine_dtype).
 
     expert_fn(rows_f32 [n, H], local_expert int) -> [n, H]: the expert applied to dequantised
-    received rows (rounded to Spec.recv_dtype when set) (the test applies the same function in JAX); its result is cast to y_dtype
-    and, when y_dtype is wider than spec.combine_dtype, to the combine dtype (as the expert
-    output travels: `Spec.combine_wire_dtype`), then summed in f32 with the router weights.
+    received rows, rounded to Spec.recv_dtype when set (the test applies the same function in
+    JAX); its result is cast to y_dtype and, when y_dtype is wider than spec.combine_dtype, to the
+    combine dtype (as the expert output travels: `Spec.combine_wire_dtype`), then summed in f32
+    with the router weights.
     expert_map: logical -> physical map applied first (expert_fn sees physical local experts).
     rank_mask: [N] alive flags: pairs to or from masked ranks contribute nothing; a masked rank's
     output is 0 (or `out`).

@@ -60,10 +60,11 @@ class Dispatched:
     """What a rank receives from dispatch (the `got` of the examples).
 
     Fields (ragged layout / expert_major layout):
-      x:           [R, H] / [L, C, H] in Spec.dispatch_dtype; rows sorted by local expert.
-                   Rows past the counts are unspecified.
+      x:           [R, H] / [L, C, H] in Spec.dispatch_dtype (Spec.recv_dtype when set: fp8
+                   rows dequantised on receive); rows sorted by local expert. Rows past the
+                   counts are unspecified.
       scale:       [R, S] / [L, C, S] f32 fp8 block scales (x ~= x * scale per block), or None
-                   when dispatch is 16/32-bit.
+                   when dispatch is 16/32-bit or Spec.recv_dtype is set.
       group_sizes: [L] int32 rows per local expert (ragged: `jax.lax.ragged_dot`'s group_sizes;
                    expert_major: valid rows of each [C, H] slab).
       weights:     [R] / [L, C] f32 router weight of each received row (0 past the counts).
