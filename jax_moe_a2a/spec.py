@@ -21,6 +21,17 @@ def _pos_int(name: str, value) -> int:
     return int(value)
 
 
+def _dtype_field(name: str, value, allowed, also: str = "") -> np.dtype:
+    """Spec.<name> as a numpy dtype, or a ValueError naming the field and the dtypes it takes."""
+    try:
+        d = np.dtype(value)
+    except TypeError as e:
+        raise ValueError(f"Spec.{name}: not a dtype: {value!r}") from e
+    if d not in allowed:
+        raise ValueError(f"Spec.{name} must be {also}one of {[str(a) for a in allowed]}, got {d}")
+    return d
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
     """Static shape of one MoE all-to-all, shared by every rank.
@@ -70,27 +81,11 @@ class Spec:
     def __post_init__(self):
         for name in ("num_experts", "experts_per_token", "hidden", "max_tokens_per_rank", "tp_size", "slots"):
             object.__setattr__(self, name, _pos_int(name, getattr(self, name)))
-        try:
-            dd = np.dtype(self.dispatch_dtype)
-        except TypeError as e:
-            raise ValueError(f"Spec.dispatch_dtype: not a dtype: {self.dispatch_dtype!r}") from e
-        if dd not in WIRE_DTYPES:
-            raise ValueError(f"Spec.dispatch_dtype must be one of {[str(d) for d in WIRE_DTYPES]}, got {dd}")
+        dd = _dtype_field("dispatch_dtype", self.dispatch_dtype, WIRE_DTYPES)
         object.__setattr__(self, "dispatch_dtype", dd)
-        try:
-            cd = np.dtype(self.combine_dtype)
-        except TypeError as e:
-            raise ValueError(f"Spec.combine_dtype: not a dtype: {self.combine_dtype!r}") from e
-        if cd not in COMBINE_DTYPES:
-            raise ValueError(f"Spec.combine_dtype must be one of {[str(d) for d in COMBINE_DTYPES]}, got {cd}")
-        object.__setattr__(self, "combine_dtype", cd)
+        object.__setattr__(self, "combine_dtype", _dtype_field("combine_dtype", self.combine_dtype, COMBINE_DTYPES))
         if self.recv_dtype is not None:
-            try:
-                rd = np.dtype(self.recv_dtype)
-            except TypeError as e:
-                raise ValueError(f"Spec.recv_dtype: not a dtype: {self.recv_dtype!r}") from e
-            if rd not in COMBINE_DTYPES:
-                raise ValueError(f"Spec.recv_dtype must be None or one of {[str(d) for d in COMBINE_DTYPES]}, got {rd}")
+            rd = _dtype_field("recv_dtype", self.recv_dtype, COMBINE_DTYPES, "None or ")
             if dd not in FP8_DTYPES:
                 raise ValueError(f"Spec.recv_dtype dequantises fp8 rows on receive: it needs an fp8 dispatch_dtype, "
                                  f"got {dd} (16/32-bit rows arrive in dispatch_dtype)")
