@@ -47,7 +47,10 @@ std::string describe_error(const ErrorRecord& e, double timeout_s, const char* b
   std::string missing;
   for (int r = 0; r < 64; ++r)
     if (e.missing >> r & 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-  const std::string what = missing.empty()
+  const std::string what = e.code == kErrorCounterAhead
+                               ? "the row counters of ranks [" + missing + "] ran ahead of the rows we consumed from them "
+                                 "(ranks passing different rank masks?)"
+                           : missing.empty()
                                // only the proxy knows who is missing, and it raised nothing in time
                                ? "the inter-node proxy raised no flag within " + std::to_string(timeout_s * 1.5 + 2) +
                                      " s (its thread stalled, or remote ranks are missing)"

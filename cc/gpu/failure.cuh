@@ -49,7 +49,7 @@ __device__ inline void record_timeout(const SlotPtrs& p, int op, uint64_t missin
   p.err->slot = p.slot;
   p.err->rank = p.rank;
   __threadfence_system();
-  p.err->code = 1;
+  p.err->code = kErrorTimeout;
   __threadfence_system();
 }
 

@@ -46,10 +46,15 @@ struct Epochs {  // device-side counters so that kernels need no per-call host p
   uint64_t d_lagging, c_lagging;
 };
 
+// ErrorRecord::code values besides 0 (none): a peer that did not arrive in time, and (nvshmem)
+// a row counter found ahead of what its receiver consumed (ranks passing different rank masks).
+constexpr int32_t kErrorTimeout = 1;
+constexpr int32_t kErrorCounterAhead = 2;
+
 // Error record in mapped host memory: set by a kernel that timed out (the host raises it at the
 // next call).
 struct ErrorRecord {
-  int32_t code;      // 0: none, 1: timeout, 2: nvshmem row counter ahead (nvshmem::kCounterAhead)
+  int32_t code;      // 0: none, kErrorTimeout, kErrorCounterAhead
   int32_t op;        // 0 dispatch_send, 1 dispatch_recv, 2 combine_send, 3 combine_recv
   int32_t slot;
   int32_t rank;

@@ -30,8 +30,7 @@ Layout make_layout(const cuda::Geometry& g) {
   l.off_priv = pad16(l.off_c_rows + int64_t(g.tp) * g.Q * g.c_stride_max);
   l.off_meta_stage = g.private_slot_bytes;
   l.off_seen = l.off_meta_stage + int64_t(g.N) * l.meta_stride;
-  l.off_owed = l.off_seen + pad16(2 * 8 * int64_t(g.N));
-  l.off_zero = l.off_owed + pad16(2 * 8 * int64_t(g.N));
+  l.off_zero = l.off_seen + pad16(2 * 8 * int64_t(g.N));
   l.slot_bytes = (l.off_priv + l.off_zero + g.c_stride_max + 255) / 256 * 256;
   return l;
 }
@@ -49,8 +48,7 @@ std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
           {"private_scratch", z * (g.off_epochs - g.off_scratch)},
           {"private_epochs", z * (g.private_slot_bytes - g.off_epochs)},
           {"private_meta_stage", z * (l.off_seen - l.off_meta_stage)},
-          {"private_seen", z * (l.off_owed - l.off_seen)},
-          {"private_owed", z * (l.off_zero - l.off_owed)},
+          {"private_seen", z * (l.off_zero - l.off_seen)},
           {"private_zero_row", z * (l.slot_bytes - priv - l.off_zero)}};  // with the 256-byte padding
 }
 
@@ -143,16 +141,7 @@ void NvComm::check_error() const {
 }
 
 std::string NvComm::error_text() const {
-  if (err_->code != kCounterAhead) return cuda::describe_error(*err_, o_.timeout_s, "nvshmem");
-  // Elastic EP's counter guard (counters_in_step, nvshmem/device.cuh)
-  static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
-  std::string ranks;
-  for (int r = 0; r < 64; ++r)
-    if (err_->missing >> r & 1) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  return "jax_moe_a2a nvshmem " + std::string(names[err_->op & 3]) + " (slot " + std::to_string(err_->slot) +
-         ", rank " + std::to_string(err_->rank) + "): the row counters of ranks [" + ranks +
-         "] ran ahead of the rows we consumed from them (ranks passing different rank masks?); that step's "
-         "outputs are NaN / empty and this communicator is unusable (create a new one)";
+  return cuda::describe_error(*err_, o_.timeout_s, "nvshmem");
 }
 
 namespace {

@@ -7,7 +7,7 @@
 // Elastic EP (docs/api.md, "Elastic EP"; gpu/mask.cuh): every half leaves the masked ranks out of
 // its waits (a masked rank's target is 0) and its puts, reads a masked source's stale meta block
 // as zeros, never advances `seen` for it and sends it no FREE; a send half awaits each live rank's
-// FREE of the last step both took part in (`owed`). The row counters (Signals::d_rows / c_rows)
+// FREE of the last step both took part in (FreeDue, gpu/mask.cuh, shared with the cuda backend). The row counters (Signals::d_rows / c_rows)
 // are cumulative, so they must stay in step with `seen`:
 //   - a masked rank that still runs is masked in its own calls too (masked_ranks: every bit): it
 //     puts nothing and nobody puts to it, so both sides' counters stand still and it can be
@@ -22,7 +22,7 @@
 //     misread.
 // Ranks that pass different masks (a user error) can put rows their receiver does not count:
 // counters_in_step finds a counter past what this epoch explains before the FREE signals go out,
-// and fails the op (error code kCounterAhead) instead of letting a later step read stale rows.
+// and fails the op (error code cuda::kErrorCounterAhead) instead of letting a later step read stale rows.
 #pragma once
 
 #include <nvshmem.h>
@@ -56,15 +56,6 @@ __device__ __forceinline__ uint64_t* seen(const SlotPtrs& p, const Layout& lay, 
   return reinterpret_cast<uint64_t*>(p.priv + lay.off_seen) + int64_t(which) * g.N;
 }
 
-// Per-rank FREE values owed to us: [0] d_free, [1] c_free (nvshmem/params.h). A send half awaits
-// owed[r] from every rank r alive now, and its last block sets owed[r] = epoch + 1 for every rank
-// alive in this call (each will free this epoch for us); a masked one keeps what it owed before.
-// So a rank masked for a step and then unmasked is still awaited for the FREE of the last step it
-// took part in: it may lag behind and still be reading our rows, meta or combine rows of that step.
-__device__ __forceinline__ uint64_t* owed(const SlotPtrs& p, const Layout& lay, int which, const Geometry& g) {
-  return reinterpret_cast<uint64_t*>(p.priv + lay.off_owed) + int64_t(which) * g.N;
-}
-
 // Warp-wide: `bytes` from local `src` to `dst` (a symmetric address) on PE `pe`, then adds 1 to
 // the signal `sig` there (it lands after the data).
 __device__ __forceinline__ void put_row_signal(void* dst, const void* src, int64_t bytes, uint64_t* sig, int pe) {
@@ -85,7 +76,7 @@ __device__ bool wait_signals(const SlotPtrs& p, const Geometry& g, int op, FlagF
 // r not in `skip` cannot have put rows of its next epoch yet (it waits for our FREE), so
 // *counter(r) > want(r) (seen plus this epoch's rows) means its counter and our `seen` are out
 // of step, and the rows we just read may be another epoch's. Then the offending sources are
-// recorded (ErrorRecord code kCounterAhead, `missing` = their bits), the slot is marked failed
+// recorded (ErrorRecord code cuda::kErrorCounterAhead, `missing` = their bits), the slot is marked failed
 // and every thread gets false: the caller poisons its outputs and sends no FREE. Only with a mask
 // operand (p.alive): counters drift only when ranks disagree about a mask, and without one the
 // receive halves keep their closing path as it was (no extra load and barriers).
@@ -107,7 +98,7 @@ __device__ bool counters_in_step(const SlotPtrs& p, const Geometry& g, int op, u
     p.err->slot = p.slot;
     p.err->rank = p.rank;
     __threadfence_system();
-    p.err->code = kCounterAhead;
+    p.err->code = cuda::kErrorCounterAhead;
     __threadfence_system();
     cuda::mark_failed(g, p);
     printf("jax_moe_a2a nvshmem %s (slot %d, rank %d): the row counters of ranks with bits 0x%llx set ran ahead of "

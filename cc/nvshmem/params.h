@@ -6,15 +6,12 @@
 // shared part, puts read the private part):
 //   shared:  Signals | meta [N src][L + 1 + 2P] int32 | rows [N src][P][row] | c_rows [tp][Q][c_row]
 //   private: cuda private area (staging [T][row], scratch, Epochs) | meta_stage [N dest][L + 1 + 2P]
-//            int32 | seen [2][N] uint64 | owed [2][N] uint64 | zero row [c_row]
+//            int32 | seen [2][N] uint64 | zero row [c_row]
 // seen[0][s] / seen[1][x]: the dispatch rows consumed from source s / combine rows from expert
 // rank x, over every epoch; they move with the cumulative Signals::d_rows / c_rows and stand
 // still while the rank is masked (elastic EP: nvshmem/device.cuh says why that keeps them in step).
-// owed[0][r] / owed[1][r]: the d_free / c_free value rank r owes us, e + 1 of the slot's last
-// dispatch / combine in which both of us took part (0: none yet); without a mask always the
-// call's epoch. (The cuda backend remembers only the last op's masked ranks, Epochs::d_masked /
-// c_masked, which this backend leaves at 0: a rank masked for one step would then not be awaited
-// for the FREE of the step before, which it may still be reading.)
+// The d_free / c_free value each rank owes us (elastic EP) is kept in the cuda private area
+// (Epochs::d_lagging / c_lagging and the owed array after Epochs: gpu/mask.cuh FreeDue).
 // meta block of one (source -> receiver) pair: counts [L] (rows per local expert), the source's
 // combine offset for the receiver (rows it sends lower ranks: where the receiver's combine rows
 // start in its member's part of c_rows), then (token int32, weight f32 bits) for each of the
@@ -34,10 +31,10 @@ struct Signals {
   uint64_t d_meta[kMaxRanks];  // source s put its meta block for epoch e: SET e + 1
   uint64_t d_rows[kMaxRanks];  // rows landed from source s: ADD 1 per row, cumulative over epochs (vs seen[0])
   uint64_t d_free[kMaxRanks];  // receiver d finished reading our rows and meta of epoch e: SET e + 1
-                               // (elastic EP: not from ranks masked in e; awaited as owed[0])
+                               // (elastic EP: not from ranks masked in e; awaited as FreeDue)
   uint64_t c_rows[kMaxRanks];  // combine rows landed from expert rank x: ADD 1 per row, cumulative (vs seen[1])
   uint64_t c_free[kMaxRanks];  // rank m finished reading our combine rows of epoch c: SET c + 1
-                               // (elastic EP: not from ranks masked in c; awaited as owed[1])
+                               // (elastic EP: not from ranks masked in c; awaited as FreeDue)
 };
 
 // Byte offsets inside one slot of a rank's symmetric block (see the header comment).
@@ -45,14 +42,9 @@ struct Layout {
   int64_t meta_stride;                      // 4 * (L + 1 + 2P), padded to 16
   int64_t off_meta, off_rows, off_c_rows;   // shared part, from the slot start
   int64_t off_priv;                         // start of the private part (cuda private area)
-  int64_t off_meta_stage, off_seen, off_owed, off_zero;  // from the private start
+  int64_t off_meta_stage, off_seen, off_zero;  // from the private start
   int64_t slot_bytes;
 };
-
-// ErrorRecord::code of a row counter found ahead of what its receiver consumed (elastic EP's guard,
-// counters_in_step in nvshmem/device.cuh; code 1 is a timeout, gpu/failure.cuh). NvComm::error_text
-// words it.
-constexpr int32_t kCounterAhead = 2;
 
 // What the kernels need beyond the cuda parameter structs.
 struct NvSlot {

@@ -4,7 +4,7 @@
 // derives the arrangement in its own shared memory (gpu/arrange.cuh). No closing signal:
 // receivers count rows. Elastic EP: masked members get no row (a masked source sent us none: its
 // recv_counts are 0) and their c_free is not awaited; a live rank's is awaited for the last
-// combine it took part in (owed[1], nvshmem/device.cuh).
+// combine it took part in (FreeDue, gpu/mask.cuh, as the cuda backend's).
 #include "gpu/arrange.cuh"
 #include "gpu/elems.cuh"
 #include "gpu/failure.cuh"
@@ -21,13 +21,13 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
   A2A_KERNEL_START(P);
 
   // Every source must have reduced the rows we last wrote it before we overwrite them; masked
-  // ranks get nothing now (owed[r]: epoch without a mask; rewritten by the last block, after
-  // every block waited).
+  // ranks get nothing now (due(r): the epoch without a mask; owe_free rewrites it in the last
+  // block, after every block waited).
   const uint64_t out = masked_ranks(g, P.p);
-  uint64_t* free_due = owed(P.p, nv.lay, 1, g);
+  const cuda::FreeDue due = cuda::free_due(g, P.p, 1, epoch);
   if (cuda::slot_failed(g, P.p) ||
       !wait_signals(P.p, g, 2, [&](int r) { return &signals_at(P.p, me)->c_free[r]; },
-                    [&](int r) { return left_out(out, r) ? 0 : free_due[r]; }, blockIdx.x == 0))
+                    [&](int r) { return left_out(out, r) ? 0 : due(r); }, blockIdx.x == 0))
     return;  // an op of this slot failed: the host raises it
   const cuda::BlockArrangement a =
       cuda::block_arrange(g, [&](int s, int l) { return P.recv_counts[s * cuda::counts_stride(g) + l]; }, smem);
@@ -45,8 +45,7 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
     }
   }
   if (!cuda::last_block_done(&ep->done[2])) return;
-  if (threadIdx.x < g.N && !left_out(out, threadIdx.x))
-    free_due[threadIdx.x] = epoch + 1;  // every live rank frees this epoch for us
+  cuda::owe_free(g, P.p, 1, due, out);  // every live rank frees this epoch for us
   if (threadIdx.x == 0) {
     ep->c_send = epoch + 1;
     P.handle[0] = static_cast<int32_t>(epoch);

@@ -5,7 +5,7 @@
 // signal d_meta[me] = epoch + 1 tells the receiver how many rows to wait for. Elastic EP: masked
 // ranks get no meta block and no row (the communicator already stopped every pair to them) and
 // their FREE is not awaited; a live rank's is awaited for the last dispatch it took part in
-// (owed[0], nvshmem/device.cuh).
+// (FreeDue, gpu/mask.cuh, as the cuda backend's).
 #include "gpu/arrange.cuh"
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
@@ -37,11 +37,11 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
   cuda::route_pairs(P, s, n, ix, &ep->dropped);
   cuda::scan_experts(P, s, n, ix);
   cuda::stage_tokens(P, n, member, ix);
-  // (owed[r]: epoch without a mask; rewritten by the last block, after the grid sync below)
-  uint64_t* free_due = owed(P.p, nv.lay, 0, g);
+  // (due(r): the epoch without a mask; owe_free rewrites it in the last block, after the grid sync below)
+  const cuda::FreeDue due = cuda::free_due(g, P.p, 0, epoch);
   if (blockIdx.x == 0)
     wait_signals(P.p, g, 0, [&](int r) { return &signals_at(P.p, me)->d_free[r]; },
-                 [&](int r) { return left_out(out, r) ? 0 : free_due[r]; });
+                 [&](int r) { return left_out(out, r) ? 0 : due(r); });
   grid.sync();
   if (cuda::slot_failed(g, P.p)) {
     cuda::abandon_dispatch_send(P, ix);
@@ -84,8 +84,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
                                     4 * static_cast<size_t>(meta_head_words(g) + 2 * int64_t(rows)), &signals_at(P.p, d)->d_meta[me],
                                     epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[d]);
   }
-  if (threadIdx.x < g.N && !left_out(out, threadIdx.x))
-    free_due[threadIdx.x] = epoch + 1;  // every live rank frees this epoch for us
+  cuda::owe_free(g, P.p, 0, due, out);  // every live rank frees this epoch for us
   if (threadIdx.x == 0) {
     ep->d_send = epoch + 1;
     P.handle[0] = static_cast<int32_t>(epoch);
