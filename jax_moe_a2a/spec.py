@@ -107,11 +107,6 @@ class Spec:
         return self.dispatch_dtype in FP8_DTYPES
 
     @property
-    def recv_x_dtype(self) -> np.dtype:
-        """The dtype of `Dispatched.x`: recv_dtype when set, else dispatch_dtype."""
-        return self.recv_dtype if self.recv_dtype is not None else self.dispatch_dtype
-
-    @property
     def recv_is_fp8(self) -> bool:
         """`Dispatched.x` holds fp8 rows with `Dispatched.scale` (fp8 dispatch, no recv_dtype)."""
         return self.is_fp8 and self.recv_dtype is None
