@@ -52,6 +52,8 @@ def parse_args(argv):
     p.add_argument("--x-dtype", default="f32", choices=("f32", "bf16", "fp8"),
                    help="dtype of dispatch_send's x: f32 / bf16 (fp8 dispatch quantises in the send half), or fp8 "
                         "pre-quantised with its f32 scales (the send half copies: what pplx-kernels' dispatch takes)")
+    p.add_argument("--recv-dtype", default=None, choices=("bf16", "f16", "f32"),
+                   help="Spec.recv_dtype: fp8 on the wire, the rows dequantised to this dtype on receive")
     p.add_argument("--json-out", default=None, help=argparse.SUPPRESS)  # child processes: results only
     p.add_argument("--anchor-json", default=os.environ.get("JAX_MOE_A2A_ANCHOR_JSON"),
                    help="folder with the pplx anchor kit's pplx_N.json (default $JAX_MOE_A2A_ANCHOR_JSON)")
@@ -80,7 +82,8 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0, h
               "local_path": bool(comm.diagnostics().get("local_path")),
               "spec": {"T": spec.max_tokens_per_rank, "H": spec.hidden, "E": spec.num_experts,
                        "K": spec.experts_per_token, "dispatch_dtype": str(spec.dispatch_dtype),
-                       "combine_dtype": str(spec.combine_dtype), "layout": spec.layout},
+                       "combine_dtype": str(spec.combine_dtype), "layout": spec.layout,
+                       "recv_dtype": None if spec.recv_dtype is None else str(spec.recv_dtype)},
               "buffer_bytes_per_rank": comm.buffer_bytes(), "buffer_regions": comm.buffer_regions()}
     # bytes of payload each rank sends (one row per routed (token, expert) pair)
     rows = [int(oracle.routed_pairs(spec, i)[0].sum()) for i in inputs]
@@ -188,6 +191,8 @@ def run(jax, args, progress_label=""):
         for b, why in skipped.items():
             print(f"  skipped {b}: {why}", flush=True)
     units = {s: chosen[s].units() for s in names}
+    spec_kw = {"recv_dtype": {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[args.recv_dtype]} \
+        if args.recv_dtype else {}
     progress = Progress(len(backends) * sum(units[s] * (2 + iters + warmup) for s in names), lead,
                         label=progress_label)
     if "nvshmem" in backends and not os.environ.get("JAX_MOE_A2A_NVSHMEM_ARENA"):
@@ -195,13 +200,13 @@ def run(jax, args, progress_label=""):
         from jax_moe_a2a.backends.nvshmem import NvshmemBackend
         from jax_moe_a2a.config import Config
         nv = NvshmemBackend()
-        need = sum(nv.buffer_bytes(Config.build(chosen[s].spec(), mesh.size, nv)) for s in names)
+        need = sum(nv.buffer_bytes(Config.build(chosen[s].spec(**spec_kw), mesh.size, nv)) for s in names)
         os.environ["JAX_MOE_A2A_NVSHMEM_ARENA"] = str(need)
     results = []
     for b in backends:
         for s in names:
             try:
-                comm = a2a.init(chosen[s].spec(), mesh, "ep", backend=b, collect_stats=False)
+                comm = a2a.init(chosen[s].spec(**spec_kw), mesh, "ep", backend=b, collect_stats=False)
                 rec = bench_one(jax, comm, s, args, iters, warmup, progress, units[s])
                 rec["scaled"] = chosen[s].scaled
                 comm.close()

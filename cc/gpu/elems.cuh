@@ -49,6 +49,18 @@ __device__ __forceinline__ void load_raw8(const uint8_t* row, int64_t h, int4 r[
     r[0] = ptx::ld_volatile_v4(reinterpret_cast<const int4*>(row + h * 2));
   }
 }
+// The same from a buffer no one writes while the kernel runs (dispatch's x): read-only loads
+// that L1 keeps, so that a warp's two loads of one 32-byte lane share their lines.
+template <int Kind>
+__device__ __forceinline__ void load_raw8_ro(const uint8_t* row, int64_t h, int4 r[2]) {
+  if constexpr (Kind == 0) {
+    const int4* p = reinterpret_cast<const int4*>(row + h * 4);
+    r[0] = __ldg(p);
+    r[1] = __ldg(p + 1);
+  } else {
+    r[0] = __ldg(reinterpret_cast<const int4*>(row + h * 2));
+  }
+}
 template <int Kind>
 __device__ __forceinline__ void raw8_to_f32(const int4 r[2], float v[8]) {
   if constexpr (Kind == 0) {

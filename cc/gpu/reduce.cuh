@@ -17,7 +17,10 @@ namespace a2a::cuda {
 // pair's y row (H elements of y_kind, 16-byte aligned). Work items are (token, segment), one warp
 // each, so that a decode batch (T = 128) still spreads over every SM; a lane reduces 32 bytes of
 // each pair's row (16 bf16/f16 or 8 f32 elements: two 16-byte loads per pair) with 16-byte loads
-// and stores. One thread per element when H % 8 != 0 or a buffer is fp8.
+// and stores. With 16-bit y the lane's two vectors lie 512 bytes apart (ReduceShape::h_of), so
+// that each load instruction of the warp reads 512 contiguous bytes: with the two side by side
+// every instruction touched twice the sectors it used (2026-12-03 profile: 50 % excessive
+// sectors). One thread per element when H % 8 != 0 or a buffer is fp8.
 constexpr int kReduceVec = 8;  // elements of one load_raw8 / store_vec8
 constexpr int kReduceBatch = 8;
 // Elements per lane and per warp item for y of kind YKind: 32 bytes of y per pair and lane. At
@@ -32,22 +35,39 @@ struct ReduceShape {
   // pairs whose row loads are in flight at once: 8 x 16 bytes, or 4 x 32 bytes (8 x 32 spilled
   // past the 128 registers a 512-thread block allows)
   static constexpr int kBatch = kParts == 1 ? kReduceBatch : kReduceBatch / 2;
+  // First element of part c of `lane` in segment `seg`: 16-bit y, part c of every lane is one run of
+  // 32 * 8 elements (512 bytes); f32, the lane's 8 elements are contiguous (load_raw8<0>).
+  __device__ static int64_t h_of(int64_t seg, int lane, int c) {
+    return kParts == 1 ? seg * kSegment + int64_t(lane) * kLane
+                       : seg * kSegment + int64_t(c) * (32 * kReduceVec) + int64_t(lane) * kReduceVec;
+  }
 };
+
+// The calling warp's index in the order work items are dealt: warp w of every block before warp
+// w + 1 of any, so that a grid with more warps than items (decode: 1,792 items, 2,112 warps)
+// leaves a few warps of every SM idle rather than whole SMs (with the global warp index, the last
+// 20 of 132 SMs loaded nothing).
+__device__ __forceinline__ int64_t reduce_warp(const GridIdx&) {
+  return int64_t(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
+}
 
 // The vector path of reduce_combine for y rows of kind YKind (H % 8 == 0, 16-byte aligned buffers).
 template <int YKind, typename RowFn>
-__device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
+__device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row, bool prefetch) {
   using RS = ReduceShape<YKind>;
   constexpr int kParts = RS::kParts;
   constexpr int kBatch = RS::kBatch;
   const Geometry& g = P.g;
   const int64_t segs = (g.H + RS::kSegment - 1) / RS::kSegment;
-  for (int64_t w = ix.gwarp; w < int64_t(g.T) * segs; w += ix.nwarps) {
+  for (int64_t w = reduce_warp(ix); w < int64_t(g.T) * segs; w += ix.nwarps) {
     const int t = static_cast<int>(w / segs);
-    const int64_t h0 = (w % segs) * RS::kSegment + int64_t(ix.lane) * RS::kLane;
+    int64_t h[kParts];  // first element of each part
     bool on[kParts];  // lanes past H only take part in the shuffles below (H % 8 == 0: parts are whole)
 #pragma unroll
-    for (int c = 0; c < kParts; ++c) on[c] = h0 + c * kReduceVec < g.H;
+    for (int c = 0; c < kParts; ++c) {
+      h[c] = RS::h_of(w % segs, ix.lane, c);
+      on[c] = h[c] < g.H;
+    }
     float acc[kParts][kReduceVec];
 #pragma unroll
     for (int c = 0; c < kParts; ++c)
@@ -55,24 +75,35 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
       for (int i = 0; i < kReduceVec; ++i) acc[c][i] = 0.f;
     // out_in's values are added at the end: prefetched into L1 now, so that their latency overlaps
     // the rows' (loading them into registers here spilled: the batch's row vectors take 64)
-    if (P.out_in && on[0]) {
-      const int64_t bytes_before = (int64_t(t) * g.H + h0) * (P.out_in_kind == 0 ? 4 : 2);
-      ptx::prefetch_l1(static_cast<const uint8_t*>(P.out_in) + bytes_before);
-      if (kParts * kReduceVec * (P.out_in_kind == 0 ? 4 : 2) > 32)
-        ptx::prefetch_l1(static_cast<const uint8_t*>(P.out_in) + bytes_before + 32);
+    if (P.out_in) {
+      const int ob = P.out_in_kind == 0 ? 4 : 2;
+#pragma unroll
+      for (int c = 0; c < kParts; ++c) {
+        if (!on[c]) continue;
+        // a part is 8 elements: at most 32 bytes, within one 128-byte line (8-element aligned)
+        ptx::prefetch_l1(static_cast<const uint8_t*>(P.out_in) + (int64_t(t) * g.H + h[c]) * ob);
+      }
     }
     // Pairs in chunks of 32: lane i loads pair i's dest, slot and weight (one round of loads
     // instead of a dependent chain per pair), then kBatch pairs' row loads (kParts 16-byte
     // vectors each) are issued back to back and accumulated in k order.
     for (int kc = 0; kc < g.K; kc += 32) {
-      int my_d = -1, my_slot = 0;
+      const uint8_t* my_row = nullptr;
       float my_w = 0.f;
       if (kc + ix.lane < g.K && t < n) {
         const int64_t q = int64_t(t) * g.K + kc + ix.lane;
-        my_d = P.dest[q];  // the three loads are independent: one latency, not a chain
-        my_slot = P.pair_slot[q];
+        const int d = P.dest[q];  // the three loads are independent: one latency, not a chain
+        const int32_t slot = P.pair_slot[q];
         my_w = P.weights[q];
-        if (my_d < 0 || my_d >= g.N) my_d = -1;
+        if (d >= 0 && d < g.N) my_row = row(t, d, slot);
+        // The pair's whole segment requested from DRAM now: the batches below then find it in L2
+        // instead of each paying a DRAM latency in turn (2026-12-03 profile: 45 % of the local
+        // combine's stalls on its row loads, DRAM 35 % busy).
+        if (prefetch && my_row != nullptr) {
+          const int64_t h_lo = (w % segs) * RS::kSegment;
+          const int64_t eb = YKind == 0 ? 4 : 2;
+          ptx::prefetch_l2_bulk(my_row + h_lo * eb, static_cast<uint32_t>(min(int64_t(RS::kSegment), g.H - h_lo) * eb));
+        }
       }
       const int kn = min(32, g.K - kc);
       for (int k0 = 0; k0 < kn; k0 += kBatch) {
@@ -84,19 +115,18 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const int src = min(k0 + u, 31);
-          const int d = __shfl_sync(0xffffffffu, my_d, src);
-          const int slot = __shfl_sync(0xffffffffu, my_slot, src);
+          const auto r_bits = __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(my_row), src);
           wt[u] = __shfl_sync(0xffffffffu, my_w, src);
-          const uint8_t* r = k0 + u < kn && d >= 0 ? row(t, d, slot) : nullptr;
+          const uint8_t* r = k0 + u < kn ? reinterpret_cast<const uint8_t*>(r_bits) : nullptr;
           has[u] = r != nullptr;
           raw[u][0] = raw[u][1] = make_int4(0, 0, 0, 0);
           if (has[u]) {
             if constexpr (kParts == 1) {  // f32: one call loads both vectors
-              if (on[0]) load_raw8<YKind>(r, h0, raw[u]);
+              if (on[0]) load_raw8<YKind>(r, h[0], raw[u]);
             } else {  // 16-bit: one vector per part
 #pragma unroll
               for (int c = 0; c < kParts; ++c)
-                if (on[c]) load_raw8<YKind>(r, h0 + c * kReduceVec, &raw[u][c]);
+                if (on[c]) load_raw8<YKind>(r, h[c], &raw[u][c]);
             }
           }
           if (!has[u]) wt[u] = 0.f;
@@ -112,7 +142,7 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
 #pragma unroll
             for (int i = 0; i < kReduceVec; ++i) acc[c][i] = fmaf(wt[u], v[i], acc[c][i]);
             if (on[c] && P.pairs)
-              store_vec8(P.pairs, (int64_t(t) * g.K + kc + k0 + u) * g.H + h0 + c * kReduceVec, 0, v);
+              store_vec8(P.pairs, (int64_t(t) * g.K + kc + k0 + u) * g.H + h[c], 0, v);
           }
         }
       }
@@ -122,11 +152,11 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
       if (!on[c]) continue;
       if (P.out_in) {
         float o[kReduceVec];
-        load_vec8(P.out_in, int64_t(t) * g.H + h0 + c * kReduceVec, P.out_in_kind, o);
+        load_vec8(P.out_in, int64_t(t) * g.H + h[c], P.out_in_kind, o);
 #pragma unroll
         for (int i = 0; i < kReduceVec; ++i) acc[c][i] += o[i];
       }
-      store_vec8(P.out, int64_t(t) * g.H + h0 + c * kReduceVec, P.out_kind, acc[c]);
+      store_vec8(P.out, int64_t(t) * g.H + h[c], P.out_kind, acc[c]);
     }
   }
 }
@@ -138,27 +168,29 @@ __device__ inline void prefetch_reduce_meta(const CombineRecvParams& P, const Gr
   const Geometry& g = P.g;
   const int64_t seg = P.y_kind == 0 ? ReduceShape<0>::kSegment : ReduceShape<1>::kSegment;
   const int64_t segs = (g.H + seg - 1) / seg;
-  if (ix.gwarp >= int64_t(g.T) * segs || ix.lane >= g.K) return;
-  const int64_t q = ix.gwarp / segs * g.K + ix.lane;
+  const int64_t w = reduce_warp(ix);
+  if (w >= int64_t(g.T) * segs || ix.lane >= g.K) return;
+  const int64_t q = w / segs * g.K + ix.lane;
   ptx::prefetch_l1(P.dest + q);
   ptx::prefetch_l1(P.pair_slot + q);
   ptx::prefetch_l1(P.weights + q);
 }
 
 // `row(t, d, slot)` may return null for a pair with no row (counted as a row of zeros);
-// `rows_aligned`: every row it returns is 16-byte aligned (the vector path needs it).
+// `rows_aligned`: every row it returns is 16-byte aligned (the vector path needs it);
+// `prefetch`: the rows are in this GPU's memory (each pair's segment is requested into L2 first).
 template <typename RowFn>
 __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row,
-                               bool rows_aligned = true) {
+                               bool rows_aligned = true, bool prefetch = true) {
   const Geometry& g = P.g;
   const bool vec = g.H % kReduceVec == 0 && P.y_kind != 3 && P.out_kind != 3 && (!P.out_in || P.out_in_kind != 3) &&
                    rows_aligned && aligned16(P.out) && aligned16(P.out_in) &&
                    aligned16(P.pairs);  // XLA's buffers (ours are padded)
   if (vec) {
     switch (P.y_kind) {
-      case 0: reduce_combine_vec<0>(P, n, ix, row); return;
-      case 1: reduce_combine_vec<1>(P, n, ix, row); return;
-      case 2: reduce_combine_vec<2>(P, n, ix, row); return;
+      case 0: reduce_combine_vec<0>(P, n, ix, row, prefetch); return;
+      case 1: reduce_combine_vec<1>(P, n, ix, row, prefetch); return;
+      case 2: reduce_combine_vec<2>(P, n, ix, row, prefetch); return;
     }
   }
   for (int64_t i = ix.gtid; i < int64_t(g.T) * g.H; i += ix.gstride) {

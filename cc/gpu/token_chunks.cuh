@@ -47,8 +47,8 @@ struct QuantChunks {
     for (int i = 0; i < kChunks; ++i) {
       const int64_t h = int64_t(chunk_of(i)) * 16;
       if (h < P.g.H) {
-        load_raw8<XK>(x, h, raw[i][0]);
-        load_raw8<XK>(x, h + 8, raw[i][1]);
+        load_raw8_ro<XK>(x, h, raw[i][0]);
+        load_raw8_ro<XK>(x, h + 8, raw[i][1]);
       } else {
         raw[i][0][0] = raw[i][0][1] = raw[i][1][0] = raw[i][1][1] = make_int4(0, 0, 0, 0);
       }

@@ -56,32 +56,6 @@ __host__ __device__ inline int64_t grid_smem_bytes(const Geometry& g) {
   return slabs > late ? slabs : late;
 }
 
-// Shared-memory view for local_small_outputs / local_pos: start in shared memory, cnt global.
-struct StartCnt {
-  const int32_t* start;
-  const int32_t* cnt;
-};
-
-// The K ids of token t (t < n) deduplicated: pe[k] = expert, or -1 (not routed); returns the
-// token's drops (ids out of range or repeated; -1 is no drop).
-__device__ __forceinline__ int route_token(const DispatchSendParams& S, int t, int n, int32_t (&pe)[kBlockRouteMaxK]) {
-  const Geometry& g = S.g;
-  int bad = 0;
-  const int32_t* row = S.ids + int64_t(t) * g.K;
-#pragma unroll
-  for (int k = 0; k < kBlockRouteMaxK; ++k) pe[k] = k < g.K && t < n ? __ldg(row + k) : -1;
-#pragma unroll
-  for (int k = 0; k < kBlockRouteMaxK; ++k) {
-    if (k >= g.K) break;
-    bool routed = t < n && pe[k] >= 0 && pe[k] < g.E;
-#pragma unroll
-    for (int j = 0; j < k; ++j) routed = routed && pe[j] != pe[k];
-    bad += !routed && t < n && pe[k] != -1;
-    if (!routed) pe[k] = -1;
-  }
-  return bad;
-}
-
 // Token t (< n) whose chunks are loaded: lanes < K of warp 0 place its pairs (the token's ids
 // deduplicated again; dest, pair_slot and the receive outputs of each pair; its rows into the
 // tail), then every thread converts and stores its chunks at each row. `more`: the block takes
@@ -94,7 +68,8 @@ __device__ __forceinline__ void place_and_store(const LocalDispatchParams& P, co
   const Geometry& g = S.g;
   if (threadIdx.x < 32) {
     int32_t pe[kBlockRouteMaxK];
-    route_token(S, t, n, pe);
+    local_token_ids(S, t, pe);
+    local_dedup_ids(g, t < n, pe);
     const int k = threadIdx.x;
     int e = -1;
 #pragma unroll
@@ -114,7 +89,7 @@ __device__ __forceinline__ void place_and_store(const LocalDispatchParams& P, co
       local_place(P, tail, t, k, q, j, pos);
     }
   }
-  local_store_rows<kDequant>(P, tail, ch);
+  local_store_rows<kDequant, Chunks, false>(P, tail, ch);
   if (more) __syncthreads();
 }
 
@@ -144,7 +119,8 @@ __global__ void __launch_bounds__(kThreads, Chunks::kChunks == 1 ? 2 : 1)
     __syncwarp();
     const int tok = static_cast<int>(c * 32) + ix.lane;
     int32_t pe[kBlockRouteMaxK];
-    bad += route_token(S, tok, n, pe);
+    local_token_ids(S, tok, pe);
+    bad += local_dedup_ids(g, tok < n, pe);
 #pragma unroll
     for (int k = 0; k < kBlockRouteMaxK; ++k)
       if (k < g.K && pe[k] >= 0) atomicOr(&slab[pe[k]], 1u << ix.lane);

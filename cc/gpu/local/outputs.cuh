@@ -17,6 +17,39 @@
 
 namespace a2a::cuda {
 
+// Routing tables by pointer, for local_small_outputs / local_pos / local_kept: start [E] and cnt [E]
+// wherever a kernel keeps them (shared or global memory).
+struct StartCnt {
+  const int32_t* start;
+  const int32_t* cnt;
+};
+
+// The K ids of token u as given (u < T; -1 past K and for u >= T), for local_dedup_ids (K <= kN).
+template <int kN>
+__device__ __forceinline__ void local_token_ids(const DispatchSendParams& S, int u, int32_t (&pe)[kN]) {
+  const int32_t* row = S.ids + int64_t(u) * S.g.K;
+#pragma unroll
+  for (int k = 0; k < kN; ++k) pe[k] = k < S.g.K && u < S.g.T ? __ldg(row + k) : -1;
+}
+
+// A token's ids deduplicated in place: pe[k] = its expert where pair k is routed, else -1 (the
+// token past num_tokens: `live` false; an id out of range; an id repeated within the token: the
+// first stays). Returns the token's drops (ids out of range or repeated; -1 is no drop).
+template <int kN>
+__device__ __forceinline__ int local_dedup_ids(const Geometry& g, bool live, int32_t (&pe)[kN]) {
+  int bad = 0;
+#pragma unroll
+  for (int k = 0; k < kN; ++k) {
+    if (k >= g.K) break;
+    bool routed = live && pe[k] >= 0 && pe[k] < g.E;
+#pragma unroll
+    for (int j = 0; j < k; ++j) routed = routed && pe[j] != pe[k];
+    bad += !routed && live && pe[k] != -1;
+    if (!routed) pe[k] = -1;
+  }
+  return bad;
+}
+
 // Where a token's chunks go (threads < K fill them for each token).
 struct LocalTail {
   int32_t pos[kBlockRouteMaxK];  // output row of pair k, -1 when not routed or past the capacity
@@ -95,22 +128,24 @@ __device__ __forceinline__ void local_place(const LocalDispatchParams& P, LocalT
 }
 
 // Every thread, once the tail's rows are placed: converts its chunks of the token (gpu/token_chunks.cuh)
-// and stores them at each row, every row read first, then the stores back to back; with x in
-// another kind than the wire's (fp8 dequantised on receive) the dequantised values instead.
+// and stores them at each row; with x in another kind than the wire's (fp8 dequantised on
+// receive) the dequantised values instead. The loops over the rows are not unrolled: these kernels
+// run one or a few tokens per block, so every instruction is fetched cold, and unrolled row loops
+// made the decode kernel's code twice as long (2026-12-03 profile: 45 % of its stalls were
+// instruction fetches). A row's position is read from the tail as its stores go out.
 // kDequant: the kernel's instantiation for x dequantised on receive (a template parameter, so that
 // the kernels without it keep their registers: the dequantised vectors cost the grid-routed
 // kernel's two-blocks-per-SM variants spills).
-template <bool kDequant, class Chunks>
+// kDeal (with kDequant): the warp deal below; the grid-routed kernel goes without (the dealt
+// vectors' registers made its variants spill, up to 344 bytes).
+template <bool kDequant, class Chunks, bool kDeal = true>
 __device__ __forceinline__ void local_store_rows(const LocalDispatchParams& P, const LocalTail* tail, Chunks& ch) {
   const DispatchSendParams& S = P.s;
   const DispatchRecvParams& R = P.r;
   const Geometry& g = S.g;
   ch.convert(S);
   __syncthreads();
-  int32_t rows[kBlockRouteMaxK];
-#pragma unroll
-  for (int k = 0; k < kBlockRouteMaxK; ++k) rows[k] = k < g.K ? tail->pos[k] : -1;
-  if constexpr (kDequant && Chunks::kQuantizes) {  // R.x_kind != wire_kind (Spec.recv_dtype)
+  if constexpr (kDequant && Chunks::kQuantizes && !kDeal) {
     const int ob = elem_bytes(R.x_kind);  // each chunk converted once, then stored at every row
 #pragma unroll
     for (int i = 0; i < Chunks::kChunks; ++i) {
@@ -118,22 +153,64 @@ __device__ __forceinline__ void local_store_rows(const LocalDispatchParams& P, c
       if (int64_t(c) * 16 >= g.H) continue;
       int4 dq[4];
       ch.dequantize(i, R.x_kind, dq);
-#pragma unroll
-      for (int k = 0; k < kBlockRouteMaxK; ++k) {
-        if (rows[k] < 0) continue;
-        int4* dst = reinterpret_cast<int4*>(static_cast<uint8_t*>(R.x) + (int64_t(rows[k]) * g.H + int64_t(c) * 16) * ob);
+#pragma unroll 1
+      for (int k = 0; k < g.K; ++k) {
+        const int32_t row = tail->pos[k];
+        if (row < 0) continue;
+        int4* dst = reinterpret_cast<int4*>(static_cast<uint8_t*>(R.x) + (int64_t(row) * g.H + int64_t(c) * 16) * ob);
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           if (j < ob) dst[j] = dq[j];  // 16 values of ob bytes: ob 16-byte vectors
       }
     }
-    return;
-  }
+  } else if constexpr (kDequant && Chunks::kQuantizes) {  // R.x_kind != wire_kind (Spec.recv_dtype)
+    // Each chunk is dequantised once, into ob 16-byte vectors (16 values of ob bytes), and the
+    // warp's vectors are dealt so that store j of lane l writes vector 32 j + l of the warp's run:
+    // every store instruction then writes 512 contiguous bytes (lane by lane, a store wrote every
+    // other 16 bytes of its run). The deal is once per token, the stores once per row.
+    const int ob = elem_bytes(R.x_kind);
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int k = 0; k < kBlockRouteMaxK; ++k)
-    if (rows[k] >= 0)
-      ch.store(S, static_cast<uint8_t*>(R.x) + int64_t(rows[k]) * g.payload,
-               reinterpret_cast<uint8_t*>(R.scale + int64_t(rows[k]) * g.S));
+    for (int i = 0; i < Chunks::kChunks; ++i) {
+      const int c0 = chunk_of(i) - lane;  // the warp's first chunk (a warp's chunks are consecutive)
+      if (int64_t(c0) * 16 >= g.H) continue;  // warp-uniform: the shuffles below need every lane
+      int4 dq[4];
+      ch.dequantize(i, R.x_kind, dq);
+      int4 out[4];
+      bool ok[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        ok[j] = false;
+        if (j >= ob) continue;
+        const int vi = j * 32 + lane, src = vi / ob, idx = vi % ob;
+        ok[j] = int64_t(c0 + src) * 16 < g.H;
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          if (s >= ob) continue;
+          const int4 got = make_int4(__shfl_sync(0xffffffffu, dq[s].x, src), __shfl_sync(0xffffffffu, dq[s].y, src),
+                                     __shfl_sync(0xffffffffu, dq[s].z, src), __shfl_sync(0xffffffffu, dq[s].w, src));
+          if (s == idx) out[j] = got;
+        }
+      }
+#pragma unroll 1
+      for (int k = 0; k < g.K; ++k) {
+        const int32_t row = tail->pos[k];
+        if (row < 0) continue;
+        int4* dst = reinterpret_cast<int4*>(static_cast<uint8_t*>(R.x) + (int64_t(row) * g.H + int64_t(c0) * 16) * ob);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (j < ob && ok[j]) dst[j * 32 + lane] = out[j];
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int k = 0; k < g.K; ++k) {
+      const int32_t row = tail->pos[k];
+      if (row >= 0)
+        ch.store(S, static_cast<uint8_t*>(R.x) + int64_t(row) * g.payload,
+                 reinterpret_cast<uint8_t*>(R.scale + int64_t(row) * g.S));
+    }
+  }
 }
 
 }  // namespace a2a::cuda
