@@ -18,6 +18,11 @@ namespace {
 
 __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::CombineRecvParams P, NvSlot nv) {
   A2A_KERNEL_START(P);
+  // Our pairs' dest (the count below) and the reduction's dest / slot / weight into L1 while the
+  // token count and the failure word load, so that the count's loads do not add a third latency.
+  for (int64_t q = threadIdx.x, i = 0; i < 4 && q < int64_t(g.T) * g.K; ++i, q += blockDim.x)
+    cuda::ptx::prefetch_l1(P.dest + q);
+  cuda::prefetch_reduce_meta(P, ix);
   const int n = max(0, min(*P.num_tokens, g.T));
 
   if (cuda::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
