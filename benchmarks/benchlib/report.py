@@ -21,6 +21,7 @@ def _shape_note(rows, shape):
     s = r["spec"]
     return (f"{shape}: T={s['T']} H={s['H']} E={s['E']} K={s['K']}, {r['ranks']} ranks"
             + (f", x {r['x_dtype']}" if r.get("x_dtype") else "")
+            + (f", rows received as {s['recv_dtype']}" if s.get("recv_dtype") else "")
             + (", scaled down for CPUs" if r.get("scaled") else ""))
 
 
