@@ -18,7 +18,7 @@ Geometry make_geometry(const MoeShape& s) {
   g.off_scratch = int64_t(g.T) * g.row;
   g.off_epochs = g.off_scratch + pad16(scratch_bytes(g));
   // Epochs, then owed [2][N] uint64: the FREE values ranks that sat out the slot's last dispatch /
-  // combine owe us (elastic EP, cuda/device.cuh owed_free)
+  // combine owe us (elastic EP, gpu/mask.cuh owed_free)
   g.private_slot_bytes = pad16(g.off_epochs + sizeof(Epochs) + 2 * 8 * int64_t(g.N));
   return g;
 }

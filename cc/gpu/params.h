@@ -8,7 +8,7 @@
 // j = t % tp at row pair_slot[t, k] (gpu/route.cuh combine_slot: j's rows for lower ranks first).
 // and one private allocation: for each slot: staging [T][row] | scratch (int32) | Epochs | owed
 // [2][N] uint64 (elastic EP: the FREE flag values ranks that sat out the slot's last dispatch /
-// combine owe us; Epochs::d_lagging says where they count, cuda/device.cuh FreeDue).
+// combine owe us; Epochs::d_lagging says where they count, gpu/mask.cuh FreeDue).
 #pragma once
 
 #include <cstdint>
@@ -42,7 +42,7 @@ struct Epochs {  // device-side counters so that kernels need no per-call host p
   // we were masked ourselves), so the FREE flag it owes us is older than the next call's epoch:
   // that of the last one both of us took part in, kept in the slot's owed array (after Epochs).
   // A clear bit (every bit, without a mask) means it owes the call's epoch. Written by the send
-  // half's last block (cuda/device.cuh owe_free).
+  // half's last block (gpu/mask.cuh owe_free).
   uint64_t d_lagging, c_lagging;
 };
 

@@ -88,7 +88,8 @@ struct Arrivals {
   };
   std::vector<Part> parts;
   std::vector<int> missing() const;  // ranks not yet seen in some part, ascending, unique
-  // Drops the ranks r with !keep[r] from every part (elastic EP: a peer masked in an earlier epoch).
+  // Drops the ranks r with !keep[r] from every part (elastic EP: the ranks a slot's mask leaves
+  // out now; Exchange::live).
   void keep_only(const std::vector<uint8_t>& keep);
 };
 
