@@ -41,16 +41,20 @@ __device__ __forceinline__ const char* op_name(int op) {
   }
 }
 
-// One thread records a timeout in the mapped error record (missing: bit r = rank r), fields
-// first and code last, each made visible to the host before the next.
-__device__ inline void record_timeout(const SlotPtrs& p, int op, uint64_t missing) {
+// One thread records an error in the mapped error record (code: kErrorTimeout or
+// kErrorCounterAhead; missing: bit r = rank r), fields first and code last, each made visible to
+// the host before the next.
+__device__ inline void record_error(const SlotPtrs& p, int op, uint64_t missing, int32_t code) {
   p.err->missing = missing;
   p.err->op = op;
   p.err->slot = p.slot;
   p.err->rank = p.rank;
   __threadfence_system();
-  p.err->code = kErrorTimeout;
+  p.err->code = code;
   __threadfence_system();
+}
+__device__ inline void record_timeout(const SlotPtrs& p, int op, uint64_t missing) {
+  record_error(p, op, missing, kErrorTimeout);
 }
 
 // dispatch_send's outputs when the op failed (grid-wide): nothing routed, nothing dropped (the

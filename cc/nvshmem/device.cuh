@@ -93,13 +93,7 @@ __device__ bool counters_in_step(const SlotPtrs& p, const Geometry& g, int op, u
   const unsigned long long bad = ahead;
   if (bad == 0) return true;
   if (threadIdx.x == 0) {
-    p.err->missing = bad;
-    p.err->op = op;
-    p.err->slot = p.slot;
-    p.err->rank = p.rank;
-    __threadfence_system();
-    p.err->code = cuda::kErrorCounterAhead;
-    __threadfence_system();
+    cuda::record_error(p, op, bad, cuda::kErrorCounterAhead);
     cuda::mark_failed(g, p);
     printf("jax_moe_a2a nvshmem %s (slot %d, rank %d): the row counters of ranks with bits 0x%llx set ran ahead of "
            "what we consumed (ranks passing different rank masks?)\n",
