@@ -9,6 +9,8 @@
 // A pair's slot within its dest is first_slot(e) + the number of earlier tokens routed to e, its
 // row in our combine region start[e] + that number (combine_of: tp is 1 here): the same in every
 // block and in the grid-routed kernel (gpu/route.cuh), independent of timing; no atomic decides it.
+// Also here: one token's ids in registers, deduplicated by the same rule (token_ids,
+// dedup_token_ids), for the EP = 1 kernels (gpu/local/), which route without these tables.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,32 @@ namespace a2a::cuda {
 
 // A token's K ids are held in registers while it is routed: the block-routed kernels need K <= this.
 constexpr int kBlockRouteMaxK = 16;
+
+// The K ids of token u as given (u < T; -1 past K and for u >= T), for dedup_token_ids (K <= kN).
+template <int kN>
+__device__ __forceinline__ void token_ids(const DispatchSendParams& S, int u, int32_t (&pe)[kN]) {
+  const int32_t* row = S.ids + int64_t(u) * S.g.K;
+#pragma unroll
+  for (int k = 0; k < kN; ++k) pe[k] = k < S.g.K && u < S.g.T ? __ldg(row + k) : -1;
+}
+
+// A token's ids deduplicated in place (the rule block_route applies inline): pe[k] = its expert where pair k is routed, else -1 (the
+// token past num_tokens: `live` false; an id out of range; an id repeated within the token: the
+// first stays). Returns the token's drops (ids out of range or repeated; -1 is no drop).
+template <int kN>
+__device__ __forceinline__ int dedup_token_ids(const Geometry& g, bool live, int32_t (&pe)[kN]) {
+  int bad = 0;
+#pragma unroll
+  for (int k = 0; k < kN; ++k) {
+    if (k >= g.K) break;
+    bool routed = live && pe[k] >= 0 && pe[k] < g.E;
+#pragma unroll
+    for (int j = 0; j < k; ++j) routed = routed && pe[j] != pe[k];
+    bad += !routed && live && pe[k] != -1;
+    if (!routed) pe[k] = -1;
+  }
+  return bad;
+}
 
 // Shared-memory layout: the routing tables, then `tail_bytes` for the kernel's own use (16-byte
 // aligned). Bytes from the dynamic shared-memory base.

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kThreads) local_dispatch_kernel(LocalDispatchP
   int t = blockIdx.x;  // past T (a grid wider than the batch): no token, the histogram only
   if (t < g.T) ch.load(S, t);
   int32_t v[kMaxK];
-  local_token_ids(S, threadIdx.x, v);
+  token_ids(S, threadIdx.x, v);
   const int n = max(0, min(*S.num_tokens, g.T));
   for (int e = threadIdx.x; e < g.E; e += blockDim.x) cnt[e] = before[e] = 0;
   if (threadIdx.x == 0) bad_sum = 0;
@@ -72,8 +72,8 @@ __global__ void __launch_bounds__(kThreads) local_dispatch_kernel(LocalDispatchP
   for (bool first = true;; first = false) {
     int bad = 0;
     for (int u = lo + threadIdx.x; u < (first ? n : min(t, n)); u += blockDim.x) {
-      if (!first || u != static_cast<int>(threadIdx.x)) local_token_ids(S, u, v);
-      bad += local_dedup_ids(g, true, v);
+      if (!first || u != static_cast<int>(threadIdx.x)) token_ids(S, u, v);
+      bad += dedup_token_ids(g, true, v);
 #pragma unroll
       for (int i = 0; i < kMaxK; ++i) {
         if (i >= g.K) break;
@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(kThreads) local_dispatch_kernel(LocalDispatchP
     // Warp 1, lane k < K: pair k of token t (its ids again, deduplicated alike).
     if (warp == 1 && ix.lane < g.K && t < g.T) {
       int32_t me[kMaxK];
-      local_token_ids(S, t, me);
-      local_dedup_ids(g, t < n, me);
+      token_ids(S, t, me);
+      dedup_token_ids(g, t < n, me);
       int e = -1;
 #pragma unroll
       for (int i = 0; i < kMaxK; ++i)

@@ -18,6 +18,7 @@
 #include <cooperative_groups.h>
 
 #include "gpu/arrange.cuh"
+#include "gpu/block_route.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/local/local.h"
 #include "gpu/local/outputs.cuh"
@@ -68,8 +69,8 @@ __device__ __forceinline__ void place_and_store(const LocalDispatchParams& P, co
   const Geometry& g = S.g;
   if (threadIdx.x < 32) {
     int32_t pe[kBlockRouteMaxK];
-    local_token_ids(S, t, pe);
-    local_dedup_ids(g, t < n, pe);
+    token_ids(S, t, pe);
+    dedup_token_ids(g, t < n, pe);
     const int k = threadIdx.x;
     int e = -1;
 #pragma unroll
@@ -119,8 +120,8 @@ __global__ void __launch_bounds__(kThreads, Chunks::kChunks == 1 ? 2 : 1)
     __syncwarp();
     const int tok = static_cast<int>(c * 32) + ix.lane;
     int32_t pe[kBlockRouteMaxK];
-    local_token_ids(S, tok, pe);
-    bad += local_dedup_ids(g, tok < n, pe);
+    token_ids(S, tok, pe);
+    bad += dedup_token_ids(g, tok < n, pe);
 #pragma unroll
     for (int k = 0; k < kBlockRouteMaxK; ++k)
       if (k < g.K && pe[k] >= 0) atomicOr(&slab[pe[k]], 1u << ix.lane);

@@ -24,32 +24,6 @@ struct StartCnt {
   const int32_t* cnt;
 };
 
-// The K ids of token u as given (u < T; -1 past K and for u >= T), for local_dedup_ids (K <= kN).
-template <int kN>
-__device__ __forceinline__ void local_token_ids(const DispatchSendParams& S, int u, int32_t (&pe)[kN]) {
-  const int32_t* row = S.ids + int64_t(u) * S.g.K;
-#pragma unroll
-  for (int k = 0; k < kN; ++k) pe[k] = k < S.g.K && u < S.g.T ? __ldg(row + k) : -1;
-}
-
-// A token's ids deduplicated in place: pe[k] = its expert where pair k is routed, else -1 (the
-// token past num_tokens: `live` false; an id out of range; an id repeated within the token: the
-// first stays). Returns the token's drops (ids out of range or repeated; -1 is no drop).
-template <int kN>
-__device__ __forceinline__ int local_dedup_ids(const Geometry& g, bool live, int32_t (&pe)[kN]) {
-  int bad = 0;
-#pragma unroll
-  for (int k = 0; k < kN; ++k) {
-    if (k >= g.K) break;
-    bool routed = live && pe[k] >= 0 && pe[k] < g.E;
-#pragma unroll
-    for (int j = 0; j < k; ++j) routed = routed && pe[j] != pe[k];
-    bad += !routed && live && pe[k] != -1;
-    if (!routed) pe[k] = -1;
-  }
-  return bad;
-}
-
 // Where a token's chunks go (threads < K fill them for each token).
 struct LocalTail {
   int32_t pos[kBlockRouteMaxK];  // output row of pair k, -1 when not routed or past the capacity
