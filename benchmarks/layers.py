@@ -54,6 +54,10 @@ def parse_args(argv):
                    help="dispatch dtype: fp8 e4m3 with 128-value scales (DeepSeek-V3's; identity and bf16 experts "
                         "dequantise the rows in XLA), fp8-recv-bf16 (fp8 on the wire, the rows dequantised to bf16 "
                         "on receive: Spec.recv_dtype) or bf16 (the bytes the plain-XLA layer moves)")
+    p.add_argument("--routing", default="fixed", choices=("fixed", "per-layer"),
+                   help="fixed: every layer routes with the same precomputed top-k ids and weights (XLA computes "
+                        "the plain layer's sort once for the whole step); per-layer: each layer routes its own input "
+                        "with a router (x @ w_gate [H, E] in bf16, top-k, softmax over the k), as a model does")
     p.add_argument("--trace", action="store_true",
                    help="after timing, trace 3 steps with the JAX profiler: device busy time, idle gaps and "
                         "the top kernels per layer (benchlib/trace.py; GPUs only)")
@@ -117,8 +121,19 @@ def _silu(h):
     return h * jax.lax.logistic(h)
 
 
-def make_step(comm, experts: str, shared: str, num_layers: int, plain: bool):
-    """Per-rank step: x [T, H] -> x after num_layers MoE layers (one slot per layer in turn)."""
+def route(x, w_gate, k: int):
+    """The router of --routing per-layer: x [T, H], w_gate [H, E] bf16 -> ids [T, k] int32, weights [T, k] f32
+    (softmax over the top k logits)."""
+    import jax
+    import jax.numpy as jnp
+    logits = jnp.dot(x.astype(jnp.bfloat16), w_gate, preferred_element_type=jnp.float32)
+    top, ids = jax.lax.top_k(logits, k)
+    return ids.astype(jnp.int32), jax.nn.softmax(top, axis=-1)
+
+
+def make_step(comm, experts: str, shared: str, num_layers: int, plain: bool, routing: str = "fixed"):
+    """Per-rank step: x [T, H] -> x after num_layers MoE layers (one slot per layer in turn); with
+    routing "per-layer" each layer routes its input with p["wg"][layer] [H, E] instead of ids / w."""
     import jax
     import jax.numpy as jnp
 
@@ -181,6 +196,8 @@ def make_step(comm, experts: str, shared: str, num_layers: int, plain: bool):
     def step(x, ids, w, num, p):
         num = num[0]
         for i in range(num_layers):
+            if routing == "per-layer":
+                ids, w = route(x, p["wg"][i], spec.experts_per_token)
             x = layer(x, ids, w, num, p, i % spec.slots)
         return x
     return step
@@ -201,18 +218,21 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     w = testing.stack_global(mesh, axis, [i.topk_weights for i in inputs])
     num = testing.stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs])
     h, f, e = spec.hidden, shape.ffn, spec.num_experts
-    pspec = {"w1": P(axis), "w2": P(axis), "w1s": P(), "w2s": P()}
+    pspec = {"w1": P(axis), "w2": P(axis), "w1s": P(), "w2s": P(), "wg": P()}
+    routed = spec.num_experts
+    gates = args.layers if args.routing == "per-layer" else 1
 
     def init(key):
-        k = jax.random.split(key, 4)
+        k = jax.random.split(key, 5)
         return {"w1": (jax.random.normal(k[0], (e, h, f)) / np.sqrt(h)).astype(jnp.bfloat16),
                 "w2": (jax.random.normal(k[1], (e, f, h)) / np.sqrt(f)).astype(jnp.bfloat16),
                 "w1s": (jax.random.normal(k[2], (h, f)) / np.sqrt(h)).astype(jnp.bfloat16),
-                "w2s": (0.1 * jax.random.normal(k[3], (f, h)) / np.sqrt(f)).astype(jnp.bfloat16)}
+                "w2s": (0.1 * jax.random.normal(k[3], (f, h)) / np.sqrt(f)).astype(jnp.bfloat16),
+                "wg": (jax.random.normal(k[4], (gates, h, routed)) / np.sqrt(h)).astype(jnp.bfloat16)}
     if experts == "identity":  # no routed expert weights (one row each keeps the pytree)
         e = n
     params = jax.jit(init, out_shardings={k: NamedSharding(mesh, v) for k, v in pspec.items()})(jax.random.key(1))
-    step = make_step(comm, experts, shared, args.layers, plain)
+    step = make_step(comm, experts, shared, args.layers, plain, args.routing)
     f_step = jax.jit(testing.shard_map(step, mesh=mesh, in_specs=(P(axis),) * 4 + (pspec,), out_specs=P(axis)))
     y = x
     for _ in range(2 if jax.default_backend() != "cpu" else 1):  # compile (GPUs: one more untimed call)
@@ -284,7 +304,7 @@ def run(jax, args, progress_label=""):
     if lead:
         print(f"layer benchmark: {runs}, shapes {names}, experts {kinds}, shared expert {placements}, "
               f"{mesh.size} ranks on {meta['devices']} {platform} device(s) in {meta['processes']} process(es), "
-              f"command buffers {cmdbuf}, dispatch dtype {args.dispatch_dtype}", flush=True)
+              f"command buffers {cmdbuf}, dispatch dtype {args.dispatch_dtype}, routing {args.routing}", flush=True)
         for b, why in skipped.items():
             print(f"  skipped {b}: {why}", flush=True)
         if args.experts is None and not gpu:
@@ -313,7 +333,7 @@ def run(jax, args, progress_label=""):
                 for place in placements:
                     rec = {"backend": b, "shape": s, "experts": kind, "overlap": place == "overlap",
                            "shared": place != "none", "placement": place,
-                           "cmdbuf": cmdbuf, "dispatch_dtype": args.dispatch_dtype, "ranks": mesh.size, "layers": args.layers, "steps": args.steps,
+                           "cmdbuf": cmdbuf, "dispatch_dtype": args.dispatch_dtype, "routing": args.routing, "ranks": mesh.size, "layers": args.layers, "steps": args.steps,
                            "repeats": args.repeats, "ffn": shape.ffn, "scaled": shape.scaled,
                            "spec": {"T": shape.tokens, "H": shape.hidden, "E": shape.experts, "K": shape.topk}}
                     try:

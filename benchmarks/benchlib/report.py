@@ -166,7 +166,7 @@ def print_layers(out: dict) -> None:
         print(f"skipped {b}: {why}")
     for shape in _shapes(rows):
         mine = [r for r in rows if r["shape"] == shape]
-        print(f"\n-- {_shape_note(mine, shape)}; experts F={mine[0].get('ffn', '?')}; dispatch {mine[0].get('dispatch_dtype', 'fp8')}")
+        print(f"\n-- {_shape_note(mine, shape)}; experts F={mine[0].get('ffn', '?')}; dispatch {mine[0].get('dispatch_dtype', 'fp8')}; routing {mine[0].get('routing', 'fixed')}")
         print(f"{'backend':<11} {'experts':<11} {'shared':<10} {'cmdbuf':<6} {'µs/layer p50':>12} {'(min)':>9} "
               f"{'vs ref':>7} {'vs plain':>8} {'GB/s':>7} {'enqueue':>8}")
         for r in mine:
