@@ -39,18 +39,6 @@ __device__ __forceinline__ uint64_t globaltimer() {
 // that a later load will read after a wait on peers).
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
-// Asks for `bytes` at p (16-byte aligned, a multiple of 16) to be brought into L2, without waiting
-// and without registers: one instruction starts a whole run's DRAM reads (Hopper's bulk prefetch;
-// a plain L2 prefetch of the first line before sm_90).
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-  (void)bytes;
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
-}
-
 // 16-byte load that bypasses L1 (data written by another GPU or process).
 __device__ __forceinline__ int4 ld_nc_v4(const int4* p) {
   int4 v;

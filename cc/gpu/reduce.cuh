@@ -27,14 +27,16 @@ constexpr int kReduceBatch = 8;
 // decode (T = 128, H = 7168, bf16) that is 1,792 items, one round over a 132-SM grid of 16-warp
 // blocks; with 16 bytes per lane (before 2026-12-03) it was 3,584 items, two rounds, each paying
 // the dependent metadata and row loads again.
-template <int YKind>
+// kNarrow: 16 bytes of 16-bit y per pair and lane, twice the items and a batch that fits the 64
+// registers of two 512-thread blocks per SM (the EP = 1 combine, gpu/local/combine.cu).
+template <int YKind, bool kNarrow = false>
 struct ReduceShape {
-  static constexpr int kParts = YKind == 0 ? 1 : 2;  // load_raw8 calls per pair and lane
+  static constexpr int kParts = YKind == 0 || kNarrow ? 1 : 2;  // load_raw8 calls per pair and lane
   static constexpr int kLane = kParts * kReduceVec;  // elements per lane
   static constexpr int kSegment = 32 * kLane;        // elements per warp item
   // pairs whose row loads are in flight at once: 8 x 16 bytes, or 4 x 32 bytes (8 x 32 spilled
-  // past the 128 registers a 512-thread block allows)
-  static constexpr int kBatch = kParts == 1 ? kReduceBatch : kReduceBatch / 2;
+  // past the 128 registers a 512-thread block allows); narrow, 4 x 16 bytes (f32: 2 x 32)
+  static constexpr int kBatch = kNarrow ? (YKind == 0 ? 2 : 4) : (kParts == 1 ? kReduceBatch : kReduceBatch / 2);
   // First element of part c of `lane` in segment `seg`: 16-bit y, part c of every lane is one run of
   // 32 * 8 elements (512 bytes); f32, the lane's 8 elements are contiguous (load_raw8<0>).
   __device__ static int64_t h_of(int64_t seg, int lane, int c) {
@@ -52,9 +54,9 @@ __device__ __forceinline__ int64_t reduce_warp(const GridIdx&) {
 }
 
 // The vector path of reduce_combine for y rows of kind YKind (H % 8 == 0, 16-byte aligned buffers).
-template <int YKind, typename RowFn>
-__device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row, bool prefetch) {
-  using RS = ReduceShape<YKind>;
+template <int YKind, bool kNarrow, typename RowFn>
+__device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
+  using RS = ReduceShape<YKind, kNarrow>;
   constexpr int kParts = RS::kParts;
   constexpr int kBatch = RS::kBatch;
   const Geometry& g = P.g;
@@ -96,20 +98,11 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
         const int32_t slot = P.pair_slot[q];
         my_w = P.weights[q];
         if (d >= 0 && d < g.N) my_row = row(t, d, slot);
-        // The pair's whole segment requested from DRAM now, so that the second batch below finds
-        // it in L2 (2026-12-03 profile: 45 % of the local combine's stalls on its row loads,
-        // DRAM 35 % busy). Measured the same day: no change beyond the spread (local combine
-        // 8.9 -> 9.3-9.5 µs cold, combine_recv within 0.2 µs): the loads were already in flight
-        // together; the limit is the registers that hold them (docs/gpu_kernels.md).
-        if (prefetch && my_row != nullptr) {
-          const int64_t h_lo = (w % segs) * RS::kSegment;
-          const int64_t eb = YKind == 0 ? 4 : 2;
-          ptx::prefetch_l2_bulk(my_row + h_lo * eb, static_cast<uint32_t>(min(int64_t(RS::kSegment), g.H - h_lo) * eb));
-        }
       }
       const int kn = min(32, g.K - kc);
       for (int k0 = 0; k0 < kn; k0 += kBatch) {
-        int4 raw[kBatch][2];
+        constexpr int kV = YKind == 0 ? 2 : kParts;  // 16-byte vectors per pair and lane
+        int4 raw[kBatch][kV];
         float wt[kBatch];
         bool has[kBatch];
         // Every load of the batch before any conversion: with each load beside its use (the
@@ -121,7 +114,8 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
           wt[u] = __shfl_sync(0xffffffffu, my_w, src);
           const uint8_t* r = k0 + u < kn ? reinterpret_cast<const uint8_t*>(r_bits) : nullptr;
           has[u] = r != nullptr;
-          raw[u][0] = raw[u][1] = make_int4(0, 0, 0, 0);
+#pragma unroll
+          for (int v = 0; v < kV; ++v) raw[u][v] = make_int4(0, 0, 0, 0);
           if (has[u]) {
             if constexpr (kParts == 1) {  // f32: one call loads both vectors
               if (on[0]) load_raw8<YKind>(r, h[0], raw[u]);
@@ -166,9 +160,10 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
 // The calling warp's first work item of reduce_combine_vec: lane k < K prefetches pair k's dest,
 // slot and weight into L1 (combine_recv issues it before its wait on the expert ranks, so that the
 // item's first round of loads finds them there).
+template <bool kNarrow = false>
 __device__ inline void prefetch_reduce_meta(const CombineRecvParams& P, const GridIdx& ix) {
   const Geometry& g = P.g;
-  const int64_t seg = P.y_kind == 0 ? ReduceShape<0>::kSegment : ReduceShape<1>::kSegment;
+  const int64_t seg = P.y_kind == 0 ? ReduceShape<0, kNarrow>::kSegment : ReduceShape<1, kNarrow>::kSegment;
   const int64_t segs = (g.H + seg - 1) / seg;
   const int64_t w = reduce_warp(ix);
   if (w >= int64_t(g.T) * segs || ix.lane >= g.K) return;
@@ -180,19 +175,18 @@ __device__ inline void prefetch_reduce_meta(const CombineRecvParams& P, const Gr
 
 // `row(t, d, slot)` may return null for a pair with no row (counted as a row of zeros);
 // `rows_aligned`: every row it returns is 16-byte aligned (the vector path needs it);
-// `prefetch`: the rows are in this GPU's memory (each pair's segment is requested into L2 first).
-template <typename RowFn>
+template <bool kNarrow = false, typename RowFn>
 __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row,
-                               bool rows_aligned = true, bool prefetch = true) {
+                               bool rows_aligned = true) {
   const Geometry& g = P.g;
   const bool vec = g.H % kReduceVec == 0 && P.y_kind != 3 && P.out_kind != 3 && (!P.out_in || P.out_in_kind != 3) &&
                    rows_aligned && aligned16(P.out) && aligned16(P.out_in) &&
                    aligned16(P.pairs);  // XLA's buffers (ours are padded)
   if (vec) {
     switch (P.y_kind) {
-      case 0: reduce_combine_vec<0>(P, n, ix, row, prefetch); return;
-      case 1: reduce_combine_vec<1>(P, n, ix, row, prefetch); return;
-      case 2: reduce_combine_vec<2>(P, n, ix, row, prefetch); return;
+      case 0: reduce_combine_vec<0, kNarrow>(P, n, ix, row); return;
+      case 1: reduce_combine_vec<1, kNarrow>(P, n, ix, row); return;
+      case 2: reduce_combine_vec<2, kNarrow>(P, n, ix, row); return;
     }
   }
   for (int64_t i = ix.gtid; i < int64_t(g.T) * g.H; i += ix.gstride) {

@@ -85,15 +85,8 @@ struct QuantChunks {
   __device__ void dequantize(int i, int out_kind, int4 out[4]) const {
     float v[16];
     dequant16(make_int4(int(q[i].x), int(q[i].y), int(q[i].z), int(q[i].w)), scale[i], v);
-    if (out_kind == 0) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        out[j] = make_int4(__float_as_int(v[4 * j]), __float_as_int(v[4 * j + 1]), __float_as_int(v[4 * j + 2]),
-                           __float_as_int(v[4 * j + 3]));
-    } else {
-      store_vec8(&out[0], 0, out_kind, v);
-      store_vec8(&out[1], 0, out_kind, v + 8);
-    }
+    store_vec8(&out[0], 0, out_kind, v);  // f32: out[0..2); 16-bit: out[0]
+    store_vec8(&out[out_kind == 0 ? 2 : 1], 0, out_kind, v + 8);
   }
   // The payload's chunks at `payload` (16-byte aligned), the scales (f32) at `scales`.
   __device__ void store(const DispatchSendParams& P, uint8_t* payload, uint8_t* scales) const {

@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
   reduce_combine(P, n, ix, [&](int t, int d, int32_t slot) {
     const int64_t at = (int64_t(t % g.tp) * g.Q + slot) * stride;  // slot: the pair's row in its member's part
     return remote::is_remote(P.p, d) ? P.p.remote.c_recv + at : region + at;
-  }, true, !remote::any(P.p));  // rows staged in host memory (the proxy path): no L2 prefetch
+  });
   if (last_block_done(&ep->done[3])) {  // expert ranks may overwrite our rows now
     if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x) && !left_out(out, threadIdx.x))
       ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->c_free[me], epoch + 1);
