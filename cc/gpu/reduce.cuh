@@ -117,7 +117,7 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
 #pragma unroll
           for (int v = 0; v < kV; ++v) raw[u][v] = make_int4(0, 0, 0, 0);
           if (has[u]) {
-            if constexpr (kParts == 1) {  // f32: one call loads both vectors
+            if constexpr (kParts == 1) {  // one call: both vectors of f32, the one of narrow 16-bit
               if (on[0]) load_raw8<YKind>(r, h[0], raw[u]);
             } else {  // 16-bit: one vector per part
 #pragma unroll
