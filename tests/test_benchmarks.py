@@ -58,6 +58,36 @@ def test_layers_tiny(tmp_path, capsys):
     assert "fastest MoE layer at decode, identity experts" in capsys.readouterr().out
 
 
+def test_layers_per_layer_routing(tmp_path):
+    """--routing per-layer: every layer routes its own input (both the backend's layer and plain's)."""
+    import layers
+    args = layers.parse_args(["--quick", "--shape", "decode", "--backend", "reference", "--experts", "identity",
+                              "--shared", "none", "--routing", "per-layer", "--layers", "2", "--out", str(tmp_path)])
+    rows = layers.run(jax, args)["results"]
+    assert not [r for r in rows if "error" in r], rows
+    assert {r["backend"] for r in rows} == {"reference", "plain"}
+    assert all(r["routing"] == "per-layer" and r["finite"] and r["per_layer_us"]["p50"] > 0 for r in rows)
+
+
+def test_router_is_top_k_with_softmax_weights():
+    import numpy as np
+    import jax.numpy as jnp
+    import layers
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 32)).astype(np.float32)
+    wg = rng.standard_normal((32, 16)).astype(np.float32)
+    ids, w = layers.route(jnp.asarray(x), jnp.asarray(wg, jnp.bfloat16), 4)
+    ids, w = np.asarray(ids), np.asarray(w)
+    logits = np.asarray(jnp.dot(jnp.asarray(x, jnp.bfloat16), jnp.asarray(wg, jnp.bfloat16),
+                                preferred_element_type=jnp.float32))
+    assert ids.dtype == np.int32 and ids.shape == (6, 4) and w.shape == (6, 4)
+    for t in range(6):
+        assert len(set(ids[t].tolist())) == 4
+        assert set(ids[t].tolist()) == set(np.argsort(-logits[t], kind="stable")[:4].tolist())
+        top = logits[t, ids[t]]
+        np.testing.assert_allclose(w[t], np.exp(top - top.max()) / np.exp(top - top.max()).sum(), rtol=1e-5)
+
+
 def test_trace_summary_counts_overlaps_once_and_gaps():
     from benchlib import trace
     # two steps, per=2: kernels a [0,10) and b [5,20) overlap (busy 20), then c [30,40) after a gap
