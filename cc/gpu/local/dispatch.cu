@@ -102,18 +102,8 @@ __global__ void __launch_bounds__(kThreads) local_dispatch_kernel(LocalDispatchP
 #pragma unroll
       for (int i = 0; i < kMaxK; ++i)
         if (i == ix.lane) e = me[i];
-      const int64_t q = int64_t(t) * g.K + ix.lane;
-      int32_t j = 0;
-      int64_t pos = -1;
-      if (e >= 0) {
-        const int32_t rank = before[e];
-        j = start[e] + rank;
-        if (g.layout == 0) pos = j < g.capacity ? int64_t(j) : -1;
-        else pos = rank < g.capacity ? int64_t(e) * g.capacity + rank : -1;
-      }
-      S.dest[q] = e >= 0 ? 0 : g.N;
-      S.pair_slot[q] = j;  // combine_of at N = 1: start[e] + rank
-      local_place(P, tail, t, ix.lane, q, j, pos);
+      const int32_t j = e >= 0 ? start[e] + before[e] : 0;  // combine_of at N = 1: start[e] + rank
+      local_place(P, tail, t, ix.lane, e, j, e >= 0 ? local_pos(g, StartCnt{start, cnt}, e, j) : -1);
     }
     if (first) local_small_outputs(P, StartCnt{start, cnt}, bad_sum, ix);
     if (t >= g.T) break;  // block-uniform

@@ -77,7 +77,6 @@ __device__ __forceinline__ void place_and_store(const LocalDispatchParams& P, co
     for (int i = 0; i < kBlockRouteMaxK; ++i)
       if (i == k) e = pe[i];
     if (k < g.K) {
-      const int64_t q = int64_t(t) * g.K + k;
       int32_t j = 0;
       int64_t pos = -1;
       if (e >= 0) {
@@ -85,9 +84,7 @@ __device__ __forceinline__ void place_and_store(const LocalDispatchParams& P, co
         j = rt.start[e] + tb.off[ec] + __popc(tb.bits[ec] & ((1u << (t % 32)) - 1u));
         pos = local_pos(g, rt, e, j);
       }
-      S.dest[q] = e >= 0 ? 0 : g.N;
-      S.pair_slot[q] = j;
-      local_place(P, tail, t, k, q, j, pos);
+      local_place(P, tail, t, k, e, j, pos);
     }
   }
   local_store_rows<kDequant, Chunks, false>(P, tail, ch);

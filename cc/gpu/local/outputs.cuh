@@ -87,11 +87,15 @@ __device__ void local_small_outputs(const LocalDispatchParams& P, const Tables& 
   }
 }
 
-// Pair k of token t (q = t * K + k) lands at output row pos (-1: none) with slot j: its row into the
-// tail and, where it lands, its weight, source and slot outputs as dispatch_recv writes them.
-__device__ __forceinline__ void local_place(const LocalDispatchParams& P, LocalTail* tail, int t, int k, int64_t q,
+// Pair k of token t (q = t * K + k), routed to expert e (-1: not routed), has slot j and lands at
+// output row pos (-1: none): its dest and pair_slot as dispatch_send writes them at N = 1, its row
+// into the tail and, where it lands, its weight, source and slot outputs as dispatch_recv writes them.
+__device__ __forceinline__ void local_place(const LocalDispatchParams& P, LocalTail* tail, int t, int k, int e,
                                             int32_t j, int64_t pos) {
   const DispatchRecvParams& R = P.r;
+  const int64_t q = int64_t(t) * P.s.g.K + k;
+  P.s.dest[q] = e >= 0 ? 0 : P.s.g.N;
+  P.s.pair_slot[q] = j;
   tail->pos[k] = static_cast<int32_t>(pos);
   if (pos >= 0) {
     R.weights[pos] = P.s.weights[q];
