@@ -219,7 +219,6 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     num = testing.stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs])
     h, f, e = spec.hidden, shape.ffn, spec.num_experts
     pspec = {"w1": P(axis), "w2": P(axis), "w1s": P(), "w2s": P(), "wg": P()}
-    routed = spec.num_experts
     gates = args.layers if args.routing == "per-layer" else 1
 
     def init(key):
@@ -228,7 +227,7 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
                 "w2": (jax.random.normal(k[1], (e, f, h)) / np.sqrt(f)).astype(jnp.bfloat16),
                 "w1s": (jax.random.normal(k[2], (h, f)) / np.sqrt(h)).astype(jnp.bfloat16),
                 "w2s": (0.1 * jax.random.normal(k[3], (f, h)) / np.sqrt(f)).astype(jnp.bfloat16),
-                "wg": (jax.random.normal(k[4], (gates, h, routed)) / np.sqrt(h)).astype(jnp.bfloat16)}
+                "wg": (jax.random.normal(k[4], (gates, h, spec.num_experts)) / np.sqrt(h)).astype(jnp.bfloat16)}
     if experts == "identity":  # no routed expert weights (one row each keeps the pytree)
         e = n
     params = jax.jit(init, out_shardings={k: NamedSharding(mesh, v) for k, v in pspec.items()})(jax.random.key(1))
