@@ -247,7 +247,7 @@ def run_mode(jax, spec, mesh, args, clock, mode):
         diag = comm.diagnostics()
         rec.update(proxy_mode=mode, proxy_env=pb.PROXY_MODES[mode], node_size=diag.get("node_size"),
                    provider=diag.get("provider"), num_ranks=comm.num_ranks, spec_text=comm.spec.describe())
-        rec["proxy_threads"] = {str(r): {k: s.get(k) for k in ("cpu", "flag_path")} for r, s in after.items()}
+        rec["proxy_threads"] = {str(r): {k: s.get(k) for k in ("cpu", "flag_path", "row_path")} for r, s in after.items()}
         # Mean over every dispatch / combine of the run (check and warm-up included), as before.
         per = {}
         for key, count in (("counts_to_landed_ns", "dispatches"), ("comb_to_landed_ns", "combines")):
@@ -287,8 +287,9 @@ def print_mode(rec, nbytes, wires):
     for part, b in rec["breakdown"].items():
         for line in pb.format_half(part, b, nbytes[part.split(" ")[0]], wires[part][0]):
             print(line)
-    print(f"  proxy threads (rank: pinned CPU, flag path): "
-          + ", ".join(f"{r}: {th['cpu']}, {th['flag_path']}" for r, th in rec["proxy_threads"].items()), flush=True)
+    print(f"  proxy threads (rank: pinned CPU, flag path, rows): "
+          + ", ".join(f"{r}: {th['cpu']}, {th['flag_path']}, {th['row_path']}" for r, th in rec["proxy_threads"].items()),
+          flush=True)
 
 
 def halves(args):

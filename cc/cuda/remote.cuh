@@ -1,6 +1,7 @@
 // Device side of the cuda backend's inter-node path: what the kernels do for peers on other nodes.
-// Their rows go through pinned host memory (RemotePtrs, mapped) that the rank's proxy thread
-// (cc/proxy) moves with the TransferEngine; kernels and proxy talk through the flags of
+// Their rows go through the buffers of RemotePtrs (GPU memory where the engine registers it, else
+// mapped pinned host memory; the count matrices always mapped host memory) that the rank's proxy
+// thread (cc/proxy) moves with the TransferEngine; kernels and proxy talk through the flags of
 // proxy::SlotCtrl (see cc/proxy/ctrl.h for the sequence). The kernels write theirs to
 // p.remote.ctrl (host memory) and read the proxy's from p.remote.in (host memory too, or GPU
 // memory when the proxy writes through GDRCopy). Every helper is a no-op when
@@ -111,21 +112,21 @@ __device__ inline void raise_for_proxy(uint64_t* flag, uint64_t value) {
 
 // Where dispatch_send packs row j of ours for remote destination d: d_send [d][P][row].
 __device__ __forceinline__ uint8_t* send_row(const SlotPtrs& p, const Geometry& g, int d, int64_t j) {
-  return p.remote.d_send + p.remote.d_send_rows_off + (int64_t(d) * g.P + j) * g.row;
+  return p.remote.d_send + (int64_t(d) * g.P + j) * g.row;
 }
 
 // Block 0 of dispatch_send: our whole count matrix [N][L] (rows we send each destination per local
-// expert; cnt[d * L + l]) into d_send, then d_counts = epoch + 1. Call from every thread of block 0.
+// expert; cnt[d * L + l]) into counts_send, then d_counts = epoch + 1. Call from every thread of block 0.
 __device__ inline void publish_counts(const SlotPtrs& p, const Geometry& g, const int32_t* cnt, uint64_t epoch) {
-  int32_t* out = reinterpret_cast<int32_t*>(p.remote.d_send);
+  int32_t* out = p.remote.counts_send;
   for (int i = threadIdx.x; i < g.N * g.L; i += blockDim.x) out[i] = cnt[i];
   raise_for_proxy(&p.remote.ctrl->d_counts, epoch + 1);
 }
 
 // dispatch_recv, after d_landed: rows remote source s sends us for local expert l (its count
-// matrix in d_recv, row `me`).
+// matrix in counts_recv, row `me`).
 __device__ __forceinline__ int32_t remote_count(const SlotPtrs& p, const Geometry& g, int s, int l) {
-  const volatile int32_t* m = reinterpret_cast<const volatile int32_t*>(p.remote.d_recv);
+  const volatile int32_t* m = p.remote.counts_recv;
   return m[(int64_t(s) * g.N + p.rank) * g.L + l];
 }
 
@@ -138,7 +139,7 @@ __device__ __forceinline__ int32_t remote_c_off(const SlotPtrs& p, int s) {
 
 // Row j that remote source s sent us (private region, or overflow at the proxy's base for s).
 __device__ __forceinline__ const uint8_t* landed_row(const SlotPtrs& p, const Geometry& g, int s, int64_t j) {
-  if (j < p.remote.priv) return p.remote.d_recv + p.remote.priv_off + (int64_t(s) * p.remote.priv + j) * g.row;
+  if (j < p.remote.priv) return p.remote.d_recv + (int64_t(s) * p.remote.priv + j) * g.row;
   const int64_t base = *reinterpret_cast<const volatile int64_t*>(&p.remote.in->over_base[s]);
   return p.remote.d_recv + p.remote.over_off + (base + j - p.remote.priv) * g.row;
 }

@@ -15,6 +15,19 @@ namespace {
 
 void check(cudaError_t rc, const char* what) { check_cuda(rc, "jax_moe_a2a cuda (inter-node path)", what); }
 
+enum class Staging { kAuto, kHost, kDevice };
+
+// JAX_MOE_A2A_STAGING: where the rows live. auto (default): device memory where the engine can
+// register it, else host; host: always pinned host memory; device: device memory or an error.
+Staging staging_from_env() {
+  const char* v = std::getenv("JAX_MOE_A2A_STAGING");
+  const std::string t = v ? v : "";
+  if (t.empty() || t == "auto") return Staging::kAuto;
+  if (t == "host") return Staging::kHost;
+  if (t == "device") return Staging::kDevice;
+  throw std::invalid_argument("jax_moe_a2a: JAX_MOE_A2A_STAGING must be auto, host or device, got '" + t + "'");
+}
+
 }  // namespace
 
 uint8_t* RemotePath::pinned(int64_t bytes) {
@@ -25,9 +38,48 @@ uint8_t* RemotePath::pinned(int64_t bytes) {
   const cudaError_t rc = cudaHostGetDevicePointer(&d, p, 0);
   if (rc != cudaSuccess) cudaFreeHost(p);
   check(rc, "cudaHostGetDevicePointer");
-  allocations_.push_back({static_cast<uint8_t*>(p), static_cast<uint8_t*>(d), bytes});
+  allocations_.push_back({static_cast<uint8_t*>(p), static_cast<uint8_t*>(d), bytes, true});
   std::memset(p, 0, bytes);
   return static_cast<uint8_t*>(p);
+}
+
+uint8_t* RemotePath::device(int64_t bytes) {
+  bytes = bytes > 0 ? bytes : 16;
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "cudaMalloc");
+  allocations_.push_back({static_cast<uint8_t*>(p), static_cast<uint8_t*>(p), bytes, false});
+  check(cudaMemset(p, 0, bytes), "cudaMemset");
+  return static_cast<uint8_t*>(p);
+}
+
+void RemotePath::free_all() {
+  for (const Allocation& a : allocations_) a.pinned ? cudaFreeHost(a.host) : cudaFree(a.device);
+  allocations_.clear();
+}
+
+void RemotePath::open_engine(transfer::EngineOptions eo) {
+  const Staging want = staging_from_env();
+  row_path_ = "host: JAX_MOE_A2A_STAGING=host";
+  if (want != Staging::kHost) {
+    eo.hmem = true;
+    try {
+      engine_ = transfer::make_fabric_engine(eo);
+      if (engine_->device_memory()) {
+        row_path_ = "device";
+        return;
+      }
+      row_path_ = "host: the provider registers no device memory";
+      engine_->close();
+      engine_.reset();
+    } catch (const std::exception& e) {
+      row_path_ = std::string("host: no FI_HMEM engine (") + e.what() + ")";
+    }
+    if (want == Staging::kDevice)
+      throw std::runtime_error("jax_moe_a2a: JAX_MOE_A2A_STAGING=device, but the engine cannot register device "
+                               "memory: " + row_path_.substr(6) + " (auto falls back to pinned host memory)");
+    eo.hmem = false;
+  }
+  engine_ = transfer::make_fabric_engine(eo);
 }
 
 void RemotePath::setup_flags(int device) {
@@ -86,15 +138,16 @@ void RemotePath::release_flags() {
 proxy::ProxyStats RemotePath::stats() const {
   proxy::ProxyStats s = proxy_ ? proxy_->stats() : proxy::ProxyStats{};
   s.flag_path = flags_.name;
+  s.row_path = row_path_;
   return s;
 }
 
 template <typename T>
-T* RemotePath::device_ptr(T* host) const {  // the allocation's device base plus the offset
-  const uint8_t* h = reinterpret_cast<const uint8_t*>(host);
+T* RemotePath::device_ptr(T* p) const {  // the allocation's device base plus the offset
+  const uint8_t* h = reinterpret_cast<const uint8_t*>(p);
   for (const Allocation& a : allocations_)
     if (h >= a.host && h < a.host + a.bytes) return reinterpret_cast<T*>(a.device + (h - a.host));
-  throw std::logic_error("RemotePath: pointer outside the pinned buffers");
+  throw std::logic_error("RemotePath: pointer outside the path's buffers");
 }
 
 RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std::string& provider, int local_index)
@@ -107,23 +160,34 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
     throw std::invalid_argument("jax_moe_a2a cuda: the inter-node path supports at most 8 slots and 64 ranks");
   try {
     const protocol::SlotLayout lay(xo);
-    ctrl_ = reinterpret_cast<proxy::Ctrl*>(pinned(sizeof(proxy::Ctrl)));
-    setup_flags(dev);
-    for (int z = 0; z < xo.slots; ++z)
-      bufs_.push_back({pinned(lay.d_send_bytes), pinned(lay.d_recv_bytes), pinned(lay.c_send_bytes),
-                       pinned(lay.c_recv_bytes)});
     transfer::EngineOptions eo;
     eo.provider = provider;
     eo.rank = rank;
     eo.world_size = xo.shape.N;
-    engine_ = transfer::make_fabric_engine(eo);
+    open_engine(eo);
+    const bool on_gpu = row_path_ == "device";
+    ctrl_ = reinterpret_cast<proxy::Ctrl*>(pinned(sizeof(proxy::Ctrl)));
+    setup_flags(dev);
+    auto rows = [&](int64_t bytes) { return on_gpu ? device(bytes) : pinned(bytes); };
+    for (int z = 0; z < xo.slots; ++z) {
+      protocol::SlotBuffers b{};
+      b.counts_send = pinned(lay.counts_send_bytes);
+      b.counts_recv = pinned(lay.counts_bytes);
+      b.d_send = rows(lay.d_send_bytes);
+      b.d_recv = rows(lay.d_recv_bytes);
+      b.c_send = rows(lay.c_send_bytes);
+      b.c_recv = rows(lay.c_recv_bytes);
+      b.rows_memory = on_gpu ? transfer::MemoryKind::kCuda : transfer::MemoryKind::kHost;
+      b.device = dev < 0 ? 0 : dev;
+      bufs_.push_back(b);
+    }
+    if (on_gpu) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the zeroing is done
     ex_ = std::make_unique<protocol::Exchange>(xo, rank, engine_, bufs_);
   } catch (...) {
     ex_.reset();
     if (engine_) engine_->close();
     release_flags();
-    for (const Allocation& a : allocations_) cudaFreeHost(a.host);
-    allocations_.clear();
+    free_all();
     throw;
   }
 }
@@ -136,7 +200,7 @@ RemotePath::~RemotePath() {
   if (engine_) engine_->close();
   ex_.reset();  // its regions are already closed: no-op
   release_flags();
-  for (const Allocation& a : allocations_) cudaFreeHost(a.host);  // errors ignored: the context may be gone
+  free_all();
 }
 
 void RemotePath::connect(const std::vector<std::tuple<int, transfer::Bytes, std::vector<transfer::Bytes>>>& peers) {
@@ -161,12 +225,12 @@ RemotePtrs RemotePath::slot_ptrs(int z) const {
   // The proxy's flags: in GPU memory under GDRCopy (the kernels poll locally), else beside ours.
   p.in = gdr_ctrl_ ? &gdr_ctrl_->slot[z] : device_ptr(&ctrl_->slot[z]);
   p.error = gdr_ctrl_ ? &gdr_ctrl_->error : device_ptr(&ctrl_->error);
+  p.counts_send = reinterpret_cast<int32_t*>(device_ptr(bufs_[z].counts_send));
+  p.counts_recv = reinterpret_cast<const int32_t*>(device_ptr(bufs_[z].counts_recv));
   p.d_send = device_ptr(bufs_[z].d_send);
   p.d_recv = device_ptr(bufs_[z].d_recv);
   p.c_send = device_ptr(bufs_[z].c_send);
   p.c_recv = device_ptr(bufs_[z].c_recv);
-  p.d_send_rows_off = lay.d_send_rows_off;
-  p.priv_off = lay.priv_off;
   p.over_off = lay.over_off;
   p.priv = lay.priv;
   return p;

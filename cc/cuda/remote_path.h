@@ -1,12 +1,14 @@
-// Host side of the cuda backend's inter-node path for one rank (device side: cuda/remote.cuh):
-// pinned host memory (cudaHostAlloc, mapped) for every slot's protocol buffers and the flag block,
-// registered with a libfabric TransferEngine of its own; the protocol::Exchange over it for the
-// peers on other nodes; and the rank's proxy thread. The RDMA-facing buffers are host memory
-// because the provider on our GPU machine has no FI_HMEM (docs/transfer_engine.md); kernels read
-// and write them through their mapped device pointers. The proxy's flags for the kernels go to a
-// GPU-memory copy of the flag block through GDRCopy where it works (proxy/gdrcopy.h; else they stay
-// in the mapped host block): flag_path() / stats().flag_path say which and why. Built only with
-// libfabric.
+// Host side of the cuda backend's inter-node path for one rank (device side: cuda/remote.cuh): a
+// libfabric TransferEngine of its own, every slot's protocol buffers registered with it, the
+// protocol::Exchange over it for the peers on other nodes, and the rank's proxy thread.
+// Where the rows live (JAX_MOE_A2A_STAGING, row_path()): in GPU memory when the engine registers
+// device memory (FI_HMEM: a NIC with GPUDirect RDMA, or a libfabric built with CUDA support), so
+// the kernels pack and unpack at GPU memory speed and the transport moves the rows GPU to GPU;
+// else in pinned host memory (cudaHostAlloc, mapped) that the kernels read and write over PCIe.
+// The count matrices and the flag block are always pinned host memory (the proxy reads them).
+// The proxy's flags for the kernels go to a GPU-memory copy of the flag block through GDRCopy
+// where it works (proxy/gdrcopy.h; else they stay in the mapped host block): flag_path() /
+// stats().flag_path say which and why. Built only with libfabric.
 #pragma once
 
 #include <memory>
@@ -42,12 +44,19 @@ class RemotePath {
   proxy::ProxyStats stats() const;
   // "gdrcopy" or "mapped-host: <why not>" (chosen at construction, JAX_MOE_A2A_GDRCOPY).
   const std::string& flag_path() const { return flags_.name; }
+  // "device" or "host: <why not device>" (chosen at construction, JAX_MOE_A2A_STAGING).
+  const std::string& row_path() const { return row_path_; }
 
  private:
   RemotePtrs slot_ptrs(int z) const;
   uint8_t* pinned(int64_t bytes);  // zeroed, mapped; freed by the destructor
+  uint8_t* device(int64_t bytes);  // zeroed GPU memory; freed by the destructor
+  // The engine, opened with FI_HMEM where JAX_MOE_A2A_STAGING allows and the provider offers it;
+  // sets row_path_. Throws under JAX_MOE_A2A_STAGING=device when it cannot.
+  void open_engine(transfer::EngineOptions eo);
+  void free_all();  // every allocation (errors ignored: the context may be gone)
   template <typename T>
-  T* device_ptr(T* host) const;
+  T* device_ptr(T* p) const;  // a pinned buffer's mapped device address; device buffers as they are
   // GDRCopy: a zeroed copy of the Ctrl block in GPU memory mapped through the BAR (flags_.mirror),
   // or the reason it is not used in flags_.name; throws under JAX_MOE_A2A_GDRCOPY=1 without it.
   void setup_flags(int device);
@@ -56,10 +65,12 @@ class RemotePath {
   int rank_, local_index_;
   std::string bus_id_;  // our GPU's PCI address (the proxy thread runs on a CPU near it)
   struct Allocation {
-    uint8_t* host;
-    uint8_t* device;  // cudaHostGetDevicePointer of host
+    uint8_t* host;    // what the host side holds: the pinned pointer, or the GPU address
+    uint8_t* device;  // cudaHostGetDevicePointer of host, or the GPU address
     int64_t bytes;
+    bool pinned;
   };
+  std::string row_path_;
   std::vector<Allocation> allocations_;
   proxy::Ctrl* ctrl_ = nullptr;
   proxy::FlagPath flags_;                        // where the proxy raises the kernels' flags

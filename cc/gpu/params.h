@@ -85,11 +85,14 @@ struct RemotePtrs {
   const proxy::SlotCtrl* in;       // where the kernel reads the proxy's flags (d_send_ok, d_landed, c_send_ok,
                                    // c_landed, over_base): == ctrl, or GPU memory under GDRCopy (proxy/gdrcopy.h)
   const proxy::ProxyError* error;  // the proxy's failure record (beside `in`)
-  uint8_t* d_send;                 // our counts [N][L] int32 (16-byte padded) | rows [N dest][P][row]
-  const uint8_t* d_recv;           // counts [N src][N][L] | private [N src][priv][row] | overflow [N*(P-priv)][row]
+  int32_t* counts_send;            // our count matrix [N dest][L] (mapped host memory)
+  const int32_t* counts_recv;      // [N src][N][L]: every source's count matrix (mapped host memory)
+  // The rows: mapped host memory, or GPU memory where the engine registers it (RemotePath::row_path)
+  uint8_t* d_send;                 // [N dest][P][row]
+  const uint8_t* d_recv;           // private [N src][priv][row] | overflow [N*(P-priv)][row] from over_off
   uint8_t* c_send;                 // [N src][P][H * itemsize(y)]
   const uint8_t* c_recv;           // [tp][Q][H * itemsize(y)] (rows of remote expert ranks, protocol::SlotLayout)
-  int64_t d_send_rows_off, priv_off, over_off;
+  int64_t over_off;
   int priv;
 };
 

@@ -57,10 +57,10 @@ std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
   const SlotLayout lay(exchange_options(o));
   const int64_t z = o.slots;
   return {{"dispatch_recv_counts", z * lay.counts_bytes},
-          {"dispatch_recv_private_rows", z * (lay.over_off - lay.priv_off)},
+          {"dispatch_recv_private_rows", z * lay.over_off},
           {"dispatch_recv_overflow_rows", z * (lay.d_recv_bytes - lay.over_off)},
-          {"dispatch_send_counts", z * lay.d_send_rows_off},
-          {"dispatch_send_rows", z * (lay.d_send_bytes - lay.d_send_rows_off)},
+          {"dispatch_send_counts", z * lay.counts_send_bytes},
+          {"dispatch_send_rows", z * lay.d_send_bytes},
           {"combine_send_rows", z * lay.c_send_bytes},
           {"combine_recv_rows", z * lay.c_recv_bytes}};
 }
@@ -88,8 +88,10 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
   std::vector<protocol::SlotBuffers> bufs;
   for (int z = 0; z < o.slots; ++z) {
     protocol::SlotBuffers b{};
-    for (auto [ptr, bytes] : {std::pair<uint8_t**, int64_t>{&b.d_send, lay.d_send_bytes}, {&b.d_recv, lay.d_recv_bytes},
-                              {&b.c_send, lay.c_send_bytes}, {&b.c_recv, lay.c_recv_bytes}}) {
+    for (auto [ptr, bytes] : {std::pair<uint8_t**, int64_t>{&b.counts_send, lay.counts_send_bytes},
+                              {&b.counts_recv, lay.counts_bytes}, {&b.d_send, lay.d_send_bytes},
+                              {&b.d_recv, lay.d_recv_bytes}, {&b.c_send, lay.c_send_bytes},
+                              {&b.c_recv, lay.c_recv_bytes}}) {
       storage_.emplace_back(bytes, 0);
       *ptr = storage_.back().data();
     }
@@ -177,9 +179,9 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
   std::map<int, std::vector<Bytes>> ex_descs;
   recov_peer_.resize(o_.shape.N);
   for (const auto& [r, ds] : descs) {
-    if (ds.size() != size_t(2 * o_.slots + 1))
-      throw std::invalid_argument(format("jax_moe_a2a: rank %d sent %zu descriptors, expected %d", r, ds.size(),
-                                         2 * o_.slots + 1));
+    const size_t want = size_t(protocol::Exchange::kDescriptorsPerSlot) * o_.slots + 1;  // + the recovery table
+    if (ds.size() != want)
+      throw std::invalid_argument(format("jax_moe_a2a: rank %d sent %zu descriptors, expected %zu", r, ds.size(), want));
     ex_descs[r] = std::vector<Bytes>(ds.begin(), ds.end() - 1);
     if (r >= 0 && r < o_.shape.N) recov_peer_[r] = engine().remote(ds.back());
   }
@@ -273,13 +275,13 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   // peer's proxy reads it there (post_overflow, overflow_bases) until its d_landed, which precedes
   // its d_free. FREE_D covers remote ranks only (the cuda kernels wait the same way).
   for (auto [d, peer] : node_) wait_flag(&local(a.slot).d_free[d], e, kDispatchSend, a.slot, d);
-  // Our count matrix [N][L] goes at the start of the send buffer, the rows after it.
-  std::memcpy(buf.d_send, p.counts.data(), sizeof(int32_t) * N * L);
+  // Our count matrix [N][L] goes to its own buffer, the rows to d_send.
+  std::memcpy(buf.counts_send, p.counts.data(), sizeof(int32_t) * N * L);
   if (o_.proxied) raise(&ctrl_->slot[a.slot].d_counts, e + 1);
   else if (me) ex_->post_counts(a.slot, e);
   RowPacker packer(o_, a.x, a.x_kind, a.x_scale, sl.pack_cache, sl.pack_filled);
   for (int d = 0; d < N; ++d) {
-    uint8_t* base = buf.d_send + lay.d_send_rows_off + int64_t(d) * lay.P * lay.row;
+    uint8_t* base = buf.d_send + int64_t(d) * lay.P * lay.row;
     for (size_t j = 0; j < p.order[d].size(); ++j) {
       const auto [t, k] = p.order[d][j];
       packer.pack(t, a.weights[int64_t(t) * K + k], base + int64_t(j) * lay.row);
@@ -287,7 +289,7 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   }
   for (auto [d, peer] : node_) {  // node-local destinations: straight into their memory
     Local& there = peer->local(a.slot);
-    std::memcpy(&there.rows[int64_t(rank_) * lay.P * lay.row], buf.d_send + lay.d_send_rows_off + int64_t(d) * lay.P * lay.row,
+    std::memcpy(&there.rows[int64_t(rank_) * lay.P * lay.row], buf.d_send + int64_t(d) * lay.P * lay.row,
                 int64_t(p.rows_to[d]) * lay.row);
     std::memcpy(&there.counts[int64_t(rank_) * L], &p.counts[int64_t(d) * L], sizeof(int32_t) * L);
     raise(&there.d_arrived[rank_], e + 1);

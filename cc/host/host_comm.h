@@ -173,7 +173,7 @@ class RankComm {
 
   HostOptions o_;
   int rank_;
-  std::vector<std::vector<uint8_t>> storage_;  // every slot's four buffers
+  std::vector<std::vector<uint8_t>> storage_;  // every slot's six buffers (SlotBuffers)
   std::unique_ptr<protocol::Exchange> ex_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<proxy::Ctrl> ctrl_;          // proxied mode

@@ -34,12 +34,11 @@ SlotLayout::SlotLayout(const ExchangeOptions& o) {
   Q = s.Q;
   priv = o.priv_rows < 0 ? P : std::min(o.priv_rows, P);
   row = s.row_bytes();
+  counts_send_bytes = pad16(int64_t(N) * L * 4);
   counts_bytes = pad16(int64_t(N) * N * L * 4);
-  priv_off = counts_bytes;
-  over_off = priv_off + int64_t(N) * priv * row;
+  over_off = int64_t(N) * priv * row;
   d_recv_bytes = over_off + int64_t(N) * (P - priv) * row;
-  d_send_rows_off = pad16(int64_t(N) * L * 4);
-  d_send_bytes = d_send_rows_off + int64_t(N) * P * row;
+  d_send_bytes = int64_t(N) * P * row;
   c_row_stride_max = s.c_row;  // the combine dtype: wider y is cast to it before combine_send
   c_send_bytes = int64_t(N) * P * c_row_stride_max;
   c_recv_bytes = int64_t(s.tp) * Q * c_row_stride_max;
@@ -70,8 +69,8 @@ void Arrivals::keep_only(const std::vector<uint8_t>& keep) {
 }
 
 struct Exchange::Regions {
-  std::shared_ptr<transfer::Region> d_send, d_recv, c_send, c_recv;
-  std::vector<transfer::RemoteRegion> d_recv_peer, c_recv_peer;  // [N]
+  std::shared_ptr<transfer::Region> k_send, k_recv, d_send, d_recv, c_send, c_recv;  // k: the count matrices
+  std::vector<transfer::RemoteRegion> k_recv_peer, d_recv_peer, c_recv_peer;  // [N]
 };
 
 Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer::Engine> engine,
@@ -90,24 +89,30 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   owed_d_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
   owed_c_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
   for (const SlotBuffers& b : bufs_) {
+    if (b.rows_memory != transfer::MemoryKind::kHost && !engine_->device_memory())
+      throw std::invalid_argument(format("jax_moe_a2a: row buffers in device memory, but the engine (%s) registers "
+                                         "host memory only (no FI_HMEM)", engine_->provider().c_str()));
     Regions g;
-    g.d_send = engine_->register_memory(b.d_send, lay_.d_send_bytes);
-    g.d_recv = engine_->register_memory(b.d_recv, lay_.d_recv_bytes);
-    g.c_send = engine_->register_memory(b.c_send, lay_.c_send_bytes);
-    g.c_recv = engine_->register_memory(b.c_recv, lay_.c_recv_bytes);
+    g.k_send = engine_->register_memory(b.counts_send, lay_.counts_send_bytes);
+    g.k_recv = engine_->register_memory(b.counts_recv, lay_.counts_bytes);
+    g.d_send = engine_->register_memory(b.d_send, lay_.d_send_bytes, b.rows_memory, b.device);
+    g.d_recv = engine_->register_memory(b.d_recv, lay_.d_recv_bytes, b.rows_memory, b.device);
+    g.c_send = engine_->register_memory(b.c_send, lay_.c_send_bytes, b.rows_memory, b.device);
+    g.c_recv = engine_->register_memory(b.c_recv, lay_.c_recv_bytes, b.rows_memory, b.device);
     regions_.push_back(std::move(g));
   }
 }
 
 Exchange::~Exchange() {
   for (Regions& g : regions_)
-    for (auto* r : {&g.d_send, &g.d_recv, &g.c_send, &g.c_recv})
+    for (auto* r : {&g.k_send, &g.k_recv, &g.d_send, &g.d_recv, &g.c_send, &g.c_recv})
       if (*r) (*r)->close();
 }
 
 std::vector<Bytes> Exchange::descriptors() const {
   std::vector<Bytes> out;
-  for (const Regions& g : regions_) {
+  for (const Regions& g : regions_) {  // kDescriptorsPerSlot
+    out.push_back(g.k_recv->descriptor());
     out.push_back(g.d_recv->descriptor());
     out.push_back(g.c_recv->descriptor());
   }
@@ -115,21 +120,25 @@ std::vector<Bytes> Exchange::descriptors() const {
 }
 
 void Exchange::connect(const std::map<int, std::vector<Bytes>>& descs) {
+  constexpr int D = kDescriptorsPerSlot;
   for (Regions& g : regions_) {
+    g.k_recv_peer.resize(o_.shape.N);
     g.d_recv_peer.resize(o_.shape.N);
     g.c_recv_peer.resize(o_.shape.N);
   }
   for (int r : all_) {
     auto it = descs.find(r);
     if (it == descs.end()) throw std::invalid_argument(format("jax_moe_a2a: no descriptors for rank %d", r));
-    if (it->second.size() != size_t(2 * o_.slots))
+    if (it->second.size() != size_t(D * o_.slots))
       throw std::invalid_argument(format("jax_moe_a2a: rank %d sent %zu descriptors, expected %d", r,
-                                         it->second.size(), 2 * o_.slots));
+                                         it->second.size(), D * o_.slots));
     for (int z = 0; z < o_.slots; ++z) {
       Regions& g = regions_[z];
-      g.d_recv_peer[r] = engine_->remote(it->second[2 * z]);
-      g.c_recv_peer[r] = engine_->remote(it->second[2 * z + 1]);
-      if (g.d_recv_peer[r].size < uint64_t(lay_.d_recv_bytes) || g.c_recv_peer[r].size < uint64_t(lay_.c_recv_bytes))
+      g.k_recv_peer[r] = engine_->remote(it->second[D * z]);
+      g.d_recv_peer[r] = engine_->remote(it->second[D * z + 1]);
+      g.c_recv_peer[r] = engine_->remote(it->second[D * z + 2]);
+      if (g.k_recv_peer[r].size < uint64_t(lay_.counts_bytes) || g.d_recv_peer[r].size < uint64_t(lay_.d_recv_bytes) ||
+          g.c_recv_peer[r].size < uint64_t(lay_.c_recv_bytes))
         throw std::invalid_argument(format("jax_moe_a2a: rank %d's buffers are smaller than ours (spec mismatch)", r));
     }
   }
@@ -252,27 +261,27 @@ void Exchange::post_counts(int z, uint32_t e) {
   const int64_t cbytes = int64_t(o_.shape.N) * o_.shape.local_experts() * 4;
   for (int d : all_)
     if (alive(z, d))
-      engine_->write(d, *regions_[z].d_send, 0, cbytes, &regions_[z].d_recv_peer[d], int64_t(rank_) * cbytes,
+      engine_->write(d, *regions_[z].k_send, 0, cbytes, &regions_[z].k_recv_peer[d], int64_t(rank_) * cbytes,
                      imm(tag_of(kCounts, z), e));
 }
 
 void Exchange::post_private(int z, uint32_t e) {
   const int L = o_.shape.local_experts();
-  const int32_t* mine = reinterpret_cast<const int32_t*>(bufs_[z].d_send);
+  const int32_t* mine = reinterpret_cast<const int32_t*>(bufs_[z].counts_send);
   for (int d : remote_) {
     if (!alive(z, d)) continue;
     int64_t to_d = 0;
     for (int l = 0; l < L; ++l) to_d += mine[int64_t(d) * L + l];
     const int64_t rows = std::min<int64_t>(to_d, lay_.priv);
-    engine_->write(d, *regions_[z].d_send, lay_.d_send_rows_off + int64_t(d) * lay_.P * lay_.row, rows * lay_.row,
-                   rows ? &regions_[z].d_recv_peer[d] : nullptr,
-                   lay_.priv_off + int64_t(rank_) * lay_.priv * lay_.row, imm(tag_of(kPriv, z), e));
+    engine_->write(d, *regions_[z].d_send, int64_t(d) * lay_.P * lay_.row, rows * lay_.row,
+                   rows ? &regions_[z].d_recv_peer[d] : nullptr, int64_t(rank_) * lay_.priv * lay_.row,
+                   imm(tag_of(kPriv, z), e));
   }
 }
 
 const int32_t* Exchange::counts_of(int z, int src) const {
   const int64_t NL = int64_t(o_.shape.N) * o_.shape.local_experts();
-  return reinterpret_cast<const int32_t*>(bufs_[z].d_recv) + src * NL;
+  return reinterpret_cast<const int32_t*>(bufs_[z].counts_recv) + src * NL;
 }
 
 int64_t Exchange::rows_between(int z, int src, int dst) const {
@@ -293,7 +302,7 @@ void Exchange::post_overflow(int z, uint32_t e) {
     int64_t off = 0;
     for (int src = 0; src < rank_; ++src)
       if (remote(src, d)) off += std::max<int64_t>(0, rows_between(z, src, d) - lay_.priv);
-    engine_->write(d, *regions_[z].d_send, lay_.d_send_rows_off + (int64_t(d) * lay_.P + lay_.priv) * lay_.row,
+    engine_->write(d, *regions_[z].d_send, (int64_t(d) * lay_.P + lay_.priv) * lay_.row,
                    over * lay_.row, over ? &regions_[z].d_recv_peer[d] : nullptr, lay_.over_off + off * lay_.row,
                    imm(tag_of(kOver, z), e));
   }
@@ -309,7 +318,7 @@ void Exchange::overflow_bases(int z, int64_t* over_base) const {
 
 const uint8_t* Exchange::landed_row(int z, int src, int64_t j, int64_t over_base) const {
   const uint8_t* d = bufs_[z].d_recv;
-  return j < lay_.priv ? d + lay_.priv_off + (int64_t(src) * lay_.priv + j) * lay_.row
+  return j < lay_.priv ? d + (int64_t(src) * lay_.priv + j) * lay_.row
                        : d + lay_.over_off + (over_base + j - lay_.priv) * lay_.row;
 }
 
@@ -323,7 +332,7 @@ void Exchange::take_combine_offsets(int z) {
 void Exchange::signal_remote(int z, uint32_t tag, uint32_t epoch) {
   const uint32_t v = imm(tag, epoch);
   for (int r : remote_)
-    if (alive(z, r)) engine_->write(r, *regions_[z].d_send, 0, 0, nullptr, 0, v);
+    if (alive(z, r)) engine_->write(r, *regions_[z].k_send, 0, 0, nullptr, 0, v);
 }
 
 void Exchange::signal_free_d(int z, uint32_t e) { signal_remote(z, tag_of(kFreeD, z), e); }

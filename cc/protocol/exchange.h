@@ -2,7 +2,8 @@
 // layout, immediates and the steps of one dispatch / combine, written once and driven two ways:
 // inline by the host backend (cc/host, blocking waits on the calling thread) and by the cuda
 // backend's proxy thread (cc/proxy, non-blocking polls between GPU flags). It knows the MoE layout
-// of the buffers but not who packs them (C++ on CPUs, or GPU kernels writing pinned host memory).
+// of the buffers but not who packs them (C++ on CPUs, or GPU kernels writing pinned host memory or,
+// where the NIC reaches GPU memory, device memory).
 //
 // Pairs of ranks: with node_size 0 every pair (a rank and itself included) goes through the engine
 // (the host backend). With node_size > 0, ranks a and b share a node iff a / node_size ==
@@ -14,7 +15,7 @@
 //   wait FREE_D(e-1) from remote ranks; flush      -> our send buffer and their regions are reusable
 //     (under a rank mask: from each live rank the FREE_D it owes, that of the last dispatch of the
 //     slot both took part in; expect_owed_free_d)
-//   post_counts: our [N, L] count matrix (send buffer offset 0) to every rank          (COUNTS)
+//   post_counts: our [N, L] count matrix (counts_send) to every rank                   (COUNTS)
 //   post_private: first `priv` rows for each remote destination into our private region (PRIV)
 //   wait COUNTS from every rank; post_overflow: rows past `priv` at the exact offset      (OVER)
 //   wait PRIV and OVER from remote ranks; the rows have landed; read them; signal FREE_D(e).
@@ -52,29 +53,37 @@ struct ExchangeOptions : TransportOptions {
   MoeShape shape{};    // shape_of(the Config)
 };
 
-// Byte offsets inside one slot's buffers (identical on every rank).
+// Byte offsets inside one slot's buffers (identical on every rank). The count matrices live in
+// buffers of their own (host memory: the proxy and the inline driver read them), the rows in
+// buffers that may be host or device memory (SlotBuffers::rows_memory).
 struct SlotLayout {
   explicit SlotLayout(const ExchangeOptions& o);
-  int64_t counts_bytes;      // [N][N*L] int32 count matrices, one per source (16-byte padded)
-  int64_t priv_off;          // [N][priv][row]
-  int64_t over_off;          // [N*(P-priv)][row]
+  int64_t counts_send_bytes;  // counts_send: our [N dest][L] int32 count matrix (16-byte padded)
+  int64_t counts_bytes;       // counts_recv: [N src][N][L] int32 count matrices, one per source (padded)
+  int64_t over_off;           // d_recv: private [N src][priv][row] from 0, then overflow [N*(P-priv)][row]
   int64_t d_recv_bytes;
-  int64_t d_send_rows_off;   // d_send: our [N*L] counts, then [N dest][P][row]
-  int64_t d_send_bytes;
-  int64_t c_row_stride_max;  // MoeShape::c_row = H * itemsize(combine dtype): the widest y row
-  int64_t c_send_bytes;      // [N src][P][c_row]
-  int64_t c_recv_bytes;      // [tp member][Q][c_row] (compact: see the top of this file)
+  int64_t d_send_bytes;       // d_send: [N dest][P][row]
+  int64_t c_row_stride_max;   // MoeShape::c_row = H * itemsize(combine dtype): the widest y row
+  int64_t c_send_bytes;       // [N src][P][c_row]
+  int64_t c_recv_bytes;       // [tp member][Q][c_row] (compact: see the top of this file)
   int P, Q, priv;
   int64_t row;
 };
 
-// One slot's buffers, owned by the caller (host vectors, or pinned host memory that GPU kernels
-// read and write through mapped pointers). Sizes as in SlotLayout.
+// One slot's buffers, owned by the caller. Sizes as in SlotLayout. The count matrices are always
+// host memory (host vectors, or pinned host memory that GPU kernels reach through mapped
+// pointers); the four row buffers are host memory too, or device memory (rows_memory kCuda, on
+// CUDA device `device`) when the engine registers device memory (Engine::device_memory: FI_HMEM,
+// a NIC that reads and writes GPU memory). The protocol never reads or writes a row itself.
 struct SlotBuffers {
+  uint8_t* counts_send;
+  uint8_t* counts_recv;
   uint8_t* d_send;
   uint8_t* d_recv;
   uint8_t* c_send;
   uint8_t* c_recv;
+  transfer::MemoryKind rows_memory = transfer::MemoryKind::kHost;
+  int device = 0;
 };
 
 // One wait in progress: arrivals of (tag, epoch, rank) for sets of tags and ranks, each part
@@ -112,7 +121,9 @@ class Exchange {
   const std::vector<int>& remote_ranks() const { return remote_; }  // ranks remote to us, ascending
   bool any_remote() const { return !remote_.empty(); }
 
-  // Descriptors of our remotely written regions, [slot0 d_recv, slot0 c_recv, slot1 ...].
+  // Descriptors of our remotely written regions, [slot0 counts_recv, slot0 d_recv, slot0 c_recv,
+  // slot1 ...] (kDescriptorsPerSlot per slot).
+  static constexpr int kDescriptorsPerSlot = 3;
   std::vector<transfer::Bytes> descriptors() const;
   // Peers' descriptors in the same order, for every rank (ours included).
   void connect(const std::map<int, std::vector<transfer::Bytes>>& descriptors);
@@ -160,8 +171,8 @@ class Exchange {
   [[noreturn]] void timed_out(const Arrivals& a, int op, int z, const char* what, const std::string& detail) const;
 
   // ---- the steps (writes return at once; completion is counted at the receiver) ----------------
-  void post_counts(int z, uint32_t e);    // our count matrix, d_send[0, N*L*4), to every rank
-  void post_private(int z, uint32_t e);   // needs our count matrix in d_send
+  void post_counts(int z, uint32_t e);    // our count matrix (counts_send) to every rank
+  void post_private(int z, uint32_t e);   // needs our count matrix in counts_send
   void post_overflow(int z, uint32_t e);  // needs every rank's count matrix (after COUNTS)
   void signal_free_d(int z, uint32_t e);
   // rows_from[src]: rows we received from src in the matching dispatch; c_send holds them at
@@ -172,14 +183,15 @@ class Exchange {
   void signal_free_c(int z, uint32_t c);
 
   // ---- reading what landed -------------------------------------------------------------------
-  // Count matrix of source src: [N dest][L] in d_recv (valid after COUNTS).
+  // Count matrix of source src: [N dest][L] in counts_recv (valid after COUNTS).
   const int32_t* counts_of(int z, int src) const;
   // Rows src sends dst in this dispatch (sum over local experts).
   int64_t rows_between(int z, int src, int dst) const;
   // over_base[src] (N entries): first row of src's overflow in our overflow region, for sources
   // remote to us (0 for others). Valid after COUNTS.
   void overflow_bases(int z, int64_t* over_base) const;
-  // Row j of remote source src in d_recv, given its overflow base.
+  // Row j of remote source src in d_recv, given its overflow base (a pointer into d_recv, which
+  // only the caller knows how to read: host or device memory).
   const uint8_t* landed_row(int z, int src, int64_t j, int64_t over_base) const;
 
   // ---- the combine offsets of slot z (a snapshot per slot) --------------------------------------

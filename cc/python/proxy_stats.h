@@ -1,6 +1,6 @@
 // A proxy thread's counters as the Python dict both bindings return (cuda inter-node path, host
 // backend's proxied mode): dispatches, combines, polls, sleeps, counts_to_landed_ns,
-// comb_to_landed_ns, cpu, flag_path.
+// comb_to_landed_ns, cpu, flag_path, row_path.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -20,6 +20,7 @@ inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
   d["comb_to_landed_ns"] = s.comb_to_landed_ns;
   d["cpu"] = s.cpu;
   d["flag_path"] = s.flag_path;
+  d["row_path"] = s.row_path;
   return d;
 }
 
