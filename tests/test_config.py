@@ -131,11 +131,12 @@ def test_buffer_sizes_come_from_cpp(spec):
         regions = CudaBackend().buffer_regions(cfg)
         assert CudaBackend().buffer_bytes(cfg) == sum(regions.values()) == _cuda_bytes(spec, n)
         assert not any(k.startswith("remote_") for k in regions)
-        if c.built_with_libfabric():  # peers on other nodes: the pinned host buffers are listed, not counted
+        if c.built_with_libfabric():  # peers on other nodes: the inter-node buffers are listed, not counted
             far = Config.build(spec, n, "cuda", options={"node_size": 4})
             r = CudaBackend().buffer_regions(far)
             assert {k for k in r if k.startswith("remote_")} == {
-                "remote_dispatch_send", "remote_dispatch_recv", "remote_combine_send", "remote_combine_recv"}
+                "remote_counts", "remote_dispatch_send", "remote_dispatch_recv", "remote_combine_send",
+                "remote_combine_recv"}
             assert CudaBackend().buffer_bytes(far) == _cuda_bytes(spec, n)
     if c.built_with_nvshmem():
         from jax_moe_a2a.backends.nvshmem import NvshmemBackend

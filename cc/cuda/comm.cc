@@ -66,6 +66,7 @@ std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
   if (any_remote(o)) {
     const protocol::SlotLayout lay(exchange_options(o));
+    r.push_back({"remote_counts", z * (lay.counts_send_bytes + lay.counts_bytes)});
     r.push_back({"remote_dispatch_send", z * lay.d_send_bytes});
     r.push_back({"remote_dispatch_recv", z * lay.d_recv_bytes});
     r.push_back({"remote_combine_send", z * lay.c_send_bytes});

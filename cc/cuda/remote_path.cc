@@ -43,6 +43,12 @@ uint8_t* RemotePath::pinned(int64_t bytes) {
   return static_cast<uint8_t*>(p);
 }
 
+int RemotePath::cuda_device() {
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  return dev;
+}
+
 uint8_t* RemotePath::device(int64_t bytes) {
   bytes = bytes > 0 ? bytes : 16;
   void* p = nullptr;
@@ -65,14 +71,26 @@ void RemotePath::open_engine(transfer::EngineOptions eo) {
     try {
       engine_ = transfer::make_fabric_engine(eo);
       if (engine_->device_memory()) {
-        row_path_ = "device";
-        return;
+        // FI_HMEM does not promise CUDA: register a small GPU buffer to find out.
+        uint8_t* probe = device(4096);
+        try {
+          engine_->register_memory(probe, 4096, transfer::MemoryKind::kCuda, cuda_device())->close();
+          row_path_ = "device";
+        } catch (const std::exception& e) {
+          row_path_ = std::string("host: the provider registers no CUDA memory (") + e.what() + ")";
+        }
+        allocations_.pop_back();  // the probe's
+        cudaFree(probe);
+        if (row_path_ == "device") return;
+      } else {
+        row_path_ = "host: the provider offers no FI_HMEM";
       }
-      row_path_ = "host: the provider registers no device memory";
       engine_->close();
       engine_.reset();
     } catch (const std::exception& e) {
       row_path_ = std::string("host: no FI_HMEM engine (") + e.what() + ")";
+      if (engine_) engine_->close();
+      engine_.reset();
     }
     if (want == Staging::kDevice)
       throw std::runtime_error("jax_moe_a2a: JAX_MOE_A2A_STAGING=device, but the engine cannot register device "
@@ -178,7 +196,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
       b.c_send = rows(lay.c_send_bytes);
       b.c_recv = rows(lay.c_recv_bytes);
       b.rows_memory = on_gpu ? transfer::MemoryKind::kCuda : transfer::MemoryKind::kHost;
-      b.device = dev < 0 ? 0 : dev;
+      b.device = cuda_device();
       bufs_.push_back(b);
     }
     if (on_gpu) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the zeroing is done

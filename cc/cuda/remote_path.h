@@ -51,6 +51,7 @@ class RemotePath {
   RemotePtrs slot_ptrs(int z) const;
   uint8_t* pinned(int64_t bytes);  // zeroed, mapped; freed by the destructor
   uint8_t* device(int64_t bytes);  // zeroed GPU memory; freed by the destructor
+  static int cuda_device();        // the calling thread's current device
   // The engine, opened with FI_HMEM where JAX_MOE_A2A_STAGING allows and the provider offers it;
   // sets row_path_. Throws under JAX_MOE_A2A_STAGING=device when it cannot.
   void open_engine(transfer::EngineOptions eo);
