@@ -231,7 +231,23 @@ void RemotePath::connect(const std::vector<std::tuple<int, transfer::Bytes, std:
   engine_->add_peers(addrs);
   transfer::connect_in_order(*engine_, ex_->options().timeout_s);  // tcp;ofi_rxm: one connect per pair
   ex_->connect(descs);
+  ex_->post_warm_up();
   for (int z = 0; z < ex_->options().slots; ++z) ptrs_.push_back(slot_ptrs(z));
+}
+
+void RemotePath::start() {
+  ex_->await_warm_up();
+  if (row_path_ == "device") {
+    // The shm provider copies GPU to GPU with cudaMemcpy on the legacy stream, which may return
+    // before the copy is done: wait for it before the kernels read the rows. XLA's streams are
+    // non-blocking, so this never waits for our own kernels.
+    flags_.landing_fence = [] {
+      const cudaError_t rc = cudaStreamSynchronize(cudaStreamLegacy);
+      if (rc != cudaSuccess)
+        throw std::runtime_error(std::string("jax_moe_a2a cuda (inter-node path): cudaStreamSynchronize(legacy) "
+                                             "before raising a landed flag: ") + cudaGetErrorString(rc));
+    };
+  }
   proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_, proxy::ProxyOptions::from_env(local_index_, bus_id_), flags_);
 }
 

@@ -35,8 +35,12 @@ class RemotePath {
   transfer::Bytes address() const { return engine_->address(); }
   std::vector<transfer::Bytes> descriptors() const { return ex_->descriptors(); }
   std::string provider() const { return engine_->provider(); }
-  // peers: (rank, engine address, descriptors) of every rank, ours included. Starts the proxy.
+  // peers: (rank, engine address, descriptors) of every rank, ours included. Posts the transport's
+  // warm-up writes (protocol::Exchange::post_warm_up).
   void connect(const std::vector<std::tuple<int, transfer::Bytes, std::vector<transfer::Bytes>>>& peers);
+  // After every rank of this process connected: waits for the peers' warm-up writes, then starts
+  // the proxy thread.
+  void start();
   // Device pointers and flags of slot z for the kernels (mask of the ranks on other nodes).
   RemotePtrs ptrs(int z) const { return ptrs_[z]; }
   // The proxy's failure ("" while healthy) and counters.

@@ -211,6 +211,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         return false;
       }
       s.d_armed = false;
+      if (flags_.landing_fence) flags_.landing_fence();
       raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
@@ -270,6 +271,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
         check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
         return false;
       }
+      if (flags_.landing_fence) flags_.landing_fence();
       raise(z, &SlotCtrl::c_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);

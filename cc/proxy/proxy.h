@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,6 +54,10 @@ struct ProxyOptions {
 struct FlagPath {
   Ctrl* mirror = nullptr;
   std::string name = "mapped-host";  // proxy_stats()["flag_path"]: "gdrcopy" or "mapped-host: <why>"
+  // Called before the proxy raises d_landed or c_landed: makes the rows the transport delivered
+  // visible to the kernels where its copies may still be in flight (the cuda path with rows in GPU
+  // memory: copies a provider queued on the CUDA legacy stream). Throws on failure. Empty: none.
+  std::function<void()> landing_fence;
 };
 
 // Counters a benchmark reads (nanoseconds of steady_clock, summed over steps).

@@ -68,6 +68,17 @@ void bind_cuda(nb::module_& m) {
       "comm_id"_a, "rank"_a, "peers"_a, "group"_a = 0,
       "Connects a rank's inter-node path: [(rank, address, descriptors)] of every rank of its EP group.");
   c.def(
+      "start_remote",
+      [](int64_t comm_id, int rank, int group) {
+        cuda::RemotePath* rp = cuda::find_comm(comm_id, group)->rank(rank).remote();
+        if (!rp) throw std::invalid_argument("jax_moe_a2a cuda: rank has no peers on other nodes");
+        nb::gil_scoped_release release;
+        rp->start();
+      },
+      "comm_id"_a, "rank"_a, "group"_a = 0,
+      "After connect_remote of every rank of this process: waits for the peers' warm-up writes and starts "
+      "the rank's proxy thread.");
+  c.def(
       "proxy_stats",
       [](int64_t comm_id, int rank, int group) {
         cuda::RemotePath* rp = cuda::find_comm(comm_id, group)->rank(rank).remote();

@@ -224,7 +224,10 @@ DomainMr Domain::register_memory(void* data, uint64_t size, MemoryKind kind, int
                             index_, provider_.c_str());
   if (kind == MemoryKind::kCuda)
     what += " (device memory: needs a libfabric built with CUDA support and a visible GPU)";
-  fi_check(fi_mr_regattr(domain_, &attr, 0, &out.mr), what.c_str());
+  // FI_HMEM_DEVICE_ONLY: cudaMalloc'd memory is for the device only. It lets shm copy GPU to GPU
+  // through CUDA IPC instead of staging through its host bounce buffers.
+  const uint64_t mr_flags = kind == MemoryKind::kCuda ? FI_HMEM_DEVICE_ONLY : 0;
+  fi_check(fi_mr_regattr(domain_, &attr, mr_flags, &out.mr), what.c_str());
   if (mr_mode_ & FI_MR_ENDPOINT) {
     int rc = fi_mr_bind(out.mr, &ep_->fid, 0);
     if (rc == 0) rc = fi_mr_enable(out.mr);

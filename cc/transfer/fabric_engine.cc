@@ -172,7 +172,12 @@ void FabricEngine::post(const WriteTemplate& t, const Region* src, uint64_t src_
   WriteRequest req;
   req.fill(t, src, src_offset, length, dst ? &dst->keys[t.remote_domain] : nullptr, dst_offset, imm);
   uint64_t flags = FI_REMOTE_CQ_DATA;
-  if (t.domain->inject_size() > 0 && length <= t.domain->inject_size()) flags |= FI_INJECT;
+  // Never inject from device memory: the provider would copy it to host memory on this thread with
+  // cudaMemcpy (with a device-wide synchronisation where it cannot tell the buffers apart), which
+  // waits for every running kernel, including one that spins until this write lands.
+  if (t.domain->inject_size() > 0 && length <= t.domain->inject_size() &&
+      (!src || src->memory_kind() == MemoryKind::kHost))
+    flags |= FI_INJECT;
 
   outstanding_.fetch_add(1, std::memory_order_acq_rel);  // before posting: completions can't underflow
   ssize_t rc = t.domain->try_write(req.msg, flags);
