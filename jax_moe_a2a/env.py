@@ -96,8 +96,8 @@ VARS = (
         "/dev/gdrdrv and libgdrapi.so.2 exist (`1`: required, `0`: never)", _NATIVE),
     Var("STAGING", "auto|host|device", "auto", "cc/cuda/remote_path.cc",
         "cuda inter-node path: where the rows to and from other nodes live; `auto` puts them in GPU memory "
-        "where the engine can register it (FI_HMEM: GPUDirect RDMA, or a libfabric built with CUDA), else in "
-        "pinned host memory; `host` always pinned host memory; `device` GPU memory or an error "
+        "where the provider is a NIC with GPUDirect RDMA (efa, verbs) and the engine registers CUDA memory "
+        "(FI_HMEM), else in pinned host memory; `host` always pinned host memory; `device` GPU memory or an error "
         "(`proxy_stats()[rank][\"row_path\"]` says which and why)", _NATIVE),
     Var("GDRCOPY_LIB", "str", "libgdrapi.so.2", "cc/proxy/gdrcopy.cc", "GDRCopy library to dlopen (tests)", _NATIVE),
     Var("GDRCOPY_DEV", "str", "/dev/gdrdrv", "cc/proxy/gdrcopy.cc", "GDRCopy device node to look for (tests)",

@@ -17,8 +17,9 @@ void check(cudaError_t rc, const char* what) { check_cuda(rc, "jax_moe_a2a cuda 
 
 enum class Staging { kAuto, kHost, kDevice };
 
-// JAX_MOE_A2A_STAGING: where the rows live. auto (default): device memory where the engine can
-// register it, else host; host: always pinned host memory; device: device memory or an error.
+// JAX_MOE_A2A_STAGING: where the rows live. auto (default): device memory where the provider is a
+// GPUDirect RDMA NIC and the engine registers CUDA memory, else host; host: always pinned host
+// memory; device: device memory or an error.
 Staging staging_from_env() {
   const char* v = std::getenv("JAX_MOE_A2A_STAGING");
   const std::string t = v ? v : "";
@@ -26,6 +27,17 @@ Staging staging_from_env() {
   if (t == "host") return Staging::kHost;
   if (t == "device") return Staging::kDevice;
   throw std::invalid_argument("jax_moe_a2a: JAX_MOE_A2A_STAGING must be auto, host or device, got '" + t + "'");
+}
+
+// Rows in GPU memory need a transport that moves them without the GPU's help: a NIC reading and
+// writing GPU memory (GPUDirect RDMA: efa, verbs). Providers that copy GPU memory themselves (shm,
+// tcp: cudaMemcpy on the thread that progresses the engine) stalled on one H200 with a CUDA-enabled
+// libfabric 1.22 over shm (2026-12-03): the proxy thread blocked inside the provider while the
+// receive kernels, one block on every SM, spun waiting for those very rows, until their timeout.
+// Not isolated further (a copy waiting for SMs, or an implicit device synchronisation).
+bool moves_gpu_memory_without_the_gpu(const std::string& provider) {
+  const std::string first = provider.substr(0, provider.find(';'));
+  return first == "efa" || first == "verbs";
 }
 
 }  // namespace
@@ -65,8 +77,15 @@ void RemotePath::free_all() {
 
 void RemotePath::open_engine(transfer::EngineOptions eo) {
   const Staging want = staging_from_env();
+  const std::string provider = eo.resolved().provider;
   row_path_ = "host: JAX_MOE_A2A_STAGING=host";
-  if (want != Staging::kHost) {
+  if (want != Staging::kHost && !moves_gpu_memory_without_the_gpu(provider)) {
+    row_path_ = "host: provider '" + provider + "' copies GPU memory with CUDA calls that wait behind the spinning "
+                "receive kernels (rows in GPU memory need efa or verbs: GPUDirect RDMA)";
+    if (want == Staging::kDevice)
+      throw std::runtime_error("jax_moe_a2a: JAX_MOE_A2A_STAGING=device, but " + row_path_.substr(6) +
+                               "; auto and host keep the rows in pinned host memory");
+  } else if (want != Staging::kHost) {
     eo.hmem = true;
     try {
       engine_ = transfer::make_fabric_engine(eo);
@@ -238,9 +257,9 @@ void RemotePath::connect(const std::vector<std::tuple<int, transfer::Bytes, std:
 void RemotePath::start() {
   ex_->await_warm_up();
   if (row_path_ == "device") {
-    // The shm provider copies GPU to GPU with cudaMemcpy on the legacy stream, which may return
-    // before the copy is done: wait for it before the kernels read the rows. XLA's streams are
-    // non-blocking, so this never waits for our own kernels.
+    // A provider may queue GPU copies on the legacy stream (libfabric's cudaMemcpy, which may return
+    // before a device-to-device copy is done): wait for them before the kernels read the rows.
+    // XLA's streams are non-blocking, so this never waits for our own kernels.
     flags_.landing_fence = [] {
       const cudaError_t rc = cudaStreamSynchronize(cudaStreamLegacy);
       if (rc != cudaSuccess)

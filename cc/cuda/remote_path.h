@@ -1,10 +1,11 @@
 // Host side of the cuda backend's inter-node path for one rank (device side: cuda/remote.cuh): a
 // libfabric TransferEngine of its own, every slot's protocol buffers registered with it, the
 // protocol::Exchange over it for the peers on other nodes, and the rank's proxy thread.
-// Where the rows live (JAX_MOE_A2A_STAGING, row_path()): in GPU memory when the engine registers
-// device memory (FI_HMEM: a NIC with GPUDirect RDMA, or a libfabric built with CUDA support), so
-// the kernels pack and unpack at GPU memory speed and the transport moves the rows GPU to GPU;
-// else in pinned host memory (cudaHostAlloc, mapped) that the kernels read and write over PCIe.
+// Where the rows live (JAX_MOE_A2A_STAGING, row_path()): in GPU memory when the provider is a NIC
+// with GPUDirect RDMA (efa, verbs) and the engine registers CUDA memory (FI_HMEM), so the kernels
+// pack and unpack at GPU memory speed and the NIC moves the rows GPU to GPU; else in pinned host
+// memory (cudaHostAlloc, mapped) that the kernels read and write over PCIe (docs/protocol.md says
+// why shm / tcp with CUDA stay there).
 // The count matrices and the flag block are always pinned host memory (the proxy reads them).
 // The proxy's flags for the kernels go to a GPU-memory copy of the flag block through GDRCopy
 // where it works (proxy/gdrcopy.h; else they stay in the mapped host block): flag_path() /
