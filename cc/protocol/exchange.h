@@ -186,9 +186,9 @@ class Exchange {
   // connect one after the other: post_warm_up writes 16 bytes from each of our send buffers
   // (d_send, c_send) of every slot to every remote rank's warm area; await_warm_up (after every
   // local rank posted) waits for the same from each remote rank, then flushes ours; it throws
-  // TimeoutError naming the missing ranks. A transport may set things up on the first transfer
-  // from a buffer (shm with CUDA memory opens the source's IPC handle, a CUDA call that may
-  // synchronise the device): done here, it never happens while a kernel spins waiting for rows.
+  // TimeoutError naming the missing ranks. A provider may set things up on the first transfer
+  // between two buffers (connections, memory mappings, IPC handles for GPU memory): done here, it
+  // never happens while a kernel spins waiting for rows.
   void post_warm_up();
   void await_warm_up();
 
