@@ -101,8 +101,6 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("world_size", &Engine::world_size)
       .def_prop_ro("provider", &Engine::provider)
       .def_prop_ro("num_domains", &Engine::num_domains)
-      .def_prop_ro("device_memory", &Engine::device_memory,
-                   "Can register_ptr take memory='cuda'? (opened with hmem and the provider offers FI_HMEM)")
       .def_prop_ro("instance", &Engine::instance)
       .def_prop_ro("closed", &Engine::closed)
       .def("address", [](const Engine& e) { return from_bytes(e.address()); },

@@ -81,11 +81,6 @@ class Engine {
   bool has_peer(int rank) const { return peer_instance(rank) != 0; }
 
   // --- memory -----------------------------------------------------------------------------------
-  // May register_memory take device memory (MemoryKind::kCuda)? True where the engine was opened
-  // with hmem and the provider offers FI_HMEM on every domain; the local engine never. FI_HMEM
-  // alone does not promise CUDA (Debian's libfabric offers it for host memory only and fails
-  // fi_mr_regattr of CUDA memory with -FI_ENOSYS): register a small buffer to be sure.
-  virtual bool device_memory() const { return false; }
   virtual std::shared_ptr<Region> register_memory(void* data, uint64_t size,
                                                   MemoryKind kind = MemoryKind::kHost,
                                                   int device = 0) = 0;

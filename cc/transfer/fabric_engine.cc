@@ -109,12 +109,6 @@ void FabricEngine::add_peers(const std::vector<PeerAddress>& list) {
   }
 }
 
-bool FabricEngine::device_memory() const {
-  for (const auto& d : domains_)
-    if (!d->has_hmem()) return false;
-  return !domains_.empty();
-}
-
 uint64_t FabricEngine::peer_instance(int rank) const {
   if (rank < 0 || rank >= world_size_) return 0;
   const Peer& p = *peers_[rank];

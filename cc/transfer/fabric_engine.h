@@ -21,7 +21,6 @@ class FabricEngine final : public Engine, private CompletionSink {
   EngineKind kind() const override { return EngineKind::kFabric; }
   std::string provider() const override { return provider_; }
   int num_domains() const override { return static_cast<int>(domains_.size()); }
-  bool device_memory() const override;
   const Domain& domain(int d) const { return *domains_[d]; }
 
   Bytes address() const override { return address_; }

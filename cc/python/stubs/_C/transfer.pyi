@@ -92,12 +92,6 @@ class Engine:
     def num_domains(self) -> int: ...
 
     @property
-    def device_memory(self) -> bool:
-        """
-        Can register_ptr take memory='cuda'? (opened with hmem and the provider offers FI_HMEM)
-        """
-
-    @property
     def instance(self) -> int: ...
 
     @property
