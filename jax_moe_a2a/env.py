@@ -94,11 +94,11 @@ VARS = (
     Var("GDRCOPY", "auto|0|1", "auto", "cc/proxy/gdrcopy.cc, cc/cuda/remote_path.cc",
         "cuda inter-node path: the proxy writes its flags into GPU memory through GDRCopy where "
         "/dev/gdrdrv and libgdrapi.so.2 exist (`1`: required, `0`: never)", _NATIVE),
-    Var("STAGING", "auto|host|device", "auto", "cc/cuda/remote_path.cc",
-        "cuda inter-node path: where the rows to and from other nodes live; `auto` puts them in GPU memory "
-        "where the provider is a NIC with GPUDirect RDMA (efa, verbs) and the engine registers CUDA memory "
-        "(FI_HMEM), else in pinned host memory; `host` always pinned host memory; `device` GPU memory or an error "
-        "(`proxy_stats()[rank][\"row_path\"]` says which and why)", _NATIVE),
+    Var("STAGING", "host|device", "host", "cc/cuda/remote_path.cc",
+        "cuda inter-node path: where the rows to and from other nodes live; `host`: pinned host memory the "
+        "kernels reach over PCIe; `device`: GPU memory, only over a NIC with GPUDirect RDMA (efa, verbs) whose "
+        "engine registers CUDA memory (FI_HMEM), else an error at init; not yet run end to end "
+        "(`proxy_stats()[rank][\"row_path\"]` says which)", _NATIVE),
     Var("GDRCOPY_LIB", "str", "libgdrapi.so.2", "cc/proxy/gdrcopy.cc", "GDRCopy library to dlopen (tests)", _NATIVE),
     Var("GDRCOPY_DEV", "str", "/dev/gdrdrv", "cc/proxy/gdrcopy.cc", "GDRCopy device node to look for (tests)",
         _NATIVE),

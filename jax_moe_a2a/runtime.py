@@ -72,20 +72,15 @@ def exchange(prefix: str, local: Dict[int, Any], num_ranks: int, timeout_s: floa
     return out
 
 
-def connect_engines(prefix: str, info: Dict[int, Any], num_ranks: int, timeout_s: float, connect, provider: str,
-                    start=None) -> str:
+def connect_engines(prefix: str, info: Dict[int, Any], num_ranks: int, timeout_s: float, connect, provider: str) -> str:
     """Connects this process's ranks' TransferEngines to every rank (collective).
 
     info: {local rank: (engine address, [region descriptors], provider)} from the native side;
     connect(rank, peers) is called per local rank with [(rank, address, [descriptors])] of all
-    ranks; then start(rank), when given, per local rank (a step that waits for every rank's
-    connect, ours included). Returns the provider the engines opened (`provider` when this process
-    has no rank)."""
+    ranks. Returns the provider the engines opened (`provider` when this process has no rank)."""
     mine = {r: (bytes(addr), [bytes(d) for d in descs]) for r, (addr, descs, _) in info.items()}
     table = exchange(prefix, mine, num_ranks, timeout_s)
     peers = [(r, table[r][0], list(table[r][1])) for r in range(num_ranks)]
     for r in sorted(info):  # ascending: the engines' connect_in_order waits only on lower ranks
         connect(r, peers)
-    for r in sorted(info) if start else ():
-        start(r)
     return next(iter(info.values()))[2] if info else provider

@@ -96,8 +96,7 @@ def _host_bytes(spec, n, priv_rows):
     l_count, p = spec.local_experts(n), spec.rows_per_peer(n)
     priv = p if priv_rows is None else min(priv_rows, p)
     row = _pad(spec.hidden * spec.dispatch_dtype.itemsize + 4 * spec.num_scales + 8)
-    warm = n * 2 * 16  # the transport's warm-up writes (protocol::Exchange::post_warm_up)
-    d_recv = _pad(n * n * l_count * 4) + _pad(n * priv * row + n * (p - priv) * row) + warm
+    d_recv = _pad(n * n * l_count * 4) + n * priv * row + n * (p - priv) * row
     d_send = _pad(n * l_count * 4) + n * p * row
     c_row = spec.hidden * spec.combine_dtype.itemsize
     q = spec.tokens_per_member() * spec.experts_per_token  # combine rows per tp member: [tp][Q]

@@ -15,18 +15,13 @@ namespace {
 
 void check(cudaError_t rc, const char* what) { check_cuda(rc, "jax_moe_a2a cuda (inter-node path)", what); }
 
-enum class Staging { kAuto, kHost, kDevice };
-
-// JAX_MOE_A2A_STAGING: where the rows live. auto (default): device memory where the provider is a
-// GPUDirect RDMA NIC and the engine registers CUDA memory, else host; host: always pinned host
-// memory; device: device memory or an error.
-Staging staging_from_env() {
+// JAX_MOE_A2A_STAGING: true for device (rows in GPU memory), false for host (the default).
+bool rows_on_gpu_from_env() {
   const char* v = std::getenv("JAX_MOE_A2A_STAGING");
   const std::string t = v ? v : "";
-  if (t.empty() || t == "auto") return Staging::kAuto;
-  if (t == "host") return Staging::kHost;
-  if (t == "device") return Staging::kDevice;
-  throw std::invalid_argument("jax_moe_a2a: JAX_MOE_A2A_STAGING must be auto, host or device, got '" + t + "'");
+  if (t.empty() || t == "host") return false;
+  if (t == "device") return true;
+  throw std::invalid_argument("jax_moe_a2a: JAX_MOE_A2A_STAGING must be host or device, got '" + t + "'");
 }
 
 // Rows in GPU memory need a transport that moves them without the GPU's help: a NIC reading and
@@ -55,12 +50,6 @@ uint8_t* RemotePath::pinned(int64_t bytes) {
   return static_cast<uint8_t*>(p);
 }
 
-int RemotePath::cuda_device() {
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  return dev;
-}
-
 uint8_t* RemotePath::device(int64_t bytes) {
   bytes = bytes > 0 ? bytes : 16;
   void* p = nullptr;
@@ -75,48 +64,29 @@ void RemotePath::free_all() {
   allocations_.clear();
 }
 
-void RemotePath::open_engine(transfer::EngineOptions eo) {
-  const Staging want = staging_from_env();
-  const std::string provider = eo.resolved().provider;
-  row_path_ = "host: JAX_MOE_A2A_STAGING=host";
-  if (want != Staging::kHost && !moves_gpu_memory_without_the_gpu(provider)) {
-    row_path_ = "host: provider '" + provider + "' copies GPU memory with CUDA calls that wait behind the spinning "
-                "receive kernels (rows in GPU memory need efa or verbs: GPUDirect RDMA)";
-    if (want == Staging::kDevice)
-      throw std::runtime_error("jax_moe_a2a: JAX_MOE_A2A_STAGING=device, but " + row_path_.substr(6) +
-                               "; auto and host keep the rows in pinned host memory");
-  } else if (want != Staging::kHost) {
-    eo.hmem = true;
-    try {
-      engine_ = transfer::make_fabric_engine(eo);
-      if (engine_->device_memory()) {
-        // FI_HMEM does not promise CUDA: register a small GPU buffer to find out.
-        uint8_t* probe = device(4096);
-        try {
-          engine_->register_memory(probe, 4096, transfer::MemoryKind::kCuda, cuda_device())->close();
-          row_path_ = "device";
-        } catch (const std::exception& e) {
-          row_path_ = std::string("host: the provider registers no CUDA memory (") + e.what() + ")";
-        }
-        allocations_.pop_back();  // the probe's
-        cudaFree(probe);
-        if (row_path_ == "device") return;
-      } else {
-        row_path_ = "host: the provider offers no FI_HMEM";
-      }
-      engine_->close();
-      engine_.reset();
-    } catch (const std::exception& e) {
-      row_path_ = std::string("host: no FI_HMEM engine (") + e.what() + ")";
-      if (engine_) engine_->close();
-      engine_.reset();
-    }
-    if (want == Staging::kDevice)
-      throw std::runtime_error("jax_moe_a2a: JAX_MOE_A2A_STAGING=device, but the engine cannot register device "
-                               "memory: " + row_path_.substr(6) + " (auto falls back to pinned host memory)");
-    eo.hmem = false;
+void RemotePath::open_engine(transfer::EngineOptions eo, int device_id) {
+  if (!rows_on_gpu_from_env()) {
+    engine_ = transfer::make_fabric_engine(eo);
+    return;
   }
-  engine_ = transfer::make_fabric_engine(eo);
+  auto refuse = [](const std::string& why) {
+    return std::runtime_error("jax_moe_a2a: JAX_MOE_A2A_STAGING=device (rows in GPU memory), but " + why +
+                              "; JAX_MOE_A2A_STAGING=host (the default) keeps them in pinned host memory");
+  };
+  const std::string provider = eo.resolved().provider;
+  if (!moves_gpu_memory_without_the_gpu(provider))
+    throw refuse("provider '" + provider + "' copies GPU memory with CUDA calls that wait behind the spinning "
+                 "receive kernels (GPU rows need efa or verbs: GPUDirect RDMA)");
+  eo.hmem = true;
+  engine_ = transfer::make_fabric_engine(eo);  // throws where the provider offers no FI_HMEM
+  // FI_HMEM does not promise CUDA: register a small GPU buffer to find out.
+  uint8_t* probe = device(4096);
+  try {
+    engine_->register_memory(probe, 4096, transfer::MemoryKind::kCuda, device_id)->close();
+  } catch (const std::exception& e) {
+    throw refuse(std::string("the engine registers no CUDA memory: ") + e.what());
+  }
+  rows_on_gpu_ = true;
 }
 
 void RemotePath::setup_flags(int device) {
@@ -175,7 +145,7 @@ void RemotePath::release_flags() {
 proxy::ProxyStats RemotePath::stats() const {
   proxy::ProxyStats s = proxy_ ? proxy_->stats() : proxy::ProxyStats{};
   s.flag_path = flags_.name;
-  s.row_path = row_path_;
+  s.row_path = rows_on_gpu_ ? "device" : "host";
   return s;
 }
 
@@ -201,11 +171,10 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
     eo.provider = provider;
     eo.rank = rank;
     eo.world_size = xo.shape.N;
-    open_engine(eo);
-    const bool on_gpu = row_path_ == "device";
+    open_engine(eo, dev);
     ctrl_ = reinterpret_cast<proxy::Ctrl*>(pinned(sizeof(proxy::Ctrl)));
     setup_flags(dev);
-    auto rows = [&](int64_t bytes) { return on_gpu ? device(bytes) : pinned(bytes); };
+    auto rows = [&](int64_t bytes) { return rows_on_gpu_ ? device(bytes) : pinned(bytes); };
     for (int z = 0; z < xo.slots; ++z) {
       protocol::SlotBuffers b{};
       b.counts_send = pinned(lay.counts_send_bytes);
@@ -214,11 +183,11 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
       b.d_recv = rows(lay.d_recv_bytes);
       b.c_send = rows(lay.c_send_bytes);
       b.c_recv = rows(lay.c_recv_bytes);
-      b.rows_memory = on_gpu ? transfer::MemoryKind::kCuda : transfer::MemoryKind::kHost;
-      b.device = cuda_device();
+      b.rows_memory = rows_on_gpu_ ? transfer::MemoryKind::kCuda : transfer::MemoryKind::kHost;
+      b.device = dev;
       bufs_.push_back(b);
     }
-    if (on_gpu) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the zeroing is done
+    if (rows_on_gpu_) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the zeroing is done
     ex_ = std::make_unique<protocol::Exchange>(xo, rank, engine_, bufs_);
   } catch (...) {
     ex_.reset();
@@ -250,16 +219,11 @@ void RemotePath::connect(const std::vector<std::tuple<int, transfer::Bytes, std:
   engine_->add_peers(addrs);
   transfer::connect_in_order(*engine_, ex_->options().timeout_s);  // tcp;ofi_rxm: one connect per pair
   ex_->connect(descs);
-  ex_->post_warm_up();
   for (int z = 0; z < ex_->options().slots; ++z) ptrs_.push_back(slot_ptrs(z));
-}
-
-void RemotePath::start() {
-  ex_->await_warm_up();
-  if (row_path_ == "device") {
-    // A provider may queue GPU copies on the legacy stream (libfabric's cudaMemcpy, which may return
-    // before a device-to-device copy is done): wait for them before the kernels read the rows.
-    // XLA's streams are non-blocking, so this never waits for our own kernels.
+  if (rows_on_gpu_) {
+    // A provider may finish a write into GPU memory with a cudaMemcpy on the legacy stream that
+    // returns before the copy is done (host to device, device to device): wait for it before the
+    // kernels read the rows. XLA's streams are non-blocking, so this never waits for our kernels.
     flags_.landing_fence = [] {
       const cudaError_t rc = cudaStreamSynchronize(cudaStreamLegacy);
       if (rc != cudaSuccess)

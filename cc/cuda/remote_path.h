@@ -1,11 +1,10 @@
 // Host side of the cuda backend's inter-node path for one rank (device side: cuda/remote.cuh): a
 // libfabric TransferEngine of its own, every slot's protocol buffers registered with it, the
 // protocol::Exchange over it for the peers on other nodes, and the rank's proxy thread.
-// Where the rows live (JAX_MOE_A2A_STAGING, row_path()): in GPU memory when the provider is a NIC
-// with GPUDirect RDMA (efa, verbs) and the engine registers CUDA memory (FI_HMEM), so the kernels
-// pack and unpack at GPU memory speed and the NIC moves the rows GPU to GPU; else in pinned host
-// memory (cudaHostAlloc, mapped) that the kernels read and write over PCIe (docs/protocol.md says
-// why shm / tcp with CUDA stay there).
+// Where the rows live (JAX_MOE_A2A_STAGING): in pinned host memory (cudaHostAlloc, mapped) that the
+// kernels read and write over PCIe (host, the default), or in GPU memory (device: only over a NIC
+// with GPUDirect RDMA, efa or verbs, whose engine registers CUDA memory; the kernels then pack and
+// unpack at GPU memory speed; not yet run end to end, docs/protocol.md).
 // The count matrices and the flag block are always pinned host memory (the proxy reads them).
 // The proxy's flags for the kernels go to a GPU-memory copy of the flag block through GDRCopy
 // where it works (proxy/gdrcopy.h; else they stay in the mapped host block): flag_path() /
@@ -36,12 +35,8 @@ class RemotePath {
   transfer::Bytes address() const { return engine_->address(); }
   std::vector<transfer::Bytes> descriptors() const { return ex_->descriptors(); }
   std::string provider() const { return engine_->provider(); }
-  // peers: (rank, engine address, descriptors) of every rank, ours included. Posts the transport's
-  // warm-up writes (protocol::Exchange::post_warm_up).
+  // peers: (rank, engine address, descriptors) of every rank, ours included. Starts the proxy.
   void connect(const std::vector<std::tuple<int, transfer::Bytes, std::vector<transfer::Bytes>>>& peers);
-  // After every rank of this process connected: waits for the peers' warm-up writes, then starts
-  // the proxy thread.
-  void start();
   // Device pointers and flags of slot z for the kernels (mask of the ranks on other nodes).
   RemotePtrs ptrs(int z) const { return ptrs_[z]; }
   // The proxy's failure ("" while healthy) and counters.
@@ -49,17 +44,14 @@ class RemotePath {
   proxy::ProxyStats stats() const;
   // "gdrcopy" or "mapped-host: <why not>" (chosen at construction, JAX_MOE_A2A_GDRCOPY).
   const std::string& flag_path() const { return flags_.name; }
-  // "device" or "host: <why not device>" (chosen at construction, JAX_MOE_A2A_STAGING).
-  const std::string& row_path() const { return row_path_; }
 
  private:
   RemotePtrs slot_ptrs(int z) const;
   uint8_t* pinned(int64_t bytes);  // zeroed, mapped; freed by the destructor
   uint8_t* device(int64_t bytes);  // zeroed GPU memory; freed by the destructor
-  static int cuda_device();        // the calling thread's current device
-  // The engine, opened with FI_HMEM where JAX_MOE_A2A_STAGING allows and the provider offers it;
-  // sets row_path_. Throws under JAX_MOE_A2A_STAGING=device when it cannot.
-  void open_engine(transfer::EngineOptions eo);
+  // The engine. Under JAX_MOE_A2A_STAGING=device opened with FI_HMEM, after checking the provider
+  // and that it registers CUDA memory of `device_id` (throws otherwise); sets rows_on_gpu_.
+  void open_engine(transfer::EngineOptions eo, int device_id);
   void free_all();  // every allocation (errors ignored: the context may be gone)
   template <typename T>
   T* device_ptr(T* p) const;  // a pinned buffer's mapped device address; device buffers as they are
@@ -76,7 +68,7 @@ class RemotePath {
     int64_t bytes;
     bool pinned;
   };
-  std::string row_path_;
+  bool rows_on_gpu_ = false;
   std::vector<Allocation> allocations_;
   proxy::Ctrl* ctrl_ = nullptr;
   proxy::FlagPath flags_;                        // where the proxy raises the kernels' flags

@@ -87,7 +87,7 @@ struct RemotePtrs {
   const proxy::ProxyError* error;  // the proxy's failure record (beside `in`)
   int32_t* counts_send;            // our count matrix [N dest][L] (mapped host memory)
   const int32_t* counts_recv;      // [N src][N][L]: every source's count matrix (mapped host memory)
-  // The rows: mapped host memory, or GPU memory where the engine registers it (RemotePath::row_path)
+  // The rows: mapped host memory, or GPU memory where the engine registers it (JAX_MOE_A2A_STAGING)
   uint8_t* d_send;                 // [N dest][P][row]
   const uint8_t* d_recv;           // private [N src][priv][row] | overflow [N*(P-priv)][row] from over_off
   uint8_t* c_send;                 // [N src][P][H * itemsize(y)]

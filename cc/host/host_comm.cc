@@ -58,8 +58,7 @@ std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
   const int64_t z = o.slots;
   return {{"dispatch_recv_counts", z * lay.counts_bytes},
           {"dispatch_recv_private_rows", z * lay.over_off},
-          {"dispatch_recv_overflow_rows", z * (lay.warm_off - lay.over_off)},
-          {"dispatch_recv_warm_up", z * (lay.d_recv_bytes - lay.warm_off)},
+          {"dispatch_recv_overflow_rows", z * (lay.d_recv_bytes - lay.over_off)},
           {"dispatch_send_counts", z * lay.counts_send_bytes},
           {"dispatch_send_rows", z * lay.d_send_bytes},
           {"combine_send_rows", z * lay.c_send_bytes},

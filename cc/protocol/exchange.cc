@@ -15,8 +15,7 @@ using transfer::format;
 namespace {
 
 // Immediate tags: kind * 8 + slot; combine data: 64 + tp member * 8 + slot.
-enum Kind : uint32_t { kCounts = 1, kPriv = 2, kOver = 3, kFreeD = 4, kFreeC = 5, kWarmD = 6, kWarmC = 7 };
-constexpr int64_t kWarmBytes = 16;
+enum Kind : uint32_t { kCounts = 1, kPriv = 2, kOver = 3, kFreeD = 4, kFreeC = 5 };
 uint32_t tag_of(uint32_t kind, int z) { return kind * 8 + z; }
 uint32_t comb_tag(int member, int z) { return 64 + member * 8 + z; }
 
@@ -38,8 +37,7 @@ SlotLayout::SlotLayout(const ExchangeOptions& o) {
   counts_send_bytes = pad16(int64_t(N) * L * 4);
   counts_bytes = pad16(int64_t(N) * N * L * 4);
   over_off = int64_t(N) * priv * row;
-  warm_off = pad16(over_off + int64_t(N) * (P - priv) * row);
-  d_recv_bytes = warm_off + int64_t(N) * 2 * kWarmBytes;
+  d_recv_bytes = over_off + int64_t(N) * (P - priv) * row;
   d_send_bytes = int64_t(N) * P * row;
   c_row_stride_max = s.c_row;  // the combine dtype: wider y is cast to it before combine_send
   c_send_bytes = int64_t(N) * P * c_row_stride_max;
@@ -91,9 +89,6 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   owed_d_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
   owed_c_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
   for (const SlotBuffers& b : bufs_) {
-    if (b.rows_memory != transfer::MemoryKind::kHost && !engine_->device_memory())
-      throw std::invalid_argument(format("jax_moe_a2a: row buffers in device memory, but the engine (%s) registers "
-                                         "host memory only (no FI_HMEM)", engine_->provider().c_str()));
     Regions g;
     g.k_send = engine_->register_memory(b.counts_send, lay_.counts_send_bytes);
     g.k_recv = engine_->register_memory(b.counts_recv, lay_.counts_bytes);
@@ -335,25 +330,6 @@ void Exchange::signal_remote(int z, uint32_t tag, uint32_t epoch) {
   const uint32_t v = imm(tag, epoch);
   for (int r : remote_)
     if (alive(z, r)) engine_->write(r, *regions_[z].k_send, 0, 0, nullptr, 0, v);
-}
-
-void Exchange::post_warm_up() {
-  for (int z = 0; z < o_.slots; ++z) {
-    const Regions& g = regions_[z];
-    for (int d : remote_) {
-      const int64_t at = lay_.warm_off + int64_t(rank_) * 2 * kWarmBytes;
-      engine_->write(d, *g.d_send, 0, std::min(kWarmBytes, lay_.d_send_bytes), &g.d_recv_peer[d], at,
-                     imm(tag_of(kWarmD, z), 0));
-      engine_->write(d, *g.c_send, 0, std::min(kWarmBytes, lay_.c_send_bytes), &g.d_recv_peer[d], at + kWarmBytes,
-                     imm(tag_of(kWarmC, z), 0));
-    }
-  }
-}
-
-void Exchange::await_warm_up() {
-  for (int z = 0; z < o_.slots; ++z)
-    wait(expect({tag_of(kWarmD, z), tag_of(kWarmC, z)}, remote_, 0), kDispatchSend, z, "warming up the transport");
-  engine_->flush(o_.timeout_s);
 }
 
 void Exchange::signal_free_d(int z, uint32_t e) { signal_remote(z, tag_of(kFreeD, z), e); }

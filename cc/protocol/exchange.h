@@ -61,7 +61,6 @@ struct SlotLayout {
   int64_t counts_send_bytes;  // counts_send: our [N dest][L] int32 count matrix (16-byte padded)
   int64_t counts_bytes;       // counts_recv: [N src][N][L] int32 count matrices, one per source (padded)
   int64_t over_off;           // d_recv: private [N src][priv][row] from 0, then overflow [N*(P-priv)][row]
-  int64_t warm_off;           // d_recv: then [N src][2][16 bytes] that warm_up writes
   int64_t d_recv_bytes;
   int64_t d_send_bytes;       // d_send: [N dest][P][row]
   int64_t c_row_stride_max;   // MoeShape::c_row = H * itemsize(combine dtype): the widest y row
@@ -74,8 +73,7 @@ struct SlotLayout {
 // One slot's buffers, owned by the caller. Sizes as in SlotLayout. The count matrices are always
 // host memory (host vectors, or pinned host memory that GPU kernels reach through mapped
 // pointers); the four row buffers are host memory too, or device memory (rows_memory kCuda, on
-// CUDA device `device`) when the engine registers device memory (Engine::device_memory: FI_HMEM,
-// a NIC that reads and writes GPU memory). The protocol never reads or writes a row itself.
+// CUDA device `device`), which the engine must be able to register (FI_HMEM with CUDA). The protocol never reads or writes a row itself.
 struct SlotBuffers {
   uint8_t* counts_send;
   uint8_t* counts_recv;
@@ -182,15 +180,6 @@ class Exchange {
   // the matching dispatch); refused unless that offset + rows_from[src] <= Q.
   void post_combine(int z, uint32_t c, const int32_t* rows_from, int64_t stride);
   void signal_free_c(int z, uint32_t c);
-  // Once, after connect and before any step, in two phases so that ranks of one process can
-  // connect one after the other: post_warm_up writes 16 bytes from each of our send buffers
-  // (d_send, c_send) of every slot to every remote rank's warm area; await_warm_up (after every
-  // local rank posted) waits for the same from each remote rank, then flushes ours; it throws
-  // TimeoutError naming the missing ranks. A provider may set things up on the first transfer
-  // between two buffers (connections, memory mappings, IPC handles for GPU memory): done here, it
-  // never happens while a kernel spins waiting for rows.
-  void post_warm_up();
-  void await_warm_up();
 
   // ---- reading what landed -------------------------------------------------------------------
   // Count matrix of source src: [N dest][L] in counts_recv (valid after COUNTS).

@@ -68,7 +68,7 @@ struct ProxyStats {
   uint64_t comb_to_landed_ns = 0;    // from our COMB out to c_landed raised, per combine
   int cpu = -1;                      // the CPU the thread was pinned to (-1: not pinned)
   std::string flag_path;             // FlagPath::name
-  std::string row_path;              // cuda::RemotePath::row_path ("device" or "host: <why>"; "" elsewhere)
+  std::string row_path;              // cuda inter-node path: "device" or "host" (JAX_MOE_A2A_STAGING); "" elsewhere
 };
 
 class Proxy {

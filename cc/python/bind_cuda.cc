@@ -68,17 +68,6 @@ void bind_cuda(nb::module_& m) {
       "comm_id"_a, "rank"_a, "peers"_a, "group"_a = 0,
       "Connects a rank's inter-node path: [(rank, address, descriptors)] of every rank of its EP group.");
   c.def(
-      "start_remote",
-      [](int64_t comm_id, int rank, int group) {
-        cuda::RemotePath* rp = cuda::find_comm(comm_id, group)->rank(rank).remote();
-        if (!rp) throw std::invalid_argument("jax_moe_a2a cuda: rank has no peers on other nodes");
-        nb::gil_scoped_release release;
-        rp->start();
-      },
-      "comm_id"_a, "rank"_a, "group"_a = 0,
-      "After connect_remote of every rank of this process: waits for the peers' warm-up writes and starts "
-      "the rank's proxy thread.");
-  c.def(
       "proxy_stats",
       [](int64_t comm_id, int rank, int group) {
         cuda::RemotePath* rp = cuda::find_comm(comm_id, group)->rank(rank).remote();
@@ -86,7 +75,7 @@ void bind_cuda(nb::module_& m) {
         return python::proxy_stats_dict(s);
       },
       "comm_id"_a, "rank"_a, "group"_a = 0,
-      "Counters of a rank's proxy thread (zeros without one); flag_path: 'gdrcopy' or 'mapped-host: <why>'; row_path: 'device' or 'host: <why>'.");
+      "Counters of a rank's proxy thread (zeros without one); flag_path: 'gdrcopy' or 'mapped-host: <why>'; row_path: 'device' or 'host' (JAX_MOE_A2A_STAGING).");
 #endif
   c.def("bootstrap_info", [](int64_t comm_id, int rank, int group) {
     std::string s = cuda::find_comm(comm_id, group)->rank(rank).bootstrap_info();

@@ -131,8 +131,7 @@ class CudaBackend(FfiBackend):
                 self.provider = runtime.connect_engines(
                     f"jax_moe_a2a/cuda-remote/{self._group_key(g)}",
                     {r: c.cuda.remote_info(comm_id, r, g) for r in local}, n, config.timeout_s,
-                    lambda r, peers, g=g: c.cuda.connect_remote(comm_id, r, peers, g), config.provider,
-                    start=lambda r, g=g: c.cuda.start_remote(comm_id, r, g))
+                    lambda r, peers, g=g: c.cuda.connect_remote(comm_id, r, peers, g), config.provider)
 
     def _group_key(self, g):
         """Key-value store prefix part of EP group g (the communicator id alone with one group)."""

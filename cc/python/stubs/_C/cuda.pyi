@@ -20,14 +20,9 @@ def connect_remote(comm_id: int, rank: int, peers: Sequence[tuple[int, bytes, Se
     Connects a rank's inter-node path: [(rank, address, descriptors)] of every rank of its EP group.
     """
 
-def start_remote(comm_id: int, rank: int, group: int = 0) -> None:
-    """
-    After connect_remote of every rank of this process: waits for the peers' warm-up writes and starts the rank's proxy thread.
-    """
-
 def proxy_stats(comm_id: int, rank: int, group: int = 0) -> dict:
     """
-    Counters of a rank's proxy thread (zeros without one); flag_path: 'gdrcopy' or 'mapped-host: <why>'; row_path: 'device' or 'host: <why>'.
+    Counters of a rank's proxy thread (zeros without one); flag_path: 'gdrcopy' or 'mapped-host: <why>'; row_path: 'device' or 'host' (JAX_MOE_A2A_STAGING).
     """
 
 def bootstrap_info(comm_id: int, rank: int, group: int = 0) -> bytes: ...
