@@ -73,19 +73,21 @@ def test_router_is_top_k_with_softmax_weights():
     import numpy as np
     import jax.numpy as jnp
     import layers
-    rng = np.random.default_rng(0)
+    seed = int(np.random.SeedSequence().entropy % 2**32)  # fresh inputs each run; the seed in every message
+    rng = np.random.default_rng(seed)
     x = rng.standard_normal((6, 32)).astype(np.float32)
     wg = rng.standard_normal((32, 16)).astype(np.float32)
     ids, w = layers.route(jnp.asarray(x), jnp.asarray(wg, jnp.bfloat16), 4)
     ids, w = np.asarray(ids), np.asarray(w)
     logits = np.asarray(jnp.dot(jnp.asarray(x, jnp.bfloat16), jnp.asarray(wg, jnp.bfloat16),
                                 preferred_element_type=jnp.float32))
-    assert ids.dtype == np.int32 and ids.shape == (6, 4) and w.shape == (6, 4)
+    assert ids.dtype == np.int32 and ids.shape == (6, 4) and w.shape == (6, 4), seed
     for t in range(6):
-        assert len(set(ids[t].tolist())) == 4
-        assert set(ids[t].tolist()) == set(np.argsort(-logits[t], kind="stable")[:4].tolist())
+        assert len(set(ids[t].tolist())) == 4, (seed, t)
+        assert set(ids[t].tolist()) == set(np.argsort(-logits[t], kind="stable")[:4].tolist()), (seed, t)
         top = logits[t, ids[t]]
-        np.testing.assert_allclose(w[t], np.exp(top - top.max()) / np.exp(top - top.max()).sum(), rtol=1e-5)
+        np.testing.assert_allclose(w[t], np.exp(top - top.max()) / np.exp(top - top.max()).sum(), rtol=1e-5,
+                                   err_msg=f"seed {seed}, token {t}")
 
 
 def test_trace_summary_counts_overlaps_once_and_gaps():
