@@ -255,6 +255,13 @@ def run_mode(jax, spec, mesh, args, clock, mode):
             per[key] = float(np.max(timing.max_over_processes([max(vals) if vals else 0.0], "proxy" + key)))
         rec["proxy"] = {"counts_to_landed_us": per["counts_to_landed_ns"] / 1e3,
                         "comb_to_landed_us": per["comb_to_landed_ns"] / 1e3}
+        # JAX_MOE_A2A_STAGING=copy: the row copies of one dispatch + combine (four copies, summed),
+        # their time from start to the proxy's poll that saw them done; the slowest rank.
+        steps = [max(1, after[r]["dispatches"] - before[r]["dispatches"]) for r in after]
+        copy_us = [(after[r].get("staging_ns", 0) - before[r].get("staging_ns", 0)) / n / 1e3 for r, n in zip(after, steps)]
+        copy_mb = [(after[r].get("staged_bytes", 0) - before[r].get("staged_bytes", 0)) / n / 1e6 for r, n in zip(after, steps)]
+        rec["proxy"]["row_copies_us"] = float(np.max(timing.max_over_processes([max(copy_us)], "proxy row copies")))
+        rec["proxy"]["row_copies_mb"] = float(np.max(timing.max_over_processes([max(copy_mb)], "proxy row copy MB")))
         rec["samples"] = part_samples(calls, args.iters)
     finally:
         comm.close()
@@ -287,6 +294,9 @@ def print_mode(rec, nbytes, wires):
     for part, b in rec["breakdown"].items():
         for line in pb.format_half(part, b, nbytes[part.split(" ")[0]], wires[part][0]):
             print(line)
+    if rec["proxy"].get("row_copies_mb"):
+        print(f"  row copies per dispatch + combine (slowest rank): {rec['proxy']['row_copies_mb']:.2f} MB in "
+              f"{rec['proxy']['row_copies_us']:.1f} µs (start to the proxy's poll that saw them done)")
     print(f"  proxy threads (rank: pinned CPU, flag path, rows): "
           + ", ".join(f"{r}: {th['cpu']}, {th['flag_path']}, {th['row_path']}" for r, th in rec["proxy_threads"].items()),
           flush=True)

@@ -94,10 +94,12 @@ VARS = (
     Var("GDRCOPY", "auto|0|1", "auto", "cc/proxy/gdrcopy.cc, cc/cuda/remote_path.cc",
         "cuda inter-node path: the proxy writes its flags into GPU memory through GDRCopy where "
         "/dev/gdrdrv and libgdrapi.so.2 exist (`1`: required, `0`: never)", _NATIVE),
-    Var("STAGING", "host|device", "host", "cc/cuda/remote_path.cc",
+    Var("STAGING", "host|copy|device", "host", "cc/cuda/remote_path.cc",
         "cuda inter-node path: where the rows to and from other nodes live; `host`: pinned host memory the "
-        "kernels reach over PCIe; `device`: GPU memory, only over a NIC with GPUDirect RDMA (efa, verbs) whose "
-        "engine registers CUDA memory (FI_HMEM), else an error at init; not yet run end to end "
+        "kernels reach over PCIe; `copy`: GPU memory for the kernels, pinned host memory for the engine, the "
+        "proxy copying each step's rows between them with the GPU's copy engines (cc/cuda/row_copies.h); "
+        "`device`: GPU memory the engine reads and writes, only over a NIC with GPUDirect RDMA (efa, verbs) "
+        "whose engine registers CUDA memory (FI_HMEM), else an error at init; not yet run end to end "
         "(`proxy_stats()[rank][\"row_path\"]` says which)", _NATIVE),
     Var("GDRCOPY_LIB", "str", "libgdrapi.so.2", "cc/proxy/gdrcopy.cc", "GDRCopy library to dlopen (tests)", _NATIVE),
     Var("GDRCOPY_DEV", "str", "/dev/gdrdrv", "cc/proxy/gdrcopy.cc", "GDRCopy device node to look for (tests)",
@@ -105,6 +107,10 @@ VARS = (
     Var("HOST_FLAG_MIRROR", "bool", "0", "cc/host/host_comm.cc",
         "host backend, proxied: the proxy stores its flags into a second block as it would through GDRCopy, "
         "and the host reads them only there (tests of the GDRCopy store path on CPUs)", _NATIVE),
+    Var("HOST_STAGED", "bool", "0", "cc/host/host_comm.cc (at communicator creation)",
+        "host backend, proxied: pack and unpack rows in buffers apart from the registered ones and let the "
+        "proxy copy them, as under `JAX_MOE_A2A_STAGING=copy` (tests of the proxy's staged steps on CPUs)",
+        _NATIVE),
     Var("HOST_RECV_PAUSE_S", "float", "0", "cc/host/host_comm.cc (at communicator creation)",
         "host backend, tests: each dispatch_recv sleeps this long after its rows arrived and before it reads "
         "them (a receiver held in the middle of its read: tests/test_elastic.py)", _NATIVE),

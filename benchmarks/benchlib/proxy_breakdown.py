@@ -22,13 +22,17 @@ PARTS = {
 }
 KERNEL_LABELS = {"dispatch": ("pack", "unpack"), "combine": ("pack", "reduce")}
 
-# Idle policies of the timed loop: environment changes made before the communicator is created
-# (None: unset, i.e. the library's adaptive default). The proxy and the engine's progress thread
-# read them when they start (cc/proxy/proxy.cc, cc/transfer/progress.cc).
+# Modes of the timed loop: environment changes made before the communicator is created (None:
+# unset, i.e. the library's default). The proxy and the engine's progress thread read their idle
+# policies when they start (cc/proxy/proxy.cc, cc/transfer/progress.cc); the cuda inter-node path
+# reads where its rows live at creation (JAX_MOE_A2A_STAGING, cc/cuda/remote_path.cc). The idle
+# modes leave JAX_MOE_A2A_STAGING as the environment has it; host-rows / copy-rows set it.
 PROXY_MODES = {
     "default": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None},
     "spin": {"JAX_MOE_A2A_PROXY": "spin", "JAX_MOE_A2A_PROGRESS": None},
     "spin-all": {"JAX_MOE_A2A_PROXY": "spin", "JAX_MOE_A2A_PROGRESS": "spin"},
+    "host-rows": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_STAGING": "host"},
+    "copy-rows": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_STAGING": "copy"},
 }
 
 

@@ -15,13 +15,14 @@ namespace {
 
 void check(cudaError_t rc, const char* what) { check_cuda(rc, "jax_moe_a2a cuda (inter-node path)", what); }
 
-// JAX_MOE_A2A_STAGING: true for device (rows in GPU memory), false for host (the default).
-bool rows_on_gpu_from_env() {
+// JAX_MOE_A2A_STAGING: host (the default), copy or device.
+RemotePath::RowPath row_path_from_env() {
   const char* v = std::getenv("JAX_MOE_A2A_STAGING");
   const std::string t = v ? v : "";
-  if (t.empty() || t == "host") return false;
-  if (t == "device") return true;
-  throw std::invalid_argument("jax_moe_a2a: JAX_MOE_A2A_STAGING must be host or device, got '" + t + "'");
+  if (t.empty() || t == "host") return RemotePath::RowPath::kHost;
+  if (t == "copy") return RemotePath::RowPath::kCopy;
+  if (t == "device") return RemotePath::RowPath::kDevice;
+  throw std::invalid_argument("jax_moe_a2a: JAX_MOE_A2A_STAGING must be host, copy or device, got '" + t + "'");
 }
 
 // Rows in GPU memory need a transport that moves them without the GPU's help: a NIC reading and
@@ -65,7 +66,8 @@ void RemotePath::free_all() {
 }
 
 void RemotePath::open_engine(transfer::EngineOptions eo, int device_id) {
-  if (!rows_on_gpu_from_env()) {
+  row_path_ = row_path_from_env();
+  if (row_path_ != RowPath::kDevice) {
     engine_ = transfer::make_fabric_engine(eo);
     return;
   }
@@ -86,7 +88,6 @@ void RemotePath::open_engine(transfer::EngineOptions eo, int device_id) {
   } catch (const std::exception& e) {
     throw refuse(std::string("the engine registers no CUDA memory: ") + e.what());
   }
-  rows_on_gpu_ = true;
 }
 
 void RemotePath::setup_flags(int device) {
@@ -145,7 +146,8 @@ void RemotePath::release_flags() {
 proxy::ProxyStats RemotePath::stats() const {
   proxy::ProxyStats s = proxy_ ? proxy_->stats() : proxy::ProxyStats{};
   s.flag_path = flags_.name;
-  s.row_path = rows_on_gpu_ ? "device" : "host";
+  static const char* names[] = {"host", "copy", "device"};
+  s.row_path = names[static_cast<int>(row_path_)];
   return s;
 }
 
@@ -174,7 +176,9 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
     open_engine(eo, dev);
     ctrl_ = reinterpret_cast<proxy::Ctrl*>(pinned(sizeof(proxy::Ctrl)));
     setup_flags(dev);
-    auto rows = [&](int64_t bytes) { return rows_on_gpu_ ? device(bytes) : pinned(bytes); };
+    const bool registered_on_gpu = row_path_ == RowPath::kDevice;
+    auto rows = [&](int64_t bytes) { return registered_on_gpu ? device(bytes) : pinned(bytes); };
+    std::vector<RowCopies::Slot> copies;
     for (int z = 0; z < xo.slots; ++z) {
       protocol::SlotBuffers b{};
       b.counts_send = pinned(lay.counts_send_bytes);
@@ -183,15 +187,25 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
       b.d_recv = rows(lay.d_recv_bytes);
       b.c_send = rows(lay.c_send_bytes);
       b.c_recv = rows(lay.c_recv_bytes);
-      b.rows_memory = rows_on_gpu_ ? transfer::MemoryKind::kCuda : transfer::MemoryKind::kHost;
+      b.rows_memory = registered_on_gpu ? transfer::MemoryKind::kCuda : transfer::MemoryKind::kHost;
       b.device = dev;
       bufs_.push_back(b);
+      RowCopies::Slot c{};
+      c.host = {b.d_send, b.d_recv, b.c_send, b.c_recv};  // proxy::RowBuffer order
+      c.bytes = {lay.d_send_bytes, lay.d_recv_bytes, lay.c_send_bytes, lay.c_recv_bytes};
+      c.gpu = c.host;
+      if (row_path_ == RowPath::kCopy)  // the kernels' own rows in GPU memory
+        for (int i = 0; i < proxy::kRowBuffers; ++i) c.gpu[i] = device(c.bytes[i]);
+      copies.push_back(c);
     }
-    if (rows_on_gpu_) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the zeroing is done
+    if (row_path_ != RowPath::kHost) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the zeroing is done
+    for (const RowCopies::Slot& c : copies) kernel_rows_.push_back(c.gpu);
+    if (row_path_ == RowPath::kCopy) copies_ = std::make_unique<RowCopies>(dev, std::move(copies));
     ex_ = std::make_unique<protocol::Exchange>(xo, rank, engine_, bufs_);
   } catch (...) {
     ex_.reset();
     if (engine_) engine_->close();
+    copies_.reset();
     release_flags();
     free_all();
     throw;
@@ -205,6 +219,7 @@ RemotePath::~RemotePath() {
   // writes still in flight (the last COMB / FREE writes are never awaited by a kernel).
   if (engine_) engine_->close();
   ex_.reset();  // its regions are already closed: no-op
+  copies_.reset();  // after the proxy stopped: no copy starts any more (one in flight ends with its stream)
   release_flags();
   free_all();
 }
@@ -220,7 +235,7 @@ void RemotePath::connect(const std::vector<std::tuple<int, transfer::Bytes, std:
   transfer::connect_in_order(*engine_, ex_->options().timeout_s);  // tcp;ofi_rxm: one connect per pair
   ex_->connect(descs);
   for (int z = 0; z < ex_->options().slots; ++z) ptrs_.push_back(slot_ptrs(z));
-  if (rows_on_gpu_) {
+  if (row_path_ == RowPath::kDevice) {
     // A provider may finish a write into GPU memory with a cudaMemcpy on the legacy stream that
     // returns before the copy is done (host to device, device to device): wait for it before the
     // kernels read the rows. XLA's streams are non-blocking, so this never waits for our kernels.
@@ -231,7 +246,8 @@ void RemotePath::connect(const std::vector<std::tuple<int, transfer::Bytes, std:
                                              "before raising a landed flag: ") + cudaGetErrorString(rc));
     };
   }
-  proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_, proxy::ProxyOptions::from_env(local_index_, bus_id_), flags_);
+  proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_, proxy::ProxyOptions::from_env(local_index_, bus_id_), flags_,
+                                          copies_.get());
 }
 
 RemotePtrs RemotePath::slot_ptrs(int z) const {
@@ -244,10 +260,10 @@ RemotePtrs RemotePath::slot_ptrs(int z) const {
   p.error = gdr_ctrl_ ? &gdr_ctrl_->error : device_ptr(&ctrl_->error);
   p.counts_send = reinterpret_cast<int32_t*>(device_ptr(bufs_[z].counts_send));
   p.counts_recv = reinterpret_cast<const int32_t*>(device_ptr(bufs_[z].counts_recv));
-  p.d_send = device_ptr(bufs_[z].d_send);
-  p.d_recv = device_ptr(bufs_[z].d_recv);
-  p.c_send = device_ptr(bufs_[z].c_send);
-  p.c_recv = device_ptr(bufs_[z].c_recv);
+  p.d_send = device_ptr(kernel_rows_[z][0]);  // proxy::RowBuffer order
+  p.d_recv = device_ptr(kernel_rows_[z][1]);
+  p.c_send = device_ptr(kernel_rows_[z][2]);
+  p.c_recv = device_ptr(kernel_rows_[z][3]);
   p.over_off = lay.over_off;
   p.priv = lay.priv;
   return p;

@@ -2,15 +2,17 @@
 // libfabric TransferEngine of its own, every slot's protocol buffers registered with it, the
 // protocol::Exchange over it for the peers on other nodes, and the rank's proxy thread.
 // Where the rows live (JAX_MOE_A2A_STAGING): in pinned host memory (cudaHostAlloc, mapped) that the
-// kernels read and write over PCIe (host, the default), or in GPU memory (device: only over a NIC
-// with GPUDirect RDMA, efa or verbs, whose engine registers CUDA memory; the kernels then pack and
-// unpack at GPU memory speed; not yet run end to end, docs/protocol.md).
+// kernels read and write over PCIe (host, the default); in GPU memory for the kernels and pinned
+// host memory for the engine, the proxy copying between them with the copy engines (copy:
+// cuda/row_copies.h); or in GPU memory the engine registers (device: only over a NIC with
+// GPUDirect RDMA, efa or verbs; not yet run end to end, docs/protocol.md).
 // The count matrices and the flag block are always pinned host memory (the proxy reads them).
 // The proxy's flags for the kernels go to a GPU-memory copy of the flag block through GDRCopy
 // where it works (proxy/gdrcopy.h; else they stay in the mapped host block): flag_path() /
 // stats().flag_path say which and why. Built only with libfabric.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -19,6 +21,7 @@
 #include "gpu/params.h"
 #include "protocol/exchange.h"
 #include "proxy/gdrcopy.h"
+#include "cuda/row_copies.h"
 #include "proxy/proxy.h"
 #include "transfer/engine.h"
 
@@ -26,6 +29,7 @@ namespace a2a::cuda {
 
 class RemotePath {
  public:
+  enum class RowPath { kHost, kCopy, kDevice };  // JAX_MOE_A2A_STAGING
   // xo.node_size > 0; `local_index` picks the proxy's CPU from JAX_MOE_A2A_PROXY_CPUS.
   RemotePath(const protocol::ExchangeOptions& xo, int rank, const std::string& provider, int local_index);
   ~RemotePath();  // stops the proxy, closes the engine (drains, deregisters), frees the pinned memory
@@ -49,8 +53,8 @@ class RemotePath {
   RemotePtrs slot_ptrs(int z) const;
   uint8_t* pinned(int64_t bytes);  // zeroed, mapped; freed by the destructor
   uint8_t* device(int64_t bytes);  // zeroed GPU memory; freed by the destructor
-  // The engine. Under JAX_MOE_A2A_STAGING=device opened with FI_HMEM, after checking the provider
-  // and that it registers CUDA memory of `device_id` (throws otherwise); sets rows_on_gpu_.
+  // The engine; sets row_path_ from JAX_MOE_A2A_STAGING. Under device opened with FI_HMEM, after
+  // checking the provider and that it registers CUDA memory of `device_id` (throws otherwise).
   void open_engine(transfer::EngineOptions eo, int device_id);
   void free_all();  // every allocation (errors ignored: the context may be gone)
   template <typename T>
@@ -68,7 +72,9 @@ class RemotePath {
     int64_t bytes;
     bool pinned;
   };
-  bool rows_on_gpu_ = false;
+  RowPath row_path_ = RowPath::kHost;
+  std::vector<std::array<uint8_t*, proxy::kRowBuffers>> kernel_rows_;  // [slot]: the kernels' rows (host address)
+  std::unique_ptr<RowCopies> copies_;  // copy: the proxy's row staging
   std::vector<Allocation> allocations_;
   proxy::Ctrl* ctrl_ = nullptr;
   proxy::FlagPath flags_;                        // where the proxy raises the kernels' flags

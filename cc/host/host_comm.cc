@@ -11,6 +11,7 @@
 #include "core/fp8.h"
 #include "core/registry.h"
 #include "host/pack.h"
+#include "host/staged_rows.h"
 #include "proxy/ctrl.h"
 #include "proxy/gdrcopy.h"
 #include "proxy/proxy.h"
@@ -129,6 +130,22 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
       in_ = mirror_.get();
     }
   }
+  const char* staged = std::getenv("JAX_MOE_A2A_HOST_STAGED");
+  std::vector<StagedRows::Slot> copies;
+  for (const protocol::SlotBuffers& b : bufs) {
+    StagedRows::Slot c{};
+    c.registered = {b.d_send, b.d_recv, b.c_send, b.c_recv};
+    c.bytes = {lay.d_send_bytes, lay.d_recv_bytes, lay.c_send_bytes, lay.c_recv_bytes};
+    c.packer = c.registered;
+    if (o.proxied && staged && std::string(staged) == "1")
+      for (int i = 0; i < 4; ++i) {
+        storage_.emplace_back(c.bytes[i], 0);
+        c.packer[i] = storage_.back().data();
+      }
+    rows_.push_back(c.packer);
+    copies.push_back(c);
+  }
+  if (o.proxied && staged && std::string(staged) == "1") staging_ = std::make_unique<StagedRows>(std::move(copies));
 }
 
 RankComm::~RankComm() {
@@ -196,7 +213,7 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
       flags.mirror = mirror_.get();
       flags.name = "host-mirror: the proxy's flags read from a second block (JAX_MOE_A2A_HOST_FLAG_MIRROR=1)";
     }
-    proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_.get(), proxy::ProxyOptions::from_env(0), flags);
+    proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_.get(), proxy::ProxyOptions::from_env(0), flags, staging_.get());
   }
   connected_ = true;
 }
@@ -281,7 +298,7 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   else if (me) ex_->post_counts(a.slot, e);
   RowPacker packer(o_, a.x, a.x_kind, a.x_scale, sl.pack_cache, sl.pack_filled);
   for (int d = 0; d < N; ++d) {
-    uint8_t* base = buf.d_send + int64_t(d) * lay.P * lay.row;
+    uint8_t* base = rows_[a.slot][0] + int64_t(d) * lay.P * lay.row;
     for (size_t j = 0; j < p.order[d].size(); ++j) {
       const auto [t, k] = p.order[d][j];
       packer.pack(t, a.weights[int64_t(t) * K + k], base + int64_t(j) * lay.row);
@@ -289,7 +306,7 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   }
   for (auto [d, peer] : node_) {  // node-local destinations: straight into their memory
     Local& there = peer->local(a.slot);
-    std::memcpy(&there.rows[int64_t(rank_) * lay.P * lay.row], buf.d_send + int64_t(d) * lay.P * lay.row,
+    std::memcpy(&there.rows[int64_t(rank_) * lay.P * lay.row], rows_[a.slot][0] + int64_t(d) * lay.P * lay.row,
                 int64_t(p.rows_to[d]) * lay.row);
     std::memcpy(&there.counts[int64_t(rank_) * L], &p.counts[int64_t(d) * L], sizeof(int32_t) * L);
     raise(&there.d_arrived[rank_], e + 1);
@@ -347,7 +364,8 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
         int32_t tok;
         const SlotLayout& lay = ex_->layout();
         const uint8_t* row = node_.count(src) ? &local(a.slot).rows[(int64_t(src) * lay.P + j) * lay.row]
-                                              : ex_->landed_row(a.slot, src, j, over_base[src]);
+                                              : rows_[a.slot][1] + (ex_->landed_row(a.slot, src, j, over_base[src]) -
+                                                                    ex_->buffers(a.slot).d_recv);
         a.weights[pos] = unpacker.unpack(row, pos, &tok);
         a.src[2 * pos] = src;
         a.src[2 * pos + 1] = tok;
@@ -369,7 +387,7 @@ void RankComm::combine_send(const CombineSendArgs& a) {
   const MoeShape& s = o_.shape;
   const int N = s.N;
   const int P = ex_->layout().P, Q = ex_->layout().Q;
-  uint8_t* c_send = ex_->buffers(a.slot).c_send;
+  uint8_t* c_send = rows_[a.slot][2];
   const uint32_t e = sl.c_epoch;
   const std::vector<uint8_t> alive = use_mask(a.slot, a.alive, kCombineSend);
   const bool me = alive[rank_];
@@ -431,7 +449,7 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
   const MoeShape& s = o_.shape;
   const int N = s.N, K = s.K, T = s.T, H = s.H, tp = s.tp;
   const int Q = ex_->layout().Q;
-  const uint8_t* c_recv = ex_->buffers(a.slot).c_recv;
+  const uint8_t* c_recv = rows_[a.slot][3];
   const uint32_t e = static_cast<uint32_t>(a.handle[0]);
   if (a.handle[1] != a.slot) throw std::invalid_argument("host combine_recv: handle from another slot");
   const std::vector<uint8_t> alive = use_mask(a.slot, a.alive, kCombineRecv);

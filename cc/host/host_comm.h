@@ -14,6 +14,7 @@
 // through the proxy.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,6 +32,7 @@
 namespace a2a::proxy {
 struct Ctrl;
 class Proxy;
+class RowStaging;
 struct ProxyStats;
 }  // namespace a2a::proxy
 
@@ -180,6 +182,10 @@ class RankComm {
   std::unique_ptr<proxy::Ctrl> mirror_;        // JAX_MOE_A2A_HOST_FLAG_MIRROR=1: the proxy's flags also here
   const proxy::Ctrl* in_ = nullptr;            // where we read the proxy's flags: ctrl_ or mirror_
   std::unique_ptr<proxy::Proxy> proxy_;
+  // Per slot, the row buffers we pack and unpack (proxy::RowBuffer order): the registered ones, or
+  // under JAX_MOE_A2A_HOST_STAGED=1 (proxied) our own, which staging_ copies (host/staged_rows.h).
+  std::vector<std::array<uint8_t*, 4>> rows_;
+  std::unique_ptr<proxy::RowStaging> staging_;
   std::vector<std::unique_ptr<Local>> local_;  // per slot: what node-local peers write into us
   std::map<int, RankComm*> node_;              // node-local ranks (ourselves included)
   bool connected_ = false;

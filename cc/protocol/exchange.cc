@@ -19,6 +19,13 @@ enum Kind : uint32_t { kCounts = 1, kPriv = 2, kOver = 3, kFreeD = 4, kFreeC = 5
 uint32_t tag_of(uint32_t kind, int z) { return kind * 8 + z; }
 uint32_t comb_tag(int member, int z) { return 64 + member * 8 + z; }
 
+// Appends [off, off + len) to `out`, merged into the last range when it starts where that ends.
+void append(std::vector<ByteRange>& out, int64_t off, int64_t len) {
+  if (len <= 0) return;
+  if (!out.empty() && out.back().off + out.back().len == off) out.back().len += len;
+  else out.push_back({off, len});
+}
+
 
 }  // namespace
 
@@ -86,6 +93,7 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   }
   alive_.assign(o.slots, std::vector<uint8_t>(o.shape.N, 1));
   comb_off_.assign(o.slots, std::vector<int64_t>(o.shape.N, 0));
+  comb_in_.assign(o.slots, {});
   owed_d_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
   owed_c_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
   for (const SlotBuffers& b : bufs_) {
@@ -324,6 +332,61 @@ void Exchange::take_combine_offsets(int z) {
   std::vector<int64_t>& off = comb_off_[z];
   for (int src = 0; src < o_.shape.N; ++src)  // a masked rank's count matrix is stale: zeros
     off[src] = alive(z, src) && alive(z, rank_) ? combine_offset(counts_of(z, src), L, rank_) : 0;
+  // Where remote expert ranks d will put the rows of our group's member j (source g0 + j): rows
+  // [j * Q + combine_offset(source's counts, d), + rows the source sent d) of c_recv.
+  std::vector<ByteRange>& in = comb_in_[z];
+  in.clear();
+  const int tp = o_.shape.tp, g0 = rank_ / tp * tp;
+  for (int j = 0; j < tp && alive(z, rank_); ++j) {
+    const int src = g0 + j;
+    if (!alive(z, src)) continue;
+    for (int d : remote_)
+      append(in, int64_t(j) * lay_.Q + combine_offset(counts_of(z, src), L, d), rows_between(z, src, d));
+  }
+}
+
+std::vector<ByteRange> Exchange::send_rows(int z) const {
+  const int L = o_.shape.local_experts();
+  const int32_t* mine = reinterpret_cast<const int32_t*>(bufs_[z].counts_send);
+  std::vector<ByteRange> out;
+  for (int d : remote_) {
+    if (!alive(z, d)) continue;
+    int64_t to_d = 0;
+    for (int l = 0; l < L; ++l) to_d += mine[int64_t(d) * L + l];
+    append(out, int64_t(d) * lay_.P * lay_.row, to_d * lay_.row);  // as post_private + post_overflow read
+  }
+  return out;
+}
+
+std::vector<ByteRange> Exchange::landed_rows(int z) const {
+  std::vector<ByteRange> out;
+  int64_t over = 0;
+  for (int src : remote_) {
+    if (!alive(z, src)) continue;
+    const int64_t n = rows_between(z, src, rank_);  // as post_overflow and overflow_bases count
+    append(out, int64_t(src) * lay_.priv * lay_.row, std::min<int64_t>(n, lay_.priv) * lay_.row);
+    over += std::max<int64_t>(0, n - lay_.priv);
+  }
+  append(out, lay_.over_off, over * lay_.row);
+  return out;
+}
+
+std::vector<ByteRange> Exchange::combine_send_rows(int z, const int32_t* rows_from, int64_t stride) const {
+  const int tp = o_.shape.tp;
+  std::vector<uint8_t> used(o_.shape.N, 0);  // sources of the groups of remote ranks we write
+  for (int m : remote_)
+    if (alive(z, m))
+      for (int j = 0; j < tp; ++j) used[m / tp * tp + j] = 1;
+  std::vector<ByteRange> out;
+  for (int src = 0; src < o_.shape.N; ++src)
+    if (used[src]) append(out, int64_t(src) * lay_.P * stride, std::clamp<int64_t>(rows_from[src], 0, lay_.P) * stride);
+  return out;
+}
+
+std::vector<ByteRange> Exchange::combine_landed_rows(int z, int64_t stride) const {
+  std::vector<ByteRange> out;
+  for (const ByteRange& r : comb_in_[z]) append(out, r.off * stride, r.len * stride);
+  return out;
 }
 
 void Exchange::signal_remote(int z, uint32_t tag, uint32_t epoch) {

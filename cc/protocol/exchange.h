@@ -85,6 +85,11 @@ struct SlotBuffers {
   int device = 0;
 };
 
+// A byte range [off, off + len) of one of a slot's row buffers.
+struct ByteRange {
+  int64_t off, len;
+};
+
 // One wait in progress: arrivals of (tag, epoch, rank) for sets of tags and ranks, each part
 // with its own epoch (the owed FREE waits of elastic EP wait for different epochs per rank).
 struct Arrivals {
@@ -203,6 +208,19 @@ class Exchange {
   void take_combine_offsets(int z);
   const int64_t* combine_offsets(int z) const { return comb_off_[z].data(); }
 
+  // ---- the bytes each step moves (a packer whose rows live elsewhere: proxy/staging.h) ----------
+  // Ascending, adjacent ranges merged, empty ones left out. d_send: every row we send each remote
+  // destination this dispatch (private and overflow; from counts_send, so after the packer wrote it).
+  std::vector<ByteRange> send_rows(int z) const;
+  // d_recv: what PRIV and OVER of remote sources put there this dispatch (valid after COUNTS).
+  std::vector<ByteRange> landed_rows(int z) const;
+  // c_send: what post_combine(z, c, rows_from, stride) reads.
+  std::vector<ByteRange> combine_send_rows(int z, const int32_t* rows_from, int64_t stride) const;
+  // c_recv: where remote expert ranks write the rows of our tp group's members in the combine of
+  // the dispatch whose offsets take_combine_offsets took last (at most: a receiver that dropped
+  // rows over capacity sends fewer), at `stride` bytes a row.
+  std::vector<ByteRange> combine_landed_rows(int z, int64_t stride) const;
+
  private:
   uint32_t imm(uint32_t tag, uint32_t epoch) const;
   Arrivals expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const;
@@ -222,6 +240,7 @@ class Exchange {
   std::vector<int> all_, remote_;
   std::vector<std::vector<uint8_t>> alive_;  // [slot][N]
   std::vector<std::vector<int64_t>> comb_off_;  // [slot][N src]: take_combine_offsets
+  std::vector<std::vector<ByteRange>> comb_in_;  // [slot]: take_combine_offsets' c_recv ranges, in rows
   // [slot][N]: the FREE_D / FREE_C epoch + 1 each rank owes us (expect_owed_free_d; 0: none)
   std::vector<std::vector<uint32_t>> owed_d_, owed_c_;
 };

@@ -54,8 +54,8 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
   return o;
 }
 
-Proxy::Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath flags)
-    : ex_(ex), ctrl_(ctrl), o_(o), flags_(std::move(flags)), slots_(ex.options().slots) {
+Proxy::Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath flags, RowStaging* staging)
+    : ex_(ex), ctrl_(ctrl), o_(o), flags_(std::move(flags)), staging_(staging), slots_(ex.options().slots) {
   if (ex.options().shape.N > kMaxRanks || ex.options().slots > kMaxSlots)
     throw std::invalid_argument("jax_moe_a2a proxy: at most 64 ranks and 8 slots");
   thread_ = std::thread([this] { run(); });
@@ -137,6 +137,52 @@ void Proxy::publish_landing(int z) {
   }
 }
 
+void Proxy::stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges) {
+  const int i = static_cast<int>(b);
+  s.copy_bytes[i] = 0;
+  for (const protocol::ByteRange& r : ranges) s.copy_bytes[i] += uint64_t(r.len);
+  s.copy_since[i] = Clock::now();
+  staging_->start(z, b, ranges);
+}
+
+bool Proxy::staged(int z, SlotState& s, RowBuffer b) {
+  if (!staging_->done(z, b)) return false;
+  const int i = static_cast<int>(b);
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.staged_bytes += s.copy_bytes[i];
+  stats_.staging_ns += ns_since(s.copy_since[i]);
+  return true;
+}
+
+void Proxy::land_dispatch(int z, SlotState& s, uint32_t e) {
+  if (flags_.landing_fence) flags_.landing_fence();
+  raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.counts_to_landed_ns += ns_since(s.counts_out);
+  }
+  s.d = kDConsumed;
+}
+
+void Proxy::post_combine(int z, SlotState& s, uint32_t e) {
+  const SlotCtrl& c = ctrl_->slot[z];
+  ex_.post_combine(z, e, c.rows_from, c.c_stride);
+  s.comb_out = Clock::now();
+  s.c_wait = ex_.expect_comb(z, e);
+  s.c_since = {};
+  s.c = kCLanded;
+}
+
+void Proxy::land_combine(int z, SlotState& s, uint32_t e) {
+  if (flags_.landing_fence) flags_.landing_fence();
+  raise(z, &SlotCtrl::c_landed, uint64_t(e) + 1);
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.comb_to_landed_ns += ns_since(s.comb_out);
+  }
+  s.c = kCConsumed;
+}
+
 void Proxy::check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what, Clock::time_point& since) {
   if (load_acquire(&ctrl_->slot[z].waiting[op]) < uint64_t(e) + 1) return;  // nobody waits yet
   const auto now = Clock::now();
@@ -177,6 +223,18 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
     case kDPriv:
       if (load_acquire(&c.d_packed) < uint64_t(e) + 1) return false;
       cur_op_ = kDispatchSend;
+      if (staging_) {
+        stage(z, s, RowBuffer::kDSend, ex_.send_rows(z));  // every row: OVER goes out from here later
+        s.d = kDSendCopy;
+        return true;
+      }
+      ex_.post_private(z, e);
+      s.d = kDCountsIn;
+      s.d_since = {};
+      return true;
+    case kDSendCopy:
+      cur_op_ = kDispatchSend;
+      if (!staged(z, s, RowBuffer::kDSend)) return false;
       ex_.post_private(z, e);
       s.d = kDCountsIn;
       s.d_since = {};
@@ -193,10 +251,13 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       }
       // The combine offsets of this dispatch replace the previous dispatch's, which a combine
       // packed but not yet posted still needs: the packer raised that c_packed before this
-      // dispatch's d_counts (a slot's combine_send precedes its next dispatch_send), so post it now.
-      if (s.c == kCPacked && load_acquire(&c.c_packed) >= uint64_t(s.ce) + 1) {
-        step_combine(z, s);
+      // dispatch's d_counts (a slot's combine_send precedes its next dispatch_send), so post it now
+      // (with row staging: once its rows are copied; until then this step waits).
+      if ((s.c == kCPacked && load_acquire(&c.c_packed) >= uint64_t(s.ce) + 1) || s.c == kCSendCopy) {
+        while ((s.c == kCPacked || s.c == kCSendCopy) && step_combine(z, s)) {
+        }
         cur_op_ = kDispatchRecv;
+        if (s.c == kCPacked || s.c == kCSendCopy) return false;
       }
       ex_.take_combine_offsets(z);
       ex_.post_overflow(z, e);
@@ -211,13 +272,17 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         return false;
       }
       s.d_armed = false;
-      if (flags_.landing_fence) flags_.landing_fence();
-      raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);
-      {
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        stats_.counts_to_landed_ns += ns_since(s.counts_out);
+      if (staging_) {
+        stage(z, s, RowBuffer::kDRecv, ex_.landed_rows(z));
+        s.d = kDRecvCopy;
+        return true;
       }
-      s.d = kDConsumed;
+      land_dispatch(z, s, e);
+      return true;
+    case kDRecvCopy:
+      cur_op_ = kDispatchRecv;
+      if (!staged(z, s, RowBuffer::kDRecv)) return false;
+      land_dispatch(z, s, e);
       return true;
     case kDConsumed:
       if (load_acquire(&c.d_consumed) < uint64_t(e) + 1) return false;
@@ -259,11 +324,19 @@ bool Proxy::step_combine(int z, SlotState& s) {
     case kCPacked:
       if (load_acquire(&c.c_packed) < uint64_t(e) + 1) return false;
       cur_op_ = kCombineSend;
-      ex_.post_combine(z, e, c.rows_from, c.c_stride);
-      s.comb_out = Clock::now();
-      s.c_wait = ex_.expect_comb(z, e);
-      s.c_since = {};
-      s.c = kCLanded;
+      if (staging_) {
+        // c_recv's ranges now: the next dispatch's counts replace the offsets they come from.
+        s.comb_in = ex_.combine_landed_rows(z, c.c_stride);
+        stage(z, s, RowBuffer::kCSend, ex_.combine_send_rows(z, c.rows_from, c.c_stride));
+        s.c = kCSendCopy;
+        return true;
+      }
+      post_combine(z, s, e);
+      return true;
+    case kCSendCopy:
+      cur_op_ = kCombineSend;
+      if (!staged(z, s, RowBuffer::kCSend)) return false;
+      post_combine(z, s, e);
       return true;
     case kCLanded:
       cur_op_ = kCombineRecv;
@@ -271,13 +344,17 @@ bool Proxy::step_combine(int z, SlotState& s) {
         check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
         return false;
       }
-      if (flags_.landing_fence) flags_.landing_fence();
-      raise(z, &SlotCtrl::c_landed, uint64_t(e) + 1);
-      {
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        stats_.comb_to_landed_ns += ns_since(s.comb_out);
+      if (staging_) {
+        stage(z, s, RowBuffer::kCRecv, s.comb_in);
+        s.c = kCRecvCopy;
+        return true;
       }
-      s.c = kCConsumed;
+      land_combine(z, s, e);
+      return true;
+    case kCRecvCopy:
+      cur_op_ = kCombineRecv;
+      if (!staged(z, s, RowBuffer::kCRecv)) return false;
+      land_combine(z, s, e);
       return true;
     case kCConsumed:
       if (load_acquire(&c.c_consumed) < uint64_t(e) + 1) return false;

@@ -11,6 +11,10 @@
 //             out, over_base + c_off | PRIV+OVER in: raise d_landed | on d_consumed: FREE_D(e) out, next epoch
 //   combine:  FREE (FREE_C(c-1) in, flushed) -> raise c_send_ok | on c_packed: COMB out |
 //             COMB in: raise c_landed | on c_consumed: FREE_C(c) out, next epoch
+// With row staging (proxy/staging.h: the packer's rows live apart from the registered buffers) four
+// steps copy before they go on: d_packed -> copy d_send -> PRIV out; PRIV+OVER in -> copy d_recv ->
+// d_landed; c_packed -> copy c_send -> COMB out; COMB in -> copy c_recv -> c_landed. Each copy is
+// started once and polled.
 // Failure: a step whose kernel waits (Ctrl::waiting) longer than the timeout, or any transport
 // error, writes Ctrl::error (op, slot, missing ranks, message) and stops the machine; waiters see
 // the error code. Idle: polls for spin_us after the last progress, then sleeps from 1 us growing to
@@ -29,6 +33,7 @@
 
 #include "protocol/exchange.h"
 #include "proxy/ctrl.h"
+#include "proxy/staging.h"
 
 namespace a2a::proxy {
 
@@ -68,13 +73,16 @@ struct ProxyStats {
   uint64_t comb_to_landed_ns = 0;    // from our COMB out to c_landed raised, per combine
   int cpu = -1;                      // the CPU the thread was pinned to (-1: not pinned)
   std::string flag_path;             // FlagPath::name
-  std::string row_path;              // cuda inter-node path: "device" or "host" (JAX_MOE_A2A_STAGING); "" elsewhere
+  std::string row_path;              // cuda inter-node path: "host", "copy" or "device" (JAX_MOE_A2A_STAGING); "" elsewhere
+  uint64_t staged_bytes = 0;         // bytes the row staging copied (both directions)
+  uint64_t staging_ns = 0;           // from each copy's start to the poll that saw it done, summed
 };
 
 class Proxy {
  public:
-  // Starts the thread. `ex` (connected) and `ctrl` outlive the proxy.
-  Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath flags = {});
+  // Starts the thread. `ex` (connected), `ctrl` and `staging` (null: the packer writes the
+  // registered buffers itself) outlive the proxy.
+  Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath flags = {}, RowStaging* staging = nullptr);
   ~Proxy();
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
@@ -85,8 +93,9 @@ class Proxy {
   ProxyStats stats() const;
 
  private:
-  enum DStage { kDFree, kDCounts, kDPriv, kDCountsIn, kDRowsIn, kDConsumed };
-  enum CStage { kCFree, kCPacked, kCLanded, kCConsumed };
+  // k*Copy: the row staging's copies of the step before are in flight (staging only).
+  enum DStage { kDFree, kDCounts, kDPriv, kDSendCopy, kDCountsIn, kDRowsIn, kDRecvCopy, kDConsumed };
+  enum CStage { kCFree, kCPacked, kCSendCopy, kCLanded, kCRecvCopy, kCConsumed };
   struct SlotState {
     DStage d = kDFree;
     CStage c = kCFree;
@@ -95,6 +104,9 @@ class Proxy {
     bool d_armed = false, c_armed = false;  // d_wait / c_wait built for the current stage
     std::chrono::steady_clock::time_point d_since{}, c_since{};  // kernel started waiting (0: not yet)
     std::chrono::steady_clock::time_point counts_out{}, comb_out{};
+    std::vector<protocol::ByteRange> comb_in;  // staging: c_recv's ranges, taken when our combine was packed
+    std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
+    uint64_t copy_bytes[kRowBuffers]{};
   };
 
   void run();
@@ -108,11 +120,17 @@ class Proxy {
   // after a store fence (earlier mirror stores land first), followed by one (sent now).
   void raise(int z, uint64_t SlotCtrl::*field, uint64_t v);
   void publish_landing(int z);  // slot z's over_base and c_off (and their mirror), before d_landed
+  void stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges);  // starts copies
+  bool staged(int z, SlotState& s, RowBuffer b);  // polls them (counts bytes and time when done)
+  void land_dispatch(int z, SlotState& s, uint32_t e);  // raises d_landed
+  void post_combine(int z, SlotState& s, uint32_t e);   // COMB out
+  void land_combine(int z, SlotState& s, uint32_t e);   // raises c_landed
 
   protocol::Exchange& ex_;
   Ctrl* ctrl_;
   ProxyOptions o_;
   FlagPath flags_;
+  RowStaging* staging_;
   std::vector<SlotState> slots_;
   std::atomic<bool> stop_{false};
   std::thread thread_;

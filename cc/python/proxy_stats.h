@@ -1,6 +1,6 @@
 // A proxy thread's counters as the Python dict both bindings return (cuda inter-node path, host
 // backend's proxied mode): dispatches, combines, polls, sleeps, counts_to_landed_ns,
-// comb_to_landed_ns, cpu, flag_path, row_path.
+// comb_to_landed_ns, staged_bytes, staging_ns, cpu, flag_path, row_path.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -18,6 +18,8 @@ inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
   d["sleeps"] = s.sleeps;
   d["counts_to_landed_ns"] = s.counts_to_landed_ns;
   d["comb_to_landed_ns"] = s.comb_to_landed_ns;
+  d["staged_bytes"] = s.staged_bytes;
+  d["staging_ns"] = s.staging_ns;
   d["cpu"] = s.cpu;
   d["flag_path"] = s.flag_path;
   d["row_path"] = s.row_path;

@@ -1,0 +1,82 @@
+#include "cuda/row_copies.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "gpu/check.h"
+
+namespace a2a::cuda {
+
+namespace {
+
+void check(cudaError_t rc, const char* what) { check_cuda(rc, "jax_moe_a2a cuda (inter-node row copies)", what); }
+
+const char* buffer_name(proxy::RowBuffer b) {
+  static const char* names[] = {"dispatch send", "dispatch recv", "combine send", "combine recv"};
+  return names[static_cast<int>(b)];
+}
+
+}  // namespace
+
+RowCopies::RowCopies(int device, std::vector<Slot> slots) : device_(device), slots_(std::move(slots)) {
+  try {
+    check(cudaStreamCreateWithFlags(&to_host_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check(cudaStreamCreateWithFlags(&to_gpu_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    for (size_t z = 0; z < slots_.size(); ++z) {
+      events_.push_back({});
+      for (cudaEvent_t& ev : events_.back()) ev = nullptr;
+      for (cudaEvent_t& ev : events_.back()) check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    }
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+RowCopies::~RowCopies() { release(); }
+
+void RowCopies::release() {
+  for (auto& evs : events_)
+    for (cudaEvent_t ev : evs)
+      if (ev) cudaEventDestroy(ev);
+  events_.clear();
+  if (to_host_) cudaStreamDestroy(to_host_);
+  if (to_gpu_) cudaStreamDestroy(to_gpu_);
+  to_host_ = to_gpu_ = nullptr;
+}
+
+void RowCopies::on_thread() {
+  thread_local int current = -1;
+  if (current == device_) return;
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  current = device_;
+}
+
+void RowCopies::start(int z, proxy::RowBuffer b, const std::vector<protocol::ByteRange>& ranges) {
+  on_thread();
+  const int i = static_cast<int>(b);
+  const Slot& s = slots_.at(z);
+  const bool out = proxy::to_registered(b);
+  cudaStream_t stream = out ? to_host_ : to_gpu_;
+  for (const protocol::ByteRange& r : ranges) {
+    if (r.off < 0 || r.len < 0 || r.off + r.len > s.bytes[i])
+      throw std::logic_error("jax_moe_a2a cuda: row copy of " + std::string(buffer_name(b)) + " bytes [" +
+                             std::to_string(r.off) + ", +" + std::to_string(r.len) + ") outside its " +
+                             std::to_string(s.bytes[i]) + " bytes");
+    uint8_t* gpu = s.gpu[i] + r.off;
+    uint8_t* host = s.host[i] + r.off;
+    check(out ? cudaMemcpyAsync(host, gpu, r.len, cudaMemcpyDeviceToHost, stream)
+              : cudaMemcpyAsync(gpu, host, r.len, cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync");
+  }
+  check(cudaEventRecord(events_[z][i], stream), "cudaEventRecord");
+}
+
+bool RowCopies::done(int z, proxy::RowBuffer b) {
+  const cudaError_t rc = cudaEventQuery(events_.at(z)[static_cast<int>(b)]);
+  if (rc == cudaErrorNotReady) return false;
+  check(rc, "cudaEventQuery");
+  return true;
+}
+
+}  // namespace a2a::cuda

@@ -1,0 +1,44 @@
+// JAX_MOE_A2A_STAGING=copy: the inter-node path's rows live in GPU memory for the kernels (they pack
+// and unpack at GPU memory speed, as on the NVLink path) and in pinned host memory for the engine;
+// the proxy thread moves each step's rows between the two with the GPU's copy engines
+// (cudaMemcpyAsync on two non-blocking streams of its own, one per direction, completion polled
+// with an event): no SM takes part, and no call waits for the kernels (which may be spinning on
+// every SM for those very rows). The proxy's side of it: proxy/staging.h.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "proxy/staging.h"
+
+namespace a2a::cuda {
+
+class RowCopies final : public proxy::RowStaging {
+ public:
+  // One slot's pair of every row buffer: `gpu` (the kernels') and `host` (registered), `bytes` each.
+  struct Slot {
+    std::array<uint8_t*, proxy::kRowBuffers> gpu, host;
+    std::array<int64_t, proxy::kRowBuffers> bytes;
+  };
+  RowCopies(int device, std::vector<Slot> slots);  // creates the streams and events
+  ~RowCopies() override;                           // destroys them (errors ignored)
+  RowCopies(const RowCopies&) = delete;
+  RowCopies& operator=(const RowCopies&) = delete;
+
+  void start(int z, proxy::RowBuffer b, const std::vector<protocol::ByteRange>& ranges) override;
+  bool done(int z, proxy::RowBuffer b) override;
+
+ private:
+  void on_thread();  // the calling thread's current device is ours (the proxy thread's first call)
+  void release();    // destroys the events and streams made so far (errors ignored)
+
+  int device_;
+  std::vector<Slot> slots_;
+  cudaStream_t to_host_ = nullptr, to_gpu_ = nullptr;
+  std::vector<std::array<cudaEvent_t, proxy::kRowBuffers>> events_;  // [slot][buffer]
+};
+
+}  // namespace a2a::cuda

@@ -1,0 +1,35 @@
+// Row staging: for a packer whose rows live in memory the engine does not read or write itself (GPU
+// memory without GPUDirect RDMA), the proxy moves each step's rows between the packer's buffers and
+// the registered host buffers of protocol::SlotBuffers with copies it starts and polls, never
+// blocking: send rows after the packer's flag and before the writes go out, landed rows after they
+// arrived and before the flag that tells the packer. The cuda backend's implementation copies with
+// the GPU's copy engines (cuda/row_copies.h: JAX_MOE_A2A_STAGING=copy); the host backend has one
+// that copies with memcpy, to test the proxy's staged steps on CPUs (host/staged_rows.h).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "protocol/exchange.h"
+
+namespace a2a::proxy {
+
+// The four row buffers of a slot. Send buffers copy packer -> registered, receive buffers
+// registered -> packer.
+enum class RowBuffer : int { kDSend = 0, kDRecv = 1, kCSend = 2, kCRecv = 3 };
+constexpr int kRowBuffers = 4;
+inline bool to_registered(RowBuffer b) { return b == RowBuffer::kDSend || b == RowBuffer::kCSend; }
+
+class RowStaging {
+ public:
+  virtual ~RowStaging() = default;
+  // Starts copying `ranges` (byte offsets, identical in both copies) of slot z's buffer b in its
+  // direction; the previous copies of (z, b) are done (the proxy polled them). Called only on the
+  // proxy's thread. Throws on failure (the proxy records it as the step's error).
+  virtual void start(int z, RowBuffer b, const std::vector<protocol::ByteRange>& ranges) = 0;
+  // Non-blocking: true once the copies last started for (z, b) are complete and visible to their
+  // reader (the engine, or the packer after the flag the proxy raises next). Throws on failure.
+  virtual bool done(int z, RowBuffer b) = 0;
+};
+
+}  // namespace a2a::proxy
