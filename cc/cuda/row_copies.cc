@@ -22,6 +22,8 @@ RowCopies::RowCopies(int device, std::vector<Slot> slots) : device_(device), slo
   try {
     check(cudaStreamCreateWithFlags(&to_host_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check(cudaStreamCreateWithFlags(&to_gpu_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check(cudaMalloc(&scratch_gpu_, 64), "cudaMalloc");
+    check(cudaHostAlloc(&scratch_host_, 64, cudaHostAllocDefault), "cudaHostAlloc");
     for (size_t z = 0; z < slots_.size(); ++z) {
       events_.push_back({});
       for (cudaEvent_t& ev : events_.back()) ev = nullptr;
@@ -40,6 +42,9 @@ void RowCopies::release() {
     for (cudaEvent_t ev : evs)
       if (ev) cudaEventDestroy(ev);
   events_.clear();
+  if (scratch_gpu_) cudaFree(scratch_gpu_);
+  if (scratch_host_) cudaFreeHost(scratch_host_);
+  scratch_gpu_ = scratch_host_ = nullptr;
   if (to_host_) cudaStreamDestroy(to_host_);
   if (to_gpu_) cudaStreamDestroy(to_gpu_);
   to_host_ = to_gpu_ = nullptr;
@@ -50,6 +55,20 @@ void RowCopies::on_thread() {
   if (current == device_) return;
   check(cudaSetDevice(device_), "cudaSetDevice");
   current = device_;
+}
+
+void RowCopies::prepare() {
+  on_thread();
+  check(cudaMemcpyAsync(scratch_gpu_, scratch_host_, 64, cudaMemcpyHostToDevice, to_gpu_), "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(scratch_host_, scratch_gpu_, 64, cudaMemcpyDeviceToHost, to_host_), "cudaMemcpyAsync");
+  for (auto& evs : events_)
+    for (int i = 0; i < proxy::kRowBuffers; ++i)
+      check(cudaEventRecord(evs[i], proxy::to_registered(static_cast<proxy::RowBuffer>(i)) ? to_host_ : to_gpu_),
+            "cudaEventRecord");
+  check(cudaStreamSynchronize(to_gpu_), "cudaStreamSynchronize");
+  check(cudaStreamSynchronize(to_host_), "cudaStreamSynchronize");
+  for (auto& evs : events_)
+    for (cudaEvent_t ev : evs) check(cudaEventQuery(ev), "cudaEventQuery");
 }
 
 void RowCopies::start(int z, proxy::RowBuffer b, const std::vector<protocol::ByteRange>& ranges) {

@@ -28,6 +28,10 @@ class RowCopies final : public proxy::RowStaging {
   RowCopies(const RowCopies&) = delete;
   RowCopies& operator=(const RowCopies&) = delete;
 
+  // On the proxy's thread at its start: the thread's device, then one small copy each way and an
+  // event on each stream, waited for, so that nothing the runtime sets up lazily is left for a copy
+  // made while our receive kernels spin (such a call can wait for them: proxy/staging.h).
+  void prepare() override;
   void start(int z, proxy::RowBuffer b, const std::vector<protocol::ByteRange>& ranges) override;
   bool done(int z, proxy::RowBuffer b) override;
 
@@ -38,6 +42,8 @@ class RowCopies final : public proxy::RowStaging {
   int device_;
   std::vector<Slot> slots_;
   cudaStream_t to_host_ = nullptr, to_gpu_ = nullptr;
+  void* scratch_gpu_ = nullptr;   // prepare()'s 64 bytes
+  void* scratch_host_ = nullptr;  // pinned
   std::vector<std::array<cudaEvent_t, proxy::kRowBuffers>> events_;  // [slot][buffer]
 };
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <sstream>
 #include <stdexcept>
 
@@ -58,12 +59,29 @@ Proxy::Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath
     : ex_(ex), ctrl_(ctrl), o_(o), flags_(std::move(flags)), staging_(staging), slots_(ex.options().slots) {
   if (ex.options().shape.N > kMaxRanks || ex.options().slots > kMaxSlots)
     throw std::invalid_argument("jax_moe_a2a proxy: at most 64 ranks and 8 slots");
-  thread_ = std::thread([this] { run(); });
+  std::promise<void> prepared;
+  std::future<void> ready = prepared.get_future();
+  thread_ = std::thread([this, &prepared] {
+    try {
+      if (staging_) staging_->prepare();
+      prepared.set_value();
+    } catch (...) {
+      prepared.set_exception(std::current_exception());
+      return;
+    }
+    run();
+  });
   if (o_.cpu >= 0) {
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(o_.cpu, &set);
     if (pthread_setaffinity_np(thread_.native_handle(), sizeof(set), &set) == 0) pinned_ = o_.cpu;  // best effort
+  }
+  try {
+    ready.get();
+  } catch (...) {
+    thread_.join();
+    throw;
   }
 }
 
@@ -145,9 +163,17 @@ void Proxy::stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::
   staging_->start(z, b, ranges);
 }
 
-bool Proxy::staged(int z, SlotState& s, RowBuffer b) {
-  if (!staging_->done(z, b)) return false;
+bool Proxy::staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e) {
   const int i = static_cast<int>(b);
+  if (!staging_->done(z, b)) {
+    const double waited = std::chrono::duration<double>(Clock::now() - s.copy_since[i]).count();
+    if (waited > ex_.options().timeout_s && load_acquire(&ctrl_->slot[z].waiting[op]) >= uint64_t(e) + 1) {
+      static const char* names[] = {"dispatch send", "dispatch recv", "combine send", "combine recv"};
+      throw std::runtime_error(transfer::format("the row copies of the %s buffer (%llu bytes) did not finish within "
+                                                "%.1f s", names[i], (unsigned long long)s.copy_bytes[i], waited));
+    }
+    return false;
+  }
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.staged_bytes += s.copy_bytes[i];
   stats_.staging_ns += ns_since(s.copy_since[i]);
@@ -234,7 +260,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       return true;
     case kDSendCopy:
       cur_op_ = kDispatchSend;
-      if (!staged(z, s, RowBuffer::kDSend)) return false;
+      if (!staged(z, s, RowBuffer::kDSend, kDispatchRecv, e)) return false;  // our recv kernel spins behind it
       ex_.post_private(z, e);
       s.d = kDCountsIn;
       s.d_since = {};
@@ -281,7 +307,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       return true;
     case kDRecvCopy:
       cur_op_ = kDispatchRecv;
-      if (!staged(z, s, RowBuffer::kDRecv)) return false;
+      if (!staged(z, s, RowBuffer::kDRecv, kDispatchRecv, e)) return false;
       land_dispatch(z, s, e);
       return true;
     case kDConsumed:
@@ -335,7 +361,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
       return true;
     case kCSendCopy:
       cur_op_ = kCombineSend;
-      if (!staged(z, s, RowBuffer::kCSend)) return false;
+      if (!staged(z, s, RowBuffer::kCSend, kCombineRecv, e)) return false;
       post_combine(z, s, e);
       return true;
     case kCLanded:
@@ -353,7 +379,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
       return true;
     case kCRecvCopy:
       cur_op_ = kCombineRecv;
-      if (!staged(z, s, RowBuffer::kCRecv)) return false;
+      if (!staged(z, s, RowBuffer::kCRecv, kCombineRecv, e)) return false;
       land_combine(z, s, e);
       return true;
     case kCConsumed:

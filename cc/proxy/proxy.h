@@ -81,7 +81,8 @@ struct ProxyStats {
 class Proxy {
  public:
   // Starts the thread. `ex` (connected), `ctrl` and `staging` (null: the packer writes the
-  // registered buffers itself) outlive the proxy.
+  // registered buffers itself) outlive the proxy. Returns after staging->prepare() ran on the
+  // thread (rethrows its failure).
   Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath flags = {}, RowStaging* staging = nullptr);
   ~Proxy();
   Proxy(const Proxy&) = delete;
@@ -121,7 +122,9 @@ class Proxy {
   void raise(int z, uint64_t SlotCtrl::*field, uint64_t v);
   void publish_landing(int z);  // slot z's over_base and c_off (and their mirror), before d_landed
   void stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges);  // starts copies
-  bool staged(int z, SlotState& s, RowBuffer b);  // polls them (counts bytes and time when done)
+  // Polls them (counts bytes and time when done). Past the timeout while our kernel of `op` (the
+  // receive half that spins behind the copy) waits for epoch e, throws naming the buffer (a copy engine that never finishes: no peer is missing).
+  bool staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e);
   void land_dispatch(int z, SlotState& s, uint32_t e);  // raises d_landed
   void post_combine(int z, SlotState& s, uint32_t e);   // COMB out
   void land_combine(int z, SlotState& s, uint32_t e);   // raises c_landed

@@ -23,6 +23,12 @@ inline bool to_registered(RowBuffer b) { return b == RowBuffer::kDSend || b == R
 class RowStaging {
  public:
   virtual ~RowStaging() = default;
+  // Called once on the proxy's thread when it starts, before any step; the proxy's constructor
+  // returns only after it (and rethrows what it throws). Whatever the first copy would set up
+  // lazily happens here, while no kernel of ours spins: a CUDA call that loads code or
+  // initialises state waits for the context's running kernels, and a receive kernel spins until
+  // the very copy that waits for it (the cuda path's stall of 2026-12-03).
+  virtual void prepare() {}
   // Starts copying `ranges` (byte offsets, identical in both copies) of slot z's buffer b in its
   // direction; the previous copies of (z, b) are done (the proxy polled them). Called only on the
   // proxy's thread. Throws on failure (the proxy records it as the step's error).
