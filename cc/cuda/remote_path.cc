@@ -36,6 +36,26 @@ bool moves_gpu_memory_without_the_gpu(const std::string& provider) {
   return first == "efa" || first == "verbs";
 }
 
+// Rows in GPU memory put CUDA calls on the proxy's thread (copy: its own copies; device: a
+// provider's). Under lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) the first
+// launch of any kernel in the process (XLA's or ours) loads it while holding a driver lock and
+// waiting for the context's running kernels; a receive kernel of ours may be running, spinning
+// until the proxy's next copy, which waits for that lock. One H200, 2026-12-03: test_ops' first op
+// under copy stalled so (cuda-gdb: the proxy in cuMemcpyHtoDAsync on a rwlock, the main thread in
+// cuLaunchKernel, dispatch_recv spinning). Returns "" under eager loading, else why not.
+std::string lazy_loading() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault, &status) != cudaSuccess ||
+      status != cudaDriverEntryPointSuccess || !fn) {
+    cudaGetLastError();
+    return "the driver does not say whether it loads kernels lazily (cuModuleGetLoadingMode)";
+  }
+  int mode = 0;  // CUmoduleLoadingMode: 1 eager, 2 lazy
+  if (reinterpret_cast<int (*)(int*)>(fn)(&mode) != 0) return "cuModuleGetLoadingMode failed";
+  return mode == 1 ? "" : "the driver loads kernels lazily (CUDA_MODULE_LOADING=LAZY, the default)";
+}
+
 }  // namespace
 
 uint8_t* RemotePath::pinned(int64_t bytes) {
@@ -67,14 +87,21 @@ void RemotePath::free_all() {
 
 void RemotePath::open_engine(transfer::EngineOptions eo, int device_id) {
   row_path_ = row_path_from_env();
+  const char* name = row_path_ == RowPath::kCopy ? "copy" : "device";
+  auto refuse = [name](const std::string& why) {
+    return std::runtime_error(std::string("jax_moe_a2a: JAX_MOE_A2A_STAGING=") + name + " (rows in GPU memory), but " +
+                              why + "; JAX_MOE_A2A_STAGING=host (the default) keeps them in pinned host memory");
+  };
+  if (row_path_ != RowPath::kHost) {
+    const std::string lazy = lazy_loading();
+    if (!lazy.empty())
+      throw refuse(lazy + ": the proxy's CUDA calls could wait behind a kernel launch that waits for our spinning "
+                   "receive kernels; set CUDA_MODULE_LOADING=EAGER in the environment before the process starts");
+  }
   if (row_path_ != RowPath::kDevice) {
     engine_ = transfer::make_fabric_engine(eo);
     return;
   }
-  auto refuse = [](const std::string& why) {
-    return std::runtime_error("jax_moe_a2a: JAX_MOE_A2A_STAGING=device (rows in GPU memory), but " + why +
-                              "; JAX_MOE_A2A_STAGING=host (the default) keeps them in pinned host memory");
-  };
   const std::string provider = eo.resolved().provider;
   if (!moves_gpu_memory_without_the_gpu(provider))
     throw refuse("provider '" + provider + "' copies GPU memory with CUDA calls that wait behind the spinning "
