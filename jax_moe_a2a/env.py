@@ -99,8 +99,9 @@ VARS = (
         "kernels reach over PCIe; `copy`: GPU memory for the kernels, pinned host memory for the engine, the "
         "proxy copying each step's rows between them with the GPU's copy engines (cc/cuda/row_copies.h); "
         "`device`: GPU memory the engine reads and writes, only over a NIC with GPUDirect RDMA (efa, verbs) "
-        "whose engine registers CUDA memory (FI_HMEM), else an error at init; not yet run end to end "
-        "(`proxy_stats()[rank][\"row_path\"]` says which)", _NATIVE),
+        "whose engine registers CUDA memory (FI_HMEM), not yet run end to end; `copy` and `device` need "
+        "CUDA_MODULE_LOADING=EAGER set before the process starts, else an error at init names the reason "
+        "(`proxy_stats()[rank][\"row_path\"]` says which path runs)", _NATIVE),
     Var("GDRCOPY_LIB", "str", "libgdrapi.so.2", "cc/proxy/gdrcopy.cc", "GDRCopy library to dlopen (tests)", _NATIVE),
     Var("GDRCOPY_DEV", "str", "/dev/gdrdrv", "cc/proxy/gdrcopy.cc", "GDRCopy device node to look for (tests)",
         _NATIVE),
