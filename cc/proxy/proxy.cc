@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 
@@ -59,14 +60,15 @@ Proxy::Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath
     : ex_(ex), ctrl_(ctrl), o_(o), flags_(std::move(flags)), staging_(staging), slots_(ex.options().slots) {
   if (ex.options().shape.N > kMaxRanks || ex.options().slots > kMaxSlots)
     throw std::invalid_argument("jax_moe_a2a proxy: at most 64 ranks and 8 slots");
-  std::promise<void> prepared;
-  std::future<void> ready = prepared.get_future();
-  thread_ = std::thread([this, &prepared] {
+  // The promise is shared with the thread: it may still be inside set_value when get() returns.
+  auto prepared = std::make_shared<std::promise<void>>();
+  std::future<void> ready = prepared->get_future();
+  thread_ = std::thread([this, prepared] {
     try {
       if (staging_) staging_->prepare();
-      prepared.set_value();
+      prepared->set_value();
     } catch (...) {
-      prepared.set_exception(std::current_exception());
+      prepared->set_exception(std::current_exception());
       return;
     }
     run();
@@ -397,6 +399,15 @@ bool Proxy::step_combine(int z, SlotState& s) {
   return false;
 }
 
+bool Proxy::packer_waiting() const {
+  static constexpr uint64_t SlotCtrl::*kRaised[4] = {&SlotCtrl::d_send_ok, &SlotCtrl::d_landed, &SlotCtrl::c_send_ok,
+                                                     &SlotCtrl::c_landed};  // protocol::Op order
+  for (int z = 0; z < int(slots_.size()); ++z)
+    for (int op = 0; op < 4; ++op)
+      if (load_acquire(&ctrl_->slot[z].waiting[op]) > load_acquire(&(ctrl_->slot[z].*kRaised[op]))) return true;
+  return false;
+}
+
 void Proxy::run() {
   auto last_progress = Clock::now();
   double sleep_us = 1;
@@ -426,7 +437,10 @@ void Proxy::run() {
       continue;
     }
     const double idle_us = std::chrono::duration<double, std::micro>(Clock::now() - last_progress).count();
-    if (o_.spin || idle_us < o_.spin_us) {
+    // A packer waiting on us keeps us polling: a sleep would delay its flag by up to max_sleep_us
+    // (bounded: past twice the timeout a step has failed, and then nobody is owed anything).
+    if (o_.spin || idle_us < o_.spin_us ||
+        (!failed() && idle_us < 2e6 * ex_.options().timeout_s && packer_waiting())) {
       sched_yield();
       continue;
     }

@@ -17,9 +17,9 @@
 // started once and polled.
 // Failure: a step whose kernel waits (Ctrl::waiting) longer than the timeout, or any transport
 // error, writes Ctrl::error (op, slot, missing ranks, message) and stops the machine; waiters see
-// the error code. Idle: polls for spin_us after the last progress, then sleeps from 1 us growing to
-// max_sleep_us, and after idle_ms up to idle_sleep_us (a communicator nobody uses costs ~nothing);
-// never spins forever. Shutdown: stop() (idempotent) joins the thread.
+// the error code. Idle: polls for spin_us after the last progress and for as long as a packer waits
+// for a flag not yet raised (Ctrl::waiting), then sleeps from 1 us growing to max_sleep_us, and
+// after idle_ms up to idle_sleep_us (a communicator nobody uses costs ~nothing); never spins forever. Shutdown: stop() (idempotent) joins the thread.
 #pragma once
 
 #include <atomic>
@@ -120,6 +120,8 @@ class Proxy {
   // Raises slot z's proxy-written flag `field` to v (release) in ctrl_ and, with a mirror, there
   // after a store fence (earlier mirror stores land first), followed by one (sent now).
   void raise(int z, uint64_t SlotCtrl::*field, uint64_t v);
+  // Does a packer wait for a flag we have not raised yet (Ctrl::waiting[op] past the flag of op)?
+  bool packer_waiting() const;
   void publish_landing(int z);  // slot z's over_base and c_off (and their mirror), before d_landed
   void stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges);  // starts copies
   // Polls them (counts bytes and time when done). Past the timeout while our kernel of `op` (the
