@@ -88,6 +88,10 @@ def parse_args(argv):
         args.modes = pb.parse_modes(args.proxy_modes)
     except ValueError as e:
         p.error(f"--proxy-modes: {e}")
+    rows = [m for m in args.modes if "JAX_MOE_A2A_STAGING" in pb.PROXY_MODES[m]]
+    if args.backend == "host" and rows:
+        p.error(f"--proxy-modes {','.join(rows)}: JAX_MOE_A2A_STAGING is the cuda backend's (the host backend "
+                "packs host memory)")
     return args
 
 

@@ -315,6 +315,10 @@ def test_proxy_program_records_calls_and_parses_modes(capsys):
     with pytest.raises(SystemExit):
         proxy.parse_args(["--proxy-modes", "sleepy"])
     assert "unknown proxy mode" in capsys.readouterr().err
+    assert proxy.parse_args(["--proxy-modes", "host-rows,copy-rows"]).modes == ["host-rows", "copy-rows"]
+    with pytest.raises(SystemExit):  # where the rows live is the cuda backend's choice
+        proxy.parse_args(["--backend", "host", "--proxy-modes", "default,copy-rows"])
+    assert "copy-rows: JAX_MOE_A2A_STAGING is the cuda backend's" in capsys.readouterr().err
 
     class Comm:  # a proxy whose counters move by known amounts per call
         def __init__(self):

@@ -38,6 +38,9 @@ RowCopies::RowCopies(int device, std::vector<Slot> slots) : device_(device), slo
 RowCopies::~RowCopies() { release(); }
 
 void RowCopies::release() {
+  // Copies still in flight finish before their buffers can go (they never wait for a kernel).
+  if (to_host_) cudaStreamSynchronize(to_host_);
+  if (to_gpu_) cudaStreamSynchronize(to_gpu_);
   for (auto& evs : events_)
     for (cudaEvent_t ev : evs)
       if (ev) cudaEventDestroy(ev);

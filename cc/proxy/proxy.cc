@@ -165,15 +165,20 @@ void Proxy::stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::
   staging_->start(z, b, ranges);
 }
 
+void Proxy::copy_late(int z, const SlotState& s, RowBuffer b, int op, uint32_t e) const {
+  const int i = static_cast<int>(b);
+  const double waited = std::chrono::duration<double>(Clock::now() - s.copy_since[i]).count();
+  if (waited > ex_.options().timeout_s && load_acquire(&ctrl_->slot[z].waiting[op]) >= uint64_t(e) + 1) {
+    static const char* names[] = {"dispatch send", "dispatch recv", "combine send", "combine recv"};
+    throw std::runtime_error(transfer::format("the row copies of the %s buffer (%llu bytes) did not finish within "
+                                              "%.1f s", names[i], (unsigned long long)s.copy_bytes[i], waited));
+  }
+}
+
 bool Proxy::staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e) {
   const int i = static_cast<int>(b);
   if (!staging_->done(z, b)) {
-    const double waited = std::chrono::duration<double>(Clock::now() - s.copy_since[i]).count();
-    if (waited > ex_.options().timeout_s && load_acquire(&ctrl_->slot[z].waiting[op]) >= uint64_t(e) + 1) {
-      static const char* names[] = {"dispatch send", "dispatch recv", "combine send", "combine recv"};
-      throw std::runtime_error(transfer::format("the row copies of the %s buffer (%llu bytes) did not finish within "
-                                                "%.1f s", names[i], (unsigned long long)s.copy_bytes[i], waited));
-    }
+    copy_late(z, s, b, op, e);
     return false;
   }
   std::lock_guard<std::mutex> lock(stats_mu_);
@@ -282,10 +287,14 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       // dispatch's d_counts (a slot's combine_send precedes its next dispatch_send), so post it now
       // (with row staging: once its rows are copied; until then this step waits).
       if ((s.c == kCPacked && load_acquire(&c.c_packed) >= uint64_t(s.ce) + 1) || s.c == kCSendCopy) {
-        while ((s.c == kCPacked || s.c == kCSendCopy) && step_combine(z, s)) {
-        }
+        bool moved = false;
+        while ((s.c == kCPacked || s.c == kCSendCopy) && step_combine(z, s)) moved = true;
         cur_op_ = kDispatchRecv;
-        if (s.c == kCPacked || s.c == kCSendCopy) return false;
+        if (s.c == kCPacked || s.c == kCSendCopy) {
+          // Its copy may outlive the timeout while our dispatch_recv, not its combine_recv, waits.
+          if (s.c == kCSendCopy) copy_late(z, s, RowBuffer::kCSend, kDispatchRecv, e);
+          return moved;  // a copy just started is progress: poll again before sleeping
+        }
       }
       ex_.take_combine_offsets(z);
       ex_.post_overflow(z, e);
@@ -437,10 +446,11 @@ void Proxy::run() {
       continue;
     }
     const double idle_us = std::chrono::duration<double, std::micro>(Clock::now() - last_progress).count();
-    // A packer waiting on us keeps us polling: a sleep would delay its flag by up to max_sleep_us
-    // (bounded: past twice the timeout a step has failed, and then nobody is owed anything).
+    // A packer waiting on us keeps us polling: a sleep would delay its flag by up to max_sleep_us.
+    // Bounded at 10 s (or twice the timeout) without progress: a waiting[] left behind by a kernel
+    // that gave up, or by an op called out of order, must not keep a core busy for long.
     if (o_.spin || idle_us < o_.spin_us ||
-        (!failed() && idle_us < 2e6 * ex_.options().timeout_s && packer_waiting())) {
+        (!failed() && idle_us < 1e6 * std::min(2 * ex_.options().timeout_s, 10.0) && packer_waiting())) {
       sched_yield();
       continue;
     }

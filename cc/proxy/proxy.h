@@ -17,9 +17,10 @@
 // started once and polled.
 // Failure: a step whose kernel waits (Ctrl::waiting) longer than the timeout, or any transport
 // error, writes Ctrl::error (op, slot, missing ranks, message) and stops the machine; waiters see
-// the error code. Idle: polls for spin_us after the last progress and for as long as a packer waits
-// for a flag not yet raised (Ctrl::waiting), then sleeps from 1 us growing to max_sleep_us, and
-// after idle_ms up to idle_sleep_us (a communicator nobody uses costs ~nothing); never spins forever. Shutdown: stop() (idempotent) joins the thread.
+// the error code. Idle: polls for spin_us after the last progress and while a packer waits for a
+// flag not yet raised (Ctrl::waiting; at most 10 s without progress), then sleeps from 1 us
+// growing to max_sleep_us, and after idle_ms up to idle_sleep_us (a communicator nobody uses costs
+// ~nothing); never spins forever. Shutdown: stop() (idempotent) joins the thread.
 #pragma once
 
 #include <atomic>
@@ -127,6 +128,9 @@ class Proxy {
   // Polls them (counts bytes and time when done). Past the timeout while our kernel of `op` (the
   // receive half that spins behind the copy) waits for epoch e, throws naming the buffer (a copy engine that never finishes: no peer is missing).
   bool staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e);
+  // Throws as staged() does when (z, b)'s copy is older than the timeout and our kernel of op
+  // waits for epoch e.
+  void copy_late(int z, const SlotState& s, RowBuffer b, int op, uint32_t e) const;
   void land_dispatch(int z, SlotState& s, uint32_t e);  // raises d_landed
   void post_combine(int z, SlotState& s, uint32_t e);   // COMB out
   void land_combine(int z, SlotState& s, uint32_t e);   // raises c_landed
