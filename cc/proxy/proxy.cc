@@ -176,6 +176,7 @@ void Proxy::copy_late(int z, const SlotState& s, RowBuffer b, int op, uint32_t e
 }
 
 bool Proxy::staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e) {
+  if (!staging_) return true;
   const int i = static_cast<int>(b);
   if (!staging_->done(z, b)) {
     copy_late(z, s, b, op, e);
@@ -185,35 +186,6 @@ bool Proxy::staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e) {
   stats_.staged_bytes += s.copy_bytes[i];
   stats_.staging_ns += ns_since(s.copy_since[i]);
   return true;
-}
-
-void Proxy::land_dispatch(int z, SlotState& s, uint32_t e) {
-  if (flags_.landing_fence) flags_.landing_fence();
-  raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);
-  {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.counts_to_landed_ns += ns_since(s.counts_out);
-  }
-  s.d = kDConsumed;
-}
-
-void Proxy::post_combine(int z, SlotState& s, uint32_t e) {
-  const SlotCtrl& c = ctrl_->slot[z];
-  ex_.post_combine(z, e, c.rows_from, c.c_stride);
-  s.comb_out = Clock::now();
-  s.c_wait = ex_.expect_comb(z, e);
-  s.c_since = {};
-  s.c = kCLanded;
-}
-
-void Proxy::land_combine(int z, SlotState& s, uint32_t e) {
-  if (flags_.landing_fence) flags_.landing_fence();
-  raise(z, &SlotCtrl::c_landed, uint64_t(e) + 1);
-  {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.comb_to_landed_ns += ns_since(s.comb_out);
-  }
-  s.c = kCConsumed;
 }
 
 void Proxy::check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what, Clock::time_point& since) {
@@ -256,15 +228,12 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
     case kDPriv:
       if (load_acquire(&c.d_packed) < uint64_t(e) + 1) return false;
       cur_op_ = kDispatchSend;
+      s.d = kDSendCopy;
       if (staging_) {
         stage(z, s, RowBuffer::kDSend, ex_.send_rows(z));  // every row: OVER goes out from here later
-        s.d = kDSendCopy;
         return true;
       }
-      ex_.post_private(z, e);
-      s.d = kDCountsIn;
-      s.d_since = {};
-      return true;
+      [[fallthrough]];
     case kDSendCopy:
       cur_op_ = kDispatchSend;
       if (!staged(z, s, RowBuffer::kDSend, kDispatchRecv, e)) return false;  // our recv kernel spins behind it
@@ -309,17 +278,22 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         return false;
       }
       s.d_armed = false;
+      s.d = kDRecvCopy;
       if (staging_) {
         stage(z, s, RowBuffer::kDRecv, ex_.landed_rows(z));
-        s.d = kDRecvCopy;
         return true;
       }
-      land_dispatch(z, s, e);
-      return true;
+      [[fallthrough]];
     case kDRecvCopy:
       cur_op_ = kDispatchRecv;
       if (!staged(z, s, RowBuffer::kDRecv, kDispatchRecv, e)) return false;
-      land_dispatch(z, s, e);
+      if (flags_.landing_fence) flags_.landing_fence();
+      raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_.counts_to_landed_ns += ns_since(s.counts_out);
+      }
+      s.d = kDConsumed;
       return true;
     case kDConsumed:
       if (load_acquire(&c.d_consumed) < uint64_t(e) + 1) return false;
@@ -361,19 +335,22 @@ bool Proxy::step_combine(int z, SlotState& s) {
     case kCPacked:
       if (load_acquire(&c.c_packed) < uint64_t(e) + 1) return false;
       cur_op_ = kCombineSend;
+      s.c = kCSendCopy;
       if (staging_) {
         // c_recv's ranges now: the next dispatch's counts replace the offsets they come from.
         s.comb_in = ex_.combine_landed_rows(z, c.c_stride);
         stage(z, s, RowBuffer::kCSend, ex_.combine_send_rows(z, c.rows_from, c.c_stride));
-        s.c = kCSendCopy;
         return true;
       }
-      post_combine(z, s, e);
-      return true;
+      [[fallthrough]];
     case kCSendCopy:
       cur_op_ = kCombineSend;
       if (!staged(z, s, RowBuffer::kCSend, kCombineRecv, e)) return false;
-      post_combine(z, s, e);
+      ex_.post_combine(z, e, c.rows_from, c.c_stride);
+      s.comb_out = Clock::now();
+      s.c_wait = ex_.expect_comb(z, e);
+      s.c_since = {};
+      s.c = kCLanded;
       return true;
     case kCLanded:
       cur_op_ = kCombineRecv;
@@ -381,17 +358,22 @@ bool Proxy::step_combine(int z, SlotState& s) {
         check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
         return false;
       }
+      s.c = kCRecvCopy;
       if (staging_) {
         stage(z, s, RowBuffer::kCRecv, s.comb_in);
-        s.c = kCRecvCopy;
         return true;
       }
-      land_combine(z, s, e);
-      return true;
+      [[fallthrough]];
     case kCRecvCopy:
       cur_op_ = kCombineRecv;
       if (!staged(z, s, RowBuffer::kCRecv, kCombineRecv, e)) return false;
-      land_combine(z, s, e);
+      if (flags_.landing_fence) flags_.landing_fence();
+      raise(z, &SlotCtrl::c_landed, uint64_t(e) + 1);
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_.comb_to_landed_ns += ns_since(s.comb_out);
+      }
+      s.c = kCConsumed;
       return true;
     case kCConsumed:
       if (load_acquire(&c.c_consumed) < uint64_t(e) + 1) return false;

@@ -95,7 +95,8 @@ class Proxy {
   ProxyStats stats() const;
 
  private:
-  // k*Copy: the row staging's copies of the step before are in flight (staging only).
+  // k*Copy: the row staging's copies of the step before are in flight; without staging the step
+  // before falls through to it at once.
   enum DStage { kDFree, kDCounts, kDPriv, kDSendCopy, kDCountsIn, kDRowsIn, kDRecvCopy, kDConsumed };
   enum CStage { kCFree, kCPacked, kCSendCopy, kCLanded, kCRecvCopy, kCConsumed };
   struct SlotState {
@@ -125,15 +126,13 @@ class Proxy {
   bool packer_waiting() const;
   void publish_landing(int z);  // slot z's over_base and c_off (and their mirror), before d_landed
   void stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges);  // starts copies
-  // Polls them (counts bytes and time when done). Past the timeout while our kernel of `op` (the
-  // receive half that spins behind the copy) waits for epoch e, throws naming the buffer (a copy engine that never finishes: no peer is missing).
+  // Polls them (counts bytes and time when done; true at once without staging). Past the timeout
+  // while our kernel of `op` (the receive half that spins behind the copy) waits for epoch e,
+  // throws naming the buffer (a copy engine that never finishes: no peer is missing).
   bool staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e);
   // Throws as staged() does when (z, b)'s copy is older than the timeout and our kernel of op
   // waits for epoch e.
   void copy_late(int z, const SlotState& s, RowBuffer b, int op, uint32_t e) const;
-  void land_dispatch(int z, SlotState& s, uint32_t e);  // raises d_landed
-  void post_combine(int z, SlotState& s, uint32_t e);   // COMB out
-  void land_combine(int z, SlotState& s, uint32_t e);   // raises c_landed
 
   protocol::Exchange& ex_;
   Ctrl* ctrl_;
