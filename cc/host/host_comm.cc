@@ -24,6 +24,7 @@ using protocol::kCombineRecv;
 using protocol::kCombineSend;
 using protocol::kDispatchRecv;
 using protocol::kDispatchSend;
+using proxy::RowBuffer;
 using transfer::Bytes;
 using transfer::format;
 
@@ -130,22 +131,22 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
       in_ = mirror_.get();
     }
   }
-  const char* staged = std::getenv("JAX_MOE_A2A_HOST_STAGED");
+  const char* env_staged = std::getenv("JAX_MOE_A2A_HOST_STAGED");
+  const bool staged = o.proxied && env_staged && std::string(env_staged) == "1";
   std::vector<StagedRows::Slot> copies;
   for (const protocol::SlotBuffers& b : bufs) {
     StagedRows::Slot c{};
-    c.registered = {b.d_send, b.d_recv, b.c_send, b.c_recv};
+    c.registered = {b.d_send, b.d_recv, b.c_send, b.c_recv};  // proxy::RowBuffer order
     c.bytes = {lay.d_send_bytes, lay.d_recv_bytes, lay.c_send_bytes, lay.c_recv_bytes};
     c.packer = c.registered;
-    if (o.proxied && staged && std::string(staged) == "1")
-      for (int i = 0; i < 4; ++i) {
-        storage_.emplace_back(c.bytes[i], 0);
-        c.packer[i] = storage_.back().data();
-      }
+    for (int i = 0; staged && i < proxy::kRowBuffers; ++i) {
+      storage_.emplace_back(c.bytes[i], 0);
+      c.packer[i] = storage_.back().data();
+    }
     rows_.push_back(c.packer);
     copies.push_back(c);
   }
-  if (o.proxied && staged && std::string(staged) == "1") staging_ = std::make_unique<StagedRows>(std::move(copies));
+  if (staged) staging_ = std::make_unique<StagedRows>(std::move(copies));
 }
 
 RankComm::~RankComm() {
@@ -298,7 +299,7 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   else if (me) ex_->post_counts(a.slot, e);
   RowPacker packer(o_, a.x, a.x_kind, a.x_scale, sl.pack_cache, sl.pack_filled);
   for (int d = 0; d < N; ++d) {
-    uint8_t* base = rows_[a.slot][0] + int64_t(d) * lay.P * lay.row;
+    uint8_t* base = rows(a.slot, RowBuffer::kDSend) + int64_t(d) * lay.P * lay.row;
     for (size_t j = 0; j < p.order[d].size(); ++j) {
       const auto [t, k] = p.order[d][j];
       packer.pack(t, a.weights[int64_t(t) * K + k], base + int64_t(j) * lay.row);
@@ -306,7 +307,7 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
   }
   for (auto [d, peer] : node_) {  // node-local destinations: straight into their memory
     Local& there = peer->local(a.slot);
-    std::memcpy(&there.rows[int64_t(rank_) * lay.P * lay.row], rows_[a.slot][0] + int64_t(d) * lay.P * lay.row,
+    std::memcpy(&there.rows[int64_t(rank_) * lay.P * lay.row], rows(a.slot, RowBuffer::kDSend) + int64_t(d) * lay.P * lay.row,
                 int64_t(p.rows_to[d]) * lay.row);
     std::memcpy(&there.counts[int64_t(rank_) * L], &p.counts[int64_t(d) * L], sizeof(int32_t) * L);
     raise(&there.d_arrived[rank_], e + 1);
@@ -364,8 +365,7 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
         int32_t tok;
         const SlotLayout& lay = ex_->layout();
         const uint8_t* row = node_.count(src) ? &local(a.slot).rows[(int64_t(src) * lay.P + j) * lay.row]
-                                              : rows_[a.slot][1] + (ex_->landed_row(a.slot, src, j, over_base[src]) -
-                                                                    ex_->buffers(a.slot).d_recv);
+                                              : rows(a.slot, RowBuffer::kDRecv) + ex_->landed_offset(src, j, over_base[src]);
         a.weights[pos] = unpacker.unpack(row, pos, &tok);
         a.src[2 * pos] = src;
         a.src[2 * pos + 1] = tok;
@@ -387,7 +387,7 @@ void RankComm::combine_send(const CombineSendArgs& a) {
   const MoeShape& s = o_.shape;
   const int N = s.N;
   const int P = ex_->layout().P, Q = ex_->layout().Q;
-  uint8_t* c_send = rows_[a.slot][2];
+  uint8_t* c_send = rows(a.slot, RowBuffer::kCSend);
   const uint32_t e = sl.c_epoch;
   const std::vector<uint8_t> alive = use_mask(a.slot, a.alive, kCombineSend);
   const bool me = alive[rank_];
@@ -449,7 +449,7 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
   const MoeShape& s = o_.shape;
   const int N = s.N, K = s.K, T = s.T, H = s.H, tp = s.tp;
   const int Q = ex_->layout().Q;
-  const uint8_t* c_recv = rows_[a.slot][3];
+  const uint8_t* c_recv = rows(a.slot, RowBuffer::kCRecv);
   const uint32_t e = static_cast<uint32_t>(a.handle[0]);
   if (a.handle[1] != a.slot) throw std::invalid_argument("host combine_recv: handle from another slot");
   const std::vector<uint8_t> alive = use_mask(a.slot, a.alive, kCombineRecv);

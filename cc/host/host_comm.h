@@ -27,12 +27,12 @@
 #include "core/floats.h"
 #include "core/moe_layout.h"
 #include "protocol/exchange.h"
+#include "proxy/staging.h"
 #include "transfer/engine.h"
 
 namespace a2a::proxy {
 struct Ctrl;
 class Proxy;
-class RowStaging;
 struct ProxyStats;
 }  // namespace a2a::proxy
 
@@ -184,7 +184,8 @@ class RankComm {
   std::unique_ptr<proxy::Proxy> proxy_;
   // Per slot, the row buffers we pack and unpack (proxy::RowBuffer order): the registered ones, or
   // under JAX_MOE_A2A_HOST_STAGED=1 (proxied) our own, which staging_ copies (host/staged_rows.h).
-  std::vector<std::array<uint8_t*, 4>> rows_;
+  std::vector<std::array<uint8_t*, proxy::kRowBuffers>> rows_;
+  uint8_t* rows(int z, proxy::RowBuffer b) const { return rows_[z][static_cast<int>(b)]; }
   std::unique_ptr<proxy::RowStaging> staging_;
   std::vector<std::unique_ptr<Local>> local_;  // per slot: what node-local peers write into us
   std::map<int, RankComm*> node_;              // node-local ranks (ourselves included)

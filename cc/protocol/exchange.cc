@@ -26,7 +26,6 @@ void append(std::vector<ByteRange>& out, int64_t off, int64_t len) {
   else out.push_back({off, len});
 }
 
-
 }  // namespace
 
 const char* op_name(int op) {
@@ -270,14 +269,18 @@ void Exchange::post_counts(int z, uint32_t e) {
                      imm(tag_of(kCounts, z), e));
 }
 
-void Exchange::post_private(int z, uint32_t e) {
+int64_t Exchange::rows_we_send(int z, int d) const {
   const int L = o_.shape.local_experts();
-  const int32_t* mine = reinterpret_cast<const int32_t*>(bufs_[z].counts_send);
+  const int32_t* mine = reinterpret_cast<const int32_t*>(bufs_[z].counts_send) + int64_t(d) * L;
+  int64_t n = 0;
+  for (int l = 0; l < L; ++l) n += mine[l];
+  return n;
+}
+
+void Exchange::post_private(int z, uint32_t e) {
   for (int d : remote_) {
     if (!alive(z, d)) continue;
-    int64_t to_d = 0;
-    for (int l = 0; l < L; ++l) to_d += mine[int64_t(d) * L + l];
-    const int64_t rows = std::min<int64_t>(to_d, lay_.priv);
+    const int64_t rows = std::min<int64_t>(rows_we_send(z, d), lay_.priv);
     engine_->write(d, *regions_[z].d_send, int64_t(d) * lay_.P * lay_.row, rows * lay_.row,
                    rows ? &regions_[z].d_recv_peer[d] : nullptr, int64_t(rank_) * lay_.priv * lay_.row,
                    imm(tag_of(kPriv, z), e));
@@ -321,10 +324,8 @@ void Exchange::overflow_bases(int z, int64_t* over_base) const {
   }
 }
 
-const uint8_t* Exchange::landed_row(int z, int src, int64_t j, int64_t over_base) const {
-  const uint8_t* d = bufs_[z].d_recv;
-  return j < lay_.priv ? d + (int64_t(src) * lay_.priv + j) * lay_.row
-                       : d + lay_.over_off + (over_base + j - lay_.priv) * lay_.row;
+int64_t Exchange::landed_offset(int src, int64_t j, int64_t over_base) const {
+  return j < lay_.priv ? (int64_t(src) * lay_.priv + j) * lay_.row : lay_.over_off + (over_base + j - lay_.priv) * lay_.row;
 }
 
 void Exchange::take_combine_offsets(int z) {
@@ -346,15 +347,9 @@ void Exchange::take_combine_offsets(int z) {
 }
 
 std::vector<ByteRange> Exchange::send_rows(int z) const {
-  const int L = o_.shape.local_experts();
-  const int32_t* mine = reinterpret_cast<const int32_t*>(bufs_[z].counts_send);
   std::vector<ByteRange> out;
-  for (int d : remote_) {
-    if (!alive(z, d)) continue;
-    int64_t to_d = 0;
-    for (int l = 0; l < L; ++l) to_d += mine[int64_t(d) * L + l];
-    append(out, int64_t(d) * lay_.P * lay_.row, to_d * lay_.row);  // as post_private + post_overflow read
-  }
+  for (int d : remote_)  // as post_private + post_overflow read
+    if (alive(z, d)) append(out, int64_t(d) * lay_.P * lay_.row, rows_we_send(z, d) * lay_.row);
   return out;
 }
 

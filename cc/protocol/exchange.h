@@ -73,7 +73,8 @@ struct SlotLayout {
 // One slot's buffers, owned by the caller. Sizes as in SlotLayout. The count matrices are always
 // host memory (host vectors, or pinned host memory that GPU kernels reach through mapped
 // pointers); the four row buffers are host memory too, or device memory (rows_memory kCuda, on
-// CUDA device `device`), which the engine must be able to register (FI_HMEM with CUDA). The protocol never reads or writes a row itself.
+// CUDA device `device`), which the engine must be able to register (FI_HMEM with CUDA).
+// The protocol never reads or writes a row itself.
 struct SlotBuffers {
   uint8_t* counts_send;
   uint8_t* counts_recv;
@@ -194,9 +195,9 @@ class Exchange {
   // over_base[src] (N entries): first row of src's overflow in our overflow region, for sources
   // remote to us (0 for others). Valid after COUNTS.
   void overflow_bases(int z, int64_t* over_base) const;
-  // Row j of remote source src in d_recv, given its overflow base (a pointer into d_recv, which
-  // only the caller knows how to read: host or device memory).
-  const uint8_t* landed_row(int z, int src, int64_t j, int64_t over_base) const;
+  // Byte offset of row j of remote source src in d_recv (or the packer's copy of it), given its
+  // overflow base.
+  int64_t landed_offset(int src, int64_t j, int64_t over_base) const;
 
   // ---- the combine offsets of slot z (a snapshot per slot) --------------------------------------
   // Records off[src] = combine_offset(src's count matrix, our rank) for every source (0 for a
@@ -223,6 +224,7 @@ class Exchange {
 
  private:
   uint32_t imm(uint32_t tag, uint32_t epoch) const;
+  int64_t rows_we_send(int z, int d) const;  // from our count matrix in counts_send
   Arrivals expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const;
   Arrivals live(int z, Arrivals a) const;  // without the ranks slot z's mask marks dead
   // even_if_masked: also when slot z's mask marks us dead (else nothing then: we write nobody)
