@@ -15,13 +15,15 @@ namespace {
 
 void check(cudaError_t rc, const char* what) { check_cuda(rc, "jax_moe_a2a cuda (inter-node path)", what); }
 
+// JAX_MOE_A2A_STAGING's values, in RemotePath::RowPath order (also proxy_stats()["row_path"]).
+constexpr const char* kRowPathNames[] = {"host", "copy", "device"};
+
 // JAX_MOE_A2A_STAGING: host (the default), copy or device.
 RemotePath::RowPath row_path_from_env() {
   const char* v = std::getenv("JAX_MOE_A2A_STAGING");
-  const std::string t = v ? v : "";
-  if (t.empty() || t == "host") return RemotePath::RowPath::kHost;
-  if (t == "copy") return RemotePath::RowPath::kCopy;
-  if (t == "device") return RemotePath::RowPath::kDevice;
+  const std::string t = v && *v ? v : "host";
+  for (int i = 0; i < 3; ++i)
+    if (t == kRowPathNames[i]) return static_cast<RemotePath::RowPath>(i);
   throw std::invalid_argument("jax_moe_a2a: JAX_MOE_A2A_STAGING must be host, copy or device, got '" + t + "'");
 }
 
@@ -29,8 +31,8 @@ RemotePath::RowPath row_path_from_env() {
 // writing GPU memory (GPUDirect RDMA: efa, verbs). Providers that copy GPU memory themselves (shm,
 // tcp: cudaMemcpy on the thread that progresses the engine) stalled on one H200 with a CUDA-enabled
 // libfabric 1.22 over shm (2026-12-03): the proxy thread blocked inside the provider while the
-// receive kernels, one block on every SM, spun waiting for those very rows, until their timeout.
-// Not isolated further (a copy waiting for SMs, or an implicit device synchronisation).
+// receive kernels, one block on every SM, spun waiting for those very rows, until their timeout
+// (most likely the lazy-loading lock of lazy_loading() below; over shm / tcp take `copy` instead).
 bool moves_gpu_memory_without_the_gpu(const std::string& provider) {
   const std::string first = provider.substr(0, provider.find(';'));
   return first == "efa" || first == "verbs";
@@ -87,9 +89,9 @@ void RemotePath::free_all() {
 
 void RemotePath::open_engine(transfer::EngineOptions eo, int device_id) {
   row_path_ = row_path_from_env();
-  const char* name = row_path_ == RowPath::kCopy ? "copy" : "device";
-  auto refuse = [name](const std::string& why) {
-    return std::runtime_error(std::string("jax_moe_a2a: JAX_MOE_A2A_STAGING=") + name + " (rows in GPU memory), but " +
+  auto refuse = [this](const std::string& why) {
+    return std::runtime_error(std::string("jax_moe_a2a: JAX_MOE_A2A_STAGING=") +
+                              kRowPathNames[static_cast<int>(row_path_)] + " (rows in GPU memory), but " +
                               why + "; JAX_MOE_A2A_STAGING=host (the default) keeps them in pinned host memory");
   };
   if (row_path_ != RowPath::kHost) {
@@ -173,8 +175,7 @@ void RemotePath::release_flags() {
 proxy::ProxyStats RemotePath::stats() const {
   proxy::ProxyStats s = proxy_ ? proxy_->stats() : proxy::ProxyStats{};
   s.flag_path = flags_.name;
-  static const char* names[] = {"host", "copy", "device"};
-  s.row_path = names[static_cast<int>(row_path_)];
+  s.row_path = kRowPathNames[static_cast<int>(row_path_)];
   return s;
 }
 
