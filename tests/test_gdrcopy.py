@@ -193,24 +193,16 @@ def test_host_proxy_reports_flag_path(env, want, monkeypatch, mesh, num_ranks):
 MIRROR = "host-mirror: the proxy's flags read from a second block (JAX_MOE_A2A_HOST_FLAG_MIRROR=1)"
 
 
-def _skip_unless_node_fits(node_size, num_ranks):
-    if node_size and (jax.local_device_count() % node_size or node_size >= num_ranks):
-        pytest.skip(f"node_size {node_size} does not fit {jax.local_device_count()} device(s) per process")
-
-
 @pytest.mark.mpi
 @pytest.mark.skipif("host" not in a2a.available_backends(), reason="host backend not built")
 @pytest.mark.parametrize("node_size, priv", [(0, 0), (0, None), (2, 1)], ids=["priv0", "privfull", "node2-priv1"])
 def test_mirrored_flags_against_oracle(node_size, priv, monkeypatch, mesh, num_ranks):
-    _skip_unless_node_fits(node_size, num_ranks)
+    from test_proxy import check_three_steps, proxied, skip_unless_node_fits
+    skip_unless_node_fits(node_size, num_ranks)
     monkeypatch.setenv("JAX_MOE_A2A_HOST_FLAG_MIRROR", "1")
     spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10)
-    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, max_private_tokens=priv, timeout_s=60.0,
-                    node_size=node_size)
-    for step in range(3):
-        inputs = T.make_inputs(spec, num_ranks, 900 + step, num_tokens=[None, 5, None][step],
-                               routing=["random", "skewed", "one_hot"][step])
-        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+    comm = proxied(spec, mesh, priv, node_size=node_size)
+    check_three_steps(comm, spec, num_ranks, 900)
     assert {s["flag_path"] for s in comm.proxy_stats().values()} == {MIRROR}
     comm.close()
 

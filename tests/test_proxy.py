@@ -49,6 +49,15 @@ def skip_unless_node_fits(node_size, num_ranks):
                     f"and {num_ranks} ranks")
 
 
+def check_three_steps(comm, spec, num_ranks, seed):
+    """Three steps of every op against the oracle, outputs poisoned: random routing, then skewed
+    with 5 tokens on every rank, then one hot expert (seeds seed, seed + 1, seed + 2)."""
+    for step in range(3):
+        inputs = T.make_inputs(spec, num_ranks, seed + step, num_tokens=[None, 5, None][step],
+                               routing=["random", "skewed", "one_hot"][step])
+        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("node_size, priv", [(0, 0), (0, None), (1, 1), (2, 0), (2, 1)],
                          ids=["engine-priv0", "engine-privfull", "node1-priv1", "node2-priv0", "node2-priv1"])

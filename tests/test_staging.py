@@ -14,19 +14,16 @@ which the oracle catches; a copy outside a buffer is an error.
     mpirun -n 2 python -m pytest -m mpi tests/test_staging.py
 """
 
-import jax
 import pytest
 
 import jax_moe_a2a as a2a
 from jax_moe_a2a import testing as T
 
+from test_protocol import check_two_slots
+from test_proxy import check_three_steps, proxied, skip_unless_node_fits
+
 pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif("host" not in a2a.available_backends(), reason="host backend not built")]
-
-
-def _skip_unless_node_fits(node_size, num_ranks):
-    if node_size and (jax.local_device_count() % node_size or node_size >= num_ranks):
-        pytest.skip(f"node_size {node_size} does not fit {jax.local_device_count()} device(s) per process")
 
 
 @pytest.mark.parametrize("node_size, priv, tp", [(0, 0, 1), (0, None, 1), (2, 1, 1), (0, 1, 2)],
@@ -34,18 +31,14 @@ def _skip_unless_node_fits(node_size, num_ranks):
 def test_staged_rows_against_oracle(node_size, priv, tp, monkeypatch, mesh, num_ranks):
     """Every op of several steps (random, skewed and one-hot routing; fewer tokens) against the oracle,
     outputs poisoned, with the proxy staging every row; its counters show the copies happened."""
-    _skip_unless_node_fits(node_size, num_ranks)
+    skip_unless_node_fits(node_size, num_ranks)
     if num_ranks % tp:
         pytest.skip(f"tp {tp} does not divide {num_ranks} ranks")
     monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
     spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10,
                     tp_size=tp)
-    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, max_private_tokens=priv, timeout_s=60.0,
-                    node_size=node_size)
-    for step in range(3):
-        inputs = T.make_inputs(spec, num_ranks, 700 + step, num_tokens=[None, 5, None][step],
-                               routing=["random", "skewed", "one_hot"][step])
-        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+    comm = proxied(spec, mesh, priv, node_size=node_size)
+    check_three_steps(comm, spec, num_ranks, 700)
     stats = comm.proxy_stats()
     assert stats, "no proxy on this process"
     for r, s in stats.items():
@@ -57,17 +50,16 @@ def test_staged_rows_against_oracle(node_size, priv, tp, monkeypatch, mesh, num_
 
 def test_staged_rows_two_slots(monkeypatch, mesh, num_ranks):
     """Two dispatches in flight on slots 0 and 1, then both combines: each slot's copies are its own."""
-    from test_protocol import check_two_slots
     monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=8, slots=2)
-    check_two_slots(a2a.init(spec, mesh, "ep", backend="host", proxied=True, max_private_tokens=0), mesh)
+    check_two_slots(proxied(spec, mesh, priv=0), mesh)
 
 
 def test_unstaged_counts_nothing(monkeypatch, mesh, num_ranks):
     """Without staging the packer writes the registered buffers itself: the proxy copies nothing."""
     monkeypatch.delenv("JAX_MOE_A2A_HOST_STAGED", raising=False)
     spec = a2a.Spec(num_experts=16, experts_per_token=2, hidden=32, max_tokens_per_rank=8)
-    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, timeout_s=60.0)
+    comm = proxied(spec, mesh)
     inputs = T.make_inputs(spec, num_ranks, 42)
     T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
     for r, s in comm.proxy_stats().items():
