@@ -54,10 +54,111 @@ def parse_args(argv):
                         "pre-quantised with its f32 scales (the send half copies: what pplx-kernels' dispatch takes)")
     p.add_argument("--recv-dtype", default=None, choices=("bf16", "f16", "f32"),
                    help="Spec.recv_dtype: fp8 on the wire, the rows dequantised to this dtype on receive")
+    p.add_argument("--turns", action="store_true",
+                   help="also time each half's kernel with the GPU to itself: the processes take turns (a (turns) "
+                        "row; sets JAX_MOE_A2A_KERNEL_TIMING=nosync, so the (kernel) row has no GPU-side barrier)")
     p.add_argument("--json-out", default=None, help=argparse.SUPPRESS)  # child processes: results only
     p.add_argument("--anchor-json", default=os.environ.get("JAX_MOE_A2A_ANCHOR_JSON"),
                    help="folder with the pplx anchor kit's pplx_N.json (default $JAX_MOE_A2A_ANCHOR_JSON)")
     return p.parse_args(argv)
+
+
+def bench_inputs(comm, args):
+    """(inputs, prequantized): testing.make_inputs for every rank of `comm` with T =
+    max_tokens_per_rank tokens, x in args.x_dtype (f32 / bf16; fp8: pre-quantised with its
+    scales when the spec dispatches fp8), routing from args.seed."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jax_moe_a2a import testing
+
+    spec = comm.spec
+    prequantized = args.x_dtype == "fp8" and spec.is_fp8
+    inputs = testing.make_inputs(spec, comm.num_ranks, args.seed, num_tokens=spec.max_tokens_per_rank,
+                                 input_dtype=np.float32 if args.x_dtype == "f32" else jnp.bfloat16,
+                                 prequantized=prequantized)
+    return inputs, prequantized
+
+
+def jitted_halves(jax, comm, inputs, prequantized):
+    """(glob, fns): the benchmark's global arrays (x [N*T, H], topk_ids / topk_weights [N*T, K],
+    num_tokens [N], and x_scale when prequantized), and one jitted shard_map call per step, keyed
+    dispatch_send (glob -> handle), dispatch_recv (handle -> received), experts (received -> y:
+    testing.expert_fn_jax in bf16), combine_send (y, received -> handle), combine_recv (handle ->
+    out), dispatch (glob -> received) and combine (y, received -> out). Each call holds one op,
+    so processes may run them at different times (no XLA collective)."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    from jax_moe_a2a import testing
+
+    spec, mesh, n, axis = comm.spec, comm.mesh, comm.num_ranks, comm.axis
+    glob = [testing.stack_global(mesh, axis, [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
+    glob.append(testing.stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs]))
+    if prequantized:
+        glob.append(testing.stack_global(mesh, axis, [i.x_scale for i in inputs]))
+    add = lambda t: jax.tree.map(lambda a: a[None], t)   # per-rank leaf -> [1, ...] for out_specs
+    rm = lambda t: jax.tree.map(lambda a: a[0], t)
+
+    def sm(fn, nin):
+        return jax.jit(testing.shard_map(fn, mesh=mesh, in_specs=(P(axis),) * nin, out_specs=P(axis)))
+
+    return glob, {
+        "dispatch_send": sm(lambda x, i, w, k, *xs: add(comm.dispatch_send(x, i, w, k, x_scale=xs[0] if xs else None)),
+                            len(glob)),
+        "dispatch_recv": sm(lambda h: add(comm.dispatch_recv(rm(h))), 1),
+        "experts": sm(lambda g: add(testing.expert_fn_jax(spec, n, rm(g), jnp.bfloat16)), 1),
+        "combine_send": sm(lambda y, g: add(comm.combine_send(rm(y), rm(g))), 2),
+        "combine_recv": sm(lambda h: add(comm.combine_recv(rm(h))), 1),
+        "dispatch": sm(lambda x, i, w, k, *xs: add(comm.dispatch(x, i, w, k, x_scale=xs[0] if xs else None)), len(glob)),
+        "combine": sm(lambda y, g: add(comm.combine(rm(y), rm(g))), 2),
+    }
+
+
+def time_turns(jax, comm, glob, fns, iters, warmup, landed=None):
+    """Each half's kernel with the GPU to itself: {half: timing.summarize} of comm.kernel_seconds
+    (the four halves; max over processes), or None when the backend has no kernel timing.
+
+    The processes take turns: for each half, process 0 runs its call to completion while the others
+    wait at a key-value-store barrier, then process 1, and so on; so no other process's kernel
+    shares the GPU with the one timed (processes that time-slice one GPU otherwise time each
+    other's work too). `landed(kind)` (kind "dispatch" / "combine"), when given, is called by every
+    process before the receive half's turns and returns once that op's data landed for every local
+    rank (the proxy path: the rows arrive after the send kernel, by the proxy thread); without it the
+    send turns suffice (peers' kernels wrote the rows). The communicator must not put a GPU-side
+    barrier before its launches (JAX_MOE_A2A_KERNEL_TIMING=nosync, or no node-local peers)."""
+    from benchlib import timing
+
+    me = jax.process_index()
+    kernel = {h: [] for h in HALVES[:4]}
+
+    def turns(name, *fn_args):
+        out, sec = None, None
+        for p in range(jax.process_count()):
+            timing.barrier(f"turn {name} {p}")
+            if p == me:
+                out = timing.block(fns[name](*fn_args))
+                sec = comm.kernel_seconds(name)
+        timing.barrier(f"turn {name} end")
+        return out, sec
+
+    for it in range(warmup + iters):
+        h, k_ds = turns("dispatch_send", *glob)
+        if landed is not None:
+            landed("dispatch")
+        got, k_dr = turns("dispatch_recv", h)
+        y = timing.block(fns["experts"](got))
+        ch, k_cs = turns("combine_send", y, got)
+        if landed is not None:
+            landed("combine")
+        _, k_cr = turns("combine_recv", ch)
+        if None in (k_ds, k_dr, k_cs, k_cr):
+            return None
+        if it >= warmup:
+            for name, sec in zip(HALVES[:4], (k_ds, k_dr, k_cs, k_cr)):
+                kernel[name].append(sec)
+    return {name: timing.summarize(timing.max_over_processes(v, "turns " + name)) for name, v in kernel.items()}
 
 
 def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0, hooks=None):
@@ -65,18 +166,13 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0, h
     record. hooks: None, or an object whose before_barrier(name) and after_barrier(name) run
     around the barrier before every call of a half (warm-up and timed; benchmarks/proxy.py records
     its counters and a clock there)."""
-    import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import PartitionSpec as P
 
     from benchlib import timing
     from jax_moe_a2a import oracle, testing
 
-    spec, mesh, n = comm.spec, comm.mesh, comm.num_ranks
-    prequantized = args.x_dtype == "fp8" and spec.is_fp8
-    inputs = testing.make_inputs(spec, n, args.seed, num_tokens=spec.max_tokens_per_rank,
-                                 input_dtype=np.float32 if args.x_dtype == "f32" else jnp.bfloat16,
-                                 prequantized=prequantized)
+    spec, n = comm.spec, comm.num_ranks
+    inputs, prequantized = bench_inputs(comm, args)
     record = {"backend": comm.backend_name, "shape": shape_name, "ranks": n, "processes": jax.process_count(),
               "x_dtype": "fp8 (pre-quantised)" if prequantized else ("f32" if args.x_dtype == "f32" else "bf16"),
               "local_path": bool(comm.diagnostics().get("local_path")),
@@ -101,24 +197,9 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0, h
             record["check"] = "FAILED: " + " | ".join(lines[:8])[:600]
     progress.update(f"{comm.backend_name}/{shape_name} check", 2 * units)
 
-    axis = comm.axis
-    glob = [testing.stack_global(mesh, axis, [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
-    glob.append(testing.stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs]))
-    if prequantized:
-        glob.append(testing.stack_global(mesh, axis, [i.x_scale for i in inputs]))
-    add = lambda t: jax.tree.map(lambda a: a[None], t)   # per-rank leaf -> [1, ...] for out_specs
-    rm = lambda t: jax.tree.map(lambda a: a[0], t)
-
-    def sm(fn, nin):
-        return jax.jit(testing.shard_map(fn, mesh=mesh, in_specs=(P(axis),) * nin, out_specs=P(axis)))
-
-    f_ds = sm(lambda x, i, w, k, *xs: add(comm.dispatch_send(x, i, w, k, x_scale=xs[0] if xs else None)), len(glob))
-    f_dr = sm(lambda h: add(comm.dispatch_recv(rm(h))), 1)
-    f_y = sm(lambda g: add(testing.expert_fn_jax(spec, n, rm(g), jnp.bfloat16)), 1)
-    f_cs = sm(lambda y, g: add(comm.combine_send(rm(y), rm(g))), 2)
-    f_cr = sm(lambda h: add(comm.combine_recv(rm(h))), 1)
-    f_d = sm(lambda x, i, w, k, *xs: add(comm.dispatch(x, i, w, k, x_scale=xs[0] if xs else None)), len(glob))
-    f_c = sm(lambda y, g: add(comm.combine(rm(y), rm(g))), 2)
+    glob, f = jitted_halves(jax, comm, inputs, prequantized)
+    f_ds, f_dr, f_y, f_cs, f_cr, f_d, f_c = (f[k] for k in ("dispatch_send", "dispatch_recv", "experts", "combine_send",
+                                                          "combine_recv", "dispatch", "combine"))
 
     samples = {h: [] for h in HALVES}
     # Kernel-only times (cuda backend with JAX_MOE_A2A_KERNEL_TIMING=1): CUDA events around each
@@ -152,6 +233,10 @@ def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0, h
         timed_call("dispatch", timed, f_d, *glob)
         timed_call("combine", timed, f_c, y, got)
         progress.update(f"{comm.backend_name}/{shape_name} iter", units)
+    if getattr(args, "turns", False):
+        turns = time_turns(jax, comm, glob, f, iters, warmup)
+        if turns is not None:
+            record["kernel_turns"] = turns
     record["timings"] = {h: timing.summarize(timing.max_over_processes(v, h)) for h, v in samples.items()}
     if all(len(v) == iters for v in kernel.values()):
         record["kernel_timings"] = {h: timing.summarize(timing.max_over_processes(v, "k" + h)) for h, v in kernel.items()}
@@ -180,6 +265,8 @@ def run(jax, args, progress_label=""):
     backends, skipped = benchlib.backend_plan(args.backend)
     gpu = platform not in ("cpu",)
     iters = args.iters or (1 if args.quick else (50 if gpu else 5))
+    if args.turns:  # a GPU-side barrier before each launch would wait for a process that waits its turn
+        os.environ["JAX_MOE_A2A_KERNEL_TIMING"] = "nosync"
     warmup = args.warmup if args.warmup is not None else (5 if gpu and not args.quick else 1)
     mesh = testing.make_mesh(args.ranks)
     meta = benchlib.run_meta(jax, iters=iters, warmup=warmup, ranks=mesh.size,

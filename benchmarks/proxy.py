@@ -43,6 +43,13 @@ Breakdown per half (µs, p50 over the timed iterations; benchlib/proxy_breakdown
                JAX_MOE_A2A_PROGRESS=spin: the engine's progress thread too); `default - spin` is what
                sleeping cost
   reaction     half the signalling round trip (--signal): one kernel -> proxy or proxy -> kernel flag
+Kernels alone ("(turns)" rows, cuda with JAX_MOE_A2A_KERNEL_TIMING): processes that time-slice one
+GPU time each other's kernels, copies and spinning receives too, so each half's kernel is also timed
+with the GPU to itself: the processes take turns (halves.time_turns), and before a receive half's
+turns every process waits until its proxy raised the landed flag (proxy_stats' dispatches_landed /
+combines_landed), so the receive kernel reads rows that are there instead of waiting for the
+transfer. Needs no node-local peers (JAX_MOE_A2A_NODE_SIZE=1) or KERNEL_TIMING=nosync; with
+--nvlink-json each half is set against the NVLink path's (turns) p50 from halves.py --turns.
 The same parts for the one-call ops ("dispatch (one call)", "combine (one call)": transfer, skew,
 wire; no kernel times). --json holds every mode's record with the per-iteration samples.
 """
@@ -82,6 +89,11 @@ def parse_args(argv):
     p.add_argument("--engine-iters", type=int, default=5000,
                    help="engine benchmark: ping-pong iterations at small sizes")
     p.add_argument("--engine-stream-mib", type=int, default=64, help="engine benchmark: MiB per bandwidth point")
+    p.add_argument("--no-turns", action="store_true",
+                   help="skip the kernels-alone loop (the processes taking turns; see the module docstring)")
+    p.add_argument("--nvlink-json", default=None,
+                   help="halves.json of `halves.py --turns --backend cuda` at the same shape and process count (the "
+                        "NVLink path, one node): prints each half's (turns) p50 against it")
     p.add_argument("--json", default=None, help="write the record here (process 0)")
     args = p.parse_args(argv)
     try:
@@ -158,6 +170,41 @@ class CallRecorder:
         self.snaps.append(self.comm.proxy_stats())
 
 
+class LandedWaiter:
+    """halves.time_turns' `landed` hook for the proxy path: landed(kind) returns once every local
+    rank's proxy raised the landed flag of one more `kind` ("dispatch" / "combine") than at the
+    previous call (proxy_stats' dispatches_landed / combines_landed, counted from construction),
+    and for "combine" also sent the FREE of the dispatch before it (the next dispatch_send waits for
+    it). Raises after timeout_s."""
+
+    def __init__(self, comm, timeout_s=60.0):
+        self.comm, self.timeout_s = comm, timeout_s
+        # The steps before ours finished their receive halves; their FREE counters may still lag.
+        self.base = self._until(lambda s: all(v["dispatches"] == v["dispatches_landed"] and
+                                              v["combines"] == v["combines_landed"] for v in s.values()),
+                                "its earlier steps finished")
+        self.calls = {"dispatch": 0, "combine": 0}
+
+    def _until(self, done, what):
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            now = self.comm.proxy_stats()
+            if done(now):
+                return now
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"benchmarks/proxy.py: the proxy did not report {what} within {self.timeout_s} s "
+                                   f"(counters {now})")
+            time.sleep(20e-6)
+
+    def __call__(self, kind):
+        self.calls[kind] += 1
+        want = {{"dispatch": "dispatches_landed", "combine": "combines_landed"}[kind]: self.calls[kind]}
+        if kind == "combine":
+            want["dispatches"] = self.calls["dispatch"]
+        self._until(lambda now: all(now[r][k] - self.base[r][k] >= n for r in now for k, n in want.items()),
+                    f"{want} more than at start {self.base}")
+
+
 def part_samples(calls, iters):
     """{part: {"transfer_us": [iters], "skew_us": [iters]}} for every part of pb.PARTS (collective):
     transfer max over ranks and processes, skew max - min of the entry stamps over processes."""
@@ -230,7 +277,7 @@ def run_mode(jax, spec, mesh, args, clock, mode):
     calls, and returns the record with "samples" (per part, per iteration; collective)."""
     import jax_moe_a2a as a2a
     from benchlib import Progress, timing
-    from halves import bench_one
+    from halves import bench_inputs, bench_one, jitted_halves, time_turns
 
     opts = {"proxied": True} if args.backend == "host" else {}
     if args.backend == "host":
@@ -267,9 +314,35 @@ def run_mode(jax, spec, mesh, args, clock, mode):
         rec["proxy"]["row_copies_us"] = float(np.max(timing.max_over_processes([max(copy_us)], "proxy row copies")))
         rec["proxy"]["row_copies_mb"] = float(np.max(timing.max_over_processes([max(copy_mb)], "proxy row copy MB")))
         rec["samples"] = part_samples(calls, args.iters)
+        rec["kernel_turns_why_none"] = turns_refused(args, comm, rec)
+        if rec["kernel_turns_why_none"] is None:
+            glob, fns = jitted_halves(jax, comm, *bench_inputs(comm, argparse.Namespace(seed=args.seed, x_dtype="f32")))
+            rec["kernel_turns"] = time_turns(jax, comm, glob, fns, args.iters, args.warmup, LandedWaiter(comm))
     finally:
         comm.close()
     return rec
+
+
+def turns_refused(args, comm, rec):
+    """Why the kernels-alone loop does not run for this mode (None: it runs)."""
+    if args.no_turns:
+        return "--no-turns"
+    if not rec.get("kernel_timings"):
+        return "no kernel times (cuda with JAX_MOE_A2A_KERNEL_TIMING=1 and command buffers off)"
+    if (rec.get("node_size") or 0) != 1 and os.environ.get("JAX_MOE_A2A_KERNEL_TIMING") != "nosync":
+        return ("node-local peers: their GPU-side timing barrier would wait for a process that waits its turn "
+                "(JAX_MOE_A2A_KERNEL_TIMING=nosync)")
+    return None
+
+
+def nvlink_turns(path):
+    """{half: p50 µs} of the (turns) row of halves.json at `path` (its first cuda result with one)."""
+    with open(path) as f:
+        out = json.load(f)
+    for r in out["results"]:
+        if r.get("backend") == "cuda" and "kernel_turns" in r:
+            return {h: v["p50_us"] for h, v in r["kernel_turns"].items()}
+    raise SystemExit(f"--nvlink-json {path}: no cuda result with a (turns) row (run halves.py --turns)")
 
 
 def add_breakdown(rec, wires):
@@ -284,7 +357,7 @@ def add_breakdown(rec, wires):
         rec["breakdown"][part] = pb.breakdown(s["transfer_us"], s["skew_us"], wires[part][1], kernels)
 
 
-def print_mode(rec, nbytes, wires):
+def print_mode(rec, nbytes, wires, nvlink=None):
     t, k = rec["timings"], rec.get("kernel_timings")
     env = ", ".join(f"{n}={'unset' if v is None else v}" for n, v in rec["proxy_env"].items())
     what = "cuda inter-node path" if rec["backend"] == "cuda" else f"{rec['backend']} backend, proxied"
@@ -295,6 +368,14 @@ def print_mode(rec, nbytes, wires):
         print(f"  {h:<14} wall p50 {t[h]['p50_us']:8.1f} µs  p99 {t[h]['p99_us']:8.1f} µs{kt}")
     if not k:
         print("  (set JAX_MOE_A2A_KERNEL_TIMING=1 and disable command buffers for the kernel times)")
+    kt = rec.get("kernel_turns")
+    if kt:
+        print("  kernels alone (processes taking turns, rows landed before each receive), p50 / p99 µs:")
+        for h, v in kt.items():
+            ratio = f"   {v['p50_us'] / nvlink[h]:5.2f}x the NVLink path's {nvlink[h]:.1f}" if nvlink and nvlink.get(h) else ""
+            print(f"    {h:<14} {v['p50_us']:8.1f} / {v['p99_us']:8.1f}{ratio}")
+    elif rec.get("kernel_turns_why_none"):
+        print(f"  kernels alone: not run ({rec['kernel_turns_why_none']})")
     for part, b in rec["breakdown"].items():
         for line in pb.format_half(part, b, nbytes[part.split(" ")[0]], wires[part][0]):
             print(line)
@@ -329,6 +410,9 @@ def halves(args):
               f"skew from {clock_name}", flush=True)
         print("\n".join(pb.format_engine(engine_result, why)), flush=True)
     nbytes = wires = None
+    nvlink = nvlink_turns(args.nvlink_json) if args.nvlink_json else None
+    if nvlink:
+        out["nvlink_turns_p50_us"] = nvlink
     for mode in args.modes:
         rec = run_mode(jax, spec, mesh, args, clock, mode)
         if nbytes is None:  # routing and placement are the same in every mode
@@ -339,7 +423,7 @@ def halves(args):
         add_breakdown(rec, wires)
         out["modes"][mode] = rec
         if lead:
-            print_mode(rec, nbytes, wires)
+            print_mode(rec, nbytes, wires, nvlink)
     out["idle_policy"] = pb.idle_policy({m: {p: b["transfer_us"] for p, b in r["breakdown"].items()}
                                          for m, r in out["modes"].items()})
     if lead:

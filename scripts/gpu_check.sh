@@ -12,7 +12,8 @@
 #      jax_moe_a2a_bench*.so beside it, the benchmarks' C++ loops too).
 #      NVSHMEM_NPROCS (process counts of the nvshmem stage, default "1 2 4"; 1 = no mpirun),
 #      SINGLE_TESTS / MPI_TESTS (the test files of the single and mpi stages),
-#      PROXYBENCH_RUNS / PROXYBENCH_MODES / PROXYBENCH_TMAX (the proxybench stage, below),
+#      PROXYBENCH_RUNS / PROXYBENCH_MODES / PROXYBENCH_TMAX / PROXYBENCH_ARGS (the proxybench stage, below;
+#      e.g. PROXYBENCH_ARGS="--nvlink-json DIR/halves.json" after `mpibench` with BENCH_ARGS="--turns"),
 #      BENCH_ARGS (halves.py options of the bench stages; the anchor kit's run.sh reads it too, so
 #      run `anchor` in a call without it and `anchorbench` with it).
 set -uo pipefail
@@ -260,7 +261,7 @@ if stage proxybench; then
       JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
       XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$n, 3))") \
       timeout -k 20 $(cap $(( 60 + nmodes * ${PROXYBENCH_TMAX:-240} ))) "${MPIRUN[@]}" -n "$n" \
-      python3 "$BENCH/proxy.py" --shape decode --proxy-modes "$modes" --json "$OUT/$name.json" 2>&1 | quiet \
+      python3 "$BENCH/proxy.py" --shape decode --proxy-modes "$modes" --json "$OUT/$name.json" ${PROXYBENCH_ARGS:-} 2>&1 | quiet \
       | tee "$OUT/$name.log"
     echo "exit ${PIPESTATUS[0]}" >> "$OUT/$name.log"
   done

@@ -374,6 +374,65 @@ def test_bench_one_calls_its_hooks_around_every_barrier():
     assert seen == [(w, h) for h in order for w in ("before", "after")] * 3  # one warm-up, two timed
 
 
+def test_time_turns_waits_for_landed_rows_before_each_receive():
+    """halves.time_turns with proxy.LandedWaiter on the host backend's proxied mode (real proxy
+    threads and their dispatches_landed / combines_landed counters; kernel times stubbed, the host
+    backend has none): every receive half is called only once its proxies raised the landed flag of
+    that step, every half is called once per iteration in order, and the summary is of the stubbed
+    kernel times."""
+    import argparse
+
+    import halves
+    import proxy
+    if "host" not in a2a.available_backends():
+        pytest.skip("no host backend")
+    spec = a2a.Spec(num_experts=8, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    comm = a2a.init(spec, a2a.testing.make_mesh(2), "ep", backend="host", proxied=True)
+    kernel_s = {"dispatch_send": 3e-6, "dispatch_recv": 5e-6, "combine_send": 7e-6, "combine_recv": 11e-6}
+
+    class Timed:  # the communicator with a kernel clock
+        def __getattr__(self, name):
+            return getattr(comm, name)
+
+        def kernel_seconds(self, half):
+            return kernel_s[half]
+    try:
+        glob, fns = halves.jitted_halves(jax, comm, *halves.bench_inputs(comm, argparse.Namespace(seed=0, x_dtype="f32")))
+        waiter = proxy.LandedWaiter(comm)
+        calls = []
+
+        def spy(name):
+            def call(*args):
+                now = comm.proxy_stats()
+                key = {"dispatch_recv": "dispatches_landed", "combine_recv": "combines_landed"}.get(name)
+                landed = min(now[r][key] - waiter.base[r][key] for r in now) if key else None
+                calls.append((name, landed))
+                return fns[name](*args)
+            return call
+        spied = {name: spy(name) for name in fns}
+        out = halves.time_turns(jax, Timed(), glob, spied, 2, 1, waiter)
+    finally:
+        comm.close()
+    order = ["dispatch_send", "dispatch_recv", "experts", "combine_send", "combine_recv"]
+    assert [c[0] for c in calls] == order * 3
+    for it in range(3):  # the landed counter was already up for the step of each receive half
+        assert calls[5 * it + 1][1] >= it + 1 and calls[5 * it + 4][1] >= it + 1, calls
+    assert set(out) == set(kernel_s)
+    for half, sec in kernel_s.items():
+        assert out[half]["iters"] == 2 and out[half]["p50_us"] == pytest.approx(sec * 1e6)
+
+
+def test_landed_waiter_gives_up_with_the_counters():
+    import proxy
+
+    class Stuck:  # a proxy that never lands anything
+        def proxy_stats(self):
+            return {0: {"dispatches": 1, "dispatches_landed": 1, "combines": 0, "combines_landed": 0}}
+    waiter = proxy.LandedWaiter(Stuck(), timeout_s=0.05)
+    with pytest.raises(TimeoutError, match="dispatches_landed.*within 0.05 s"):
+        waiter("dispatch")
+
+
 def test_proxy_program_help_runs_as_a_script():
     import subprocess
     out = subprocess.run([sys.executable, os.path.join(BENCH_DIR, "proxy.py"), "--help"], capture_output=True,
@@ -423,3 +482,5 @@ def test_proxy_program_under_mpirun_on_cpus(tmp_path):
             assert b["unexplained_us"] == pytest.approx(b["transfer_us"] - b["skew_us"] - b["wire_us"])
     assert rec["wire_bytes"]["dispatch"]["bytes"] > 0 and rec["engine"]["figures"]["dispatch"]["latency_us"] > 0
     assert "default - spin" in rec["idle_policy"]["dispatch"]
+    assert "kernels alone: not run (no kernel times" in text, text[-6000:]  # the host backend has none
+    assert all(m["kernel_turns_why_none"].startswith("no kernel times") for m in rec["modes"].values())

@@ -65,6 +65,10 @@ def print_halves(out: dict) -> None:
                 kg = r.get("kernel_goodput_GBps", {})
                 print(f"{r['backend'] + ' (kernel)':<18} {'':<5} {cells} {'':>31} {'':>7} "
                       f"{kg.get('dispatch', 0):>9.2f} {kg.get('combine', 0):>9.2f}")
+            kt_turns = r.get("kernel_turns")
+            if kt_turns:  # the same with the GPU to itself (processes taking turns)
+                cells = " ".join(f"{kt_turns[h]['p50_us']:>7.1f}/{kt_turns[h]['p99_us']:<7.1f}" for h in HALVES[:4])
+                print(f"{r['backend'] + ' (turns)':<18} {'':<5} {cells}")
             a = r.get("anchor_row")
             if a:
                 h = a["halves"]
@@ -81,6 +85,9 @@ def print_halves(out: dict) -> None:
             print("(kernel) rows: CUDA events around our kernel alone (JAX_MOE_A2A_KERNEL_TIMING="
                   f"{mode}{', each launch behind a GPU-side barrier' if str(mode) in ('1', 'True') else ''}, "
                   "command buffers off)")
+        if any("kernel_turns" in r for r in mine):
+            print("(turns) rows: the same CUDA-event times with the processes taking turns, one kernel on the GPU "
+                  "at a time (--turns)")
         if any(r.get("anchor_row") for r in mine):
             print(f"pplx rows: pplx-kernels {anchor.get('meta', {}).get('pplx_commit', '')} at the same shape and "
                   f"process count, PE 0's CUDA-event times (pplx_N.json of the anchor kit); ratios > 1: ours slower")

@@ -292,6 +292,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_.counts_to_landed_ns += ns_since(s.counts_out);
+        ++stats_.dispatches_landed;
       }
       s.d = kDConsumed;
       return true;
@@ -372,6 +373,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_.comb_to_landed_ns += ns_since(s.comb_out);
+        ++stats_.combines_landed;
       }
       s.c = kCConsumed;
       return true;

@@ -68,7 +68,8 @@ struct FlagPath {
 
 // Counters a benchmark reads (nanoseconds of steady_clock, summed over steps).
 struct ProxyStats {
-  uint64_t dispatches = 0, combines = 0;
+  uint64_t dispatches = 0, combines = 0;              // steps finished (the FREE signal sent)
+  uint64_t dispatches_landed = 0, combines_landed = 0;  // d_landed / c_landed raised (rows readable)
   uint64_t polls = 0, sleeps = 0;
   uint64_t counts_to_landed_ns = 0;  // from our COUNTS out to d_landed raised, per dispatch
   uint64_t comb_to_landed_ns = 0;    // from our COMB out to c_landed raised, per combine

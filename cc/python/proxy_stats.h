@@ -1,5 +1,5 @@
 // A proxy thread's counters as the Python dict both bindings return (cuda inter-node path, host
-// backend's proxied mode): dispatches, combines, polls, sleeps, counts_to_landed_ns,
+// backend's proxied mode): dispatches, combines, dispatches_landed, combines_landed, polls, sleeps, counts_to_landed_ns,
 // comb_to_landed_ns, staged_bytes, staging_ns, cpu, flag_path, row_path.
 #pragma once
 
@@ -14,6 +14,8 @@ inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
   nanobind::dict d;
   d["dispatches"] = s.dispatches;
   d["combines"] = s.combines;
+  d["dispatches_landed"] = s.dispatches_landed;
+  d["combines_landed"] = s.combines_landed;
   d["polls"] = s.polls;
   d["sleeps"] = s.sleeps;
   d["counts_to_landed_ns"] = s.counts_to_landed_ns;

@@ -107,7 +107,7 @@ static const std::string& dispatch_send_mode() {
 }
 
 bool use_block_routing(const Geometry& g, const SlotPtrs& p) {
-  return dispatch_send_mode() != "grid" && p.remote.mask == 0 && g.tp == 1 && g.K <= kBlockRouteMaxK &&
+  return dispatch_send_mode() != "grid" && g.tp == 1 && g.K <= kBlockRouteMaxK &&
          block_routing_smem_bytes(g) <= kBlockRoutingSmem;
 }
 

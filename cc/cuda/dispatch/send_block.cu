@@ -1,5 +1,5 @@
 // dispatch send, block-routed, the token staged in shared memory: the general case of the
-// block-routed kernels (every peer node-local, tp_size 1, K <= 16, the routing tables and one wire
+// block-routed kernels (tp_size 1, K <= 16, the routing tables and one wire
 // row fit in shared memory: decode batches) for the dtypes, sizes and alignments that
 // cuda/dispatch/send_regs.cu does not take. No grid-wide barrier: every block routes all T*K
 // pairs itself (gpu/block_route.cuh), then quantises / converts its tokens one at a time into a
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_block_kernel(DispatchS
   // have finished reading our previous rows before we overwrite them (always the full wait).
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
   const FreeDue due = free_due(g, P.p, 0, epoch);  // ... and the FREE flag the others owe us
-  if (!block_route_and_wait(P, n, rt, false, ix, due, out)) return;
+  if (!block_route_and_wait(P, n, rt, false, ix, due, out, epoch)) return;
 
   // 3. Our tokens, one at a time: wire row in shared memory, then to each destination.
   const int64_t body = g.payload + 4 * int64_t(g.S);  // payload then fp8 scales
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_block_kernel(DispatchS
       const int e = rt.pe[q];
       if (e < 0) continue;
       const int d = e / g.L;
-      uint8_t* dst = P.p.peer_shared[d] + g.off_rows + (int64_t(me) * g.P + rt.slot_of(t, e)) * g.row;
+      uint8_t* dst = block_dest_row(P, d, rt.slot_of(t, e));
       const int64_t lo = (w % nseg) * seg;
       if (lo < body16) warp_copy_from_shared(dst + lo, row + lo, min(seg, body16 - lo), lane);
       if (lo != 0) continue;

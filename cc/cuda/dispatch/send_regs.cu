@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_regs_kernel(DispatchSe
 
   // 1. Routing in shared memory while those loads are in flight, dest, pair_slot, drops; 2. a
   // peer still reading our previous rows: wait for it (with the timeout) before overwriting.
-  if (!block_route_and_wait(P, n, rt, free_now, ix, due, out)) return;
+  if (!block_route_and_wait(P, n, rt, free_now, ix, due, out, epoch)) return;
 
   // 3. Our tokens t = blockIdx.x, + gridDim.x, ...: threads < K find the pair's destination row;
   // every thread writes its chunks to each of them, thread k the token and weight after pair k's body.
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_regs_kernel(DispatchSe
       const int64_t q = int64_t(t) * g.K + threadIdx.x;
       const int e = rt.pe[q];
       tail->dst[threadIdx.x] =
-          e >= 0 ? P.p.peer_shared[e / g.L] + g.off_rows + (int64_t(me) * g.P + rt.slot_of(t, e)) * g.row : nullptr;
+          e >= 0 ? block_dest_row(P, e / g.L, rt.slot_of(t, e)) : nullptr;
       tail->w[threadIdx.x] = P.weights[q];
     }
     ch.convert(P);
@@ -98,7 +98,7 @@ int regs_staging_kind(const DispatchSendParams& p) {
   const Geometry& g = p.g;
   if (!aligned16_host(p.x) || g.row % 16 != 0 || g.off_rows % 16 != 0) return -1;
   for (int d = 0; d < g.N; ++d)
-    if (!aligned16_host(p.p.peer_shared[d])) return -1;
+    if (!aligned16_host(p.p.remote.mask >> (d & 63) & 1 ? p.p.remote.d_send : p.p.peer_shared[d])) return -1;
   if (block_routing_smem_bytes_regs(g) > kBlockRoutingSmem) return -1;
   return regs_chunk_kind(g, p.x_kind, p.x_scale != nullptr);
 }
