@@ -27,35 +27,63 @@ __device__ __forceinline__ const uint64_t* proxy_flag(const SlotPtrs& p, const u
   return reinterpret_cast<const uint64_t*>(reinterpret_cast<const char*>(p.remote.in) + off);
 }
 
-// Thread 0 of the calling block waits until *flag >= want, a flag the proxy raises (read through
-// proxy_flag); true when it came. It first raises waiting[op] = want (the proxy's timeout for the step runs from then). The
-// proxy names the missing ranks when peers do not arrive; this wait gives up a little later
-// (timeout * 1.5 + 2 s) or as soon as the proxy recorded a failure: then it records the
-// ErrorRecord (op, slot, the proxy's missing ranks), marks the slot failed like wait_flags and
-// every thread of the block gets false. Call from every thread of the block.
-// With `report` false (every block of the kernel waits; block 0 reports) this block neither raises
-// waiting[op] nor prints; a failure is recorded and marked by every block that sees it.
+// The slot's GPU-memory copy of proxy flag `flag` (a proxy-written field of *p.remote.ctrl:
+// d_send_ok, d_landed, c_send_ok or c_landed): Epochs::proxy_seen.
+__device__ __forceinline__ uint64_t* proxy_seen(const SlotPtrs& p, const Geometry& g, const uint64_t* flag) {
+  return &epochs_of(g, p.priv)->proxy_seen[flag - &p.remote.ctrl->d_send_ok];
+}
+
+// Thread 0 of the calling block waits until *flag >= want, a flag the proxy raises; true when it
+// came. Only the reporting block reads the flag where the proxy writes it (host memory, through
+// proxy_flag): it first raises waiting[op] = want (the proxy's timeout for the step runs from
+// then), then polls, and on arrival copies the value into the slot's proxy_seen (GPU memory). The
+// other blocks (`report` false: every block of the kernel waits, block 0 reports) wait on that
+// copy: when each of a kernel's blocks read the host flag itself, the reads (one PCIe round trip
+// each, apparently serialised) cost about 1 us per block, some 140 us per kernel on an H200
+// (2026-12-03, docs/benchmarks.md). The reporting block gives up a little after the proxy's own
+// timeout (timeout * 1.5 + 2 s) or as soon as the proxy recorded a failure: then it records the
+// ErrorRecord (op, slot, the proxy's missing ranks), marks the slot failed like wait_flags, prints,
+// and every thread of the block gets false; the other blocks give up when the slot is marked
+// failed, or after the same time. Call from every thread of the block; block 0 must call it
+// (with `report`) whenever another block does.
 __device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, const uint64_t* flag, uint64_t want,
                                   bool report = true) {
   __shared__ int failed;
   if (threadIdx.x == 0) {
     failed = 0;
-    if (report) ptx::st_release_sys(&p.remote.ctrl->waiting[op], want);
     const uint64_t start = ptx::globaltimer();
     const uint64_t limit = static_cast<uint64_t>(p.timeout_ns) * 3 / 2 + 2000000000ull;
-    const uint64_t* in = proxy_flag(p, flag);
-    while (ptx::ld_acquire_sys(in) < want) {
-      if (ptx::ld_acquire_sys_s32(&p.remote.error->code) != 0) {
-        failed = 1;
-        break;
+    uint64_t* seen = proxy_seen(p, g, flag);
+    if (report) {
+      ptx::st_release_sys(&p.remote.ctrl->waiting[op], want);
+      const uint64_t* in = proxy_flag(p, flag);
+      uint64_t v;
+      while ((v = ptx::ld_acquire_sys(in)) < want) {
+        if (ptx::ld_acquire_sys_s32(&p.remote.error->code) != 0) {
+          failed = 1;
+          break;
+        }
+        if (ptx::globaltimer() - start > limit) {
+          failed = 2;
+          break;
+        }
+        __nanosleep(128);
       }
-      if (ptx::globaltimer() - start > limit) {
-        failed = 2;
-        break;
+      if (!failed) ptx::st_release_sys(seen, v);  // sys: the rows behind it may be host memory
+    } else {
+      while (ptx::ld_acquire_sys(seen) < want) {
+        if (slot_failed(g, p)) {
+          failed = 3;  // the reporting block recorded why
+          break;
+        }
+        if (ptx::globaltimer() - start > limit) {
+          failed = 2;
+          break;
+        }
+        __nanosleep(64);
       }
-      __nanosleep(128);
     }
-    if (failed) {
+    if (failed == 1 || failed == 2) {
       record_timeout(p, op, failed == 1 ? *reinterpret_cast<const volatile uint64_t*>(&p.remote.error->missing) : 0);
       mark_failed(g, p);
       if (report)

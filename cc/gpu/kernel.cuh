@@ -27,6 +27,6 @@ __device__ __forceinline__ uint64_t call_epoch(const CombineRecvParams& P, const
 #define A2A_KERNEL_START(P)                                                                      \
   const ::a2a::cuda::Geometry& g = (P).g;                                                        \
   const ::a2a::cuda::GridIdx ix;                                                                 \
-  const int me = (P).p.rank;                                                                     \
+  [[maybe_unused]] const int me = (P).p.rank;                                                    \
   [[maybe_unused]] ::a2a::cuda::Epochs* const ep = ::a2a::cuda::epochs_of(g, (P).p.priv);        \
   const uint64_t epoch = ::a2a::cuda::call_epoch((P), ep)

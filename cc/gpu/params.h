@@ -44,6 +44,10 @@ struct Epochs {  // device-side counters so that kernels need no per-call host p
   // A clear bit (every bit, without a mask) means it owes the call's epoch. Written by the send
   // half's last block (gpu/mask.cuh owe_free).
   uint64_t d_lagging, c_lagging;
+  // The cuda inter-node path: the proxy's four flags of this slot (d_send_ok, d_landed, c_send_ok,
+  // c_landed) as block 0 of a kernel last saw them in host memory (cuda/remote.cuh wait_proxy):
+  // the other blocks wait on this copy in GPU memory instead of each reading host memory.
+  uint64_t proxy_seen[4];
 };
 
 // ErrorRecord::code values besides 0 (none): a peer that did not arrive in time, and (nvshmem)
