@@ -36,7 +36,9 @@ __device__ __forceinline__ uint64_t* proxy_seen(const SlotPtrs& p, const Geometr
 // Thread 0 of the calling block waits until *flag >= want, a flag the proxy raises; true when it
 // came. Only the reporting block reads the flag where the proxy writes it (host memory, through
 // proxy_flag): it first raises waiting[op] = want (the proxy's timeout for the step runs from
-// then), then polls, and on arrival copies the value into the slot's proxy_seen (GPU memory). The
+// then), then polls, runs `gather` (every thread of the block: a copy of what the other blocks
+// will read from host memory into GPU memory), and then copies the flag's value into the slot's
+// proxy_seen (GPU memory). The
 // other blocks (`report` false: every block of the kernel waits, block 0 reports) wait on that
 // copy: when each of a kernel's blocks read the host flag itself, the reads (one PCIe round trip
 // each, apparently serialised) cost about 1 us per block, some 140 us per kernel on an H200
@@ -45,10 +47,16 @@ __device__ __forceinline__ uint64_t* proxy_seen(const SlotPtrs& p, const Geometr
 // ErrorRecord (op, slot, the proxy's missing ranks), marks the slot failed like wait_flags, prints,
 // and every thread of the block gets false; the other blocks give up when the slot is marked
 // failed, or after the same time. Call from every thread of the block; block 0 must call it
-// (with `report`) whenever another block does.
+// (with `report`) whenever another block does (it is dispatched first, so the other blocks'
+// spinning never keeps it off the GPU).
+struct NoGather {
+  __device__ void operator()() const {}
+};
+template <typename Gather = NoGather>
 __device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, const uint64_t* flag, uint64_t want,
-                                  bool report = true) {
+                                  bool report = true, Gather gather = {}) {
   __shared__ int failed;
+  __shared__ uint64_t got;
   if (threadIdx.x == 0) {
     failed = 0;
     const uint64_t start = ptx::globaltimer();
@@ -69,7 +77,7 @@ __device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, 
         }
         __nanosleep(128);
       }
-      if (!failed) ptx::st_release_sys(seen, v);  // sys: the rows behind it may be host memory
+      got = v;
     } else {
       while (ptx::ld_acquire_sys(seen) < want) {
         if (slot_failed(g, p)) {
@@ -93,7 +101,12 @@ __device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, 
   }
   __syncthreads();
   const bool ok = failed == 0;
-  __syncthreads();  // every thread read it before a later wait resets it
+  if (report && ok) {  // what the other blocks need from host memory, then the flag's copy for them
+    gather();
+    __syncthreads();
+    if (threadIdx.x == 0) ptx::st_release_sys(proxy_seen(p, g, flag), got);  // sys: rows may be host memory
+  }
+  __syncthreads();  // every thread read `failed` before a later wait resets it
   return ok;
 }
 
@@ -101,18 +114,19 @@ __device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, 
 // per-rank target such as a send half's FreeDue), then (with remote peers) the proxy's flag; true
 // when everything arrived. Call from every thread of the block; `report` as in wait_flags_each
 // (block 0 when every block waits).
-template <typename FlagFn, typename WantFn>
+template <typename FlagFn, typename WantFn, typename Gather = NoGather>
 __device__ bool wait_peers_due(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want,
                                const uint64_t* proxy_flag, uint64_t proxy_want, bool report = true,
-                               uint64_t skip = 0) {
+                               uint64_t skip = 0, Gather gather = {}) {
   if (!wait_flags_due(p, g, op, flag, want, report, skip)) return false;
-  return !any(p) || wait_proxy(p, g, op, proxy_flag, proxy_want, report);
+  return !any(p) || wait_proxy(p, g, op, proxy_flag, proxy_want, report, gather);
 }
 // The same with one target for every node-local rank.
-template <typename FlagFn>
+template <typename FlagFn, typename Gather = NoGather>
 __device__ bool wait_peers(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want,
-                           const uint64_t* proxy_flag, uint64_t proxy_want, bool report = true, uint64_t skip = 0) {
-  return wait_peers_due(p, g, op, flag, [want](int) { return want; }, proxy_flag, proxy_want, report, skip);
+                           const uint64_t* proxy_flag, uint64_t proxy_want, bool report = true, uint64_t skip = 0,
+                           Gather gather = {}) {
+  return wait_peers_due(p, g, op, flag, [want](int) { return want; }, proxy_flag, proxy_want, report, skip, gather);
 }
 
 // The entry wait of a receive half (every block, every thread): one look at the node-local flags
@@ -121,13 +135,15 @@ __device__ bool wait_peers(const SlotPtrs& p, const Geometry& g, int op, FlagFn 
 // a peer never arrived (recorded). In the common case of a receive launched after its data landed
 // this is one round of loads and one barrier instead of wait_flags_each's three barriers behind
 // the failure word's load.
-template <typename FlagFn>
+// With remote peers, block 0 runs `gather` (every thread) once the proxy's flag came, before the
+// other blocks may go on (wait_proxy).
+template <typename FlagFn, typename Gather = NoGather>
 __device__ __forceinline__ bool arrived(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want,
-                                        const uint64_t* proxy_flag, uint64_t skip) {
+                                        const uint64_t* proxy_flag, uint64_t skip, Gather gather = {}) {
   const bool failed = slot_failed(g, p);  // issued beside the flag loads, not before them
   const bool now = !any(p) && flag_set_now(g, flag, want, skip);
   if (__syncthreads_and(now && !failed)) return true;
-  return !slot_failed(g, p) && wait_peers(p, g, op, flag, want, proxy_flag, want, blockIdx.x == 0, skip);
+  return !slot_failed(g, p) && wait_peers(p, g, op, flag, want, proxy_flag, want, blockIdx.x == 0, skip, gather);
 }
 
 // Makes this thread's earlier stores to mapped memory visible system-wide, then (thread 0 of the
@@ -151,25 +167,34 @@ __device__ inline void publish_counts(const SlotPtrs& p, const Geometry& g, cons
   raise_for_proxy(&p.remote.ctrl->d_counts, epoch + 1);
 }
 
-// dispatch_recv, after d_landed: rows remote source s sends us for local expert l (its count
-// matrix in counts_recv, row `me`).
-__device__ __forceinline__ int32_t remote_count(const SlotPtrs& p, const Geometry& g, int s, int l) {
+// dispatch_recv's gather (block 0, every thread, after d_landed): what this dispatch's remote
+// sources left in host memory, once, into GPU memory, so that no block reads host memory per
+// count or row. Into `counts` (our node-local counts records [N src][L + 1], where only
+// node-local sources write): for remote source s, record l < L = the rows it sends us for local
+// expert l (its count matrix in counts_recv [N src][N][L], row `me`), record L = its combine
+// offset for us (the proxy's snapshot of this dispatch, Exchange::combine_offsets; our
+// combine_send writes its rows itself into the members of s's tp group that are node-local to
+// us, the proxy offsets the rest). Into Epochs::over_base: where s's overflow rows start in our
+// overflow region.
+__device__ inline void gather_landing(const SlotPtrs& p, const Geometry& g, int32_t* counts, Epochs* ep) {
+  const int cs = counts_stride(g);
   const volatile int32_t* m = p.remote.counts_recv;
-  return m[(int64_t(s) * g.N + p.rank) * g.L + l];
+  for (int i = threadIdx.x; i < g.N * cs; i += blockDim.x) {
+    const int s = i / cs, l = i % cs;
+    if (!is_remote(p, s)) continue;
+    counts[i] = l < g.L ? m[(int64_t(s) * g.N + p.rank) * g.L + l]
+                        : *reinterpret_cast<const volatile int32_t*>(&p.remote.in->c_off[s]);
+  }
+  for (int s = threadIdx.x; s < g.N; s += blockDim.x)
+    if (is_remote(p, s)) ep->over_base[s] = *reinterpret_cast<const volatile int64_t*>(&p.remote.in->over_base[s]);
 }
 
-// dispatch_recv, after d_landed: remote source s's combine offset for us (the proxy's snapshot
-// of this dispatch, Exchange::combine_offsets). Our combine_send writes its rows itself into the
-// members of s's tp group that are node-local to us (the proxy offsets the rest).
-__device__ __forceinline__ int32_t remote_c_off(const SlotPtrs& p, int s) {
-  return *reinterpret_cast<const volatile int32_t*>(&p.remote.in->c_off[s]);
-}
-
-// Row j that remote source s sent us (private region, or overflow at the proxy's base for s).
-__device__ __forceinline__ const uint8_t* landed_row(const SlotPtrs& p, const Geometry& g, int s, int64_t j) {
+// Row j that remote source s sent us (private region, or overflow at the proxy's base for s, as
+// gather_landing left it in the slot's Epochs).
+__device__ __forceinline__ const uint8_t* landed_row(const SlotPtrs& p, const Geometry& g, const Epochs* ep, int s,
+                                                     int64_t j) {
   if (j < p.remote.priv) return p.remote.d_recv + (int64_t(s) * p.remote.priv + j) * g.row;
-  const int64_t base = *reinterpret_cast<const volatile int64_t*>(&p.remote.in->over_base[s]);
-  return p.remote.d_recv + p.remote.over_off + (base + j - p.remote.priv) * g.row;
+  return p.remote.d_recv + p.remote.over_off + (ep->over_base[s] + j - p.remote.priv) * g.row;
 }
 
 // Does the tp group of source s hold a rank on another node (then its rows go to c_send too)?

@@ -48,6 +48,9 @@ struct Epochs {  // device-side counters so that kernels need no per-call host p
   // c_landed) as block 0 of a kernel last saw them in host memory (cuda/remote.cuh wait_proxy):
   // the other blocks wait on this copy in GPU memory instead of each reading host memory.
   uint64_t proxy_seen[4];
+  // ... and, with d_landed, each remote source's overflow base (SlotCtrl::over_base), gathered by
+  // dispatch_recv's block 0 with the remote count records (cuda/remote.cuh gather_landing).
+  int64_t over_base[kMaxRanks];
 };
 
 // ErrorRecord::code values besides 0 (none): a peer that did not arrive in time, and (nvshmem)

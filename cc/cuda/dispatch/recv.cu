@@ -18,30 +18,22 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
   extern __shared__ int32_t smem[];
   A2A_KERNEL_START(P);
   SyncFlags* mine = flags_of(P.p, me);
-  const int32_t* counts = reinterpret_cast<const int32_t*>(P.p.peer_shared[me] + g.off_counts);  // [N src][L + 1]
+  // [N src][L + 1]: node-local sources write theirs; block 0 gathers the remote ones' (remote.cuh)
+  int32_t* counts = reinterpret_cast<int32_t*>(P.p.peer_shared[me] + g.off_counts);
   const int cs = counts_stride(g);
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: sent us nothing; their counts are stale
 
   if (!remote::arrived(P.p, g, 1, [&](int r) { return &mine->d_arrived[r]; }, epoch + 1, &P.p.remote.ctrl->d_landed,
-                       out)) {
+                       out, [&] { remote::gather_landing(P.p, g, counts, ep); })) {
     abandon_dispatch_recv(P, ix);  // an op of this slot failed: the host raises it
     return;
   }
-  const BlockArrangement a = block_arrange(
-      g,
-      [&](int s, int l) {
-        return left_out(out, s)          ? 0
-               : remote::is_remote(P.p, s) ? remote::remote_count(P.p, g, s, l)
-                                           : reinterpret_cast<const volatile int32_t*>(counts)[s * cs + l];
-      },
-      smem);
-  write_recv_outputs(P, a, ix, [&](int s) {
-    return left_out(out, s)              ? 0
-           : remote::is_remote(P.p, s) ? remote::remote_c_off(P.p, s)
-                                       : reinterpret_cast<const volatile int32_t*>(counts)[s * cs + g.L];
-  });
+  const volatile int32_t* vc = counts;
+  const BlockArrangement a =
+      block_arrange(g, [&](int s, int l) { return left_out(out, s) ? 0 : vc[s * cs + l]; }, smem);
+  write_recv_outputs(P, a, ix, [&](int s) { return left_out(out, s) ? 0 : vc[s * cs + g.L]; });
   copy_received_rows(P, a, ix, [&](int s, int32_t j) {
-    return remote::is_remote(P.p, s) ? remote::landed_row(P.p, g, s, j)
+    return remote::is_remote(P.p, s) ? remote::landed_row(P.p, g, ep, s, j)
                                      : P.p.peer_shared[me] + g.off_rows + (int64_t(s) * g.P + j) * g.row;
   }, [&](int, int32_t, const uint8_t* row, int32_t* tok, float* wt) { row_trailer(g, row, tok, wt); });
   if (last_block_done(&ep->done[1])) {  // sources may reuse their rows now
