@@ -111,7 +111,8 @@ def _cuda_bytes(spec, n):
     off_rows = _pad(5 * 64 * 8) + _pad(n * (l_count + 1) * 4)  # SyncFlags: five [64] uint64 flag arrays
     shared = _pad(off_rows + n * p * row + spec.tp_size * q * spec.hidden * spec.combine_dtype.itemsize)
     scratch = 4 * (2 * t * spec.experts_per_token + 2 * spec.tp_size * spec.num_experts + spec.tp_size * n)
-    private = _pad(t * row + _pad(scratch) + 64 + 2 * 8 * n)  # Epochs: 64 bytes; owed FREE values [2][N] uint64
+    # Epochs: 64 bytes of counters, proxy_seen [4] uint64, over_base [64] int64; owed FREE values [2][N] uint64
+    private = _pad(t * row + _pad(scratch) + 64 + 4 * 8 + 64 * 8 + 2 * 8 * n)
     return spec.slots * (shared + private)
 
 
@@ -188,7 +189,7 @@ def test_ep8_decode_buffers():
     cfg = Config.build(spec, 8, "cuda")
     regions = CudaBackend().buffer_regions(cfg)
     total = CudaBackend().buffer_bytes(cfg)
-    assert total == sum(regions.values()) == _cuda_bytes(spec, 8) == 152_657_408
+    assert total == sum(regions.values()) == _cuda_bytes(spec, 8) == 152_658_496
     assert regions["shared_combine_rows"] == 2 * 1024 * 7168 * 2     # [tp][Q][H] bf16, per slot
     assert regions["shared_dispatch_rows"] == 2 * 8 * 1024 * 7408     # [N src][P][row], fp8 rows + scales
     assert total / 2**20 < 146 <= 256
