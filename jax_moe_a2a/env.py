@@ -86,8 +86,8 @@ VARS = (
         "of the EP group on the stream before each timed launch (pplx-kernels' benchmark method), `nosync` none",
         _NATIVE),
     Var("DISPATCH_SEND", "auto|grid|block", "auto", "cc/cuda/dispatch/send.cu (once per process)",
-        "cuda backend: dispatch_send kernel; `auto` takes the block-routed one where it applies (every peer "
-        "node-local, tp_size 1, K <= 16, routing tables within 48 KiB of shared memory), the token staged in "
+        "cuda backend: dispatch_send kernel; `auto` takes the block-routed one where it applies (tp_size 1, "
+        "K <= 16, routing tables within 48 KiB of shared memory; peers on other nodes too), the token staged in "
         "registers where its dtypes, sizes and alignment allow, else in shared memory; `block` forces the "
         "shared-memory staging, `grid` the grid-routed kernel",
         _NATIVE),
