@@ -69,8 +69,8 @@ __device__ inline void close_block_send(const DispatchSendParams& P, const Block
   if (remote::any(P.p)) __threadfence_system();  // our rows in d_send, before the proxy's flag
   if (last_block_done(&ep->done[0])) {
     owe_free(g, P.p, 0, due, out);
-    remote::close_send(P.p, g, &P.p.remote.ctrl->d_packed, [&](int r) { return &flags_of(P.p, r)->d_arrived[me]; }, &ep->d_send, epoch,
-                       P.handle, out);
+    remote::close_send(P.p, g, &P.p.remote.ctrl->d_packed, [&](int r) { return &flags_of(P.p, r)->d_arrived[me]; },
+                       &ep->d_send, epoch, P.handle, out);
   }
 }
 
