@@ -8,9 +8,10 @@ as one jitted call from Python to block_until_ready with a barrier (the jax.dist
 store) before it: p50/p99 over iterations, max over processes. With JAX_MOE_A2A_KERNEL_TIMING=1
 (and XLA command buffers off) the cuda and nvshmem backends also report CUDA-event times of each
 half's kernel alone, each launch behind a GPU-side barrier of the EP group as in pplx-kernels'
-benchmark (`nosync`: without it). --anchor-json DIR adds pplx-kernels' times at the same shape (DIR/pplx_N.json
-of the anchor kit, N = the number of processes: intra-sync kernels next to cuda, inter next to
-nvshmem) with ours/pplx ratios. Writes halves.json (and halves.png unless --no-plot) into --out.
+benchmark (`nosync`: without it). --turns adds (turns) rows: the same kernel times with the
+processes taking turns, one kernel on the GPU at a time (time_turns). --anchor-json DIR adds
+pplx-kernels' times at the same shape (DIR/pplx_N.json of the anchor kit, N = the number of
+processes: intra-sync kernels next to cuda, inter next to nvshmem) with ours/pplx ratios. Writes halves.json (and halves.png unless --no-plot) into --out.
 `python benchmarks/halves.py --report A/halves.json B/halves.json` prints several runs as one table.
 """
 
