@@ -581,6 +581,41 @@ def test_connect_single_process():
         np.testing.assert_array_equal(buf[16:24], np.arange(4, 12, dtype=np.uint8))
 
 
+def test_shm_engine_starts_beside_stale_regions_of_its_pid():
+    """A process killed without cleanup leaves its shm regions in /dev/shm, named (libfabric's
+    default) after its pid, uid and endpoint count; a later process given the same pid must still
+    get an engine, and its own region must go when it closes. Before the engine named its shm
+    endpoints itself, libfabric 1.17 mapped such a stale file and faulted (or refused: EBUSY). In a
+    child process, which fakes stale regions under its own pid."""
+    import os
+    import subprocess
+    import sys
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    code = (
+        "import os\n"
+        "from jax_moe_a2a import transfer\n"
+        "stale = [f'/dev/shm/{os.getpid()}:{os.getuid()}:{i}' for i in range(8)]\n"
+        "before = set(os.listdir('/dev/shm'))\n"
+        "try:\n"
+        "    for n in stale:\n"
+        "        with open(n, 'wb') as f:\n"
+        "            f.truncate(1 << 20)\n"
+        "    e = [transfer.FabricEngine('shm', 2, r, 2, '') for r in range(2)]\n"
+        "    for x in e:\n"
+        "        x.add_peers([(r, e[r].address()) for r in range(2)])\n"
+        "    for x in e:\n"
+        "        x.close()\n"
+        "    left = set(os.listdir('/dev/shm')) - before - {os.path.basename(n) for n in stale}\n"
+        "    print('LEFT', sorted(left))\n"
+        "finally:\n"
+        "    for n in stale:\n"
+        "        os.unlink(n)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "LEFT []" in out.stdout, out.stdout
+
+
 def test_hmem_engine_registers_device_memory_or_says_why():
     """hmem=True: a provider without FI_HMEM refuses to open with an error naming FI_HMEM. One with
     it opens, but FI_HMEM alone does not promise CUDA (Debian's libfabric offers it for host memory

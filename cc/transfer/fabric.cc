@@ -12,6 +12,9 @@
 #include <set>
 #include <sstream>
 
+#include <unistd.h>
+
+#include "transfer/address.h"
 #include "transfer/errors.h"
 
 namespace a2a::transfer {
@@ -153,6 +156,17 @@ Domain::Domain(const fi_info* info, int index, size_t rx_cq_size)
              ("fi_endpoint for " + where).c_str());
     fi_check(fi_ep_bind(ep_, &av_->fid, 0), ("fi_ep_bind(av) for " + where).c_str());
     fi_check(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), ("fi_ep_bind(cq) for " + where).c_str());
+    if (provider_ == "shm") {
+      // shm names its shared-memory region after the process id and a per-process endpoint
+      // count unless told otherwise, and a region left in /dev/shm by a process that was killed
+      // (no cleanup) then collides with a later process given the same pid: fi_enable fails
+      // (EBUSY), or libfabric 1.17 maps the stale file and faults. A name with a random part
+      // never collides.
+      const std::string name = format("jax_moe_a2a-%d-%016llx-%d", int(getpid()),
+                                      (unsigned long long)new_instance_id(), index);
+      fi_check(fi_setname(&ep_->fid, const_cast<char*>(name.c_str()), name.size() + 1),
+               ("fi_setname for " + where).c_str());
+    }
     fi_check(fi_enable(ep_), ("fi_enable for " + where).c_str());
 
     size_t len = 0;
