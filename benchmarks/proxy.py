@@ -314,7 +314,7 @@ def run_mode(jax, spec, mesh, args, clock, mode):
         rec["proxy"]["row_copies_us"] = float(np.max(timing.max_over_processes([max(copy_us)], "proxy row copies")))
         rec["proxy"]["row_copies_mb"] = float(np.max(timing.max_over_processes([max(copy_mb)], "proxy row copy MB")))
         rec["samples"] = part_samples(calls, args.iters)
-        rec["kernel_turns_why_none"] = turns_refused(args, comm, rec)
+        rec["kernel_turns_why_none"] = turns_refused(args, rec)
         if rec["kernel_turns_why_none"] is None:
             glob, fns = jitted_halves(jax, comm, *bench_inputs(comm, argparse.Namespace(seed=args.seed, x_dtype="f32")))
             rec["kernel_turns"] = time_turns(jax, comm, glob, fns, args.iters, args.warmup, LandedWaiter(comm))
@@ -323,7 +323,7 @@ def run_mode(jax, spec, mesh, args, clock, mode):
     return rec
 
 
-def turns_refused(args, comm, rec):
+def turns_refused(args, rec):
     """Why the kernels-alone loop does not run for this mode (None: it runs)."""
     if args.no_turns:
         return "--no-turns"
