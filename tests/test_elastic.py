@@ -12,6 +12,8 @@ On GPUs: cuda with N processes sharing a GPU or one process over several; nvshme
 GPU under mpirun (`JAX_MOE_A2A_TEST_BACKENDS=nvshmem mpirun -n 2 ... -m mpi test_elastic.py`).
 """
 
+import contextlib
+import glob
 import os
 import shutil
 import signal
@@ -459,6 +461,21 @@ def test_host_proxied_refuses_a_mask(num_ranks, mesh):
 
 # ---- a process ends for real --------------------------------------------------------------------
 
+def _engine_shm_regions():
+    """The shm regions our engines name (cc/transfer/fabric.cc: jax_moe_a2a-<pid>-<random>-<domain>)."""
+    return set(glob.glob("/dev/shm/jax_moe_a2a-*"))
+
+
+def _remove_dead_workers_regions(before):
+    """The workers end with os._exit (no engine close), so their shm regions stay in /dev/shm:
+    remove the ones this run created whose process is gone (16 MiB each, piling up otherwise)."""
+    for path in _engine_shm_regions() - before:
+        pid = os.path.basename(path).split("-")[1]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
 def _run_workers(worker_name, provider, tmp_path, limit, backend="host"):
     """mpirun -n 3 of tests/<worker_name> in a session of its own; its output (killed, with the
     whole session, past `limit` s). backend "cuda": the three processes share GPU 0."""
@@ -484,6 +501,7 @@ def _run_workers(worker_name, provider, tmp_path, limit, backend="host"):
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), worker_name)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "3",
            sys.executable, worker]
+    shm_before = _engine_shm_regions()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -492,6 +510,8 @@ def _run_workers(worker_name, provider, tmp_path, limit, backend="host"):
         os.killpg(proc.pid, signal.SIGKILL)  # the session this test started: mpirun and its workers
         out, _ = proc.communicate()
         pytest.fail(f"the elastic run did not finish within {limit} s:\n{out[-6000:]}")
+    finally:
+        _remove_dead_workers_regions(shm_before)
     assert proc.returncode == 0, f"mpirun exited with {proc.returncode}:\n{out[-6000:]}"
     assert "ELASTIC_FAIL" not in out, out[-6000:]
     return out
