@@ -8,7 +8,8 @@ here through the host backend's proxied mode with JAX_MOE_A2A_HOST_STAGED=1: the
 unpacks in buffers of its own, and a memcpy stand-in (cc/host/staged_rows.h) makes each copy on the
 first poll after its start, which still reports it pending. A range the proxy forgets or cuts short
 leaves zero or stale rows (the registered buffers and ours start out apart and are never shared),
-which the oracle catches; a copy outside a buffer is an error.
+which the oracle catches. (A range outside its buffer throws in proxy::check_ranges; no test
+reaches that, the Exchange's ranges being in bounds by construction.)
 
     pytest tests/test_staging.py
     mpirun -n 2 python -m pytest -m mpi tests/test_staging.py

@@ -206,7 +206,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
     setup_flags(dev);
     const bool registered_on_gpu = row_path_ == RowPath::kDevice;
     auto rows = [&](int64_t bytes) { return registered_on_gpu ? device(bytes) : pinned(bytes); };
-    std::vector<RowCopies::Slot> copies;
+    std::vector<proxy::StagedSlot> copies;
     for (int z = 0; z < xo.slots; ++z) {
       protocol::SlotBuffers b{};
       b.counts_send = pinned(lay.counts_send_bytes);
@@ -218,16 +218,13 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
       b.rows_memory = registered_on_gpu ? transfer::MemoryKind::kCuda : transfer::MemoryKind::kHost;
       b.device = dev;
       bufs_.push_back(b);
-      RowCopies::Slot c{};
-      c.host = {b.d_send, b.d_recv, b.c_send, b.c_recv};  // proxy::RowBuffer order
-      c.bytes = {lay.d_send_bytes, lay.d_recv_bytes, lay.c_send_bytes, lay.c_recv_bytes};
-      c.gpu = c.host;
+      proxy::StagedSlot c = proxy::staged_slot(b, lay);
       if (row_path_ == RowPath::kCopy)  // the kernels' own rows in GPU memory
-        for (int i = 0; i < proxy::kRowBuffers; ++i) c.gpu[i] = device(c.bytes[i]);
+        for (int i = 0; i < proxy::kRowBuffers; ++i) c.packer[i] = device(c.bytes[i]);
       copies.push_back(c);
     }
     if (row_path_ != RowPath::kHost) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the zeroing is done
-    for (const RowCopies::Slot& c : copies) kernel_rows_.push_back(c.gpu);
+    for (const proxy::StagedSlot& c : copies) kernel_rows_.push_back(c.packer);
     if (row_path_ == RowPath::kCopy) copies_ = std::make_unique<RowCopies>(dev, std::move(copies));
     ex_ = std::make_unique<protocol::Exchange>(xo, rank, engine_, bufs_);
   } catch (...) {

@@ -1,8 +1,5 @@
 #include "cuda/row_copies.h"
 
-#include <stdexcept>
-#include <string>
-
 #include "gpu/check.h"
 
 namespace a2a::cuda {
@@ -10,11 +7,6 @@ namespace a2a::cuda {
 namespace {
 
 void check(cudaError_t rc, const char* what) { check_cuda(rc, "jax_moe_a2a cuda (inter-node row copies)", what); }
-
-const char* buffer_name(proxy::RowBuffer b) {
-  static const char* names[] = {"dispatch send", "dispatch recv", "combine send", "combine recv"};
-  return names[static_cast<int>(b)];
-}
 
 }  // namespace
 
@@ -80,13 +72,10 @@ void RowCopies::start(int z, proxy::RowBuffer b, const std::vector<protocol::Byt
   const Slot& s = slots_.at(z);
   const bool out = proxy::to_registered(b);
   cudaStream_t stream = out ? to_host_ : to_gpu_;
+  proxy::check_ranges(s, b, ranges, "jax_moe_a2a cuda");
   for (const protocol::ByteRange& r : ranges) {
-    if (r.off < 0 || r.len < 0 || r.off + r.len > s.bytes[i])
-      throw std::logic_error("jax_moe_a2a cuda: row copy of " + std::string(buffer_name(b)) + " bytes [" +
-                             std::to_string(r.off) + ", +" + std::to_string(r.len) + ") outside its " +
-                             std::to_string(s.bytes[i]) + " bytes");
-    uint8_t* gpu = s.gpu[i] + r.off;
-    uint8_t* host = s.host[i] + r.off;
+    uint8_t* gpu = s.packer[i] + r.off;
+    uint8_t* host = s.registered[i] + r.off;
     check(out ? cudaMemcpyAsync(host, gpu, r.len, cudaMemcpyDeviceToHost, stream)
               : cudaMemcpyAsync(gpu, host, r.len, cudaMemcpyHostToDevice, stream),
           "cudaMemcpyAsync");

@@ -18,11 +18,8 @@ namespace a2a::cuda {
 
 class RowCopies final : public proxy::RowStaging {
  public:
-  // One slot's pair of every row buffer: `gpu` (the kernels') and `host` (registered), `bytes` each.
-  struct Slot {
-    std::array<uint8_t*, proxy::kRowBuffers> gpu, host;
-    std::array<int64_t, proxy::kRowBuffers> bytes;
-  };
+  // One slot's row buffers: `packer` in GPU memory (the kernels'), `registered` pinned host memory.
+  using Slot = proxy::StagedSlot;
   RowCopies(int device, std::vector<Slot> slots);  // creates the streams and events
   ~RowCopies() override;                           // destroys them (errors ignored)
   RowCopies(const RowCopies&) = delete;

@@ -133,12 +133,9 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
   }
   const char* env_staged = std::getenv("JAX_MOE_A2A_HOST_STAGED");
   const bool staged = o.proxied && env_staged && std::string(env_staged) == "1";
-  std::vector<StagedRows::Slot> copies;
+  std::vector<proxy::StagedSlot> copies;
   for (const protocol::SlotBuffers& b : bufs) {
-    StagedRows::Slot c{};
-    c.registered = {b.d_send, b.d_recv, b.c_send, b.c_recv};  // proxy::RowBuffer order
-    c.bytes = {lay.d_send_bytes, lay.d_recv_bytes, lay.c_send_bytes, lay.c_recv_bytes};
-    c.packer = c.registered;
+    proxy::StagedSlot c = proxy::staged_slot(b, lay);
     for (int i = 0; staged && i < proxy::kRowBuffers; ++i) {
       storage_.emplace_back(c.bytes[i], 0);
       c.packer[i] = storage_.back().data();

@@ -17,10 +17,7 @@ namespace a2a::host {
 
 class StagedRows final : public proxy::RowStaging {
  public:
-  struct Slot {  // one slot's pair of every row buffer, in proxy::RowBuffer order
-    std::array<uint8_t*, proxy::kRowBuffers> packer, registered;
-    std::array<int64_t, proxy::kRowBuffers> bytes;
-  };
+  using Slot = proxy::StagedSlot;  // `packer`: the host backend's own buffers
   explicit StagedRows(std::vector<Slot> slots);
 
   void start(int z, proxy::RowBuffer b, const std::vector<protocol::ByteRange>& ranges) override;

@@ -169,9 +169,9 @@ void Proxy::copy_late(int z, const SlotState& s, RowBuffer b, int op, uint32_t e
   const int i = static_cast<int>(b);
   const double waited = std::chrono::duration<double>(Clock::now() - s.copy_since[i]).count();
   if (waited > ex_.options().timeout_s && load_acquire(&ctrl_->slot[z].waiting[op]) >= uint64_t(e) + 1) {
-    static const char* names[] = {"dispatch send", "dispatch recv", "combine send", "combine recv"};
     throw std::runtime_error(transfer::format("the row copies of the %s buffer (%llu bytes) did not finish within "
-                                              "%.1f s", names[i], (unsigned long long)s.copy_bytes[i], waited));
+                                              "%.1f s", row_buffer_name(b), (unsigned long long)s.copy_bytes[i],
+                                              waited));
   }
 }
 

@@ -7,6 +7,9 @@
 // that copies with memcpy, to test the proxy's staged steps on CPUs (host/staged_rows.h).
 #pragma once
 
+#include <array>
+#include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -19,6 +22,36 @@ namespace a2a::proxy {
 enum class RowBuffer : int { kDSend = 0, kDRecv = 1, kCSend = 2, kCRecv = 3 };
 constexpr int kRowBuffers = 4;
 inline bool to_registered(RowBuffer b) { return b == RowBuffer::kDSend || b == RowBuffer::kCSend; }
+inline const char* row_buffer_name(RowBuffer b) {
+  static const char* names[kRowBuffers] = {"dispatch send", "dispatch recv", "combine send", "combine recv"};
+  return names[static_cast<int>(b)];
+}
+
+// One slot's pair of every row buffer, in RowBuffer order: the packer's copy and the registered one
+// (protocol::SlotBuffers), `bytes` each.
+struct StagedSlot {
+  std::array<uint8_t*, kRowBuffers> packer, registered;
+  std::array<int64_t, kRowBuffers> bytes;
+};
+// The registered side and the sizes of a slot's buffers; `packer` starts as the registered
+// buffers (a packer that writes them itself), the caller points it at its own.
+inline StagedSlot staged_slot(const protocol::SlotBuffers& b, const protocol::SlotLayout& lay) {
+  StagedSlot s{};
+  s.registered = {b.d_send, b.d_recv, b.c_send, b.c_recv};
+  s.bytes = {lay.d_send_bytes, lay.d_recv_bytes, lay.c_send_bytes, lay.c_recv_bytes};
+  s.packer = s.registered;
+  return s;
+}
+// Throws std::logic_error (`who` first) when a range leaves buffer b of s.
+inline void check_ranges(const StagedSlot& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges,
+                         const char* who) {
+  const int64_t size = s.bytes[static_cast<int>(b)];
+  for (const protocol::ByteRange& r : ranges)
+    if (r.off < 0 || r.len < 0 || r.off + r.len > size)
+      throw std::logic_error(std::string(who) + ": row copy of bytes [" + std::to_string(r.off) + ", +" +
+                             std::to_string(r.len) + ") outside the " + row_buffer_name(b) + " buffer's " +
+                             std::to_string(size) + " bytes");
+}
 
 class RowStaging {
  public:
