@@ -5,22 +5,61 @@ combine is a dispatch of the output cotangent (rows scaled by their router weigh
 gradient <cotangent, expert row>, for which the forward combine also returns every pair's row.
 Only the one-shot `dispatch` / `combine` are differentiable; the split halves are for inference.
 
-The rules' closures hold the communicator through a weak proxy: the custom_vjp equation keeps
-them in the traced program, which JAX caches with the jitted function, and a strong reference
-would keep the communicator (its buffers, engines and threads) alive as long as that function.
+The rules see the communicator only through `Halves`: its four halves without checks or slot
+tracking, held weakly. The custom_vjp equation keeps the rules in the traced program, which JAX
+caches with the jitted function, and a strong reference would keep the communicator (its
+buffers, engines and threads) alive as long as that function.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import weakref
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .backends.base import like_primal, varying, vma
-from .types import Dispatched, Route
+from .axes import like_primal, varying, vma
+from .spec import Spec
+from .types import Dispatched
+
+
+@dataclasses.dataclass(frozen=True)
+class Halves:
+    """A communicator's halves for the rules, without checks or slot tracking (the rules trace
+    them at times JAX picks, in traces of their own; the one-shot call is tracked in the caller's
+    trace). Each is a `weakref.WeakMethod` of the communicator's:
+      send(x, ids, w, n, slot, *, x_scale, after, mask) -> DispatchHandle
+      recv(handle, count=True) -> Dispatched (count=False: not in stats(), no debug check)
+      combine_send(y, got, slot, after=None) -> CombineHandle
+      combine_recv(handle, out, pairs=False) -> [T, H] (and [T, K, H] f32 rows with pairs)."""
+
+    spec: Spec
+    axis: Any
+    send_ref: Callable
+    recv_ref: Callable
+    combine_send_ref: Callable
+    combine_recv_ref: Callable
+
+    @staticmethod
+    def _live(ref):
+        fn = ref()
+        if fn is None:
+            raise RuntimeError("jax_moe_a2a: the communicator of this step was closed and collected")
+        return fn
+
+    def send(self, *a, **kw):
+        return self._live(self.send_ref)(*a, **kw)
+
+    def recv(self, *a, **kw):
+        return self._live(self.recv_ref)(*a, **kw)
+
+    def combine_send(self, *a, **kw):
+        return self._live(self.combine_send_ref)(*a, **kw)
+
+    def combine_recv(self, *a, **kw):
+        return self._live(self.combine_recv_ref)(*a, **kw)
 
 
 def _zero_cotangent(tree, axis):
@@ -29,11 +68,6 @@ def _zero_cotangent(tree, axis):
             return varying(jnp.zeros(a.shape, a.dtype), tuple(vma(a)) or axis)
         return np.zeros(a.shape, jax.dtypes.float0)
     return jax.tree.map(z, tree)
-
-
-def _weak(comm):
-    """`comm` for closures that traced programs keep (see the module's docstring)."""
-    return comm if isinstance(comm, weakref.ProxyType) else weakref.proxy(comm)
 
 
 def _axes_of(a, comm):
@@ -48,16 +82,14 @@ def _fp8_error():
         "(fp8 rows have no useful cotangent); use bf16 dispatch for training")
 
 
-def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot, rank_mask=None):
+def dispatch(comm: Halves, x, topk_ids, topk_weights, num_tokens, slot, rank_mask=None):
     """Differentiable one-shot dispatch (w.r.t. x and topk_weights). Shapes as Communicator.dispatch.
     rank_mask: int32 [N] or None (the combines of the backward take it from the route)."""
-    comm = _weak(comm)
     spec = comm.spec
     x_axes, w_axes = _axes_of(x, comm), _axes_of(topk_weights, comm)  # the cotangents' types
 
     def raw(x, ids, w, n, mask):
-        with comm._slots.suppressed():  # the one-shot call is tracked in the caller's trace
-            return comm.dispatch_recv(comm.dispatch_send(x, ids, w, n, slot=slot, rank_mask=mask))
+        return comm.recv(comm.send(x, ids, w, n, slot, mask=mask))
 
     @jax.custom_vjp
     def f(x, ids, w, n, mask):
@@ -74,10 +106,9 @@ def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot, rank_mask=None):
         # rows past the counts carry no gradient
         valid = got.src[..., 0] >= 0
         gx = jnp.where(valid[..., None], g.x.astype(jnp.float32), 0.0)
-        unit = Route(jnp.ones_like(got.route.topk_weights), got.route.num_tokens, got.route.arrays,
-                     got.route.comm_id)
-        with comm._slots.suppressed():  # traced when JAX transposes, outside the caller's call
-            back = comm.combine_recv(comm.combine_send(gx, dataclasses.replace(got, route=unit), after=g.x))
+        unit = dataclasses.replace(got.route, topk_weights=jnp.ones_like(got.route.topk_weights))
+        gx = gx.astype(spec.combine_wire_dtype(jnp.float32))
+        back = comm.combine_recv(comm.combine_send(gx, dataclasses.replace(got, route=unit), slot, after=g.x), None)
         if spec.tp_size > 1:  # only the member that sent a token gets its gradient
             rank = jax.lax.axis_index(comm.axis)
             t = jnp.arange(spec.max_tokens_per_rank)
@@ -90,9 +121,8 @@ def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot, rank_mask=None):
     return f(x, topk_ids, topk_weights, num_tokens, rank_mask)
 
 
-def combine(comm, y, got: Dispatched, out, slot):
+def combine(comm: Halves, y, got: Dispatched, out, slot):
     """Differentiable one-shot combine (w.r.t. y, the router weights in got.route, and out)."""
-    comm = _weak(comm)
     spec = comm.spec
     has_out = out is not None
     y_axes, w_axes = _axes_of(y, comm), _axes_of(got.route.topk_weights, comm)
@@ -100,14 +130,10 @@ def combine(comm, y, got: Dispatched, out, slot):
 
     @jax.custom_vjp
     def f(y, got, out):
-        with comm._slots.suppressed():
-            h = comm.combine_send(y, got, slot=slot)
-            return comm.combine_recv(h, out=out if has_out else None)
+        return comm.combine_recv(comm.combine_send(y, got, slot), out if has_out else None)
 
     def fwd(y, got, out):
-        with comm._slots.suppressed():
-            h = comm.combine_send(y, got, slot=slot)
-            res, pairs = comm._combine_recv(h, out if has_out else None, pairs=True)
+        res, pairs = comm.combine_recv(comm.combine_send(y, got, slot), out if has_out else None, pairs=True)
         return res, (got, pairs, jnp.zeros((0,), y.dtype))
 
     def bwd(res, g):
@@ -123,10 +149,8 @@ def combine(comm, y, got: Dispatched, out, slot):
             raise _fp8_error()
         # `after=pairs`: this second dispatch on the slot must follow the forward's combine_recv
         # (its FREE signals), and nothing else in the data says so.
-        with comm._slots.suppressed():
-            got_g = comm.dispatch_recv(comm.dispatch_send(gf, r.arrays["topk_ids"], r.topk_weights, r.num_tokens,
-                                                          slot=slot, after=pairs,
-                                                          rank_mask=r.arrays.get("rank_mask")))
+        got_g = comm.recv(comm.send(gf, r.topk_ids, r.topk_weights, r.num_tokens, slot,
+                                    after=pairs, mask=r.rank_mask))
         valid = got.src[..., 0] >= 0
         rows = got_g.x.astype(jnp.float32) * got.weights[..., None]
         grad_y = jnp.where(valid[..., None], rows, 0.0).astype(y_carrier.dtype)

@@ -20,6 +20,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from ._compat import shard_map
+from .overlap import overlap as in_flight
+from .quant import dequantize_fp8, quantize_fp8_jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +86,6 @@ def _experts(spec, params, got):
     """Routed experts on the ragged layout: got.x [R, H] -> [R, H] (ragged_dot over local experts)."""
     xin = got.x
     if spec.recv_is_fp8:  # else got.x arrives dequantised (Spec.recv_dtype) or 16/32-bit
-        from .quant import dequantize_fp8
         xin = dequantize_fp8(got.x, got.scale, spec.scale_block)
     xin = xin.astype(params["w1"].dtype)
     h = _silu(jax.lax.ragged_dot(xin, params["w1"], got.group_sizes))
@@ -121,7 +122,6 @@ def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap
         if cfg.shared_ffn:
             shared = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"])
         return comm.combine(_experts(spec, params, got), got, out=shared)
-    from .overlap import overlap as in_flight
     sent = comm.dispatch_send(x, ids, w, num_tokens, expert_map=expert_map)
     if cfg.shared_ffn:   # the weights go through the barrier too: all of the work waits for the send
         sent, h = in_flight(sent, shared_up, x, params["w1s"])
@@ -176,7 +176,6 @@ def dense_moe_block(cfg: MoEConfig, spec, params: dict, x, num_tokens=None):
     n = t if num_tokens is None else jnp.asarray(num_tokens).reshape(())
     w = jnp.where((jnp.arange(t) < n)[:, None], w, 0.0)
     if spec.is_fp8:
-        from .quant import dequantize_fp8, quantize_fp8_jax
         xw = dequantize_fp8(*quantize_fp8_jax(x, spec.scale_block, spec.pow2_scale), spec.scale_block)
     else:
         xw = x.astype(spec.dispatch_dtype)

@@ -14,7 +14,7 @@ from jax_moe_a2a import testing as T
 pytestmark = pytest.mark.mpi
 
 
-from test_ops import BACKENDS, PURE_JAX  # noqa: E402  (JAX_MOE_A2A_TEST_BACKENDS or every available one)
+from conftest import BACKENDS, PURE_JAX  # noqa: E402  (JAX_MOE_A2A_TEST_BACKENDS or every available one)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

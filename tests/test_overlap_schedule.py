@@ -18,7 +18,7 @@ from jax_moe_a2a import models
 from jax_moe_a2a import testing as T
 
 import hlo_schedule as S
-from test_ops import BACKENDS
+from conftest import BACKENDS
 
 SCOPES = ("shared_expert_up", "shared_expert_down")
 

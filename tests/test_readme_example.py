@@ -16,7 +16,7 @@ import pytest
 import jax_moe_a2a as a2a
 from jax_moe_a2a import oracle
 
-from test_ops import BACKENDS
+from conftest import BACKENDS
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 MARKER = "<!-- tests/test_readme_example.py runs the next python block as printed -->"
