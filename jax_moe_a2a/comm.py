@@ -311,7 +311,7 @@ class Communicator:
         """combine_send after the checks (y in Spec.combine_wire_dtype); no slot tracking."""
         ctx = self._ctx()
         with jax.named_scope("a2a_combine_send"):
-            wire = self._backend.combine_send(ctx, y, got.route, slot, after=after)
+            wire = self._backend.combine_send(ctx, y, got.route, slot, after=after, from_slot=got.slot)
         return CombineHandle(wire, got.route, slot=slot, comm_id=self.comm_id)
 
     def combine_recv(self, handle: CombineHandle, out=None):

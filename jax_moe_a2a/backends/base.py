@@ -149,10 +149,12 @@ class Backend:
         """`wire` and `placement` as dispatch_send returned them."""
         raise NotImplementedError
 
-    def combine_send(self, ctx: Ctx, y, route, slot: int, after=None):
+    def combine_send(self, ctx: Ctx, y, route, slot: int, after=None, from_slot=None):
         """y in the layout of Dispatched.x (bf16/f16/f32); route: the dispatch's `Route` (its
         `placement` as dispatch_recv completed it, `rank_mask`). Returns the backend's in-flight
-        record (a pytree), carried in `CombineHandle.wire`."""
+        record (a pytree), carried in `CombineHandle.wire`. from_slot: the slot of the dispatch
+        whose rows these are (None: `slot`); a backend whose combine reads per-slot state of the
+        dispatch (the host and cuda proxy paths' combine offsets) reads that slot's."""
         raise NotImplementedError
 
     # True when JAX autodiff differentiates the halves directly (pure-JAX backends); otherwise the

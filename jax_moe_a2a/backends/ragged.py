@@ -166,7 +166,7 @@ class RaggedBackend(Backend):
         return Received(x, scale, sizes, weights, src, num_overflow, dataclasses.replace(placement, recv_pos=pos))
 
     # -- combine -------------------------------------------------------------------------------
-    def combine_send(self, ctx: Ctx, y, route, slot, after=None):
+    def combine_send(self, ctx: Ctx, y, route, slot, after=None, from_slot=None):
         spec = ctx.spec
         flat = y.reshape(-1, spec.hidden)
         pos = route.placement.recv_pos                                 # [N * P], packed order
