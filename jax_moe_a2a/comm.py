@@ -11,6 +11,7 @@ backends (autodiff.py) and the backends (backends/).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import weakref
@@ -38,6 +39,44 @@ from .types import CombineHandle, DispatchHandle, Dispatched, Route
 
 _COMM_IDS = itertools.count(1)
 logger = _debug.logger  # the library's logger, "jax_moe_a2a"
+_OPEN: dict = {}  # comm_id -> the weakref.finalize of each communicator not closed yet
+
+
+def _close_backend(backend, comm_id: int):
+    _OPEN.pop(comm_id, None)
+    backend.close()
+
+
+def _close_at_exit():
+    """At interpreter exit: wait for the steps still in flight, then close every communicator.
+
+    weakref.finalize's own exit hook would close a communicator while a step that uses it is still
+    running (nothing makes a script wait for a result it never reads, e.g. `print(out.shape)`):
+    its remaining halves then fail ("no host communicator") and its peers wait for them until
+    timeout_s (issue 33.1). This hook is registered when this module is imported, after JAX's
+    (atexit runs hooks last-registered first), so it runs before JAX tears its backends down:
+    every live array is waited for (a failed step's error is left to JAX's own exit hook), then
+    the communicators are closed."""
+    finalizers = [f for f in list(_OPEN.values()) if f.alive]
+    if not finalizers:
+        return
+    try:
+        arrays = jax.live_arrays()
+    except Exception:  # pragma: no cover - JAX without live_arrays, or torn down
+        arrays = []
+    for a in arrays:
+        try:
+            a.block_until_ready()
+        except Exception:  # deleted or donated arrays, a failed step: nothing left to wait for
+            pass
+    for f in finalizers:
+        try:
+            f()
+        except Exception as e:  # pragma: no cover - a backend that fails to close: say so once
+            logger.warning("jax_moe_a2a: closing a communicator at exit failed: %s", e)
+
+
+atexit.register(_close_at_exit)
 
 
 
@@ -85,8 +124,11 @@ class Communicator:
         except BaseException:
             self._backend.close()  # what a failed open created (idempotent)
             raise
-        # The backend's native state lives as long as the communicator (or until close()).
-        self._finalizer = weakref.finalize(self, self._backend.close)
+        # The backend's native state lives as long as the communicator (or until close()); at
+        # interpreter exit `_close_at_exit` closes it after the work still in flight.
+        self._finalizer = weakref.finalize(self, _close_backend, self._backend, self.comm_id)
+        self._finalizer.atexit = False
+        _OPEN[self.comm_id] = self._finalizer
         # repr(self), not self: a handler that keeps records (pytest's, a memory handler) would keep
         # the communicator alive through the record's arguments
         logger.info("jax_moe_a2a: %s (requested backend %r, options %s, debug=%s, collect_stats=%s)", repr(self),
