@@ -149,8 +149,9 @@ def combine(comm: Halves, y, got: Dispatched, out, slot):
             raise _fp8_error()
         # `after=pairs`: this second dispatch on the slot must follow the forward's combine_recv
         # (its FREE signals), and nothing else in the data says so.
+        # count=False: stats() count the dispatches the program calls, not the backward's exchanges
         got_g = comm.recv(comm.send(gf, r.topk_ids, r.topk_weights, r.num_tokens, slot,
-                                    after=pairs, mask=r.rank_mask))
+                                    after=pairs, mask=r.rank_mask), count=False)
         valid = got.src[..., 0] >= 0
         rows = got_g.x.astype(jnp.float32) * got.weights[..., None]
         grad_y = jnp.where(valid[..., None], rows, 0.0).astype(y_carrier.dtype)

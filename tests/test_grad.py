@@ -79,3 +79,37 @@ def test_grad_matches_closed_form(backend, layout, tp, num_ranks, mesh):
         np.testing.assert_allclose(dx[r], want_dx, rtol=1e-5, atol=1e-5, err_msg=f"rank {r} dx")
         if tp == 1:  # with tp > 1 the weight gradient also collects the other members' loss terms
             np.testing.assert_allclose(dw[r], want_dw, rtol=1e-5, atol=1e-4, err_msg=f"rank {r} dw")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stats_count_the_forward_dispatches_on_every_backend(backend, num_ranks, mesh):
+    """Issue 33.9: 5 training steps counted 160 dispatches on host and 80 on reference (the host
+    backend's backward dispatch, run by the combine's custom_vjp rule, was counted too). stats()
+    counts the dispatches the program calls, once each, and the drops of those: a backward pass's
+    exchanges are not counted (docs/api.md, "Counters")."""
+    spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=32, max_tokens_per_rank=8,
+                    dispatch_dtype=jnp.float32, combine_dtype=jnp.float32)
+    n = num_ranks
+    comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=True)
+    inputs = T.make_inputs(spec, n, 5, minus_one_frac=0.1, invalid_frac=0.1)
+
+    def per_rank(x, ids, w, nt):
+        def loss(x, w):
+            got = comm.dispatch(x, ids, w, nt)
+            y = T.expert_fn_jax(spec, n, got, jnp.float32)
+            return jnp.sum(comm.combine(y, got) ** 2)
+        dx, dw = jax.grad(loss, argnums=(0, 1))(x, w)
+        return dx[None]
+
+    args = [T.stack_global(mesh, "ep", [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
+    args.append(T.stack_global(mesh, "ep", [np.int32(i.num_tokens) for i in inputs]))
+    f = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 4, out_specs=P("ep")))
+    steps = 5
+    for _ in range(steps):
+        dx = jax.block_until_ready(f(*args))
+    jax.effects_barrier()
+    local = sorted(T.local_ranks_of(dx))
+    st = comm.stats()
+    assert st["dispatches"] == steps * len(local), st
+    dropped = sum(int(oracle.routed_pairs(spec, inputs[r])[1].sum()) for r in local)
+    assert dropped > 0 and st["dropped"] == steps * dropped, st
