@@ -82,21 +82,22 @@ def _fp8_error():
         "(fp8 rows have no useful cotangent); use bf16 dispatch for training")
 
 
-def dispatch(comm: Halves, x, topk_ids, topk_weights, num_tokens, slot, rank_mask=None):
+def dispatch(comm: Halves, x, topk_ids, topk_weights, num_tokens, slot, rank_mask=None, tokens_given=None):
     """Differentiable one-shot dispatch (w.r.t. x and topk_weights). Shapes as Communicator.dispatch.
-    rank_mask: int32 [N] or None (the combines of the backward take it from the route)."""
+    rank_mask: int32 [N] or None (the combines of the backward take it from the route);
+    tokens_given: num_tokens before the clamp ([] int32) or None (DispatchHandle.tokens_given)."""
     spec = comm.spec
     x_axes, w_axes = _axes_of(x, comm), _axes_of(topk_weights, comm)  # the cotangents' types
 
-    def raw(x, ids, w, n, mask):
-        return comm.recv(comm.send(x, ids, w, n, slot, mask=mask))
+    def raw(x, ids, w, n, mask, given):
+        return comm.recv(comm.send(x, ids, w, n, slot, mask=mask, given=given))
 
     @jax.custom_vjp
-    def f(x, ids, w, n, mask):
-        return raw(x, ids, w, n, mask)
+    def f(x, ids, w, n, mask, given):
+        return raw(x, ids, w, n, mask, given)
 
-    def fwd(x, ids, w, n, mask):
-        got = raw(x, ids, w, n, mask)
+    def fwd(x, ids, w, n, mask, given):
+        got = raw(x, ids, w, n, mask, given)
         return got, (got, jnp.zeros((0,), x.dtype))
 
     def bwd(res, g):
@@ -115,10 +116,10 @@ def dispatch(comm: Halves, x, topk_ids, topk_weights, num_tokens, slot, rank_mas
             back = jnp.where((t % spec.tp_size == rank % spec.tp_size)[:, None], back, 0)
         grad_x = back.astype(x_dtype_carrier.dtype)
         grad_w = g.route.topk_weights
-        return like_primal(grad_x, x_axes), None, like_primal(grad_w, w_axes), None, None
+        return like_primal(grad_x, x_axes), None, like_primal(grad_w, w_axes), None, None, None
 
     f.defvjp(fwd, bwd)
-    return f(x, topk_ids, topk_weights, num_tokens, rank_mask)
+    return f(x, topk_ids, topk_weights, num_tokens, rank_mask, tokens_given)
 
 
 def combine(comm: Halves, y, got: Dispatched, out, slot):

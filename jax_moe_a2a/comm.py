@@ -165,18 +165,22 @@ class Communicator:
                              f"expected comm_id {self.comm_id}, got {getattr(obj, 'comm_id', None)}")
 
     def _num_tokens(self, num_tokens):
+        """(n [] int32 in [0, T], given): `given` is a device array's value before the clamp
+        ([] int32; counted in stats()['clamped'] and raised by debug=True when outside [0, T]),
+        None for an int (checked here) or None (T)."""
         t = self.spec.max_tokens_per_rank
         if num_tokens is None:
-            return jnp.int32(t)
+            return jnp.int32(t), None
         if isinstance(num_tokens, (int, np.integer)) and not isinstance(num_tokens, bool):
             if not 0 <= num_tokens <= t:
                 raise ValueError(f"num_tokens: expected 0 <= num_tokens <= {t}, got {num_tokens}")
-            return jnp.int32(num_tokens)
+            return jnp.int32(num_tokens), None
         n = jnp.asarray(num_tokens)
         if n.size != 1 or not jnp.issubdtype(n.dtype, jnp.integer):
             raise ValueError(f"num_tokens: expected an integer scalar (shape () or (1,)), got "
                              f"{n.dtype}{list(n.shape)}")
-        return jnp.clip(n.reshape(()).astype(jnp.int32), 0, t)
+        given = n.reshape(()).astype(jnp.int32)
+        return jnp.clip(given, 0, t), given
 
     def _validate_dispatch(self, x, topk_ids, topk_weights, x_scale):
         s = self.spec
@@ -233,6 +237,8 @@ class Communicator:
           topk_ids: [T, K] int32 expert ids in [0, E); -1 = not routed; others dropped+counted.
           topk_weights: [T, K] f32 router weights (used by combine).
           num_tokens: [] int32 device scalar (or int); rows at or past it are ignored. Default T.
+            An int outside [0, T] raises; a device value outside it is clamped to [0, T],
+            counted in stats()['clamped'], and raised by debug=True.
           slot: buffer slot in [0, Spec.slots) (static).
           after: optional array this send must run after. XLA orders the halves only through data;
             two uses of one slot that share no data (e.g. a backward pass reusing the forward's
@@ -259,14 +265,15 @@ class Communicator:
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
         mask = self._check_rank_mask(rank_mask)
         topk_ids = self._map_experts(topk_ids, expert_map, mask)
-        n = self._num_tokens(num_tokens)
+        n, given = self._num_tokens(num_tokens)
         self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
         self._slots.open(slot, self.spec.slots)
-        return self._send(x, topk_ids, topk_weights, n, slot, x_scale=x_scale, after=after, mask=mask)
+        return self._send(x, topk_ids, topk_weights, n, slot, x_scale=x_scale, after=after, mask=mask, given=given)
 
-    def _send(self, x, topk_ids, topk_weights, n, slot, *, x_scale=None, after=None, mask=None) -> DispatchHandle:
-        """dispatch_send after the checks: physical ids, n [] int32, mask int32 [N] or None; no
-        slot tracking (the autodiff rules call it too)."""
+    def _send(self, x, topk_ids, topk_weights, n, slot, *, x_scale=None, after=None, mask=None,
+              given=None) -> DispatchHandle:
+        """dispatch_send after the checks: physical ids, n [] int32, mask int32 [N] or None, given:
+        num_tokens before the clamp or None; no slot tracking (the autodiff rules call it too)."""
         ctx = self._ctx()
         with jax.named_scope("a2a_dispatch_send"):
             send_ids, masked = topk_ids, None
@@ -277,7 +284,7 @@ class Communicator:
         # topk_ids: the physical ids before the mask (the combine's backward dispatch re-applies it)
         route = Route(topk_weights.astype(jnp.float32), n, topk_ids, sent.placement, mask, self.comm_id)
         dropped = sent.num_dropped if masked is None else sent.num_dropped - masked
-        return DispatchHandle(sent.wire, route, dropped, masked, slot=slot, comm_id=self.comm_id)
+        return DispatchHandle(sent.wire, route, dropped, masked, given, slot=slot, comm_id=self.comm_id)
 
 
     def dispatch_recv(self, handle: DispatchHandle) -> Dispatched:
@@ -300,8 +307,11 @@ class Communicator:
         dropped = handle.num_dropped
         if count:
             psum_axis = self.axis if self._backend.debug_psum else None
-            dropped, gate = _debug.record(self._counters, dropped, r.num_overflow, handle.num_masked,
-                                          collect=self.collect_stats, debug=self.debug, psum_axis=psum_axis)
+            clamped = None if handle.tokens_given is None else (handle.tokens_given != route.num_tokens).astype(jnp.int32)
+            dropped, gate = _debug.record(self._counters, dropped, r.num_overflow, handle.num_masked, clamped,
+                                          tokens_given=handle.tokens_given, max_tokens=self.spec.max_tokens_per_rank,
+                                          collect=self.collect_stats,
+                                          debug=self.debug, psum_axis=psum_axis)
             if self.debug:  # what follows the dispatch (the combine's communication too) waits for the check
                 # An optimisation barrier orders XLA's schedule, but XLA:CPU runs thunks as soon as their
                 # buffers are ready: only a data dependency keeps a rank whose check raised from
@@ -400,14 +410,14 @@ class Communicator:
                                                          rank_mask=rank_mask))
         slot = self._check_slot(slot)
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
-        n = self._num_tokens(num_tokens)
+        n, given = self._num_tokens(num_tokens)
         self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
         # ids carry no gradient: map them outside the custom_vjp; its rules (and the combine's
         # backward re-dispatch from route.topk_ids) then see physical ids only
         mask = self._check_rank_mask(rank_mask)
         topk_ids = self._map_experts(topk_ids, expert_map, mask)
         self._slots.open(slot, self.spec.slots)
-        return autodiff.dispatch(self._halves(), x, topk_ids, topk_weights, n, slot, mask)
+        return autodiff.dispatch(self._halves(), x, topk_ids, topk_weights, n, slot, mask, given)
 
     def combine(self, y, got: Dispatched, out=None, *, slot: Optional[int] = None):
         """combine_send then combine_recv; differentiable w.r.t. y, the router weights and out."""
@@ -463,9 +473,12 @@ class Communicator:
         return {"backend": self.backend_name, **self._backend.diagnostics()}
 
     def stats(self) -> dict:
-        """Counters gathered from executed dispatches of this process's ranks (collect_stats=True):
-        dispatches (rank-calls), dropped pairs (bad expert ids), overflow rows (past
-        recv_capacity), masked pairs (not sent because of the rank mask: expected); plus buffer bytes per rank and the backend."""
+        """Counters gathered from executed dispatches of this process's ranks (collect_stats=True;
+        docs/api.md "Counters"): dispatches (rank-calls of the dispatches the program calls; a
+        backward pass's exchanges are not counted), dropped pairs (bad expert ids), overflow rows
+        (past recv_capacity), masked pairs (not sent because of the rank mask: expected), clamped
+        (dispatches whose device num_tokens was outside [0, T]); plus buffer bytes per rank and
+        the backend."""
         out = self._counters.snapshot()
         out.update(backend=self.backend_name, num_ranks=self.num_ranks, collecting=self.collect_stats,
                    buffer_bytes_per_rank=self.buffer_bytes(),

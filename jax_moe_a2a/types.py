@@ -65,7 +65,8 @@ class DispatchHandle:
       route:       `Route` of this dispatch.
       num_dropped: [] int32 pairs this rank could not route (bad expert ids; not masked ones).
       num_masked:  [] int32 pairs the rank mask stopped, or None without a mask.
-      num_clamped: [] int32 1 when a traced `num_tokens` was outside [0, T] and clamped, else 0.
+      tokens_given: [] int32 `num_tokens` as given when it is a device array, before it was
+                   clamped to [0, T] (route.num_tokens); None when given as an int or left out.
       x:           [T, H] the dispatched rows as given (what the gradient of `dispatch_recv`
                    flows back to; never read by the forward).
       slot:        static buffer slot; comm_id: the communicator that made it.
@@ -75,13 +76,13 @@ class DispatchHandle:
     route: Route
     num_dropped: Any
     num_masked: Optional[Any] = None
-    num_clamped: Optional[Any] = None
+    tokens_given: Optional[Any] = None
     x: Optional[Any] = None
     slot: int = 0
     comm_id: int = 0
 
 
-_register(DispatchHandle, ["wire", "route", "num_dropped", "num_masked", "num_clamped", "x"], ["slot", "comm_id"])
+_register(DispatchHandle, ["wire", "route", "num_dropped", "num_masked", "tokens_given", "x"], ["slot", "comm_id"])
 
 
 @dataclasses.dataclass(frozen=True)

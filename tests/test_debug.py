@@ -98,3 +98,30 @@ def test_checked_passes_other_errors_through(mesh):
     with pytest.raises(KeyError):
         with comm.checked():
             raise KeyError("not ours")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_num_tokens_outside_the_range_is_counted_and_raised_under_debug(backend):
+    """Issue 33.7: a num_tokens device array above Spec.max_tokens_per_rank (or below 0) was
+    clamped silently. It is still clamped (the results are those of T, or of 0), counted in
+    stats()['clamped'] (once per rank and dispatch), and debug=True raises naming it."""
+    import dataclasses
+    import jax
+    mesh = T.make_mesh(2)
+    spec = _spec(recv_capacity=None)
+    t = spec.max_tokens_per_rank
+    inputs = T.make_inputs(spec, 2, 3, num_tokens=t)
+    bad = [dataclasses.replace(inputs[0], num_tokens=t + 5), dataclasses.replace(inputs[1], num_tokens=-1)]
+    comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=True)
+    res = T.run_ops(comm, bad)
+    jax.effects_barrier()
+    assert comm.stats()["clamped"] == 2 and comm.stats()["dispatches"] == 2
+    T.check_all(comm, [inputs[0], dataclasses.replace(inputs[1], num_tokens=0)], res)
+    ok = T.run_ops(comm, inputs)  # in range: nothing counted
+    jax.effects_barrier()
+    assert comm.stats()["clamped"] == 2 and ok
+    dbg = a2a.init(spec, mesh, "ep", backend=backend, debug=True, timeout_s=20)
+    with pytest.raises(a2a.DroppedRowsError, match=r"num_tokens (9|-1) .*outside \[0, 4\]"):
+        with dbg.checked():
+            T.run_ops(dbg, bad)
