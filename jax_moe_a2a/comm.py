@@ -308,10 +308,10 @@ class Communicator:
         if count:
             psum_axis = self.axis if self._backend.debug_psum else None
             clamped = None if handle.tokens_given is None else (handle.tokens_given != route.num_tokens).astype(jnp.int32)
+            detail = _debug.first_bad_pair(self.spec, route.topk_ids, route.num_tokens, ctx.rank) if self.debug else None
             dropped, gate = _debug.record(self._counters, dropped, r.num_overflow, handle.num_masked, clamped,
-                                          tokens_given=handle.tokens_given, max_tokens=self.spec.max_tokens_per_rank,
-                                          collect=self.collect_stats,
-                                          debug=self.debug, psum_axis=psum_axis)
+                                          tokens_given=handle.tokens_given, detail=detail, rank=ctx.rank,
+                                          spec=self.spec, collect=self.collect_stats, debug=self.debug, psum_axis=psum_axis)
             if self.debug:  # what follows the dispatch (the combine's communication too) waits for the check
                 # An optimisation barrier orders XLA's schedule, but XLA:CPU runs thunks as soon as their
                 # buffers are ready: only a data dependency keeps a rank whose check raised from
