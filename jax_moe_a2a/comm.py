@@ -268,23 +268,31 @@ class Communicator:
         n, given = self._num_tokens(num_tokens)
         self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
         self._slots.open(slot, self.spec.slots)
+        if self.spec.is_fp8 and x_scale is None:  # one rule on every backend: fp8 rows have no gradient
+            x = autodiff.fp8_guard(x, "dispatch")
         return self._send(x, topk_ids, topk_weights, n, slot, x_scale=x_scale, after=after, mask=mask, given=given)
 
     def _send(self, x, topk_ids, topk_weights, n, slot, *, x_scale=None, after=None, mask=None,
               given=None) -> DispatchHandle:
         """dispatch_send after the checks: physical ids, n [] int32, mask int32 [N] or None, given:
-        num_tokens before the clamp or None; no slot tracking (the autodiff rules call it too)."""
+        num_tokens before the clamp or None; no slot tracking (the autodiff rules call it too).
+        Backends that JAX cannot differentiate see x and the weights through stop_gradient; the
+        handle carries x (and the route the weights) to dispatch_recv's rule (autodiff.py)."""
         ctx = self._ctx()
+        carry = not self._backend.autodiff
+        xs, ws = (jax.lax.stop_gradient(x), jax.lax.stop_gradient(topk_weights)) if carry else (x, topk_weights)
         with jax.named_scope("a2a_dispatch_send"):
             send_ids, masked = topk_ids, None
             if mask is not None:
                 send_ids, masked = elastic.mask_ids(self.spec, self.num_ranks, ctx.rank, topk_ids, n, mask)
-            sent = self._backend.dispatch_send(ctx, x, x_scale, send_ids, topk_weights, n, slot, after=after,
-                                               rank_mask=mask)
+            if carry and x_scale is not None:
+                x_scale = jax.lax.stop_gradient(x_scale)
+            sent = self._backend.dispatch_send(ctx, xs, x_scale, send_ids, ws, n, slot, after=after, rank_mask=mask)
         # topk_ids: the physical ids before the mask (the combine's backward dispatch re-applies it)
         route = Route(topk_weights.astype(jnp.float32), n, topk_ids, sent.placement, mask, self.comm_id)
         dropped = sent.num_dropped if masked is None else sent.num_dropped - masked
-        return DispatchHandle(sent.wire, route, dropped, masked, given, slot=slot, comm_id=self.comm_id)
+        return DispatchHandle(sent.wire, route, dropped, masked, given, x if carry else None, slot=slot,
+                              comm_id=self.comm_id)
 
 
     def dispatch_recv(self, handle: DispatchHandle) -> Dispatched:
@@ -294,9 +302,16 @@ class Communicator:
         self._check_mine("handle", handle)
         return self._recv(handle)
 
-    def _recv(self, handle: DispatchHandle, count: bool = True) -> Dispatched:
-        """dispatch_recv after the checks. count: record this dispatch in stats() and run the
-        debug check (False for the backward passes' exchanges: stats count the forward's)."""
+    def _recv(self, handle: DispatchHandle) -> Dispatched:
+        """dispatch_recv after the checks, differentiable on every backend (autodiff.py's rule
+        where JAX cannot differentiate the backend)."""
+        if self._backend.autodiff:
+            return self._recv_plain(handle)
+        return autodiff.dispatch_recv(self._halves(), handle)
+
+    def _recv_plain(self, handle: DispatchHandle, count: bool = True) -> Dispatched:
+        """dispatch_recv after the checks, without a gradient rule. count: record this dispatch
+        in stats() and run the debug check (False for a backward pass's exchanges)."""
         ctx = self._ctx()
         route = handle.route
         with jax.named_scope("a2a_dispatch_recv"):
@@ -336,6 +351,8 @@ class Communicator:
         y, slot = self._check_combine(y, got, slot)
         if slot != got.slot:  # the dispatch's slot is done once its rows are read back here
             self._slots.close(got.slot)
+        if self.spec.is_fp8:  # one rule on every backend: no gradient through an fp8 dispatch's combine
+            y = autodiff.fp8_guard(y, "combine")
         return self._combine_send(y, got, slot, after=after)
 
     def _check_combine(self, y, got, slot):
@@ -360,11 +377,17 @@ class Communicator:
             raise shape_err("out", f"shape [T, H] = {[s.max_tokens_per_rank, s.hidden]}", list(out.shape))
 
     def _combine_send(self, y, got: Dispatched, slot: int, after=None) -> CombineHandle:
-        """combine_send after the checks (y in Spec.combine_wire_dtype); no slot tracking."""
+        """combine_send after the checks (y in Spec.combine_wire_dtype); no slot tracking. Backends
+        that JAX cannot differentiate see y through stop_gradient; the handle carries y and got to
+        combine_recv's rule (autodiff.py)."""
         ctx = self._ctx()
+        carry = not self._backend.autodiff
         with jax.named_scope("a2a_combine_send"):
-            wire = self._backend.combine_send(ctx, y, got.route, slot, after=after, from_slot=got.slot)
-        return CombineHandle(wire, got.route, slot=slot, comm_id=self.comm_id)
+            wire = self._backend.combine_send(ctx, jax.lax.stop_gradient(y) if carry else y, got.route, slot,
+                                              after=after, from_slot=got.slot)
+        if not carry:
+            return CombineHandle(wire, got.route, slot=slot, comm_id=self.comm_id)
+        return CombineHandle(wire, got.route, y, got, slot=slot, comm_id=self.comm_id)
 
     def combine_recv(self, handle: CombineHandle, out=None):
         """Waits for the expert outputs and reduces them.
@@ -379,11 +402,13 @@ class Communicator:
         self._check_out(out)
         self._ctx()
         self._slots.close(handle.slot)
-        return self._combine_recv(handle, out)
+        if self._backend.autodiff:
+            return self._combine_recv(handle, out)
+        return autodiff.combine_recv(self._halves(), handle, out)
 
     def _combine_recv(self, handle: CombineHandle, out, pairs: bool = False):
-        """combine_recv after the checks; no slot tracking. pairs: also every pair's unweighted
-        row [T, K, H] f32 (Backend.combine_recv)."""
+        """combine_recv after the checks, without slot tracking or a gradient rule. pairs: also
+        every pair's unweighted row [T, K, H] f32 (Backend.combine_recv)."""
         ctx = self._ctx()
         with jax.named_scope("a2a_combine_recv"):
             res = self._backend.combine_recv(ctx, handle.wire, handle.route, handle.slot, out, pairs=pairs)
@@ -401,43 +426,24 @@ class Communicator:
     # ---- one-shot ----------------------------------------------------------------------------
     def dispatch(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0, x_scale=None,
                  expert_map: Optional[ExpertMap] = None, rank_mask=None) -> Dispatched:
-        """dispatch_send then dispatch_recv; differentiable w.r.t. x and topk_weights.
+        """dispatch_send then dispatch_recv; differentiable w.r.t. x and topk_weights (as the halves).
         expert_map: as in dispatch_send (topk_ids logical, mapped to physical replicas).
         rank_mask: as in dispatch_send ([N] bool/int, nonzero = alive; combine takes it from got)."""
-        if self._backend.autodiff or x_scale is not None:
-            return self.dispatch_recv(self.dispatch_send(x, topk_ids, topk_weights, num_tokens, slot=slot,
-                                                         x_scale=x_scale, expert_map=expert_map,
-                                                         rank_mask=rank_mask))
-        slot = self._check_slot(slot)
-        self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
-        n, given = self._num_tokens(num_tokens)
-        self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
-        # ids carry no gradient: map them outside the custom_vjp; its rules (and the combine's
-        # backward re-dispatch from route.topk_ids) then see physical ids only
-        mask = self._check_rank_mask(rank_mask)
-        topk_ids = self._map_experts(topk_ids, expert_map, mask)
-        self._slots.open(slot, self.spec.slots)
-        return autodiff.dispatch(self._halves(), x, topk_ids, topk_weights, n, slot, mask, given)
+        return self.dispatch_recv(self.dispatch_send(x, topk_ids, topk_weights, num_tokens, slot=slot, x_scale=x_scale,
+                                                     expert_map=expert_map, rank_mask=rank_mask))
 
     def combine(self, y, got: Dispatched, out=None, *, slot: Optional[int] = None):
-        """combine_send then combine_recv; differentiable w.r.t. y, the router weights and out."""
-        if self._backend.autodiff:
-            return self.combine_recv(self.combine_send(y, got, slot=slot), out=out)
-        y, slot = self._check_combine(y, got, slot)
-        self._check_out(out)
-        self._ctx()
-        res = autodiff.combine(self._halves(), y, got, out, slot)
-        self._slots.close(got.slot)
-        if slot != got.slot:
-            self._slots.close(slot)
-        return res
+        """combine_send then combine_recv; differentiable w.r.t. y, the router weights and out
+        (as the halves)."""
+        return self.combine_recv(self.combine_send(y, got, slot=slot), out=out)
 
     def _halves(self) -> "autodiff.Halves":
         """The halves without checks or slot tracking, for the custom_vjp rules of autodiff.py
         (which JAX traces at times it picks, in traces of their own), holding this communicator
         weakly (the traced program keeps the rules)."""
-        return autodiff.Halves(self.spec, self.axis, weakref.WeakMethod(self._send), weakref.WeakMethod(self._recv),
-                               weakref.WeakMethod(self._combine_send), weakref.WeakMethod(self._combine_recv))
+        return autodiff.Halves(self.spec, self.axis, weakref.WeakMethod(self._send),
+                               weakref.WeakMethod(self._recv_plain), weakref.WeakMethod(self._combine_send),
+                               weakref.WeakMethod(self._combine_recv))
 
 
     # ---- introspection -----------------------------------------------------------------------
