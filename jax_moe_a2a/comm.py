@@ -51,8 +51,8 @@ def _close_at_exit():
     """At interpreter exit: wait for the steps still in flight, then close every communicator.
 
     weakref.finalize's own exit hook would close a communicator while a step that uses it is still
-    running (nothing makes a script wait for a result it never reads, e.g. `print(out.shape)`):
-    its remaining halves then fail ("no host communicator") and its peers wait for them until
+    running (nothing makes a script wait for a result it never reads, e.g. one that shows only
+    out.shape at the end): its remaining halves then fail ("no host communicator") and its peers wait for them until
     timeout_s (issue 33.1). This hook is registered when this module is imported, after JAX's
     (atexit runs hooks last-registered first), so it runs before JAX tears its backends down:
     every live array is waited for (a failed step's error is left to JAX's own exit hook), then
