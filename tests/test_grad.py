@@ -91,7 +91,9 @@ def test_stats_count_the_forward_dispatches_on_every_backend(backend, num_ranks,
                     dispatch_dtype=jnp.float32, combine_dtype=jnp.float32)
     n = num_ranks
     comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=True)
-    inputs = T.make_inputs(spec, n, 5, minus_one_frac=0.1, invalid_frac=0.1)
+    inputs = T.make_inputs(spec, n, 5, num_tokens=spec.max_tokens_per_rank, minus_one_frac=0.1, invalid_frac=0.1)
+    for i in inputs:  # a bad id on every rank (each process checks its own ranks' counts)
+        i.topk_ids[0, 0] = spec.num_experts + 3
 
     def per_rank(x, ids, w, nt):
         def loss(x, w):
