@@ -15,7 +15,7 @@
 #include "gpu/params.h"
 #include "gpu/ptx.cuh"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 // 16 fp8 e4m3 values (one 16-byte vector, value j in byte j) as f32, each times `scale`.
 __device__ __forceinline__ void dequant16(int4 raw, float scale, float v[16]) {
@@ -33,7 +33,7 @@ __device__ __forceinline__ void dequant16(int4 raw, float scale, float v[16]) {
 // `out` the output row (H elements of out_kind). 16 values per lane and step (one volatile
 // 16-byte load, as warp_copy's, and two 8-element stores) when H and scale_block are multiples
 // of 16 and both rows 16-byte aligned (lo is: row segments are); one element per lane otherwise.
-__device__ inline void warp_dequant(void* out, int out_kind, const uint8_t* row, const Geometry& g, int64_t lo,
+__device__ inline void warp_dequant(void* out, ElemKind out_kind, const uint8_t* row, const Geometry& g, int64_t lo,
                                     int64_t len, int lane) {
   const uint8_t* scales = row + g.payload;
   if (g.H % 16 == 0 && g.scale_block % 16 == 0 && lo % 16 == 0 && aligned16(row) && aligned16(out)) {
@@ -54,4 +54,4 @@ __device__ inline void warp_dequant(void* out, int out_kind, const uint8_t* row,
   }
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

@@ -12,7 +12,7 @@
 #include "core/registry.h"
 #include "host/pack.h"
 #include "host/staged_rows.h"
-#include "proxy/ctrl.h"
+#include "core/ctrl.h"
 #include "proxy/gdrcopy.h"
 #include "proxy/proxy.h"
 #include "transfer/errors.h"

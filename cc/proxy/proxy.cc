@@ -412,7 +412,7 @@ bool Proxy::packer_waiting() const {
   static constexpr uint64_t SlotCtrl::*kRaised[4] = {&SlotCtrl::d_send_ok, &SlotCtrl::d_landed, &SlotCtrl::c_send_ok,
                                                      &SlotCtrl::c_landed};  // protocol::Op order
   for (int z = 0; z < int(slots_.size()); ++z)
-    for (int op = 0; op < 4; ++op)
+    for (int op = 0; op < kNumHalves; ++op)
       if (load_acquire(&ctrl_->slot[z].waiting[op]) > load_acquire(&(ctrl_->slot[z].*kRaised[op]))) return true;
   return false;
 }
