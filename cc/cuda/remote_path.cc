@@ -8,6 +8,7 @@
 
 #include "gpu/check.h"
 #include "transfer/connect_order.h"
+#include "core/env.h"
 
 namespace a2a::cuda {
 using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
@@ -21,7 +22,7 @@ constexpr const char* kRowPathNames[] = {"host", "copy", "device"};
 
 // JAX_MOE_A2A_STAGING: host (the default), copy or device.
 RemotePath::RowPath row_path_from_env() {
-  const char* v = std::getenv("JAX_MOE_A2A_STAGING");
+  const char* v = env::get("JAX_MOE_A2A_STAGING");
   const std::string t = v && *v ? v : "host";
   for (int i = 0; i < 3; ++i)
     if (t == kRowPathNames[i]) return static_cast<RemotePath::RowPath>(i);

@@ -15,6 +15,7 @@
 
 #include "core/half.h"
 #include "gpu/check.h"
+#include "core/env.h"
 
 namespace a2a::gpu {
 
@@ -36,9 +37,9 @@ class KernelTimer {
   // With the communicator's device current: creates the events when JAX_MOE_A2A_KERNEL_TIMING
   // is 1 or nosync. Returns whether timing is on.
   bool init(const char* who) {
-    const char* env = std::getenv("JAX_MOE_A2A_KERNEL_TIMING");
-    if (on_ || !env) return on_;
-    const bool sync = std::strcmp(env, "1") == 0, nosync = std::strcmp(env, "nosync") == 0;
+    const char* mode = env::get("JAX_MOE_A2A_KERNEL_TIMING");
+    if (on_ || !mode) return on_;
+    const bool sync = std::strcmp(mode, "1") == 0, nosync = std::strcmp(mode, "nosync") == 0;
     if (!sync && !nosync) return on_;
     for (auto& pair : events_)
       for (auto& e : pair) check_cuda(cudaEventCreate(&e), who, "cudaEventCreate");

@@ -15,6 +15,7 @@
 #include "gpu/grid.cuh"
 #include "gpu/kernel.cuh"
 #include "gpu/route.cuh"
+#include "core/env.h"
 
 namespace a2a::cuda {
 using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
 
 static const std::string& dispatch_send_mode() {
   static const std::string mode = [] {
-    const char* v = std::getenv("JAX_MOE_A2A_DISPATCH_SEND");
+    const char* v = env::get("JAX_MOE_A2A_DISPATCH_SEND");
     return std::string(v ? v : "auto");
   }();
   return mode;
