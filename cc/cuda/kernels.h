@@ -21,8 +21,8 @@ using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 int64_t block_routing_smem_bytes(const Geometry& g);
 int64_t block_routing_smem_bytes_regs(const Geometry& g);
 bool use_block_routing(const Geometry& g, const SlotPtrs& p);
-// The register-staged kernel for these parameters: 0/1/2 quantise f32/bf16/f16 x to fp8, 3 copy
-// (x in the wire dtype), -1 none (sizes, alignment or dtypes it does not take).
+// The register-staged kernel for these parameters (gpu/chunk_kind.h): quantise x of a float kind
+// to fp8, copy x in the wire dtype, or !ok() (sizes, alignment or dtypes it does not take).
 ChunkKind regs_staging_kind(const DispatchSendParams& p);
 cudaError_t launch_dispatch_send(const DispatchSendParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_dispatch_send_block(const DispatchSendParams& p, int blocks, cudaStream_t stream);

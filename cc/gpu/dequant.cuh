@@ -1,7 +1,7 @@
 // fp8 rows dequantised on receive (Spec.recv_dtype; docs/api.md, "Dequantise on receive"): where
 // the receive side would write fp8 rows and their scales, it writes
 //   out[h] = float(q[h]) * scale[h / scale_block]
-// rounded to the output's kind (0 f32, 1 bf16, 2 f16): one f32 product, then round to nearest
+// rounded to the output's float kind (f32, bf16, f16): one f32 product, then round to nearest
 // even, which is dequantize_fp8(q, scale).astype(recv_dtype) bit for bit. Shared by
 // dispatch_recv's row copy (gpu/recv_rows.cuh) and the EP = 1 dispatch (gpu/local/outputs.cuh).
 #pragma once

@@ -54,7 +54,7 @@ class NvComm {
   void check_error() const;
   std::string error_text() const;
   // CUDA events around each half's launch (JAX_MOE_A2A_KERNEL_TIMING=1 at creation), as in the
-  // cuda backend: op 0..3 = dispatch_send, dispatch_recv, combine_send, combine_recv.
+  // cuda backend: one pair per Half (core/half.h).
   gpu::KernelTimer& timer() { return timer_; }
   // Milliseconds of op's last timed launch (waits for it); negative when none was recorded.
   float kernel_ms(int op);
