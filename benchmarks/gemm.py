@@ -49,10 +49,11 @@ def timeit(fn, *args, trials=7, reps=None, target_s=0.05):
     samples = []
     for _ in range(trials):
         t0 = time.perf_counter()
-        outs = [fn(*args) for _ in range(reps)]
-        jax.block_until_ready(outs)
+        for _ in range(reps):  # one stream: the last call ends after all the others
+            out = fn(*args)
+        jax.block_until_ready(out)
         samples.append((time.perf_counter() - t0) / reps)
-        del outs
+        del out
     us = np.asarray(samples) * 1e6
     return {"p50_us": float(np.median(us)), "min_us": float(us.min()), "max_us": float(us.max()),
             "trials": trials, "reps": reps}
@@ -145,6 +146,16 @@ def decode_case(L, rows, trials, gemm_ffi, rng, key):
     xq_em = jnp.asarray(to_expert_major(np.asarray(xq.astype(jnp.float32)), sizes, C)).astype(FP8)
     xs_em = jnp.asarray(to_expert_major(np.asarray(xs), sizes, C))
     res["native_fp8_expert_major"] = timeit(native_fp8, xq_em, wgu8, wd8, gs, xs_em, wgus, wds, trials=trials)
+    # where the MLP's time goes: the gate+up GEMM (f32 out), the SwiGLU epilogue, the down GEMM
+    gate_up = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2, out_dtype=jnp.float32))
+    res["native_fp8_gate_up_f32"] = timeit(gate_up, xq, wgu8, gs, xs, wgus, trials=trials)
+    gu = gate_up(xq, wgu8, gs, xs, wgus)
+    sw = jax.jit(lambda g: gemm_ffi.swiglu(g, quantize_hidden=True))
+    res["native_swiglu_fp8"] = timeit(sw, gu, trials=trials)
+    h, hs = sw(gu)
+    down = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2))
+    res["native_fp8_down"] = timeit(down, h, wd8, gs, hs, wds, trials=trials)
+    del gu, h, hs
     del wgu8, wd8
     res["hbm_fp8"] = copy_floor(fp8_bytes)
     wgu = bf16_weights(kg, (L, 2 * F, H))
@@ -218,6 +229,9 @@ def report(out):
         lines.append(f"  native fp8 ragged        {_fmt(n8)}   x{n8['p50_us'] / hb8:.2f} of fp8 weights' HBM time {hb8:.1f} us"
                      f" (copy {d['hbm_fp8']['copy_GBps']:.0f} GB/s)")
         lines.append(f"  native fp8 expert_major  {_fmt(n8e)}   x{n8e['p50_us'] / hb8:.2f}")
+        if "native_fp8_down" in d:
+            lines.append(f"    parts: gate+up f32 {_fmt(d['native_fp8_gate_up_f32'])} (floor {hb8 * 2 / 3:.1f}),"
+                         f" swiglu {_fmt(d['native_swiglu_fp8'])}, down {_fmt(d['native_fp8_down'])} (floor {hb8 / 3:.1f})")
         lines.append(f"  native bf16 ragged       {_fmt(n16)}   x{n16['p50_us'] / hb16:.2f} of bf16 weights' HBM time {hb16:.1f} us")
         lines.append(f"  ragged_dot bf16          {_fmt(rd)}   native bf16 is {rd['p50_us'] / n16['p50_us']:.1f}x faster,"
                      f" native fp8 {rd['p50_us'] / n8['p50_us']:.1f}x")

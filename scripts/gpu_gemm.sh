@@ -18,7 +18,7 @@ if command -v cuobjdump >/dev/null && [ -n "$so" ]; then
 fi
 cd tests
 if [ "${GEMM_SKIP_TESTS:-0}" != 1 ]; then
-  timeout 300 python3 -m pytest -q -x -p no:cacheprovider --color=no test_gemm_gpu.py test_gemm_ffi.py 2>&1 | tee "$OUT/tests.log" | tail -15
+  JAX_PLATFORMS=cuda timeout 300 python3 -m pytest -q -x -p no:cacheprovider --color=no test_gemm_gpu.py test_gemm_ffi.py 2>&1 | tee "$OUT/tests.log" | tail -15
 fi
 cd ..
 timeout 400 python3 benchmarks/gemm.py --out "$OUT/gemm.json" ${GEMM_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
