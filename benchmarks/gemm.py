@@ -128,7 +128,7 @@ def quantize_rows(x):
     return quantize_fp8_jax(x, 128)
 
 
-def decode_case(L, rows, trials, gemm_ffi, rng, key):
+def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False):
     native_fp8, native_bf16, ragged_mlp, einsum_mlp = mlp_fns(gemm_ffi)
     sizes = sizes_uniform(rng, L, rows)
     C = max(int(4 * rows // L), int(sizes.max()))
@@ -162,9 +162,10 @@ def decode_case(L, rows, trials, gemm_ffi, rng, key):
     wd = bf16_weights(kd, (L, H, F))
     res["bf16_weight_bytes"] = 2 * fp8_bytes
     res["native_bf16_ragged"] = timeit(native_bf16, xb, wgu, wd, gs, trials=trials)
-    res["ragged_dot_bf16"] = timeit(ragged_mlp, xb, wgu, wd, gs, trials=max(3, trials // 2))
-    xb_em = jnp.asarray(to_expert_major(np.asarray(xb.astype(jnp.float32)), sizes, C)).astype(BF16)
-    res["einsum_bf16_expert_major"] = timeit(einsum_mlp, xb_em, wgu, wd, trials=trials)
+    if not native_only:
+        res["ragged_dot_bf16"] = timeit(ragged_mlp, xb, wgu, wd, gs, trials=max(3, trials // 2))
+        xb_em = jnp.asarray(to_expert_major(np.asarray(xb.astype(jnp.float32)), sizes, C)).astype(BF16)
+        res["einsum_bf16_expert_major"] = timeit(einsum_mlp, xb_em, wgu, wd, trials=trials)
     del wgu, wd
     res["hbm_bf16"] = copy_floor(2 * fp8_bytes)
     return res
@@ -224,7 +225,7 @@ def report(out):
     for d in out.get("decode", []):
         hb8, hb16 = d["hbm_fp8"]["read_once_us"], d["hbm_bf16"]["read_once_us"]
         n8, n8e, n16 = d["native_fp8_ragged"], d["native_fp8_expert_major"], d["native_bf16_ragged"]
-        rd, es = d["ragged_dot_bf16"], d["einsum_bf16_expert_major"]
+        rd, es = d.get("ragged_dot_bf16"), d.get("einsum_bf16_expert_major")
         lines.append(f"decode L={d['L']:3d} rows={d['rows']} C={d['C']} (p50 us [min, max])")
         lines.append(f"  native fp8 ragged        {_fmt(n8)}   x{n8['p50_us'] / hb8:.2f} of fp8 weights' HBM time {hb8:.1f} us"
                      f" (copy {d['hbm_fp8']['copy_GBps']:.0f} GB/s)")
@@ -233,9 +234,11 @@ def report(out):
             lines.append(f"    parts: gate+up f32 {_fmt(d['native_fp8_gate_up_f32'])} (floor {hb8 * 2 / 3:.1f}),"
                          f" swiglu {_fmt(d['native_swiglu_fp8'])}, down {_fmt(d['native_fp8_down'])} (floor {hb8 / 3:.1f})")
         lines.append(f"  native bf16 ragged       {_fmt(n16)}   x{n16['p50_us'] / hb16:.2f} of bf16 weights' HBM time {hb16:.1f} us")
-        lines.append(f"  ragged_dot bf16          {_fmt(rd)}   native bf16 is {rd['p50_us'] / n16['p50_us']:.1f}x faster,"
-                     f" native fp8 {rd['p50_us'] / n8['p50_us']:.1f}x")
-        lines.append(f"  einsum bf16 expert_major {_fmt(es)}   x{es['p50_us'] / hb16:.2f} of bf16 HBM time")
+        if rd:
+            lines.append(f"  ragged_dot bf16          {_fmt(rd)}   native bf16 is {rd['p50_us'] / n16['p50_us']:.1f}x faster,"
+                         f" native fp8 {rd['p50_us'] / n8['p50_us']:.1f}x")
+        if es:
+            lines.append(f"  einsum bf16 expert_major {_fmt(es)}   x{es['p50_us'] / hb16:.2f} of bf16 HBM time")
     p = out.get("prefill")
     if p:
         lines.append(f"prefill L={p['L']} rows={p['rows']} ({p['flops'] / 1e12:.2f} TFLOP per MLP)")
@@ -259,6 +262,7 @@ def main(argv=None):
     ap.add_argument("--experts", default="256,32,8")
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--trials", type=int, default=7)
+    ap.add_argument("--native-only", action="store_true", help="decode: skip the XLA baselines")
     a = ap.parse_args(argv)
     from jax_moe_a2a import gemm_ffi
     why = gemm_ffi.native_reason()
@@ -268,12 +272,12 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     key = jax.random.PRNGKey(0)
     dev = jax.devices()[0]
-    out = {"device": dev.device_kind, "jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    out = {"tile_m": os.environ.get("JAX_MOE_A2A_GEMM_TILE_M", "auto"), "device": dev.device_kind, "jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "commit": os.environ.get("GIT_COMMIT", ""), "decode": []}
     cases = a.cases.split(",")
     if "decode" in cases:
         for L in [int(v) for v in a.experts.split(",")]:
-            out["decode"].append(decode_case(L, a.rows, a.trials, gemm_ffi, rng, key))
+            out["decode"].append(decode_case(L, a.rows, a.trials, gemm_ffi, rng, key, a.native_only))
             print(report({"decode": out["decode"][-1:]}), flush=True)
     if "prefill" in cases:
         out["prefill"] = prefill_case(a.trials, gemm_ffi, rng, key)

@@ -22,3 +22,7 @@ if [ "${GEMM_SKIP_TESTS:-0}" != 1 ]; then
 fi
 cd ..
 timeout 400 python3 benchmarks/gemm.py --out "$OUT/gemm.json" ${GEMM_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
+if [ -n "${GEMM_COMPARE_TILE_M:-}" ]; then  # the same decode shapes with the other tile forced
+  JAX_MOE_A2A_GEMM_TILE_M=$GEMM_COMPARE_TILE_M timeout 200 python3 benchmarks/gemm.py --cases decode --native-only --trials 5 \
+    --out "$OUT/gemm_tile$GEMM_COMPARE_TILE_M.json" 2>&1 | tee "$OUT/bench_tile$GEMM_COMPARE_TILE_M.log" | sed -n '/=====/,$p'
+fi

@@ -92,9 +92,10 @@ def _check_ragged(y, ref, valid):
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("kind", ["random", "zeros", "hot"])
 @pytest.mark.parametrize("out", [BF16, jnp.float32], ids=["bf16out", "f32out"])
-def test_ragged(fp8, kind, out):
+@pytest.mark.parametrize("L", [6, 2], ids=["few_rows", "many_rows"])  # 64-row and 128-row tile kernels
+def test_ragged(fp8, kind, out, L):
     rng = np.random.default_rng()
-    L, R, n, k = 6, 301, 384, 512
+    R, n, k = 301, 384, 512
     x, w, xs, wsc, xf, wf = _data(rng, L, (R,), n, k, fp8)
     sizes = _sizes(rng, L, R - 37, kind)  # rows past the groups stay
     _poison((R, n), out)
@@ -162,7 +163,8 @@ def test_swiglu(fp8, quantize):
         hf = np.asarray(h.astype(jnp.float32), np.float64) * np.repeat(np.asarray(hs), 128, axis=-1)
         amax = np.abs(ref).reshape(R, F // 128, 128).max(-1)
         want_s = np.maximum(amax, 1e-12) * np.float32(1 / 448)
-        np.testing.assert_allclose(np.asarray(hs)[:valid], want_s[:valid], rtol=1e-4)
+        # the kernel's f32 accumulation vs the f64 oracle: amax agrees to ~1e-3
+        np.testing.assert_allclose(np.asarray(hs)[:valid], want_s[:valid], rtol=5e-3)
         tol = 4e-2  # e4m3 rounding of h
     else:
         assert h.dtype == BF16 and hs is None

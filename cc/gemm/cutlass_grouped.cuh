@@ -84,7 +84,6 @@ struct GroupArrays {
   typename Cfg::LayoutSFA* layout_sfa;
   const float** sfb;
   typename Cfg::LayoutSFB* layout_sfb;
-  int32_t* valid_rows;  // ragged: rows covered by the groups (clamped to R)
 
   static constexpr size_t round(size_t n) { return (n + 127) / 128 * 128; }
 
@@ -93,7 +92,7 @@ struct GroupArrays {
     return round(L * sizeof(typename Cfg::Shape3)) + 3 * round(L * sizeof(void*)) +
            round(L * sizeof(typename Cfg::StrideA)) + round(L * sizeof(typename Cfg::StrideB)) +
            round(L * sizeof(typename Cfg::StrideD)) + 2 * round(L * sizeof(void*)) +
-           round(L * sizeof(typename Cfg::LayoutSFA)) + round(L * sizeof(typename Cfg::LayoutSFB)) + 128;
+           round(L * sizeof(typename Cfg::LayoutSFA)) + round(L * sizeof(typename Cfg::LayoutSFB));
   }
   static GroupArrays carve(char* p, int64_t L) {
     GroupArrays g;
@@ -109,24 +108,55 @@ struct GroupArrays {
     g.sfb = reinterpret_cast<const float**>(take(L * sizeof(void*)));
     g.layout_sfa = reinterpret_cast<typename Cfg::LayoutSFA*>(take(L * sizeof(typename Cfg::LayoutSFA)));
     g.layout_sfb = reinterpret_cast<typename Cfg::LayoutSFB*>(take(L * sizeof(typename Cfg::LayoutSFB)));
-    g.valid_rows = reinterpret_cast<int32_t*>(take(128));
     return g;
   }
 };
 
 constexpr int kSetupThreads = 1024;
 
-// One block: row offsets of the groups (a block scan over chunks of kSetupThreads groups), then
-// each group's problem shape, pointers and strides. Ragged: group l covers rows
-// [off_l, off_l + m_l) with m_l = clamp(group_sizes[l], 0, R - off_l). expert_major: rows
-// [l*C, l*C + min(max(counts[l], 0), C)).
+// Rows no group covers get zeros: ragged rows >= min(sum(group_sizes), R); expert_major rows
+// (l, c) with c >= min(counts[l], C). Blocks 1.. of the prepare grid, 16-byte stores (n *
+// sizeof(ElemD) is a multiple of 16: checked by unsupported_reason).
+template <class ElemD>
+__device__ void zero_uncovered_rows(const GroupedGemmParams& p, int64_t first_block, int64_t blocks) {
+  __shared__ int64_t valid_total;
+  if (p.layout == Layout::kRagged) {
+    if (threadIdx.x == 0) {
+      int64_t t = 0;
+      for (int64_t l = 0; l < p.num_groups; ++l) t += p.group_sizes[l] > 0 ? p.group_sizes[l] : 0;
+      valid_total = t < p.rows ? t : p.rows;
+    }
+    __syncthreads();
+  }
+  const int64_t vec_per_row = p.n * static_cast<int64_t>(sizeof(ElemD)) / 16;
+  const int64_t total_rows = p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
+  for (int64_t row = first_block; row < total_rows; row += blocks) {
+    bool zero;
+    if (p.layout == Layout::kRagged) {
+      zero = row >= valid_total;
+    } else {
+      const int64_t l = row / p.rows, c = row % p.rows;
+      zero = c >= static_cast<int64_t>(p.group_sizes[l]);
+    }
+    if (!zero) continue;
+    uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.y) + row * p.n * sizeof(ElemD));
+    for (int64_t i = threadIdx.x; i < vec_per_row; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Block 0 (kSetupThreads threads): row offsets of the groups (a block scan over chunks of
+// kSetupThreads groups), then each group's problem shape, pointers and strides. Ragged: group l
+// covers rows [off_l, off_l + m_l) with m_l = clamp(group_sizes[l], 0, R - off_l). expert_major:
+// rows [l*C, l*C + min(max(counts[l], 0), C)). Blocks 1..: zero_uncovered_rows.
 template <class Cfg>
-__global__ void __launch_bounds__(kSetupThreads) setup_groups(GroupedGemmParams p, GroupArrays<Cfg> g) {
+__global__ void __launch_bounds__(kSetupThreads) prepare_groups(GroupedGemmParams p, GroupArrays<Cfg> g) {
   using namespace cute;
+  if (blockIdx.x > 0) {
+    zero_uncovered_rows<typename Cfg::ElemD>(p, blockIdx.x - 1, gridDim.x - 1);
+    return;
+  }
   __shared__ int64_t scan[kSetupThreads];
   const int t = threadIdx.x;
-  const int M_ = 0;
-  (void)M_;
   int64_t carry = 0;
   const int N = static_cast<int>(p.n), K = static_cast<int>(p.k);
   for (int64_t base = 0; base < p.num_groups; base += kSetupThreads) {
@@ -175,27 +205,6 @@ __global__ void __launch_bounds__(kSetupThreads) setup_groups(GroupedGemmParams 
       g.layout_sfb[l] = Cfg::ScaleConfig::tile_atom_to_shape_SFB(make_shape(static_cast<int>(m), N, K, 1));
     }
   }
-  if (t == 0) *g.valid_rows = static_cast<int32_t>(carry < p.rows ? carry : p.rows);
-}
-
-// Zeroes the output rows no group covers: ragged rows >= valid_rows; expert_major rows (l, c) with
-// c >= min(counts[l], C). 16-byte stores; n * sizeof(ElemD) is a multiple of 16 (checked).
-template <class ElemD>
-__global__ void zero_rows(GroupedGemmParams p, const int32_t* valid_rows) {
-  const int64_t vec_per_row = p.n * static_cast<int64_t>(sizeof(ElemD)) / 16;
-  const int64_t total_rows = p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
-  for (int64_t row = blockIdx.x; row < total_rows; row += gridDim.x) {
-    bool zero;
-    if (p.layout == Layout::kRagged) {
-      zero = row >= *valid_rows;
-    } else {
-      const int64_t l = row / p.rows, c = row % p.rows;
-      zero = c >= static_cast<int64_t>(p.group_sizes[l]);
-    }
-    if (!zero) continue;
-    uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.y) + row * p.n * sizeof(ElemD));
-    for (int64_t i = threadIdx.x; i < vec_per_row; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
-  }
 }
 
 template <class Cfg>
@@ -235,14 +244,10 @@ cudaError_t run_config(const GroupedGemmParams& p, int sm_count, cudaStream_t st
   if (p.workspace_size < cutlass_bytes + GroupArrays<Cfg>::bytes(p.num_groups)) return cudaErrorInvalidValue;
   char* ws = static_cast<char*>(p.workspace);
   auto g = GroupArrays<Cfg>::carve(ws + cutlass_bytes, p.num_groups);
-  setup_groups<Cfg><<<1, kSetupThreads, 0, stream>>>(p, g);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const int64_t total_rows = p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
-  if (total_rows > 0) {
-    const int blocks = static_cast<int>(total_rows < 4096 ? total_rows : 4096);
-    zero_rows<typename Cfg::ElemD><<<blocks, 128, 0, stream>>>(p, g.valid_rows);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  }
+  const int zero_blocks = static_cast<int>(total_rows < 1024 ? total_rows : 1024);
+  prepare_groups<Cfg><<<1 + zero_blocks, kSetupThreads, 0, stream>>>(p, g);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (p.num_groups == 0 || p.n == 0) return cudaSuccess;
   auto args = make_arguments<Cfg>(p, g, sm_count);
   typename Cfg::Gemm gemm;
