@@ -207,3 +207,22 @@ def test_under_shard_map():
     y = jax.jit(f)(x, w, jnp.asarray(sizes))
     ref, valid = _oracle_ragged(xf, wf, sizes)
     _check_ragged(y, ref, valid)
+
+
+def test_swiglu_non_finite_follows_the_library_rule():
+    """A NaN or Inf in h quantises to 0x7F at its place; its block's scale comes from the others
+    (issue 37's rule, jax_moe_a2a.quant)."""
+    rng = np.random.default_rng()
+    R, F = 4, 256
+    gu = rng.normal(size=(R, 2 * F)).astype(np.float32)
+    gu[1, F + 5] = np.nan   # up -> h NaN
+    gu[2, F + 130] = np.inf  # up -> h Inf (gate != 0)
+    h, hs = gemm_ffi.swiglu(jnp.asarray(gu), quantize_hidden=True)
+    codes = np.asarray(jax.lax.bitcast_convert_type(h, jnp.uint8))
+    assert codes[1, 5] == 0x7F and codes[2, 130] == 0x7F
+    g, u = gu[:, :F].astype(np.float64), gu[:, F:].astype(np.float64)
+    ref = g / (1 + np.exp(-g)) * u
+    ref[~np.isfinite(ref)] = 0
+    want = np.maximum(np.abs(ref).reshape(R, 2, 128).max(-1), 1e-12) * np.float32(1 / 448)
+    np.testing.assert_allclose(np.asarray(hs), want, rtol=1e-5)
+    assert np.isfinite(np.asarray(hs)).all()

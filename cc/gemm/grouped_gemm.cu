@@ -5,6 +5,7 @@
 
 #include "core/fp8.h"
 #include "gemm/grouped_gemm.h"
+#include "gpu/fp8_code.cuh"
 #include "gemm/kernels.h"
 
 namespace a2a::gemm {
@@ -56,7 +57,7 @@ namespace {
 constexpr int kSwigluThreads = 128;  // 4 warps, one (row, 128-column block) per warp
 
 // One warp per (row, block of `block` columns of h): h = silu(gate) * up in f32, then bf16, or
-// e4m3 with the block's scale by the library's quantiser rule (core/fp8.h).
+// e4m3 with the block's scale by the library's quantiser rule (core/fp8.h, gpu/fp8_code.cuh).
 template <bool kQuant>
 __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, int64_t total) {
   const int lane = threadIdx.x & 31;
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, 
       if (i < len) {
         const float g = gate[i];
         v[j] = g / (1.0f + expf(-g)) * up[i];
-        amax = fmaxf(amax, fabsf(v[j]));
+        amax = fmaxf(amax, fp8_amax_term(v[j]));  // the library's rule: NaN, Inf count as 0
       }
     }
 #pragma unroll
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, 
 #pragma unroll
     for (int j = 0; j < kMaxPerLane; ++j) {
       const int64_t i = lane + 32 * j;
-      if (i < len) h[i] = __nv_cvt_float_to_fp8(__fmul_rn(v[j], inv), __NV_SATFINITE, __NV_E4M3);
+      if (i < len) h[i] = a2a::cuda::fp8_quantize_value(v[j], inv);  // NaN, Inf -> 0x7F
     }
   }
 }
