@@ -193,6 +193,13 @@ def _work_items(starts, ends, rows: int, tile: int):
     return g, t, i < cum[-1]
 
 
+def _zeros_like_all(shape, *arrays):
+    """f32 zeros of `shape` that vary along every mesh axis any of `arrays` varies along (a scan
+    carry inside shard_map must keep one type); NaN or Inf in the arrays do not reach them."""
+    probe = sum(a.reshape(-1)[0].astype(jnp.float32) for a in arrays)
+    return jnp.broadcast_to(jnp.where(True, jnp.float32(0.0), probe), shape)
+
+
 def _ragged_tiles(x32, weight, group_sizes, n: int):
     """XLA:CPU ragged GEMM: y [R, n] f32, y[r] = weight(g) @ x32[r] for r in group g, 0 past the groups.
 
@@ -223,7 +230,9 @@ def _ragged_tiles(x32, weight, group_sizes, n: int):
 
         return jax.lax.cond(ok, work, lambda a: a, (y, cached_g, wg)), None
 
-    init = (jnp.zeros((nt * tile, n), jnp.float32), jnp.int32(-1), jnp.zeros((n, k), jnp.float32))
+    w0 = weight(g[0])   # the carry starts with the first item's group (and inside shard_map, with the
+    # inputs' varying axes: zeros built from constants would not match the body's outputs)
+    init = (_zeros_like_all((nt * tile, n), xp, w0), g[0], w0)
     (y, _, _), _ = jax.lax.scan(body, init, (g, t, valid))
     return y[:rows]
 
@@ -312,7 +321,7 @@ def _xla_wgrad(x, dy, group_sizes, layout: str, *, method=None):
 
         return jax.lax.cond(ok, work, lambda d: d, dw), None
 
-    dw, _ = jax.lax.scan(body, jnp.zeros((groups, n, k), jnp.float32), (g, t, valid))
+    dw, _ = jax.lax.scan(body, _zeros_like_all((groups, n, k), xp, dyp, g), (g, t, valid))
     return dw
 
 
