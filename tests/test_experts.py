@@ -535,3 +535,57 @@ def test_moe_layer_with_grouped_experts(backend, layout, mesh):
                     want[tok] += inp.topk_weights[tok, j] * y[0]
                     bound[tok] += inp.topk_weights[tok, j] * (b[0] + np.abs(y[0]))
         _assert_mlp_close(out[r], want, bound, True, seed, f"{backend}/{layout} rank {r}")
+
+
+# --- models.moe_layer with experts="grouped" --------------------------------------------------------------
+def _grouped_model(n, layout, expert_dtype, dispatch_dtype=FP8):
+    from jax_moe_a2a import models
+    cfg = models.MoEConfig(hidden=64, ffn=32, num_experts=2 * n, topk=2, shared_ffn=16, experts="grouped",
+                           expert_dtype=expert_dtype, weight_block=32)
+    spec = a2a.Spec(num_experts=cfg.num_experts, experts_per_token=cfg.topk, hidden=cfg.hidden,
+                    max_tokens_per_rank=8, dispatch_dtype=dispatch_dtype, scale_block=32,
+                    combine_dtype=jnp.float32, layout=layout)
+    params = models.init_moe_params(jax.random.key(_seed()), cfg)
+    return cfg, spec, params
+
+
+@pytest.mark.parametrize("expert_dtype", [None, FP8], ids=["bf16-experts", "fp8-experts"])
+@pytest.mark.parametrize("layout", ["ragged", "expert_major"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_moe_layer_grouped_matches_dense(backend, layout, expert_dtype, mesh):
+    """models.moe_layer with SwiGLU experts through expert_mlp = models.dense_moe_block (every expert
+    over every token, no communication), fp8 dispatch, bf16 or fp8 expert weights."""
+    from jax_moe_a2a import models
+    n = mesh.size
+    cfg, spec, params = _grouped_model(n, layout, expert_dtype)
+    assert set(params) == {"router", "w_gate_up", "w_down", "w1s", "w2s"} | (
+        {"w_gate_up_scale", "w_down_scale"} if expert_dtype else set())
+    comm = a2a.init(spec, mesh, "ep", backend=backend)
+    seed = _seed()
+    x = jnp.asarray(np.random.default_rng(seed).standard_normal((n * 8, cfg.hidden)), jnp.float32)
+    num = jnp.asarray(np.random.default_rng(seed).integers(0, 9, n), jnp.int32)
+    got = np.asarray(jax.jit(lambda p, x, num: models.moe_layer(comm, cfg, p, x, num))(params, x, num))
+    comm.close()
+    for r in range(n):
+        want = np.asarray(models.dense_moe_block(cfg, spec, params, x[r * 8:(r + 1) * 8], num[r]))
+        np.testing.assert_allclose(got[r * 8:(r + 1) * 8], want, rtol=2e-2, atol=2e-2 * np.abs(want).max() + 1e-6,
+                                   err_msg=f"seed {seed} rank {r}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_moe_layer_grouped_gradients(backend, mesh):
+    """jax.grad through dispatch -> expert_mlp (bf16 custom_vjp) -> combine = jax.grad of the dense layer."""
+    from jax_moe_a2a import models
+    n = mesh.size
+    cfg, spec, params = _grouped_model(n, "ragged", None, dispatch_dtype=jnp.bfloat16)
+    comm = a2a.init(spec, mesh, "ep", backend=backend)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((n * 8, cfg.hidden)), jnp.float32)
+    loss = lambda f: lambda p, x: jnp.mean(f(p, x).astype(jnp.float32) ** 2)   # noqa: E731
+    got = jax.jit(jax.grad(loss(lambda p, x: models.moe_layer(comm, cfg, p, x)), (0, 1)))(params, x)
+    want = jax.grad(loss(lambda p, x: models.dense_moe_block(cfg, spec, p, x)), (0, 1))(params, x)
+    comm.close()
+    for path, a in jax.tree_util.tree_leaves_with_path(got):
+        b = np.asarray(dict(jax.tree_util.tree_leaves_with_path(want))[path], np.float32)
+        a = np.asarray(a, np.float32)
+        assert np.abs(a - b).max() <= 5e-2 * np.abs(b).max() + 1e-7, (jax.tree_util.keystr(path), np.abs(a - b).max())
+    assert np.abs(np.asarray(got[0]["w_gate_up"], np.float32)).max() > 0
