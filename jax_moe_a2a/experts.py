@@ -332,14 +332,24 @@ def _gemm(x, w, group_sizes, x_scale, w_scale, g: Gemm, out_dtype, native: bool)
     return _xla_gemm(x, w, group_sizes, x_scale, w_scale, g).astype(out_dtype)
 
 
+def _native_dgrad_reason(dy, w) -> Optional[str]:
+    """None when gemm_ffi takes dy [.., N] bf16 @ w[l] (w [L, N, K] read as [L, K_in, N_out])."""
+    try:
+        return _gemm_ffi.native_supported(dy, w, None, None, transpose_w=True)
+    except TypeError:   # a wrapper without the keyword: its grouped_gemm says (NotImplementedError)
+        return None
+
+
 def _dgrad(dy, w, group_sizes, g: Gemm, native: bool, x_dtype):
-    """dx = dy @ w[l] per group (bf16 backward), in x's dtype."""
+    """dx = dy @ w[l] per group (bf16 backward), in x's dtype (native: dy rounded to bf16, bf16 out)."""
     if native:
-        try:
-            return _gemm_ffi.grouped_gemm(dy.astype(jnp.bfloat16), w, group_sizes, out_dtype=jnp.float32,
-                                          transpose_w=True).astype(x_dtype)
-        except NotImplementedError:
-            pass
+        dyb = dy.astype(jnp.bfloat16)
+        if _native_dgrad_reason(dyb, w) is None:
+            try:
+                return _gemm_ffi.grouped_gemm(dyb, w, group_sizes, out_dtype=jnp.bfloat16,
+                                              transpose_w=True).astype(x_dtype)
+            except NotImplementedError:
+                pass
     return _xla_gemm(dy, w, group_sizes, None, None, g, transpose_w=True).astype(x_dtype)
 
 

@@ -589,3 +589,90 @@ def test_moe_layer_grouped_gradients(backend, mesh):
         a = np.asarray(a, np.float32)
         assert np.abs(a - b).max() <= 5e-2 * np.abs(b).max() + 1e-7, (jax.tree_util.keystr(path), np.abs(a - b).max())
     assert np.abs(np.asarray(got[0]["w_gate_up"], np.float32)).max() > 0
+
+
+# --- dispatch to the native wrapper (a stand-in gemm_ffi with the contract's functions) -------------------
+class FakeGemmFfi:
+    """The contract of jax_moe_a2a.gemm_ffi (team/GEMM_CONTRACT.md) computed with the reference formula,
+    recording the calls: checks that experts.py hands the native kernels the right operands."""
+
+    def __init__(self, wgrad=True):
+        self.calls = []
+        self.wgrad = wgrad
+
+    def native_reason(self):
+        return None
+
+    def native_supported(self, x, w, x_scale=None, w_scale=None, *, transpose_w=False):
+        return None
+
+    def grouped_gemm(self, x, w, group_sizes, *, x_scale=None, w_scale=None, out_dtype=jnp.bfloat16,
+                     transpose_w=False):
+        self.calls.append(("grouped_gemm", x.dtype, transpose_w))
+        layout = "ragged" if x.ndim == 2 else "expert_major"
+        xf = x.astype(jnp.float32) if x_scale is None else experts._dequant_x(x, x_scale, x.shape[-1] // x_scale.shape[-1])
+        wf = w.astype(jnp.float32) if w_scale is None else experts.dequantize_weights_fp8(w, w_scale)
+        if transpose_w:
+            wf = jnp.swapaxes(wf, 1, 2)
+        return reference_gemm(xf, wf, group_sizes, layout).astype(out_dtype)
+
+    def grouped_gemm_wgrad(self, x, dy, group_sizes, *, out_dtype=jnp.float32):
+        self.calls.append(("grouped_gemm_wgrad", x.dtype, dy.dtype))
+        if not self.wgrad:
+            raise NotImplementedError("no native wgrad")
+        layout = "ragged" if x.ndim == 2 else "expert_major"
+        zero = jnp.zeros((group_sizes.shape[0], dy.shape[-1], x.shape[-1]), jnp.float32)
+        _, vjp = jax.vjp(lambda w: reference_gemm(x.astype(jnp.float32), w, group_sizes, layout), zero)
+        return vjp(dy.astype(jnp.float32))[0].astype(out_dtype)
+
+    def grouped_gemm_swiglu(self, x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None, quantize_hidden=False,
+                            block=128):
+        self.calls.append(("grouped_gemm_swiglu", x.dtype, quantize_hidden, block))
+        h = experts.swiglu(self.grouped_gemm(x, w_gate_up, group_sizes, x_scale=x_scale, w_scale=w_scale,
+                                             out_dtype=jnp.float32))
+        return experts.quantize_rows_fp8(h, block) if quantize_hidden else (h.astype(jnp.bfloat16), None)
+
+
+@pytest.mark.parametrize("layout", ["ragged", "expert_major"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_native_dispatch_follows_the_contract(layout, kind, monkeypatch):
+    fake = FakeGemmFfi()
+    monkeypatch.setattr(experts, "_gemm_ffi", fake)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    rows, gs = (29, [6, 0, 13, 2]) if layout == "ragged" else (7, [6, 0, 7, 2])
+    h, f, block = (64, 32, 16) if kind == "fp8" else (40, 24, None)
+    kw, xd, wgu, wdn, gsj = make_mlp(rng, layout, kind, groups=4, h=h, f=f, rows=rows, gs=gs, block=block)
+    y = jax.jit(lambda kw, gs: a2a.expert_mlp(group_sizes=gs, **kw))(kw, gsj)
+    assert [c[0] for c in fake.calls] == ["grouped_gemm_swiglu", "grouped_gemm", "grouped_gemm"]
+    want, bound = oracle_mlp(xd, wgu, wdn, gs, layout, quantize=block)
+    _assert_mlp_close(y, want, bound, kind == "fp8", seed, f"native {layout}/{kind}")
+    with pytest.raises(ValueError, match="impl='native' is not available"):   # the wrapper's limits decide
+        monkeypatch.setattr(fake, "native_supported", lambda *a, **k: "not these shapes")
+        a2a.expert_mlp(group_sizes=gsj, impl="native", **kw)
+
+
+@pytest.mark.parametrize("native_wgrad", [True, False], ids=["native-wgrad", "xla-wgrad"])
+@pytest.mark.parametrize("layout", ["ragged", "expert_major"])
+def test_native_backward_follows_the_contract(layout, native_wgrad, monkeypatch):
+    """bf16 backward through the wrapper: dgrad = grouped_gemm(dy, w, transpose_w=True), wgrad =
+    grouped_gemm_wgrad (or the plain-JAX one when it raises NotImplementedError)."""
+    fake = FakeGemmFfi(wgrad=native_wgrad)
+    monkeypatch.setattr(experts, "_gemm_ffi", fake)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    rows, gs = (29, [6, 0, 13, 2]) if layout == "ragged" else (7, [6, 0, 7, 2])
+    kw, *_, gsj = make_mlp(rng, layout, "bf16", groups=4, h=40, f=24, rows=rows, gs=gs, block=None)
+    live = _live(layout, gs, rows)
+    x = jnp.asarray(np.where(live[..., None], np.asarray(kw["x"].astype(jnp.float32)), 0.0)).astype(jnp.bfloat16)
+    ct = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+    loss = lambda f: lambda *a: jnp.sum(f(*a).astype(jnp.float32) * ct)   # noqa: E731
+    ours = jax.grad(loss(lambda x, a, b: a2a.expert_mlp(x, a, b, gsj, out_dtype=jnp.float32)), (0, 1, 2))(
+        x, kw["w_gate_up"], kw["w_down"])
+    assert ("grouped_gemm", jnp.bfloat16, True) in fake.calls
+    assert sum(c[0] == "grouped_gemm_wgrad" for c in fake.calls) == 2
+    ref = jax.grad(loss(lambda x, a, b: reference_mlp(x, a, b, gsj, layout)), (0, 1, 2))(
+        x, kw["w_gate_up"], kw["w_down"])
+    for name, a, b in zip(("dx", "dw_gate_up", "dw_down"), ours, ref):
+        a, b = np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32))
+        np.testing.assert_allclose(a, b, rtol=2.0**-6, atol=4e-3 * np.abs(b).max(), err_msg=f"seed {seed} {name}")
