@@ -16,8 +16,9 @@ checkpoints). Two dtype paths:
 
 `impl`: "auto" (the native kernels of `jax_moe_a2a.gemm_ffi` when they are built, jax's backend is a
 GPU and they take these shapes; else plain JAX), "native" (ValueError with the reason when not
-available), "xla" (plain JAX: the same function up to f32 rounding order). The contract between this
-module and the native wrapper is /work/team/GEMM_CONTRACT.md (docs/api.md, "Grouped expert GEMMs").
+available), "xla" (plain JAX: the same function up to f32 rounding order). Users' documentation:
+docs/api.md, "Grouped expert GEMMs"; the native wrapper's functions (grouped_gemm, grouped_gemm_wgrad,
+grouped_gemm_swiglu, native_reason, native_supported) are called only through this module.
 """
 
 from __future__ import annotations
