@@ -176,10 +176,8 @@ def _dequant_w(w, w_scale, bn, bk):
 def _bounds(group_sizes, rows: int):
     """Ragged groups' [start, end) row ranges, clipped to [0, rows] (negative sizes count as 0)."""
     gs = jnp.maximum(group_sizes.astype(jnp.int32), 0)
-    ends = jnp.minimum(jnp.cumsum(gs), rows)
-    starts = jnp.minimum(ends - gs, rows)
-    starts = jnp.maximum(starts, 0)
-    return starts, ends
+    ends = jnp.cumsum(gs)
+    return jnp.minimum(ends - gs, rows), jnp.minimum(ends, rows)
 
 
 def _zeros_like_all(shape, *arrays):
@@ -196,7 +194,7 @@ def _tile_range(start, end, tile: int):
 
 
 def _compute_dtype(x, w):
-    """The tile scan's operand dtype: bf16 for fp8 (e4m3 values are exact in bf16) and for bf16 x
+    """The tile loop's operand dtype: bf16 for fp8 (e4m3 values are exact in bf16) and for bf16 x
     bf16 (XLA:CPU's bf16 dot accumulates in f32 and is ~2.5x faster than its f32 dot on 16-row
     tiles), else f32."""
     if _dt(x) == _FP8 or (_dt(x) == np.dtype(jnp.bfloat16) and _dt(w) == np.dtype(jnp.bfloat16)):
@@ -272,7 +270,7 @@ def _xla_gemm(x, w, group_sizes, x_scale, w_scale, g: Gemm, *, transpose_w=False
     transpose_w: multiply by w[l] itself (w [L, N, K] read as [L, K_in = N, N_out = K]; bf16 dgrad)."""
     method = method or _ragged_method()
     n_out = w.shape[2] if transpose_w else w.shape[1]
-    if x.size == 0 or g.groups == 0:
+    if x.size == 0 or w.size == 0:
         return jnp.zeros(x.shape[:-1] + (n_out,), jnp.float32)
     if g.layout == "ragged" and method == "tiles":
         return _ragged_tiles(x, x_scale, w, w_scale, group_sizes, g, transpose_w)

@@ -686,3 +686,21 @@ def test_native_backward_follows_the_contract(layout, native_wgrad, monkeypatch)
     for name, a, b in zip(("dx", "dw_gate_up", "dw_down"), ours, ref):
         a, b = np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32))
         np.testing.assert_allclose(a, b, rtol=2.0**-6, atol=4e-3 * np.abs(b).max(), err_msg=f"seed {seed} {name}")
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_no_rows(kind):
+    """R = 0 (ragged) and C = 0 (expert_major): empty outputs of the right shapes, empty gradients."""
+    for layout, shape in (("ragged", (0, 32)), ("expert_major", (2, 0, 32))):
+        x = jnp.zeros(shape, jnp.bfloat16)
+        w = jnp.ones((2, 16, 32), jnp.bfloat16)
+        gs = jnp.zeros((2,), jnp.int32)
+        kw = {}
+        if kind == "fp8":
+            x, w = x.astype(FP8), w.astype(FP8)
+            kw = {"x_scale": jnp.ones(shape[:-1] + (2,)), "w_scale": jnp.ones((2, 1, 2))}
+        y = a2a.grouped_matmul(x, w, gs, **kw)
+        assert y.shape == shape[:-1] + (16,) and y.dtype == jnp.bfloat16, layout
+        if kind == "bf16":
+            dx, dw = jax.grad(lambda x, w: jnp.sum(a2a.grouped_matmul(x, w, gs, out_dtype=jnp.float32)), (0, 1))(x, w)
+            assert dx.shape == shape and dw.shape == w.shape and not np.asarray(dw, np.float32).any(), layout
