@@ -12,6 +12,7 @@ from .comm import Communicator, init
 from .config import Config
 from .eplb import ExpertMap
 from .errors import DroppedRowsError, PeerFailure
+from .experts import expert_mlp, grouped_matmul, quantize_weights_fp8
 from .overlap import overlap
 from .quant import dequantize_fp8, quantize_fp8, quantize_fp8_jax
 from .spec import Spec
@@ -29,4 +30,5 @@ __all__ = [
     "Spec", "Config", "init", "Communicator", "DroppedRowsError", "PeerFailure", "Dispatched", "DispatchHandle",
     "CombineHandle",
     "Route", "ExpertMap", "available_backends", "overlap", "quantize_fp8", "quantize_fp8_jax", "dequantize_fp8",
+    "grouped_matmul", "expert_mlp", "quantize_weights_fp8",
 ]

@@ -8,10 +8,11 @@
 #include "core/fp8.h"
 #include "gpu/copy.cuh"
 #include "gpu/elems.cuh"
+#include "gpu/fp8_code.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 struct SendScratch {
   int32_t* pair_expert;  // [T*K] expert id of a routed pair, -1 otherwise
@@ -181,7 +182,7 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
   const Geometry& g = P.g;
   const int lane = wk.lane;
   const uint8_t* x = static_cast<const uint8_t*>(P.x);
-  if (g.wire_kind == 3 && P.x_kind == 3) {  // pre-quantised: copy the bytes, then the scales
+  if (g.wire_is_fp8() && P.x_kind == ElemKind::kF8E4M3) {  // pre-quantised: copy the bytes, then the scales
     const int64_t segs = (int64_t(g.H) + kStageSeg - 1) / kStageSeg + 1;  // last: the scales
     for (int64_t w = wk.warp0; w < nm * segs; w += wk.nw) {
       const int t = token(w / segs);
@@ -196,10 +197,10 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
     }
     return;
   }
-  if (g.wire_kind == 3) {  // quantise: one f32 scale per scale_block values (S blocks, the last may be partial)
+  if (g.wire_is_fp8()) {  // quantise: one f32 scale per scale_block values (S blocks, the last may be partial)
     const int lpb = g.scale_block / 8;  // lanes per scale block, 8 values each
     // H % 8: every lane's 8 values are in the row and 16-byte aligned (scale_block % 8 no longer implies it)
-    const bool vec = P.x_kind != 3 && g.scale_block % 8 == 0 && g.H % 8 == 0 && lpb <= 32 && aligned16(P.x);
+    const bool vec = is_float(P.x_kind) && g.scale_block % 8 == 0 && g.H % 8 == 0 && lpb <= 32 && aligned16(P.x);
     if (vec) {
       const int bpw = 32 / lpb;  // scale blocks per warp
       const int64_t items = (g.S + bpw - 1) / bpw;
@@ -215,7 +216,7 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
         if (on) {
           load_vec8(P.x, int64_t(t) * g.H + h, P.x_kind, v);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+          for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fp8_amax_term(v[i]));  // NaN, Inf: 0
         }
         amax = group_max(amax, lpb, lane);
         if (!on) continue;
@@ -226,7 +227,7 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
         uint32_t packed[2] = {0u, 0u};
 #pragma unroll
         for (int i = 0; i < 8; ++i)
-          packed[i / 4] |= uint32_t(__nv_cvt_float_to_fp8(__fmul_rn(v[i], inv), __NV_SATFINITE, __NV_E4M3)) << (8 * (i % 4));
+          packed[i / 4] |= uint32_t(fp8_quantize_value(v[i], inv)) << (8 * (i % 4));
         *reinterpret_cast<uint2*>(row + h) = make_uint2(packed[0], packed[1]);  // h % 8 == 0, row 16-aligned
       }
       return;
@@ -238,13 +239,13 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
       uint8_t* q = row_of(t) + int64_t(b) * g.scale_block;
       const int len = static_cast<int>(fp8_block_len(g.H, g.scale_block, b));  // the last block may be partial
       float amax = 0.f;
-      for (int i = lane; i < len; i += 32) amax = fmaxf(amax, fabsf(load_elem(P.x, base + i, P.x_kind)));
+      for (int i = lane; i < len; i += 32) amax = fmaxf(amax, fp8_amax_term(load_elem(P.x, base + i, P.x_kind)));
       for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
       const float sc = fp8_block_scale(amax, g.pow2 != 0);
       const float inv = __frcp_rn(sc);
       if (lane == 0) store_f32(row_of(t) + g.payload + 4 * b, sc);
       for (int i = lane; i < len; i += 32)
-        q[i] = __nv_cvt_float_to_fp8(__fmul_rn(load_elem(P.x, base + i, P.x_kind), inv), __NV_SATFINITE, __NV_E4M3);
+        q[i] = fp8_quantize_value(load_elem(P.x, base + i, P.x_kind), inv);
     }
     return;
   }
@@ -256,7 +257,7 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
     }
     return;
   }
-  if (P.x_kind != 3 && g.H % 8 == 0 && aligned16(P.x)) {  // convert 8 values per lane
+  if (is_float(P.x_kind) && g.H % 8 == 0 && aligned16(P.x)) {  // convert 8 values per lane
     const int64_t segs = (int64_t(g.H) + 255) / 256;
     for (int64_t w = wk.warp0; w < nm * segs; w += wk.nw) {
       const int t = token(w / segs);
@@ -285,4 +286,4 @@ __device__ inline void stage_tokens(const DispatchSendParams& P, int n, int memb
       StageWorkers{ix.lane, ix.gwarp, ix.nwarps, ix.gtid, ix.gstride});
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu
