@@ -46,6 +46,10 @@ VARS = (
         "option wins)"),
     Var("NVSHMEM_ARENA", "int", "2x the first communicator's need, >= 256 MiB", "jax_moe_a2a/backends/nvshmem.py",
         "nvshmem backend: bytes of the symmetric arena (fixed by the process's first communicator)"),
+    Var("NVSHMEM_REMOTE", "auto|all", "auto", "jax_moe_a2a/backends/nvshmem.py (at init)",
+        "nvshmem backend: `auto` sends combine rows to peers that loads and stores cannot reach (another "
+        "node: IBGDA, IBRC, UCX, libfabric) through symmetric bounce rows and to the others straight from y; "
+        "`all` takes that remote path for every other rank (tests it on one machine)"),
     Var("LOCAL_PATH", "auto|0", "auto", "jax_moe_a2a/backends/ffi.py (at the first call of a communicator)",
         "cuda, nvshmem backends at EP = 1 (one rank on the EP axis): `auto` runs dispatch and combine as one "
         "kernel each without communication buffers; `0` runs the exchange halves (tests, benchmarks)"),
