@@ -89,6 +89,9 @@ VARS = (
         "GPU backends: CUDA events around each launch (`comm.kernel_seconds(half)`); `1` puts a GPU-side barrier "
         "of the EP group on the stream before each timed launch (pplx-kernels' benchmark method), `nosync` none",
         _NATIVE),
+    Var("GEMM_TILE_M", "auto|64|128", "auto", "cc/gemm/kernels.h (at every grouped-GEMM call)",
+        "grouped expert GEMMs: rows per tile; `auto` takes 64 (ping-pong) when the mean rows per expert is "
+        "<= 128, else 128; for measurements (benchmarks/gemm.py)", _NATIVE),
     Var("DISPATCH_SEND", "auto|grid|block", "auto", "cc/cuda/dispatch/send.cu (once per process)",
         "cuda backend: dispatch_send kernel; `auto` takes the block-routed one where it applies (tp_size 1, "
         "K <= 16, routing tables within 48 KiB of shared memory; peers on other nodes too), the token staged in "
