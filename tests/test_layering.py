@@ -31,13 +31,18 @@ class Layers:
     namespaces: dict[str, set[str]] = field(default_factory=dict)  # layer -> namespaces it may open
 
 
-def parse_layers(path: Path) -> Layers:
-    t = Layers()
+def table_lines(path: Path):
+    """(line number, text, first word, other words) of every line of a LAYERS file with words on it
+    before its comment (cc/LAYERS, jax_moe_a2a/LAYERS)."""
     for n, raw in enumerate(path.read_text().splitlines(), 1):
         words = raw.split("#", 1)[0].split()
-        if not words:
-            continue
-        kind, args = words[0], words[1:]
+        if words:
+            yield n, raw, words[0], words[1:]
+
+
+def parse_layers(path: Path) -> Layers:
+    t = Layers()
+    for n, raw, kind, args in table_lines(path):
         if kind == "layer" and len(args) >= 3:
             name, dirs = args[1], args[2:]
             assert name not in t.level, f"{path}:{n}: layer {name} declared twice"
@@ -326,11 +331,7 @@ class PyLayers:
 
 def parse_py_layers(path: Path) -> PyLayers:
     t = PyLayers()
-    for n, raw in enumerate(path.read_text().splitlines(), 1):
-        words = raw.split("#", 1)[0].split()
-        if not words:
-            continue
-        kind, args = words[0], words[1:]
+    for n, raw, kind, args in table_lines(path):
         if kind == "layer" and len(args) >= 3:
             for m in args[2:]:
                 assert m not in t.level, f"{path}:{n}: module {m} is in two layers"
