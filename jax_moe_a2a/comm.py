@@ -513,7 +513,7 @@ class Communicator:
             y = y.astype(wire)
         ctx = self._ctx()
         with jax.named_scope("a2a_combine_send"):
-            arrays = self._backend.combine_send(ctx, y, got.route, slot, after=after)
+            arrays = self._backend.combine_send(ctx, y, got.route, slot, after=after, from_slot=got.slot)
         return CombineHandle(arrays, got.route, slot, self.comm_id)
 
     def combine_recv(self, handle: CombineHandle, out=None):

@@ -73,14 +73,14 @@ cd tests
 if stage single; then
   JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_TEST_BACKENDS=${SINGLE_BACKENDS:-cuda,reference} XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout $(cap 420) python3 -m pytest -q -p no:cacheprovider \
     ${SINGLE_TESTS:-test_quant.py test_ops.py test_errors.py test_grad.py test_readme_example.py test_models.py test_nnx.py \
-    test_overlap_schedule.py} 2>&1 | tee "$OUT/single.full" | quiet | tail -40 | tee "$OUT/single.log"
+    test_overlap_schedule.py test_slot_pairings.py} 2>&1 | tee "$OUT/single.full" | quiet | tail -40 | tee "$OUT/single.log"
 fi
 if stage mpi; then
   for n in ${NPROCS:-2 4 8}; do
     JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda \
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.6/$n, 3))") \
       JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 100) timeout $(cap 400) "${MPIRUN[@]}" -n "$n" python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x \
-      ${MPI_TESTS:-test_ops.py test_grad.py test_protocol.py} 2>&1 | quiet \
+      ${MPI_TESTS:-test_ops.py test_grad.py test_protocol.py test_slot_pairings.py} 2>&1 | quiet \
       | tail -30 | tee "$OUT/mpi$n.log"
   done
 fi
@@ -117,14 +117,14 @@ ALL_GPUS=(env -u CUDA_VISIBLE_DEVICES JAX_PLATFORMS=cuda,cpu NVSHMEM_REMOTE_TRAN
 if stage gpus; then
   [ "${GPUS_SINGLE:-1}" = 1 ] && "${ALL_GPUS[@]}" JAX_MOE_A2A_TEST_BACKENDS=${GPUS_SINGLE_BACKENDS:-cuda,reference,ragged} \
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 \
-    timeout $(cap 300) python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py 2>&1 \
+    timeout $(cap 300) python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py test_slot_pairings.py 2>&1 \
     | tail -30 | tee "$OUT/gpus-single.log"
   for be in ${GPUS_BACKENDS:-cuda nvshmem proxy ragged}; do
     extra=(JAX_MOE_A2A_TEST_BACKENDS=$be,reference)
     [ "$be" = proxy ] && extra=(JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_NODE_SIZE=1 JAX_MOE_A2A_PROVIDER=shm)
     "${ALL_GPUS[@]}" "${extra[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=local_rank JAX_MOE_A2A_MPI_ALL_CASES=1 \
       XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout $(cap 300) "${MPIRUN[@]}" -n "$NGPU" \
-      --output-filename "$OUT/gpus-mpi-$be.ranks" python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py 2>&1 \
+      --output-filename "$OUT/gpus-mpi-$be.ranks" python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py test_slot_pairings.py 2>&1 \
       | quiet | tee "$OUT/gpus-mpi-$be.full" | tail -30 | tee "$OUT/gpus-mpi-$be.log"
   done
 fi
@@ -151,14 +151,14 @@ if stage nvshmem; then  # the nvshmem backend on the oracle: every case, the pro
   for n in ${NVSHMEM_NPROCS:-1 2 4}; do
     if [ "$n" = 1 ]; then  # one process, one rank (N = 1): every test of these files
       env "${NV_ENV[@]}" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout $(cap 500) \
-        python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py test_errors.py 2>&1 \
+        python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py test_slot_pairings.py test_errors.py 2>&1 \
         | tee "$OUT/nvshmem1.full" | tail -30 | tee "$OUT/nvshmem1.log"
       continue
     fi
     env "${NV_ENV[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_MPI_ALL_CASES=1 \
       XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.5/$n, 3))") \
       JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 200) timeout $(cap 560) "${MPIRUN[@]}" -n "$n" \
-      python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py 2>&1 \
+      python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py test_slot_pairings.py 2>&1 \
       | quiet | tee "$OUT/nvshmem-mpi$n.full" | tail -30 | tee "$OUT/nvshmem-mpi$n.log"
   done
 fi
@@ -180,8 +180,8 @@ proxy_run() {  # $1 = n, $2 = node_size, $3 = provider, $4 = what
   local n=$1 ns=$2 prov=$3 what=$4 label files kexpr="" priv=""
   label="proxy-n$1-ns$2-${3%%;*}-$4"
   case $what in
-    full) files="test_ops.py test_protocol.py test_grad.py";;
-    ops) files="test_ops.py test_protocol.py";;
+    full) files="test_ops.py test_protocol.py test_grad.py test_slot_pairings.py";;
+    ops) files="test_ops.py test_protocol.py test_slot_pairings.py";;
     priv*) files="test_ops.py test_protocol.py"; priv=${what#priv}; kexpr="fp8-random or expert-major or tp2 or overflow or one-hot or two_slots";;
   esac
   env JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_NODE_SIZE="$ns" \

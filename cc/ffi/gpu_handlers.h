@@ -50,6 +50,12 @@ struct SendAttrs {  // dispatch_send, combine_send
   int32_t slot;
   int64_t call_id;  // distinct per call site, so that XLA never merges two calls; unused here
 };
+struct CombineSendAttrs {  // combine_send
+  int64_t comm_id;
+  int32_t slot;
+  int32_t from_slot;  // the slot of the dispatch whose rows these are (may differ from slot)
+  int64_t call_id;
+};
 struct RecvAttrs {  // dispatch_recv
   int64_t comm_id;
   int32_t slot;
@@ -75,6 +81,9 @@ struct CtxBinding<a2a::ffi_gpu::Device> {
 
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(a2a::ffi_gpu::SendAttrs, StructMember<int64_t>("comm_id"),
                                       StructMember<int32_t>("slot"), StructMember<int64_t>("call_id"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(a2a::ffi_gpu::CombineSendAttrs, StructMember<int64_t>("comm_id"),
+                                      StructMember<int32_t>("slot"), StructMember<int32_t>("from_slot"),
+                                      StructMember<int64_t>("call_id"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(a2a::ffi_gpu::RecvAttrs, StructMember<int64_t>("comm_id"),
                                       StructMember<int32_t>("slot"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(a2a::ffi_gpu::CombineRecvAttrs, StructMember<int64_t>("comm_id"),
@@ -126,9 +135,10 @@ struct Handlers {
 
   // y [R', H] f32/bf16/f16, recv_counts [N, L + 1] -> handle [2].
   static ffi::Error combine_send(Stream stream, Device dev, Any y, S32 recv_counts, Any /*after*/, S32 alive,
-                                 Out<S32> handle, SendAttrs a) {
+                                 Out<S32> handle, CombineSendAttrs a) {
     return run<cuda::CombineSendParams>("combine_send", 2, stream, dev, a.comm_id, a.slot, [&](auto* p) {
       if (!set_alive(&p->p, p->g, alive)) return false;
+      p->from_slot = a.from_slot;
       p->y = y.untyped_data();
       p->y_kind = kind_of(y.element_type());
       p->recv_counts = recv_counts.typed_data();

@@ -107,7 +107,7 @@ ffi::Error DispatchRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group,
 ffi::Error CombineSend(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::AnyBuffer y, ffi::Buffer<ffi::S32> src,
                        ffi::Buffer<ffi::S32> recv_slot, ffi::Buffer<ffi::S32> recv_counts, ffi::AnyBuffer after,
                        ffi::Buffer<ffi::S32> rank_mask, ffi::Result<ffi::Buffer<ffi::S32>> handle, int64_t comm_id,
-                       int32_t slot, int64_t call_id) {
+                       int32_t slot, int32_t from_slot, int64_t call_id) {
   (void)call_id;
   (void)after;
   a2a::host::CombineSendArgs a{};
@@ -119,6 +119,7 @@ ffi::Error CombineSend(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, 
   a.recv_slot = recv_slot.typed_data();
   a.recv_counts = recv_counts.typed_data();
   a.slot = slot;
+  a.from_slot = from_slot;
   a.handle = handle->typed_data();
   a.alive = rank_mask.typed_data();
   if (!mask_ok(rank_mask)) return a2a::ffi_util::invalid("host combine_send: rank_mask must be int32 [N]");
@@ -200,6 +201,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostCombineSend, CombineSend,
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("comm_id")
                                   .Attr<int32_t>("slot")
+                                  .Attr<int32_t>("from_slot")  // the dispatch's slot
                                   .Attr<int64_t>("call_id"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostCombineRecv, CombineRecv,

@@ -155,6 +155,7 @@ struct CombineSendParams {
   int y_kind;
   const int32_t* recv_counts;  // [N, L + 1] from dispatch_recv
   int32_t* handle;          // [2] out
+  int from_slot;            // the dispatch's slot (for the proxy's combine offsets: SlotCtrl::c_from_slot)
 };
 
 struct CombineRecvParams {

@@ -395,6 +395,9 @@ void RankComm::combine_send(const CombineSendArgs& a) {
     engine().flush(o_.timeout_s);
     ex_->owe_free_c(a.slot, e);
   }
+  // The rows go back at the offsets of their dispatch, which may have run on another slot: inline,
+  // this slot's snapshot becomes that dispatch's here; proxied, the proxy adopts it (c_from_slot).
+  if (!o_.proxied) ex_->adopt_combine_offsets(a.slot, a.from_slot);
   const int64_t stride = int64_t(s.H) * elem_bytes(a.y_kind);
   for (int src = 0; src < N; ++src)
     if (a.recv_counts[src] < 0 || a.recv_counts[src] > P)
@@ -414,7 +417,7 @@ void RankComm::combine_send(const CombineSendArgs& a) {
   }
   // Node-local ranks: every member j of m's tp group gets source g0 + j's run at its combine
   // offset (the Exchange's snapshot of this dispatch), as post_combine writes remote ones.
-  const int64_t* off = ex_->combine_offsets(a.slot);
+  const int64_t* off = ex_->combine_offsets(a.from_slot);  // not replaced before our next dispatch_recv there
   for (auto [m, peer] : node_) {
     wait_flag(&local(a.slot).c_free[m], e, kCombineSend, a.slot, m);
     Local& there = peer->local(a.slot);
@@ -433,6 +436,7 @@ void RankComm::combine_send(const CombineSendArgs& a) {
     proxy::SlotCtrl& c = ctrl_->slot[a.slot];
     std::memcpy(c.rows_from, a.recv_counts, sizeof(int32_t) * N);
     c.c_stride = stride;
+    c.c_from_slot = a.from_slot;
     raise(&c.c_packed, e + 1);
   } else if (me) {
     ex_->post_combine(a.slot, e, a.recv_counts, stride);

@@ -95,6 +95,7 @@ struct CombineSendArgs {
   const int32_t* recv_slot;   // [R']
   const int32_t* recv_counts; // [N]
   int slot;
+  int from_slot;              // the slot of the dispatch whose rows these are (may differ from slot)
   int32_t* handle;            // [2]
   const int32_t* alive = nullptr;  // [N] rank mask of the dispatch, or null
 };

@@ -346,6 +346,15 @@ void Exchange::take_combine_offsets(int z) {
   }
 }
 
+void Exchange::adopt_combine_offsets(int z, int from) {
+  if (from < 0 || from >= o_.slots)
+    throw std::invalid_argument(format("jax_moe_a2a combine on slot %d: the dispatch's slot %d is not in [0, %d)", z,
+                                       from, o_.slots));
+  if (from == z) return;
+  comb_off_[z] = comb_off_[from];
+  comb_in_[z] = comb_in_[from];
+}
+
 std::vector<ByteRange> Exchange::send_rows(int z) const {
   std::vector<ByteRange> out;
   for (int d : remote_)  // as post_private + post_overflow read

@@ -208,6 +208,12 @@ class Exchange {
   // the proxy at its "counts in" step. post_combine (and the host backend's node-local copy) read it.
   void take_combine_offsets(int z);
   const int64_t* combine_offsets(int z) const { return comb_off_[z].data(); }
+  // A combine on slot z of the dispatch that ran on slot `from` (Communicator.combine_send's
+  // `slot` argument): slot z's snapshot becomes slot from's (offsets and c_recv ranges). Call it
+  // before the combine's post_combine / combine_landed_rows on z, and before slot from's next
+  // take_combine_offsets (the proxy: at the combine's "packed" step, or at that dispatch's "counts
+  // in" step if that comes first). No-op when from == z.
+  void adopt_combine_offsets(int z, int from);
 
   // ---- the bytes each step moves (a packer whose rows live elsewhere: proxy/staging.h) ----------
   // Ascending, adjacent ranges merged, empty ones left out. d_send: every row we send each remote

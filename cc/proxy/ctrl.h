@@ -20,7 +20,7 @@
 //   kernel: wait d_landed > e; read remote rows from d_recv; raise d_consumed = e + 1.
 //   proxy:  FREE_D(e) to remote ranks on d_consumed.
 // One combine on slot z, epoch c: kernel waits c_send_ok > c, writes rows into c_send
-// [src][P][stride], rows_from[] and c_stride, raises c_packed; the proxy writes them back (COMB,
+// [src][P][stride], rows_from[], c_stride and c_from_slot, raises c_packed; the proxy writes them back (COMB,
 // each source's run at its combine offset in the compact [tp][Q] region: protocol/exchange.h)
 // and raises c_landed once every remote rank's rows arrived; the kernel reduces and raises
 // c_consumed; the proxy signals FREE_C(c).
@@ -40,11 +40,12 @@ struct alignas(64) SlotCtrl {
   uint64_t d_counts;    // e + 1: our count matrix [N][L] int32 is at d_send offset 0
   uint64_t d_packed;    // e + 1: rows for remote destinations are in d_send
   uint64_t d_consumed;  // e + 1: the remote rows of epoch e were read
-  uint64_t c_packed;    // c + 1: combine rows in c_send, rows_from and c_stride set
+  uint64_t c_packed;    // c + 1: combine rows in c_send, rows_from, c_stride and c_from_slot set
   uint64_t c_consumed;  // c + 1: the remote combine rows of epoch c were read
   uint64_t waiting[4];  // per op (protocol::Op): epoch + 1 the kernel waits on the proxy for
   int64_t c_stride;     // bytes per combine row (H * itemsize(y))
   int32_t rows_from[kMaxRanks];  // rows we received from each source in the matching dispatch
+  int32_t c_from_slot;  // the slot of that dispatch (a combine may run on another slot than it)
   // ---- written by the proxy, read by the kernel ----
   alignas(64) uint64_t d_send_ok;  // e + 1: epoch e may overwrite d_send (and remote regions)
   uint64_t d_landed;               // e + 1: every remote row of epoch e landed; over_base, c_off valid

@@ -143,6 +143,12 @@ void Proxy::raise(int z, uint64_t SlotCtrl::*field, uint64_t v) {
   gdr::wc_fence();  // drain the write-combining buffer: the flag goes out now
 }
 
+void Proxy::adopt(int z, SlotState& s) {
+  if (s.c_adopted) return;
+  ex_.adopt_combine_offsets(z, ctrl_->slot[z].c_from_slot);
+  s.c_adopted = true;
+}
+
 void Proxy::publish_landing(int z) {
   SlotCtrl& c = ctrl_->slot[z];
   const int N = ex_.options().shape.N;
@@ -265,6 +271,14 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
           return moved;  // a copy just started is progress: poll again before sleeping
         }
       }
+      // A combine packed on another slot w from this slot's previous dispatch takes those offsets
+      // now, before they are replaced (its c_packed, too, was raised before this d_counts).
+      for (int w = 0; w < static_cast<int>(slots_.size()); ++w) {
+        SlotState& o = slots_[w];
+        if (w != z && o.c == kCPacked && load_acquire(&ctrl_->slot[w].c_packed) >= uint64_t(o.ce) + 1 &&
+            ctrl_->slot[w].c_from_slot == z)
+          adopt(w, o);
+      }
       ex_.take_combine_offsets(z);
       ex_.post_overflow(z, e);
       publish_landing(z);
@@ -330,12 +344,14 @@ bool Proxy::step_combine(int z, SlotState& s) {
         }
       }
       s.c_armed = false;
+      s.c_adopted = false;
       raise(z, &SlotCtrl::c_send_ok, uint64_t(e) + 1);
       s.c = kCPacked;
       return true;
     case kCPacked:
       if (load_acquire(&c.c_packed) < uint64_t(e) + 1) return false;
       cur_op_ = kCombineSend;
+      adopt(z, s);
       s.c = kCSendCopy;
       if (staging_) {
         // c_recv's ranges now: the next dispatch's counts replace the offsets they come from.

@@ -109,6 +109,7 @@ class Proxy {
     std::chrono::steady_clock::time_point d_since{}, c_since{};  // kernel started waiting (0: not yet)
     std::chrono::steady_clock::time_point counts_out{}, comb_out{};
     std::vector<protocol::ByteRange> comb_in;  // staging: c_recv's ranges, taken when our combine was packed
+    bool c_adopted = false;  // the packed combine took its dispatch's combine offsets (adopt())
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
     uint64_t copy_bytes[kRowBuffers]{};
   };
@@ -125,6 +126,8 @@ class Proxy {
   void raise(int z, uint64_t SlotCtrl::*field, uint64_t v);
   // Does a packer wait for a flag we have not raised yet (Ctrl::waiting[op] past the flag of op)?
   bool packer_waiting() const;
+  // Slot z's packed combine takes the combine offsets of its dispatch's slot (c_from_slot), once.
+  void adopt(int z, SlotState& s);
   void publish_landing(int z);  // slot z's over_base and c_off (and their mirror), before d_landed
   void stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges);  // starts copies
   // Polls them (counts bytes and time when done; true at once without staging). Past the timeout

@@ -206,8 +206,11 @@ class Backend:
         """Returns (x, scale|None, group_sizes [L], weights, src, num_overflow [], route_arrays)."""
         raise NotImplementedError
 
-    def combine_send(self, ctx: Ctx, y, route, slot: int, after=None) -> dict:
-        """y in the layout of Dispatched.x (bf16/f16/f32). Returns handle arrays."""
+    def combine_send(self, ctx: Ctx, y, route, slot: int, after=None, from_slot=None) -> dict:
+        """y in the layout of Dispatched.x (bf16/f16/f32). Returns handle arrays. from_slot: the
+        slot of the dispatch whose rows these are (None: `slot`); a backend whose combine reads
+        per-slot state of the dispatch (the host and cuda proxy paths' combine offsets) reads that
+        slot's."""
         raise NotImplementedError
 
     # True when JAX autodiff differentiates the halves directly (pure-JAX backends); otherwise the

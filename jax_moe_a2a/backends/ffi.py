@@ -116,14 +116,14 @@ class FfiBackend(Backend):
                           slot=np.int32(slot))
         return finish_recv(spec, n, outs, route)
 
-    def combine_send(self, ctx: Ctx, y, route, slot, after=None):
+    def combine_send(self, ctx: Ctx, y, route, slot, after=None, from_slot=None):
         spec = ctx.spec
         if self.uses_local_path(ctx.num_ranks):  # EP = 1: combine_recv reads y where it is
             return {"y": y.reshape(-1, spec.hidden), "y_dtype": jnp.zeros((0,), y.dtype)}
         handle = self._call("combine_send", jax.ShapeDtypeStruct((2,), jnp.int32), ctx, y.reshape(-1, spec.hidden),
                             *self._combine_send_routing(route.arrays), after_operand(after),
                             *self._mask_operands(ctx, route.arrays.get("rank_mask")), slot=np.int32(slot),
-                            call_id=np.int64(ctx.call_id))
+                            from_slot=np.int32(slot if from_slot is None else from_slot), call_id=np.int64(ctx.call_id))
         return {"handle": handle, "y_dtype": jnp.zeros((0,), y.dtype)}  # zero-size: carries y's dtype
 
     def combine_recv(self, ctx: Ctx, arrays, route, slot, out, pairs=False):

@@ -140,7 +140,7 @@ class RaggedBackend(Backend):
         return x, scale, sizes, weights, src, num_overflow, dict(route, recv_pos=pos)
 
     # -- combine -------------------------------------------------------------------------------
-    def combine_send(self, ctx: Ctx, y, route, slot, after=None):
+    def combine_send(self, ctx: Ctx, y, route, slot, after=None, from_slot=None):
         spec = ctx.spec
         flat = y.reshape(-1, spec.hidden)
         pos = route.arrays["recv_pos"]                                 # [N * P], packed order

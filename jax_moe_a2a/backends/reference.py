@@ -80,7 +80,7 @@ class ReferenceBackend(Backend):
         return x, scale, sizes, weights, src, num_overflow, dict(route, recv_pos=pos.reshape(n, p))
 
     # -- combine -------------------------------------------------------------------------------
-    def combine_send(self, ctx: Ctx, y, route, slot, after=None):
+    def combine_send(self, ctx: Ctx, y, route, slot, after=None, from_slot=None):
         spec, n = ctx.spec, ctx.num_ranks
         tp = spec.tp_size
         flat = y.reshape(-1, spec.hidden)

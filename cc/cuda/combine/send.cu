@@ -43,7 +43,10 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
   if (blockIdx.x == 0 && remote::any(P.p)) {  // what the proxy needs to write our rows back
     for (int s = threadIdx.x; s < g.N; s += blockDim.x)
       P.p.remote.ctrl->rows_from[s] = a.row_base[s + 1] - a.row_base[s];
-    if (threadIdx.x == 0) P.p.remote.ctrl->c_stride = stride;
+    if (threadIdx.x == 0) {
+      P.p.remote.ctrl->c_stride = stride;
+      P.p.remote.ctrl->c_from_slot = P.from_slot;  // the proxy writes our rows at that dispatch's offsets
+    }
   }
   const int32_t total = a.row_base[g.N];
   const int64_t seg = row_segment_bytes(stride, total, ix.nwarps);
