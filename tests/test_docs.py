@@ -78,7 +78,6 @@ def test_some_snippets_run_and_skips_are_few():
     assert len(skipped) <= len(SNIPPETS) // 3, "most snippets should run: mark only those that cannot"
 
 
-@pytest.mark.skipif("host" not in a2a.available_backends(), reason="the native extension is not built")
 @pytest.mark.parametrize("path,line,code", [s[:3] for s in TO_RUN], ids=[f"{s[0]}:{s[1]}" for s in TO_RUN])
 def test_snippet_runs(path, line, code, tmp_path):
     script = tmp_path / "snippet.py"
