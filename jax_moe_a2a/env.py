@@ -46,6 +46,9 @@ VARS = (
         "option wins)"),
     Var("NVSHMEM_ARENA", "int", "2x the first communicator's need, >= 256 MiB", "jax_moe_a2a/backends/nvshmem.py",
         "nvshmem backend: bytes of the symmetric arena (fixed by the process's first communicator)"),
+    Var("NVSHMEM_REMOTE", "auto|all", "auto", "jax_moe_a2a/backends/nvshmem.py (at init)",
+        "nvshmem: `auto` puts combine rows for peers that loads and stores cannot reach (another node) "
+        "through symmetric bounce rows; `all` for every other rank (tests)"),
     Var("LOCAL_PATH", "auto|0", "auto", "jax_moe_a2a/backends/ffi.py (at the first call of a communicator)",
         "cuda, nvshmem at EP = 1: `auto` runs dispatch and combine as one kernel each, without "
         "communication buffers; `0` runs the exchange halves"),

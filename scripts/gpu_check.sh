@@ -11,6 +11,8 @@
 #      GPUS_SINGLE=0 skips the gpus stage's one-process run, TMAX (cap on every stage's timeout, s), .devdeps/prebuilt/<hash>/_C*.so (skip the build; with
 #      jax_moe_a2a_bench*.so beside it, the benchmarks' C++ loops too).
 #      NVSHMEM_NPROCS (process counts of the nvshmem stage, default "1 2 4"; 1 = no mpirun),
+#      NVSHMEM_TESTS (its test files), NVSHMEM_ALL_CASES (0: test_ops's mpi subset under mpirun),
+#      JAX_MOE_A2A_NVSHMEM_REMOTE=all (every peer on the nvshmem remote path: docs/api.md),
 #      SINGLE_TESTS / MPI_TESTS (the test files of the single and mpi stages),
 #      PROXYBENCH_RUNS / PROXYBENCH_MODES / PROXYBENCH_TMAX / PROXYBENCH_ARGS (the proxybench stage, below;
 #      e.g. PROXYBENCH_ARGS="--nvlink-json DIR/halves.json" after `mpibench` with BENCH_ARGS="--turns"),
@@ -146,19 +148,20 @@ if stage sanitizer; then  # compute-sanitizer on small cases, one rank (SANITIZE
   done
 fi
 if stage nvshmem; then  # the nvshmem backend on the oracle: every case, the protocol tests and a soak
+  # (JAX_MOE_A2A_NVSHMEM_REMOTE=all in the environment: every peer on the remote path, bounce rows)
   # NVSHMEM_REMOTE_TRANSPORT=none: several PEs on the one GPU run in NVSHMEM's limited MPG mode.
   NV_ENV=(JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_TEST_BACKENDS=nvshmem NVSHMEM_REMOTE_TRANSPORT=none)
   for n in ${NVSHMEM_NPROCS:-1 2 4}; do
     if [ "$n" = 1 ]; then  # one process, one rank (N = 1): every test of these files
       env "${NV_ENV[@]}" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout $(cap 500) \
-        python3 -m pytest -q -p no:cacheprovider test_ops.py test_grad.py test_protocol.py test_slot_pairings.py test_errors.py 2>&1 \
+        python3 -m pytest -q -p no:cacheprovider ${NVSHMEM_TESTS:-test_ops.py test_grad.py test_protocol.py test_slot_pairings.py test_errors.py test_nvshmem_remote.py} 2>&1 \
         | tee "$OUT/nvshmem1.full" | tail -30 | tee "$OUT/nvshmem1.log"
       continue
     fi
-    env "${NV_ENV[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_MPI_ALL_CASES=1 \
+    env "${NV_ENV[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_MPI_ALL_CASES=${NVSHMEM_ALL_CASES:-1} \
       XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.5/$n, 3))") \
       JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 200) timeout $(cap 560) "${MPIRUN[@]}" -n "$n" \
-      python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x test_ops.py test_grad.py test_protocol.py test_slot_pairings.py 2>&1 \
+      python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x ${NVSHMEM_TESTS:-test_ops.py test_grad.py test_protocol.py test_slot_pairings.py test_nvshmem_remote.py} 2>&1 \
       | quiet | tee "$OUT/nvshmem-mpi$n.full" | tail -30 | tee "$OUT/nvshmem-mpi$n.log"
   done
 fi
@@ -175,13 +178,14 @@ fi
 # TransferEngine over pinned host memory), 2 keeps pairs of ranks on NVLink/IPC (hybrid). Needs an
 # extension built with libfabric (PKG_CONFIG_PATH / LD_LIBRARY_PATH of a libfabric build, notes/gpu_runbook.md).
 # PROXY_RUNS: "n:node_size:provider:what" items; what = full (test_ops + test_protocol + test_grad),
-# ops (test_ops + test_protocol), priv0 / priv1 (test_ops subset with 0 / 1 private rows: overflow).
+# ops (test_ops + test_protocol), slots (test_slot_pairings), priv0 / priv1 (test_ops subset with 0 / 1 private rows: overflow).
 proxy_run() {  # $1 = n, $2 = node_size, $3 = provider, $4 = what
   local n=$1 ns=$2 prov=$3 what=$4 label files kexpr="" priv=""
   label="proxy-n$1-ns$2-${3%%;*}-$4"
   case $what in
     full) files="test_ops.py test_protocol.py test_grad.py test_slot_pairings.py";;
     ops) files="test_ops.py test_protocol.py test_slot_pairings.py";;
+    slots) files="test_slot_pairings.py";;
     priv*) files="test_ops.py test_protocol.py"; priv=${what#priv}; kexpr="fp8-random or expert-major or tp2 or overflow or one-hot or two_slots";;
   esac
   env JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_TEST_BACKENDS=cuda JAX_MOE_A2A_NODE_SIZE="$ns" \

@@ -31,7 +31,9 @@ Layout make_layout(const cuda::Geometry& g) {
   l.off_meta_stage = g.private_slot_bytes;
   l.off_seen = l.off_meta_stage + int64_t(g.N) * l.meta_stride;
   l.off_zero = l.off_seen + pad16(2 * 8 * int64_t(g.N));
-  l.slot_bytes = (l.off_priv + l.off_zero + g.c_stride_max + 255) / 256 * 256;
+  l.off_bounce = pad16(l.off_zero + g.c_stride_max);
+  l.bounce_rows = g.N > 1 ? kBounceWarps : 0;
+  l.slot_bytes = (l.off_priv + l.off_bounce + l.bounce_rows * g.c_stride_max + 255) / 256 * 256;
   return l;
 }
 
@@ -49,11 +51,12 @@ std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
           {"private_epochs", z * (g.private_slot_bytes - g.off_epochs)},
           {"private_meta_stage", z * (l.off_seen - l.off_meta_stage)},
           {"private_seen", z * (l.off_zero - l.off_seen)},
-          {"private_zero_row", z * (l.slot_bytes - priv - l.off_zero)}};  // with the 256-byte padding
+          {"private_zero_row", z * (l.off_bounce - l.off_zero)},
+          {"private_combine_bounce", z * (l.slot_bytes - priv - l.off_bounce)}};  // with the 256-byte padding
 }
 
-NvComm::NvComm(const Config& c, int rank, int device, int64_t arena_bytes)
-    : o_(cuda::cuda_options(c)), rank_(rank), device_(device) {
+NvComm::NvComm(const Config& c, int rank, int device, int64_t arena_bytes, bool all_remote)
+    : o_(cuda::cuda_options(c)), rank_(rank), device_(device), all_remote_(all_remote) {
   if (o_.g.N > kMaxRanks) throw std::invalid_argument("jax_moe_a2a nvshmem: at most 64 ranks");
   nv_.lay = make_layout(o_.g);
   check(cudaSetDevice(device_), "cudaSetDevice");
@@ -112,14 +115,15 @@ void NvComm::connect(const std::vector<std::string>& peers) {
       throw std::invalid_argument("jax_moe_a2a nvshmem connect: rank " + std::to_string(r) + "'s block lies outside the arena");
     nv_.pe[r] = pe;
     peer_base_[r] = arena_base + off;
-    // Combine puts read XLA's buffers (not symmetric): only peers reached by loads and stores
-    // (NVLink, or the same GPU) accept them. Remote transports (IBGDA, IBRC, libfabric) would need
-    // a registered staging copy; until then refuse instead of failing inside a kernel.
-    if (nvshmem_ptr(peer_base_[r], pe) == nullptr)
-      throw std::runtime_error("jax_moe_a2a nvshmem: rank " + std::to_string(r) + " (PE " + std::to_string(pe) +
-                               ") is not reachable peer to peer; this backend supports peers on NVLink or the same "
-                               "GPU only (remote NVSHMEM transports are not implemented)");
   }
+  // The path of each peer: peers that loads and stores reach (NVLink, the same GPU) take combine
+  // rows straight from y; the others (a remote transport), or every other rank when forced, take
+  // them through the bounce rows (params.h). Every other put already reads symmetric memory.
+  nv_.remote = 0;
+  for (int r = 0; r < o_.g.N; ++r)
+    if (r != rank_ && (all_remote_ || nvshmem_ptr(peer_base_[r], nv_.pe[r]) == nullptr)) nv_.remote |= 1ull << r;
+  if (nv_.remote && nv_.lay.bounce_rows == 0)  // cannot happen: N > 1 whenever a peer exists
+    throw std::logic_error("jax_moe_a2a nvshmem connect: remote peers but no bounce rows");
   if (peer_base_[rank_] != base_) throw std::invalid_argument("jax_moe_a2a nvshmem connect: our own entry does not match");
 }
 

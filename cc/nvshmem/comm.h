@@ -29,15 +29,20 @@ class NvComm {
   // Collective over every PE: waits until every PE's earlier device work is done (so a freed
   // arena block that peers may still have been signalling is safe to reuse), then takes and
   // zeroes this rank's block. `arena_bytes` sizes the arena when this is the first communicator.
-  NvComm(const Config& c, int rank, int device, int64_t arena_bytes);
+  // all_remote: every other rank takes the remote path, also when loads and stores reach it
+  // ($JAX_MOE_A2A_NVSHMEM_REMOTE=all: how the remote path runs on one machine).
+  NvComm(const Config& c, int rank, int device, int64_t arena_bytes, bool all_remote = false);
   ~NvComm();
   NvComm(const NvComm&) = delete;
   NvComm& operator=(const NvComm&) = delete;
 
   // Our PE (int32) and block offset in the arena (int64): 12 bytes.
   std::string bootstrap_info() const;
-  // peers[r] = bootstrap_info of rank r. Throws if a peer is not reachable peer to peer.
+  // peers[r] = bootstrap_info of rank r. Chooses each peer's path (nv().remote): remote when
+  // nvshmem_ptr cannot reach its block, or for every other rank with all_remote.
   void connect(const std::vector<std::string>& peers);
+  // Bit r: rank r takes the remote path (after connect).
+  uint64_t remote_mask() const { return nv_.remote; }
 
   cuda::SlotPtrs slot(int z) const;
   const NvSlot& nv() const { return nv_; }
@@ -57,6 +62,7 @@ class NvComm {
  private:
   cuda::CudaOptions o_;
   int rank_, device_, blocks_;
+  bool all_remote_;
   NvSlot nv_{};
   int64_t offset_ = -1;
   uint8_t* base_ = nullptr;           // our block (local address)

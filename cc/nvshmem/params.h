@@ -6,7 +6,15 @@
 // shared part, puts read the private part):
 //   shared:  Signals | meta [N src][L + 1 + 2P] int32 | rows [N src][P][row] | c_rows [tp][Q][c_row]
 //   private: cuda private area (staging [T][row], scratch, Epochs) | meta_stage [N dest][L + 1 + 2P]
-//            int32 | seen [2][N] uint64 | zero row [c_row]
+//            int32 | seen [2][N] uint64 | zero row [c_row] | bounce [kBounceWarps][c_row] (N > 1)
+// The bounce rows make combine_send's puts to remote peers legal: a put over a remote transport
+// (IBGDA, IBRC, UCX, libfabric) must read a symmetric (registered) source, and the expert outputs
+// y are XLA's buffer. Each warp copies its row into its bounce row, then puts it with the blocking
+// put (the row is reusable when it returns); peers reached by loads and stores (NVLink, the same
+// GPU) get the row straight from y. Which peers are remote is decided at connect (NvSlot::remote).
+// Everything else a kernel puts (dispatch rows, meta blocks, the zero row) is read from the
+// private area, which is symmetric, and every signal goes through NVSHMEM's signal operations, so
+// no kernel needs a load or store into a peer's memory.
 // seen[0][s] / seen[1][x]: the dispatch rows consumed from source s / combine rows from expert
 // rank x, over every epoch; they move with the cumulative Signals::d_rows / c_rows and stand
 // still while the rank is masked (elastic EP: nvshmem/device.cuh says why that keeps them in step).
@@ -26,6 +34,10 @@ namespace a2a::nvshmem {
 
 using cuda::kMaxRanks;
 
+// Bounce rows per slot (N > 1): one per warp of combine_send, whose grid is capped to
+// kBounceWarps warps when a peer is remote (launch_combine_send).
+constexpr int kBounceWarps = 1024;
+
 // Written by peers with NVSHMEM signal operations (put-with-signal or nvshmemx_signal_op).
 struct Signals {
   uint64_t d_meta[kMaxRanks];  // source s put its meta block for epoch e: SET e + 1
@@ -43,6 +55,7 @@ struct Layout {
   int64_t off_meta, off_rows, off_c_rows;   // shared part, from the slot start
   int64_t off_priv;                         // start of the private part (cuda private area)
   int64_t off_meta_stage, off_seen, off_zero;  // from the private start
+  int64_t off_bounce, bounce_rows;          // from the private start; bounce_rows 0 when N == 1
   int64_t slot_bytes;
 };
 
@@ -50,6 +63,7 @@ struct Layout {
 struct NvSlot {
   Layout lay;
   int pe[kMaxRanks];  // NVSHMEM PE of every EP rank
+  uint64_t remote;    // bit r: rank r takes the remote path (combine rows through the bounce rows)
 };
 
 // A meta block [L + 1 + 2P] int32: counts per local expert, the source's combine offset for the

@@ -34,11 +34,20 @@ void bind_nvshmem(nb::module_& m) {
   c.def("arena_size", &nvshmem::arena_size, "Bytes of this process's symmetric arena (0 before the first communicator).");
   c.def(
       "create",
-      [](int64_t comm_id, const Config& config, int rank, int device, int64_t arena_bytes) {
-        nvshmem::register_comm(comm_id, std::make_shared<nvshmem::NvComm>(config, rank, device, arena_bytes));
+      [](int64_t comm_id, const Config& config, int rank, int device, int64_t arena_bytes, bool all_remote) {
+        nvshmem::register_comm(comm_id,
+                               std::make_shared<nvshmem::NvComm>(config, rank, device, arena_bytes, all_remote));
       },
-      "comm_id"_a, "config"_a, "rank"_a, "device"_a, "arena_bytes"_a,
-      "Collective over every PE (a host barrier, and the arena's nvshmem_malloc the first time).");
+      "comm_id"_a, "config"_a, "rank"_a, "device"_a, "arena_bytes"_a, "all_remote"_a = false,
+      "Collective over every PE (a host barrier, and the arena's nvshmem_malloc the first time). all_remote: "
+      "every other rank takes the remote path ($JAX_MOE_A2A_NVSHMEM_REMOTE=all).");
+  c.def("remote_peers", [](int64_t comm_id) {
+    std::vector<int> out;
+    const auto comm = nvshmem::find_comm(comm_id);
+    for (int r = 0; r < comm->geometry().N; ++r)
+      if ((comm->remote_mask() >> r) & 1) out.push_back(r);
+    return out;
+  }, "comm_id"_a, "The ranks that take the remote path (combine rows through the bounce rows), after connect.");
   c.def("bootstrap_info", [](int64_t comm_id) {
     const std::string s = nvshmem::find_comm(comm_id)->bootstrap_info();
     return nb::bytes(s.data(), s.size());

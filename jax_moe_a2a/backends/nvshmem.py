@@ -13,6 +13,11 @@ JAX_MOE_A2A_NVSHMEM_ARENA bytes, default twice the first communicator's need and
 Elastic EP: every half takes the rank mask as its last operand, like the cuda backend's; docs/api.md,
 "Elastic EP".
 
+Across nodes: every put reads symmetric memory (combine rows for peers that loads and stores
+cannot reach go through bounce rows first) and every signal is an NVSHMEM signal operation, so
+NVSHMEM's remote transports carry the same kernels; JAX_MOE_A2A_NVSHMEM_REMOTE=all takes that path
+for every peer (docs/api.md, "NVSHMEM across nodes").
+
 Every FFI call only launches kernels on XLA's stream (command-buffer compatible)."""
 
 from __future__ import annotations
@@ -107,8 +112,11 @@ class NvshmemBackend(CudaBackend):
         native = config.native()
         arena = arena_bytes(int(c.nvshmem.buffer_bytes(native)))
         start_runtime(c, device, arena, config.timeout_s)
+        remote = env.get_str("NVSHMEM_REMOTE", "auto")
+        if remote not in ("auto", "all"):
+            raise ValueError(f"JAX_MOE_A2A_NVSHMEM_REMOTE: expected 'auto' or 'all', got {remote!r}")
         self._closed = False
-        c.nvshmem.create(comm_id, native, rank, device, arena)
+        c.nvshmem.create(comm_id, native, rank, device, arena, all_remote=remote == "all")
         mine = {rank: bytes(c.nvshmem.bootstrap_info(comm_id))}
         table = runtime.exchange(f"jax_moe_a2a/nvshmem/{self._group_key(group)}", mine, n, config.timeout_s)
         c.nvshmem.connect(comm_id, [table[i] for i in range(n)])
@@ -117,13 +125,17 @@ class NvshmemBackend(CudaBackend):
         # The kernels leave masked ranks out of every wait and put (cc/nvshmem/device.cuh; the mask
         # is every half's last operand, CudaBackend._mask_operands). The per-source row counters
         # (Signals::d_rows / c_rows, cumulative) stay in step: a masked rank that still runs puts
-        # nothing and gets nothing, and a dead one stays masked (recover() is refused here). Every
-        # peer is reached peer to peer (connect refuses others): no proxy, so unlike cuda no
-        # node_size condition (this backend's Config leaves node_size at 0).
+        # nothing and gets nothing, and a dead one stays masked (recover() is refused here). Remote
+        # peers are reached by NVSHMEM puts too (no proxy), so unlike cuda no node_size condition
+        # (this backend's Config leaves node_size at 0).
         return None
 
     def diagnostics(self):
-        return {"local_path": self.uses_local_path(self.config.num_ranks)}
+        """local_path (EP = 1); remote_peers: the ranks this rank reaches by the remote path (bounce
+        rows; every other rank under JAX_MOE_A2A_NVSHMEM_REMOTE=all)."""
+        c = _ffi.require_native()
+        return {"local_path": self.uses_local_path(self.config.num_ranks),
+                "remote_peers": list(c.nvshmem.remote_peers(self.comm_id))}
 
     def proxy_stats(self):
         return {}  # no proxy threads

@@ -5,7 +5,13 @@
 // receivers count rows. Elastic EP: masked members get no row (a masked source sent us none: its
 // recv_counts are 0) and their c_free is not awaited; a live rank's is awaited for the last
 // combine it took part in (FreeDue, gpu/mask.cuh, as the cuda backend's).
+// Remote peers (NvSlot::remote): y is XLA's buffer, not symmetric, so a row for a remote member
+// is first copied into the warp's bounce row (private, symmetric) and put from there with the
+// blocking put (the bounce row is free again when it returns); node-local members get it from y.
+#include <algorithm>
+
 #include "gpu/arrange.cuh"
+#include "gpu/copy.cuh"
 #include "gpu/elems.cuh"
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
@@ -37,12 +43,26 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
     const cuda::RowLoc r = cuda::locate_row(g, a, static_cast<int32_t>(w));
     const uint8_t* src = r.pos >= 0 ? static_cast<const uint8_t*>(P.y) + r.pos * stride : zero;
     const int g0 = r.s / g.tp * g.tp;
+    const uint64_t group = (g.tp == 64 ? ~0ull : ((1ull << g.tp) - 1)) << g0;
+    const uint8_t* bounced = nullptr;  // the row in our bounce row, once a remote member needs it
+    if (nv.remote & group & ~out) {
+      uint8_t* b = P.p.priv + nv.lay.off_bounce + int64_t(ix.gwarp) * stride;  // gwarp < kBounceWarps
+      cuda::warp_copy(b, src, stride, ix.lane);
+      __syncwarp();
+      __threadfence();  // the row is in GPU memory before a transport (or its NIC) reads it
+      bounced = b;
+    }
     for (int m = g0; m < g0 + g.tp; ++m) {
       if (left_out(out, m)) continue;  // elastic EP: a masked member of the source's group
-      put_row_signal(P.p.peer_shared[m] + nv.lay.off_c_rows +
-                         (int64_t(r.s % g.tp) * g.Q + P.recv_counts[r.s * cuda::counts_stride(g) + g.L] + r.j) * stride,
-                     src, stride, &signals_at(P.p, m)->c_rows[me], nv.pe[m]);
+      uint8_t* dst = P.p.peer_shared[m] + nv.lay.off_c_rows +
+                     (int64_t(r.s % g.tp) * g.Q + P.recv_counts[r.s * cuda::counts_stride(g) + g.L] + r.j) * stride;
+      if ((nv.remote >> m) & 1)
+        nvshmemx_putmem_signal_warp(dst, bounced, static_cast<size_t>(stride), &signals_at(P.p, m)->c_rows[me], 1,
+                                    NVSHMEM_SIGNAL_ADD, nv.pe[m]);
+      else
+        put_row_signal(dst, src, stride, &signals_at(P.p, m)->c_rows[me], nv.pe[m]);
     }
+    if (bounced) __syncwarp();  // every lane's put returned before the next row overwrites it
   }
   if (!cuda::last_block_done(&ep->done[2])) return;
   cuda::owe_free(g, P.p, 1, due, out);  // every live rank frees this epoch for us
@@ -56,6 +76,8 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
 }  // namespace
 
 cudaError_t launch_combine_send(const cuda::CombineSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
+  // With remote peers every warp owns one bounce row: at most kBounceWarps warps.
+  if (nv.remote) blocks = std::min(blocks, kBounceWarps / (cuda::kThreads / 32));
   return cuda::launch_plain(combine_send_kernel, blocks, cuda::arrangement_smem_bytes(p.g.N, p.g.L), stream, p, nv);
 }
 

@@ -31,9 +31,14 @@ def arena_size() -> int:
     Bytes of this process's symmetric arena (0 before the first communicator).
     """
 
-def create(comm_id: int, config: jax_moe_a2a._C.Config, rank: int, device: int, arena_bytes: int) -> None:
+def create(comm_id: int, config: jax_moe_a2a._C.Config, rank: int, device: int, arena_bytes: int, all_remote: bool = False) -> None:
     """
-    Collective over every PE (a host barrier, and the arena's nvshmem_malloc the first time).
+    Collective over every PE (a host barrier, and the arena's nvshmem_malloc the first time). all_remote: every other rank takes the remote path ($JAX_MOE_A2A_NVSHMEM_REMOTE=all).
+    """
+
+def remote_peers(comm_id: int) -> list[int]:
+    """
+    The ranks that take the remote path (combine rows through the bounce rows), after connect.
     """
 
 def bootstrap_info(arg: int, /) -> bytes: ...
