@@ -41,12 +41,15 @@ def quantize_fp8(x: np.ndarray, block: int = 128, pow2: bool = False):
     """x [rows, H] float -> (q [rows, H] float8_e4m3fn, scale [rows, ceil(H/block)] f32).
 
     Block b covers values [b * block, min((b + 1) * block, H)): when block does not divide H the
-    last block is partial and its scale comes from its own values only."""
+    last block is partial and its scale comes from its own values only. A NaN or +-Inf value is
+    left out of its block's amax and quantises to the e4m3fn NaN 0x7F (sign bit clear)."""
     x = np.asarray(x).astype(np.float32)
     rows, h = x.shape
     nb = num_blocks(h, block)
     xp = np.pad(x, ((0, 0), (0, nb * block - h)))  # zeros: |0| never raises a block's amax
     xb = xp.reshape(rows, nb, block)
+    finite = np.isfinite(xb)
+    xb = np.where(finite, xb, np.float32(0.0))
     amax = np.max(np.abs(xb), axis=-1)
     scale = (np.maximum(amax, np.float32(1e-12)) * _INV_448).astype(np.float32)
     if pow2:
@@ -55,6 +58,7 @@ def quantize_fp8(x: np.ndarray, block: int = 128, pow2: bool = False):
         scale = np.where((b & np.uint32(0x007FFFFF)) != 0, up, b).astype(np.uint32).view(np.float32)
     inv = (np.float32(1.0) / scale).astype(np.float32)
     q = np.clip(xb * inv[..., None], -448.0, 448.0).astype(FP8)
+    q.view(np.uint8)[~finite] = 0x7F  # the e4m3fn NaN
     return np.ascontiguousarray(q.reshape(rows, nb * block)[:, :h]), scale
 
 

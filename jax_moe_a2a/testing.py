@@ -31,7 +31,8 @@ def make_mesh(num_ranks: Optional[int] = None, axis: str = "ep") -> Mesh:
 
 def make_inputs(spec: Spec, num_ranks: int, seed: int, *, routing: str = "random",
                 num_tokens=None, invalid_frac: float = 0.0, minus_one_frac: float = 0.0,
-                input_dtype=np.float32, prequantized: bool = False) -> List[oracle.RankInputs]:
+                input_dtype=np.float32, prequantized: bool = False,
+                specials: bool = False) -> List[oracle.RankInputs]:
     """Random per-rank inputs from one seed (every process derives the same), replicated within
     each tp group.
 
@@ -39,6 +40,8 @@ def make_inputs(spec: Spec, num_ranks: int, seed: int, *, routing: str = "random
       "empty" (ranks with odd index route nothing: all -1), "skewed" (experts of rank 0 favoured).
     num_tokens: int for all ranks, a list per DP group, or None (random in [0, T]).
     invalid_frac / minus_one_frac: share of ids replaced by out-of-range values / -1.
+    specials: x's first rows carry the values of the fp8 rule for non-finite x (docs/api.md, "fp8
+      quantisation"; `special_rows`): NaN, +-Inf, values far past +-448, all-zero blocks.
     """
     rng = np.random.default_rng(seed)
     t, k, e, h = spec.max_tokens_per_rank, spec.experts_per_token, spec.num_experts, spec.hidden
@@ -46,6 +49,8 @@ def make_inputs(spec: Spec, num_ranks: int, seed: int, *, routing: str = "random
     out = []
     for g in range(groups):
         x = (rng.standard_normal((t, h)) * rng.uniform(0.1, 4.0, (t, 1))).astype(np.float32)
+        if specials:
+            special_rows(x, spec.scale_block)
         if routing == "one_hot":  # every token's first choice is expert 0 (one hot expert)
             ids = np.argsort(rng.random((t, e)), axis=1)[:, :k].astype(np.int32)
             for row in range(t):
@@ -74,12 +79,39 @@ def make_inputs(spec: Spec, num_ranks: int, seed: int, *, routing: str = "random
         else:
             n = int(num_tokens)
         xs = None
-        xin = x.astype(input_dtype)
+        with np.errstate(over="ignore"):  # specials: 1e30 is inf in f16
+            xin = x.astype(input_dtype)
         if prequantized:
             xin, xs = oracle.quantize_fp8(x, spec.scale_block, spec.pow2_scale)
         for _ in range(spec.tp_size):
             out.append(oracle.RankInputs(xin, ids.copy(), w, n, xs))
     return out
+
+
+def special_rows(x: np.ndarray, block: int) -> np.ndarray:
+    """Writes the special values into x [T, H] f32's first rows (those that exist), in place:
+    row 0 one NaN; row 1 +Inf and, last, -Inf; row 2 zeros (every third one -0.0); row 3 a zero
+    first scale block; row 4 1e30 and -3e4 (far past +-448 before scaling) and a NaN in the next
+    block; row 5 a first block of NaN and Inf only. No value near f32 max: sums of them would
+    overflow or not by the order of summation. Returns x."""
+    t, h = x.shape
+    last, b = h - 1, min(block, h)
+    special = [x[i] for i in range(min(t, 6))]
+    if len(special) > 0:
+        special[0][5 % h] = np.nan
+    if len(special) > 1:
+        special[1][3 % h], special[1][last] = np.inf, -np.inf
+    if len(special) > 2:
+        special[2][:] = 0.0
+        special[2][1::3] = -0.0
+    if len(special) > 3:
+        special[3][:b] = 0.0
+    if len(special) > 4:
+        special[4][0], special[4][1 % h], special[4][min(block, last)] = 1e30, -3e4, np.nan
+    if len(special) > 5:
+        special[5][:b] = np.nan
+        special[5][b // 2:b] = np.inf
+    return x
 
 
 def stack_global(mesh: Mesh, axis, per_rank: List[np.ndarray]):
@@ -280,7 +312,7 @@ def check_dispatch(spec: Spec, num_ranks: int, rank: int, want: oracle.RankDispa
                                               err_msg=f"rank {rank} expert {l}: dequantised rows")
             else:  # the pure-JAX quantiser may be one fp8 code off: at most 2^-3 relative (e4m3)
                 g32, w32 = xg.astype(np.float32), np.asarray(xw).astype(np.float32)
-                off = ~np.isclose(g32, w32, rtol=0.13, atol=0) | (np.sign(g32) != np.sign(w32))
+                off = ~np.isclose(g32, w32, rtol=0.13, atol=0, equal_nan=True) | (np.sign(g32) != np.sign(w32))
                 assert np.mean(g32 != w32) < 1e-4 and not off.any(), \
                     f"rank {rank} expert {l}: dequantised rows differ in {np.mean(g32 != w32):.2e} of values"
         elif spec.is_fp8 and exact_fp8:
@@ -308,7 +340,7 @@ def check_combine(spec: Spec, rank: int, want: np.ndarray, got: np.ndarray, *, e
     tol = {np.dtype(jnp.float32): 1e-5, np.dtype(jnp.float16): 2e-3}.get(np.dtype(spec.combine_dtype), 1.6e-2)
     g, w = got.astype(np.float32), np.asarray(want).astype(np.float32)
     if spec.is_fp8 and not exact_fp8:
-        bad = ~np.isclose(g, w, rtol=tol, atol=tol)
+        bad = ~np.isclose(g, w, rtol=tol, atol=tol, equal_nan=True)
         assert bad.mean() <= 1e-4, f"rank {rank}: combine output differs in {bad.mean():.2e} of elements"
         return
     np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"rank {rank}: combine output")

@@ -154,7 +154,7 @@ if stage nvshmem; then  # the nvshmem backend on the oracle: every case, the pro
   for n in ${NVSHMEM_NPROCS:-1 2 4}; do
     if [ "$n" = 1 ]; then  # one process, one rank (N = 1): every test of these files
       env "${NV_ENV[@]}" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout $(cap 500) \
-        python3 -m pytest -q -p no:cacheprovider ${NVSHMEM_TESTS:-test_ops.py test_grad.py test_protocol.py test_slot_pairings.py test_errors.py test_nvshmem_remote.py} 2>&1 \
+        python3 -m pytest -q -p no:cacheprovider ${NVSHMEM_TESTS:-test_ops.py test_grad.py test_protocol.py test_slot_pairings.py test_errors.py test_nvshmem_remote.py test_quant.py::test_gpu_send_kernels_non_finite} 2>&1 \
         | tee "$OUT/nvshmem1.full" | tail -30 | tee "$OUT/nvshmem1.log"
       continue
     fi

@@ -23,7 +23,8 @@ from jax_moe_a2a import testing as T
 MPI_ALL_CASES = os.environ.get("JAX_MOE_A2A_MPI_ALL_CASES") == "1"
 MPI_CASES = {"fp8-random", "expert-major", "one-hot-expert", "empty-ranks", "minus-one-and-invalid",
              "tp2-fp8-expert-major", "overflow-ragged", "combine-into-out", "fp8-partial-block",
-             "fp8-partial-block-32", "fp8-partial-block-expert-major-pow2", "fp8-recv-bf16"}
+             "fp8-partial-block-32", "fp8-partial-block-expert-major-pow2", "fp8-recv-bf16",
+             "fp8-non-finite", "fp8-non-finite-f16-odd-hidden"}
 
 BACKENDS = [b for b in os.environ.get("JAX_MOE_A2A_TEST_BACKENDS", ",".join(a2a.available_backends())).split(",") if b]
 # Backends written in JAX alone: differentiated by JAX autodiff, never time out (XLA collectives).
@@ -108,6 +109,18 @@ CASES = [
                                                       recv_dtype=jnp.bfloat16), dict(prequantized=True), {}),
     ("many-tokens-fp8-recv-bf16", dict(num_experts=256, experts_per_token=8, hidden=128, max_tokens_per_rank=1024,
                                        dispatch_dtype=FP8, recv_dtype=jnp.bfloat16), dict(num_tokens=1000), {}),
+    # NaN, +-Inf, values far past +-448 and all-zero blocks in x (testing.special_rows): every
+    # quantiser follows one rule (docs/api.md, "fp8 quantisation"), so rows and scales match the
+    # oracle bit for bit, NaN codes included; the vector and the warp-per-block paths of the GPU
+    # staging (H % 8 == 0 or not), partial blocks, pow2, bf16/f16 x and dequantisation on receive
+    ("fp8-non-finite", dict(dispatch_dtype=FP8), dict(specials=True, num_tokens=24), {}),
+    ("fp8-non-finite-bf16-pow2-partial", dict(hidden=144, max_tokens_per_rank=8, dispatch_dtype=FP8, scale_block=32,
+                                              pow2_scale=True, layout="expert_major"),
+     dict(input_dtype=jnp.bfloat16, specials=True, num_tokens=8), {}),
+    ("fp8-non-finite-f16-odd-hidden", dict(hidden=30, max_tokens_per_rank=8, dispatch_dtype=FP8, scale_block=16),
+     dict(input_dtype=jnp.float16, specials=True, num_tokens=8), {}),
+    ("fp8-non-finite-recv-bf16", dict(dispatch_dtype=FP8, recv_dtype=jnp.bfloat16), dict(specials=True, num_tokens=24),
+     {}),
     ("one-shot", {}, {}, dict(split=False)),
     ("combine-into-out", dict(combine_dtype=jnp.float32), {}, dict(with_out=True)),
     ("slot1", dict(slots=2), {}, dict(slot=1)),

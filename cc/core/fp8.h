@@ -3,9 +3,14 @@
 // A block of `scale_block` consecutive values of one row shares one f32 scale. A row of H values
 // has ceil(H / scale_block) blocks; when scale_block does not divide H the last block is partial
 // (H % scale_block values) and everything below is over the values it has:
-//   amax  = max |x| over the block (f32)
+//   amax  = max |x| over the block's finite values (f32; 0 when it has none)
 //   scale = max(amax, kMinAmax) * f32(1/448)           (or that value rounded up to a power of two)
-//   q     = e4m3fn(x * (1 / scale)), round to nearest even, saturating at +-448
+//   q     = e4m3fn(x * (1 / scale)), round to nearest even, saturating at +-448, for finite x;
+//           0x7F (the e4m3fn NaN, positive) for a NaN or +-Inf x
+// A NaN or Inf thus stays a NaN at its own position and changes nothing else: the block's scale
+// and its other values are those of the block with that value replaced by 0 (docs/api.md,
+// "fp8 quantisation"). fp8_amax_term and fp8_quantize_value below are that rule; every quantiser
+// (CPU, the CUDA quantize kernel and the send kernels) goes through them.
 // (a reciprocal then a multiply: what XLA makes of a division by a broadcast scale, so the
 // pure-JAX twin agrees bit for bit)
 // Dequantisation is q * scale. These rules are the contract the NumPy oracle mirrors.
@@ -54,6 +59,17 @@ A2A_HD int64_t fp8_block_len(int64_t hidden, int64_t block, int64_t b) {
   return left < block ? left : block;
 }
 
+// Whether v is finite (neither NaN nor +-Inf), from its bits (immune to fast-math flags).
+A2A_HD bool fp8_finite(float v) { return (f32_bits(v) & 0x7FFFFFFFu) < 0x7F800000u; }
+
+// One value's contribution to its block's amax: |v| when finite, else 0 (so a plain max, fmaxf
+// included, never meets a NaN).
+A2A_HD float fp8_amax_term(float v) { return fp8_finite(v) ? bits_f32(f32_bits(v) & 0x7FFFFFFFu) : 0.0f; }
+
+// The code a non-finite value quantises to: the e4m3fn NaN with the sign bit clear (e4m3fn has no
+// Inf; the sign of a NaN means nothing, and fixing it keeps every implementation bit-identical).
+constexpr uint8_t kFp8E4M3NaN = 0x7F;
+
 // The per-block scale from the block's max-abs value. pow2: round the scale up to a power of two
 // (exact bit arithmetic, so every implementation agrees).
 A2A_HD float fp8_block_scale(float amax, bool pow2) {
@@ -86,6 +102,12 @@ inline uint8_t f32_to_e4m3fn(float f) {
   // rebias the exponent from 127 to 7.
   const uint32_t r = mag + 0x7FFFFu + ((mag >> 20) & 1u);
   return sign | static_cast<uint8_t>((r >> 20) - (120u << 3));
+}
+
+// One quantised value on the host: v * inv (inv = 1 / its block's scale) as e4m3fn, or
+// kFp8E4M3NaN for a NaN or Inf v. The device twin is gpu/fp8_code.cuh's.
+inline uint8_t fp8_quantize_value(float v, float inv) {
+  return fp8_finite(v) ? f32_to_e4m3fn(v * inv) : kFp8E4M3NaN;
 }
 
 // e4m3fn bits -> float (exact).

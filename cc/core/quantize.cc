@@ -20,13 +20,13 @@ void quantize_rows(const QuantizeParams& p, int64_t row_begin, int64_t row_end) 
       const int64_t len = fp8_block_len(p.hidden, p.scale_block, b);  // the last block may be partial
       float amax = 0.0f;
       for (int64_t i = 0; i < len; ++i) {
-        const float a = std::fabs(load_as_f32(p.x, base + i, K));
-        amax = a > amax ? a : amax;  // NaN never wins, as with fmax
+        const float a = fp8_amax_term(load_as_f32(p.x, base + i, K));  // 0 for NaN and Inf
+        amax = a > amax ? a : amax;
       }
       const float s = fp8_block_scale(amax, p.pow2_scale);
       const float inv = 1.0f / s;
       p.scale[r * nblocks + b] = s;
-      for (int64_t i = 0; i < len; ++i) p.q[base + i] = f32_to_e4m3fn(load_as_f32(p.x, base + i, K) * inv);
+      for (int64_t i = 0; i < len; ++i) p.q[base + i] = fp8_quantize_value(load_as_f32(p.x, base + i, K), inv);
     }
   }
 }

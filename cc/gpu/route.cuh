@@ -8,6 +8,7 @@
 #include "core/fp8.h"
 #include "gpu/copy.cuh"
 #include "gpu/elems.cuh"
+#include "gpu/fp8_code.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
 
@@ -215,7 +216,7 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
         if (on) {
           load_vec8(P.x, int64_t(t) * g.H + h, P.x_kind, v);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+          for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fp8_amax_term(v[i]));  // NaN, Inf: 0
         }
         amax = group_max(amax, lpb, lane);
         if (!on) continue;
@@ -226,7 +227,7 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
         uint32_t packed[2] = {0u, 0u};
 #pragma unroll
         for (int i = 0; i < 8; ++i)
-          packed[i / 4] |= uint32_t(__nv_cvt_float_to_fp8(__fmul_rn(v[i], inv), __NV_SATFINITE, __NV_E4M3)) << (8 * (i % 4));
+          packed[i / 4] |= uint32_t(fp8_quantize_value(v[i], inv)) << (8 * (i % 4));
         *reinterpret_cast<uint2*>(row + h) = make_uint2(packed[0], packed[1]);  // h % 8 == 0, row 16-aligned
       }
       return;
@@ -238,13 +239,13 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
       uint8_t* q = row_of(t) + int64_t(b) * g.scale_block;
       const int len = static_cast<int>(fp8_block_len(g.H, g.scale_block, b));  // the last block may be partial
       float amax = 0.f;
-      for (int i = lane; i < len; i += 32) amax = fmaxf(amax, fabsf(load_elem(P.x, base + i, P.x_kind)));
+      for (int i = lane; i < len; i += 32) amax = fmaxf(amax, fp8_amax_term(load_elem(P.x, base + i, P.x_kind)));
       for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
       const float sc = fp8_block_scale(amax, g.pow2 != 0);
       const float inv = __frcp_rn(sc);
       if (lane == 0) store_f32(row_of(t) + g.payload + 4 * b, sc);
       for (int i = lane; i < len; i += 32)
-        q[i] = __nv_cvt_float_to_fp8(__fmul_rn(load_elem(P.x, base + i, P.x_kind), inv), __NV_SATFINITE, __NV_E4M3);
+        q[i] = fp8_quantize_value(load_elem(P.x, base + i, P.x_kind), inv);
     }
     return;
   }

@@ -19,6 +19,7 @@
 #include "gpu/copy.cuh"
 #include "gpu/dequant.cuh"
 #include "gpu/elems.cuh"
+#include "gpu/fp8_code.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
 #include "gpu/route.cuh"
@@ -30,8 +31,8 @@ __device__ __forceinline__ int chunk_of(int i) { return threadIdx.x + i * blockD
 // fp8 quantisation of x of kind XK (0 f32, 1 bf16, 2 f16) in registers. Chunk c holds values
 // [16c, 16c + 16) of the token, scale block c / lpb (lpb = scale_block / 16 lanes, a power of two
 // <= 32, so a scale block's lanes are aligned within a warp). The same arithmetic as stage_rows'
-// vector path (gpu/route.cuh): amax over the block, fp8_block_scale, x * (1 / scale) rounded
-// to e4m3 with saturation.
+// vector path (gpu/route.cuh): amax over the block's finite values, fp8_block_scale, x * (1 / scale)
+// rounded to e4m3 with saturation, NaN and Inf to 0x7F (gpu/fp8_code.cuh).
 template <int XK, int kC = 2>
 struct QuantChunks {
   static constexpr int kChunks = kC;  // payload <= kC * 16 * blockDim bytes
@@ -63,14 +64,14 @@ struct QuantChunks {
       raw8_to_f32<XK>(raw[i][1], v + 8);
       float amax = 0.f;  // chunks past the end hold zeros
 #pragma unroll
-      for (int j = 0; j < 16; ++j) amax = fmaxf(amax, fabsf(v[j]));
+      for (int j = 0; j < 16; ++j) amax = fmaxf(amax, fp8_amax_term(v[j]));  // NaN, Inf: 0
       amax = group_max(amax, lpb, threadIdx.x & 31);  // lpb a power of two: xor shuffles
       const float sc = fp8_block_scale(amax, P.g.pow2 != 0);
       const float inv = __frcp_rn(sc);
       uint32_t w[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
       for (int j = 0; j < 16; ++j)
-        w[j / 4] |= uint32_t(__nv_cvt_float_to_fp8(__fmul_rn(v[j], inv), __NV_SATFINITE, __NV_E4M3)) << (8 * (j % 4));
+        w[j / 4] |= uint32_t(fp8_quantize_value(v[j], inv)) << (8 * (j % 4));
       q[i] = make_uint4(w[0], w[1], w[2], w[3]);
       scale[i] = sc;
       // once per token, not once per stored row: the division by the run-time lpb (a power of

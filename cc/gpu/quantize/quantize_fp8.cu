@@ -3,6 +3,7 @@
 #include <cuda_fp8.h>
 
 #include "core/fp8.h"
+#include "gpu/fp8_code.cuh"
 #include "gpu/quantize/quantize_fp8.h"
 
 namespace a2a::cuda {
@@ -34,7 +35,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
   const int64_t len = fp8_block_len(hidden, block, b);
   const T* src = x + off;
   float amax = 0.0f;
-  for (int64_t i = lane; i < len; i += 32) amax = fmaxf(amax, fabsf(to_f32(src[i])));
+  for (int64_t i = lane; i < len; i += 32) amax = fmaxf(amax, fp8_amax_term(to_f32(src[i])));  // NaN, Inf: 0
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
   const float s = fp8_block_scale(amax, pow2);
@@ -42,7 +43,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
   if (lane == 0) scale[blk] = s;
   __nv_fp8_storage_t* dst = q + off;
   for (int64_t i = lane; i < len; i += 32) {
-    dst[i] = __nv_cvt_float_to_fp8(__fmul_rn(to_f32(src[i]), inv), __NV_SATFINITE, __NV_E4M3);
+    dst[i] = fp8_quantize_value(to_f32(src[i]), inv);
   }
 }
 
