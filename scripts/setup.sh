@@ -114,6 +114,11 @@ if command -v nvcc >/dev/null; then
              || echo "setup: could not install nvidia-nvshmem-cu${nvcc_major}; the nvshmem backend will not be built" ;;
     *) echo "setup: CUDA ${nvcc_major:-?} has no nvidia-nvshmem wheel; the nvshmem backend will not be built" ;;
   esac
+  # CUTLASS / CuTe headers for the grouped expert GEMMs (cc/gemm): the nvidia-cutlass wheel, headers
+  # only (--no-deps: its Python generator's dependencies are not needed to compile against it).
+  echo "setup: nvidia-cutlass headers for the grouped-GEMM kernels"
+  _run python -m pip install -q --no-deps "nvidia-cutlass==4.2.0.0" \
+    || echo "setup: could not install nvidia-cutlass; the grouped-GEMM kernels will not be built"
 fi
 
 # --- 5. the build ---------------------------------------------------------------------------------
@@ -129,7 +134,7 @@ fi
 _build_filter() {
   # CMake's status lines and ninja's progress, shortened ("[12/40] cc/cuda/dispatch/send.cu"),
   # compiler errors, scikit-build-core's stages; `t` ends a line's processing once one matched.
-  sed -u -n -e 's/^ *\(-- \(CUDA\|nvshmem\|libfabric\|XLA FFI\|The CXX\|The CUDA\|Build files\).*\)$/setup:   \1/p' -e t \
+  sed -u -n -e 's/^ *\(-- \(CUDA\|grouped GEMMs\|nvshmem\|libfabric\|XLA FFI\|The CXX\|The CUDA\|Build files\).*\)$/setup:   \1/p' -e t \
             -e 's/^ *\(\[[0-9]*\/[0-9]*\]\) [A-Za-z]* [A-Za-z+]* object .*\.dir\/\(.*\)\.o$/setup:   \1 \2/p' -e t \
             -e 's/^ *\(\[[0-9]*\/[0-9]*\]\) Linking .* \(.*\)$/setup:   \1 link \2/p' -e t \
             -e 's/^\(.*\(error:\|Error:\|CMake Error\|FAILED:\|ninja: build stopped\).*\)$/setup:   \1/p' -e t \

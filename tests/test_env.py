@@ -12,7 +12,8 @@ from jax_moe_a2a import env
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # CMake options and the preprocessor macros they define: build switches, not environment variables.
 BUILD_MACROS = {"JAX_MOE_A2A_" + n for n in ("CUDA", "NVSHMEM", "WITH_CUDA", "WITH_LIBFABRIC", "WITH_NVSHMEM",
-                                              "HAVE_CUDA", "HAVE_NVSHMEM")}
+                                              "HAVE_CUDA", "HAVE_NVSHMEM", "GEMM", "WITH_GEMM", "HAVE_GEMM",
+                                              "GEMM_REASON")}
 
 
 def _repo_files():

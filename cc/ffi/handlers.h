@@ -24,6 +24,11 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaCombineRecv);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaLocalDispatch);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaLocalCombine);
 #endif
+#if defined(JAX_MOE_A2A_WITH_GEMM)
+// grouped expert GEMMs (cc/gemm): y = x @ w^T per local expert; the SwiGLU epilogue.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aGroupedGemmCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aSwigluCuda);
+#endif
 #if defined(JAX_MOE_A2A_WITH_NVSHMEM)
 // nvshmem backend (cc/nvshmem): the four halves on NVIDIA GPUs, peers over NVSHMEM puts and signals.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aNvshmemDispatchSend);

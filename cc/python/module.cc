@@ -22,6 +22,9 @@ namespace a2a::python {
 void bind_nvshmem(nb::module_& m);  // cc/python/bind_nvshmem.cc
 }
 #endif
+namespace a2a::python {
+void bind_gemm(nb::module_& m);  // cc/python/bind_gemm.cc
+}
 
 namespace {
 
@@ -60,6 +63,10 @@ NB_MODULE(_C, m) {
     d["jax_moe_a2a_cuda_local_dispatch"] = capsule(A2aCudaLocalDispatch);
     d["jax_moe_a2a_cuda_local_combine"] = capsule(A2aCudaLocalCombine);
 #endif
+#if defined(JAX_MOE_A2A_WITH_GEMM)
+    d["jax_moe_a2a_grouped_gemm"] = capsule(A2aGroupedGemmCuda);
+    d["jax_moe_a2a_swiglu"] = capsule(A2aSwigluCuda);
+#endif
 #if defined(JAX_MOE_A2A_WITH_NVSHMEM)
     d["jax_moe_a2a_nvshmem_dispatch_send"] = capsule(A2aNvshmemDispatchSend);
     d["jax_moe_a2a_nvshmem_dispatch_recv"] = capsule(A2aNvshmemDispatchRecv);
@@ -82,6 +89,7 @@ NB_MODULE(_C, m) {
 #if defined(JAX_MOE_A2A_WITH_NVSHMEM)
   a2a::python::bind_nvshmem(m);
 #endif
+  a2a::python::bind_gemm(m);
   m.def("built_with_libfabric", []() {
 #if defined(JAX_MOE_A2A_WITH_LIBFABRIC)
     return true;

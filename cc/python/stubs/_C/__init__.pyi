@@ -6,6 +6,7 @@ import enum
 
 from jax_moe_a2a._C import (
     cuda as cuda,
+    gemm as gemm,
     host as host,
     nvshmem as nvshmem,
     proxy as proxy,

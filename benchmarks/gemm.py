@@ -1,0 +1,293 @@
+"""Grouped expert GEMMs alone (issue 31): the native kernels (jax_moe_a2a.gemm_ffi) next to what a
+JAX user can write, and the floors, all measured in one run on one GPU.
+
+    python benchmarks/gemm.py [--out results/gemm.json] [--cases decode,prefill] [--trials 7]
+
+Decode: 1,024 received rows, DeepSeek-V3 expert shapes (H = 7168, F = 2048), L = 256, 32, 8 local
+experts (rows spread uniformly at random over them), the whole expert MLP: gate+up GEMM with the
+SwiGLU epilogue, then down. Per L:
+  native fp8   fp8 e4m3 rows (1x128 scales) x fp8 weights (128x128 scales), h re-quantised to fp8
+               (ragged layout, and expert_major [L, C, H] with C = 4 x the mean rows per expert)
+  native bf16  bf16 x bf16, h bf16 (ragged)
+  ragged_dot   jax.lax.ragged_dot_general over the ragged rows, bf16 (what XLA offers)
+  einsum       the expert_major einsum [L, C, H] x [L, N, H], bf16
+  hbm floor    the weights' bytes read once at the bandwidth of a device copy measured on those
+               same bytes (copy time / 2: a copy reads and writes each byte)
+Prefill: 4,096 tokens x top-8 = 32,768 rows over L = 32 experts, the same MLP, next to XLA's dense
+dot of the same FLOPs and dtype ([32768, 7168] x [7168, 6144]: bf16, and fp8 e4m3 x e4m3 -> bf16,
+XLA's fp8 dot through cuBLASLt with no block scales).
+
+Timing: each measurement enqueues `reps` jitted calls back to back (one dispatch per MLP) and
+blocks once; a trial is that wall time / reps; p50 and [min, max] over `trials` trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+FP8, BF16 = jnp.float8_e4m3fn, jnp.bfloat16
+H, F = 7168, 2048
+
+
+def timeit(fn, *args, trials=7, reps=None, target_s=0.05):
+    out = fn(*args)
+    jax.block_until_ready(out)
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    one = time.perf_counter() - t0
+    if reps is None:
+        reps = int(max(3, min(200, target_s / max(one, 1e-6))))
+    samples = []
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        for _ in range(reps):  # one stream: the last call ends after all the others
+            out = fn(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - t0) / reps)
+        del out
+    us = np.asarray(samples) * 1e6
+    return {"p50_us": float(np.median(us)), "min_us": float(us.min()), "max_us": float(us.max()),
+            "trials": trials, "reps": reps}
+
+
+def fp8_weights(key, shape):
+    """Random e4m3 weights [L, N, K] and positive 128x128 block scales [L, N/128, K/128]."""
+    k1, k2 = jax.random.split(key)
+    w = jax.random.uniform(k1, shape, jnp.float32, -2, 2).astype(FP8)
+    s = jax.random.uniform(k2, (shape[0], shape[1] // 128, shape[2] // 128), jnp.float32, 0.002, 0.02)
+    return w, s
+
+
+def bf16_weights(key, shape):
+    return (jax.random.normal(key, shape, jnp.float32) * 0.02).astype(BF16)
+
+
+def sizes_uniform(rng, L, rows):
+    return np.bincount(rng.integers(0, L, size=rows), minlength=L).astype(np.int32)
+
+
+def to_expert_major(x, sizes, C):
+    """Ragged rows -> [L, C, ...] (rows past C dropped; C is chosen above every count here)."""
+    L = len(sizes)
+    out = np.zeros((L, C) + x.shape[1:], x.dtype)
+    off = 0
+    for l, s in enumerate(sizes):
+        out[l, :s] = x[off:off + s]
+        off += s
+    return out
+
+
+def copy_floor(nbytes):
+    """Device copy of nbytes (read + write each byte once): (result, bytes/s of reading once)."""
+    a = jnp.zeros((nbytes // 4,), jnp.uint32) + jnp.uint32(0x01020304)
+    f = jax.jit(lambda v: v ^ jnp.uint32(0x5A5A5A5A))
+    r = timeit(f, a)
+    del a
+    r["read_once_us"] = r["p50_us"] / 2
+    r["copy_GBps"] = 2 * nbytes / (r["p50_us"] * 1e-6) / 1e9
+    return r
+
+
+def mlp_fns(gemm_ffi):
+    def native_mlp(x, wgu, wd, gs, xs, wgus, wds, quant):
+        h, hs = gemm_ffi.grouped_gemm_swiglu(x, wgu, gs, x_scale=xs, w_scale=wgus, quantize_hidden=quant)
+        return gemm_ffi.grouped_gemm(h, wd, gs, x_scale=hs, w_scale=wds)
+
+    native_fp8 = jax.jit(lambda x, wgu, wd, gs, xs, wgus, wds: native_mlp(x, wgu, wd, gs, xs, wgus, wds, True))
+    native_bf16 = jax.jit(lambda x, wgu, wd, gs: native_mlp(x, wgu, wd, gs, None, None, None, False))
+
+    dn = jax.lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(((1,), (2,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+
+    def ragged_mlp(x, wgu, wd, gs):
+        gu = jax.lax.ragged_dot_general(x, wgu, gs, dn, preferred_element_type=jnp.float32)
+        g, u = gu[:, :F], gu[:, F:]
+        h = (jax.nn.silu(g) * u).astype(BF16)
+        return jax.lax.ragged_dot_general(h, wd, gs, dn, preferred_element_type=jnp.float32).astype(BF16)
+
+    def einsum_mlp(x, wgu, wd):
+        gu = jnp.einsum("lch,lnh->lcn", x, wgu, preferred_element_type=jnp.float32)
+        g, u = gu[..., :F], gu[..., F:]
+        h = (jax.nn.silu(g) * u).astype(BF16)
+        return jnp.einsum("lcf,lhf->lch", h, wd, preferred_element_type=jnp.float32).astype(BF16)
+
+    return native_fp8, native_bf16, jax.jit(ragged_mlp), jax.jit(einsum_mlp)
+
+
+def quantize_rows(x):
+    from jax_moe_a2a.quant import quantize_fp8_jax
+    return quantize_fp8_jax(x, 128)
+
+
+def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False):
+    native_fp8, native_bf16, ragged_mlp, einsum_mlp = mlp_fns(gemm_ffi)
+    sizes = sizes_uniform(rng, L, rows)
+    C = max(int(4 * rows // L), int(sizes.max()))
+    x32 = rng.normal(size=(rows, H)).astype(np.float32)
+    xb = jnp.asarray(x32).astype(BF16)
+    xq, xs = quantize_rows(jnp.asarray(x32))
+    gs = jnp.asarray(sizes)
+    kg, kd = jax.random.split(key)
+    res = {"L": L, "rows": rows, "C": C, "max_rows_per_expert": int(sizes.max())}
+    wgu8, wgus = fp8_weights(kg, (L, 2 * F, H))
+    wd8, wds = fp8_weights(kd, (L, H, F))
+    fp8_bytes = L * 3 * F * H
+    res["fp8_weight_bytes"] = fp8_bytes
+    res["native_fp8_ragged"] = timeit(native_fp8, xq, wgu8, wd8, gs, xs, wgus, wds, trials=trials)
+    xq_em = jnp.asarray(to_expert_major(np.asarray(xq.astype(jnp.float32)), sizes, C)).astype(FP8)
+    xs_em = jnp.asarray(to_expert_major(np.asarray(xs), sizes, C))
+    res["native_fp8_expert_major"] = timeit(native_fp8, xq_em, wgu8, wd8, gs, xs_em, wgus, wds, trials=trials)
+    # where the MLP's time goes: the gate+up GEMM (f32 out), the SwiGLU epilogue, the down GEMM
+    gate_up = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2, out_dtype=jnp.float32))
+    res["native_fp8_gate_up_f32"] = timeit(gate_up, xq, wgu8, gs, xs, wgus, trials=trials)
+    gu = gate_up(xq, wgu8, gs, xs, wgus)
+    sw = jax.jit(lambda g: gemm_ffi.swiglu(g, quantize_hidden=True))
+    res["native_swiglu_fp8"] = timeit(sw, gu, trials=trials)
+    h, hs = sw(gu)
+    down = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2))
+    res["native_fp8_down"] = timeit(down, h, wd8, gs, hs, wds, trials=trials)
+    del gu, h, hs
+    del wgu8, wd8
+    res["hbm_fp8"] = copy_floor(fp8_bytes)
+    wgu = bf16_weights(kg, (L, 2 * F, H))
+    wd = bf16_weights(kd, (L, H, F))
+    res["bf16_weight_bytes"] = 2 * fp8_bytes
+    res["native_bf16_ragged"] = timeit(native_bf16, xb, wgu, wd, gs, trials=trials)
+    if not native_only:
+        res["ragged_dot_bf16"] = timeit(ragged_mlp, xb, wgu, wd, gs, trials=max(3, trials // 2))
+        xb_em = jnp.asarray(to_expert_major(np.asarray(xb.astype(jnp.float32)), sizes, C)).astype(BF16)
+        res["einsum_bf16_expert_major"] = timeit(einsum_mlp, xb_em, wgu, wd, trials=trials)
+    del wgu, wd
+    res["hbm_bf16"] = copy_floor(2 * fp8_bytes)
+    return res
+
+
+def dense_dot(M, K, N, dtype, trials):
+    ka, kb = jax.random.split(jax.random.PRNGKey(7))
+    a = jax.random.uniform(ka, (M, K), jnp.float32, -1, 1).astype(dtype)
+    b = jax.random.uniform(kb, (K, N), jnp.float32, -1, 1).astype(dtype)
+    f = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=BF16))
+    try:
+        r = timeit(f, a, b, trials=trials)
+    except Exception as e:  # XLA may not offer this dtype's dot
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    r["tflops"] = 2 * M * K * N / (r["p50_us"] * 1e-6) / 1e12
+    return r
+
+
+def prefill_case(trials, gemm_ffi, rng, key, tokens=4096, topk=8, L=32):
+    native_fp8, native_bf16, ragged_mlp, _ = mlp_fns(gemm_ffi)
+    rows = tokens * topk
+    sizes = sizes_uniform(rng, L, rows)
+    flops = 2 * rows * 3 * F * H
+    x32 = jax.random.normal(jax.random.PRNGKey(3), (rows, H), jnp.float32)
+    xq, xs = quantize_rows(x32)
+    xb = x32.astype(BF16)
+    del x32
+    gs = jnp.asarray(sizes)
+    kg, kd = jax.random.split(key)
+    res = {"L": L, "rows": rows, "flops": flops}
+    wgu8, wgus = fp8_weights(kg, (L, 2 * F, H))
+    wd8, wds = fp8_weights(kd, (L, H, F))
+    r = timeit(native_fp8, xq, wgu8, wd8, gs, xs, wgus, wds, trials=trials)
+    r["tflops"] = flops / (r["p50_us"] * 1e-6) / 1e12
+    res["native_fp8_ragged"] = r
+    del wgu8, wd8
+    wgu = bf16_weights(kg, (L, 2 * F, H))
+    wd = bf16_weights(kd, (L, H, F))
+    r = timeit(native_bf16, xb, wgu, wd, gs, trials=trials)
+    r["tflops"] = flops / (r["p50_us"] * 1e-6) / 1e12
+    res["native_bf16_ragged"] = r
+    r = timeit(ragged_mlp, xb, wgu, wd, gs, trials=max(3, trials // 2))
+    r["tflops"] = flops / (r["p50_us"] * 1e-6) / 1e12
+    res["ragged_dot_bf16"] = r
+    del wgu, wd, xb, xq
+    res["dense_dot_bf16"] = dense_dot(rows, H, 3 * F, BF16, trials)
+    res["dense_dot_fp8"] = dense_dot(rows, H, 3 * F, FP8, trials)
+    return res
+
+
+def _fmt(r):
+    return f"{r['p50_us']:9.1f} [{r['min_us']:.1f}, {r['max_us']:.1f}]" if r and "p50_us" in r else "        n/a"
+
+
+def report(out):
+    lines = []
+    for d in out.get("decode", []):
+        hb8, hb16 = d["hbm_fp8"]["read_once_us"], d["hbm_bf16"]["read_once_us"]
+        n8, n8e, n16 = d["native_fp8_ragged"], d["native_fp8_expert_major"], d["native_bf16_ragged"]
+        rd, es = d.get("ragged_dot_bf16"), d.get("einsum_bf16_expert_major")
+        lines.append(f"decode L={d['L']:3d} rows={d['rows']} C={d['C']} (p50 us [min, max])")
+        lines.append(f"  native fp8 ragged        {_fmt(n8)}   x{n8['p50_us'] / hb8:.2f} of fp8 weights' HBM time {hb8:.1f} us"
+                     f" (copy {d['hbm_fp8']['copy_GBps']:.0f} GB/s)")
+        lines.append(f"  native fp8 expert_major  {_fmt(n8e)}   x{n8e['p50_us'] / hb8:.2f}")
+        if "native_fp8_down" in d:
+            lines.append(f"    parts: gate+up f32 {_fmt(d['native_fp8_gate_up_f32'])} (floor {hb8 * 2 / 3:.1f}),"
+                         f" swiglu {_fmt(d['native_swiglu_fp8'])}, down {_fmt(d['native_fp8_down'])} (floor {hb8 / 3:.1f})")
+        lines.append(f"  native bf16 ragged       {_fmt(n16)}   x{n16['p50_us'] / hb16:.2f} of bf16 weights' HBM time {hb16:.1f} us")
+        if rd:
+            lines.append(f"  ragged_dot bf16          {_fmt(rd)}   native bf16 is {rd['p50_us'] / n16['p50_us']:.1f}x faster,"
+                         f" native fp8 {rd['p50_us'] / n8['p50_us']:.1f}x")
+        if es:
+            lines.append(f"  einsum bf16 expert_major {_fmt(es)}   x{es['p50_us'] / hb16:.2f} of bf16 HBM time")
+    p = out.get("prefill")
+    if p:
+        lines.append(f"prefill L={p['L']} rows={p['rows']} ({p['flops'] / 1e12:.2f} TFLOP per MLP)")
+        for name in ("native_fp8_ragged", "native_bf16_ragged", "ragged_dot_bf16", "dense_dot_bf16", "dense_dot_fp8"):
+            r = p[name]
+            if "p50_us" in r:
+                lines.append(f"  {name:22s} {_fmt(r)}  {r['tflops']:.0f} TFLOP/s")
+            else:
+                lines.append(f"  {name:22s} {r.get('error')}")
+        for n, d in (("native_bf16_ragged", "dense_dot_bf16"), ("native_fp8_ragged", "dense_dot_fp8"),
+                     ("native_fp8_ragged", "dense_dot_bf16")):
+            if "tflops" in p[n] and "tflops" in p[d]:
+                lines.append(f"  {n} / {d}: {p[n]['tflops'] / p[d]['tflops']:.2f}x throughput")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="results/gemm.json")
+    ap.add_argument("--cases", default="decode,prefill")
+    ap.add_argument("--experts", default="256,32,8")
+    ap.add_argument("--rows", type=int, default=1024)
+    ap.add_argument("--trials", type=int, default=7)
+    ap.add_argument("--native-only", action="store_true", help="decode: skip the XLA baselines")
+    a = ap.parse_args(argv)
+    from jax_moe_a2a import gemm_ffi
+    why = gemm_ffi.native_reason()
+    if why is not None:
+        print(f"gemm benchmark: the native kernels cannot run here: {why}")
+        return 0
+    rng = np.random.default_rng(0)
+    key = jax.random.PRNGKey(0)
+    dev = jax.devices()[0]
+    out = {"tile_m": os.environ.get("JAX_MOE_A2A_GEMM_TILE_M", "auto"), "device": dev.device_kind, "jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "commit": os.environ.get("GIT_COMMIT", ""), "decode": []}
+    cases = a.cases.split(",")
+    if "decode" in cases:
+        for L in [int(v) for v in a.experts.split(",")]:
+            out["decode"].append(decode_case(L, a.rows, a.trials, gemm_ffi, rng, key, a.native_only))
+            print(report({"decode": out["decode"][-1:]}), flush=True)
+    if "prefill" in cases:
+        out["prefill"] = prefill_case(a.trials, gemm_ffi, rng, key)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print("=" * 100)
+    print(report(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+// FFI handlers of the grouped expert GEMMs (cc/gemm): decode, validate, forward. Each only
+// launches device work on XLA's stream (group sizes are read on the device): safe inside XLA
+// command buffers.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "ffi/common.h"
+#include "ffi/handlers.h"
+#include "gemm/grouped_gemm.h"
+
+namespace ffi = xla::ffi;
+namespace g = a2a::gemm;
+using a2a::ffi_util::invalid;
+
+namespace {
+
+ffi::Error launch_failed(const char* what, cudaError_t rc) {
+  return ffi::Error(ffi::ErrorCode::kInternal,
+                    std::string("jax_moe_a2a: ") + what + " launch failed: " + cudaGetErrorString(rc));
+}
+
+// x [R, K] (ragged) or [L, C, K] (expert_major) bf16 / f8e4m3fn; w [L, N, K] (or [L, K, N] with
+// transpose_w); group_sizes [L] s32; x_scale f32 [rows, K/128] and w_scale f32 [L, N/128, K/128]
+// (fp8; empty for bf16); y [rows, N] / [L, C, N] bf16 or f32; workspace u8.
+ffi::Error GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> group_sizes,
+                           ffi::Buffer<ffi::F32> x_scale, ffi::Buffer<ffi::F32> w_scale, ffi::Result<ffi::AnyBuffer> y,
+                           ffi::Result<ffi::Buffer<ffi::U8>> workspace, int32_t transpose_w) {
+  g::GroupedGemmParams p;
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  if (wd.size() != 3) return invalid("grouped_gemm: w must be 3-D");
+  p.num_groups = wd[0];
+  p.transpose_w = transpose_w != 0;
+  p.n = p.transpose_w ? wd[2] : wd[1];
+  p.k = p.transpose_w ? wd[1] : wd[2];
+  if (xd.size() == 2) {
+    p.layout = g::Layout::kRagged;
+    p.rows = xd[0];
+  } else if (xd.size() == 3) {
+    p.layout = g::Layout::kExpertMajor;
+    if (xd[0] != p.num_groups) return invalid("grouped_gemm: expert_major x must be [L, C, K] with L = w.shape[0]");
+    p.rows = xd[1];
+  } else {
+    return invalid("grouped_gemm: x must be [R, K] or [L, C, K]");
+  }
+  if (xd[xd.size() - 1] != p.k) return invalid("grouped_gemm: x's last dimension must be K");
+  if (group_sizes.element_count() != static_cast<size_t>(p.num_groups))
+    return invalid("grouped_gemm: group_sizes must be [L]");
+  if (x.element_type() != w.element_type()) return invalid("grouped_gemm: x and w must have one dtype");
+  if (x.element_type() == ffi::DataType::BF16) {
+    p.in = g::InType::kBF16;
+  } else if (x.element_type() == ffi::DataType::F8E4M3FN) {
+    p.in = g::InType::kFp8;
+    const int64_t rows_total = p.layout == g::Layout::kRagged ? p.rows : p.rows * p.num_groups;
+    if (p.k % 128 != 0 || p.n % 128 != 0) return invalid("grouped_gemm: fp8 needs K % 128 == 0 and N % 128 == 0");
+    if (x_scale.element_count() != static_cast<size_t>(rows_total * (p.k / 128)))
+      return invalid("grouped_gemm: x_scale must be [rows, K/128]");
+    if (w_scale.element_count() != static_cast<size_t>(p.num_groups * (p.n / 128) * (p.k / 128)))
+      return invalid("grouped_gemm: w_scale must be [L, N/128, K/128]");
+    p.x_scale = x_scale.typed_data();
+    p.w_scale = w_scale.typed_data();
+  } else {
+    return invalid("grouped_gemm: x and w must be bf16 or float8_e4m3fn");
+  }
+  if (y->element_type() == ffi::DataType::BF16) {
+    p.out = g::OutType::kBF16;
+  } else if (y->element_type() == ffi::DataType::F32) {
+    p.out = g::OutType::kF32;
+  } else {
+    return invalid("grouped_gemm: y must be bf16 or f32");
+  }
+  const int64_t rows_total = p.layout == g::Layout::kRagged ? p.rows : p.rows * p.num_groups;
+  if (y->element_count() != static_cast<size_t>(rows_total * p.n)) return invalid("grouped_gemm: y must be [rows, N]");
+  if (const char* why = g::unsupported_reason(p)) return invalid(std::string("grouped_gemm: ") + why);
+  p.x = x.untyped_data();
+  p.w = w.untyped_data();
+  p.group_sizes = group_sizes.typed_data();
+  p.y = y->untyped_data();
+  p.workspace = workspace->untyped_data();
+  p.workspace_size = workspace->element_count();
+  if (p.workspace_size < g::workspace_bytes(p, 0)) return invalid("grouped_gemm: workspace too small");
+  if (cudaError_t rc = g::launch_grouped_gemm(p, stream); rc != cudaSuccess) return launch_failed("grouped_gemm", rc);
+  return ffi::Error::Success();
+}
+
+// gu f32 [rows, 2F] -> h [rows, F] bf16, or f8e4m3fn with h_scale f32 [rows, F/block].
+ffi::Error SwigluImpl(cudaStream_t stream, ffi::Buffer<ffi::F32> gu, ffi::Result<ffi::AnyBuffer> h,
+                      ffi::Result<ffi::Buffer<ffi::F32>> h_scale, int64_t block) {
+  auto d = gu.dimensions();
+  if (d.size() < 1 || d[d.size() - 1] % 2 != 0) return invalid("swiglu: gu must be [..., 2F]");
+  g::SwigluParams p;
+  p.f = d[d.size() - 1] / 2;
+  p.rows = p.f == 0 ? 0 : static_cast<int64_t>(gu.element_count()) / (2 * p.f);
+  p.block = block;
+  if (block <= 0 || block > 256) return invalid("swiglu: block must be in 1..256");
+  if (h->element_count() != static_cast<size_t>(p.rows * p.f)) return invalid("swiglu: h must be [..., F]");
+  p.gu = gu.typed_data();
+  p.h = h->untyped_data();
+  if (h->element_type() == ffi::DataType::F8E4M3FN) {
+    const int64_t nb = (p.f + block - 1) / block;
+    if (h_scale->element_count() != static_cast<size_t>(p.rows * nb)) return invalid("swiglu: h_scale must be [..., F/block]");
+    p.h_scale = h_scale->typed_data();
+  } else if (h->element_type() != ffi::DataType::BF16) {
+    return invalid("swiglu: h must be bf16 or float8_e4m3fn");
+  }
+  if (cudaError_t rc = g::launch_swiglu(p, stream); rc != cudaSuccess) return launch_failed("swiglu", rc);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aGroupedGemmCuda, GroupedGemmImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::U8>>()
+                                  .Attr<int32_t>("transpose_w"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aSwigluCuda, SwigluImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("block"),
+                              {ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,260 @@
+// One CUTLASS 3.x Hopper pointer-array grouped GEMM configuration and its device-side setup.
+//
+// Included only by the kernel translation units of cc/gemm (each instantiates the few
+// configurations it launches, so the build compiles only what is used). The CUTLASS headers come
+// from the nvidia-cutlass wheel (CMakeLists.txt finds them through Python).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/detail/blockwise_scale_layout.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+#include "gemm/grouped_gemm.h"
+
+namespace a2a::gemm::detail {
+
+using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // <M, N, K> per group
+
+// The configuration: element types, layout of B (ColumnMajor = w [N, K] K-contiguous, RowMajor =
+// w [K, N] N-contiguous), blockwise fp8 scaling (1x128 on A, 128x128 on B, both K-major), tile,
+// cluster and schedules.
+template <class ElemAB_, class ElemD_, class LayoutB_, bool kBlockwise_, class Tile_, class Cluster_,
+          class KernelSchedule_, class EpilogueSchedule_>
+struct GroupedConfig {
+  using ElemAB = ElemAB_;
+  using ElemD = ElemD_;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = LayoutB_;
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr bool kBlockwise = kBlockwise_;
+  static constexpr int kAlignAB = 128 / cutlass::sizeof_bits<ElemAB>::value;
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElemD>::value;
+
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K,
+                                                                cute::GMMA::Major::K>;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile_, Cluster_,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, ElemD,
+      LayoutD*, kAlignD, EpilogueSchedule_,
+      cutlass::epilogue::fusion::LinearCombination<ElemD, float, void, float>>::CollectiveOp;
+
+  using LayoutATag = std::conditional_t<kBlockwise, cute::tuple<LayoutA*, LayoutSFA*>, LayoutA*>;
+  using LayoutBTag = std::conditional_t<kBlockwise, cute::tuple<LayoutB*, LayoutSFB*>, LayoutB*>;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElemAB, LayoutATag, kAlignAB, ElemAB,
+      LayoutBTag, kAlignAB, float, Tile_, Cluster_,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      KernelSchedule_>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+};
+
+// The per-group argument arrays, carved from the workspace after CUTLASS's own part.
+template <class Cfg>
+struct GroupArrays {
+  typename Cfg::Shape3* shapes;
+  const typename Cfg::ElemAB** a;
+  typename Cfg::StrideA* stride_a;
+  const typename Cfg::ElemAB** b;
+  typename Cfg::StrideB* stride_b;
+  typename Cfg::ElemD** d;
+  typename Cfg::StrideD* stride_d;
+  const float** sfa;
+  typename Cfg::LayoutSFA* layout_sfa;
+  const float** sfb;
+  typename Cfg::LayoutSFB* layout_sfb;
+
+  static constexpr size_t round(size_t n) { return (n + 127) / 128 * 128; }
+
+  // Bytes for L groups; carve(base, L) lays them out in this order.
+  static size_t bytes(int64_t L) {
+    return round(L * sizeof(typename Cfg::Shape3)) + 3 * round(L * sizeof(void*)) +
+           round(L * sizeof(typename Cfg::StrideA)) + round(L * sizeof(typename Cfg::StrideB)) +
+           round(L * sizeof(typename Cfg::StrideD)) + 2 * round(L * sizeof(void*)) +
+           round(L * sizeof(typename Cfg::LayoutSFA)) + round(L * sizeof(typename Cfg::LayoutSFB));
+  }
+  static GroupArrays carve(char* p, int64_t L) {
+    GroupArrays g;
+    auto take = [&](size_t n) { char* q = p; p += round(n); return q; };
+    g.shapes = reinterpret_cast<typename Cfg::Shape3*>(take(L * sizeof(typename Cfg::Shape3)));
+    g.a = reinterpret_cast<const typename Cfg::ElemAB**>(take(L * sizeof(void*)));
+    g.b = reinterpret_cast<const typename Cfg::ElemAB**>(take(L * sizeof(void*)));
+    g.d = reinterpret_cast<typename Cfg::ElemD**>(take(L * sizeof(void*)));
+    g.stride_a = reinterpret_cast<typename Cfg::StrideA*>(take(L * sizeof(typename Cfg::StrideA)));
+    g.stride_b = reinterpret_cast<typename Cfg::StrideB*>(take(L * sizeof(typename Cfg::StrideB)));
+    g.stride_d = reinterpret_cast<typename Cfg::StrideD*>(take(L * sizeof(typename Cfg::StrideD)));
+    g.sfa = reinterpret_cast<const float**>(take(L * sizeof(void*)));
+    g.sfb = reinterpret_cast<const float**>(take(L * sizeof(void*)));
+    g.layout_sfa = reinterpret_cast<typename Cfg::LayoutSFA*>(take(L * sizeof(typename Cfg::LayoutSFA)));
+    g.layout_sfb = reinterpret_cast<typename Cfg::LayoutSFB*>(take(L * sizeof(typename Cfg::LayoutSFB)));
+    return g;
+  }
+};
+
+constexpr int kSetupThreads = 1024;
+
+// Rows no group covers get zeros: ragged rows >= min(sum(group_sizes), R); expert_major rows
+// (l, c) with c >= min(counts[l], C). Blocks 1.. of the prepare grid, 16-byte stores (n *
+// sizeof(ElemD) is a multiple of 16: checked by unsupported_reason).
+template <class ElemD>
+__device__ void zero_uncovered_rows(const GroupedGemmParams& p, int64_t first_block, int64_t blocks) {
+  __shared__ int64_t valid_total;
+  if (p.layout == Layout::kRagged) {
+    if (threadIdx.x == 0) {
+      int64_t t = 0;
+      for (int64_t l = 0; l < p.num_groups; ++l) t += p.group_sizes[l] > 0 ? p.group_sizes[l] : 0;
+      valid_total = t < p.rows ? t : p.rows;
+    }
+    __syncthreads();
+  }
+  const int64_t vec_per_row = p.n * static_cast<int64_t>(sizeof(ElemD)) / 16;
+  const int64_t total_rows = p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
+  for (int64_t row = first_block; row < total_rows; row += blocks) {
+    bool zero;
+    if (p.layout == Layout::kRagged) {
+      zero = row >= valid_total;
+    } else {
+      const int64_t l = row / p.rows, c = row % p.rows;
+      zero = c >= static_cast<int64_t>(p.group_sizes[l]);
+    }
+    if (!zero) continue;
+    uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.y) + row * p.n * sizeof(ElemD));
+    for (int64_t i = threadIdx.x; i < vec_per_row; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Block 0 (kSetupThreads threads): row offsets of the groups (a block scan over chunks of
+// kSetupThreads groups), then each group's problem shape, pointers and strides. Ragged: group l
+// covers rows [off_l, off_l + m_l) with m_l = clamp(group_sizes[l], 0, R - off_l). expert_major:
+// rows [l*C, l*C + min(max(counts[l], 0), C)). Blocks 1..: zero_uncovered_rows.
+template <class Cfg>
+__global__ void __launch_bounds__(kSetupThreads) prepare_groups(GroupedGemmParams p, GroupArrays<Cfg> g) {
+  using namespace cute;
+  if (blockIdx.x > 0) {
+    zero_uncovered_rows<typename Cfg::ElemD>(p, blockIdx.x - 1, gridDim.x - 1);
+    return;
+  }
+  __shared__ int64_t scan[kSetupThreads];
+  const int t = threadIdx.x;
+  int64_t carry = 0;
+  const int N = static_cast<int>(p.n), K = static_cast<int>(p.k);
+  for (int64_t base = 0; base < p.num_groups; base += kSetupThreads) {
+    const int64_t l = base + t;
+    int64_t size = 0;
+    if (l < p.num_groups) {
+      size = p.group_sizes[l];
+      size = size < 0 ? 0 : size;
+      if (p.layout == Layout::kExpertMajor && size > p.rows) size = p.rows;
+    }
+    scan[t] = size;
+    __syncthreads();
+    for (int s = 1; s < kSetupThreads; s <<= 1) {
+      int64_t v = t >= s ? scan[t - s] : 0;
+      __syncthreads();
+      scan[t] += v;
+      __syncthreads();
+    }
+    const int64_t incl = carry + scan[t];
+    const int64_t excl = incl - size;
+    carry += scan[kSetupThreads - 1];
+    __syncthreads();
+    if (l >= p.num_groups) continue;
+    int64_t row0, m;
+    if (p.layout == Layout::kRagged) {
+      row0 = excl < p.rows ? excl : p.rows;
+      m = incl < p.rows ? size : p.rows - row0;
+    } else {
+      row0 = l * p.rows;
+      m = size;
+    }
+    g.shapes[l] = make_shape(static_cast<int>(m), N, K);
+    const auto* x = static_cast<const typename Cfg::ElemAB*>(p.x);
+    const auto* w = static_cast<const typename Cfg::ElemAB*>(p.w);
+    g.a[l] = x + row0 * p.k;
+    g.b[l] = w + l * p.n * p.k;
+    g.d[l] = static_cast<typename Cfg::ElemD*>(p.y) + row0 * p.n;
+    g.stride_a[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideA{}, make_shape(static_cast<int>(m), K, 1));
+    g.stride_b[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideB{}, make_shape(N, K, 1));
+    g.stride_d[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideD{}, make_shape(static_cast<int>(m), N, 1));
+    if constexpr (Cfg::kBlockwise) {
+      const int64_t kb = p.k / 128;
+      g.sfa[l] = p.x_scale + row0 * kb;
+      g.sfb[l] = p.w_scale + l * (p.n / 128) * kb;
+      g.layout_sfa[l] = Cfg::ScaleConfig::tile_atom_to_shape_SFA(make_shape(static_cast<int>(m), N, K, 1));
+      g.layout_sfb[l] = Cfg::ScaleConfig::tile_atom_to_shape_SFB(make_shape(static_cast<int>(m), N, K, 1));
+    }
+  }
+}
+
+template <class Cfg>
+typename Cfg::Gemm::Arguments make_arguments(const GroupedGemmParams& p, const GroupArrays<Cfg>& g, int sm_count) {
+  typename Cfg::Gemm::Arguments args;
+  args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  args.problem_shape = {static_cast<int>(p.num_groups), g.shapes, nullptr};
+  if constexpr (Cfg::kBlockwise) {
+    args.mainloop = {g.a, g.stride_a, g.b, g.stride_b, g.sfa, g.layout_sfa, g.sfb, g.layout_sfb};
+  } else {
+    args.mainloop = {g.a, g.stride_a, g.b, g.stride_b};
+  }
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.dC = g.stride_d;
+  args.epilogue.ptr_D = g.d;
+  args.epilogue.dD = g.stride_d;
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  args.hw_info.device_id = 0;
+  args.hw_info.sm_count = sm_count;
+  return args;
+}
+
+template <class Cfg>
+size_t config_workspace_bytes(const GroupedGemmParams& p, int sm_count) {
+  GroupArrays<Cfg> g{};
+  auto args = make_arguments<Cfg>(p, g, sm_count);
+  const size_t cutlass_bytes = Cfg::Gemm::get_workspace_size(args);
+  return (cutlass_bytes + 255) / 256 * 256 + GroupArrays<Cfg>::bytes(p.num_groups);
+}
+
+template <class Cfg>
+cudaError_t run_config(const GroupedGemmParams& p, int sm_count, cudaStream_t stream) {
+  GroupArrays<Cfg> probe{};
+  auto probe_args = make_arguments<Cfg>(p, probe, sm_count);
+  const size_t cutlass_bytes = (Cfg::Gemm::get_workspace_size(probe_args) + 255) / 256 * 256;
+  if (p.workspace_size < cutlass_bytes + GroupArrays<Cfg>::bytes(p.num_groups)) return cudaErrorInvalidValue;
+  char* ws = static_cast<char*>(p.workspace);
+  auto g = GroupArrays<Cfg>::carve(ws + cutlass_bytes, p.num_groups);
+  const int64_t total_rows = p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
+  const int zero_blocks = static_cast<int>(total_rows < 1024 ? total_rows : 1024);
+  prepare_groups<Cfg><<<1 + zero_blocks, kSetupThreads, 0, stream>>>(p, g);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (p.num_groups == 0 || p.n == 0) return cudaSuccess;
+  auto args = make_arguments<Cfg>(p, g, sm_count);
+  typename Cfg::Gemm gemm;
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
+  if (gemm.initialize(args, ws, stream) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
+  if (gemm.run(stream) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
+  return cudaGetLastError();
+}
+
+}  // namespace a2a::gemm::detail

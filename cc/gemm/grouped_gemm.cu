@@ -1,0 +1,122 @@
+// Host side of the grouped GEMMs: the static checks, workspace sizes and the dispatch to the
+// kernel translation units; and the SwiGLU epilogue kernel.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "core/fp8.h"
+#include "gemm/grouped_gemm.h"
+#include "gpu/fp8_code.cuh"
+#include "gemm/kernels.h"
+
+namespace a2a::gemm {
+namespace {
+
+int sm_count_of_current_device() {
+  static int cached[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 132;
+  if (dev < 64 && cached[dev] > 0) return cached[dev];
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+  if (dev < 64) cached[dev] = n;
+  return n;
+}
+
+}  // namespace
+
+bool kernels_built() { return true; }
+
+const char* unsupported_reason(const GroupedGemmParams& p) {
+  if (p.num_groups < 0 || p.rows < 0 || p.n <= 0 || p.k <= 0) return "empty or negative N or K";
+  if (p.num_groups * p.rows > (int64_t{1} << 31) - 1) return "more than 2^31 rows";
+  if (p.n > (int64_t{1} << 31) - 1 || p.k > (int64_t{1} << 31) - 1) return "N or K over 2^31";
+  if (p.in == InType::kFp8) {
+    if (p.transpose_w) return "fp8 with transpose_w is not implemented natively";
+    if (p.k % 128 != 0 || p.n % 128 != 0) return "fp8 needs K % 128 == 0 and N % 128 == 0 (128x128 weight blocks)";
+  } else {
+    if (p.k % 8 != 0 || p.n % 8 != 0) return "bf16 needs K % 8 == 0 and N % 8 == 0 (16-byte rows)";
+    if (p.transpose_w && p.out != OutType::kBF16) return "transpose_w is built for bf16 out only";
+  }
+  if (p.out == OutType::kF32 && p.n % 4 != 0) return "f32 out needs N % 4 == 0";
+  return nullptr;
+}
+
+size_t workspace_bytes(const GroupedGemmParams& p, int device_sm_count) {
+  const int sm = device_sm_count > 0 ? device_sm_count : sm_count_of_current_device();
+  return p.in == InType::kFp8 ? detail::fp8_workspace_bytes(p, sm) : detail::bf16_workspace_bytes(p, sm);
+}
+
+cudaError_t launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
+  if (unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
+  const int sm = sm_count_of_current_device();
+  return p.in == InType::kFp8 ? detail::run_fp8(p, sm, stream) : detail::run_bf16(p, sm, stream);
+}
+
+namespace {
+
+constexpr int kSwigluThreads = 128;  // 4 warps, one (row, 128-column block) per warp
+
+// One warp per (row, block of `block` columns of h): h = silu(gate) * up in f32, then bf16, or
+// e4m3 with the block's scale by the library's quantiser rule (core/fp8.h, gpu/fp8_code.cuh).
+template <bool kQuant>
+__global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, int64_t total) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * (kSwigluThreads / 32) + (threadIdx.x >> 5);
+  if (w >= total) return;
+  const int64_t nb = fp8_num_blocks(p.f, p.block);
+  const int64_t row = w / nb, b = w % nb;
+  const int64_t len = fp8_block_len(p.f, p.block, b);
+  const float* gate = p.gu + row * 2 * p.f + b * p.block;
+  const float* up = gate + p.f;
+  const int64_t out0 = row * p.f + b * p.block;
+  if constexpr (!kQuant) {
+    __nv_bfloat16* h = static_cast<__nv_bfloat16*>(p.h) + out0;
+    for (int64_t i = lane; i < len; i += 32) {
+      const float g = gate[i];
+      h[i] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * up[i]);
+    }
+  } else {
+    constexpr int kMaxPerLane = 8;  // block <= 256 (checked by the caller)
+    float v[kMaxPerLane];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      const int64_t i = lane + 32 * j;
+      v[j] = 0.0f;
+      if (i < len) {
+        const float g = gate[i];
+        v[j] = g / (1.0f + expf(-g)) * up[i];
+        amax = fmaxf(amax, fp8_amax_term(v[j]));  // the library's rule: NaN, Inf count as 0
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float s = fp8_block_scale(amax, false);
+    const float inv = __frcp_rn(s);
+    if (lane == 0) p.h_scale[row * nb + b] = s;
+    __nv_fp8_storage_t* h = static_cast<__nv_fp8_storage_t*>(p.h) + out0;
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      const int64_t i = lane + 32 * j;
+      if (i < len) h[i] = a2a::cuda::fp8_quantize_value(v[j], inv);  // NaN, Inf -> 0x7F
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_swiglu(const SwigluParams& p, cudaStream_t stream) {
+  if (p.block <= 0 || p.block > 256) return cudaErrorInvalidValue;
+  const int64_t total = p.rows * fp8_num_blocks(p.f, p.block);
+  if (total == 0) return cudaSuccess;
+  const int warps = kSwigluThreads / 32;
+  const unsigned grid = static_cast<unsigned>((total + warps - 1) / warps);
+  if (p.h_scale != nullptr) {
+    swiglu_kernel<true><<<grid, kSwigluThreads, 0, stream>>>(p, total);
+  } else {
+    swiglu_kernel<false><<<grid, kSwigluThreads, 0, stream>>>(p, total);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace a2a::gemm

@@ -1,0 +1,63 @@
+// jax_moe_a2a._C.gemm: whether the grouped-GEMM kernels (cc/gemm) were built, and the device
+// workspace a call needs (the Python wrapper allocates it as an output of the FFI call).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <stdexcept>
+#include <string>
+
+#if defined(JAX_MOE_A2A_WITH_GEMM)
+#include "gemm/grouped_gemm.h"
+#endif
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+#ifndef JAX_MOE_A2A_GEMM_REASON
+#define JAX_MOE_A2A_GEMM_REASON "the grouped-GEMM kernels were not built"
+#endif
+
+namespace a2a::python {
+
+void bind_gemm(nb::module_& m) {
+  nb::module_ g = m.def_submodule("gemm", "grouped expert GEMMs (cc/gemm)");
+  g.def("built", []() {
+#if defined(JAX_MOE_A2A_WITH_GEMM)
+    return true;
+#else
+    return false;
+#endif
+  }, "True when the CUTLASS grouped-GEMM kernels were compiled into this extension.");
+  g.def("reason", []() -> std::string {
+#if defined(JAX_MOE_A2A_WITH_GEMM)
+    return "";
+#else
+    return JAX_MOE_A2A_GEMM_REASON;
+#endif
+  }, "Why the kernels were not built ('' when they were).");
+  g.def(
+      "workspace_bytes",
+      [](bool fp8, bool out_f32, bool transpose_w, int64_t num_groups, int64_t rows, int64_t n, int64_t k,
+         bool expert_major) -> int64_t {
+#if defined(JAX_MOE_A2A_WITH_GEMM)
+        gemm::GroupedGemmParams p;
+        p.in = fp8 ? gemm::InType::kFp8 : gemm::InType::kBF16;
+        p.out = out_f32 ? gemm::OutType::kF32 : gemm::OutType::kBF16;
+        p.transpose_w = transpose_w;
+        p.layout = expert_major ? gemm::Layout::kExpertMajor : gemm::Layout::kRagged;
+        p.num_groups = num_groups;
+        p.rows = rows;
+        p.n = n;
+        p.k = k;
+        if (const char* why = gemm::unsupported_reason(p)) throw std::invalid_argument(why);
+        return static_cast<int64_t>(gemm::workspace_bytes(p, 0));
+#else
+        (void)fp8, (void)out_f32, (void)transpose_w, (void)num_groups, (void)rows, (void)n, (void)k, (void)expert_major;
+        throw std::runtime_error(JAX_MOE_A2A_GEMM_REASON);
+#endif
+      },
+      "fp8"_a, "out_f32"_a, "transpose_w"_a, "num_groups"_a, "rows"_a, "n"_a, "k"_a, "expert_major"_a,
+      "Device workspace bytes of one grouped_gemm call on the current CUDA device.");
+}
+
+}  // namespace a2a::python

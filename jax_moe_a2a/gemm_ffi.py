@@ -1,0 +1,210 @@
+"""Grouped expert GEMMs as XLA FFI custom calls on NVIDIA Hopper GPUs (cc/gemm, issue 31).
+
+The thin wrapper of the native kernels (CUTLASS pointer-array grouped GEMMs, sm_90a). The public
+API is `jax_moe_a2a.experts` (grouped_matmul, expert_mlp), which calls these when
+`native_reason()` and `native_supported(...)` both return None and falls back to plain JAX
+otherwise. The contract between the two is team/GEMM_CONTRACT.md; shapes (L local experts):
+
+    ragged:       x [R, K], group_sizes [L] int32 on the device (rows sorted by local expert;
+                  rows at or past sum(group_sizes) give ZERO output rows)
+    expert_major: x [L, C, K], group_sizes = counts [L] int32 (rows c >= counts[l] give ZERO
+                  output rows and cost no FLOPs or bytes)
+    w [L, N, K] (K contiguous); with transpose_w, w [L, K, N] (y = x @ w[l]), bf16 only
+    fp8: x float8_e4m3fn with x_scale f32 [rows, K/128] ([L, C, K/128] expert_major); w
+         float8_e4m3fn with w_scale f32 [L, N/128, K/128]; f32 accumulation
+
+Every call only launches device work (group sizes are read on the device): usable under jit,
+inside shard_map, with no host synchronisation, and in XLA command buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _ffi
+
+FP8 = jnp.float8_e4m3fn
+BF16 = jnp.bfloat16
+_BLOCK = 128  # the native fp8 kernels' scale block (1x128 rows, 128x128 weights)
+_MAX_ROWS = 2**31 - 1
+
+
+def _gemm_module():
+    c = _ffi._C
+    return getattr(c, "gemm", None) if c is not None else None
+
+
+def _build_reason() -> str | None:
+    """Why the extension has no grouped-GEMM kernels (None when it has them)."""
+    if _ffi._C is None:
+        return f"jax_moe_a2a's native extension is not built ({_ffi._IMPORT_ERROR})"
+    g = _gemm_module()
+    if g is None:
+        return "this build of jax_moe_a2a's extension predates the grouped-GEMM kernels"
+    if not g.built():
+        return g.reason() or "the grouped-GEMM kernels were not built"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _device_reason(platform: str, kinds: tuple) -> str | None:
+    if platform != "gpu":
+        return f"jax's default backend is {platform!r}, not 'gpu'"
+    for kind, cc in kinds:
+        if cc is not None and not str(cc).startswith("9."):
+            return (f"the grouped-GEMM kernels are built for Hopper (sm_90a) only; device {kind!r} "
+                    f"has compute capability {cc}")
+    return None
+
+
+def native_reason() -> str | None:
+    """None when the extension has the grouped-GEMM kernels and jax's default backend is a Hopper
+    GPU; otherwise a one-line reason."""
+    why = _build_reason()
+    if why is not None:
+        return why
+    platform = jax.default_backend()
+    kinds = ()
+    if platform == "gpu":
+        kinds = tuple(sorted({(d.device_kind, getattr(d, "compute_capability", None)) for d in jax.devices()}))
+    return _device_reason(platform, kinds)
+
+
+def _dtype(a):
+    return None if a is None else np.dtype(a.dtype)
+
+
+def native_supported(x, w, x_scale=None, w_scale=None, *, transpose_w: bool = False) -> str | None:
+    """None when the native kernels take these shapes and dtypes (a static check on .shape and
+    .dtype only: arrays or jax.ShapeDtypeStruct), else why not.
+
+    Native limits: x and w both bf16, or both float8_e4m3fn with x_scale [rows, K/128] and
+    w_scale [L, N/128, K/128] f32 (128 blocks: K % 128 == 0 and N % 128 == 0); bf16 needs
+    K % 8 == 0 and N % 8 == 0; fewer than 2^31 rows; transpose_w bf16 only."""
+    if x.ndim not in (2, 3):
+        return f"x must be [R, K] or [L, C, K], got shape {tuple(x.shape)}"
+    if w.ndim != 3:
+        return f"w must be [L, N, K], got shape {tuple(w.shape)}"
+    L = w.shape[0]
+    n, k = (w.shape[2], w.shape[1]) if transpose_w else (w.shape[1], w.shape[2])
+    if x.shape[-1] != k:
+        return f"x's last dimension {x.shape[-1]} is not w's K = {k}"
+    if x.ndim == 3 and x.shape[0] != L:
+        return f"expert_major x [L, C, K] has L = {x.shape[0]}, w has {L}"
+    rows = x.shape[0] if x.ndim == 2 else x.shape[0] * x.shape[1]
+    if n <= 0 or k <= 0:
+        return "N and K must be positive"
+    if rows > _MAX_ROWS or n > _MAX_ROWS or k > _MAX_ROWS:
+        return "more than 2^31 - 1 rows, N or K"
+    dx, dw = _dtype(x), _dtype(w)
+    if dx != dw:
+        return f"x and w must have one dtype, got {dx} and {dw}"
+    if dx == np.dtype(BF16):
+        if x_scale is not None or w_scale is not None:
+            return "bf16 inputs take no scales"
+        if k % 8 or n % 8:
+            return f"bf16 needs K % 8 == 0 and N % 8 == 0 (16-byte rows), got K = {k}, N = {n}"
+        return None
+    if dx != np.dtype(FP8):
+        return f"x and w must be bfloat16 or float8_e4m3fn, got {dx}"
+    if transpose_w:
+        return "fp8 with transpose_w is not implemented natively"
+    if x_scale is None or w_scale is None:
+        return "fp8 needs x_scale and w_scale"
+    if k % _BLOCK or n % _BLOCK:
+        return f"fp8 needs K % 128 == 0 and N % 128 == 0 (128x128 weight blocks), got K = {k}, N = {n}"
+    want_xs = tuple(x.shape[:-1]) + (k // _BLOCK,)
+    if tuple(x_scale.shape) != want_xs or _dtype(x_scale) != np.dtype(np.float32):
+        return f"the native fp8 kernels need x_scale f32 {want_xs} (1x128 blocks), got {tuple(x_scale.shape)} {_dtype(x_scale)}"
+    want_ws = (L, n // _BLOCK, k // _BLOCK)
+    if tuple(w_scale.shape) != want_ws or _dtype(w_scale) != np.dtype(np.float32):
+        return f"the native fp8 kernels need w_scale f32 {want_ws} (128x128 blocks), got {tuple(w_scale.shape)} {_dtype(w_scale)}"
+    return None
+
+
+def _require(x, w, x_scale, w_scale, transpose_w=False):
+    why = native_reason() or native_supported(x, w, x_scale, w_scale, transpose_w=transpose_w)
+    if why is not None:
+        raise ValueError(f"jax_moe_a2a.gemm_ffi: the native grouped GEMM cannot run this: {why}")
+    _ffi.register_targets()
+
+
+def grouped_gemm(x, w, group_sizes, *, x_scale=None, w_scale=None, out_dtype=jnp.bfloat16,
+                 transpose_w: bool = False):
+    """y = x @ w[l]^T for the rows of each local expert l (native kernels).
+
+    x [R, K] (ragged) or [L, C, K] (expert_major), bf16 or float8_e4m3fn; w [L, N, K] (or, with
+    transpose_w, [L, K, N]: y = x @ w[l]); group_sizes [L] int32; fp8: x_scale f32 [..., K/128],
+    w_scale f32 [L, N/128, K/128]. Returns y [R, N] or [L, C, N] in out_dtype (bf16 or f32),
+    f32 accumulation; rows outside the groups are zero."""
+    if transpose_w and _dtype(x) == np.dtype(FP8):
+        raise NotImplementedError("grouped_gemm: fp8 with transpose_w is not implemented natively (bf16 only)")
+    _require(x, w, x_scale, w_scale, transpose_w)
+    out_dtype = np.dtype(out_dtype)
+    if out_dtype not in (np.dtype(BF16), np.dtype(np.float32)):
+        raise ValueError(f"grouped_gemm: out_dtype must be bfloat16 or float32, got {out_dtype}")
+    if transpose_w and out_dtype != np.dtype(BF16):
+        raise ValueError("grouped_gemm: transpose_w is built for bf16 out only")
+    L = w.shape[0]
+    n, k = (w.shape[2], w.shape[1]) if transpose_w else (w.shape[1], w.shape[2])
+    fp8 = _dtype(x) == np.dtype(FP8)
+    expert_major = x.ndim == 3
+    rows = x.shape[1] if expert_major else x.shape[0]
+    ws_bytes = int(_gemm_module().workspace_bytes(fp8, out_dtype == np.dtype(np.float32), bool(transpose_w),
+                                                  L, rows, n, k, expert_major))
+    empty = jnp.zeros((0,), jnp.float32)
+    xs = empty if x_scale is None else x_scale.astype(jnp.float32)
+    wsc = empty if w_scale is None else w_scale.astype(jnp.float32)
+    y_shape = tuple(x.shape[:-1]) + (n,)
+    call = jax.ffi.ffi_call(
+        "jax_moe_a2a_grouped_gemm",
+        (jax.ShapeDtypeStruct(y_shape, out_dtype), jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)),
+    )
+    y, _ = call(x, w, group_sizes.astype(jnp.int32), xs, wsc, transpose_w=np.int32(bool(transpose_w)))
+    return y
+
+
+def swiglu(gu, *, quantize_hidden: bool = False, block: int = _BLOCK):
+    """gu f32 [..., 2F] (gate columns 0..F-1, up F..2F-1) -> h = silu(gate) * up computed in f32:
+    (h bf16 [..., F], None), or with quantize_hidden (h float8_e4m3fn [..., F], h_scale f32
+    [..., ceil(F/block)]) by the library's quantiser rule (jax_moe_a2a.quant)."""
+    if native_reason() is not None:
+        raise ValueError(f"jax_moe_a2a.gemm_ffi.swiglu: {native_reason()}")
+    if gu.shape[-1] % 2:
+        raise ValueError(f"swiglu: gu's last dimension must be even (2F), got {gu.shape}")
+    if not (0 < int(block) <= 256):
+        raise ValueError(f"swiglu: block must be in 1..256, got {block}")
+    _ffi.register_targets()
+    f = gu.shape[-1] // 2
+    lead = tuple(gu.shape[:-1])
+    nb = -(-f // int(block)) if quantize_hidden else 0
+    h_dtype = FP8 if quantize_hidden else BF16
+    scale_shape = lead + (nb,) if quantize_hidden else (0,)
+    call = jax.ffi.ffi_call(
+        "jax_moe_a2a_swiglu",
+        (jax.ShapeDtypeStruct(lead + (f,), h_dtype), jax.ShapeDtypeStruct(scale_shape, jnp.float32)),
+    )
+    h, hs = call(gu.astype(jnp.float32), block=np.int64(block))
+    return (h, hs) if quantize_hidden else (h, None)
+
+
+def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None,
+                        quantize_hidden: bool = False, block: int = _BLOCK):
+    """The first expert-MLP GEMM with the SwiGLU epilogue.
+
+    x as in grouped_gemm; w_gate_up [L, 2F, H] (rows 0..F-1 gate, F..2F-1 up). The GEMM
+    accumulates in f32 and writes f32 [.., 2F]; the epilogue kernel computes h = silu(gate) * up
+    in f32 and returns (h bf16 [.., F], None), or (h float8_e4m3fn [.., F], h_scale f32
+    [.., F/block]) with quantize_hidden. Rows outside the groups give h = 0 (and, quantised, the
+    scale of an all-zero block)."""
+    gu = grouped_gemm(x, w_gate_up, group_sizes, x_scale=x_scale, w_scale=w_scale, out_dtype=jnp.float32)
+    return swiglu(gu, quantize_hidden=quantize_hidden, block=block)
+
+
+def grouped_gemm_wgrad(x, dy, group_sizes, *, out_dtype=jnp.float32):
+    """dw [L, N, K] with dw[l] = dy_l^T @ x_l over the rows of group l (bf16). Not native yet."""
+    raise NotImplementedError("grouped_gemm_wgrad: no native kernel yet; use the plain-JAX path (impl='xla')")

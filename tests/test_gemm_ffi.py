@@ -1,0 +1,72 @@
+"""jax_moe_a2a.gemm_ffi's static checks (CPU): native_reason and native_supported."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jax_moe_a2a import gemm_ffi
+
+S = jax.ShapeDtypeStruct
+FP8, BF16, F32 = jnp.float8_e4m3fn, jnp.bfloat16, jnp.float32
+
+
+def test_native_reason_is_a_line_off_gpu():
+    why = gemm_ffi.native_reason()
+    if jax.default_backend() != "gpu":
+        assert isinstance(why, str) and why and "\n" not in why
+
+
+def test_native_reason_names_a_missing_build(monkeypatch):
+    monkeypatch.setattr(gemm_ffi._ffi, "_C", None)
+    assert "not built" in gemm_ffi.native_reason()
+
+
+@pytest.mark.parametrize("x, w", [
+    (S((300, 512), BF16), S((8, 384, 512), BF16)),
+    (S((8, 16, 512), BF16), S((8, 384, 512), BF16)),
+])
+def test_bf16_supported(x, w):
+    assert gemm_ffi.native_supported(x, w) is None
+
+
+def test_fp8_supported_ragged_and_expert_major():
+    w, ws = S((8, 256, 512), FP8), S((8, 2, 4), F32)
+    assert gemm_ffi.native_supported(S((100, 512), FP8), w, S((100, 4), F32), ws) is None
+    assert gemm_ffi.native_supported(S((8, 7, 512), FP8), w, S((8, 7, 4), F32), ws) is None
+
+
+@pytest.mark.parametrize("args, kw, words", [
+    ((S((10, 512), BF16), S((8, 384, 512), FP8)), {}, "one dtype"),
+    ((S((10, 512), F32), S((8, 384, 512), F32)), {}, "bfloat16 or float8"),
+    ((S((10, 500), BF16), S((8, 384, 500), BF16)), {}, "K % 8"),
+    ((S((10, 512), BF16), S((8, 384, 256), BF16)), {}, "last dimension"),
+    ((S((4, 3, 512), BF16), S((8, 384, 512), BF16)), {}, "expert_major"),
+    ((S((10, 512), BF16), S((384, 512), BF16)), {}, "[L, N, K]"),
+    ((S((10, 512), BF16), S((8, 384, 512), BF16), S((10, 4), F32), None), {}, "no scales"),
+    ((S((10, 512), FP8), S((8, 256, 512), FP8)), {}, "needs x_scale"),
+    ((S((10, 448), FP8), S((8, 256, 448), FP8), S((10, 4), F32), S((8, 2, 4), F32)), {}, "K % 128"),
+    ((S((10, 512), FP8), S((8, 192, 512), FP8), S((10, 4), F32), S((8, 2, 4), F32)), {}, "N % 128"),
+    ((S((10, 512), FP8), S((8, 256, 512), FP8), S((10, 8), F32), S((8, 2, 4), F32)), {}, "x_scale"),
+    ((S((10, 512), FP8), S((8, 256, 512), FP8), S((10, 4), F32), S((8, 4, 8), F32)), {}, "w_scale"),
+    ((S((10, 512), FP8), S((8, 512, 256), FP8), S((10, 4), F32), S((8, 2, 4), F32)), {"transpose_w": True},
+     "transpose_w"),
+])
+def test_unsupported_says_why(args, kw, words):
+    why = gemm_ffi.native_supported(*args, **kw)
+    assert why is not None and words in why, why
+
+
+def test_transpose_w_reads_k_from_axis_1():
+    assert gemm_ffi.native_supported(S((10, 512), BF16), S((8, 512, 384), BF16), transpose_w=True) is None
+
+
+def test_calls_refuse_without_native():
+    if gemm_ffi.native_reason() is None:
+        pytest.skip("native kernels available here")
+    x, w = jnp.zeros((4, 128), BF16), jnp.zeros((2, 128, 128), BF16)
+    with pytest.raises(ValueError, match="cannot run"):
+        gemm_ffi.grouped_gemm(x, w, jnp.zeros((2,), jnp.int32))
+    with pytest.raises(NotImplementedError):
+        gemm_ffi.grouped_gemm_wgrad(x, x, jnp.zeros((2,), jnp.int32))

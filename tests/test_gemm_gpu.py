@@ -1,0 +1,228 @@
+"""The native grouped expert GEMMs (cc/gemm via jax_moe_a2a.gemm_ffi) against a NumPy oracle, on
+a Hopper GPU (skipped elsewhere).
+
+Every case draws fresh random inputs (group sizes with zeros, one hot expert, odd row counts at
+the edges of the 128-row tiles), poisons the allocator with NaN-filled buffers of the output's size
+before the call (so an unwritten output row shows), and compares every output row: rows of the
+groups by relative error against an f64 oracle over the exact (dequantised) inputs, rows outside
+the groups exactly zero."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from jax_moe_a2a import gemm_ffi
+
+pytestmark = pytest.mark.skipif(gemm_ffi.native_reason() is not None,
+                                reason=f"native grouped GEMMs unavailable: {gemm_ffi.native_reason()}")
+
+FP8 = jnp.float8_e4m3fn
+BF16 = jnp.bfloat16
+TOL = 1e-2  # bf16 output rounding (2^-9) dominates; f32 accumulation
+
+
+def _poison(shape, dtype):
+    """Leaves a NaN-filled freed buffer of the output's size for XLA's allocator to hand out next."""
+    a = jnp.full(shape, jnp.nan, jnp.float32).astype(dtype)
+    a.block_until_ready()
+    del a
+
+
+def _rel(y, ref):
+    y = np.asarray(y, np.float64)
+    den = np.linalg.norm(ref)
+    return float(np.linalg.norm(y - ref) / (den if den > 0 else 1.0))
+
+
+def _sizes(rng, L, total, kind):
+    if kind == "hot":
+        s = np.zeros(L, np.int32)
+        s[rng.integers(L)] = total
+        return s
+    s = np.bincount(rng.integers(0, L, size=total), minlength=L).astype(np.int32)
+    if kind == "zeros" and L > 2:
+        drop = rng.choice(L, size=L // 3, replace=False)
+        s[drop] = 0
+    return s
+
+
+def _data(rng, L, rows_shape, n, k, fp8, transpose_w=False):
+    """(x, w, x_scale, w_scale, x_f64, w_f64 [L, N, K]) with exact f64 values of what the kernel sees."""
+    if fp8:
+        x8 = jnp.asarray(rng.uniform(-2, 2, size=rows_shape + (k,)).astype(np.float32)).astype(FP8)
+        w8 = jnp.asarray(rng.uniform(-2, 2, size=(L, n, k)).astype(np.float32)).astype(FP8)
+        xs = rng.uniform(0.25, 2.0, size=rows_shape + (k // 128,)).astype(np.float32)
+        wsc = rng.uniform(0.25, 2.0, size=(L, n // 128, k // 128)).astype(np.float32)
+        xf = np.asarray(x8.astype(jnp.float32), np.float64) * np.repeat(xs, 128, axis=-1)
+        wf = np.asarray(w8.astype(jnp.float32), np.float64) * np.repeat(np.repeat(wsc, 128, 1), 128, 2)
+        return x8, w8, jnp.asarray(xs), jnp.asarray(wsc), xf, wf
+    x = jnp.asarray(rng.normal(size=rows_shape + (k,)).astype(np.float32)).astype(BF16)
+    wshape = (L, k, n) if transpose_w else (L, n, k)
+    w = jnp.asarray(rng.normal(size=wshape).astype(np.float32)).astype(BF16)
+    xf = np.asarray(x.astype(jnp.float32), np.float64)
+    wf = np.asarray(w.astype(jnp.float32), np.float64)
+    if transpose_w:
+        wf = wf.transpose(0, 2, 1)
+    return x, w, None, None, xf, wf
+
+
+def _oracle_ragged(xf, wf, sizes):
+    R, n = xf.shape[0], wf.shape[1]
+    y = np.zeros((R, n))
+    off = 0
+    for l, s in enumerate(sizes):
+        s = int(min(s, R - off))
+        y[off:off + s] = xf[off:off + s] @ wf[l].T
+        off += s
+    return y, off
+
+
+def _check_ragged(y, ref, valid):
+    y = np.asarray(y.astype(jnp.float32))
+    assert np.isfinite(y[:valid]).all(), "non-finite values in the groups' rows"
+    assert (y[valid:] == 0).all(), "rows past sum(group_sizes) must be zero"
+    if valid:
+        assert _rel(y[:valid], ref[:valid]) < TOL
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("kind", ["random", "zeros", "hot"])
+@pytest.mark.parametrize("out", [BF16, jnp.float32], ids=["bf16out", "f32out"])
+@pytest.mark.parametrize("L", [6, 2], ids=["few_rows", "many_rows"])  # 64-row and 128-row tile kernels
+def test_ragged(fp8, kind, out, L):
+    rng = np.random.default_rng()
+    R, n, k = 301, 384, 512
+    x, w, xs, wsc, xf, wf = _data(rng, L, (R,), n, k, fp8)
+    sizes = _sizes(rng, L, R - 37, kind)  # rows past the groups stay
+    _poison((R, n), out)
+    y = jax.jit(lambda *a: gemm_ffi.grouped_gemm(a[0], a[1], a[2], x_scale=a[3], w_scale=a[4], out_dtype=out))(
+        x, w, jnp.asarray(sizes), xs, wsc)
+    assert y.dtype == out and y.shape == (R, n)
+    ref, valid = _oracle_ragged(xf, wf, sizes)
+    _check_ragged(y, ref, valid)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_expert_major(fp8):
+    rng = np.random.default_rng()
+    L, C, n, k = 5, 133, 256, 384
+    x, w, xs, wsc, xf, wf = _data(rng, L, (L, C), n, k, fp8)
+    counts = np.array([0, C, 1, rng.integers(2, C), 129], np.int32)
+    _poison((L, C, n), BF16)
+    y = gemm_ffi.grouped_gemm(x, w, jnp.asarray(counts), x_scale=xs, w_scale=wsc)
+    y = np.asarray(y.astype(jnp.float32))
+    for l in range(L):
+        c = counts[l]
+        assert (y[l, c:] == 0).all(), f"expert {l}: padding rows must be zero"
+        if c:
+            assert _rel(y[l, :c], xf[l, :c] @ wf[l].T) < TOL
+
+
+def test_transpose_w_bf16():
+    rng = np.random.default_rng()
+    L, R, n, k = 4, 200, 136, 264
+    x, w, _, _, xf, wf = _data(rng, L, (R,), n, k, False, transpose_w=True)
+    sizes = _sizes(rng, L, R, "zeros")
+    _poison((R, n), BF16)
+    y = gemm_ffi.grouped_gemm(x, w, jnp.asarray(sizes), transpose_w=True)
+    ref, valid = _oracle_ragged(xf, wf, sizes)
+    _check_ragged(y, ref, valid)
+
+
+def test_empty_groups_and_no_rows():
+    rng = np.random.default_rng()
+    L, R, n, k = 3, 64, 128, 128
+    x, w, _, _, _, _ = _data(rng, L, (R,), n, k, False)
+    _poison((R, n), BF16)
+    y = gemm_ffi.grouped_gemm(x, w, jnp.zeros((L,), jnp.int32))
+    assert (np.asarray(y.astype(jnp.float32)) == 0).all()
+
+
+def _silu(g):
+    return g / (1.0 + np.exp(-g))
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("quantize", [False, True], ids=["h_bf16", "h_fp8"])
+def test_swiglu(fp8, quantize):
+    rng = np.random.default_rng()
+    L, R, F, H = 4, 257, 256, 384
+    x, w, xs, wsc, xf, wf = _data(rng, L, (R,), 2 * F, H, fp8)
+    sizes = _sizes(rng, L, R - 3, "random")
+    h, hs = jax.jit(lambda *a: gemm_ffi.grouped_gemm_swiglu(a[0], a[1], a[2], x_scale=a[3], w_scale=a[4],
+                                                             quantize_hidden=quantize))(
+        x, w, jnp.asarray(sizes), xs, wsc)
+    gu, valid = _oracle_ragged(xf, wf, sizes)
+    ref = _silu(gu[:, :F]) * gu[:, F:]
+    if quantize:
+        assert h.dtype == FP8 and hs.shape == (R, F // 128)
+        hf = np.asarray(h.astype(jnp.float32), np.float64) * np.repeat(np.asarray(hs), 128, axis=-1)
+        amax = np.abs(ref).reshape(R, F // 128, 128).max(-1)
+        want_s = np.maximum(amax, 1e-12) * np.float32(1 / 448)
+        # the kernel's f32 accumulation vs the f64 oracle: amax agrees to ~1e-3
+        np.testing.assert_allclose(np.asarray(hs)[:valid], want_s[:valid], rtol=5e-3)
+        tol = 4e-2  # e4m3 rounding of h
+    else:
+        assert h.dtype == BF16 and hs is None
+        hf = np.asarray(h.astype(jnp.float32), np.float64)
+        tol = TOL
+    assert (hf[valid:] == 0).all()
+    assert _rel(hf[:valid], ref[:valid]) < tol
+
+
+def test_swiglu_matches_library_quantiser():
+    """The fp8 re-quantisation is the library's rule: quantize_fp8_jax of the f32 h gives the same bits."""
+    from jax_moe_a2a.quant import quantize_fp8_jax
+    rng = np.random.default_rng()
+    R, F = 64, 384
+    gu = jnp.asarray(rng.normal(size=(R, 2 * F)).astype(np.float32) * 3)
+    h, hs = gemm_ffi.swiglu(gu, quantize_hidden=True)
+    g, u = gu[:, :F], gu[:, F:]
+    hf = np.asarray(g, np.float64) / (1 + np.exp(-np.asarray(g, np.float64))) * np.asarray(u, np.float64)
+    q, s = quantize_fp8_jax(jnp.asarray(hf.astype(np.float32)), 128)
+    np.testing.assert_allclose(np.asarray(hs), np.asarray(s), rtol=1e-6)
+    diff = np.abs(np.asarray(h.astype(jnp.float32)) - np.asarray(q.astype(jnp.float32)))
+    # silu's exp may differ by an ulp between implementations: at most one e4m3 step, rarely
+    assert (diff <= np.abs(np.asarray(q.astype(jnp.float32))) * 0.125 + 1e-6).all()
+    assert (diff > 0).mean() < 0.01
+
+
+def test_under_shard_map():
+    from jax.sharding import Mesh, PartitionSpec as P
+    try:
+        from jax import shard_map
+    except ImportError:  # pragma: no cover
+        from jax.experimental.shard_map import shard_map
+    rng = np.random.default_rng()
+    L, R, n, k = 4, 160, 256, 256
+    x, w, _, _, xf, wf = _data(rng, L, (R,), n, k, False)
+    sizes = _sizes(rng, L, R, "random")
+    mesh = Mesh(np.array(jax.devices()[:1]), ("ep",))
+    f = shard_map(lambda a, b, c: gemm_ffi.grouped_gemm(a, b, c), mesh=mesh,
+                  in_specs=(P(), P(), P()), out_specs=P())
+    y = jax.jit(f)(x, w, jnp.asarray(sizes))
+    ref, valid = _oracle_ragged(xf, wf, sizes)
+    _check_ragged(y, ref, valid)
+
+
+def test_swiglu_non_finite_follows_the_library_rule():
+    """A NaN or Inf in h quantises to 0x7F at its place; its block's scale comes from the others
+    (issue 37's rule, jax_moe_a2a.quant)."""
+    rng = np.random.default_rng()
+    R, F = 4, 256
+    gu = rng.normal(size=(R, 2 * F)).astype(np.float32)
+    gu[1, F + 5] = np.nan   # up -> h NaN
+    gu[2, F + 130] = np.inf  # up -> h Inf (gate != 0)
+    h, hs = gemm_ffi.swiglu(jnp.asarray(gu), quantize_hidden=True)
+    codes = np.asarray(jax.lax.bitcast_convert_type(h, jnp.uint8))
+    assert codes[1, 5] == 0x7F and codes[2, 130] == 0x7F
+    g, u = gu[:, :F].astype(np.float64), gu[:, F:].astype(np.float64)
+    ref = g / (1 + np.exp(-g)) * u
+    ref[~np.isfinite(ref)] = 0
+    want = np.maximum(np.abs(ref).reshape(R, 2, 128).max(-1), 1e-12) * np.float32(1 / 448)
+    np.testing.assert_allclose(np.asarray(hs), want, rtol=1e-5)
+    assert np.isfinite(np.asarray(hs)).all()
