@@ -1,5 +1,7 @@
-"""The main job (scripts/bench.sh): the MoE layer benchmark (the headline), then the halves
-benchmark, on every available backend; writes results.json, layers.png and halves.png into --out.
+"""The main job (scripts/bench.sh): the MoE layer benchmark (the headline: the layer with real
+experts, `grouped` = fp8 SwiGLU experts through jax_moe_a2a.expert_mlp, next to the plain-XLA layer
+with bf16 ragged_dot experts; identity experts isolate the exchange), then the halves benchmark, on
+every available backend; writes results.json, layers.png and halves.png into --out.
 
     python benchmarks/bench.py [--quick] [--backend host,reference] [--shape decode]
                                [--anchor-json DIR]

@@ -3,8 +3,11 @@
     python benchmarks/layers.py [--backend host,reference] [--shape decode] [--quick]
     mpirun -n 2 python benchmarks/layers.py --backend cuda --shape decode
 
-Per backend, shape, expert kind (`identity`: the received rows are the expert output;
-`ragged_dot`: silu(x @ w1) @ w2 per local expert with jax.lax.ragged_dot, F = --ffn) and shared
+Per backend, shape, expert kind (`grouped`: DeepSeek-V3's expert, a SwiGLU MLP with fp8 weights
+(128 x 128 block scales, e4m3) through jax_moe_a2a.expert_mlp on the fp8 rows as received (the native
+grouped GEMMs where built, else plain JAX), fp8 hidden re-quantised, F = --ffn: the headline;
+`identity`: the received rows are the expert output; `ragged_dot`: silu(x @ w1) @ w2 per local
+expert with jax.lax.ragged_dot in bf16, XLA's own grouped GEMM) and shared
 expert placement (`overlap`: its two halves in flight with jax_moe_a2a.overlap, as in
 models.moe_block(overlap=True); `after`: after combine_recv, behind an optimisation barrier; `none`:
 no shared expert, so that with identity experts the layer is dispatch + combine and their glue), it
@@ -44,8 +47,8 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=None, help="back-to-back steps per repeat (default 10; CPU 1)")
     p.add_argument("--repeats", type=int, default=None, help="repeats (default 7; CPU 3; quick 1)")
     p.add_argument("--experts", default=None,
-                   help="comma-separated: identity, ragged_dot (default both on GPUs; identity on CPUs, where "
-                        "XLA's ragged_dot computes every row against every local expert)")
+                   help="comma-separated: grouped, identity, ragged_dot (default all three on GPUs; grouped and "
+                        "identity on CPUs, where XLA's ragged_dot computes every row against every local expert)")
     p.add_argument("--shared", default="overlap,after",
                    help="comma-separated: overlap, after, none (no shared expert: dispatch + experts + combine only)")
     p.add_argument("--ffn", type=int, default=None, help="expert FFN width F (default 2048; scaled on CPU)")
@@ -131,6 +134,47 @@ def route(x, w_gate, k: int):
     return ids.astype(jnp.int32), jax.nn.softmax(top, axis=-1)
 
 
+KINDS = ("grouped", "identity", "ragged_dot")
+
+
+def weight_block(hidden: int, ffn: int) -> int:
+    """The fp8 weights' square block: 128 (DeepSeek-V3's) when it divides H and F, else the largest
+    power of two that does (scaled-down CPU shapes)."""
+    b = 128
+    while b > 1 and (hidden % b or ffn % b):
+        b //= 2
+    return b
+
+
+def grouped_experts(spec, rows, scale, group_sizes, p):
+    """The `grouped` experts: rows [R, H] as received (fp8 with scale [R, H/scale_block], or bf16)
+    -> expert_mlp with fp8 weights p["wgu"] [L, 2F, H], p["wdn"] [L, H, F] and their block scales
+    -> [R, H] in Spec.combine_dtype. Rows whose scale blocks are not the weights' are re-quantised."""
+    import jax.numpy as jnp
+
+    import jax_moe_a2a as a2a
+    from jax_moe_a2a import experts
+    block = spec.hidden // p["wgus"].shape[-1]
+    if scale is not None and spec.scale_block == block:
+        x, xs = rows, scale
+    else:
+        if scale is not None:
+            rows = a2a.dequantize_fp8(rows, scale, spec.scale_block)
+        x, xs = experts.quantize_rows_fp8(rows, block)
+    y = a2a.expert_mlp(x, p["wgu"], p["wdn"], group_sizes, x_scale=xs, w_gate_up_scale=p["wgus"],
+                       w_down_scale=p["wdns"])
+    return y.astype(spec.combine_dtype) if jnp.dtype(y.dtype) != jnp.dtype(spec.combine_dtype) else y
+
+
+def grouped_impl(jax) -> str:
+    """How expert_mlp runs the grouped experts here: "native", or "xla (why not native)"."""
+    from jax_moe_a2a import experts as ex
+    f8, f32 = jax.numpy.float8_e4m3fn, jax.numpy.float32
+    why = ex.native_reason(jax.ShapeDtypeStruct((8, 128), f8), jax.ShapeDtypeStruct((1, 128, 128), f8),
+                           jax.ShapeDtypeStruct((8, 1), f32), jax.ShapeDtypeStruct((1, 1, 1), f32))
+    return "native" if why is None else f"xla ({why})"
+
+
 def make_step(comm, experts: str, shared: str, num_layers: int, plain: bool, routing: str = "fixed"):
     """Per-rank step: x [T, H] -> x after num_layers MoE layers (one slot per layer in turn); with
     routing "per-layer" each layer routes its input with p["wg"][layer] [H, E] instead of ids / w."""
@@ -141,7 +185,12 @@ def make_step(comm, experts: str, shared: str, num_layers: int, plain: bool, rou
     spec, n = comm.spec, comm.num_ranks
     local = spec.local_experts(n)
 
-    def run_experts(rows, group_sizes, p):
+    def run_experts(rows, scale, group_sizes, p):
+        """rows [R, H] as received (fp8 with scale, or 16/32-bit with scale None) -> [R, H]."""
+        if experts == "grouped":
+            return grouped_experts(spec, rows, scale, group_sizes, p)
+        if scale is not None:
+            rows = a2a.dequantize_fp8(rows, scale, spec.scale_block)
         if experts == "identity":
             return rows.astype(spec.combine_dtype)
         h = _silu(jax.lax.ragged_dot(rows.astype(p["w1"].dtype), p["w1"], group_sizes))
@@ -158,10 +207,7 @@ def make_step(comm, experts: str, shared: str, num_layers: int, plain: bool, rou
         if shared == "overlap":
             sent, h = a2a.overlap(sent, shared_up, x, p["w1s"])
         got = comm.dispatch_recv(sent)
-        rows = got.x
-        if spec.recv_is_fp8:
-            rows = a2a.dequantize_fp8(got.x, got.scale, spec.scale_block)
-        back = comm.combine_send(run_experts(rows, got.group_sizes, p), got)
+        back = comm.combine_send(run_experts(got.x, got.scale if spec.recv_is_fp8 else None, got.group_sizes, p), got)
         if shared == "overlap":
             back, out = a2a.overlap(back, shared_down, h, p["w2s"])
             return comm.combine_recv(back, out=out)
@@ -183,7 +229,7 @@ def make_step(comm, experts: str, shared: str, num_layers: int, plain: bool, rou
             out = shared_down(shared_up(x, p["w1s"]), p["w2s"]).astype(jnp.float32)
         else:
             out = jnp.zeros(x.shape, jnp.float32)
-        y = run_experts(x[tok].astype(jnp.bfloat16), group_sizes, p)
+        y = run_experts(x[tok].astype(jnp.bfloat16), None, group_sizes, p)
         wf = jnp.where(valid, w, 0.0).reshape(-1)[order]
         out = out.at[tok].add(y.astype(jnp.float32) * wf[:, None])
         if shared == "after":
@@ -218,16 +264,26 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     w = testing.stack_global(mesh, axis, [i.topk_weights for i in inputs])
     num = testing.stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs])
     h, f, e = spec.hidden, shape.ffn, spec.num_experts
-    pspec = {"w1": P(axis), "w2": P(axis), "w1s": P(), "w2s": P(), "wg": P()}
+    routed = ("wgu", "wgus", "wdn", "wdns") if experts == "grouped" else ("w1", "w2")
+    pspec = {**{name: P(axis) for name in routed}, "w1s": P(), "w2s": P(), "wg": P()}
     gates = args.layers if args.routing == "per-layer" else 1
+    block = weight_block(h, f)
 
     def init(key):
         k = jax.random.split(key, 5)
-        return {"w1": (jax.random.normal(k[0], (e, h, f)) / np.sqrt(h)).astype(jnp.bfloat16),
-                "w2": (jax.random.normal(k[1], (e, f, h)) / np.sqrt(f)).astype(jnp.bfloat16),
-                "w1s": (jax.random.normal(k[2], (h, f)) / np.sqrt(h)).astype(jnp.bfloat16),
-                "w2s": (0.1 * jax.random.normal(k[3], (f, h)) / np.sqrt(f)).astype(jnp.bfloat16),
-                "wg": (jax.random.normal(k[4], (gates, h, spec.num_experts)) / np.sqrt(h)).astype(jnp.bfloat16)}
+        p = {"w1s": (jax.random.normal(k[2], (h, f)) / np.sqrt(h)).astype(jnp.bfloat16),
+             "w2s": (0.1 * jax.random.normal(k[3], (f, h)) / np.sqrt(f)).astype(jnp.bfloat16),
+             "wg": (jax.random.normal(k[4], (gates, h, spec.num_experts)) / np.sqrt(h)).astype(jnp.bfloat16)}
+        if experts == "grouped":   # fp8 values ~ N(0, 1) drawn in bf16 (no f32 copy of DeepSeek-V3's 11 GB),
+            # one scale per block: 1/sqrt(fan-in), 0.1 of it for the down projection (the layers add up)
+            p["wgu"] = jax.random.normal(k[0], (e, 2 * f, h), jnp.bfloat16).astype(jnp.float8_e4m3fn)
+            p["wdn"] = jax.random.normal(k[1], (e, h, f), jnp.bfloat16).astype(jnp.float8_e4m3fn)
+            p["wgus"] = jnp.full((e, 2 * f // block, h // block), 1 / np.sqrt(h), jnp.float32)
+            p["wdns"] = jnp.full((e, h // block, f // block), 0.1 / np.sqrt(f), jnp.float32)
+        else:
+            p["w1"] = (jax.random.normal(k[0], (e, h, f)) / np.sqrt(h)).astype(jnp.bfloat16)
+            p["w2"] = (jax.random.normal(k[1], (e, f, h)) / np.sqrt(f)).astype(jnp.bfloat16)
+        return p
     if experts == "identity":  # no routed expert weights (one row each keeps the pytree)
         e = n
     params = jax.jit(init, out_shardings={k: NamedSharding(mesh, v) for k, v in pspec.items()})(jax.random.key(1))
@@ -293,7 +349,10 @@ def run(jax, args, progress_label=""):
     args.steps = args.steps or (10 if gpu and not args.quick else 1)
     args.repeats = args.repeats or (1 if args.quick else (7 if gpu else 3))
     backends, skipped = benchlib.backend_plan(args.backend)
-    kinds = [k for k in (args.experts or ("identity,ragged_dot" if gpu else "identity")).split(",") if k]
+    kinds = [k for k in (args.experts or ("grouped,ragged_dot,identity" if gpu else "grouped,identity")).split(",") if k]
+    for k in kinds:
+        if k not in KINDS:
+            raise SystemExit(f"--experts: unknown kind {k!r} (known: {', '.join(KINDS)})")
     placements = [s for s in args.shared.split(",") if s]
     mesh = testing.make_mesh(args.ranks)
     cmdbuf = current_cmdbuf(jax)
@@ -308,7 +367,9 @@ def run(jax, args, progress_label=""):
             print(f"  skipped {b}: {why}", flush=True)
         if args.experts is None and not gpu:
             print("  ragged_dot experts skipped on CPUs (XLA:CPU computes every row against every local expert: "
-                  "minutes per layer); --experts identity,ragged_dot runs them", flush=True)
+                  "minutes per layer); --experts grouped,identity,ragged_dot runs them", flush=True)
+        if "grouped" in kinds:
+            print(f"  grouped experts: {grouped_impl(jax)}", flush=True)
     per = {s: chosen[s].units() * args.steps * args.layers / 4 for s in names}
     progress = Progress(len(runs) * len(kinds) * len(placements) * sum(per[s] * (args.repeats + 2) for s in names),
                         lead, label=progress_label)
@@ -335,6 +396,8 @@ def run(jax, args, progress_label=""):
                            "cmdbuf": cmdbuf, "dispatch_dtype": args.dispatch_dtype, "routing": args.routing, "ranks": mesh.size, "layers": args.layers, "steps": args.steps,
                            "repeats": args.repeats, "ffn": shape.ffn, "scaled": shape.scaled,
                            "spec": {"T": shape.tokens, "H": shape.hidden, "E": shape.experts, "K": shape.topk}}
+                    if kind == "grouped":
+                        rec["expert_impl"] = grouped_impl(jax)
                     try:
                         rec.update(bench_layer(jax, comm, shape, kind, place, args, b == "plain", progress, per[s]))
                     except Exception as e:

@@ -11,6 +11,7 @@ from . import backends as _backends
 from .comm import Communicator, DroppedRowsError, PeerFailure, init
 from .config import Config
 from .eplb import ExpertMap
+from .experts import expert_mlp, grouped_matmul, quantize_weights_fp8
 from .overlap import overlap
 from .quant import dequantize_fp8, quantize_fp8, quantize_fp8_jax
 from .spec import Spec
@@ -28,4 +29,5 @@ __all__ = [
     "Spec", "Config", "init", "Communicator", "DroppedRowsError", "PeerFailure", "Dispatched", "DispatchHandle",
     "CombineHandle",
     "Route", "ExpertMap", "available_backends", "overlap", "quantize_fp8", "quantize_fp8_jax", "dequantize_fp8",
+    "grouped_matmul", "expert_mlp", "quantize_weights_fp8",
 ]

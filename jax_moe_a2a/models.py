@@ -8,6 +8,11 @@ expert dimension), everything else replicated. Use inside `jax.shard_map` over t
     out = moe_block(comm, cfg, local_params, x, num_tokens)   # x [T, H] -> [T, H]
 
 or on global arrays (the shard_map is done for you): `moe_layer(comm, cfg, params, x, num_tokens)`.
+
+Routed experts, `MoEConfig.experts`: "ragged_dot" (the default: silu(x @ w1) @ w2 per expert with
+`jax.lax.ragged_dot`, w1 [E, H, F], w2 [E, F, H]) or "grouped" (DeepSeek-V3's SwiGLU expert through
+`jax_moe_a2a.experts.expert_mlp`: w_gate_up [E, 2F, H], w_down [E, H, F], bf16 or, with
+`expert_dtype=float8_e4m3fn`, fp8 with block scales w_gate_up_scale / w_down_scale; any layout).
 """
 
 from __future__ import annotations
@@ -36,6 +41,20 @@ class MoEConfig:
     score: str = "softmax"
     route_scale: float = 1.0
     param_dtype: object = jnp.bfloat16
+    experts: str = "ragged_dot"     # or "grouped": SwiGLU experts through experts.expert_mlp
+    expert_dtype: object = None     # "grouped": None (param_dtype) or jnp.float8_e4m3fn (block-scaled weights)
+    weight_block: int = 128         # "grouped" fp8: weight scales per weight_block x weight_block block
+    expert_impl: str = "auto"       # "grouped": expert_mlp's impl ("auto", "native", "xla")
+
+    def __post_init__(self):
+        if self.experts not in ("ragged_dot", "grouped"):
+            raise ValueError(f"MoEConfig.experts: expected 'ragged_dot' or 'grouped', got {self.experts!r}")
+        if self.expert_dtype is not None and self.experts != "grouped":
+            raise ValueError("MoEConfig.expert_dtype: only for experts='grouped'")
+
+    @property
+    def fp8_experts(self) -> bool:
+        return self.expert_dtype is not None and jnp.dtype(self.expert_dtype) == jnp.dtype(jnp.float8_e4m3fn)
 
 
 def _silu(h):
@@ -45,13 +64,33 @@ def _silu(h):
     return h * jax.lax.logistic(h)
 
 
+def _expert_names(cfg: MoEConfig) -> tuple:
+    if cfg.experts == "ragged_dot":
+        return ("w1", "w2")
+    return ("w_gate_up", "w_down") + (("w_gate_up_scale", "w_down_scale") if cfg.fp8_experts else ())
+
+
 def init_moe_params(key, cfg: MoEConfig) -> dict:
-    """router [H, E] f32; w1 [E, H, F], w2 [E, F, H] and shared w1s [H, Fs], w2s [Fs, H] in param_dtype."""
+    """router [H, E] f32; the routed experts (experts="ragged_dot": w1 [E, H, F], w2 [E, F, H];
+    "grouped": w_gate_up [E, 2F, H], w_down [E, H, F], and with fp8 expert_dtype their f32 scales
+    w_gate_up_scale [E, 2F/b, H/b], w_down_scale [E, H/b, F/b], b = weight_block); shared w1s [H, Fs],
+    w2s [Fs, H]; in param_dtype unless said otherwise."""
     k = jax.random.split(key, 5)
     h, f, e = cfg.hidden, cfg.ffn, cfg.num_experts
-    p = {"router": jax.random.normal(k[0], (h, e), jnp.float32) / jnp.sqrt(h),
-         "w1": (jax.random.normal(k[1], (e, h, f)) / jnp.sqrt(h)).astype(cfg.param_dtype),
-         "w2": (jax.random.normal(k[2], (e, f, h)) / jnp.sqrt(f)).astype(cfg.param_dtype)}
+    p = {"router": jax.random.normal(k[0], (h, e), jnp.float32) / jnp.sqrt(h)}
+    if cfg.experts == "ragged_dot":
+        p["w1"] = (jax.random.normal(k[1], (e, h, f)) / jnp.sqrt(h)).astype(cfg.param_dtype)
+        p["w2"] = (jax.random.normal(k[2], (e, f, h)) / jnp.sqrt(f)).astype(cfg.param_dtype)
+    else:
+        wgu = jax.random.normal(k[1], (e, 2 * f, h)) / jnp.sqrt(h)
+        wdn = jax.random.normal(k[2], (e, h, f)) / jnp.sqrt(f)
+        if cfg.fp8_experts:
+            from .experts import quantize_weights_fp8
+            p["w_gate_up"], p["w_gate_up_scale"] = quantize_weights_fp8(wgu, cfg.weight_block)
+            p["w_down"], p["w_down_scale"] = quantize_weights_fp8(wdn, cfg.weight_block)
+        else:
+            p["w_gate_up"] = wgu.astype(cfg.param_dtype)
+            p["w_down"] = wdn.astype(cfg.param_dtype)
     if cfg.shared_ffn:
         p["w1s"] = (jax.random.normal(k[3], (h, cfg.shared_ffn)) / jnp.sqrt(h)).astype(cfg.param_dtype)
         p["w2s"] = (jax.random.normal(k[4], (cfg.shared_ffn, h)) / jnp.sqrt(cfg.shared_ffn)).astype(cfg.param_dtype)
@@ -60,7 +99,7 @@ def init_moe_params(key, cfg: MoEConfig) -> dict:
 
 def moe_param_specs(cfg: MoEConfig, axis="ep") -> dict:
     """shard_map in_specs for init_moe_params' dict: routed experts split over `axis`."""
-    s = {"router": P(), "w1": P(axis), "w2": P(axis)}
+    s = {"router": P(), **{name: P(axis) for name in _expert_names(cfg)}}
     if cfg.shared_ffn:
         s.update(w1s=P(), w2s=P())
     return s
@@ -80,8 +119,10 @@ def route(cfg: MoEConfig, router_w, x):
     return ids.astype(jnp.int32), (w * cfg.route_scale).astype(jnp.float32)
 
 
-def _experts(spec, params, got):
-    """Routed experts on the ragged layout: got.x [R, H] -> [R, H] (ragged_dot over local experts)."""
+def _experts(spec, cfg, params, got):
+    """Routed experts: got.x [R, H] (or [L, C, H] with experts="grouped") -> the same shape."""
+    if cfg.experts == "grouped":
+        return _grouped_experts(spec, cfg, params, got.x, got.scale, got.group_sizes)
     xin = got.x
     if spec.recv_is_fp8:  # else got.x arrives dequantised (Spec.recv_dtype) or 16/32-bit
         from .quant import dequantize_fp8
@@ -92,12 +133,39 @@ def _experts(spec, params, got):
     return y.astype(spec.combine_dtype)
 
 
+def _grouped_experts(spec, cfg, params, x, scale, group_sizes):
+    """experts="grouped": the SwiGLU experts via expert_mlp on the received layout, the rows adapted
+    to the weights: fp8 weights take fp8 rows whose scale blocks are the weights' (rows that arrive in
+    bf16, or with other blocks, are (re-)quantised with the library's rule); bf16 weights take the
+    rows dequantised. Returns [.., H] in Spec.combine_dtype."""
+    from . import experts
+    from .quant import dequantize_fp8
+    fp8_rows = jnp.dtype(x.dtype) == jnp.dtype(jnp.float8_e4m3fn)
+    if cfg.fp8_experts:
+        block = cfg.hidden // params["w_gate_up_scale"].shape[-1]
+        if fp8_rows and (spec.scale_block != block or cfg.hidden % block):
+            x, fp8_rows = dequantize_fp8(x, scale, spec.scale_block), False
+        if not fp8_rows:
+            x, scale = experts.quantize_rows_fp8(x, block)
+        kw = dict(x_scale=scale, w_gate_up_scale=params["w_gate_up_scale"], w_down_scale=params["w_down_scale"])
+    else:
+        if fp8_rows:
+            x = dequantize_fp8(x, scale, spec.scale_block)
+        x = x.astype(params["w_gate_up"].dtype)
+        kw = {}
+    out = jnp.float32 if jnp.dtype(spec.combine_dtype).itemsize > 2 else jnp.bfloat16
+    y = experts.expert_mlp(x, params["w_gate_up"], params["w_down"], group_sizes, out_dtype=out,
+                           impl=cfg.expert_impl, **kw)
+    return y.astype(spec.combine_dtype)
+
+
 def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap: bool = False,
               expert_map=None):
     """One rank's MoE layer: x [T, H] -> [T, H] = shared expert + sum_k w_k * expert_k(x).
 
-    Routed experts run as `jax.lax.ragged_dot` on the ragged layout (w1/w2 are the local
-    [L, H, F] / [L, F, H] shards). fp8 dispatch is dequantised before the expert GEMMs.
+    Routed experts (cfg.experts): "ragged_dot" runs `jax.lax.ragged_dot` on the ragged layout (w1/w2
+    are the local [L, H, F] / [L, F, H] shards; fp8 dispatch is dequantised before the expert
+    GEMMs); "grouped" runs `experts.expert_mlp` (SwiGLU, fp8 or bf16 weights) on either layout.
 
     overlap=False: the one-shot dispatch/combine; differentiable w.r.t. x and every parameter
     (the router through the combine weights) on every backend.
@@ -112,21 +180,21 @@ def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap
     logical expert's weights, and under jax.grad each copy gets its own gradient: sum them).
     """
     spec = comm.spec
-    if spec.layout != "ragged":
-        raise ValueError("moe_block: needs Spec.layout='ragged'")
+    if spec.layout != "ragged" and cfg.experts != "grouped":
+        raise ValueError("moe_block: experts='ragged_dot' needs Spec.layout='ragged' (experts='grouped' takes both)")
     ids, w = route(cfg, params["router"], x)
     if not overlap:
         got = comm.dispatch(x, ids, w, num_tokens, expert_map=expert_map)
         shared = None
         if cfg.shared_ffn:
             shared = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"])
-        return comm.combine(_experts(spec, params, got), got, out=shared)
+        return comm.combine(_experts(spec, cfg, params, got), got, out=shared)
     from .overlap import overlap as in_flight
     sent = comm.dispatch_send(x, ids, w, num_tokens, expert_map=expert_map)
     if cfg.shared_ffn:   # the weights go through the barrier too: all of the work waits for the send
         sent, h = in_flight(sent, shared_up, x, params["w1s"])
     got = comm.dispatch_recv(sent)
-    back = comm.combine_send(_experts(spec, params, got), got)
+    back = comm.combine_send(_experts(spec, cfg, params, got), got)
     shared = None
     if cfg.shared_ffn:
         back, shared = in_flight(back, functools.partial(shared_down, spec), h, params["w2s"])
@@ -180,9 +248,20 @@ def dense_moe_block(cfg: MoEConfig, spec, params: dict, x, num_tokens=None):
         xw = dequantize_fp8(*quantize_fp8_jax(x, spec.scale_block, spec.pow2_scale), spec.scale_block)
     else:
         xw = x.astype(spec.dispatch_dtype)
-    xw = xw.astype(params["w1"].dtype)
-    hid = _silu(jnp.einsum("th,ehf->etf", xw, params["w1"]))
-    y = jnp.einsum("etf,efh->eth", hid.astype(params["w2"].dtype), params["w2"]).astype(spec.combine_dtype)
+    if cfg.experts == "grouped":   # every expert over every token: the expert_major layout [E, T, H]
+        xe = jnp.broadcast_to(xw.astype(jnp.float32), (cfg.num_experts, t, cfg.hidden))
+        xs = None
+        if spec.is_fp8 and cfg.fp8_experts and spec.scale_block == cfg.hidden // params["w_gate_up_scale"].shape[-1]:
+            from .quant import quantize_fp8_jax   # the wire's own fp8 rows and scales
+            q, s = quantize_fp8_jax(x, spec.scale_block, spec.pow2_scale)
+            xe = jnp.broadcast_to(q, (cfg.num_experts,) + q.shape)
+            xs = jnp.broadcast_to(s, (cfg.num_experts,) + s.shape)
+        counts = jnp.full((cfg.num_experts,), t, jnp.int32)
+        y = _grouped_experts(spec, cfg, params, xe, xs, counts)
+    else:
+        xw = xw.astype(params["w1"].dtype)
+        hid = _silu(jnp.einsum("th,ehf->etf", xw, params["w1"]))
+        y = jnp.einsum("etf,efh->eth", hid.astype(params["w2"].dtype), params["w2"]).astype(spec.combine_dtype)
     gate = jnp.sum(jax.nn.one_hot(ids, cfg.num_experts, dtype=jnp.float32) * w[..., None], axis=1)   # [T, E]
     out = jnp.einsum("te,eth->th", gate, y.astype(jnp.float32))
     if cfg.shared_ffn:

@@ -6,8 +6,9 @@ Needs flax (`pip install flax`); the rest of jax_moe_a2a does not import this mo
     block = MoEBlock(comm, cfg, rngs=nnx.Rngs(0))
     y = block(x, num_tokens)     # x [N*T, H] global, rank r's tokens in rows r*T..r*T+T-1
 
-The parameters are `nnx.Param`s holding global arrays: router [H, E] f32, w1 [E, H, F] and
-w2 [E, F, H] (placed split over the EP axis), shared w1s [H, Fs] and w2s [Fs, H] (replicated).
+The parameters are `nnx.Param`s holding global arrays: router [H, E] f32, the routed experts'
+(w1 [E, H, F] and w2 [E, F, H], or with MoEConfig(experts="grouped") w_gate_up / w_down and their
+fp8 scales: models.init_moe_params; placed split over the EP axis), shared w1s [H, Fs] and w2s [Fs, H] (replicated).
 The call runs `models.moe_block` inside `jax.shard_map` over the communicator's mesh, so it
 works under `nnx.jit`/`jax.jit`, `nnx.grad`, or `jax.grad` of `nnx.split`/`nnx.merge` state.
 """
@@ -52,8 +53,7 @@ class MoEBlock(nnx.Module):
 
     def params_dict(self) -> dict:
         """The parameters as models.init_moe_params' dict (arrays, or tracers under a transform)."""
-        names = ("router", "w1", "w2") + (("w1s", "w2s") if self.cfg.shared_ffn else ())
-        return {n: getattr(self, n)[...] for n in names}
+        return {n: getattr(self, n)[...] for n in models.moe_param_specs(self.cfg)}
 
     def __call__(self, x, num_tokens=None):
         """x [N*T, H] bf16/f16/f32; num_tokens None or [N] int32 (valid rows per rank)."""

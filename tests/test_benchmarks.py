@@ -58,6 +58,23 @@ def test_layers_tiny(tmp_path, capsys):
     assert "fastest MoE layer at decode, identity experts" in capsys.readouterr().out
 
 
+def test_layers_grouped_experts(tmp_path, capsys):
+    """--experts grouped: router -> dispatch -> fp8 SwiGLU experts (expert_mlp) -> combine, several
+    layers in one jit, on each CPU backend and plain; the headline line comes first."""
+    import layers
+    from benchlib import report
+    args = layers.parse_args(["--quick", "--shape", "decode", "--backend", _backends(), "--experts", "grouped",
+                              "--shared", "none", "--layers", "2", "--routing", "per-layer", "--out", str(tmp_path)])
+    out = layers.run(jax, args)
+    rows = out["results"]
+    assert not [r for r in rows if "error" in r], rows
+    assert {r["backend"] for r in rows} == set(_backends().split(",")) | {"plain"}
+    assert all(r["finite"] and r["per_layer_us"]["p50"] > 0 and r["expert_impl"].startswith("xla") for r in rows)
+    assert layers.weight_block(256, 64) == 64 and layers.weight_block(7168, 2048) == 128
+    report.print_layers(out)
+    assert "fastest MoE layer at decode, grouped experts" in capsys.readouterr().out
+
+
 def test_layers_per_layer_routing(tmp_path):
     """--routing per-layer: every layer routes its own input (both the backend's layer and plain's)."""
     import layers

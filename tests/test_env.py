@@ -114,3 +114,38 @@ def test_logger_reports_init(mesh, caplog):
     with caplog.at_level(logging.INFO, logger="jax_moe_a2a"):
         a2a.init(spec, mesh, "ep", backend="reference")
     assert any(r.name == "jax_moe_a2a" and "reference" in r.getMessage() for r in caplog.records)
+
+
+# --- the C++ side: cc/core/env.{h,cc} is its one getenv, over the rows of the table above ---------
+
+def _cc_files():
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "cc")):
+        for fn in files:
+            if fn.endswith((".h", ".cc", ".cu", ".cuh")):
+                yield os.path.join(dirpath, fn)
+
+
+def test_cpp_reads_variables_only_through_core_env():
+    offenders = []
+    for path in _cc_files():
+        if path.endswith(os.path.join("core", "env.cc")):
+            continue
+        with open(path) as fh:
+            for i, line in enumerate(fh, 1):
+                if re.search(r"\bgetenv\s*\(", line.split("//", 1)[0]):
+                    offenders.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}")
+    assert not offenders, "getenv outside cc/core/env.cc (use env::get):\n" + "\n".join(offenders)
+
+
+def test_cpp_variables_are_the_tables():
+    with open(os.path.join(ROOT, "cc", "core", "env.cc")) as fh:
+        src = fh.read()
+    body = src[src.index("kNative[] = {"):src.index("};", src.index("kNative[] = {"))]
+    native = re.findall(r'"([A-Z0-9_]+)"', re.sub(r"//[^\n]*", "", body))
+    want = [v.name for v in env.VARS if "cc/" in v.read_by]
+    assert sorted(native) == sorted(want), "cc/core/env.cc kNative != the rows of env.py that cc/ reads"
+    used = set()
+    for path in _cc_files():
+        with open(path) as fh:
+            used |= set(re.findall(r'env::get(?:_or)?\(\s*"(?:JAX_MOE_A2A_)?([A-Z0-9_]+)"', fh.read()))
+    assert used <= set(native), f"read in cc/ but not in kNative: {sorted(used - set(native))}"

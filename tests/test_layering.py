@@ -24,6 +24,7 @@ class Layers:
     layer_of_dir: dict[str, str] = field(default_factory=dict)   # cc/<dir> -> layer name
     external: dict[str, set[str]] = field(default_factory=dict)  # include root -> layers
     allowed: set[tuple[str, str]] = field(default_factory=set)   # (layer, header under cc/)
+    namespaces: dict[str, set[str]] = field(default_factory=dict)  # layer -> namespaces it may open
 
 
 def parse_layers(path: Path) -> Layers:
@@ -44,12 +45,15 @@ def parse_layers(path: Path) -> Layers:
             t.external[args[0]] = set(args[1:])
         elif kind == "allow" and len(args) == 2:
             t.allowed.add((args[0], args[1]))
+        elif kind == "namespace" and len(args) >= 2:
+            t.namespaces[args[0]] = set(args[1:])
         else:
             raise AssertionError(f"{path}:{n}: cannot parse {raw.strip()!r}")
     for layer, header in t.allowed:
         assert layer in t.level, f"{path}: allow names an unknown layer {layer}"
     for root, layers in t.external.items():
         assert layers <= set(t.level), f"{path}: external {root} names an unknown layer"
+    assert set(t.namespaces) <= set(t.level), f"{path}: namespace names an unknown layer"
     return t
 
 
@@ -136,6 +140,93 @@ def test_cmake_targets_follow_the_layers():
     assert not missing, f"layers with sources but no CMake target: {missing}"
     escapes = re.findall(r"target_include_directories\([^)]*\bcc\b[^)]*\)", code)
     assert not escapes, f"include directories that bypass the layer roots: {escapes}"
+
+
+_NAMESPACE = re.compile(r"^\s*namespace\s+([A-Za-z_][\w:]*)\s*\{")
+
+
+def _forward_declarations_only(lines: list[str], n: int) -> bool:
+    """Whether the namespace block opened on line n (1-based) only declares names (`struct X;`,
+    `class X;`): naming another layer's types is not adding to its namespace."""
+    for line in lines[n:]:
+        code = line.split("//", 1)[0].strip()
+        if code.startswith("}"):
+            return True
+        if code and not re.fullmatch(r"(struct|class)\s+\w+;", code):
+            return False
+    return False
+
+
+def namespace_owner(t: Layers, name: str) -> str | None:
+    """The layer whose declared namespace is the longest one equal to `name` or enclosing it
+    (a2a::gpu::ptx is gpu's, a2a::ctrl core's: a2a), or None."""
+    best, owner = -1, None
+    for layer, spaces in t.namespaces.items():
+        for ns in spaces:
+            if (name == ns or name.startswith(ns + "::")) and len(ns) > best:
+                best, owner = len(ns), layer
+    return owner
+
+
+def namespace_violations(cc: Path, t: Layers) -> list[str]:
+    """Every named namespace a file opens must be its layer's: the longest namespace of cc/LAYERS
+    (`namespace` lines) equal to it or enclosing it is the layer's own. A layer with files but no
+    `namespace` line is reported."""
+    bad = []
+    for f in sorted(p for p in cc.rglob("*") if p.suffix in SOURCES and p.is_file()):
+        rel = f.relative_to(cc)
+        layer = t.layer_of_dir.get(rel.parts[0]) if len(rel.parts) > 1 else None
+        if layer is None:
+            continue
+        own = t.namespaces.get(layer)
+        if own is None:
+            bad.append(f"cc/{rel}: layer {layer} has no `namespace` line in cc/LAYERS")
+            continue
+        lines = f.read_text(errors="replace").splitlines()
+        for n, line in enumerate(lines, 1):
+            m = _NAMESPACE.match(line)
+            if not m or namespace_owner(t, m.group(1)) == layer:
+                continue
+            if _forward_declarations_only(lines, n):  # e.g. host/host_comm.h: struct proxy::Ctrl;
+                continue
+            bad.append(f"cc/{rel}:{n}: layer {layer} opens namespace {m.group(1)} "
+                           f"(its own: {', '.join(sorted(own))})")
+    return bad
+
+
+def test_each_layer_has_its_own_namespace():
+    t = parse_layers(REPO / "cc" / "LAYERS")
+    bad = namespace_violations(REPO / "cc", t)
+    assert not bad, "namespaces against cc/LAYERS:\n  " + "\n  ".join(bad)
+    nested = {ns for layer, spaces in t.namespaces.items() if layer != "core" for ns in spaces}
+    assert len(nested) == sum(len(v) for k, v in t.namespaces.items() if k != "core"), \
+        "two layers share a namespace"
+
+
+def test_namespace_check_catches_a_foreign_namespace(tmp_path):
+    cc = _tree(tmp_path, dict(_GOOD, **{"mid/n.h": "namespace a2a::top {\nint x;\n}\n"}))
+    (cc / "LAYERS").write_text(_TABLE + "namespace top a2a::top\nnamespace mid a2a::mid\n"
+                               "namespace peer a2a::peer\nnamespace base a2a\n")
+    assert namespace_violations(cc, parse_layers(cc / "LAYERS")) == [
+        "cc/mid/n.h:1: layer mid opens namespace a2a::top (its own: a2a::mid)"]
+
+
+# Element kinds, layouts and halves travel as the typed enums of cc/core (ElemKind, Layout, Half):
+# none of them compared with, or switched on, a bare number.
+_LITERAL_KIND = re.compile(
+    r"\b(\w*_kind|kind|layout|op|which)\s*(==|!=|<=|>=|<|>)\s*-?\d+\b"
+    r"|\b\d+\s*(==|!=)\s*[\w.>-]*_kind\b"
+    r"|\b(QuantChunks|ReduceShape|load_raw8|load_raw8_ro|raw8_to_f32|reduce_combine_vec)<\d")
+
+
+def test_no_kind_or_op_compared_with_a_number():
+    bad = []
+    for f in sorted(p for p in (REPO / "cc").rglob("*") if p.suffix in SOURCES and p.is_file()):
+        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            code = line.split("//", 1)[0]
+            if _LITERAL_KIND.search(code):
+                bad.append(f"cc/{f.relative_to(REPO / 'cc')}:{n}: {line.strip()}")
+    assert not bad, "a kind, layout or op against a number (use ElemKind, Layout, Half):\n  " + "\n  ".join(bad)
 
 
 # --- the check itself, on small trees ------------------------------------------------------------

@@ -61,13 +61,15 @@ def test_readme_example_against_numpy(backend, monkeypatch, capsys):
     f32 = lambda a: np.asarray(jnp.asarray(a).astype(jnp.float32))   # noqa: E731
     bf16 = lambda a: np.array(jnp.asarray(a, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32))  # noqa: E731
     x, ids, w = f32(ns["x"]), np.asarray(ns["topk_ids"]), np.asarray(ns["topk_weights"])
-    we, ws = f32(ns["w_experts"]), f32(ns["w_shared"])
+    ws = f32(ns["w_shared"])
+    w8, w_scale = (np.asarray(a, np.float32) for a in ns["w_experts"])
+    we = w8 * np.repeat(np.repeat(w_scale, 128, axis=1), 128, axis=2)   # the fp8 experts [E, out, in]
     q, s = oracle.quantize_fp8(x, 128)
-    xd = bf16(oracle.dequantize_fp8(q, s, 128))          # what the experts see: fp8 wire, bf16 GEMM
+    xd = oracle.dequantize_fp8(q, s, 128)                # what the experts see: the fp8 rows
     want = bf16(x @ ws)                                  # the shared expert
     for t in range(n * T):
         for k in range(K):
-            want[t] += w[t, k] * bf16(xd[t] @ we[ids[t, k]])
+            want[t] += w[t, k] * bf16(xd[t] @ we[ids[t, k]].T)
     got = f32(ns["out"])
     assert got.shape == (n * T, H)
     np.testing.assert_allclose(got, want, rtol=3e-2, atol=3e-2)

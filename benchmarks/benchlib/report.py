@@ -218,12 +218,21 @@ def layer_fastest(rows):
         ok = [r for r in rows if r["shape"] == shape and "per_layer_us" in r and r["backend"] != "plain"]
         if not ok:
             continue
-        for experts in sorted({r["experts"] for r in ok}):
+        # the layer with real experts (grouped: fp8 SwiGLU through expert_mlp) is the headline
+        for experts in sorted({r["experts"] for r in ok}, key=lambda e: (e != "grouped", e)):
             sel = [r for r in ok if r["experts"] == experts]
             best = min(sel, key=lambda r: r["per_layer_us"]["p50"])
             ref = [r for r in sel if r["backend"] == "reference" and _variant(r) == _variant(best)]
             vs = (f", {ref[0]['per_layer_us']['p50'] / best['per_layer_us']['p50']:.2f}x the reference backend"
                   if ref and best["backend"] != "reference" else "")
+            xla = [r for r in rows if r["shape"] == shape and r["backend"] == "plain" and "per_layer_us" in r
+                   and r["experts"] == "ragged_dot" and _placement(r) == _placement(best)
+                   and r["cmdbuf"] == best["cmdbuf"]]
+            if experts == "grouped" and xla:
+                vs += (f", {xla[0]['per_layer_us']['p50'] / best['per_layer_us']['p50']:.2f}x the plain-XLA layer "
+                       f"with bf16 ragged_dot experts")
+            if best.get("expert_impl"):
+                vs += f"; expert GEMMs: {best['expert_impl']}"
             shared = {"overlap": "shared expert overlapped", "after": "shared expert after combine",
                       "none": "no shared expert"}[_placement(best)]
             lines.append(f"fastest MoE layer at {shape}, {experts} experts: {best['backend']} "

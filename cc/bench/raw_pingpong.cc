@@ -14,6 +14,7 @@
 #include "transfer/counters.h"
 #include "transfer/errors.h"
 #include "transfer/fabric.h"
+#include "core/env.h"
 
 namespace a2a::bench {
 
@@ -63,7 +64,7 @@ RawPingPong::RawPingPong(const std::string& provider, const std::string& iface, 
     : impl_(new Impl) {
   Impl& m = *impl_;
   FabricOptions fo;  // the engine's choice of info, but opened single-threaded as fabtests do
-  fo.provider = provider.empty() ? (std::getenv("JAX_MOE_A2A_PROVIDER") ? std::getenv("JAX_MOE_A2A_PROVIDER") : "shm") : provider;
+  fo.provider = provider.empty() ? env::get_or("JAX_MOE_A2A_PROVIDER", "shm") : provider;
   fo.iface = iface;
   fo.thread_safe = false;
   std::vector<InfoPtr> infos = select_infos(fo);

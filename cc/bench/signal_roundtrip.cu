@@ -1,5 +1,5 @@
 // GPU -> host -> GPU signalling round trip through mapped pinned memory, the path every
-// kernel <-> proxy flag takes (cc/proxy/ctrl.h): one GPU thread raises a flag with st.release.sys
+// kernel <-> proxy flag takes (cc/core/ctrl.h): one GPU thread raises a flag with st.release.sys
 // and waits with ld.acquire.sys for the echo; a host thread polls with the proxy's acquire load and
 // answers with its release store. The kernel times each round trip with %globaltimer.
 #include <cuda_runtime_api.h>
@@ -13,7 +13,7 @@
 #include "bench/signal_roundtrip.h"
 #include "gpu/check.h"
 #include "gpu/ptx.cuh"
-#include "proxy/ctrl.h"
+#include "core/ctrl.h"
 
 namespace a2a::bench {
 namespace {
@@ -26,19 +26,19 @@ struct Flags {
 // ns[i]: round trip i in nanoseconds. One thread.
 __global__ void pingpong_kernel(Flags* f, int iters, uint64_t* ns, int64_t timeout_ns) {
   for (int i = 0; i < iters; ++i) {
-    const uint64_t t0 = cuda::ptx::globaltimer();
-    cuda::ptx::st_release_sys(&f->to_host, uint64_t(i) + 1);
-    while (cuda::ptx::ld_acquire_sys(&f->to_gpu) < uint64_t(i) + 1) {
-      if (cuda::ptx::globaltimer() - t0 > static_cast<uint64_t>(timeout_ns)) {
+    const uint64_t t0 = gpu::ptx::globaltimer();
+    gpu::ptx::st_release_sys(&f->to_host, uint64_t(i) + 1);
+    while (gpu::ptx::ld_acquire_sys(&f->to_gpu) < uint64_t(i) + 1) {
+      if (gpu::ptx::globaltimer() - t0 > static_cast<uint64_t>(timeout_ns)) {
         ns[i] = ~0ull;
         return;
       }
     }
-    ns[i] = cuda::ptx::globaltimer() - t0;
+    ns[i] = gpu::ptx::globaltimer() - t0;
   }
 }
 
-void check(cudaError_t rc, const char* what) { cuda::check_cuda(rc, "signal_roundtrip", what); }
+void check(cudaError_t rc, const char* what) { gpu::check_cuda(rc, "signal_roundtrip", what); }
 
 }  // namespace
 
@@ -58,10 +58,10 @@ std::vector<double> signal_roundtrip(int device, int iters) {
   std::thread echo([&] {  // answers each flag at once (a proxy spinning on its flags)
     uint64_t seen = 0;
     while (!stop.load(std::memory_order_relaxed) && seen < uint64_t(iters)) {
-      const uint64_t v = proxy::load_acquire(&f->to_host);
+      const uint64_t v = ctrl::load_acquire(&f->to_host);
       if (v > seen) {
         seen = v;
-        proxy::store_release(&f->to_gpu, v);
+        ctrl::store_release(&f->to_gpu, v);
       }
     }
   });

@@ -38,8 +38,8 @@ MoeShape shape_of(const Config& c) {
   s.scale_block = c.scale_block;
   s.P = s.tokens_per_member() * (s.K < s.L ? s.K : s.L);
   s.Q = s.tokens_per_member() * s.K;
-  s.wire_kind = static_cast<int>(c.dispatch_dtype);
-  s.layout = static_cast<int>(c.layout);
+  s.wire_kind = c.dispatch_dtype;
+  s.layout = c.layout;
   s.capacity = c.recv_rows;
   s.pow2 = c.pow2_scale ? 1 : 0;
   s.payload = int64_t(s.H) * elem_bytes(c.dispatch_dtype);

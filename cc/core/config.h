@@ -43,7 +43,7 @@ struct Config {
 MoeShape shape_of(const Config& c);
 
 // The transport fields of a Config that every backend's communicator reads (the host backend's
-// HostOptions, the GPU backends' CudaOptions and the protocol's ExchangeOptions derive from it, so
+// HostOptions, the GPU backends' GpuOptions and the protocol's ExchangeOptions derive from it, so
 // the fields are declared and copied from the Config in one place: transport_options).
 struct TransportOptions {
   int slots = 2;           // buffer sets, one op in flight on each

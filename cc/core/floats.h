@@ -34,7 +34,7 @@ inline uint16_t f32_to_f16(float f) {
 
 inline float load_elem(const void* base, int64_t i, ElemKind k) {
   if (k == ElemKind::kF8E4M3) return e4m3fn_to_f32(static_cast<const uint8_t*>(base)[i]);
-  return load_as_f32(base, i, static_cast<FloatKind>(static_cast<int>(k)));
+  return load_as_f32(base, i, k);
 }
 
 inline void store_elem(void* base, int64_t i, ElemKind k, float v) {

@@ -4,22 +4,22 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "core/fp8.h"
 
 namespace a2a {
 
-enum class FloatKind : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
-
-// Decodes one 16- or 32-bit float element to f32 (inline: it sits in every element loop).
-inline float load_as_f32(const void* base, int64_t index, FloatKind kind) {
+// Decodes one 16- or 32-bit float element (is_float(kind)) to f32 (inline: it sits in every
+// element loop; core/floats.h's load_elem takes fp8 too).
+inline float load_as_f32(const void* base, int64_t index, ElemKind kind) {
   switch (kind) {
-    case FloatKind::kF32:
+    case ElemKind::kF32:
       return static_cast<const float*>(base)[index];
-    case FloatKind::kBF16: {
+    case ElemKind::kBF16: {
       uint32_t b = static_cast<uint32_t>(static_cast<const uint16_t*>(base)[index]) << 16;
       return bits_f32(b);
     }
-    case FloatKind::kF16: {
+    case ElemKind::kF16: {
       uint16_t h = static_cast<const uint16_t*>(base)[index];
       uint32_t sign = (h & 0x8000u) << 16;
       int e = (h >> 10) & 0x1F;
@@ -31,13 +31,14 @@ inline float load_as_f32(const void* base, int64_t index, FloatKind kind) {
       }
       return bits_f32(sign | (static_cast<uint32_t>(e - 15 + 127) << 23) | (m << 13));
     }
+    case ElemKind::kF8E4M3: break;  // not a float kind
   }
   return 0.0f;
 }
 
 struct QuantizeParams {
   const void* x = nullptr;   // [rows, hidden] in `kind`
-  FloatKind kind = FloatKind::kF32;
+  ElemKind kind = ElemKind::kF32;  // is_float(kind)
   int64_t rows = 0;
   int64_t hidden = 0;
   int64_t scale_block = 128;  // any > 0: ceil(hidden / scale_block) blocks, the last one may be partial

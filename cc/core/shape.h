@@ -1,7 +1,7 @@
 // MoeShape: the static shape of one MoE all-to-all, the one shape struct of the library. Made
 // only by shape_of(Config) (core/config.h), which also fills the derived fields (L, P, row,
 // payload); every backend reads it: the host side (cc/host, cc/protocol, cc/proxy) as MoeShape,
-// the GPU kernels as the base of cuda::Geometry (which adds the byte offsets of one slot). The
+// the GPU kernels as the base of gpu::Geometry (which adds the byte offsets of one slot). The
 // short field names are the kernels'. Plain data (no constructors), host and device visible.
 #pragma once
 
@@ -26,8 +26,8 @@ struct MoeShape {
   int P;             // worst-case rows from one source to one destination: ceil(T / tp) * min(K, L)
   int Q;             // worst-case rows one tp member sends to all destinations together: ceil(T / tp) * K
                      // (the combine region holds [tp][Q] rows: a pair's row at off[member][dest] + slot)
-  int wire_kind;     // ElemKind code of the dispatch wire: 0 f32, 1 bf16, 2 f16, 3 fp8 e4m3
-  int layout;        // Layout code: 0 ragged, 1 expert_major
+  ElemKind wire_kind;  // element kind of the dispatch wire (int-sized)
+  Layout layout;     // receive layout (int-sized)
   int capacity;      // receive rows: R (ragged) or C per local expert (expert_major)
   int pow2;          // fp8 scales rounded up to powers of two
   int64_t row;       // bytes of one wire row: payload, scales, token, weight; 16-byte multiple
@@ -38,13 +38,14 @@ struct MoeShape {
   A2A_HD int local_experts() const { return L; }
   A2A_HD int tokens_per_member() const { return (T + tp - 1) / tp; }
   A2A_HD int rows_per_peer() const { return P; }
-  A2A_HD bool ragged() const { return layout == static_cast<int>(Layout::kRagged); }
+  A2A_HD bool ragged() const { return layout == Layout::kRagged; }
   A2A_HD int64_t recv_rows_total() const {  // rows of Dispatched.x without H
     return ragged() ? capacity : int64_t(L) * capacity;
   }
   A2A_HD int64_t row_bytes() const { return row; }
   A2A_HD int64_t payload_bytes() const { return payload; }
-  A2A_HD ElemKind wire() const { return static_cast<ElemKind>(wire_kind); }
+  A2A_HD ElemKind wire() const { return wire_kind; }
+  A2A_HD bool wire_is_fp8() const { return wire_kind == ElemKind::kF8E4M3; }
 };
 
 }  // namespace a2a

@@ -15,11 +15,13 @@
 #include "cuda/remote_path.h"
 #else
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 class RemotePath {};  // never constructed: node_size with remote peers raises without libfabric
 }  // namespace a2a::cuda
 #endif
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 
 namespace {
 
@@ -38,20 +40,20 @@ uint64_t process_token() {
 
 namespace {
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
-protocol::ExchangeOptions exchange_options(const CudaOptions& o) {
+protocol::ExchangeOptions exchange_options(const GpuOptions& o) {
   protocol::ExchangeOptions xo;
   static_cast<TransportOptions&>(xo) = o;
   xo.shape = o.g;  // the MoeShape part
   return xo;
 }
 #endif
-[[maybe_unused]] bool any_remote(const CudaOptions& o) {
+[[maybe_unused]] bool any_remote(const GpuOptions& o) {
   return o.node_size > 0 && o.node_size < o.g.N;
 }
 }  // namespace
 
 std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
-  const CudaOptions o = cuda_options(c);
+  const GpuOptions o = gpu_options(c);
   const Geometry& g = o.g;
   const int64_t z = o.slots;
   std::vector<std::pair<std::string, int64_t>> r = {
@@ -77,11 +79,11 @@ std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
 }
 
 int64_t device_bytes(const Config& c) {
-  const CudaOptions o = cuda_options(c);
+  const GpuOptions o = gpu_options(c);
   return int64_t(o.slots) * (o.g.shared_slot_bytes + o.g.private_slot_bytes);
 }
 
-RankState::RankState(const CudaOptions& o, int rank, int device, int local_index) : o_(o), rank_(rank), device_(device) {
+RankState::RankState(const GpuOptions& o, int rank, int device, int local_index) : o_(o), rank_(rank), device_(device) {
   if (o_.g.N > kMaxRanks) throw std::invalid_argument("jax_moe_a2a cuda: at most 64 ranks");
   if (o_.node_size < 0) throw std::invalid_argument("jax_moe_a2a cuda: node_size must be >= 0");
   bool remote = false;
@@ -114,7 +116,7 @@ RankState::RankState(const CudaOptions& o, int rank, int device, int local_index
   }
 }
 
-cudaError_t RankState::launch_timed(int op, cudaStream_t stream, cudaError_t (*launch)(const void*, int, cudaStream_t),
+cudaError_t RankState::launch_timed(Half op, cudaStream_t stream, cudaError_t (*launch)(const void*, int, cudaStream_t),
                                     const void* params) {
   const bool timed = timer_.begin(op, stream, [this](cudaStream_t s) {
     return launch_timing_barrier(slot(0), o_.g.N, ++timing_barriers_, s);
@@ -134,8 +136,10 @@ cudaError_t RankState::launch_timed(int op, cudaStream_t stream, cudaError_t (*l
 }
 
 float RankState::kernel_ms(int op) {
+  Half h;
+  if (!half_of(op, &h)) return -1.f;
   check(cudaSetDevice(device_), "cudaSetDevice");
-  return timer_.ms(op, "jax_moe_a2a cuda");
+  return timer_.ms(h, "jax_moe_a2a cuda");
 }
 
 RankState::~RankState() {
@@ -219,7 +223,7 @@ std::string RankState::error_text() const {
   return describe_error(*err_, o_.timeout_s, "cuda");
 }
 
-CudaComm::CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices,
+CudaComm::CudaComm(const GpuOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices,
                    int first_local_index) {
   if (ranks.size() != devices.size()) throw std::invalid_argument("CudaComm: one device per local rank");
   for (size_t i = 0; i < ranks.size(); ++i)

@@ -19,6 +19,7 @@
 #include "gpu/params.h"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 
 class RemotePath;
 
@@ -31,7 +32,7 @@ int64_t device_bytes(const Config& c);
 
 class RankState {
  public:
-  RankState(const CudaOptions& o, int rank, int device, int local_index = 0);
+  RankState(const GpuOptions& o, int rank, int device, int local_index = 0);
   ~RankState();
   RankState(const RankState&) = delete;
   RankState& operator=(const RankState&) = delete;
@@ -60,13 +61,13 @@ class RankState {
   // events around each launch (with 1, after a GPU-side barrier of the node-local ranks), op
   // 0..3 = dispatch_send, dispatch_recv, combine_send, combine_recv. Not recorded while XLA
   // captures a command buffer (events there would time graph construction, not the kernel).
-  cudaError_t launch_timed(int op, cudaStream_t stream, cudaError_t (*launch)(const void*, int, cudaStream_t),
+  cudaError_t launch_timed(Half op, cudaStream_t stream, cudaError_t (*launch)(const void*, int, cudaStream_t),
                            const void* params);
   // Milliseconds of op's last timed launch (waits for it); negative when none was recorded.
   float kernel_ms(int op);
 
  private:
-  CudaOptions o_;
+  GpuOptions o_;
   int rank_, device_, blocks_;
   int64_t shared_bytes_, private_bytes_;
   uint8_t* shared_ = nullptr;
@@ -84,7 +85,7 @@ class CudaComm {
  public:
   // ranks[i] (within the EP group) on devices[i]; its proxy (if any) is the process's local rank
   // first_local_index + i (the index counts this process's ranks over all groups).
-  CudaComm(const CudaOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices,
+  CudaComm(const GpuOptions& o, const std::vector<int>& ranks, const std::vector<int>& devices,
            int first_local_index = 0);
   RankState& rank(int r);
   std::map<int, RankState*> locals();

@@ -12,6 +12,7 @@
 #include "gpu/wait.cuh"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 
 __device__ __forceinline__ SyncFlags* flags_of(const SlotPtrs& p, int rank) {
   return reinterpret_cast<SyncFlags*>(p.peer_shared[rank]);
@@ -21,7 +22,7 @@ __device__ __forceinline__ SyncFlags* flags_of(const SlotPtrs& p, int rank) {
 // nodes are the proxy's (cuda/remote.cuh), ranks with a bit in `skip` (elastic EP: masked ones,
 // gpu/mask.cuh) are not waited for. `want`: a per-rank target (FreeDue) or wait_flags' one value.
 template <typename FlagFn, typename WantFn>
-__device__ bool wait_flags_due(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want,
+__device__ bool wait_flags_due(const SlotPtrs& p, const Geometry& g, Half op, FlagFn flag, WantFn want,
                                bool report = true, uint64_t skip = 0) {
   const uint64_t none = p.remote.mask | skip;
   return wait_flags_each(p, g, op, flag, [&](int r) { return none >> r & 1 ? uint64_t(0) : uint64_t(want(r)); },
@@ -29,7 +30,7 @@ __device__ bool wait_flags_due(const SlotPtrs& p, const Geometry& g, int op, Fla
 }
 // The same wait with one target for every node-local rank (the cuda backend's epoch flags).
 template <typename FlagFn>
-__device__ bool wait_flags(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want,
+__device__ bool wait_flags(const SlotPtrs& p, const Geometry& g, Half op, FlagFn flag, uint64_t want,
                            bool report = true, uint64_t skip = 0) {
   return wait_flags_due(p, g, op, flag, [want](int) { return want; }, report, skip);
 }

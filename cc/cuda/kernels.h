@@ -6,9 +6,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include "gpu/chunk_kind.h"
 #include "gpu/params.h"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 
 // dispatch_send picks its kernel (cuda/dispatch/send.cu): block-routed when every peer is
 // node-local, tp_size is 1, K <= 16 and the routing tables fit in kBlockRoutingSmem bytes
@@ -19,12 +21,12 @@ namespace a2a::cuda {
 int64_t block_routing_smem_bytes(const Geometry& g);
 int64_t block_routing_smem_bytes_regs(const Geometry& g);
 bool use_block_routing(const Geometry& g, const SlotPtrs& p);
-// The register-staged kernel for these parameters: 0/1/2 quantise f32/bf16/f16 x to fp8, 3 copy
-// (x in the wire dtype), -1 none (sizes, alignment or dtypes it does not take).
-int regs_staging_kind(const DispatchSendParams& p);
+// The register-staged kernel for these parameters (gpu/chunk_kind.h): quantise x of a float kind
+// to fp8, copy x in the wire dtype, or !ok() (sizes, alignment or dtypes it does not take).
+ChunkKind regs_staging_kind(const DispatchSendParams& p);
 cudaError_t launch_dispatch_send(const DispatchSendParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_dispatch_send_block(const DispatchSendParams& p, int blocks, cudaStream_t stream);
-cudaError_t launch_dispatch_send_regs(const DispatchSendParams& p, int kind, int blocks, cudaStream_t stream);
+cudaError_t launch_dispatch_send_regs(const DispatchSendParams& p, ChunkKind kind, int blocks, cudaStream_t stream);
 cudaError_t launch_dispatch_recv(const DispatchRecvParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_combine_send(const CombineSendParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_combine_recv(const CombineRecvParams& p, int blocks, cudaStream_t stream);

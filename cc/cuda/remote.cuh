@@ -2,7 +2,7 @@
 // Their rows go through the buffers of RemotePtrs (GPU memory where the engine registers it, else
 // mapped pinned host memory; the count matrices always mapped host memory) that the rank's proxy
 // thread (cc/proxy) moves with the TransferEngine; kernels and proxy talk through the flags of
-// proxy::SlotCtrl (see cc/proxy/ctrl.h for the sequence). The kernels write theirs to
+// SlotCtrl (see cc/core/ctrl.h for the sequence). The kernels write theirs to
 // p.remote.ctrl (host memory) and read the proxy's from p.remote.in (host memory too, or GPU
 // memory when the proxy writes through GDRCopy). Every helper is a no-op when
 // p.remote.mask == 0 (all peers node-local).
@@ -12,9 +12,10 @@
 #include "gpu/failure.cuh"
 #include "gpu/ptx.cuh"
 #include "gpu/wait.cuh"
-#include "proxy/ctrl.h"
+#include "core/ctrl.h"
 
 namespace a2a::cuda::remote {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 
 __device__ __forceinline__ bool any(const SlotPtrs& p) { return p.remote.mask != 0; }
 __device__ __forceinline__ bool is_remote(const SlotPtrs& p, int r) { return p.remote.mask >> (r & 63) & 1; }
@@ -52,7 +53,7 @@ struct NoGather {
   __device__ void operator()() const {}
 };
 template <typename Gather = NoGather>
-__device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, const uint64_t* flag, uint64_t want,
+__device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, Half op, const uint64_t* flag, uint64_t want,
                                   bool report = true, Gather gather = {}) {
   __shared__ int failed;
   __shared__ uint64_t got;
@@ -62,7 +63,7 @@ __device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, 
     const uint64_t limit = static_cast<uint64_t>(p.timeout_ns) * 3 / 2 + 2000000000ull;
     uint64_t* seen = proxy_seen(p, g, flag);
     if (report) {
-      ptx::st_release_sys(&p.remote.ctrl->waiting[op], want);
+      ptx::st_release_sys(&p.remote.ctrl->waiting[static_cast<int>(op)], want);
       const uint64_t* in = proxy_flag(p, flag);
       uint64_t v;
       while ((v = ptx::ld_acquire_sys(in)) < want) {
@@ -114,7 +115,7 @@ __device__ inline bool wait_proxy(const SlotPtrs& p, const Geometry& g, int op, 
 // when everything arrived. Call from every thread of the block; `report` as in wait_flags_each
 // (block 0 when every block waits).
 template <typename FlagFn, typename WantFn, typename Gather = NoGather>
-__device__ bool wait_peers_due(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want,
+__device__ bool wait_peers_due(const SlotPtrs& p, const Geometry& g, Half op, FlagFn flag, WantFn want,
                                const uint64_t* proxy_flag, uint64_t proxy_want, bool report = true,
                                uint64_t skip = 0, Gather gather = {}) {
   if (!wait_flags_due(p, g, op, flag, want, report, skip)) return false;
@@ -122,7 +123,7 @@ __device__ bool wait_peers_due(const SlotPtrs& p, const Geometry& g, int op, Fla
 }
 // The same with one target for every node-local rank.
 template <typename FlagFn, typename Gather = NoGather>
-__device__ bool wait_peers(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want,
+__device__ bool wait_peers(const SlotPtrs& p, const Geometry& g, Half op, FlagFn flag, uint64_t want,
                            const uint64_t* proxy_flag, uint64_t proxy_want, bool report = true, uint64_t skip = 0,
                            Gather gather = {}) {
   return wait_peers_due(p, g, op, flag, [want](int) { return want; }, proxy_flag, proxy_want, report, skip, gather);
@@ -137,7 +138,7 @@ __device__ bool wait_peers(const SlotPtrs& p, const Geometry& g, int op, FlagFn 
 // With remote peers, block 0 runs `gather` (every thread) once the proxy's flag came, before the
 // other blocks may go on (wait_proxy).
 template <typename FlagFn, typename Gather = NoGather>
-__device__ __forceinline__ bool arrived(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, uint64_t want,
+__device__ __forceinline__ bool arrived(const SlotPtrs& p, const Geometry& g, Half op, FlagFn flag, uint64_t want,
                                         const uint64_t* proxy_flag, uint64_t skip, Gather gather = {}) {
   const bool failed = slot_failed(g, p);  // issued beside the flag loads, not before them
   const bool now = !any(p) && flag_set_now(g, flag, want, skip);

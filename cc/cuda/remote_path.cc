@@ -8,8 +8,10 @@
 
 #include "gpu/check.h"
 #include "transfer/connect_order.h"
+#include "core/env.h"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 
 namespace {
 
@@ -20,7 +22,7 @@ constexpr const char* kRowPathNames[] = {"host", "copy", "device"};
 
 // JAX_MOE_A2A_STAGING: host (the default), copy or device.
 RemotePath::RowPath row_path_from_env() {
-  const char* v = std::getenv("JAX_MOE_A2A_STAGING");
+  const char* v = env::get("JAX_MOE_A2A_STAGING");
   const std::string t = v && *v ? v : "host";
   for (int i = 0; i < 3; ++i)
     if (t == kRowPathNames[i]) return static_cast<RemotePath::RowPath>(i);
@@ -137,7 +139,7 @@ void RemotePath::setup_flags(int device) {
   }
   if (pr.available) {
     const uint64_t page = gdr::kGpuPage;
-    const uint64_t bytes = (sizeof(proxy::Ctrl) + page - 1) / page * page;
+    const uint64_t bytes = (sizeof(ctrl::Ctrl) + page - 1) / page * page;
     void* d = nullptr;
     cudaError_t rc = cudaMalloc(&d, bytes + page);  // one page of slack to align to a GPU page
     if (rc != cudaSuccess) {
@@ -155,8 +157,8 @@ void RemotePath::setup_flags(int device) {
       } else if (!(gdr_map_ = gdr::Mapping::create(library, base, bytes, &why))) {
         pr = {false, why};
       } else {
-        gdr_ctrl_ = reinterpret_cast<proxy::Ctrl*>(base);
-        flags_.mirror = static_cast<proxy::Ctrl*>(gdr_map_->host());
+        gdr_ctrl_ = reinterpret_cast<ctrl::Ctrl*>(base);
+        flags_.mirror = static_cast<ctrl::Ctrl*>(gdr_map_->host());
       }
       if (!pr.available) release_flags();
     }
@@ -193,7 +195,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
   int dev = -1;
   char bus[32] = {0};
   if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetPCIBusId(bus, sizeof(bus), dev) == cudaSuccess) bus_id_ = bus;
-  if (xo.slots > proxy::kMaxSlots || xo.shape.N > proxy::kMaxRanks)
+  if (xo.slots > ctrl::kMaxSlots || xo.shape.N > ctrl::kMaxRanks)
     throw std::invalid_argument("jax_moe_a2a cuda: the inter-node path supports at most 8 slots and 64 ranks");
   try {
     const protocol::SlotLayout lay(xo);
@@ -202,7 +204,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
     eo.rank = rank;
     eo.world_size = xo.shape.N;
     open_engine(eo, dev);
-    ctrl_ = reinterpret_cast<proxy::Ctrl*>(pinned(sizeof(proxy::Ctrl)));
+    ctrl_ = reinterpret_cast<ctrl::Ctrl*>(pinned(sizeof(ctrl::Ctrl)));
     setup_flags(dev);
     const bool registered_on_gpu = row_path_ == RowPath::kDevice;
     auto rows = [&](int64_t bytes) { return registered_on_gpu ? device(bytes) : pinned(bytes); };

@@ -26,6 +26,7 @@
 #include "transfer/engine.h"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 
 class RemotePath {
  public:
@@ -59,7 +60,7 @@ class RemotePath {
   void free_all();  // every allocation (errors ignored: the context may be gone)
   template <typename T>
   T* device_ptr(T* p) const;  // a pinned buffer's mapped device address; device buffers as they are
-  // GDRCopy: a zeroed copy of the Ctrl block in GPU memory mapped through the BAR (flags_.mirror),
+  // GDRCopy: a zeroed copy of the ctrl::Ctrl block in GPU memory mapped through the BAR (flags_.mirror),
   // or the reason it is not used in flags_.name; throws under JAX_MOE_A2A_GDRCOPY=1 without it.
   void setup_flags(int device);
   void release_flags();  // unmaps, unpins and frees the GPU copy (after the proxy stopped)
@@ -76,10 +77,10 @@ class RemotePath {
   std::vector<std::array<uint8_t*, proxy::kRowBuffers>> kernel_rows_;  // [slot]: the kernels' rows (host address)
   std::unique_ptr<RowCopies> copies_;  // copy: the proxy's row staging
   std::vector<Allocation> allocations_;
-  proxy::Ctrl* ctrl_ = nullptr;
+  ctrl::Ctrl* ctrl_ = nullptr;
   proxy::FlagPath flags_;                        // where the proxy raises the kernels' flags
   void* gdr_alloc_ = nullptr;                    // cudaMalloc'd; the GPU copy starts at its first 64 KiB page
-  proxy::Ctrl* gdr_ctrl_ = nullptr;              // the GPU copy's device address (null: mapped-host path)
+  ctrl::Ctrl* gdr_ctrl_ = nullptr;              // the GPU copy's device address (null: mapped-host path)
   std::unique_ptr<proxy::gdr::Mapping> gdr_map_;  // its BAR mapping (flags_.mirror)
   std::vector<protocol::SlotBuffers> bufs_;
   std::shared_ptr<transfer::Engine> engine_;

@@ -3,6 +3,7 @@
 #include "gpu/check.h"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 
 namespace {
 

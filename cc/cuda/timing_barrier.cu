@@ -12,6 +12,7 @@
 #include "gpu/ptx.cuh"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 namespace {
 
 __global__ void timing_barrier_kernel(SlotPtrs p, int N, uint64_t count) {

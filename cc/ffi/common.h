@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "core/dtype.h"
 #include "core/quantize.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -14,12 +15,14 @@ inline ffi::Error invalid(const std::string& msg) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_moe_a2a: " + msg);
 }
 
-// Maps a 16/32-bit float XLA dtype to the kernels' FloatKind; false for anything else.
-inline bool float_kind(ffi::DataType t, FloatKind* kind) {
+// The one map from an XLA dtype to the library's ElemKind (core/dtype.h); false for a dtype that
+// is none of them. Every handler (host, cuda, nvshmem, the quantiser) decodes dtypes with it.
+inline bool elem_kind_of(ffi::DataType t, ElemKind* kind) {
   switch (t) {
-    case ffi::DataType::F32: *kind = FloatKind::kF32; return true;
-    case ffi::DataType::BF16: *kind = FloatKind::kBF16; return true;
-    case ffi::DataType::F16: *kind = FloatKind::kF16; return true;
+    case ffi::DataType::F32: *kind = ElemKind::kF32; return true;
+    case ffi::DataType::BF16: *kind = ElemKind::kBF16; return true;
+    case ffi::DataType::F16: *kind = ElemKind::kF16; return true;
+    case ffi::DataType::F8E4M3FN: *kind = ElemKind::kF8E4M3; return true;
     default: return false;
   }
 }
@@ -33,7 +36,8 @@ inline ffi::Error decode_quantize(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> 
                                   int32_t pow2, QuantizeParams* p) {
   auto dims = x.dimensions();
   if (dims.size() != 2) return invalid("quantize_fp8: x must be 2-D [rows, hidden]");
-  if (!float_kind(x.element_type(), &p->kind)) return invalid("quantize_fp8: x must be f32, bf16 or f16");
+  if (!elem_kind_of(x.element_type(), &p->kind) || !is_float(p->kind))
+    return invalid("quantize_fp8: x must be f32, bf16 or f16");
   if (q->element_type() != ffi::DataType::F8E4M3FN) return invalid("quantize_fp8: q must be f8e4m3fn");
   if (block <= 0) return invalid("quantize_fp8: block must be positive");
   auto sd = scale->dimensions();

@@ -35,35 +35,35 @@ struct CudaBackend {
 
   // Through the rank's timer (CUDA events when JAX_MOE_A2A_KERNEL_TIMING=1).
   template <typename P, cudaError_t (*Launch)(const P&, int, cudaStream_t)>
-  static cudaError_t timed(Rank& st, int op, cudaStream_t stream, const P& p) {
+  static cudaError_t timed(Rank& st, a2a::Half op, cudaStream_t stream, const P& p) {
     return st.launch_timed(
         op, stream, [](const void* q, int blocks, cudaStream_t s) { return Launch(*static_cast<const P*>(q), blocks, s); },
         &p);
   }
-  static cudaError_t launch(Rank& st, int op, cudaStream_t s, const cu::DispatchSendParams& p) {
+  static cudaError_t launch(Rank& st, a2a::Half op, cudaStream_t s, const cu::DispatchSendParams& p) {
     return timed<cu::DispatchSendParams, cu::launch_dispatch_send>(st, op, s, p);
   }
-  static cudaError_t launch(Rank& st, int op, cudaStream_t s, const cu::DispatchRecvParams& p) {
+  static cudaError_t launch(Rank& st, a2a::Half op, cudaStream_t s, const cu::DispatchRecvParams& p) {
     return timed<cu::DispatchRecvParams, cu::launch_dispatch_recv>(st, op, s, p);
   }
-  static cudaError_t launch(Rank& st, int op, cudaStream_t s, const cu::CombineSendParams& p) {
+  static cudaError_t launch(Rank& st, a2a::Half op, cudaStream_t s, const cu::CombineSendParams& p) {
     return timed<cu::CombineSendParams, cu::launch_combine_send>(st, op, s, p);
   }
-  static cudaError_t launch(Rank& st, int op, cudaStream_t s, const cu::CombineRecvParams& p) {
+  static cudaError_t launch(Rank& st, a2a::Half op, cudaStream_t s, const cu::CombineRecvParams& p) {
     return timed<cu::CombineRecvParams, cu::launch_combine_recv>(st, op, s, p);
   }
   // EP = 1 (gpu/local/local.h)
   struct LocalDispatch {
     cu::LocalDispatchParams p;
-    int kind;
+    cu::ChunkKind kind;
   };
   static cudaError_t launch_local_dispatch(const LocalDispatch& l, int blocks, cudaStream_t s) {
     return cu::launch_local_dispatch(l.p, l.kind, blocks, s);
   }
-  static cudaError_t launch(Rank& st, int op, cudaStream_t s, const cu::LocalDispatchParams& p, int kind) {
+  static cudaError_t launch(Rank& st, a2a::Half op, cudaStream_t s, const cu::LocalDispatchParams& p, cu::ChunkKind kind) {
     return timed<LocalDispatch, launch_local_dispatch>(st, op, s, LocalDispatch{p, kind});
   }
-  static cudaError_t launch(Rank& st, int op, cudaStream_t s, const cu::LocalCombineParams& p) {
+  static cudaError_t launch(Rank& st, a2a::Half op, cudaStream_t s, const cu::LocalCombineParams& p) {
     return timed<cu::LocalCombineParams, cu::launch_local_combine>(st, op, s, p);
   }
 };

@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/half.h"
+#include "ffi/common.h"
 #include "gpu/local/local.h"
 #include "gpu/params.h"
 #include "xla/ffi/api/ffi.h"
@@ -23,16 +25,7 @@ namespace a2a::ffi_gpu {
 
 namespace ffi = xla::ffi;
 
-// Element kind of the kernels: 0 f32, 1 bf16, 2 f16, 3 fp8 e4m3; -1 for anything else.
-inline int kind_of(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F32: return 0;
-    case ffi::DataType::BF16: return 1;
-    case ffi::DataType::F16: return 2;
-    case ffi::DataType::F8E4M3FN: return 3;
-    default: return -1;
-  }
-}
+using ffi_util::elem_kind_of;  // XLA dtype -> ElemKind (ffi/common.h)
 
 // XLA's stream and device ordinal of the call (execution context, not operands).
 struct Stream {
@@ -63,7 +56,7 @@ struct RecvAttrs {  // dispatch_recv
 struct CombineRecvAttrs {  // combine_recv
   int64_t comm_id;
   int32_t slot;
-  int32_t y_kind;  // element kind of combine_send's y (kind_of)
+  int32_t y_kind;  // element kind of combine_send's y (its ElemKind code)
 };
 
 }  // namespace a2a::ffi_gpu
@@ -97,10 +90,10 @@ namespace a2a::ffi_gpu {
 //   static Rank* find(int64_t comm_id, int32_t dev, std::shared_ptr<void>* keep, std::string* why);
 //       this call's rank (kept alive by *keep until the launch returns), or null with the error
 //       text in *why; may throw
-//   static cudaError_t launch(Rank&, int op, cudaStream_t, const P&);  // for each parameter struct P
-//       op 0..3 = dispatch_send, dispatch_recv, combine_send, combine_recv (cuda::KernelTimer);
-//       the EP = 1 kernels (gpu/local/local.h) are timed as ops 0 (dispatch) and 3 (combine)
-//   static cudaError_t launch(Rank&, int op, cudaStream_t, const LocalDispatchParams&, int kind);
+//   static cudaError_t launch(Rank&, Half op, cudaStream_t, const P&);  // for each parameter struct P
+//       op: the half, which gpu::KernelTimer times; the EP = 1 kernels (gpu/local/local.h) are
+//       timed as Half::kDispatchSend (dispatch) and Half::kCombineRecv (combine)
+//   static cudaError_t launch(Rank&, Half op, cudaStream_t, const LocalDispatchParams&, gpu::ChunkKind kind);
 template <typename Backend>
 struct Handlers {
   using Any = ffi::AnyBuffer;
@@ -116,7 +109,7 @@ struct Handlers {
   static ffi::Error dispatch_send(Stream stream, Device dev, Any x, F32 x_scale, S32 ids, F32 weights, S32 num_tokens,
                                   Any /*after*/, S32 alive, Out<S32> handle, Out<S32> dest, Out<S32> pair_slot,
                                   Out<S32> dropped, SendAttrs a) {
-    return run<cuda::DispatchSendParams>("dispatch_send", 0, stream, dev, a.comm_id, a.slot, [&](auto* p) {
+    return run<gpu::DispatchSendParams>("dispatch_send", Half::kDispatchSend, stream, dev, a.comm_id, a.slot, [&](auto* p) {
       return set_alive(&p->p, p->g, alive) &&
              fill_send(p, x, x_scale, ids, weights, num_tokens, handle, dest, pair_slot, dropped);
     });
@@ -127,7 +120,7 @@ struct Handlers {
   static ffi::Error dispatch_recv(Stream stream, Device dev, S32 handle, S32 alive, Out<Any> x, Out<F32> scale,
                                   Out<S32> group_sizes, Out<F32> weights, Out<S32> src, Out<S32> recv_slot,
                                   Out<S32> recv_counts, Out<S32> overflow, RecvAttrs a) {
-    return run<cuda::DispatchRecvParams>("dispatch_recv", 1, stream, dev, a.comm_id, a.slot, [&](auto* p) {
+    return run<gpu::DispatchRecvParams>("dispatch_recv", Half::kDispatchRecv, stream, dev, a.comm_id, a.slot, [&](auto* p) {
       p->handle = handle.typed_data();
       return set_alive(&p->p, p->g, alive) && fill_recv(p, x, scale, group_sizes, weights, src, recv_slot, recv_counts, overflow);
     });
@@ -136,16 +129,15 @@ struct Handlers {
   // y [R', H] f32/bf16/f16, recv_counts [N, L + 1] -> handle [2].
   static ffi::Error combine_send(Stream stream, Device dev, Any y, S32 recv_counts, Any /*after*/, S32 alive,
                                  Out<S32> handle, CombineSendAttrs a) {
-    return run<cuda::CombineSendParams>("combine_send", 2, stream, dev, a.comm_id, a.slot, [&](auto* p) {
+    return run<gpu::CombineSendParams>("combine_send", Half::kCombineSend, stream, dev, a.comm_id, a.slot, [&](auto* p) {
       if (!set_alive(&p->p, p->g, alive)) return false;
       p->from_slot = a.from_slot;
       p->y = y.untyped_data();
-      p->y_kind = kind_of(y.element_type());
       p->recv_counts = recv_counts.typed_data();
       p->handle = handle->typed_data();
-      if (p->y_kind < 0 || p->y_kind == 3) return false;
+      if (!elem_kind_of(y.element_type(), &p->y_kind) || !is_float(p->y_kind)) return false;
       // The combine region holds rows of the combine dtype (MoeShape::c_row); Python casts a wider y.
-      if (int64_t(p->g.H) * elem_bytes(static_cast<ElemKind>(p->y_kind)) > p->g.c_stride_max)
+      if (int64_t(p->g.H) * elem_bytes(p->y_kind) > p->g.c_stride_max)
         throw std::invalid_argument("y's dtype is wider than Spec.combine_dtype, which the combine buffers are sized for");
       return true;
     });
@@ -156,9 +148,9 @@ struct Handlers {
   static ffi::Error combine_recv(Stream stream, Device dev, S32 handle, S32 dest, S32 pair_slot, F32 weights,
                                  S32 num_tokens, Any out_in, S32 alive, Out<Any> out, Out<F32> pairs,
                                  CombineRecvAttrs a) {
-    return run<cuda::CombineRecvParams>("combine_recv", 3, stream, dev, a.comm_id, a.slot, [&](auto* p) {
+    return run<gpu::CombineRecvParams>("combine_recv", Half::kCombineRecv, stream, dev, a.comm_id, a.slot, [&](auto* p) {
       p->handle = handle.typed_data();
-      return set_alive(&p->p, p->g, alive) && fill_combine_recv(p, a.y_kind, dest, pair_slot, weights, num_tokens, out_in, out, pairs);
+      return set_alive(&p->p, p->g, alive) && fill_combine_recv(p, static_cast<ElemKind>(a.y_kind), dest, pair_slot, weights, num_tokens, out_in, out, pairs);
     });
   }
 
@@ -170,18 +162,18 @@ struct Handlers {
                                    Out<S32> dropped, Out<Any> rx, Out<F32> rscale, Out<S32> group_sizes,
                                    Out<F32> rweights, Out<S32> src, Out<S32> recv_slot, Out<S32> recv_counts,
                                    Out<S32> overflow, SendAttrs a) {
-    return run<cuda::LocalDispatchParams>(
-        "dispatch (EP = 1)", 0, stream, dev, a.comm_id, a.slot,
+    return run<gpu::LocalDispatchParams>(
+        "dispatch (EP = 1)", Half::kDispatchSend, stream, dev, a.comm_id, a.slot,
         [&](auto* p) {
           p->r.handle = handle->typed_data();
           return fill_send(&p->s, x, x_scale, ids, weights, num_tokens, handle, dest, pair_slot, dropped) &&
                  fill_recv(&p->r, rx, rscale, group_sizes, rweights, src, recv_slot, recv_counts, overflow);
         },
-        [](typename Backend::Rank& rank, int, cudaStream_t s, const cuda::LocalDispatchParams& p) {
-          const int kind = cuda::local_dispatch_kind(p);
-          if (kind >= 0) return Backend::launch(rank, 0, s, p, kind);
-          cudaError_t rc = Backend::launch(rank, 0, s, p.s);
-          return rc == cudaSuccess ? Backend::launch(rank, 1, s, p.r) : rc;
+        [](typename Backend::Rank& rank, Half, cudaStream_t s, const gpu::LocalDispatchParams& p) {
+          const gpu::ChunkKind kind = gpu::local_dispatch_kind(p);
+          if (kind.ok()) return Backend::launch(rank, Half::kDispatchSend, s, p, kind);
+          cudaError_t rc = Backend::launch(rank, Half::kDispatchSend, s, p.s);
+          return rc == cudaSuccess ? Backend::launch(rank, Half::kDispatchRecv, s, p.r) : rc;
         });
   }
 
@@ -191,11 +183,11 @@ struct Handlers {
   static ffi::Error local_combine(Stream stream, Device dev, Any y, S32 recv_counts, S32 dest, S32 pair_slot,
                                   F32 weights, S32 num_tokens, Any out_in, S32 /*alive: one rank, alive*/,
                                   Out<Any> out, Out<F32> pairs, SendAttrs a) {
-    return run<cuda::LocalCombineParams>("combine (EP = 1)", 3, stream, dev, a.comm_id, a.slot, [&](auto* p) {
+    return run<gpu::LocalCombineParams>("combine (EP = 1)", Half::kCombineRecv, stream, dev, a.comm_id, a.slot, [&](auto* p) {
       p->y = y.untyped_data();
       p->recv_counts = recv_counts.typed_data();
-      const int y_kind = kind_of(y.element_type());
-      return y_kind >= 0 && y_kind != 3 &&
+      ElemKind y_kind;
+      return elem_kind_of(y.element_type(), &y_kind) && is_float(y_kind) &&
              fill_combine_recv(&p->c, y_kind, dest, pair_slot, weights, num_tokens, out_in, out, pairs);
     });
   }
@@ -204,7 +196,7 @@ struct Handlers {
   // The elastic EP mask (every half's last operand): [N] int32 on the device, or empty (no mask:
   // the kernels skip its loads). Refused with peers on other nodes (the proxy waits for every rank;
   // Python refuses first).
-  static bool set_alive(cuda::SlotPtrs* p, const cuda::Geometry& g, S32 alive) {
+  static bool set_alive(gpu::SlotPtrs* p, const gpu::Geometry& g, S32 alive) {
     if (alive.element_count() == 0) return true;
     if (alive.element_count() != size_t(g.N))
       throw std::invalid_argument("rank mask of " + std::to_string(alive.element_count()) + " entries for " +
@@ -216,10 +208,10 @@ struct Handlers {
 
   // The operands of each half into its parameter struct (shared by the halves and the EP = 1
   // handlers); false for an operand dtype the kernels do not take.
-  static bool fill_send(cuda::DispatchSendParams* p, Any x, F32 x_scale, S32 ids, F32 weights, S32 num_tokens,
+  static bool fill_send(gpu::DispatchSendParams* p, Any x, F32 x_scale, S32 ids, F32 weights, S32 num_tokens,
                         Out<S32>& handle, Out<S32>& dest, Out<S32>& pair_slot, Out<S32>& dropped) {
     p->x = x.untyped_data();
-    p->x_kind = kind_of(x.element_type());
+    const bool known = elem_kind_of(x.element_type(), &p->x_kind);
     p->x_scale = x_scale.element_count() ? x_scale.typed_data() : nullptr;
     p->ids = ids.typed_data();
     p->weights = weights.typed_data();
@@ -228,15 +220,15 @@ struct Handlers {
     p->dest = dest->typed_data();
     p->pair_slot = pair_slot->typed_data();
     p->dropped = dropped->typed_data();
-    return p->x_kind >= 0;
+    return known;
   }
-  static bool fill_recv(cuda::DispatchRecvParams* p, Out<Any>& x, Out<F32>& scale, Out<S32>& group_sizes,
+  static bool fill_recv(gpu::DispatchRecvParams* p, Out<Any>& x, Out<F32>& scale, Out<S32>& group_sizes,
                         Out<F32>& weights, Out<S32>& src, Out<S32>& recv_slot, Out<S32>& recv_counts,
                         Out<S32>& overflow) {
     p->x = x->untyped_data();
-    p->x_kind = kind_of(x->element_type());
     // x in the wire's dtype, or f32/bf16/f16 with fp8 on the wire (dequantised on receive: Spec.recv_dtype)
-    if (p->x_kind != p->g.wire_kind && !(p->g.wire_kind == 3 && p->x_kind >= 0 && p->x_kind <= 2))
+    if (!elem_kind_of(x->element_type(), &p->x_kind) ||
+        (p->x_kind != p->g.wire_kind && !(p->g.wire_is_fp8() && is_float(p->x_kind))))
       throw std::invalid_argument("dispatch_recv's x output must be the wire dtype, or f32/bf16/f16 with fp8 on the wire");
     p->scale = scale->element_count() ? scale->typed_data() : nullptr;
     p->group_sizes = group_sizes->typed_data();
@@ -247,7 +239,7 @@ struct Handlers {
     p->overflow = overflow->typed_data();
     return true;
   }
-  static bool fill_combine_recv(cuda::CombineRecvParams* p, int32_t y_kind, S32 dest, S32 pair_slot, F32 weights,
+  static bool fill_combine_recv(gpu::CombineRecvParams* p, ElemKind y_kind, S32 dest, S32 pair_slot, F32 weights,
                                 S32 num_tokens, Any out_in, Out<Any>& out, Out<F32>& pairs) {
     p->y_kind = y_kind;
     p->dest = dest.typed_data();
@@ -255,11 +247,11 @@ struct Handlers {
     p->weights = weights.typed_data();
     p->num_tokens = num_tokens.typed_data();
     p->out_in = out_in.element_count() ? out_in.untyped_data() : nullptr;
-    p->out_in_kind = kind_of(out_in.element_type());
     p->out = out->untyped_data();
-    p->out_kind = kind_of(out->element_type());
     p->pairs = pairs->element_count() ? pairs->typed_data() : nullptr;
-    return true;
+    // out_in empty: its kind is never read
+    const bool in_ok = elem_kind_of(out_in.element_type(), &p->out_in_kind) || !p->out_in;
+    return in_ok && elem_kind_of(out->element_type(), &p->out_kind);
   }
 
   // The rank's geometry and slot pointers into a parameter struct (both halves' for the EP = 1 ones).
@@ -268,26 +260,26 @@ struct Handlers {
     p->g = rank.geometry();
     p->p = rank.slot(slot);
   }
-  static void init(cuda::LocalDispatchParams* p, typename Backend::Rank& rank, int32_t slot) {
+  static void init(gpu::LocalDispatchParams* p, typename Backend::Rank& rank, int32_t slot) {
     init(&p->s, rank, slot);
     init(&p->r, rank, slot);
   }
-  static void init(cuda::LocalCombineParams* p, typename Backend::Rank& rank, int32_t slot) { init(&p->c, rank, slot); }
+  static void init(gpu::LocalCombineParams* p, typename Backend::Rank& rank, int32_t slot) { init(&p->c, rank, slot); }
 
  private:
   // Finds the rank, raises an error a kernel recorded earlier, fills P (the rank's geometry and
   // slot pointers, then the operands: `fill` returns false for an operand dtype the kernels do not
   // take), makes `dev` current and launches (Backend::launch, or `launch` for the EP = 1 dispatch).
   template <typename P, typename Fill>
-  static ffi::Error run(const char* op, int op_index, Stream stream, Device dev, int64_t comm_id, int32_t slot,
+  static ffi::Error run(const char* op, Half half, Stream stream, Device dev, int64_t comm_id, int32_t slot,
                         Fill&& fill) {
-    return run<P>(op, op_index, stream, dev, comm_id, slot, fill,
-                  [](typename Backend::Rank& rank, int i, cudaStream_t s, const P& p) {
+    return run<P>(op, half, stream, dev, comm_id, slot, fill,
+                  [](typename Backend::Rank& rank, Half i, cudaStream_t s, const P& p) {
                     return Backend::launch(rank, i, s, p);
                   });
   }
   template <typename P, typename Fill, typename Launch>
-  static ffi::Error run(const char* op, int op_index, Stream stream, Device dev, int64_t comm_id, int32_t slot,
+  static ffi::Error run(const char* op, Half half, Stream stream, Device dev, int64_t comm_id, int32_t slot,
                         Fill&& fill, Launch&& launch) {
     const auto fail = [&](const std::string& what) {
       return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_moe_a2a ") + Backend::kName + " " + op + ": " + what);
@@ -303,7 +295,7 @@ struct Handlers {
       cudaError_t rc = fill(&p) ? cudaSuccess : cudaErrorInvalidValue;
       int cur = -1;
       if (rc == cudaSuccess && (cudaGetDevice(&cur) != cudaSuccess || cur != dev.ordinal)) rc = cudaSetDevice(dev.ordinal);
-      if (rc == cudaSuccess) rc = launch(*rank, op_index, stream.s, p);
+      if (rc == cudaSuccess) rc = launch(*rank, half, stream.s, p);
       if (rc != cudaSuccess) return fail(cudaGetErrorString(rc));
       return ffi::Error::Success();
     } catch (const std::exception& e) {

@@ -13,16 +13,6 @@ using a2a::ElemKind;
 
 namespace {
 
-bool elem_kind(ffi::DataType t, ElemKind* k) {
-  switch (t) {
-    case ffi::DataType::F32: *k = ElemKind::kF32; return true;
-    case ffi::DataType::BF16: *k = ElemKind::kBF16; return true;
-    case ffi::DataType::F16: *k = ElemKind::kF16; return true;
-    case ffi::DataType::F8E4M3FN: *k = ElemKind::kF8E4M3; return true;
-    default: return false;
-  }
-}
-
 // Runs one half; exceptions become FFI errors naming the op (timeouts: DEADLINE_EXCEEDED) and
 // mark the communicator unusable.
 // `rank` and `group` are the leading operands of every half: the rank within its EP group
@@ -66,7 +56,7 @@ ffi::Error DispatchSend(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group,
   (void)call_id;
   (void)after;
   a2a::host::DispatchSendArgs a{};
-  if (!elem_kind(x.element_type(), &a.x_kind)) return a2a::ffi_util::invalid("host dispatch_send: x dtype");
+  if (!a2a::ffi_util::elem_kind_of(x.element_type(), &a.x_kind)) return a2a::ffi_util::invalid("host dispatch_send: x dtype");
   a.x = x.untyped_data();
   a.x_scale = x_scale.element_count() ? x_scale.typed_data() : nullptr;
   a.ids = ids.typed_data();
@@ -111,7 +101,7 @@ ffi::Error CombineSend(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, 
   (void)call_id;
   (void)after;
   a2a::host::CombineSendArgs a{};
-  if (!elem_kind(y.element_type(), &a.y_kind) || a.y_kind == ElemKind::kF8E4M3)
+  if (!a2a::ffi_util::elem_kind_of(y.element_type(), &a.y_kind) || a.y_kind == ElemKind::kF8E4M3)
     return a2a::ffi_util::invalid("host combine_send: y must be bf16, f16 or f32");
   a.y = y.untyped_data();
   a.recv_src = src.typed_data();
@@ -139,9 +129,9 @@ ffi::Error CombineRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, 
   a.weights = weights.typed_data();
   a.num_tokens = num_tokens.typed_data()[0];
   a.out_in = out_in.element_count() ? out_in.untyped_data() : nullptr;
-  if (a.out_in && !elem_kind(out_in.element_type(), &a.out_in_kind))
+  if (a.out_in && !a2a::ffi_util::elem_kind_of(out_in.element_type(), &a.out_in_kind))
     return a2a::ffi_util::invalid("host combine_recv: out dtype");
-  if (!elem_kind(out->element_type(), &a.out_kind)) return a2a::ffi_util::invalid("host combine_recv: result dtype");
+  if (!a2a::ffi_util::elem_kind_of(out->element_type(), &a.out_kind)) return a2a::ffi_util::invalid("host combine_recv: result dtype");
   a.out = out->untyped_data();
   a.pairs = pairs->element_count() ? pairs->typed_data() : nullptr;
   a.slot = slot;

@@ -16,7 +16,7 @@
 
 namespace {
 
-namespace cu = a2a::cuda;
+namespace cu = a2a::gpu;  // the shared device library
 namespace nv = a2a::nvshmem;
 
 struct NvshmemBackend {
@@ -36,10 +36,10 @@ struct NvshmemBackend {
     return rank;
   }
 
-  // Between CUDA events when kernel timing is on (op 0..3 as in cuda::KernelTimer), after a
+  // Between CUDA events when kernel timing is on (one pair per Half, gpu::KernelTimer), after a
   // barrier of every PE on the stream in mode 1.
   template <typename P, typename... Extra>
-  static cudaError_t launch(Rank& c, int op, cudaStream_t stream, const P& p, Extra... extra) {
+  static cudaError_t launch(Rank& c, a2a::Half op, cudaStream_t stream, const P& p, Extra... extra) {
     const bool timed = c.timer().begin(op, stream, nv::barrier_all_on_stream);
     cudaError_t rc = launch_kernel(c, stream, p, extra...);
     if (rc == cudaSuccess && timed) rc = c.timer().end(op, stream);
@@ -58,7 +58,7 @@ struct NvshmemBackend {
     return nv::launch_combine_recv(p, c.nv(), c.blocks(), s);
   }
   // EP = 1 (gpu/local/local.h): no NVSHMEM memory involved
-  static cudaError_t launch_kernel(Rank& c, cudaStream_t s, const cu::LocalDispatchParams& p, int kind) {
+  static cudaError_t launch_kernel(Rank& c, cudaStream_t s, const cu::LocalDispatchParams& p, cu::ChunkKind kind) {
     return cu::launch_local_dispatch(p, kind, c.blocks(), s);
   }
   static cudaError_t launch_kernel(Rank& c, cudaStream_t s, const cu::LocalCombineParams& p) {

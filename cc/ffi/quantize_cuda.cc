@@ -13,7 +13,7 @@ static ffi::Error QuantizeFp8CudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi
                                       int32_t pow2) {
   a2a::QuantizeParams p;
   if (auto err = a2a::ffi_util::decode_quantize(x, q, scale, block, pow2, &p); err.failure()) return err;
-  cudaError_t rc = a2a::cuda::launch_quantize_fp8(p, stream);
+  cudaError_t rc = a2a::gpu::launch_quantize_fp8(p, stream);
   if (rc != cudaSuccess)
     return ffi::Error(ffi::ErrorCode::kInternal,
                       std::string("jax_moe_a2a: quantize_fp8 launch failed: ") + cudaGetErrorString(rc));

@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, 
 #pragma unroll
     for (int j = 0; j < kMaxPerLane; ++j) {
       const int64_t i = lane + 32 * j;
-      if (i < len) h[i] = a2a::cuda::fp8_quantize_value(v[j], inv);  // NaN, Inf -> 0x7F
+      if (i < len) h[i] = a2a::gpu::fp8_quantize_value(v[j], inv);  // NaN, Inf -> 0x7F
     }
   }
 }

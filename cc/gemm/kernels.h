@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gemm/grouped_gemm.h"
+#include "core/env.h"
 
 namespace a2a::gemm::detail {
 
@@ -17,7 +18,7 @@ namespace a2a::gemm::detail {
 // shapes only (the mean rows per group <= 128); JAX_MOE_A2A_GEMM_TILE_M=64 or 128 forces one
 // (for measurements; read at every call, so the workspace size and the launch agree).
 inline bool few_rows_per_group(const GroupedGemmParams& p) {
-  if (const char* force = std::getenv("JAX_MOE_A2A_GEMM_TILE_M")) {
+  if (const char* force = env::get("JAX_MOE_A2A_GEMM_TILE_M")) {
     if (std::strcmp(force, "64") == 0) return true;
     if (std::strcmp(force, "128") == 0) return false;
   }

@@ -13,7 +13,7 @@
 
 #include "gpu/params.h"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 // Views of the shared-memory tables (int32) of one block's arrangement.
 struct BlockArrangement {
@@ -98,7 +98,7 @@ __device__ BlockArrangement block_arrange(const Geometry& g, CountFn count, int3
   __syncthreads();
   for (int l = threadIdx.x; l < L; l += blockDim.x) {
     int32_t k;
-    if (g.layout == 0) {
+    if (g.ragged()) {
       const int32_t lo = min(eoff[l], g.capacity), hi = min(eoff[l] + tot[l], g.capacity);
       k = hi - lo;
     } else {
@@ -146,7 +146,7 @@ __device__ __forceinline__ RowLoc locate_row(const Geometry& g, const BlockArran
   }
   r.l = lo;
   const int64_t within = a.before[int64_t(r.s) * g.L + lo] + (r.j - st[lo]);
-  if (g.layout == 0) {
+  if (g.ragged()) {
     const int64_t pos = a.expert_off[lo] + within;
     r.pos = pos < g.capacity ? pos : -1;
   } else {
@@ -157,7 +157,7 @@ __device__ __forceinline__ RowLoc locate_row(const Geometry& g, const BlockArran
 
 // Is output row `pos` written by some received row (else it keeps weight 0, src -1)?
 __device__ __forceinline__ bool output_row_used(const Geometry& g, const BlockArrangement& a, int64_t pos) {
-  if (g.layout == 0) return pos < min(int64_t(a.row_base[g.N]), int64_t(g.capacity));
+  if (g.ragged()) return pos < min(int64_t(a.row_base[g.N]), int64_t(g.capacity));
   return pos % g.capacity < a.kept[pos / g.capacity];
 }
 
@@ -172,4 +172,4 @@ __device__ __forceinline__ int64_t row_segment_bytes(int64_t bytes, int64_t rows
   return ((bytes + segs - 1) / segs + 15) / 16 * 16;
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

@@ -18,7 +18,7 @@
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 // A token's K ids are held in registers while it is routed: the block-routed kernels need K <= this.
 constexpr int kBlockRouteMaxK = 16;
@@ -178,4 +178,4 @@ __device__ inline void write_route_outputs(const DispatchSendParams& P, const Bl
   }
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

@@ -6,11 +6,11 @@
 #include <stdexcept>
 #include <string>
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 // Throws std::runtime_error("<who>: <what>: <CUDA's text>") unless rc is cudaSuccess.
 inline void check_cuda(cudaError_t rc, const char* who, const char* what) {
   if (rc != cudaSuccess) throw std::runtime_error(std::string(who) + ": " + what + ": " + cudaGetErrorString(rc));
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

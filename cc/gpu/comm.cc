@@ -4,7 +4,7 @@
 
 #include "core/align.h"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 Geometry make_geometry(const MoeShape& s) {
   Geometry g{};
@@ -23,8 +23,8 @@ Geometry make_geometry(const MoeShape& s) {
   return g;
 }
 
-CudaOptions cuda_options(const Config& c) {
-  CudaOptions o;
+GpuOptions gpu_options(const Config& c) {
+  GpuOptions o;
   static_cast<TransportOptions&>(o) = transport_options(c);
   o.g = make_geometry(shape_of(c));
   return o;
@@ -43,7 +43,6 @@ int grid_blocks(int device) {
 
 std::string describe_error(const ErrorRecord& e, double timeout_s, const char* backend) {
   if (e.code == 0) return "";
-  static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
   std::string missing;
   for (int r = 0; r < 64; ++r)
     if (e.missing >> r & 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
@@ -55,9 +54,9 @@ std::string describe_error(const ErrorRecord& e, double timeout_s, const char* b
                                ? "the inter-node proxy raised no flag within " + std::to_string(timeout_s * 1.5 + 2) +
                                      " s (its thread stalled, or remote ranks are missing)"
                                : "ranks [" + missing + "] did not arrive within " + std::to_string(timeout_s) + " s";
-  return "jax_moe_a2a " + std::string(backend) + " " + names[e.op & 3] + " (slot " + std::to_string(e.slot) +
+  return "jax_moe_a2a " + std::string(backend) + " " + half_name(e.op) + " (slot " + std::to_string(e.slot) +
          ", rank " + std::to_string(e.rank) + "): " + what +
          "; that step's outputs are NaN / empty and this communicator is unusable (create a new one)";
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

@@ -6,7 +6,7 @@
 
 #include "gpu/ptx.cuh"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 // 32 bits at a byte address that need not be 4-byte aligned (an fp8 row's scales and its token
 // and weight follow its H payload bytes, so they are misaligned when H % 4 != 0). The unaligned
@@ -73,4 +73,4 @@ __device__ __forceinline__ void warp_zero(uint8_t* dst, int64_t bytes, int lane)
   for (int64_t i = nv * 16 + lane; i < bytes; i += 32) dst[i] = 0;
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

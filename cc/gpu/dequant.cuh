@@ -1,7 +1,7 @@
 // fp8 rows dequantised on receive (Spec.recv_dtype; docs/api.md, "Dequantise on receive"): where
 // the receive side would write fp8 rows and their scales, it writes
 //   out[h] = float(q[h]) * scale[h / scale_block]
-// rounded to the output's kind (0 f32, 1 bf16, 2 f16): one f32 product, then round to nearest
+// rounded to the output's float kind (f32, bf16, f16): one f32 product, then round to nearest
 // even, which is dequantize_fp8(q, scale).astype(recv_dtype) bit for bit. Shared by
 // dispatch_recv's row copy (gpu/recv_rows.cuh) and the EP = 1 dispatch (gpu/local/outputs.cuh).
 #pragma once
@@ -15,7 +15,7 @@
 #include "gpu/params.h"
 #include "gpu/ptx.cuh"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 // 16 fp8 e4m3 values (one 16-byte vector, value j in byte j) as f32, each times `scale`.
 __device__ __forceinline__ void dequant16(int4 raw, float scale, float v[16]) {
@@ -33,7 +33,7 @@ __device__ __forceinline__ void dequant16(int4 raw, float scale, float v[16]) {
 // `out` the output row (H elements of out_kind). 16 values per lane and step (one volatile
 // 16-byte load, as warp_copy's, and two 8-element stores) when H and scale_block are multiples
 // of 16 and both rows 16-byte aligned (lo is: row segments are); one element per lane otherwise.
-__device__ inline void warp_dequant(void* out, int out_kind, const uint8_t* row, const Geometry& g, int64_t lo,
+__device__ inline void warp_dequant(void* out, ElemKind out_kind, const uint8_t* row, const Geometry& g, int64_t lo,
                                     int64_t len, int lane) {
   const uint8_t* scales = row + g.payload;
   if (g.H % 16 == 0 && g.scale_block % 16 == 0 && lo % 16 == 0 && aligned16(row) && aligned16(out)) {
@@ -54,4 +54,4 @@ __device__ inline void warp_dequant(void* out, int out_kind, const uint8_t* row,
   }
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

@@ -8,7 +8,7 @@
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 // The slot's device-side epoch counters and failure mark, in its private region `priv`.
 __device__ __forceinline__ Epochs* epochs_of(const Geometry& g, uint8_t* priv) {
@@ -31,20 +31,21 @@ __device__ __forceinline__ void mark_failed(const Geometry& g, const SlotPtrs& p
   __threadfence();
 }
 
-// Names of the four halves by op index (ErrorRecord::op).
-__device__ __forceinline__ const char* op_name(int op) {
-  switch (op & 3) {
-    case 0: return "dispatch_send";
-    case 1: return "dispatch_recv";
-    case 2: return "combine_send";
-    default: return "combine_recv";
+// Names of the four halves (ErrorRecord::op), for the device's printf.
+__device__ __forceinline__ const char* op_name(Half op) {
+  switch (op) {
+    case Half::kDispatchSend: return "dispatch_send";
+    case Half::kDispatchRecv: return "dispatch_recv";
+    case Half::kCombineSend: return "combine_send";
+    case Half::kCombineRecv: break;
   }
+  return "combine_recv";
 }
 
 // One thread records an error in the mapped error record (code: kErrorTimeout or
 // kErrorCounterAhead; missing: bit r = rank r), fields first and code last, each made visible to
 // the host before the next.
-__device__ inline void record_error(const SlotPtrs& p, int op, uint64_t missing, int32_t code) {
+__device__ inline void record_error(const SlotPtrs& p, Half op, uint64_t missing, int32_t code) {
   p.err->missing = missing;
   p.err->op = op;
   p.err->slot = p.slot;
@@ -53,7 +54,7 @@ __device__ inline void record_error(const SlotPtrs& p, int op, uint64_t missing,
   p.err->code = code;
   __threadfence_system();
 }
-__device__ inline void record_timeout(const SlotPtrs& p, int op, uint64_t missing) {
+__device__ inline void record_timeout(const SlotPtrs& p, Half op, uint64_t missing) {
   record_error(p, op, missing, kErrorTimeout);
 }
 
@@ -71,7 +72,7 @@ __device__ inline void abandon_dispatch_send(const DispatchSendParams& P, const 
 // dispatch_recv's outputs when the op failed (grid-wide): no rows, every row unused.
 __device__ inline void abandon_dispatch_recv(const DispatchRecvParams& P, const GridIdx& ix) {
   const Geometry& g = P.g;
-  const int64_t rows_out = g.layout == 0 ? g.capacity : int64_t(g.L) * g.capacity;
+  const int64_t rows_out = g.ragged() ? g.capacity : int64_t(g.L) * g.capacity;
   for (int64_t i = ix.gtid; i < rows_out; i += ix.gstride) {
     P.weights[i] = 0.f;
     P.src[2 * i] = -1;
@@ -92,4 +93,4 @@ __device__ inline void poison_combine_recv(const CombineRecvParams& P, const Gri
     for (int64_t i = ix.gtid; i < int64_t(g.T) * g.K * g.H; i += ix.gstride) P.pairs[i] = __int_as_float(0x7fc00000);
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

@@ -10,11 +10,11 @@
 
 #include "core/fp8.h"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 __device__ __forceinline__ uint8_t fp8_quantize_value(float v, float inv) {
   return fp8_finite(v) ? static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fmul_rn(v, inv), __NV_SATFINITE, __NV_E4M3))
                        : kFp8E4M3NaN;
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

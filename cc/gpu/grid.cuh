@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 namespace cg = cooperative_groups;
 
@@ -62,4 +62,4 @@ __device__ __forceinline__ bool last_block_done(uint32_t* counter) {
   return last;
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

@@ -9,7 +9,7 @@
 #include "gpu/failure.cuh"
 #include "gpu/params.h"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 // Bit r: rank r is left out of this call (p.alive[r] == 0; every bit when we are masked). 0
 // without a mask (p.alive null), the common case, with no load at all. Every thread may call it:
@@ -42,31 +42,32 @@ struct FreeDue {
   __device__ __forceinline__ uint64_t operator()(int r) const { return lags(r) ? owed[r] : epoch; }
 };
 
-// The slot's owed array of dispatch (which 0) or combine (which 1): [N] uint64.
-__device__ __forceinline__ uint64_t* owed_free(const Geometry& g, uint8_t* priv, int which) {
-  return reinterpret_cast<uint64_t*>(priv + g.off_epochs + sizeof(Epochs)) + int64_t(which) * g.N;
+// The slot's owed array of dispatch (which: Half::kDispatchSend) or combine (Half::kCombineSend):
+// [N] uint64, the dispatch one first.
+__device__ __forceinline__ uint64_t* owed_free(const Geometry& g, uint8_t* priv, Half which) {
+  return reinterpret_cast<uint64_t*>(priv + g.off_epochs + sizeof(Epochs)) + (which == Half::kDispatchSend ? 0 : int64_t(g.N));
 }
 
 // A send half's FREE targets (every thread, at entry: one load of the lagging bits, beside the
-// epoch's, as the last op's mask was before; owed[] only where a bit is set). which 0: dispatch,
-// 1: combine. The send half's last block rewrites both (owe_free), after every block waited.
-__device__ __forceinline__ FreeDue free_due(const Geometry& g, const SlotPtrs& p, int which, uint64_t epoch) {
+// epoch's, as the last op's mask was before; owed[] only where a bit is set). which: the send
+// half, Half::kDispatchSend or Half::kCombineSend. The send half's last block rewrites both (owe_free), after every block waited.
+__device__ __forceinline__ FreeDue free_due(const Geometry& g, const SlotPtrs& p, Half which, uint64_t epoch) {
   const Epochs* ep = epochs_of(g, p.priv);
-  return {epoch, which == 0 ? ep->d_lagging : ep->c_lagging, owed_free(g, p.priv, which)};
+  return {epoch, which == Half::kDispatchSend ? ep->d_lagging : ep->c_lagging, owed_free(g, p.priv, which)};
 }
 
 // The last block of a send half (every thread of it), after every block's FREE wait: the ranks
 // this call leaves out (`out`: masked, every rank when we are) keep owing what they owed (the
 // call's epoch where their bit was clear: written into owed[] now), every other rank owes this
 // call's FREE next time (its bit clears). Without a mask ever: one store of 0.
-__device__ __forceinline__ void owe_free(const Geometry& g, const SlotPtrs& p, int which, const FreeDue& due,
+__device__ __forceinline__ void owe_free(const Geometry& g, const SlotPtrs& p, Half which, const FreeDue& due,
                                          uint64_t out) {
   const int r = threadIdx.x;
   if (r < g.N && left_out(out, r) && !due.lags(r)) owed_free(g, p.priv, which)[r] = due.epoch;
   if (threadIdx.x == 0) {
     Epochs* ep = epochs_of(g, p.priv);
-    (which == 0 ? ep->d_lagging : ep->c_lagging) = out;
+    (which == Half::kDispatchSend ? ep->d_lagging : ep->c_lagging) = out;
   }
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

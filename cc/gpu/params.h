@@ -13,10 +13,11 @@
 
 #include <cstdint>
 
+#include "core/half.h"
 #include "core/shape.h"
-#include "proxy/ctrl.h"
+#include "core/ctrl.h"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 constexpr int kMaxRanks = 64;
 // Shared memory a block-routed kernel's routing tables may take (gpu/block_route.cuh): past it
@@ -35,7 +36,8 @@ struct SyncFlags {
 struct Epochs {  // device-side counters so that kernels need no per-call host parameters
   uint64_t d_send, c_send;
   uint64_t failed;  // nonzero once an op of this slot timed out: later kernels of the slot end at once
-  uint32_t done[4];  // blocks of op 0..3 that finished this launch (last_block_done); 0 between launches
+  uint32_t done[kNumHalves];  // blocks of each half that finished this launch (last_block_done); 0 between launches
+  A2A_HD uint32_t* done_of(Half h) { return &done[static_cast<int>(h)]; }
   int32_t dropped;   // dispatch_send: bad pairs counted by every block before its grid sync; 0 between launches
   int32_t pad_;
   // Elastic EP: bit r = rank r took no part in this slot's last dispatch / combine (every bit when
@@ -48,7 +50,7 @@ struct Epochs {  // device-side counters so that kernels need no per-call host p
   // c_landed) as block 0 of a kernel last saw them in host memory (cuda/remote.cuh wait_proxy):
   // the other blocks wait on this copy in GPU memory instead of each reading host memory.
   uint64_t proxy_seen[4];
-  // ... and, with d_landed, each remote source's overflow base (SlotCtrl::over_base), gathered by
+  // ... and, with d_landed, each remote source's overflow base (ctrl::SlotCtrl::over_base), gathered by
   // dispatch_recv's block 0 with the remote count records (cuda/remote.cuh gather_landing).
   int64_t over_base[kMaxRanks];
 };
@@ -62,7 +64,7 @@ constexpr int32_t kErrorCounterAhead = 2;
 // next call).
 struct ErrorRecord {
   int32_t code;      // 0: none, kErrorTimeout, kErrorCounterAhead
-  int32_t op;        // 0 dispatch_send, 1 dispatch_recv, 2 combine_send, 3 combine_recv
+  Half op;           // the half that failed (int-sized)
   int32_t slot;
   int32_t rank;
   uint64_t missing;  // bit r: rank r never arrived (ranks < 64)
@@ -88,10 +90,10 @@ A2A_HD int counts_stride(const MoeShape& g) { return g.L + 1; }
 // with the rank's proxy thread. mask == 0: every peer is node-local and nothing here is used.
 struct RemotePtrs {
   uint64_t mask;                   // bit r: rank r is on another node (its rows go through the proxy)
-  proxy::SlotCtrl* ctrl;           // this slot's flags (mapped host memory): the kernel writes its own here
-  const proxy::SlotCtrl* in;       // where the kernel reads the proxy's flags (d_send_ok, d_landed, c_send_ok,
+  ctrl::SlotCtrl* ctrl;           // this slot's flags (mapped host memory): the kernel writes its own here
+  const ctrl::SlotCtrl* in;       // where the kernel reads the proxy's flags (d_send_ok, d_landed, c_send_ok,
                                    // c_landed, over_base): == ctrl, or GPU memory under GDRCopy (proxy/gdrcopy.h)
-  const proxy::ProxyError* error;  // the proxy's failure record (beside `in`)
+  const ctrl::ProxyError* error;  // the proxy's failure record (beside `in`)
   int32_t* counts_send;            // our count matrix [N dest][L] (mapped host memory)
   const int32_t* counts_recv;      // [N src][N][L]: every source's count matrix (mapped host memory)
   // The rows: mapped host memory, or GPU memory where the engine registers it (JAX_MOE_A2A_STAGING)
@@ -120,7 +122,7 @@ struct DispatchSendParams {
   Geometry g;
   SlotPtrs p;
   const void* x;            // [T, H] x_kind (or fp8 with x_scale)
-  int x_kind;               // 0 f32, 1 bf16, 2 f16, 3 fp8
+  ElemKind x_kind;          // f32, bf16, f16, or fp8 with x_scale
   const float* x_scale;     // [T, S] or null
   const int32_t* ids;       // [T, K]
   const float* weights;     // [T, K]
@@ -136,7 +138,7 @@ struct DispatchRecvParams {
   SlotPtrs p;
   const int32_t* handle;    // [2]
   void* x;                  // [R', H] x_kind
-  int x_kind;               // the wire's kind, or 0/1/2 (f32/bf16/f16) with fp8 on the wire: rows
+  ElemKind x_kind;          // the wire's kind, or a float kind with fp8 on the wire: rows
                             // dequantised on receive (Spec.recv_dtype, gpu/dequant.cuh)
   float* scale;             // [R', S] (fp8 rows) or null
   int32_t* group_sizes;     // [L]
@@ -152,25 +154,25 @@ struct CombineSendParams {
   Geometry g;
   SlotPtrs p;
   const void* y;            // [R', H] y_kind
-  int y_kind;
+  ElemKind y_kind;
   const int32_t* recv_counts;  // [N, L + 1] from dispatch_recv
   int32_t* handle;          // [2] out
-  int from_slot;            // the dispatch's slot (for the proxy's combine offsets: SlotCtrl::c_from_slot)
+  int from_slot;            // the dispatch's slot (for the proxy's combine offsets: ctrl::SlotCtrl::c_from_slot)
 };
 
 struct CombineRecvParams {
   Geometry g;
   SlotPtrs p;
   const int32_t* handle;    // [2]
-  int y_kind;
+  ElemKind y_kind;
   const int32_t* dest;      // [T, K]
   const int32_t* pair_slot; // [T, K]: row in c_rows[t % tp]
   const float* weights;     // [T, K]
   const int32_t* num_tokens;  // []
   const void* out_in;       // [T, H] or null
-  int out_in_kind;
+  ElemKind out_in_kind;
   void* out;                // [T, H] out_kind
-  int out_kind;
+  ElemKind out_kind;
   float* pairs;             // [T, K, H] or null
 };
 
@@ -189,4 +191,4 @@ struct LocalCombineParams {
   const int32_t* recv_counts;  // [1, L + 1] from the dispatch: rows per local expert (then 0)
 };
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

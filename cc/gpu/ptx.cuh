@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-namespace a2a::cuda::ptx {
+namespace a2a::gpu::ptx {
 
 __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
   uint64_t v;
@@ -56,4 +56,4 @@ __device__ __forceinline__ int4 ld_volatile_v4(const int4* p) {
   return v;
 }
 
-}  // namespace a2a::cuda::ptx
+}  // namespace a2a::gpu::ptx

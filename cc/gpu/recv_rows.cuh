@@ -10,7 +10,7 @@
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 // group_sizes [L], overflow [], recv_counts [N, L + 1] (block 0: the counts, then c_off(s), where
 // source s's combine region part expects our rows), and for every output row no received row
@@ -26,7 +26,7 @@ __device__ inline void write_recv_outputs(const DispatchRecvParams& P, const Blo
     for (int l = threadIdx.x; l < g.L; l += blockDim.x) P.group_sizes[l] = a.kept[l];
     if (threadIdx.x == 0) *P.overflow = a.overflow;
   }
-  const int64_t rows_out = g.layout == 0 ? g.capacity : int64_t(g.L) * g.capacity;
+  const int64_t rows_out = g.ragged() ? g.capacity : int64_t(g.L) * g.capacity;
   for (int64_t i = ix.gtid; i < rows_out; i += ix.gstride) {
     if (output_row_used(g, a, i)) continue;
     P.weights[i] = 0.f;
@@ -79,4 +79,4 @@ __device__ __forceinline__ void row_trailer(const Geometry& g, const uint8_t* ro
   *wt = load_f32(row + g.payload + 4 * int64_t(g.S) + 4);
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

@@ -8,7 +8,7 @@
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 // combine_recv's reduction, shared by the GPU backends: for every token t of [0, T),
 //   out[t, h] = sum_k weights[t, k] * row(t, d, slot)[h] (+ out_in[t, h]), f32 accumulation in k order,
@@ -29,16 +29,16 @@ constexpr int kReduceBatch = 8;
 // the dependent metadata and row loads again.
 // kNarrow: 16 bytes of 16-bit y per pair and lane, twice the items and a batch that fits the 64
 // registers of two 512-thread blocks per SM (the EP = 1 combine, gpu/local/combine.cu).
-template <int YKind, bool kNarrow = false>
+template <ElemKind YKind, bool kNarrow = false>
 struct ReduceShape {
-  static constexpr int kParts = YKind == 0 || kNarrow ? 1 : 2;  // load_raw8 calls per pair and lane
+  static constexpr int kParts = YKind == ElemKind::kF32 || kNarrow ? 1 : 2;  // load_raw8 calls per pair and lane
   static constexpr int kLane = kParts * kReduceVec;  // elements per lane
   static constexpr int kSegment = 32 * kLane;        // elements per warp item
   // pairs whose row loads are in flight at once: 8 x 16 bytes, or 4 x 32 bytes (8 x 32 spilled
   // past the 128 registers a 512-thread block allows); narrow, 4 x 16 bytes (f32: 2 x 32)
-  static constexpr int kBatch = kNarrow ? (YKind == 0 ? 2 : 4) : (kParts == 1 ? kReduceBatch : kReduceBatch / 2);
+  static constexpr int kBatch = kNarrow ? (YKind == ElemKind::kF32 ? 2 : 4) : (kParts == 1 ? kReduceBatch : kReduceBatch / 2);
   // First element of part c of `lane` in segment `seg`: 16-bit y, part c of every lane is one run of
-  // 32 * 8 elements (512 bytes); f32, the lane's 8 elements are contiguous (load_raw8<0>).
+  // 32 * 8 elements (512 bytes); f32, the lane's 8 elements are contiguous (load_raw8<ElemKind::kF32>).
   __device__ static int64_t h_of(int64_t seg, int lane, int c) {
     return kParts == 1 ? seg * kSegment + int64_t(lane) * kLane
                        : seg * kSegment + int64_t(c) * (32 * kReduceVec) + int64_t(lane) * kReduceVec;
@@ -54,7 +54,7 @@ __device__ __forceinline__ int64_t reduce_warp(const GridIdx&) {
 }
 
 // The vector path of reduce_combine for y rows of kind YKind (H % 8 == 0, 16-byte aligned buffers).
-template <int YKind, bool kNarrow, typename RowFn>
+template <ElemKind YKind, bool kNarrow, typename RowFn>
 __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row) {
   using RS = ReduceShape<YKind, kNarrow>;
   constexpr int kParts = RS::kParts;
@@ -78,7 +78,7 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
     // out_in's values are added at the end: prefetched into L1 now, so that their latency overlaps
     // the rows' (loading them into registers here spilled: the batch's row vectors take 64)
     if (P.out_in) {
-      const int ob = P.out_in_kind == 0 ? 4 : 2;
+      const int ob = elem_bytes(P.out_in_kind);
 #pragma unroll
       for (int c = 0; c < kParts; ++c) {
         if (!on[c]) continue;
@@ -101,7 +101,7 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
       }
       const int kn = min(32, g.K - kc);
       for (int k0 = 0; k0 < kn; k0 += kBatch) {
-        constexpr int kV = YKind == 0 ? 2 : kParts;  // 16-byte vectors per pair and lane
+        constexpr int kV = YKind == ElemKind::kF32 ? 2 : kParts;  // 16-byte vectors per pair and lane
         int4 raw[kBatch][kV];
         float wt[kBatch];
         bool has[kBatch];
@@ -138,7 +138,7 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
 #pragma unroll
             for (int i = 0; i < kReduceVec; ++i) acc[c][i] = fmaf(wt[u], v[i], acc[c][i]);
             if (on[c] && P.pairs)
-              store_vec8(P.pairs, (int64_t(t) * g.K + kc + k0 + u) * g.H + h[c], 0, v);
+              store_vec8(P.pairs, (int64_t(t) * g.K + kc + k0 + u) * g.H + h[c], ElemKind::kF32, v);
           }
         }
       }
@@ -163,7 +163,8 @@ __device__ void reduce_combine_vec(const CombineRecvParams& P, int n, const Grid
 template <bool kNarrow = false>
 __device__ inline void prefetch_reduce_meta(const CombineRecvParams& P, const GridIdx& ix) {
   const Geometry& g = P.g;
-  const int64_t seg = P.y_kind == 0 ? ReduceShape<0, kNarrow>::kSegment : ReduceShape<1, kNarrow>::kSegment;
+  const int64_t seg = P.y_kind == ElemKind::kF32 ? ReduceShape<ElemKind::kF32, kNarrow>::kSegment
+                                                : ReduceShape<ElemKind::kBF16, kNarrow>::kSegment;
   const int64_t segs = (g.H + seg - 1) / seg;
   const int64_t w = reduce_warp(ix);
   if (w >= int64_t(g.T) * segs || ix.lane >= g.K) return;
@@ -179,14 +180,15 @@ template <bool kNarrow = false, typename RowFn>
 __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx& ix, RowFn row,
                                bool rows_aligned = true) {
   const Geometry& g = P.g;
-  const bool vec = g.H % kReduceVec == 0 && P.y_kind != 3 && P.out_kind != 3 && (!P.out_in || P.out_in_kind != 3) &&
+  const bool vec = g.H % kReduceVec == 0 && is_float(P.y_kind) && is_float(P.out_kind) && (!P.out_in || is_float(P.out_in_kind)) &&
                    rows_aligned && aligned16(P.out) && aligned16(P.out_in) &&
                    aligned16(P.pairs);  // XLA's buffers (ours are padded)
   if (vec) {
     switch (P.y_kind) {
-      case 0: reduce_combine_vec<0, kNarrow>(P, n, ix, row); return;
-      case 1: reduce_combine_vec<1, kNarrow>(P, n, ix, row); return;
-      case 2: reduce_combine_vec<2, kNarrow>(P, n, ix, row); return;
+      case ElemKind::kF32: reduce_combine_vec<ElemKind::kF32, kNarrow>(P, n, ix, row); return;
+      case ElemKind::kBF16: reduce_combine_vec<ElemKind::kBF16, kNarrow>(P, n, ix, row); return;
+      case ElemKind::kF16: reduce_combine_vec<ElemKind::kF16, kNarrow>(P, n, ix, row); return;
+      case ElemKind::kF8E4M3: break;  // not a float kind: vec is false
     }
   }
   for (int64_t i = ix.gtid; i < int64_t(g.T) * g.H; i += ix.gstride) {
@@ -209,4 +211,4 @@ __device__ void reduce_combine(const CombineRecvParams& P, int n, const GridIdx&
   }
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

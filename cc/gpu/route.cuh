@@ -12,7 +12,7 @@
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 struct SendScratch {
   int32_t* pair_expert;  // [T*K] expert id of a routed pair, -1 otherwise
@@ -182,7 +182,7 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
   const Geometry& g = P.g;
   const int lane = wk.lane;
   const uint8_t* x = static_cast<const uint8_t*>(P.x);
-  if (g.wire_kind == 3 && P.x_kind == 3) {  // pre-quantised: copy the bytes, then the scales
+  if (g.wire_is_fp8() && P.x_kind == ElemKind::kF8E4M3) {  // pre-quantised: copy the bytes, then the scales
     const int64_t segs = (int64_t(g.H) + kStageSeg - 1) / kStageSeg + 1;  // last: the scales
     for (int64_t w = wk.warp0; w < nm * segs; w += wk.nw) {
       const int t = token(w / segs);
@@ -197,10 +197,10 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
     }
     return;
   }
-  if (g.wire_kind == 3) {  // quantise: one f32 scale per scale_block values (S blocks, the last may be partial)
+  if (g.wire_is_fp8()) {  // quantise: one f32 scale per scale_block values (S blocks, the last may be partial)
     const int lpb = g.scale_block / 8;  // lanes per scale block, 8 values each
     // H % 8: every lane's 8 values are in the row and 16-byte aligned (scale_block % 8 no longer implies it)
-    const bool vec = P.x_kind != 3 && g.scale_block % 8 == 0 && g.H % 8 == 0 && lpb <= 32 && aligned16(P.x);
+    const bool vec = is_float(P.x_kind) && g.scale_block % 8 == 0 && g.H % 8 == 0 && lpb <= 32 && aligned16(P.x);
     if (vec) {
       const int bpw = 32 / lpb;  // scale blocks per warp
       const int64_t items = (g.S + bpw - 1) / bpw;
@@ -257,7 +257,7 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
     }
     return;
   }
-  if (P.x_kind != 3 && g.H % 8 == 0 && aligned16(P.x)) {  // convert 8 values per lane
+  if (is_float(P.x_kind) && g.H % 8 == 0 && aligned16(P.x)) {  // convert 8 values per lane
     const int64_t segs = (int64_t(g.H) + 255) / 256;
     for (int64_t w = wk.warp0; w < nm * segs; w += wk.nw) {
       const int t = token(w / segs);
@@ -286,4 +286,4 @@ __device__ inline void stage_tokens(const DispatchSendParams& P, int n, int memb
       StageWorkers{ix.lane, ix.gwarp, ix.nwarps, ix.gtid, ix.gstride});
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

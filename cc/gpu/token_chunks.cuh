@@ -1,7 +1,7 @@
 // A token's wire row held in registers by one block (kThreads threads), for the kernels that
 // write a token to several places straight from registers: the cuda backend's decode
 // dispatch_send (cuda/dispatch/send_regs.cu) and both EP = 1 dispatch kernels (gpu/local/).
-//   - QuantChunks<XK, kC>: fp8 quantisation of f32 / bf16 / f16 x (XK = 0 / 1 / 2): a chunk is 16
+//   - QuantChunks<XK, kC>: fp8 quantisation of x of float kind XK (f32, bf16, f16): a chunk is 16
 //     values -> 16 fp8 bytes, the scale block's lanes (scale_block / 16 of them, a power of two)
 //     share one f32 scale;
 //   - CopyChunks<kC>: a copy when x is already in the wire dtype (pre-quantised fp8 brings its
@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "core/fp8.h"
+#include "gpu/chunk_kind.h"
 #include "gpu/copy.cuh"
 #include "gpu/dequant.cuh"
 #include "gpu/elems.cuh"
@@ -24,16 +25,16 @@
 #include "gpu/params.h"
 #include "gpu/route.cuh"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 __device__ __forceinline__ int chunk_of(int i) { return threadIdx.x + i * blockDim.x; }
 
-// fp8 quantisation of x of kind XK (0 f32, 1 bf16, 2 f16) in registers. Chunk c holds values
+// fp8 quantisation of x of float kind XK (f32, bf16, f16) in registers. Chunk c holds values
 // [16c, 16c + 16) of the token, scale block c / lpb (lpb = scale_block / 16 lanes, a power of two
 // <= 32, so a scale block's lanes are aligned within a warp). The same arithmetic as stage_rows'
 // vector path (gpu/route.cuh): amax over the block's finite values, fp8_block_scale, x * (1 / scale)
 // rounded to e4m3 with saturation, NaN and Inf to 0x7F (gpu/fp8_code.cuh).
-template <int XK, int kC = 2>
+template <ElemKind XK, int kC = 2>
 struct QuantChunks {
   static constexpr int kChunks = kC;  // payload <= kC * 16 * blockDim bytes
   static constexpr bool kQuantizes = true;  // holds each chunk's scale: can write dequantised rows
@@ -43,7 +44,7 @@ struct QuantChunks {
   int32_t soff[kChunks];  // byte offset of chunk i's scale when its thread writes it (first lane of its block), else -1
 
   __device__ void load(const DispatchSendParams& P, int t) {
-    const uint8_t* x = static_cast<const uint8_t*>(P.x) + int64_t(t) * P.g.H * (XK == 0 ? 4 : 2);
+    const uint8_t* x = static_cast<const uint8_t*>(P.x) + int64_t(t) * P.g.H * elem_bytes(XK);
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
       const int64_t h = int64_t(chunk_of(i)) * 16;
@@ -80,14 +81,14 @@ struct QuantChunks {
       soff[i] = int64_t(c) * 16 < P.g.H && (c & (lpb - 1)) == 0 ? 4 * (c >> shift) : -1;
     }
   }
-  // After convert: chunk i's 16 values dequantised (gpu/dequant.cuh) into out_kind (0 f32: four
-  // 16-byte vectors; 1/2 bf16/f16: the first two), converted once and stored at each of the
+  // After convert: chunk i's 16 values dequantised (gpu/dequant.cuh) into out_kind (f32: four
+  // 16-byte vectors; bf16/f16: the first two), converted once and stored at each of the
   // token's rows (gpu/local/outputs.cuh).
-  __device__ void dequantize(int i, int out_kind, int4 out[4]) const {
+  __device__ void dequantize(int i, ElemKind out_kind, int4 out[4]) const {
     float v[16];
     dequant16(make_int4(int(q[i].x), int(q[i].y), int(q[i].z), int(q[i].w)), scale[i], v);
     store_vec8(&out[0], 0, out_kind, v);  // f32: out[0..2); 16-bit: out[0]
-    store_vec8(&out[out_kind == 0 ? 2 : 1], 0, out_kind, v + 8);
+    store_vec8(&out[out_kind == ElemKind::kF32 ? 2 : 1], 0, out_kind, v + 8);
   }
   // The payload's chunks at `payload` (16-byte aligned), the scales (f32) at `scales`.
   __device__ void store(const DispatchSendParams& P, uint8_t* payload, uint8_t* scales) const {
@@ -115,53 +116,59 @@ struct CopyChunks {
 #pragma unroll
     for (int i = 0; i < kChunks; ++i)
       if (int64_t(chunk_of(i)) * 16 < P.g.payload) v[i] = __ldg(x + chunk_of(i));
-    if (P.g.wire_kind == 3 && threadIdx.x < P.g.S) scale = __ldg(P.x_scale + int64_t(t) * P.g.S + threadIdx.x);
+    if (P.g.wire_is_fp8() && threadIdx.x < P.g.S) scale = __ldg(P.x_scale + int64_t(t) * P.g.S + threadIdx.x);
   }
   __device__ void convert(const DispatchSendParams&) {}
   __device__ void store(const DispatchSendParams& P, uint8_t* payload, uint8_t* scales) const {
 #pragma unroll
     for (int i = 0; i < kChunks; ++i)
       if (int64_t(chunk_of(i)) * 16 < P.g.payload) reinterpret_cast<int4*>(payload)[chunk_of(i)] = v[i];
-    if (P.g.wire_kind == 3 && threadIdx.x < P.g.S) store_f32(scales + 4 * int64_t(threadIdx.x), scale);
+    if (P.g.wire_is_fp8() && threadIdx.x < P.g.S) store_f32(scales + 4 * int64_t(threadIdx.x), scale);
   }
 };
 
-// The chunk kind of a launch with these sizes and dtypes (alignment is the caller's to check):
-// 0/1/2 quantise f32/bf16/f16 x to fp8, 3 copy (x in the wire dtype), -1 neither fits.
-inline int regs_chunk_kind(const Geometry& g, int x_kind, bool has_x_scale) {
+// The chunk kind of a launch with these sizes and dtypes (alignment is the caller's to check).
+inline ChunkKind regs_chunk_kind(const Geometry& g, ElemKind x_kind, bool has_x_scale) {
   const int64_t threads = kThreads;
-  if (g.wire_kind == 3 && x_kind >= 0 && x_kind <= 2) {  // quantise
+  ChunkKind k;
+  if (g.wire_is_fp8() && is_float(x_kind)) {  // quantise
     const int lpb = g.scale_block / 16;
     const bool pow2_lanes = lpb >= 1 && lpb <= 32 && (lpb & (lpb - 1)) == 0 && g.scale_block % 16 == 0;
-    const bool fits = g.H % 16 == 0 && g.H <= QuantChunks<1>::kChunks * 16 * threads;
-    return pow2_lanes && fits ? x_kind : -1;
+    const bool fits = g.H % 16 == 0 && g.H <= QuantChunks<ElemKind::kBF16>::kChunks * 16 * threads;
+    if (pow2_lanes && fits) k.how = ChunkKind::How::kQuantize, k.x_kind = x_kind;
+    return k;
   }
   if (x_kind == g.wire_kind) {  // copy
-    const bool scales_ok = g.wire_kind != 3 || (has_x_scale && g.S <= threads);
+    const bool scales_ok = !g.wire_is_fp8() || (has_x_scale && g.S <= threads);
     const bool fits = g.payload % 16 == 0 && g.payload <= CopyChunks<>::kChunks * 16 * threads;
-    return scales_ok && fits ? 3 : -1;
+    if (scales_ok && fits) k.how = ChunkKind::How::kCopy, k.x_kind = x_kind;
   }
-  return -1;
+  return k;
 }
 
-// Calls f(Chunks{}) with the chunk type of `kind` (regs_chunk_kind: 0/1/2 QuantChunks of f32 /
-// bf16 / f16 x, else CopyChunks) and returns what f returns; the launchers instantiate their
-// kernel for decltype of the argument. Small = true: one chunk per thread (payloads up to 16 *
-// blockDim bytes, half the registers: room for a second token in flight).
+// Calls f(Chunks{}) with the chunk type of `kind` (QuantChunks of x's float kind, else
+// CopyChunks; kind.ok()) and returns what f returns; the launchers instantiate their kernel for
+// decltype of the argument. Small = true: one chunk per thread (payloads up to 16 * blockDim
+// bytes, half the registers: room for a second token in flight).
 template <bool Small = false, class F>
-inline auto with_chunk_kind(int kind, F&& f) {
+inline auto with_chunk_kind(ChunkKind kind, F&& f) {
   constexpr int q = Small ? 1 : 2, c = Small ? 1 : 4;
-  switch (kind) {
-    case 0: return f(QuantChunks<0, q>{});
-    case 1: return f(QuantChunks<1, q>{});
-    case 2: return f(QuantChunks<2, q>{});
-    default: return f(CopyChunks<c>{});
+  if (kind.how == ChunkKind::How::kQuantize) {
+    switch (kind.x_kind) {
+      case ElemKind::kF32: return f(QuantChunks<ElemKind::kF32, q>{});
+      case ElemKind::kBF16: return f(QuantChunks<ElemKind::kBF16, q>{});
+      case ElemKind::kF16:
+      case ElemKind::kF8E4M3: break;  // not a float kind: regs_chunk_kind never quantises it
+    }
+    return f(QuantChunks<ElemKind::kF16, q>{});
   }
+  return f(CopyChunks<c>{});
 }
 
 // Whether a launch of `kind` fits the Small chunk types (one chunk per thread).
-inline bool small_chunks_fit(const Geometry& g, int kind) {
-  return kind <= 2 ? int64_t(g.H) <= 16 * int64_t(kThreads) : g.payload <= 16 * int64_t(kThreads);
+inline bool small_chunks_fit(const Geometry& g, ChunkKind kind) {
+  return kind.how == ChunkKind::How::kQuantize ? int64_t(g.H) <= 16 * int64_t(kThreads)
+                                               : g.payload <= 16 * int64_t(kThreads);
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

@@ -9,7 +9,7 @@
 #include "gpu/params.h"
 #include "gpu/ptx.cuh"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 // Threads 0..N-1 of the calling block each wait until *flag(r) >= want(r); true when all arrived.
 // On timeout the missing ranks are recorded in the mapped error record and printed (naming
@@ -17,7 +17,7 @@ namespace a2a::cuda {
 // `report`: this block prints the timeout (block 0 of a kernel whose every block waits; every
 // block that gives up records it and marks the slot failed).
 template <typename FlagFn, typename WantFn>
-__device__ bool wait_flags_each(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want,
+__device__ bool wait_flags_each(const SlotPtrs& p, const Geometry& g, Half op, FlagFn flag, WantFn want,
                                 const char* backend, bool report = true) {
   __shared__ unsigned long long missing;
   if (threadIdx.x == 0) missing = 0;
@@ -50,4 +50,4 @@ __device__ bool wait_flags_each(const SlotPtrs& p, const Geometry& g, int op, Fl
   return false;
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

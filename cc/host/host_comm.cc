@@ -12,11 +12,12 @@
 #include "core/registry.h"
 #include "host/pack.h"
 #include "host/staged_rows.h"
-#include "proxy/ctrl.h"
+#include "core/ctrl.h"
 #include "proxy/gdrcopy.h"
 #include "proxy/proxy.h"
 #include "transfer/errors.h"
 #include "transfer/imm.h"
+#include "core/env.h"
 
 namespace a2a::host {
 
@@ -118,20 +119,20 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
     for (auto* f : {&l->d_arrived, &l->d_free, &l->c_arrived, &l->c_free}) f->assign(N, 0);
     local_.push_back(std::move(l));
   }
-  if (const char* v = std::getenv("JAX_MOE_A2A_HOST_RECV_PAUSE_S")) recv_pause_s_ = std::max(0.0, std::atof(v));
+  if (const char* v = env::get("JAX_MOE_A2A_HOST_RECV_PAUSE_S")) recv_pause_s_ = std::max(0.0, std::atof(v));
   if (o.proxied) {
     if (o.shape.N > proxy::kMaxRanks) throw std::invalid_argument("host backend: proxied mode supports at most 64 ranks");
     ctrl_ = std::make_unique<proxy::Ctrl>();
     in_ = ctrl_.get();
     // JAX_MOE_A2A_HOST_FLAG_MIRROR=1 (tests): the proxy also stores its flags into a second block,
     // as it does into GPU memory under GDRCopy, and we read them only there (tests/test_gdrcopy.py).
-    const char* m = std::getenv("JAX_MOE_A2A_HOST_FLAG_MIRROR");
+    const char* m = env::get("JAX_MOE_A2A_HOST_FLAG_MIRROR");
     if (m && std::string(m) == "1") {
       mirror_ = std::make_unique<proxy::Ctrl>();
       in_ = mirror_.get();
     }
   }
-  const char* env_staged = std::getenv("JAX_MOE_A2A_HOST_STAGED");
+  const char* env_staged = env::get("JAX_MOE_A2A_HOST_STAGED");
   const bool staged = o.proxied && env_staged && std::string(env_staged) == "1";
   std::vector<proxy::StagedSlot> copies;
   for (const protocol::SlotBuffers& b : bufs) {

@@ -30,8 +30,11 @@
 #include "proxy/staging.h"
 #include "transfer/engine.h"
 
+namespace a2a::ctrl {
+struct Ctrl;  // core/ctrl.h
+}  // namespace a2a::ctrl
+
 namespace a2a::proxy {
-struct Ctrl;
 class Proxy;
 struct ProxyStats;
 }  // namespace a2a::proxy
@@ -179,9 +182,9 @@ class RankComm {
   std::vector<std::vector<uint8_t>> storage_;  // every slot's six buffers (SlotBuffers)
   std::unique_ptr<protocol::Exchange> ex_;
   std::vector<std::unique_ptr<Slot>> slots_;
-  std::unique_ptr<proxy::Ctrl> ctrl_;          // proxied mode
-  std::unique_ptr<proxy::Ctrl> mirror_;        // JAX_MOE_A2A_HOST_FLAG_MIRROR=1: the proxy's flags also here
-  const proxy::Ctrl* in_ = nullptr;            // where we read the proxy's flags: ctrl_ or mirror_
+  std::unique_ptr<ctrl::Ctrl> ctrl_;          // proxied mode
+  std::unique_ptr<ctrl::Ctrl> mirror_;        // JAX_MOE_A2A_HOST_FLAG_MIRROR=1: the proxy's flags also here
+  const ctrl::Ctrl* in_ = nullptr;            // where we read the proxy's flags: ctrl_ or mirror_
   std::unique_ptr<proxy::Proxy> proxy_;
   // Per slot, the row buffers we pack and unpack (proxy::RowBuffer order): the registered ones, or
   // under JAX_MOE_A2A_HOST_STAGED=1 (proxied) our own, which staging_ copies (host/staged_rows.h).

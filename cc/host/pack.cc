@@ -29,7 +29,7 @@ void RowPacker::pack(int t, float w, uint8_t* dst) {
       } else {
         QuantizeParams p;  // one row: token t
         p.x = static_cast<const uint8_t*>(x_) + t * H * elem_bytes(x_kind_);
-        p.kind = static_cast<FloatKind>(static_cast<int>(x_kind_));
+        p.kind = x_kind_;
         p.rows = 1;
         p.hidden = H;
         p.scale_block = s.scale_block;

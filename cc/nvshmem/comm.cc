@@ -16,12 +16,12 @@ namespace a2a::nvshmem {
 
 namespace {
 
-void check(cudaError_t rc, const char* what) { cuda::check_cuda(rc, "jax_moe_a2a nvshmem", what); }
+void check(cudaError_t rc, const char* what) { gpu::check_cuda(rc, "jax_moe_a2a nvshmem", what); }
 
 
 }  // namespace
 
-Layout make_layout(const cuda::Geometry& g) {
+Layout make_layout(const gpu::Geometry& g) {
   Layout l{};
   l.meta_stride = pad16(4 * meta_words(g));
   l.off_meta = pad16(sizeof(Signals));
@@ -38,8 +38,8 @@ Layout make_layout(const cuda::Geometry& g) {
 }
 
 std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
-  const cuda::CudaOptions o = cuda::cuda_options(c);
-  const cuda::Geometry& g = o.g;
+  const gpu::GpuOptions o = gpu::gpu_options(c);
+  const gpu::Geometry& g = o.g;
   const Layout l = make_layout(g);
   const int64_t z = o.slots, priv = l.off_priv;  // private offsets count from off_priv
   return {{"shared_signals", z * l.off_meta},
@@ -56,7 +56,7 @@ std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
 }
 
 NvComm::NvComm(const Config& c, int rank, int device, int64_t arena_bytes, bool all_remote)
-    : o_(cuda::cuda_options(c)), rank_(rank), device_(device), all_remote_(all_remote) {
+    : o_(gpu::gpu_options(c)), rank_(rank), device_(device), all_remote_(all_remote) {
   if (o_.g.N > kMaxRanks) throw std::invalid_argument("jax_moe_a2a nvshmem: at most 64 ranks");
   nv_.lay = make_layout(o_.g);
   check(cudaSetDevice(device_), "cudaSetDevice");
@@ -70,12 +70,12 @@ NvComm::NvComm(const Config& c, int rank, int device, int64_t arena_bytes, bool 
                              "(bytes) and NVSHMEM_SYMMETRIC_SIZE larger before the first one, or close() others");
   base_ = arena_base + offset_;
   check(cudaMemset(base_, 0, block_bytes()), "cudaMemset");
-  check(cudaHostAlloc(reinterpret_cast<void**>(&err_), sizeof(cuda::ErrorRecord), cudaHostAllocMapped),
+  check(cudaHostAlloc(reinterpret_cast<void**>(&err_), sizeof(gpu::ErrorRecord), cudaHostAllocMapped),
         "cudaHostAlloc (error record)");
-  std::memset(err_, 0, sizeof(cuda::ErrorRecord));
+  std::memset(err_, 0, sizeof(gpu::ErrorRecord));
   check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&err_dev_), err_, 0), "cudaHostGetDevicePointer");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  blocks_ = cuda::grid_blocks(device_);
+  blocks_ = gpu::grid_blocks(device_);
   peer_base_.assign(o_.g.N, nullptr);
   if (timer_.init("jax_moe_a2a nvshmem"))  // benchmarks record the launch geometry next to the kernel times
     std::fprintf(stderr, "jax_moe_a2a nvshmem (rank %d, device %d): cooperative grid of %d blocks\n", rank_, device_,
@@ -83,8 +83,10 @@ NvComm::NvComm(const Config& c, int rank, int device, int64_t arena_bytes, bool 
 }
 
 float NvComm::kernel_ms(int op) {
+  Half h;
+  if (!half_of(op, &h)) return -1.f;
   check(cudaSetDevice(device_), "cudaSetDevice");
-  return timer_.ms(op, "jax_moe_a2a nvshmem");
+  return timer_.ms(h, "jax_moe_a2a nvshmem");
 }
 
 NvComm::~NvComm() {
@@ -127,8 +129,8 @@ void NvComm::connect(const std::vector<std::string>& peers) {
   if (peer_base_[rank_] != base_) throw std::invalid_argument("jax_moe_a2a nvshmem connect: our own entry does not match");
 }
 
-cuda::SlotPtrs NvComm::slot(int z) const {
-  cuda::SlotPtrs p{};
+gpu::SlotPtrs NvComm::slot(int z) const {
+  gpu::SlotPtrs p{};
   const int64_t at = nv_.lay.slot_bytes * z;
   for (int r = 0; r < o_.g.N; ++r) p.peer_shared[r] = peer_base_[r] ? peer_base_[r] + at : nullptr;
   p.priv = base_ + at + nv_.lay.off_priv;
@@ -145,7 +147,7 @@ void NvComm::check_error() const {
 }
 
 std::string NvComm::error_text() const {
-  return cuda::describe_error(*err_, o_.timeout_s, "nvshmem");
+  return gpu::describe_error(*err_, o_.timeout_s, "nvshmem");
 }
 
 namespace {

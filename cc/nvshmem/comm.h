@@ -18,8 +18,8 @@
 
 namespace a2a::nvshmem {
 
-// This backend's slot layout around the cuda geometry (cuda::make_geometry, cc/gpu/comm.h).
-Layout make_layout(const cuda::Geometry& g);
+// This backend's slot layout around the cuda geometry (gpu::make_geometry, cc/gpu/comm.h).
+Layout make_layout(const gpu::Geometry& g);
 // Bytes per rank of each region of the symmetric block for `c` (all slots), in layout order:
 // the one place these sizes are computed; their sum is the block (and buffer_bytes).
 std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c);
@@ -44,9 +44,9 @@ class NvComm {
   // Bit r: rank r takes the remote path (after connect).
   uint64_t remote_mask() const { return nv_.remote; }
 
-  cuda::SlotPtrs slot(int z) const;
+  gpu::SlotPtrs slot(int z) const;
   const NvSlot& nv() const { return nv_; }
-  const cuda::Geometry& geometry() const { return o_.g; }
+  const gpu::Geometry& geometry() const { return o_.g; }
   int device() const { return device_; }
   int blocks() const { return blocks_; }
   int rank() const { return rank_; }
@@ -54,22 +54,22 @@ class NvComm {
   void check_error() const;
   std::string error_text() const;
   // CUDA events around each half's launch (JAX_MOE_A2A_KERNEL_TIMING=1 at creation), as in the
-  // cuda backend: op 0..3 = dispatch_send, dispatch_recv, combine_send, combine_recv.
-  cuda::KernelTimer& timer() { return timer_; }
+  // cuda backend: one pair per Half (core/half.h).
+  gpu::KernelTimer& timer() { return timer_; }
   // Milliseconds of op's last timed launch (waits for it); negative when none was recorded.
   float kernel_ms(int op);
 
  private:
-  cuda::CudaOptions o_;
+  gpu::GpuOptions o_;
   int rank_, device_, blocks_;
   bool all_remote_;
   NvSlot nv_{};
   int64_t offset_ = -1;
   uint8_t* base_ = nullptr;           // our block (local address)
   std::vector<uint8_t*> peer_base_;   // every rank's block, as a symmetric address valid here
-  cuda::ErrorRecord* err_ = nullptr;  // cudaHostAlloc(mapped)
-  cuda::ErrorRecord* err_dev_ = nullptr;
-  cuda::KernelTimer timer_;
+  gpu::ErrorRecord* err_ = nullptr;  // cudaHostAlloc(mapped)
+  gpu::ErrorRecord* err_dev_ = nullptr;
+  gpu::KernelTimer timer_;
 };
 
 void register_comm(int64_t id, std::shared_ptr<NvComm> comm);

@@ -22,7 +22,7 @@
 //     misread.
 // Ranks that pass different masks (a user error) can put rows their receiver does not count:
 // counters_in_step finds a counter past what this epoch explains before the FREE signals go out,
-// and fails the op (error code cuda::kErrorCounterAhead) instead of letting a later step read stale rows.
+// and fails the op (error code gpu::kErrorCounterAhead) instead of letting a later step read stale rows.
 #pragma once
 
 #include <nvshmem.h>
@@ -37,10 +37,10 @@
 
 namespace a2a::nvshmem {
 
-using cuda::Geometry;
-using cuda::left_out;
-using cuda::masked_ranks;
-using cuda::SlotPtrs;
+using gpu::Geometry;
+using gpu::left_out;
+using gpu::masked_ranks;
+using gpu::SlotPtrs;
 
 __device__ __forceinline__ Signals* signals_at(const SlotPtrs& p, int rank) {
   return reinterpret_cast<Signals*>(p.peer_shared[rank]);
@@ -66,9 +66,9 @@ __device__ __forceinline__ void put_row_signal(void* dst, const void* src, int64
 // (slot marked failed, error recorded) when a rank did not arrive in time.
 // `report`: this block records and prints a timeout (block 0 where every block waits).
 template <typename FlagFn, typename WantFn>
-__device__ bool wait_signals(const SlotPtrs& p, const Geometry& g, int op, FlagFn flag, WantFn want,
+__device__ bool wait_signals(const SlotPtrs& p, const Geometry& g, Half op, FlagFn flag, WantFn want,
                              bool report = true) {
-  return cuda::wait_flags_each(p, g, op, flag, want, "nvshmem", report);
+  return gpu::wait_flags_each(p, g, op, flag, want, "nvshmem", report);
 }
 
 // Elastic EP's guard on the cumulative row counters (header comment), called by every thread of
@@ -76,36 +76,36 @@ __device__ bool wait_signals(const SlotPtrs& p, const Geometry& g, int op, FlagF
 // r not in `skip` cannot have put rows of its next epoch yet (it waits for our FREE), so
 // *counter(r) > want(r) (seen plus this epoch's rows) means its counter and our `seen` are out
 // of step, and the rows we just read may be another epoch's. Then the offending sources are
-// recorded (ErrorRecord code cuda::kErrorCounterAhead, `missing` = their bits), the slot is marked failed
+// recorded (ErrorRecord code gpu::kErrorCounterAhead, `missing` = their bits), the slot is marked failed
 // and every thread gets false: the caller poisons its outputs and sends no FREE. Only with a mask
 // operand (p.alive): counters drift only when ranks disagree about a mask, and without one the
 // receive halves keep their closing path as it was (no extra load and barriers).
 template <typename CounterFn, typename WantFn>
-__device__ bool counters_in_step(const SlotPtrs& p, const Geometry& g, int op, uint64_t skip, CounterFn counter,
+__device__ bool counters_in_step(const SlotPtrs& p, const Geometry& g, Half op, uint64_t skip, CounterFn counter,
                                  WantFn want) {
   if (p.alive == nullptr) return true;
   __shared__ unsigned long long ahead;
   if (threadIdx.x == 0) ahead = 0;
   __syncthreads();
   const int r = threadIdx.x;
-  if (r < g.N && !left_out(skip, r) && cuda::ptx::ld_acquire_sys(counter(r)) > want(r)) atomicOr(&ahead, 1ull << r);
+  if (r < g.N && !left_out(skip, r) && gpu::ptx::ld_acquire_sys(counter(r)) > want(r)) atomicOr(&ahead, 1ull << r);
   __syncthreads();
   const unsigned long long bad = ahead;
   if (bad == 0) return true;
   if (threadIdx.x == 0) {
-    cuda::record_error(p, op, bad, cuda::kErrorCounterAhead);
-    cuda::mark_failed(g, p);
+    gpu::record_error(p, op, bad, gpu::kErrorCounterAhead);
+    gpu::mark_failed(g, p);
     printf("jax_moe_a2a nvshmem %s (slot %d, rank %d): the row counters of ranks with bits 0x%llx set ran ahead of "
            "what we consumed (ranks passing different rank masks?)\n",
-           cuda::op_name(op), p.slot, p.rank, bad);
+           gpu::op_name(op), p.slot, p.rank, bad);
   }
   return false;
 }
 
 // A GridIdx that makes one block cover the whole grid's range: the last block poisons every
 // output of an op that failed after the other blocks wrote theirs (it sees their writes).
-__device__ __forceinline__ cuda::GridIdx whole_grid_in_block() {
-  cuda::GridIdx ix;
+__device__ __forceinline__ gpu::GridIdx whole_grid_in_block() {
+  gpu::GridIdx ix;
   ix.gtid = threadIdx.x;
   ix.gstride = blockDim.x;
   ix.gwarp = static_cast<int>(threadIdx.x >> 5);

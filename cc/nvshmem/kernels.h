@@ -11,9 +11,9 @@
 
 namespace a2a::nvshmem {
 
-cudaError_t launch_dispatch_send(const cuda::DispatchSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream);
-cudaError_t launch_dispatch_recv(const cuda::DispatchRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream);
-cudaError_t launch_combine_send(const cuda::CombineSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream);
-cudaError_t launch_combine_recv(const cuda::CombineRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream);
+cudaError_t launch_dispatch_send(const gpu::DispatchSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream);
+cudaError_t launch_dispatch_recv(const gpu::DispatchRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream);
+cudaError_t launch_combine_send(const gpu::CombineSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream);
+cudaError_t launch_combine_recv(const gpu::CombineRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream);
 
 }  // namespace a2a::nvshmem

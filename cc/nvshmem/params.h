@@ -32,7 +32,7 @@
 
 namespace a2a::nvshmem {
 
-using cuda::kMaxRanks;
+using gpu::kMaxRanks;
 
 // Bounce rows per slot (N > 1): one per warp of combine_send, whose grid is capped to
 // kBounceWarps warps when a peer is remote (launch_combine_send).
@@ -68,7 +68,7 @@ struct NvSlot {
 
 // A meta block [L + 1 + 2P] int32: counts per local expert, the source's combine offset for the
 // receiver (its rows for lower ranks), then token and weight per row.
-__host__ __device__ inline int64_t meta_head_words(const cuda::Geometry& g) { return int64_t(g.L) + 1; }
-__host__ __device__ inline int64_t meta_words(const cuda::Geometry& g) { return meta_head_words(g) + 2 * int64_t(g.P); }
+__host__ __device__ inline int64_t meta_head_words(const gpu::Geometry& g) { return int64_t(g.L) + 1; }
+__host__ __device__ inline int64_t meta_words(const gpu::Geometry& g) { return meta_head_words(g) + 2 * int64_t(g.P); }
 
 }  // namespace a2a::nvshmem

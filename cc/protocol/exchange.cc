@@ -29,8 +29,8 @@ void append(std::vector<ByteRange>& out, int64_t off, int64_t len) {
 }  // namespace
 
 const char* op_name(int op) {
-  static const char* names[] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
-  return op >= 0 && op < 4 ? names[op] : "?";
+  Half h;
+  return half_of(op, &h) ? half_name(h) : "?";
 }
 
 SlotLayout::SlotLayout(const ExchangeOptions& o) {

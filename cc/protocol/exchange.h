@@ -37,13 +37,17 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/half.h"
 #include "core/moe_layout.h"
 #include "transfer/engine.h"
 
 namespace a2a::protocol {
 
-// The four halves, as error records and messages name them.
+// The four halves, as error records and messages name them (the values of core/half.h's Half).
 enum Op : int { kDispatchSend = 0, kDispatchRecv = 1, kCombineSend = 2, kCombineRecv = 3 };
+static_assert(kDispatchSend == int(Half::kDispatchSend) && kDispatchRecv == int(Half::kDispatchRecv) &&
+                  kCombineSend == int(Half::kCombineSend) && kCombineRecv == int(Half::kCombineRecv),
+              "protocol::Op numbers the halves as core/half.h does (SlotCtrl::waiting is indexed by either)");
 const char* op_name(int op);
 
 // The transport fields (core/config.h) with these meanings here: priv_rows -1 is rows_per_peer

@@ -1,4 +1,5 @@
 #include "proxy/gdrcopy.h"
+#include "core/env.h"
 
 #include <dlfcn.h>
 #include <sys/stat.h>
@@ -97,8 +98,7 @@ const Api* load(const std::string& library, std::string* why) {
 }
 
 std::string env_or(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : std::string(fallback);
+  return env::get_or(name, fallback);
 }
 
 }  // namespace
@@ -111,7 +111,7 @@ Mode parse_mode(const std::string& text) {
 }
 
 Mode mode_from_env() {
-  const char* v = std::getenv("JAX_MOE_A2A_GDRCOPY");
+  const char* v = env::get("JAX_MOE_A2A_GDRCOPY");
   return parse_mode(v ? v : "");
 }
 

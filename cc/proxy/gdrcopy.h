@@ -1,4 +1,4 @@
-// GDRCopy, loaded at run time: the fast path for the proxy's host -> GPU flags (cc/proxy/ctrl.h).
+// GDRCopy, loaded at run time: the fast path for the proxy's host -> GPU flags (cc/core/ctrl.h).
 //
 // Without it the proxy raises its flags (d_send_ok, d_landed, c_send_ok, c_landed, over_base, c_off, the
 // error record) in mapped pinned host memory and the kernels poll them across PCIe. With it a

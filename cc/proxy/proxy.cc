@@ -14,6 +14,7 @@
 #include "proxy/gdrcopy.h"
 #include "proxy/topology.h"
 #include "transfer/errors.h"
+#include "core/env.h"
 
 namespace a2a::proxy {
 
@@ -26,7 +27,7 @@ using protocol::kDispatchSend;
 namespace {
 
 double env_double(const char* name, double fallback) {
-  const char* v = std::getenv(name);
+  const char* v = env::get(name);
   return v && *v ? std::strtod(v, nullptr) : fallback;
 }
 
@@ -42,9 +43,9 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
   o.max_sleep_us = env_double("JAX_MOE_A2A_PROXY_MAX_SLEEP_US", o.max_sleep_us);
   o.idle_ms = env_double("JAX_MOE_A2A_PROXY_IDLE_MS", o.idle_ms);
   o.idle_sleep_us = env_double("JAX_MOE_A2A_PROXY_IDLE_SLEEP_US", o.idle_sleep_us);
-  const char* mode = std::getenv("JAX_MOE_A2A_PROXY");
+  const char* mode = env::get("JAX_MOE_A2A_PROXY");
   o.spin = mode && std::string(mode) == "spin";
-  const char* cpus = std::getenv("JAX_MOE_A2A_PROXY_CPUS");
+  const char* cpus = env::get("JAX_MOE_A2A_PROXY_CPUS");
   if (cpus && *cpus) {  // "3,7": CPU of local rank 0, 1; "none": no pinning
     std::stringstream ss(cpus);
     std::string item;
@@ -412,7 +413,7 @@ bool Proxy::packer_waiting() const {
   static constexpr uint64_t SlotCtrl::*kRaised[4] = {&SlotCtrl::d_send_ok, &SlotCtrl::d_landed, &SlotCtrl::c_send_ok,
                                                      &SlotCtrl::c_landed};  // protocol::Op order
   for (int z = 0; z < int(slots_.size()); ++z)
-    for (int op = 0; op < 4; ++op)
+    for (int op = 0; op < kNumHalves; ++op)
       if (load_acquire(&ctrl_->slot[z].waiting[op]) > load_acquire(&(ctrl_->slot[z].*kRaised[op]))) return true;
   return false;
 }

@@ -1,6 +1,6 @@
 // The proxy: one worker thread per rank that drives the route-exchange protocol
 // (protocol::Exchange) for the rank's remote peers, reacting to the flags its packer raises in the
-// Ctrl block (cc/proxy/ctrl.h) and raising flags back. Used by the cuda backend for peers on other
+// Ctrl block (cc/core/ctrl.h) and raising flags back. Used by the cuda backend for peers on other
 // nodes (the kernels pack and unpack pinned host memory) and by the host backend's proxied mode
 // (C++ packs), which is how the state machine is tested on machines without GPUs.
 //
@@ -33,10 +33,20 @@
 #include <vector>
 
 #include "protocol/exchange.h"
-#include "proxy/ctrl.h"
+#include "core/ctrl.h"
 #include "proxy/staging.h"
 
 namespace a2a::proxy {
+
+// The flag block (core/ctrl.h) that the proxy drives, under the proxy's names.
+using ctrl::Ctrl;
+using ctrl::error_code;
+using ctrl::kMaxRanks;
+using ctrl::kMaxSlots;
+using ctrl::load_acquire;
+using ctrl::ProxyError;
+using ctrl::SlotCtrl;
+using ctrl::store_release;
 
 struct ProxyOptions {
   double spin_us = 20;        // JAX_MOE_A2A_PROXY_SPIN_US: keep polling this long after progress

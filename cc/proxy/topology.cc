@@ -1,4 +1,5 @@
 #include "proxy/topology.h"
+#include "core/env.h"
 
 #include <sched.h>
 
@@ -71,7 +72,7 @@ std::vector<int> allowed_cpus() {
 int local_process_rank() {
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}) {
     int v = 0;
-    const char* s = std::getenv(var);
+    const char* s = env::launcher(var);
     if (s && parse_int(s, &v)) return v;
   }
   return 0;

@@ -56,7 +56,7 @@ void bind_config(nb::module_& m) {
             nb::dict d;
             d["N"] = s.N; d["E"] = s.E; d["L"] = s.L; d["K"] = s.K; d["H"] = s.H; d["T"] = s.T;
             d["tp"] = s.tp; d["S"] = s.S; d["scale_block"] = s.scale_block; d["P"] = s.P;
-            d["wire_kind"] = s.wire_kind; d["layout"] = s.layout; d["capacity"] = s.capacity;
+            d["wire_kind"] = static_cast<int>(s.wire_kind); d["layout"] = static_cast<int>(s.layout); d["capacity"] = s.capacity;
             d["pow2"] = s.pow2; d["row"] = s.row; d["payload"] = s.payload; d["c_row"] = s.c_row;
             return d;
           },

@@ -24,7 +24,7 @@ void bind_cuda(nb::module_& m) {
       [](int64_t comm_id, const Config& config, std::vector<int> ranks, std::vector<int> devices, int group,
          int first_local_index) {
         cuda::register_comm(
-            comm_id, std::make_shared<cuda::CudaComm>(cuda::cuda_options(config), ranks, devices, first_local_index),
+            comm_id, std::make_shared<cuda::CudaComm>(gpu::gpu_options(config), ranks, devices, first_local_index),
             group);
       },
       "comm_id"_a, "config"_a, "ranks"_a, "devices"_a, "group"_a = 0, "first_local_index"_a = 0,

@@ -1,4 +1,5 @@
 #include "transfer/engine.h"
+#include "core/env.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,10 +10,7 @@
 namespace a2a::transfer {
 namespace {
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : fallback;
-}
+std::string env_or(const char* name, const std::string& fallback) { return env::get_or(name, fallback); }
 
 }  // namespace
 

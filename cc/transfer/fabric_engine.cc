@@ -1,4 +1,5 @@
 #include "transfer/fabric_engine.h"
+#include "core/env.h"
 
 #include <rdma/fi_errno.h>
 
@@ -25,7 +26,7 @@ FabricEngine::FabricEngine(EngineOptions resolved, int)
   fo.hmem = opts_.hmem;
   fo.num_domains = opts_.num_domains;
   fo.rx_cq_size = opts_.rx_cq_size;
-  if (const char* t = std::getenv("JAX_MOE_A2A_FI_THREADING"); t && std::strcmp(t, "domain") == 0)
+  if (const char* t = env::get("JAX_MOE_A2A_FI_THREADING"); t && std::strcmp(t, "domain") == 0)
     fo.thread_safe = false;
   std::vector<InfoPtr> infos = select_infos(fo);
   provider_ = infos.front()->fabric_attr->prov_name;

@@ -8,12 +8,13 @@
 #include <string>
 
 #include "transfer/errors.h"
+#include "core/env.h"
 
 namespace a2a::transfer {
 namespace {
 
 double env_double(const char* name, double fallback) {
-  const char* v = std::getenv(name);
+  const char* v = env::get(name);
   if (!v || !*v) return fallback;
   char* end = nullptr;
   double d = std::strtod(v, &end);
@@ -29,7 +30,7 @@ double elapsed_us(Clock::time_point since) {
 
 ProgressOptions ProgressOptions::from_env() {
   ProgressOptions o;
-  if (const char* mode = std::getenv("JAX_MOE_A2A_PROGRESS"); mode && *mode) {
+  if (const char* mode = env::get("JAX_MOE_A2A_PROGRESS"); mode && *mode) {
     if (std::strcmp(mode, "spin") == 0) o.spin = true;
     else if (std::strcmp(mode, "adaptive") != 0)
       throw TransferError(format("JAX_MOE_A2A_PROGRESS=%s: expected 'adaptive' or 'spin'", mode));

@@ -11,6 +11,7 @@
 #include "gpu/reduce.cuh"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 namespace {
 
 __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParams P) {
@@ -21,7 +22,7 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
   SyncFlags* mine = flags_of(P.p, me);
   prefetch_reduce_meta(P, ix);  // our pairs' dest / slot / weight into L1 while we wait
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: wrote us nothing (our pairs to them were stopped)
-  if (!remote::arrived(P.p, g, 3, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1, &P.p.remote.ctrl->c_landed,
+  if (!remote::arrived(P.p, g, Half::kCombineRecv, [&](int r) { return &mine->c_arrived[r]; }, epoch + 1, &P.p.remote.ctrl->c_landed,
                        out)) {
     poison_combine_recv(P, ix);  // an op of this slot failed: the host raises it
     return;
@@ -33,7 +34,7 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(CombineRecvParam
     const int64_t at = (int64_t(t % g.tp) * g.Q + slot) * stride;  // slot: the pair's row in its member's part
     return remote::is_remote(P.p, d) ? P.p.remote.c_recv + at : region + at;
   });
-  if (last_block_done(&ep->done[3])) {  // expert ranks may overwrite our rows now
+  if (last_block_done(ep->done_of(Half::kCombineRecv))) {  // expert ranks may overwrite our rows now
     if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x) && !left_out(out, threadIdx.x))
       ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->c_free[me], epoch + 1);
     if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->c_consumed, epoch + 1);

@@ -16,6 +16,7 @@
 #include "gpu/kernel.cuh"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 namespace {
 
 __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParams P) {
@@ -30,12 +31,12 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
   // acquire) and the full wait runs only when one was not yet set (and always with remote peers,
   // whose proxy flag it also waits for).
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
-  const FreeDue due = free_due(g, P.p, 1, epoch);  // ... and the FREE flag the others owe us
+  const FreeDue due = free_due(g, P.p, Half::kCombineSend, epoch);  // ... and the FREE flag the others owe us
   const bool free_now = !remote::any(P.p) && free_set_now(g, [&](int r) { return &mine->c_free[r]; }, due, out);
   const int cs = counts_stride(g);
   const BlockArrangement a = block_arrange(g, [&](int s, int l) { return P.recv_counts[s * cs + l]; }, smem);
   if (!__syncthreads_and(free_now) &&
-      !remote::wait_peers_due(P.p, g, 2, [&](int r) { return &mine->c_free[r]; }, due, &P.p.remote.ctrl->c_send_ok,
+      !remote::wait_peers_due(P.p, g, Half::kCombineSend, [&](int r) { return &mine->c_free[r]; }, due, &P.p.remote.ctrl->c_send_ok,
                               epoch + 1, blockIdx.x == 0, out))
     return;
   const int ybytes = elem_bytes(P.y_kind);
@@ -69,8 +70,8 @@ __global__ void __launch_bounds__(kThreads) combine_send_kernel(CombineSendParam
     }
   }
   if (remote::any(P.p)) __threadfence_system();  // our rows in c_send, before the proxy's flag
-  if (last_block_done(&ep->done[2])) {
-    owe_free(g, P.p, 1, due, out);
+  if (last_block_done(ep->done_of(Half::kCombineSend))) {
+    owe_free(g, P.p, Half::kCombineSend, due, out);
     remote::close_send(P.p, g, &P.p.remote.ctrl->c_packed, [&](int r) { return &flags_of(P.p, r)->c_arrived[me]; },
                        &ep->c_send, epoch, P.handle, out);
   }

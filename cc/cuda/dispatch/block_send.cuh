@@ -15,6 +15,7 @@
 #include "gpu/params.h"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 
 // Every thread of the block: routes tokens t < n in shared memory (block_route), writes its share
 // of dest / pair_slot (and block 0 the drop count), then waits until every peer not in `skip`
@@ -32,7 +33,7 @@ __device__ inline bool block_route_and_wait(const DispatchSendParams& P, int n, 
   if (blockIdx.x == 0 && threadIdx.x == 0) *P.dropped = routed.dropped;
   const bool remote = remote::any(P.p);
   if ((routed.all && !remote) ||
-      remote::wait_peers_due(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, due,
+      remote::wait_peers_due(P.p, g, Half::kDispatchSend, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, due,
                              &P.p.remote.ctrl->d_send_ok, epoch + 1, blockIdx.x == 0, skip)) {
     if (remote && blockIdx.x == 0) remote::publish_counts(P.p, g, rt.cnt, epoch);
     return true;
@@ -67,8 +68,8 @@ __device__ inline void close_block_send(const DispatchSendParams& P, const Block
           l < g.L ? rt.cnt[d * g.L + l] : rt.start[d * g.L];
     }
   if (remote::any(P.p)) __threadfence_system();  // our rows in d_send, before the proxy's flag
-  if (last_block_done(&ep->done[0])) {
-    owe_free(g, P.p, 0, due, out);
+  if (last_block_done(ep->done_of(Half::kDispatchSend))) {
+    owe_free(g, P.p, Half::kDispatchSend, due, out);
     remote::close_send(P.p, g, &P.p.remote.ctrl->d_packed, [&](int r) { return &flags_of(P.p, r)->d_arrived[me]; },
                        &ep->d_send, epoch, P.handle, out);
   }

@@ -12,6 +12,7 @@
 #include "gpu/recv_rows.cuh"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 namespace {
 
 __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvParams P) {
@@ -23,7 +24,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
   const int cs = counts_stride(g);
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: sent us nothing; their counts are stale
 
-  if (!remote::arrived(P.p, g, 1, [&](int r) { return &mine->d_arrived[r]; }, epoch + 1, &P.p.remote.ctrl->d_landed,
+  if (!remote::arrived(P.p, g, Half::kDispatchRecv, [&](int r) { return &mine->d_arrived[r]; }, epoch + 1, &P.p.remote.ctrl->d_landed,
                        out, [&] { remote::gather_landing(P.p, g, counts, ep); })) {
     abandon_dispatch_recv(P, ix);  // an op of this slot failed: the host raises it
     return;
@@ -36,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(DispatchRecvPar
     return remote::is_remote(P.p, s) ? remote::landed_row(P.p, g, ep, s, j)
                                      : P.p.peer_shared[me] + g.off_rows + (int64_t(s) * g.P + j) * g.row;
   }, [&](int, int32_t, const uint8_t* row, int32_t* tok, float* wt) { row_trailer(g, row, tok, wt); });
-  if (last_block_done(&ep->done[1])) {  // sources may reuse their rows now
+  if (last_block_done(ep->done_of(Half::kDispatchRecv))) {  // sources may reuse their rows now
     if (threadIdx.x < g.N && !remote::is_remote(P.p, threadIdx.x) && !left_out(out, threadIdx.x))
       ptx::st_release_sys(&flags_of(P.p, threadIdx.x)->d_free[me], epoch + 1);
     if (remote::any(P.p)) remote::raise_for_proxy(&P.p.remote.ctrl->d_consumed, epoch + 1);

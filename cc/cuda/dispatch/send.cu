@@ -15,8 +15,10 @@
 #include "gpu/grid.cuh"
 #include "gpu/kernel.cuh"
 #include "gpu/route.cuh"
+#include "core/env.h"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 namespace {
 
 __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendParams P) {
@@ -26,7 +28,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   const int n = max(0, min(*P.num_tokens, g.T));
   SendScratch s = send_scratch(g, P.p.priv);
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
-  const FreeDue due = free_due(g, P.p, 0, epoch);  // ... and the FREE flag the others owe us
+  const FreeDue due = free_due(g, P.p, Half::kDispatchSend, epoch);  // ... and the FREE flag the others owe us
   if (slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
     abandon_dispatch_send(P, ix);
     return;
@@ -40,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
   scan_experts(P, s, n, ix);
   stage_tokens(P, n, member, ix);
   if (blockIdx.x == 0)
-    remote::wait_peers_due(P.p, g, 0, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, due,
+    remote::wait_peers_due(P.p, g, Half::kDispatchSend, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, due,
                            &P.p.remote.ctrl->d_send_ok, epoch + 1, true, out);
   grid.sync();
   if (slot_failed(g, P.p)) {
@@ -89,8 +91,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
     *c = l < g.L ? s.cnt[int64_t(member) * g.E + d * g.L + l] : s.c_off[int64_t(member) * g.N + d];
   }
   if (remote::any(P.p)) __threadfence_system();  // our rows in d_send, before the proxy's flag
-  if (last_block_done(&ep->done[0])) {
-    owe_free(g, P.p, 0, due, out);
+  if (last_block_done(ep->done_of(Half::kDispatchSend))) {
+    owe_free(g, P.p, Half::kDispatchSend, due, out);
     remote::close_send(P.p, g, &P.p.remote.ctrl->d_packed, [&](int r) { return &flags_of(P.p, r)->d_arrived[me]; },
                        &ep->d_send, epoch, P.handle, out);
   }
@@ -100,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendPar
 
 static const std::string& dispatch_send_mode() {
   static const std::string mode = [] {
-    const char* v = std::getenv("JAX_MOE_A2A_DISPATCH_SEND");
+    const char* v = env::get("JAX_MOE_A2A_DISPATCH_SEND");
     return std::string(v ? v : "auto");
   }();
   return mode;
@@ -113,8 +115,8 @@ bool use_block_routing(const Geometry& g, const SlotPtrs& p) {
 
 cudaError_t launch_dispatch_send(const DispatchSendParams& p, int blocks, cudaStream_t stream) {
   if (use_block_routing(p.g, p.p)) {
-    const int kind = dispatch_send_mode() == "block" ? -1 : regs_staging_kind(p);
-    if (kind >= 0) return launch_dispatch_send_regs(p, kind, blocks, stream);
+    const ChunkKind kind = dispatch_send_mode() == "block" ? ChunkKind{} : regs_staging_kind(p);
+    if (kind.ok()) return launch_dispatch_send_regs(p, kind, blocks, stream);
     return launch_dispatch_send_block(p, blocks, stream);
   }
   return launch_cooperative(dispatch_send_kernel, blocks, 0, stream, p);

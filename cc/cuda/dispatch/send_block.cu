@@ -17,6 +17,7 @@
 #include "gpu/route.cuh"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 namespace {
 
 // The calling warp copies `bytes` bytes from shared memory (16-byte aligned) to global `dst`:
@@ -49,7 +50,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_block_kernel(DispatchS
   // 1. Routing in shared memory (gpu/block_route.cuh), dest, pair_slot, drops; 2. peers must
   // have finished reading our previous rows before we overwrite them (always the full wait).
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
-  const FreeDue due = free_due(g, P.p, 0, epoch);  // ... and the FREE flag the others owe us
+  const FreeDue due = free_due(g, P.p, Half::kDispatchSend, epoch);  // ... and the FREE flag the others owe us
   if (!block_route_and_wait(P, n, rt, false, ix, due, out, epoch)) return;
 
   // 3. Our tokens, one at a time: wire row in shared memory, then to each destination.

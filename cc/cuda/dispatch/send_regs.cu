@@ -23,6 +23,7 @@
 #include "gpu/token_chunks.cuh"
 
 namespace a2a::cuda {
+using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 namespace {
 
 // Where each thread's chunks go: the token's destination rows and router weights (threads < K
@@ -43,7 +44,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_send_regs_kernel(DispatchSe
   int t = blockIdx.x;
   if (t < g.T) ch.load(P, t);
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
-  const FreeDue due = free_due(g, P.p, 0, epoch);  // ... and the FREE flag the others owe us
+  const FreeDue due = free_due(g, P.p, Half::kDispatchSend, epoch);  // ... and the FREE flag the others owe us
   const bool free_now = free_set_now(g, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, due, out);
   const int n = max(0, min(*P.num_tokens, g.T));
   const BlockRouteSmem lay(g, sizeof(RegsTail));
@@ -94,18 +95,18 @@ bool aligned16_host(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15
 
 }  // namespace
 
-int regs_staging_kind(const DispatchSendParams& p) {
+ChunkKind regs_staging_kind(const DispatchSendParams& p) {
   const Geometry& g = p.g;
-  if (!aligned16_host(p.x) || g.row % 16 != 0 || g.off_rows % 16 != 0) return -1;
+  if (!aligned16_host(p.x) || g.row % 16 != 0 || g.off_rows % 16 != 0) return ChunkKind{};
   for (int d = 0; d < g.N; ++d)
-    if (!aligned16_host(p.p.remote.mask >> (d & 63) & 1 ? p.p.remote.d_send : p.p.peer_shared[d])) return -1;
-  if (block_routing_smem_bytes_regs(g) > kBlockRoutingSmem) return -1;
+    if (!aligned16_host(p.p.remote.mask >> (d & 63) & 1 ? p.p.remote.d_send : p.p.peer_shared[d])) return ChunkKind{};
+  if (block_routing_smem_bytes_regs(g) > kBlockRoutingSmem) return ChunkKind{};
   return regs_chunk_kind(g, p.x_kind, p.x_scale != nullptr);
 }
 
 int64_t block_routing_smem_bytes_regs(const Geometry& g) { return BlockRouteSmem(g, sizeof(RegsTail)).bytes; }
 
-cudaError_t launch_dispatch_send_regs(const DispatchSendParams& p, int kind, int blocks, cudaStream_t stream) {
+cudaError_t launch_dispatch_send_regs(const DispatchSendParams& p, ChunkKind kind, int blocks, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(block_routing_smem_bytes_regs(p.g));
   return with_chunk_kind(kind, [&](auto chunks) {
     return launch_plain(dispatch_send_regs_kernel<decltype(chunks)>, blocks, smem, stream, p);

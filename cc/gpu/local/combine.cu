@@ -14,7 +14,7 @@
 #include "gpu/local/local.h"
 #include "gpu/reduce.cuh"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 namespace {
 
 constexpr int kBlocksPerSm = 2;
@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) local_combine_kernel(L
   const Geometry& g = C.g;
   const GridIdx ix;
   prefetch_reduce_meta<true>(C, ix);
-  if (g.layout != 0) {
+  if (!g.ragged()) {
     for (int l = threadIdx.x; l < g.L; l += blockDim.x) start[l] = P.recv_counts[l];
     __syncthreads();
     if (threadIdx.x < 32) warp_exclusive_scan(start, g.L, ix.lane);
@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) local_combine_kernel(L
       C, n, ix,
       [&](int, int, int32_t j) -> const uint8_t* {
         int64_t pos;
-        if (g.layout == 0) {
+        if (g.ragged()) {
           pos = j < g.capacity ? int64_t(j) : -1;
         } else {
           int lo = 0, hi = g.L - 1;
@@ -57,8 +57,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) local_combine_kernel(L
 }  // namespace
 
 cudaError_t launch_local_combine(const LocalCombineParams& p, int blocks, cudaStream_t stream) {
-  const size_t smem = p.c.g.layout != 0 ? size_t(4) * p.c.g.L : 0;
+  const size_t smem = !p.c.g.ragged() ? size_t(4) * p.c.g.L : 0;
   return launch_plain(local_combine_kernel, kBlocksPerSm * blocks, smem, stream, p);
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

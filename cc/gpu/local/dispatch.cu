@@ -26,7 +26,7 @@
 #include "gpu/local/outputs.cuh"
 #include "gpu/token_chunks.cuh"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 namespace {
 
 // The decode kernel takes K <= this (larger K: the grid-routed kernel).
@@ -141,20 +141,24 @@ int64_t max_block_smem() {
 
 }  // namespace
 
-int local_dispatch_kind(const LocalDispatchParams& p) {
+ChunkKind local_dispatch_kind(const LocalDispatchParams& p) {
   const Geometry& g = p.s.g;
-  if (g.N != 1 || g.tp != 1 || g.K > kBlockRouteMaxK) return -1;
-  if (!aligned16_host(p.s.x) || !aligned16_host(p.r.x) || g.payload % 16 != 0) return -1;
+  const ChunkKind none;
+  if (g.N != 1 || g.tp != 1 || g.K > kBlockRouteMaxK) return none;
+  if (!aligned16_host(p.s.x) || !aligned16_host(p.r.x) || g.payload % 16 != 0) return none;
   const bool dequant = p.r.x_kind != g.wire_kind;  // fp8 rows dequantised on receive: no scale output
-  if (g.wire_kind == 3 && !dequant && p.r.scale == nullptr) return -1;
-  const int kind = regs_chunk_kind(g, p.s.x_kind, p.s.x_scale != nullptr);
-  if (dequant && kind == 3) return -1;  // pre-quantised x: a chunk's scale is another thread's (CopyChunks)
-  if (kind < 0 || decode_sized(g)) return kind;
-  return local_dispatch_grid_fits(p, max_block_smem()) ? kind + kLocalGridRouted : -1;
+  if (g.wire_is_fp8() && !dequant && p.r.scale == nullptr) return none;
+  ChunkKind kind = regs_chunk_kind(g, p.s.x_kind, p.s.x_scale != nullptr);
+  // pre-quantised x: a chunk's scale is another thread's (CopyChunks)
+  if (dequant && kind.how == ChunkKind::How::kCopy) return none;
+  if (!kind.ok() || decode_sized(g)) return kind;
+  if (!local_dispatch_grid_fits(p, max_block_smem())) return none;
+  kind.grid_routed = true;
+  return kind;
 }
 
-cudaError_t launch_local_dispatch(const LocalDispatchParams& p, int kind, int blocks, cudaStream_t stream) {
-  if (kind >= kLocalGridRouted) return launch_local_dispatch_grid(p, kind - kLocalGridRouted, blocks, stream);
+cudaError_t launch_local_dispatch(const LocalDispatchParams& p, ChunkKind kind, int blocks, cudaStream_t stream) {
+  if (kind.grid_routed) return launch_local_dispatch_grid(p, kind, blocks, stream);
   const size_t smem = static_cast<size_t>(TokenSmem(p.s.g).bytes);
   const auto launch = [&](auto chunks) {
     using Chunks = decltype(chunks);
@@ -166,4 +170,4 @@ cudaError_t launch_local_dispatch(const LocalDispatchParams& p, int kind, int bl
   return small_chunks_fit(p.s.g, kind) ? with_chunk_kind<true>(kind, launch) : with_chunk_kind(kind, launch);
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

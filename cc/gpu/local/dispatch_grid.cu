@@ -24,7 +24,7 @@
 #include "gpu/local/outputs.cuh"
 #include "gpu/token_chunks.cuh"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 namespace {
 
 namespace cg = cooperative_groups;
@@ -206,7 +206,7 @@ bool local_dispatch_grid_fits(const LocalDispatchParams& p, int64_t max_smem) {
   return grid_smem_bytes(g) <= max_smem && GridTables::bytes(g, 2048) <= g.off_epochs;
 }
 
-cudaError_t launch_local_dispatch_grid(const LocalDispatchParams& p, int kind, int sms, cudaStream_t stream) {
+cudaError_t launch_local_dispatch_grid(const LocalDispatchParams& p, ChunkKind kind, int sms, cudaStream_t stream) {
   const auto launch = [&](auto chunks) {
     using Chunks = decltype(chunks);
     if constexpr (Chunks::kQuantizes)
@@ -216,4 +216,4 @@ cudaError_t launch_local_dispatch_grid(const LocalDispatchParams& p, int kind, i
   return small_chunks_fit(p.s.g, kind) ? with_chunk_kind<true>(kind, launch) : with_chunk_kind(kind, launch);
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

@@ -10,31 +10,28 @@
 
 #include <cstdint>
 
+#include "gpu/chunk_kind.h"
 #include "gpu/params.h"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
-// Added to a kind: the grid-routed kernel (gpu/local/dispatch_grid.cu), for batches whose routing
-// tables do not fit one block's shared memory (prefill).
-constexpr int kLocalGridRouted = 16;
-
-// The local dispatch kernel for these parameters: the chunk kind (gpu/token_chunks.cuh: 0/1/2
-// quantise f32/bf16/f16 x, 3 copy) of the block-routed kernel (gpu/local/dispatch.cu), or that
-// kind + kLocalGridRouted when its routing tables pass 48 KiB of shared memory (large T); -1
-// where neither applies: N or tp_size above 1, K > 16, x or the x output not 16-byte aligned,
+// The local dispatch kernel for these parameters: the chunk kind (gpu/token_chunks.cuh: quantise
+// x of a float kind, or copy) of the block-routed kernel (gpu/local/dispatch.cu), with
+// grid_routed set for the grid-routed kernel (gpu/local/dispatch_grid.cu) when its routing tables
+// pass 48 KiB of shared memory (large T, prefill); !ok() where neither applies: N or tp_size above 1, K > 16, x or the x output not 16-byte aligned,
 // pre-quantised fp8 x with the rows dequantised on receive,
 // sizes and dtypes the register chunks do not take, or (grid-routed) tables past the slot's
 // private area or the shared memory a block may take. There the handler runs the exchange kernels
 // (dispatch_send, then dispatch_recv) instead.
-int local_dispatch_kind(const LocalDispatchParams& p);
+ChunkKind local_dispatch_kind(const LocalDispatchParams& p);
 // `blocks`: one per SM (the grid-routed kernel takes up to two per SM, cooperatively).
-cudaError_t launch_local_dispatch(const LocalDispatchParams& p, int kind, int blocks, cudaStream_t stream);
+cudaError_t launch_local_dispatch(const LocalDispatchParams& p, ChunkKind kind, int blocks, cudaStream_t stream);
 
 // The grid-routed kernel (gpu/local/dispatch_grid.cu): whether its tables fit, and its launch.
 bool local_dispatch_grid_fits(const LocalDispatchParams& p, int64_t max_smem);
-cudaError_t launch_local_dispatch_grid(const LocalDispatchParams& p, int kind, int sms, cudaStream_t stream);
+cudaError_t launch_local_dispatch_grid(const LocalDispatchParams& p, ChunkKind kind, int sms, cudaStream_t stream);
 
 // The local combine: any shape (N = 1).
 cudaError_t launch_local_combine(const LocalCombineParams& p, int blocks, cudaStream_t stream);
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

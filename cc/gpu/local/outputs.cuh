@@ -15,7 +15,7 @@
 #include "gpu/params.h"
 #include "gpu/token_chunks.cuh"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 
 // Routing tables by pointer, for local_small_outputs / local_pos / local_kept: start [E] and cnt [E]
 // wherever a kernel keeps them (shared or global memory).
@@ -32,7 +32,7 @@ struct LocalTail {
 // Output row of the routed pair of expert e with slot j, or -1 past the capacity.
 template <class Tables>
 __device__ __forceinline__ int64_t local_pos(const Geometry& g, const Tables& rt, int e, int32_t j) {
-  if (g.layout == 0) return j < g.capacity ? int64_t(j) : -1;
+  if (g.ragged()) return j < g.capacity ? int64_t(j) : -1;
   const int32_t within = j - rt.start[e];
   return within < g.capacity ? int64_t(e) * g.capacity + within : -1;
 }
@@ -40,7 +40,7 @@ __device__ __forceinline__ int64_t local_pos(const Geometry& g, const Tables& rt
 // Rows of local expert l the capacity rule keeps (its group size).
 template <class Tables>
 __device__ __forceinline__ int32_t local_kept(const Geometry& g, const Tables& rt, int l) {
-  if (g.layout == 0) return min(rt.start[l] + rt.cnt[l], g.capacity) - min(rt.start[l], g.capacity);
+  if (g.ragged()) return min(rt.start[l] + rt.cnt[l], g.capacity) - min(rt.start[l], g.capacity);
   return min(rt.cnt[l], g.capacity);
 }
 
@@ -75,9 +75,9 @@ __device__ void local_small_outputs(const LocalDispatchParams& P, const Tables& 
     }
   }
   const int64_t total = int64_t(rt.start[g.E - 1]) + rt.cnt[g.E - 1];
-  const int64_t rows_out = g.layout == 0 ? g.capacity : int64_t(g.L) * g.capacity;
+  const int64_t rows_out = g.ragged() ? g.capacity : int64_t(g.L) * g.capacity;
   for (int64_t i = ix.gtid; i < rows_out; i += ix.gstride) {
-    const bool used = g.layout == 0 ? i < min(total, int64_t(g.capacity))
+    const bool used = g.ragged() ? i < min(total, int64_t(g.capacity))
                                     : i % g.capacity < local_kept(g, rt, static_cast<int>(i / g.capacity));
     if (used) continue;
     R.weights[i] = 0.f;
@@ -191,4 +191,4 @@ __device__ __forceinline__ void local_store_rows(const LocalDispatchParams& P, c
   }
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

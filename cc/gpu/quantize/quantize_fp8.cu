@@ -6,7 +6,7 @@
 #include "gpu/fp8_code.cuh"
 #include "gpu/quantize/quantize_fp8.h"
 
-namespace a2a::cuda {
+namespace a2a::gpu {
 namespace {
 
 template <typename T>
@@ -63,11 +63,12 @@ cudaError_t launch_typed(const QuantizeParams& p, cudaStream_t stream) {
 
 cudaError_t launch_quantize_fp8(const QuantizeParams& p, cudaStream_t stream) {
   switch (p.kind) {
-    case FloatKind::kF32: return launch_typed<float>(p, stream);
-    case FloatKind::kBF16: return launch_typed<__nv_bfloat16>(p, stream);
-    case FloatKind::kF16: return launch_typed<__half>(p, stream);
+    case ElemKind::kF32: return launch_typed<float>(p, stream);
+    case ElemKind::kBF16: return launch_typed<__nv_bfloat16>(p, stream);
+    case ElemKind::kF16: return launch_typed<__half>(p, stream);
+    case ElemKind::kF8E4M3: break;  // not a float kind: decode_quantize refuses it
   }
   return cudaErrorInvalidValue;
 }
 
-}  // namespace a2a::cuda
+}  // namespace a2a::gpu

@@ -16,17 +16,17 @@
 namespace a2a::nvshmem {
 namespace {
 
-__global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::CombineRecvParams P, NvSlot nv) {
+__global__ void __launch_bounds__(gpu::kThreads) combine_recv_kernel(gpu::CombineRecvParams P, NvSlot nv) {
   A2A_KERNEL_START(P);
   // Our pairs' dest (the count below) and the reduction's dest / slot / weight into L1 while the
   // token count and the failure word load, so that the count's loads do not add a third latency.
   for (int64_t q = threadIdx.x, i = 0; i < 4 && q < int64_t(g.T) * g.K; ++i, q += blockDim.x)
-    cuda::ptx::prefetch_l1(P.dest + q);
-  cuda::prefetch_reduce_meta(P, ix);
+    gpu::ptx::prefetch_l1(P.dest + q);
+  gpu::prefetch_reduce_meta(P, ix);
   const int n = max(0, min(*P.num_tokens, g.T));
 
-  if (cuda::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
-    cuda::poison_combine_recv(P, ix);
+  if (gpu::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
+    gpu::poison_combine_recv(P, ix);
     return;
   }
   // Every block counts the rows each expert rank owes us and waits for them.
@@ -42,19 +42,19 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
   Signals* mine = signals_at(P.p, me);
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: owe us nothing
   const auto rows_due = [&](int r) { return consumed[r] + static_cast<uint64_t>(expect[r]); };
-  if (!wait_signals(P.p, g, 3, [&](int r) { return &mine->c_rows[r]; },
+  if (!wait_signals(P.p, g, Half::kCombineRecv, [&](int r) { return &mine->c_rows[r]; },
                     [&](int r) { return left_out(out, r) ? 0 : rows_due(r); }, blockIdx.x == 0)) {
-    cuda::poison_combine_recv(P, ix);
+    gpu::poison_combine_recv(P, ix);
     return;
   }
-  const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
+  const int64_t stride = int64_t(g.H) * elem_bytes(P.y_kind);
   const uint8_t* region = P.p.peer_shared[me] + nv.lay.off_c_rows;  // [tp][Q][stride]
-  cuda::reduce_combine(P, n, ix, [&](int t, int, int32_t slot) {
+  gpu::reduce_combine(P, n, ix, [&](int t, int, int32_t slot) {
     return region + (int64_t(t % g.tp) * g.Q + slot) * stride;  // slot: the pair's row in its member's part
   });
-  if (!cuda::last_block_done(&ep->done[3])) return;
-  if (!counters_in_step(P.p, g, 3, out, [&](int r) { return &mine->c_rows[r]; }, rows_due)) {
-    cuda::poison_combine_recv(P, whole_grid_in_block());  // every block's outputs: they are done
+  if (!gpu::last_block_done(ep->done_of(Half::kCombineRecv))) return;
+  if (!counters_in_step(P.p, g, Half::kCombineRecv, out, [&](int r) { return &mine->c_rows[r]; }, rows_due)) {
+    gpu::poison_combine_recv(P, whole_grid_in_block());  // every block's outputs: they are done
     return;
   }
   if (threadIdx.x < g.N && !left_out(out, threadIdx.x)) {
@@ -66,8 +66,8 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_recv_kernel(cuda::Comb
 
 }  // namespace
 
-cudaError_t launch_combine_recv(const cuda::CombineRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
-  return cuda::launch_plain(combine_recv_kernel, blocks, 0, stream, p, nv);
+cudaError_t launch_combine_recv(const gpu::CombineRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
+  return gpu::launch_plain(combine_recv_kernel, blocks, 0, stream, p, nv);
 }
 
 }  // namespace a2a::nvshmem

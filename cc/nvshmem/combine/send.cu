@@ -22,7 +22,7 @@
 namespace a2a::nvshmem {
 namespace {
 
-__global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::CombineSendParams P, NvSlot nv) {
+__global__ void __launch_bounds__(gpu::kThreads) combine_send_kernel(gpu::CombineSendParams P, NvSlot nv) {
   extern __shared__ int32_t smem[];
   A2A_KERNEL_START(P);
 
@@ -30,24 +30,24 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
   // ranks get nothing now (due(r): the epoch without a mask; owe_free rewrites it in the last
   // block, after every block waited).
   const uint64_t out = masked_ranks(g, P.p);
-  const cuda::FreeDue due = cuda::free_due(g, P.p, 1, epoch);
-  if (cuda::slot_failed(g, P.p) ||
-      !wait_signals(P.p, g, 2, [&](int r) { return &signals_at(P.p, me)->c_free[r]; },
+  const gpu::FreeDue due = gpu::free_due(g, P.p, Half::kCombineSend, epoch);
+  if (gpu::slot_failed(g, P.p) ||
+      !wait_signals(P.p, g, Half::kCombineSend, [&](int r) { return &signals_at(P.p, me)->c_free[r]; },
                     [&](int r) { return left_out(out, r) ? 0 : due(r); }, blockIdx.x == 0))
     return;  // an op of this slot failed: the host raises it
-  const cuda::BlockArrangement a =
-      cuda::block_arrange(g, [&](int s, int l) { return P.recv_counts[s * cuda::counts_stride(g) + l]; }, smem);
-  const int64_t stride = int64_t(g.H) * cuda::elem_bytes(P.y_kind);
+  const gpu::BlockArrangement a =
+      gpu::block_arrange(g, [&](int s, int l) { return P.recv_counts[s * gpu::counts_stride(g) + l]; }, smem);
+  const int64_t stride = int64_t(g.H) * elem_bytes(P.y_kind);
   const uint8_t* zero = P.p.priv + nv.lay.off_zero;  // [H * 4] zeros, never written
   for (int64_t w = ix.gwarp; w < a.row_base[g.N]; w += ix.nwarps) {  // warp per received row
-    const cuda::RowLoc r = cuda::locate_row(g, a, static_cast<int32_t>(w));
+    const gpu::RowLoc r = gpu::locate_row(g, a, static_cast<int32_t>(w));
     const uint8_t* src = r.pos >= 0 ? static_cast<const uint8_t*>(P.y) + r.pos * stride : zero;
     const int g0 = r.s / g.tp * g.tp;
     const uint64_t group = (g.tp == 64 ? ~0ull : ((1ull << g.tp) - 1)) << g0;
     const uint8_t* bounced = nullptr;  // the row in our bounce row, once a remote member needs it
     if (nv.remote & group & ~out) {
       uint8_t* b = P.p.priv + nv.lay.off_bounce + int64_t(ix.gwarp) * stride;  // gwarp < kBounceWarps
-      cuda::warp_copy(b, src, stride, ix.lane);
+      gpu::warp_copy(b, src, stride, ix.lane);
       __syncwarp();
       __threadfence();  // the row is in GPU memory before a transport (or its NIC) reads it
       bounced = b;
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
     for (int m = g0; m < g0 + g.tp; ++m) {
       if (left_out(out, m)) continue;  // elastic EP: a masked member of the source's group
       uint8_t* dst = P.p.peer_shared[m] + nv.lay.off_c_rows +
-                     (int64_t(r.s % g.tp) * g.Q + P.recv_counts[r.s * cuda::counts_stride(g) + g.L] + r.j) * stride;
+                     (int64_t(r.s % g.tp) * g.Q + P.recv_counts[r.s * gpu::counts_stride(g) + g.L] + r.j) * stride;
       if ((nv.remote >> m) & 1)
         nvshmemx_putmem_signal_warp(dst, bounced, static_cast<size_t>(stride), &signals_at(P.p, m)->c_rows[me], 1,
                                     NVSHMEM_SIGNAL_ADD, nv.pe[m]);
@@ -64,8 +64,8 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
     }
     if (bounced) __syncwarp();  // every lane's put returned before the next row overwrites it
   }
-  if (!cuda::last_block_done(&ep->done[2])) return;
-  cuda::owe_free(g, P.p, 1, due, out);  // every live rank frees this epoch for us
+  if (!gpu::last_block_done(ep->done_of(Half::kCombineSend))) return;
+  gpu::owe_free(g, P.p, Half::kCombineSend, due, out);  // every live rank frees this epoch for us
   if (threadIdx.x == 0) {
     ep->c_send = epoch + 1;
     P.handle[0] = static_cast<int32_t>(epoch);
@@ -75,10 +75,10 @@ __global__ void __launch_bounds__(cuda::kThreads) combine_send_kernel(cuda::Comb
 
 }  // namespace
 
-cudaError_t launch_combine_send(const cuda::CombineSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
+cudaError_t launch_combine_send(const gpu::CombineSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
   // With remote peers every warp owns one bounce row: at most kBounceWarps warps.
-  if (nv.remote) blocks = std::min(blocks, kBounceWarps / (cuda::kThreads / 32));
-  return cuda::launch_plain(combine_send_kernel, blocks, cuda::arrangement_smem_bytes(p.g.N, p.g.L), stream, p, nv);
+  if (nv.remote) blocks = std::min(blocks, kBounceWarps / (gpu::kThreads / 32));
+  return gpu::launch_plain(combine_send_kernel, blocks, gpu::arrangement_smem_bytes(p.g.N, p.g.L), stream, p, nv);
 }
 
 }  // namespace a2a::nvshmem

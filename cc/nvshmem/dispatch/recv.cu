@@ -15,7 +15,7 @@
 namespace a2a::nvshmem {
 namespace {
 
-__global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::DispatchRecvParams P, NvSlot nv) {
+__global__ void __launch_bounds__(gpu::kThreads) dispatch_recv_kernel(gpu::DispatchRecvParams P, NvSlot nv) {
   extern __shared__ int32_t smem[];
   A2A_KERNEL_START(P);
   const bool report = blockIdx.x == 0;
@@ -26,31 +26,31 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::Dis
     return left_out(out, s) ? 0 : reinterpret_cast<const volatile int32_t*>(meta_at(P.p, nv.lay, me, s))[i];
   };
 
-  if (cuda::slot_failed(g, P.p) ||
-      !wait_signals(P.p, g, 1, [&](int r) { return &mine->d_meta[r]; },
+  if (gpu::slot_failed(g, P.p) ||
+      !wait_signals(P.p, g, Half::kDispatchRecv, [&](int r) { return &mine->d_meta[r]; },
                     [&](int r) { return left_out(out, r) ? 0 : epoch + 1; }, report)) {
-    cuda::abandon_dispatch_recv(P, ix);  // an op of this slot failed: the host raises it
+    gpu::abandon_dispatch_recv(P, ix);  // an op of this slot failed: the host raises it
     return;
   }
-  const cuda::BlockArrangement a = cuda::block_arrange(g, head, smem);
+  const gpu::BlockArrangement a = gpu::block_arrange(g, head, smem);
   // seen plus the rows source r announced (0 from a masked one): what d_rows[r] reaches
   const auto rows_due = [&](int r) { return consumed[r] + static_cast<uint64_t>(a.row_base[r + 1] - a.row_base[r]); };
-  if (!wait_signals(P.p, g, 1, [&](int r) { return &mine->d_rows[r]; },
+  if (!wait_signals(P.p, g, Half::kDispatchRecv, [&](int r) { return &mine->d_rows[r]; },
                     [&](int r) { return left_out(out, r) ? 0 : rows_due(r); }, report)) {
-    cuda::abandon_dispatch_recv(P, ix);
+    gpu::abandon_dispatch_recv(P, ix);
     return;
   }
-  cuda::write_recv_outputs(P, a, ix, [&](int s) { return head(s, g.L); });
-  cuda::copy_received_rows(
+  gpu::write_recv_outputs(P, a, ix, [&](int s) { return head(s, g.L); });
+  gpu::copy_received_rows(
       P, a, ix, [&](int s, int32_t j) { return P.p.peer_shared[me] + nv.lay.off_rows + (int64_t(s) * g.P + j) * g.row; },
       [&](int s, int32_t j, const uint8_t*, int32_t* tok, float* wt) {
         const int32_t* m = meta_at(P.p, nv.lay, me, s) + meta_head_words(g) + 2 * int64_t(j);
         *tok = m[0];
         *wt = __int_as_float(m[1]);
       });
-  if (!cuda::last_block_done(&ep->done[1])) return;
-  if (!counters_in_step(P.p, g, 1, out, [&](int r) { return &mine->d_rows[r]; }, rows_due)) {
-    cuda::abandon_dispatch_recv(P, whole_grid_in_block());  // every block's outputs: they are done
+  if (!gpu::last_block_done(ep->done_of(Half::kDispatchRecv))) return;
+  if (!counters_in_step(P.p, g, Half::kDispatchRecv, out, [&](int r) { return &mine->d_rows[r]; }, rows_due)) {
+    gpu::abandon_dispatch_recv(P, whole_grid_in_block());  // every block's outputs: they are done
     return;
   }
   if (threadIdx.x < g.N && !left_out(out, threadIdx.x)) {
@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_recv_kernel(cuda::Dis
 
 }  // namespace
 
-cudaError_t launch_dispatch_recv(const cuda::DispatchRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
-  return cuda::launch_plain(dispatch_recv_kernel, blocks, cuda::arrangement_smem_bytes(p.g.N, p.g.L), stream, p, nv);
+cudaError_t launch_dispatch_recv(const gpu::DispatchRecvParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
+  return gpu::launch_plain(dispatch_recv_kernel, blocks, gpu::arrangement_smem_bytes(p.g.N, p.g.L), stream, p, nv);
 }
 
 }  // namespace a2a::nvshmem

@@ -17,34 +17,34 @@
 namespace a2a::nvshmem {
 namespace {
 
-__global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::DispatchSendParams P, NvSlot nv) {
+__global__ void __launch_bounds__(gpu::kThreads) dispatch_send_kernel(gpu::DispatchSendParams P, NvSlot nv) {
   A2A_KERNEL_START(P);
-  cuda::cg::grid_group grid = cuda::cg::this_grid();
+  gpu::cg::grid_group grid = gpu::cg::this_grid();
   const int member = me % g.tp;
   const int n = max(0, min(*P.num_tokens, g.T));
-  const cuda::SendScratch s = cuda::send_scratch(g, P.p.priv);
+  const gpu::SendScratch s = gpu::send_scratch(g, P.p.priv);
   int32_t* stage_meta = reinterpret_cast<int32_t*>(P.p.priv + nv.lay.off_meta_stage);  // [N dest][meta_stride / 4]
   const int64_t words = nv.lay.meta_stride / 4;
   const int32_t* cnt = s.cnt + int64_t(member) * g.E;  // [E] rows of our member per expert
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
-  if (cuda::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
-    cuda::abandon_dispatch_send(P, ix);
+  if (gpu::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
+    gpu::abandon_dispatch_send(P, ix);
     return;
   }
 
   // Phase 1 (grid): route pairs, per (member, expert) order and counts, stage our member's tokens;
   // block 0 waits until every receiver has read our previous rows and meta (phase 2 overwrites them).
-  cuda::route_pairs(P, s, n, ix, &ep->dropped);
-  cuda::scan_experts(P, s, n, ix);
-  cuda::stage_tokens(P, n, member, ix);
+  gpu::route_pairs(P, s, n, ix, &ep->dropped);
+  gpu::scan_experts(P, s, n, ix);
+  gpu::stage_tokens(P, n, member, ix);
   // (due(r): the epoch without a mask; owe_free rewrites it in the last block, after the grid sync below)
-  const cuda::FreeDue due = cuda::free_due(g, P.p, 0, epoch);
+  const gpu::FreeDue due = gpu::free_due(g, P.p, Half::kDispatchSend, epoch);
   if (blockIdx.x == 0)
-    wait_signals(P.p, g, 0, [&](int r) { return &signals_at(P.p, me)->d_free[r]; },
+    wait_signals(P.p, g, Half::kDispatchSend, [&](int r) { return &signals_at(P.p, me)->d_free[r]; },
                  [&](int r) { return left_out(out, r) ? 0 : due(r); });
   grid.sync();
-  if (cuda::slot_failed(g, P.p)) {
-    cuda::abandon_dispatch_send(P, ix);
+  if (gpu::slot_failed(g, P.p)) {
+    gpu::abandon_dispatch_send(P, ix);
     return;
   }
   // Phase 2 (grid): drop count, slots, meta staging, every routed pair's row.
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
     *P.dropped = ep->dropped;
     ep->dropped = 0;
   }
-  cuda::write_pair_slots(P, s, ix);
+  gpu::write_pair_slots(P, s, ix);
   for (int64_t i = ix.gtid; i < int64_t(g.N) * g.L; i += ix.gstride)
     stage_meta[(i / g.L) * words + i % g.L] = cnt[i];
   for (int d = ix.gtid; d < g.N; d += ix.gstride) stage_meta[d * words + g.L] = s.c_off[int64_t(member) * g.N + d];
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
     if (e < 0 || t % g.tp != member) continue;
     const int d = e / g.L;
     if (left_out(out, d)) continue;  // never routed (its id was rewritten to E); no put into a dead process
-    const int64_t j = cuda::pair_slot(g, s, q, t, e);  // pair_slot out is written by other warps now
+    const int64_t j = gpu::pair_slot(g, s, q, t, e);  // pair_slot out is written by other warps now
     if (ix.lane == 0) {
       int32_t* m = stage_meta + d * words + meta_head_words(g) + 2 * j;
       m[0] = t;
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
                    P.p.priv + g.off_staging + int64_t(t) * g.row, body, &signals_at(P.p, d)->d_rows[me], nv.pe[d]);
   }
   // The last block to finish: one meta block per destination (warp per destination), epoch, handle.
-  if (!cuda::last_block_done(&ep->done[0])) return;
+  if (!gpu::last_block_done(ep->done_of(Half::kDispatchSend))) return;
   const int warp = threadIdx.x >> 5;
   for (int d = warp; d < g.N; d += blockDim.x >> 5) {
     if (left_out(out, d)) continue;  // elastic EP: it does not wait for our meta (every d when we are masked)
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
                                     4 * static_cast<size_t>(meta_head_words(g) + 2 * int64_t(rows)), &signals_at(P.p, d)->d_meta[me],
                                     epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[d]);
   }
-  cuda::owe_free(g, P.p, 0, due, out);  // every live rank frees this epoch for us
+  gpu::owe_free(g, P.p, Half::kDispatchSend, due, out);  // every live rank frees this epoch for us
   if (threadIdx.x == 0) {
     ep->d_send = epoch + 1;
     P.handle[0] = static_cast<int32_t>(epoch);
@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(cuda::kThreads) dispatch_send_kernel(cuda::Dis
 
 }  // namespace
 
-cudaError_t launch_dispatch_send(const cuda::DispatchSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
-  return cuda::launch_cooperative(dispatch_send_kernel, blocks, 0, stream, p, nv);
+cudaError_t launch_dispatch_send(const gpu::DispatchSendParams& p, const NvSlot& nv, int blocks, cudaStream_t stream) {
+  return gpu::launch_cooperative(dispatch_send_kernel, blocks, 0, stream, p, nv);
 }
 
 }  // namespace a2a::nvshmem

@@ -1,5 +1,6 @@
 // The flag block between a rank's packer/unpacker (GPU kernels, or the host backend's C++ in its
-// proxied mode) and its proxy thread (cc/proxy/proxy.h). It lives in memory both sides address:
+// proxied mode) and its proxy thread (cc/proxy/proxy.h). In core, the one layer both sides stand
+// on: the GPU library (cc/gpu) needs nothing else of the proxy. It lives in memory both sides address:
 // cudaHostAlloc(mapped) pinned memory on GPUs, plain memory on CPUs. Plain data, no CUDA types, so
 // it is included by .cu and .cc files alike. Under GDRCopy (proxy/gdrcopy.h) a second Ctrl in GPU
 // memory receives the proxy-written fields too (FlagPath in proxy/proxy.h), and the kernels read
@@ -30,7 +31,7 @@
 
 #include <cstdint>
 
-namespace a2a::proxy {
+namespace a2a::ctrl {
 
 constexpr int kMaxRanks = 64;
 constexpr int kMaxSlots = 8;
@@ -77,4 +78,4 @@ inline uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __AT
 inline void store_release(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 inline int32_t error_code(const Ctrl* c) { return __atomic_load_n(&c->error.code, __ATOMIC_ACQUIRE); }
 
-}  // namespace a2a::proxy
+}  // namespace a2a::ctrl
