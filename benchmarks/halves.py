@@ -39,6 +39,9 @@ def add_common_args(p, what="half"):
     p.add_argument("--no-plot", action="store_true", help="no PNG")
     p.add_argument("--cpu-devices", type=int, default=None,
                    help="CPU devices per process (default 8 in one process, 1 under mpirun)")
+    p.add_argument("--min-time", type=float, default=None,
+                   help="after the minimum iterations/repeats, go on until they took this many seconds (up to 10x "
+                        "the minimum) per backend and shape: default 2 on CPUs, 0 on GPUs and with --quick")
     p.add_argument("--progress-label", default="", help=argparse.SUPPRESS)
 
 
@@ -47,9 +50,13 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
     p.add_argument("--iters", type=int, default=None,
-                   help="timed iterations per half (default 50 on GPUs, 5 on CPUs, 1 with --quick)")
+                   help="timed iterations per half, at least (default 50 on GPUs, 10 on CPUs, 1 with --quick; "
+                        "see --min-time)")
     p.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default 5 on GPUs, else 1)")
     p.add_argument("--no-check", action="store_true", help="skip the oracle check")
+    p.add_argument("--sequential", action="store_true",
+                   help="on CPUs too, time one backend after the other (default there: their iterations in turns, "
+                        "so that they share the machine's load)")
     p.add_argument("--x-dtype", default="f32", choices=("f32", "bf16", "fp8"),
                    help="dtype of dispatch_send's x: f32 / bf16 (fp8 dispatch quantises in the send half), or fp8 "
                         "pre-quantised with its f32 scales (the send half copies: what pplx-kernels' dispatch takes)")
@@ -162,92 +169,147 @@ def time_turns(jax, comm, glob, fns, iters, warmup, landed=None):
     return {name: timing.summarize(timing.max_over_processes(v, "turns " + name)) for name, v in kernel.items()}
 
 
-def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0, hooks=None):
-    """Checks `comm` against the oracle, then times its halves (module docstring); returns the
-    record. hooks: None, or an object whose before_barrier(name) and after_barrier(name) run
-    around the barrier before every call of a half (warm-up and timed; benchmarks/proxy.py records
-    its counters and a clock there)."""
-    import numpy as np
+class HalvesTimer:
+    """One backend at one shape: checks `comm` against the oracle and jits its halves (__init__),
+    then times one iteration of the six calls per `iteration()` (module docstring), and `finish()`
+    gives the record. hooks: None, or an object whose before_barrier(name) and after_barrier(name)
+    run around the barrier before every call of a half (warm-up and timed; benchmarks/proxy.py
+    records its counters and a clock there)."""
 
-    from benchlib import timing
-    from jax_moe_a2a import oracle, testing
+    def __init__(self, jax, comm, shape_name, args, progress, units=1.0, hooks=None):
+        import numpy as np
 
-    spec, n = comm.spec, comm.num_ranks
-    inputs, prequantized = bench_inputs(comm, args)
-    record = {"backend": comm.backend_name, "shape": shape_name, "ranks": n, "processes": jax.process_count(),
-              "x_dtype": "fp8 (pre-quantised)" if prequantized else ("f32" if args.x_dtype == "f32" else "bf16"),
-              "local_path": bool(comm.diagnostics().get("local_path")),
-              "spec": {"T": spec.max_tokens_per_rank, "H": spec.hidden, "E": spec.num_experts,
-                       "K": spec.experts_per_token, "dispatch_dtype": str(spec.dispatch_dtype),
-                       "combine_dtype": str(spec.combine_dtype), "layout": spec.layout,
-                       "recv_dtype": None if spec.recv_dtype is None else str(spec.recv_dtype)},
-              "buffer_bytes_per_rank": comm.buffer_bytes(), "buffer_regions": comm.buffer_regions()}
-    # bytes of payload each rank sends (one row per routed (token, expert) pair)
-    rows = [int(oracle.routed_pairs(spec, i)[0].sum()) for i in inputs]
-    record["dispatch_bytes_per_rank"] = float(np.mean(rows)) * spec.token_bytes()
-    record["combine_bytes_per_rank"] = float(np.mean(rows)) * spec.hidden * 2
+        from jax_moe_a2a import oracle, testing
 
-    if args.no_check:
-        record["check"] = "skipped"
-    else:
-        try:
-            testing.check_all(comm, inputs, testing.run_ops(comm, inputs))
-            record["check"] = "ok"
-        except AssertionError as e:
-            lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-            record["check"] = "FAILED: " + " | ".join(lines[:8])[:600]
-    progress.update(f"{comm.backend_name}/{shape_name} check", 2 * units)
+        self.jax, self.comm, self.shape_name, self.args = jax, comm, shape_name, args
+        self.progress, self.units, self.hooks = progress, units, hooks
+        spec, n = comm.spec, comm.num_ranks
+        inputs, prequantized = bench_inputs(comm, args)
+        record = {"backend": comm.backend_name, "shape": shape_name, "ranks": n, "processes": jax.process_count(),
+                  "x_dtype": "fp8 (pre-quantised)" if prequantized else ("f32" if args.x_dtype == "f32" else "bf16"),
+                  "local_path": bool(comm.diagnostics().get("local_path")),
+                  "spec": {"T": spec.max_tokens_per_rank, "H": spec.hidden, "E": spec.num_experts,
+                           "K": spec.experts_per_token, "dispatch_dtype": str(spec.dispatch_dtype),
+                           "combine_dtype": str(spec.combine_dtype), "layout": spec.layout,
+                           "recv_dtype": None if spec.recv_dtype is None else str(spec.recv_dtype)},
+                  "buffer_bytes_per_rank": comm.buffer_bytes(), "buffer_regions": comm.buffer_regions()}
+        # bytes of payload each rank sends (one row per routed (token, expert) pair)
+        rows = [int(oracle.routed_pairs(spec, i)[0].sum()) for i in inputs]
+        record["dispatch_bytes_per_rank"] = float(np.mean(rows)) * spec.token_bytes()
+        record["combine_bytes_per_rank"] = float(np.mean(rows)) * spec.hidden * 2
 
-    glob, f = jitted_halves(jax, comm, inputs, prequantized)
-    f_ds, f_dr, f_y, f_cs, f_cr, f_d, f_c = (f[k] for k in ("dispatch_send", "dispatch_recv", "experts", "combine_send",
-                                                          "combine_recv", "dispatch", "combine"))
+        if args.no_check:
+            record["check"] = "skipped"
+        else:
+            try:
+                testing.check_all(comm, inputs, testing.run_ops(comm, inputs))
+                record["check"] = "ok"
+            except AssertionError as e:
+                lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+                record["check"] = "FAILED: " + " | ".join(lines[:8])[:600]
+        progress.update(f"{comm.backend_name}/{shape_name} check", 2 * units)
+        self.record = record
+        self.glob, self.fns = jitted_halves(jax, comm, inputs, prequantized)
+        self.samples = {h: [] for h in HALVES}
+        # Kernel-only times (cuda backend with JAX_MOE_A2A_KERNEL_TIMING=1): CUDA events around
+        # each half's kernel, free of Python dispatch and host synchronisation.
+        self.kernel = {h: [] for h in HALVES[:4]}
+        self.calls = 0   # iterations run, warm-up included
 
-    samples = {h: [] for h in HALVES}
-    # Kernel-only times (cuda backend with JAX_MOE_A2A_KERNEL_TIMING=1): CUDA events around each
-    # half's kernel, free of Python dispatch and host synchronisation.
-    kernel_of = comm.kernel_seconds
-    kernel = {h: [] for h in HALVES[:4]}
-
-    def timed_call(name, timed, fn, *fn_args):
+    def _timed_call(self, name, timed, fn, *fn_args):
         """A barrier, then fn(*fn_args) to completion; its wall time (and, for the four halves, its
         kernel time) into the samples when `timed`. Returns fn's result."""
-        if hooks is not None:
-            hooks.before_barrier(name)
+        from benchlib import timing
+        if self.hooks is not None:
+            self.hooks.before_barrier(name)
         timing.barrier(name)
-        if hooks is not None:
-            hooks.after_barrier(name)
+        if self.hooks is not None:
+            self.hooks.after_barrier(name)
         out, t = timing.time_once(fn, *fn_args)
         if timed:
-            samples[name].append(t)
-            sec = kernel_of(name) if name in kernel else None
+            self.samples[name].append(t)
+            sec = self.comm.kernel_seconds(name) if name in self.kernel else None
             if sec is not None:
-                kernel[name].append(sec)
+                self.kernel[name].append(sec)
         return out
 
-    for it in range(warmup + iters):
-        timed = it >= warmup
-        h = timed_call("dispatch_send", timed, f_ds, *glob)
-        got = timed_call("dispatch_recv", timed, f_dr, h)
-        y = timing.block(f_y(got))
-        ch = timed_call("combine_send", timed, f_cs, y, got)
-        timed_call("combine_recv", timed, f_cr, ch)
-        timed_call("dispatch", timed, f_d, *glob)
-        timed_call("combine", timed, f_c, y, got)
-        progress.update(f"{comm.backend_name}/{shape_name} iter", units)
-    if getattr(args, "turns", False):
-        turns = time_turns(jax, comm, glob, f, iters, warmup)
-        if turns is not None:
-            record["kernel_turns"] = turns
-    record["timings"] = {h: timing.summarize(timing.max_over_processes(v, h)) for h, v in samples.items()}
-    if all(len(v) == iters for v in kernel.values()):
-        record["kernel_timings"] = {h: timing.summarize(timing.max_over_processes(v, "k" + h)) for h, v in kernel.items()}
-    for op in ("dispatch", "combine"):
-        p50 = record["timings"][op]["p50_us"]
-        record.setdefault("goodput_GBps", {})[op] = record[f"{op}_bytes_per_rank"] / (p50 * 1e3) if p50 else 0.0
-        if "kernel_timings" in record:  # send + recv kernels of the op
-            k = sum(record["kernel_timings"][f"{op}_{h}"]["p50_us"] for h in ("send", "recv"))
-            record.setdefault("kernel_goodput_GBps", {})[op] = record[f"{op}_bytes_per_rank"] / (k * 1e3) if k else 0.0
-    return record
+    def timed_iterations(self) -> int:
+        return len(self.samples["combine"])
+
+    def wants_more(self, iters, min_time_s) -> bool:
+        """At least `iters` timed iterations, then more until the timed calls took `min_time_s`
+        seconds (up to 10 x iters)."""
+        from benchlib import timing
+        spent = sum(map(sum, self.samples.values()))
+        return timing.keep_going(self.timed_iterations(), spent, iters, min_time_s, 10 * iters)
+
+    def iteration(self, timed: bool, count_progress: bool = True):
+        from benchlib import timing
+        f, call = self.fns, self._timed_call
+        h = call("dispatch_send", timed, f["dispatch_send"], *self.glob)
+        got = call("dispatch_recv", timed, f["dispatch_recv"], h)
+        y = timing.block(f["experts"](got))
+        ch = call("combine_send", timed, f["combine_send"], y, got)
+        call("combine_recv", timed, f["combine_recv"], ch)
+        call("dispatch", timed, f["dispatch"], *self.glob)
+        call("combine", timed, f["combine"], y, got)
+        self.calls += 1
+        if count_progress:
+            self.progress.update(f"{self.comm.backend_name}/{self.shape_name} iter", self.units)
+
+    def finish(self, iters, warmup) -> dict:
+        from benchlib import timing
+        record, samples, kernel = self.record, self.samples, self.kernel
+        if getattr(self.args, "turns", False):
+            turns = time_turns(self.jax, self.comm, self.glob, self.fns, iters, warmup)
+            if turns is not None:
+                record["kernel_turns"] = turns
+        record["timings"] = {h: timing.summarize(timing.max_over_processes(v, h)) for h, v in samples.items()}
+        if all(len(v) == self.timed_iterations() for v in kernel.values()):
+            record["kernel_timings"] = {h: timing.summarize(timing.max_over_processes(v, "k" + h))
+                                        for h, v in kernel.items()}
+        for op in ("dispatch", "combine"):
+            p50 = record["timings"][op]["p50_us"]
+            record.setdefault("goodput_GBps", {})[op] = record[f"{op}_bytes_per_rank"] / (p50 * 1e3) if p50 else 0.0
+            if "kernel_timings" in record:  # send + recv kernels of the op
+                k = sum(record["kernel_timings"][f"{op}_{h}"]["p50_us"] for h in ("send", "recv"))
+                record.setdefault("kernel_goodput_GBps", {})[op] = \
+                    record[f"{op}_bytes_per_rank"] / (k * 1e3) if k else 0.0
+        return record
+
+
+def bench_one(jax, comm, shape_name, args, iters, warmup, progress, units=1.0, hooks=None):
+    """One backend alone: HalvesTimer's check, `warmup` untimed iterations, then timed ones (at
+    least `iters`; more until args.min_time_s seconds, if set); returns the record."""
+    t = HalvesTimer(jax, comm, shape_name, args, progress, units, hooks)
+    for _ in range(warmup):
+        t.iteration(False)
+    while t.wants_more(iters, getattr(args, "min_time_s", 0.0)):
+        t.iteration(True, count_progress=t.timed_iterations() < iters)
+    return t.finish(iters, warmup)
+
+
+def bench_interleaved(timers, iters, warmup, min_time_s):
+    """Several backends at one shape, timed in turns, so that they share the machine's load (on a
+    busy CPU a backend timed after another can meet a different machine: their ratio moved 4x
+    between runs). Each round gives every timer that wants more one iteration, and then more while
+    its timed calls of this round took less than min_time_s / iters: a fast backend's many
+    iterations spread over the rounds of a slow one's few. Returns the records."""
+    for t in timers:
+        for _ in range(warmup):
+            t.iteration(False)
+    slice_s = min_time_s / max(1, iters)
+    spent = lambda t: sum(map(sum, t.samples.values()))
+    while True:
+        more = [t for t in timers if t.wants_more(iters, min_time_s)]
+        if not more:
+            break
+        for t in more:
+            start = spent(t)
+            t.iteration(True, count_progress=t.timed_iterations() < iters)
+            while spent(t) - start < slice_s and t.wants_more(iters, min_time_s):
+                t.iteration(True, count_progress=t.timed_iterations() < iters)
+    return [t.finish(iters, warmup) for t in timers]
 
 
 def run(jax, args, progress_label=""):
@@ -265,17 +327,24 @@ def run(jax, args, progress_label=""):
     chosen = {s: shapes.with_overrides(table[s], args.tokens, args.hidden) for s in names}
     backends, skipped = benchlib.backend_plan(args.backend)
     gpu = platform not in ("cpu",)
-    iters = args.iters or (1 if args.quick else (50 if gpu else 5))
+    from benchlib import timing
+    iters = args.iters or (1 if args.quick else (50 if gpu else 10))
+    args.min_time_s = timing.resolve_min_time(args, gpu)
+    # CPUs, one process: the backends' iterations in turns (bench_interleaved); GPUs and several
+    # processes: one backend after the other, each communicator closed before the next opens
+    interleave = not gpu and jax.process_count() == 1 and not getattr(args, "sequential", False)
     if args.turns:  # a GPU-side barrier before each launch would wait for a process that waits its turn
         os.environ["JAX_MOE_A2A_KERNEL_TIMING"] = "nosync"
     warmup = args.warmup if args.warmup is not None else (5 if gpu and not args.quick else 1)
     mesh = testing.make_mesh(args.ranks)
-    meta = benchlib.run_meta(jax, iters=iters, warmup=warmup, ranks=mesh.size,
+    meta = benchlib.run_meta(jax, iters=iters, warmup=warmup, ranks=mesh.size, min_time_s=args.min_time_s,
                              kernel_timing=os.environ.get("JAX_MOE_A2A_KERNEL_TIMING", "0"))
     if lead:
         print(f"halves benchmark: backends {backends}, shapes {names}, {mesh.size} ranks on {meta['devices']} "
               f"{platform} device(s) in {meta['processes']} process(es), {iters} timed + {warmup} warm-up "
-              f"iterations", flush=True)
+              f"iterations" + (f" at least, more until {args.min_time_s:g} s (up to {10 * iters})"
+                               if args.min_time_s else "")
+              + ("; the backends' iterations in turns" if interleave else ""), flush=True)
         for b, why in skipped.items():
             print(f"  skipped {b}: {why}", flush=True)
     units = {s: chosen[s].units() for s in names}
@@ -291,7 +360,32 @@ def run(jax, args, progress_label=""):
         need = sum(nv.buffer_bytes(Config.build(chosen[s].spec(**spec_kw), mesh.size, nv)) for s in names)
         os.environ["JAX_MOE_A2A_NVSHMEM_ARENA"] = str(need)
     results = []
-    for b in backends:
+    if interleave:   # per shape: every backend's communicator at once, their iterations in turns
+        for s in names:
+            timers, comms = [], []
+            for b in backends:
+                try:
+                    comms.append(a2a.init(chosen[s].spec(**spec_kw), mesh, "ep", backend=b, collect_stats=False))
+                    timers.append(HalvesTimer(jax, comms[-1], s, args, progress, units[s]))
+                except Exception as e:
+                    results.append({"backend": b, "shape": s, "error": f"{type(e).__name__}: {e}"})
+                    if lead:
+                        traceback.print_exc()
+            try:
+                recs = bench_interleaved(timers, iters, warmup, args.min_time_s)
+            except Exception as e:
+                recs = [{"backend": t.comm.backend_name, "shape": s, "error": f"{type(e).__name__}: {e}"}
+                        for t in timers]
+                if lead:
+                    traceback.print_exc()
+            for rec in recs:
+                rec["scaled"] = chosen[s].scaled
+                results.append(rec)
+                if lead:
+                    progress.write(f"finished {rec['backend']}/{s}: {rec.get('check') or rec.get('error')}")
+            for c in comms:
+                c.close()
+    for b in ([] if interleave else backends):
         for s in names:
             try:
                 comm = a2a.init(chosen[s].spec(**spec_kw), mesh, "ep", backend=b, collect_stats=False)

@@ -45,7 +45,7 @@ def parse_args(argv):
     add_common_args(p)
     p.add_argument("--layers", type=int, default=None, help="MoE layers per jitted step (default 4; 2 on CPUs)")
     p.add_argument("--steps", type=int, default=None, help="back-to-back steps per repeat (default 10; CPU 1)")
-    p.add_argument("--repeats", type=int, default=None, help="repeats (default 7; CPU 3; quick 1)")
+    p.add_argument("--repeats", type=int, default=None, help="repeats, at least (default 7; CPU 5; quick 1; see --min-time)")
     p.add_argument("--experts", default=None,
                    help="comma-separated: grouped, identity, ragged_dot (default all three on GPUs; grouped and "
                         "identity on CPUs, where XLA's ragged_dot computes every row against every local expert)")
@@ -295,7 +295,8 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared} compile", 2 * units)
     per_layer, enqueued = [], []
     import time
-    for _ in range(args.repeats):
+    while timing.keep_going(len(per_layer), sum(per_layer) * args.steps * args.layers, args.repeats,
+                            getattr(args, "min_time_s", 0.0), 10 * args.repeats):
         timing.barrier("layers")
         y = x
         t0 = time.perf_counter()
@@ -305,7 +306,8 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
         timing.block(y)
         per_layer.append((time.perf_counter() - t0) / (args.steps * args.layers))
         enqueued.append((t1 - t0) / (args.steps * args.layers))
-        progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared}", units)
+        if len(per_layer) <= args.repeats:   # the progress bar counts the minimum
+            progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared}", units)
     device = None
     if getattr(args, "trace", False):
         from benchlib import trace
@@ -347,7 +349,8 @@ def run(jax, args, progress_label=""):
     chosen = {s: shapes.with_overrides(table[s], args.tokens, args.hidden, args.ffn) for s in names}
     args.layers = args.layers or (1 if args.quick else (4 if gpu else 2))
     args.steps = args.steps or (10 if gpu and not args.quick else 1)
-    args.repeats = args.repeats or (1 if args.quick else (7 if gpu else 3))
+    args.repeats = args.repeats or (1 if args.quick else (7 if gpu else 5))
+    args.min_time_s = timing.resolve_min_time(args, gpu)
     backends, skipped = benchlib.backend_plan(args.backend)
     kinds = [k for k in (args.experts or ("grouped,ragged_dot,identity" if gpu else "grouped,identity")).split(",") if k]
     for k in kinds:
@@ -357,6 +360,7 @@ def run(jax, args, progress_label=""):
     mesh = testing.make_mesh(args.ranks)
     cmdbuf = current_cmdbuf(jax)
     meta = benchlib.run_meta(jax, layers=args.layers, steps=args.steps, repeats=args.repeats, ranks=mesh.size,
+                             min_time_s=args.min_time_s,
                              cmdbuf=cmdbuf)
     runs = backends + ([] if args.no_plain else ["plain"])
     if lead:
@@ -400,6 +404,7 @@ def run(jax, args, progress_label=""):
                         rec["expert_impl"] = grouped_impl(jax)
                     try:
                         rec.update(bench_layer(jax, comm, shape, kind, place, args, b == "plain", progress, per[s]))
+                        rec["repeats"] = len(rec["per_layer_us"]["samples"])   # --min-time may add some
                     except Exception as e:
                         rec["error"] = f"{type(e).__name__}: {e}"
                         if lead:

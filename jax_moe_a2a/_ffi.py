@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import functools
+import importlib.machinery
+import os
 import re
+import sys
 import warnings
 
 import jax
@@ -56,6 +59,57 @@ if _MISMATCH:
     warnings.warn(_MISMATCH, RuntimeWarning, stacklevel=2)
 
 
+def _source_checkout(pkg_dir: str) -> str | None:
+    """The checkout's root when `pkg_dir` (this package's folder) is the source folder of a
+    checkout, with no compiled extension beside __init__.py (pyproject.toml and cc/ beside it)."""
+    root = os.path.dirname(pkg_dir)
+    if os.path.isfile(os.path.join(root, "pyproject.toml")) and os.path.isdir(os.path.join(root, "cc")):
+        return root
+    return None
+
+
+def _installed_elsewhere(root: str, path: list) -> str | None:
+    """The folder of a jax_moe_a2a with a compiled _C found on `path` (sys.path) outside `root`."""
+    real_root = os.path.realpath(root)
+    others = [p for p in path if os.path.realpath(p or os.curdir) != real_root]
+    spec = importlib.machinery.PathFinder.find_spec("jax_moe_a2a", others)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if any(f.startswith("_C.") and f.endswith((".so", ".pyd")) for f in os.listdir(folder)):
+            return folder
+    return None
+
+
+def shadowing(pkg_dir: str | None = None, path: list | None = None) -> str | None:
+    """A sentence when the imported jax_moe_a2a is a source checkout without the extension (a
+    script run from the checkout's root: its folder comes first on sys.path), naming the installed
+    package with the extension that it hides, if any; None otherwise."""
+    pkg_dir = os.path.dirname(os.path.abspath(__file__)) if pkg_dir is None else pkg_dir
+    root = _source_checkout(pkg_dir)
+    if root is None:
+        return None
+    installed = _installed_elsewhere(root, sys.path if path is None else path)
+    if installed:
+        where, todo = f"it hides the installed jax_moe_a2a at {installed}, which has it", ""
+    else:
+        where, todo = "no installed jax_moe_a2a with one is on sys.path either", "install it (pip install .) and "
+    return (f"jax_moe_a2a was imported from the source checkout {pkg_dir}, which has no compiled "
+            f"extension (_C), so only the reference backend is available; {where}. Python puts the "
+            f"folder it runs from first on sys.path: {todo}run from outside the checkout's root "
+            "(cd /tmp, or examples/, tests/).")
+
+
+_SHADOWED = shadowing() if _C is None else None
+if _SHADOWED:
+    warnings.warn(_SHADOWED, RuntimeWarning, stacklevel=2)
+
+
+def not_built_reason() -> str:
+    """Why the native extension is unavailable (for error messages): shadowed, or not built."""
+    if _SHADOWED:
+        return "the native extension is not importable here: " + _SHADOWED
+    return "the native extension is not built"
+
+
 def native_available() -> bool:
     return _C is not None
 
@@ -63,9 +117,12 @@ def native_available() -> bool:
 def require_native():
     """Returns the extension module or raises a RuntimeError that says how to build it."""
     if _C is None:
+        if _SHADOWED:
+            raise RuntimeError(f"jax_moe_a2a's native extension is not importable: {_SHADOWED}")
         raise RuntimeError(
             "jax_moe_a2a's native extension is not built (import failed: "
-            f"{_IMPORT_ERROR}). Install with `pip install --no-build-isolation .`"
+            f"{_IMPORT_ERROR}). Install with `pip install .` (or `pip install --no-build-isolation .` "
+            "to compile against the installed jaxlib)"
             + (f" (it was built against jaxlib {_build_info.JAXLIB_VERSION})" if _build_info else ""))
     return _C
 
@@ -77,9 +134,23 @@ def register_targets() -> dict:
     done = {}
     for platform, table in (("cpu", c.cpu_targets()), ("CUDA", c.cuda_targets())):
         for name, capsule in table.items():
-            jax.ffi.register_ffi_target(name, capsule, platform=platform)
+            try:
+                jax.ffi.register_ffi_target(name, capsule, platform=platform)
+            except Exception as e:  # XLA refuses handlers whose FFI API version it no longer supports
+                if "API version" not in str(e):
+                    raise
+                raise RuntimeError(_api_version_refused(e)) from e
         done[platform] = sorted(table)
     return done
+
+
+def _api_version_refused(err: Exception) -> str:
+    import jaxlib
+    built = (f"jaxlib {_build_info.JAXLIB_VERSION}'s (XLA FFI API "
+             f"{'.'.join(map(str, _build_info.XLA_FFI_API_VERSION))})" if _build_info else "another jaxlib's")
+    return (f"jaxlib {jaxlib.__version__} refuses jax_moe_a2a's FFI handlers, which were compiled "
+            f"against {built} FFI headers: {err}. Rebuild against the running jaxlib: "
+            "pip install --no-build-isolation --force-reinstall --no-deps .")
 
 
 def built_with_cuda() -> bool:

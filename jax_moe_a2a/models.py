@@ -215,7 +215,7 @@ def shared_down(spec, h, w2s):
 
 
 def moe_layer(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap: bool = False,
-              expert_map=None):
+              expert_map=None, data_axes=None):
     """moe_block on global arrays: `jax.shard_map` over comm.mesh and comm.axis.
 
     x [N*T, H] (rank r's tokens are rows r*T .. r*T+T-1); num_tokens None or [N] int32 (one per
@@ -223,15 +223,36 @@ def moe_layer(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap
     [N*T, H] in Spec.combine_dtype. Works inside and outside `jax.jit`. expert_map: as in
     moe_block (replicated to every rank; an argument of the shard_map, so a jitted caller that
     takes it as an argument does not recompile for a new map).
+
+    data_axes: the mesh axes x's rows (and num_tokens) are split over, major to minor; default
+    comm.axis, which gives every EP group of a multi-axis mesh the same tokens. With the groups'
+    axes as well, e.g. ("dp", "ep") on a (dp, ep) mesh with comm.axis "ep", every group has its own
+    tokens: x [D*T, H] and num_tokens [D] with D = the product of those axes' sizes, row block
+    b = row-major index over data_axes (on that mesh: b = g * N + r, group g, rank r).
     """
     specs = moe_param_specs(cfg, comm.axis)
-    row = P(comm.axis)
+    row = P(_data_axes(comm, data_axes))
     if num_tokens is None:
         fn = lambda p, x, m: moe_block(comm, cfg, p, x, overlap=overlap, expert_map=m)
         return shard_map(fn, mesh=comm.mesh, in_specs=(specs, row, P()), out_specs=row)(params, x, expert_map)
     fn = lambda p, x, n, m: moe_block(comm, cfg, p, x, n, overlap=overlap, expert_map=m)
     return shard_map(fn, mesh=comm.mesh, in_specs=(specs, row, row, P()), out_specs=row)(
         params, x, num_tokens, expert_map)
+
+
+def _data_axes(comm, data_axes):
+    """moe_layer's data_axes as a PartitionSpec entry (an axis name or a tuple), checked."""
+    if data_axes is None:
+        return comm.axis
+    axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
+    ep = (comm.axis,) if isinstance(comm.axis, str) else tuple(comm.axis)
+    names = tuple(comm.mesh.axis_names)
+    if len(set(axes)) != len(axes) or any(a not in names for a in axes):
+        raise ValueError(f"moe_layer: data_axes={data_axes!r} must be distinct axes of the mesh {names}")
+    if any(a not in axes for a in ep):
+        raise ValueError(f"moe_layer: data_axes={data_axes!r} must include the EP axis {comm.axis!r} "
+                         "(the ranks of a group hold different tokens)")
+    return axes[0] if len(axes) == 1 else axes
 
 
 def dense_moe_block(cfg: MoEConfig, spec, params: dict, x, num_tokens=None):

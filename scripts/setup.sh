@@ -95,10 +95,10 @@ if python -c "import jax" 2>/dev/null; then
   fi
 elif [ -n "$cuda_major" ] && [ "$cuda_major" != none ]; then
   echo "setup [3/5] jax: installing jax[cuda${cuda_major}] (${cuda_why})"
-  _run python -m pip install -q "jax[cuda${cuda_major}]>=0.6"
+  _run python -m pip install -q "jax[cuda${cuda_major}]>=0.7.1"
 else
   echo "setup [3/5] jax: installing jax for CPU (${cuda_why:-nvidia-smi sees no GPU})"
-  _run python -m pip install -q "jax>=0.6"
+  _run python -m pip install -q "jax>=0.7.1"
 fi
 
 # --- 4. build tools -------------------------------------------------------------------------------

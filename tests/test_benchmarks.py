@@ -501,3 +501,74 @@ def test_proxy_program_under_mpirun_on_cpus(tmp_path):
     assert "default - spin" in rec["idle_policy"]["dispatch"]
     assert "kernels alone: not run (no kernel times" in text, text[-6000:]  # the host backend has none
     assert all(m["kernel_turns_why_none"].startswith("no kernel times") for m in rec["modes"].values())
+
+
+def _halves_record(backend, p10, p50, p90, iters=20):
+    from benchlib import HALVES
+    t = {h: {"p10_us": p10, "p50_us": p50, "p90_us": p90, "p99_us": p90 * 1.1, "iters": iters} for h in HALVES}
+    return {"backend": backend, "shape": "decode", "check": "ok", "timings": t, "ranks": 8,
+            "buffer_bytes_per_rank": 1 << 20, "spec": {"T": 8, "H": 64, "E": 16, "K": 2}}
+
+
+def test_halves_report_gives_the_ratio_with_its_spread(tmp_path, capsys, monkeypatch):
+    """The table and the fastest line give host's speed-up over reference with the range the p10..p90
+    spreads allow; the plot uses a log axis (on CPUs a linear one hides host's bars)."""
+    import matplotlib.axes
+    from benchlib import report
+    out = {"meta": {"platform": "cpu", "iters": 20},
+           "results": [_halves_record("reference", 900.0, 1000.0, 1500.0), _halves_record("host", 80.0, 100.0, 150.0)]}
+    rs = report.halves_ratio(out["results"][0], out["results"][1])
+    assert rs == pytest.approx((10.0, 6.0, 18.75))   # 2000/200, 1800/300, 3000/160
+    report.print_halves(out)
+    text = capsys.readouterr().out
+    assert "10.00x (6.00-18.75)" in text, text
+    assert "fastest at decode: host (200 µs dispatch + combine p50 (wall), 10.00x the reference backend " \
+           "(6.00-18.75x within the spread)" in text, text
+    scales = []
+    real = matplotlib.axes.Axes.set_yscale
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_yscale", lambda ax, v, **kw: (scales.append(v), real(ax, v, **kw)))
+    assert report.plot_halves(out, str(tmp_path))
+    assert scales == ["log"], scales
+
+
+def test_layers_report_gives_the_ratio_with_its_spread(capsys):
+    from benchlib import report
+    rec = lambda b, lo, mid, hi: {"backend": b, "shape": "decode", "experts": "identity", "overlap": False,
+                                  "placement": "after", "cmdbuf": "off", "per_layer_us": {"min": lo, "p50": mid, "max": hi}}
+    out = {"meta": {}, "results": [rec("reference", 90.0, 100.0, 200.0), rec("host", 8.0, 10.0, 30.0)]}
+    report.print_layers(out)
+    text = capsys.readouterr().out
+    assert "10.00x (3.00-25.00)" in text and "(3.00-25.00x within the spread)" in text, text
+
+
+def test_interleaved_timing_spreads_the_fast_backends_iterations_over_the_slow_ones():
+    """bench_interleaved: both backends time in turns (they meet the same load), the fast one gets
+    more iterations up to the time budget, spread over the slow one's rounds, not after them."""
+    import halves
+    from benchlib import HALVES
+    log = []
+
+    class Fake:
+        def __init__(self, name, sec):
+            self.name, self.sec = name, sec
+            self.samples = {h: [] for h in HALVES}
+            self.calls = 0
+
+        timed_iterations = halves.HalvesTimer.timed_iterations
+        wants_more = halves.HalvesTimer.wants_more
+
+        def iteration(self, timed, count_progress=True):
+            log.append((self.name, timed))
+            if timed:
+                for h in HALVES:
+                    self.samples[h].append(self.sec / len(HALVES))
+
+        def finish(self, iters, warmup):
+            return {"backend": self.name, "n": self.timed_iterations()}
+
+    recs = halves.bench_interleaved([Fake("slow", 0.5), Fake("fast", 0.01)], iters=4, warmup=1, min_time_s=0.4)
+    assert recs == [{"backend": "slow", "n": 4}, {"backend": "fast", "n": 40}], recs
+    timed = [n for n, t in log if t]
+    assert timed[0] == "slow" and timed[1] == "fast"
+    last_slow = max(i for i, n in enumerate(timed) if n == "slow")
+    assert sum(1 for n in timed[:last_slow] if n == "fast") >= 30, timed   # fast ran in the slow one's rounds

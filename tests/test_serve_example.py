@@ -44,6 +44,17 @@ def test_serve_example_mpirun_2():
         pytest.fail(f"serve.py under mpirun did not finish in 150 s:\n{e.stdout}\n{e.stderr}")
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
-    assert "process 0: ranks [0]: OK" in out and "process 1: ranks [1]: OK" in out, out[-4000:]
     # two processes share the pipe: a line of one can land inside a line of the other
     assert len(re.findall(r"step \d+: tokens/rank", res.stdout)) == steps, res.stdout
+    # every rank carried tokens, and each process says how many rows it compared: the tokens the
+    # step lines give its rank (process p holds rank p)
+    per_step = [list(map(int, m.split(","))) for m in re.findall(r"tokens/rank \[([\d, ]+)\]", res.stdout)]
+    assert len(per_step) == steps, res.stdout
+    tokens = int(cmd[cmd.index("--tokens") + 1])
+    for p in (0, 1):
+        m = re.search(rf"process {p}: ranks \[{p}\]: OK: compared (\d+) token rows \(and (\d+) padding rows\) "
+                      rf"over {steps} steps", out)
+        assert m, out[-4000:]
+        want = sum(nt[p] for nt in per_step)
+        assert int(m.group(1)) == want > 0, (p, m.group(0), per_step)
+        assert int(m.group(2)) == steps * tokens - want, (p, m.group(0), per_step)

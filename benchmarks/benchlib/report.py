@@ -29,18 +29,65 @@ def _ok(r):
     return "timings" in r and not str(r.get("check", "")).startswith("FAILED")
 
 
+def _count_range(counts, default) -> str:
+    """'7' or '5-50': the sample counts of a run's records (--min-time makes them differ)."""
+    c = sorted({int(n) for n in counts if n})
+    if not c:
+        return str(default if default is not None else "?")
+    return str(c[0]) if len(c) == 1 else f"{c[0]}-{c[-1]}"
+
+
+def _pair_us(r, q):
+    """dispatch + combine µs of a halves record at percentile q (10, 50, 90); records written before
+    p10/p90 were kept give their p50 (no spread)."""
+    t = r["timings"]
+    return sum(t[op].get(f"p{q}_us", t[op]["p50_us"]) for op in ("dispatch", "combine"))
+
+
+def ratio_spread(ref_lo, ref_mid, ref_hi, lo, mid, hi):
+    """(ratio, low, high) of ref / this: the middle values' ratio and the widest the spreads allow
+    (ref's low over this one's high, ref's high over this one's low); None where undefined."""
+    if not (mid and lo and hi):
+        return None
+    return ref_mid / mid, ref_lo / hi, ref_hi / lo
+
+
+def _fmt_ratio(rs, width=0):
+    if rs is None:
+        return f"{'':>{width}}"
+    if rs[1] == rs[2]:   # one sample each: no spread to give
+        return f"{rs[0]:.2f}x".rjust(width)
+    return f"{rs[0]:.2f}x ({rs[1]:.2f}-{rs[2]:.2f})".rjust(width)
+
+
+def _vs_ref_words(rs):
+    if rs[1] == rs[2]:
+        return f", {rs[0]:.2f}x the reference backend (one sample: no spread)"
+    return f", {rs[0]:.2f}x the reference backend ({rs[1]:.2f}-{rs[2]:.2f}x within the spread)"
+
+
+def halves_ratio(ref, r):
+    """ref / r of dispatch + combine: p50 over p50, spread p10..p90 against p90..p10."""
+    return ratio_spread(_pair_us(ref, 10), _pair_us(ref, 50), _pair_us(ref, 90),
+                        _pair_us(r, 10), _pair_us(r, 50), _pair_us(r, 90))
+
+
 def print_halves(out: dict) -> None:
     rows = out["results"]
     meta = out.get("meta", {})
     print(f"\n== halves: p50/p99 µs per half, one jitted call each from Python (wall), max over ranks; "
-          f"{meta.get('platform', '?')} ({meta.get('device_kind', '?')}), {meta.get('iters', '?')} iterations ==")
+          f"{meta.get('platform', '?')} ({meta.get('device_kind', '?')}), "
+          f"{_count_range([t.get('iters') for r in rows for t in r.get('timings', {}).values()], meta.get('iters'))} "
+          "iterations ==")
+    print("vs ref: the reference backend's dispatch + combine p50 / this one's (> 1: faster), and in "
+          "parentheses the range its p10..p90 spread allows (ref p10 / this p90 .. ref p90 / this p10)")
     for b, why in out.get("skipped", {}).items():
         print(f"skipped {b}: {why}")
     anchor = out.get("anchor") or {}
     if anchor.get("error"):
         print(f"pplx anchor: not merged ({anchor['error']})")
     hdr = (f"{'backend':<18} {'check':<5} " + " ".join(f"{h:>15}" for h in HALVES)
-           + f" {'vs ref':>7} {'disp GB/s':>9} {'comb GB/s':>9} {'buffer MiB':>10}")
+           + f" {'vs ref (p10-p90 range)':>24} {'disp GB/s':>9} {'comb GB/s':>9} {'buffer MiB':>10}")
     for shape in _shapes(rows):
         mine = [r for r in rows if r["shape"] == shape]
         print(f"\n-- {_shape_note(mine, shape)}")
@@ -53,9 +100,7 @@ def print_halves(out: dict) -> None:
             t = r["timings"]
             chk = "ok" if r["check"] == "ok" else ("skip" if r["check"] == "skipped" else "FAIL")
             cells = " ".join(f"{t[h]['p50_us']:>7.0f}/{t[h]['p99_us']:<7.0f}" for h in HALVES)
-            tot = t["dispatch"]["p50_us"] + t["combine"]["p50_us"]
-            vs = (f"{(ref['timings']['dispatch']['p50_us'] + ref['timings']['combine']['p50_us']) / tot:>6.2f}x"
-                  if ref and tot else f"{'':>7}")
+            vs = _fmt_ratio(halves_ratio(ref, r) if ref and ref is not r else None, 24)
             g = r.get("goodput_GBps", {})
             print(f"{r['backend'] + ' (wall)':<18} {chk:<5} {cells} {vs} {g.get('dispatch', 0):>9.2f} "
                   f"{g.get('combine', 0):>9.2f} {r['buffer_bytes_per_rank'] / 2**20:>10.1f}")
@@ -63,7 +108,7 @@ def print_halves(out: dict) -> None:
             if kt:  # CUDA-event time of each half's kernel alone
                 cells = " ".join(f"{kt[h]['p50_us']:>7.1f}/{kt[h]['p99_us']:<7.1f}" for h in HALVES[:4])
                 kg = r.get("kernel_goodput_GBps", {})
-                print(f"{r['backend'] + ' (kernel)':<18} {'':<5} {cells} {'':>31} {'':>7} "
+                print(f"{r['backend'] + ' (kernel)':<18} {'':<5} {cells} {'':>31} {'':>24} "
                       f"{kg.get('dispatch', 0):>9.2f} {kg.get('combine', 0):>9.2f}")
             kt_turns = r.get("kernel_turns")
             if kt_turns:  # the same with the GPU to itself (processes taking turns)
@@ -92,12 +137,13 @@ def print_halves(out: dict) -> None:
             print(f"pplx rows: pplx-kernels {anchor.get('meta', {}).get('pplx_commit', '')} at the same shape and "
                   f"process count, PE 0's CUDA-event times (pplx_N.json of the anchor kit); ratios > 1: ours slower")
     print()
-    for line in fastest_lines(rows, lambda r: r["timings"]["dispatch"]["p50_us"] + r["timings"]["combine"]["p50_us"],
-                              "dispatch + combine p50 (wall)"):
+    for line in fastest_lines(rows, lambda r: _pair_us(r, 50), "dispatch + combine p50 (wall)", halves_ratio):
         print(line)
 
 
-def fastest_lines(rows, key, what):
+def fastest_lines(rows, key, what, ratio):
+    """One line per shape naming the fastest backend by key(record), with ratio(ref, best):
+    (ratio, low, high) against the reference backend."""
     lines = []
     for shape in _shapes(rows):
         ok = [r for r in rows if r["shape"] == shape and _ok(r)]
@@ -105,7 +151,8 @@ def fastest_lines(rows, key, what):
             continue
         best = min(ok, key=key)
         ref = next((r for r in ok if r["backend"] == "reference"), None)
-        vs = f", {key(ref) / key(best):.2f}x the reference backend" if ref and best is not ref and key(best) else ""
+        rs = ratio(ref, best) if ref and best is not ref else None
+        vs = _vs_ref_words(rs) if rs else ""
         lines.append(f"fastest at {shape}: {best['backend']} ({key(best):.0f} µs {what}{vs})")
     return lines
 
@@ -116,7 +163,8 @@ def _unit(max_us):
 
 
 def plot_halves(out: dict, out_dir: str) -> list:
-    """One panel per shape: p50 bars with p99 whiskers per half and backend, linear axis."""
+    """One panel per shape: p50 bars with p10..p90 whiskers per half and backend, on a log axis
+    (on CPUs the backends differ by 10x and more: a linear axis hides the fast ones)."""
     rows = [r for r in out["results"] if "timings" in r]
     if not rows:
         return []
@@ -132,23 +180,30 @@ def plot_halves(out: dict, out_dir: str) -> list:
         width = 0.8 / max(1, len(backends))
         mine = [r for r in rows if r["shape"] == shape]
         scale, unit = _unit(max(r["timings"][h]["p99_us"] for r in mine for h in HALVES))
+        iters = set()
         for i, b in enumerate(backends):
             r = next((r for r in mine if r["backend"] == b), None)
             if r is None:
                 continue
-            p50 = np.array([r["timings"][h]["p50_us"] for h in HALVES]) * scale
-            p99 = np.array([r["timings"][h]["p99_us"] for h in HALVES]) * scale
+            t = r["timings"]
+            p50 = np.array([t[h]["p50_us"] for h in HALVES]) * scale
+            p10 = np.array([t[h].get("p10_us", t[h]["p50_us"]) for h in HALVES]) * scale
+            p90 = np.array([t[h].get("p90_us", t[h]["p50_us"]) for h in HALVES]) * scale
+            iters.update(t[h].get("iters", 0) for h in HALVES)
             x = np.arange(len(HALVES)) + (i - (len(backends) - 1) / 2) * width
-            ax.bar(x, p50, width, label=b)
-            ax.errorbar(x, p50, yerr=[np.zeros_like(p50), np.maximum(0, p99 - p50)], fmt="none", ecolor="black",
-                        capsize=2, lw=0.8)
+            ref = next((q for q in mine if q["backend"] == "reference" and _ok(q)), None)
+            rs = halves_ratio(ref, r) if ref and ref is not r and _ok(r) else None
+            ax.bar(x, p50, width, label=b + (f" ({_fmt_ratio(rs)} vs reference)" if rs else ""))
+            ax.errorbar(x, p50, yerr=[np.maximum(0, p50 - p10), np.maximum(0, p90 - p50)], fmt="none",
+                        ecolor="black", capsize=2, lw=0.8)
+        ax.set_yscale("log")
         ax.set_xticks(np.arange(len(HALVES)))
         ax.set_xticklabels(HALVES)
         ax.set_title(_shape_note(rows, shape))
-        ax.set_ylabel(f"{unit} per call (bar p50, whisker p99)")
-        ax.set_ylim(bottom=0)
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend()
+        n = "/".join(str(i) for i in sorted(iters)) or "?"
+        ax.set_ylabel(f"{unit} per call, log scale\n(bar p50, whisker p10-p90 of {n} iterations)")
+        ax.grid(axis="y", which="both", alpha=0.3)
+        ax.legend(fontsize=8)
     return [_save_figure(fig, out, "halves (wall)", out_dir, "halves.png")]
 
 
@@ -168,14 +223,15 @@ def print_layers(out: dict) -> None:
     first = next((r for r in rows if "per_layer_us" in r), {})
     print(f"\n== layers: µs per MoE layer (dispatch -> experts -> combine), {first.get('layers', '?')} layers "
           f"unrolled in one jax.jit, {first.get('steps', '?')} back-to-back steps per repeat, p50 (min) over "
-          f"{first.get('repeats', '?')} repeats; {meta.get('platform', '?')} ({meta.get('device_kind', '?')}) ==")
+          f"{_count_range([r.get('repeats') for r in rows], meta.get('repeats'))} repeats; "
+          f"{meta.get('platform', '?')} ({meta.get('device_kind', '?')}) ==")
     for b, why in out.get("skipped", {}).items():
         print(f"skipped {b}: {why}")
     for shape in _shapes(rows):
         mine = [r for r in rows if r["shape"] == shape]
         print(f"\n-- {_shape_note(mine, shape)}; experts F={mine[0].get('ffn', '?')}; dispatch {mine[0].get('dispatch_dtype', 'fp8')}; routing {mine[0].get('routing', 'fixed')}")
         print(f"{'backend':<11} {'experts':<11} {'shared':<10} {'cmdbuf':<6} {'µs/layer p50':>12} {'(min)':>9} "
-              f"{'vs ref':>7} {'vs plain':>8} {'GB/s':>7} {'enqueue':>8}")
+              f"{'vs ref (min-max range)':>24} {'vs plain':>8} {'GB/s':>7} {'enqueue':>8}")
         for r in mine:
             if "per_layer_us" not in r:
                 print(f"{r['backend']:<11} {r.get('experts', ''):<11} {'':<10} {r.get('cmdbuf', ''):<6} "
@@ -186,14 +242,15 @@ def print_layers(out: dict) -> None:
             plain = next((q for q in mine if q["backend"] == "plain" and _variant(q) == _variant(r)
                           and "per_layer_us" in q), None)
             us = r["per_layer_us"]["p50"]
-            vs = f"{ref['per_layer_us']['p50'] / us:>6.2f}x" if ref and r["backend"] != "plain" else f"{'':>7}"
+            vs = _fmt_ratio(layer_ratio(ref, r) if ref and ref is not r and r["backend"] != "plain" else None, 24)
             vp = f"{us / plain['per_layer_us']['p50']:>7.2f}x" if plain and r["backend"] != "plain" else f"{'':>8}"
             gb = f"{r['GBps']:>7.2f}" if r.get("GBps") else f"{'':>7}"
             shared = _placement(r)
             enq = f"{r['enqueue_us_per_layer']:>8.1f}" if r.get("enqueue_us_per_layer") is not None else f"{'':>8}"
             print(f"{r['backend']:<11} {r['experts']:<11} {shared:<10} {r['cmdbuf']:<6} {us:>12.1f} "
                   f"{r['per_layer_us']['min']:>9.1f} {vs} {vp} {gb} {enq}")
-    print("vs ref: the reference backend's time / this one's (> 1: faster); vs plain: this time / the plain-XLA "
+    print("vs ref: the reference backend's p50 / this one's (> 1: faster), and in parentheses the range "
+          "the repeats' spread allows (ref min / this max .. ref max / this min); vs plain: this time / the plain-XLA "
           "layer's (the same local compute without communication: the cost of the exchange); GB/s: dispatch + "
           "combine payload per rank / layer time; enqueue: µs per layer the host took to hand the steps to "
           "the runtime (p50; near µs/layer: the host sets the pace)")
@@ -223,8 +280,8 @@ def layer_fastest(rows):
             sel = [r for r in ok if r["experts"] == experts]
             best = min(sel, key=lambda r: r["per_layer_us"]["p50"])
             ref = [r for r in sel if r["backend"] == "reference" and _variant(r) == _variant(best)]
-            vs = (f", {ref[0]['per_layer_us']['p50'] / best['per_layer_us']['p50']:.2f}x the reference backend"
-                  if ref and best["backend"] != "reference" else "")
+            rs = layer_ratio(ref[0], best) if ref and best["backend"] != "reference" else None
+            vs = _vs_ref_words(rs) if rs else ""
             xla = [r for r in rows if r["shape"] == shape and r["backend"] == "plain" and "per_layer_us" in r
                    and r["experts"] == "ragged_dot" and _placement(r) == _placement(best)
                    and r["cmdbuf"] == best["cmdbuf"]]
@@ -238,6 +295,12 @@ def layer_fastest(rows):
             lines.append(f"fastest MoE layer at {shape}, {experts} experts: {best['backend']} "
                          f"({best['per_layer_us']['p50']:.1f} µs/layer, {shared}, command buffers {best['cmdbuf']}{vs})")
     return lines
+
+
+def layer_ratio(ref, r):
+    """ref / r per layer: p50 over p50, spread min..max against max..min over the repeats."""
+    a, b = ref["per_layer_us"], r["per_layer_us"]
+    return ratio_spread(a["min"], a["p50"], a.get("max", a["p50"]), b["min"], b["p50"], b.get("max", b["p50"]))
 
 
 def plot_layers(out: dict, out_dir: str) -> list:

@@ -57,5 +57,24 @@ def max_over_processes(samples: List[float], name: str = "times") -> np.ndarray:
 def summarize(seconds: np.ndarray) -> dict:
     us = np.asarray(seconds) * 1e6
     return {"p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99)),
+            "p10_us": float(np.percentile(us, 10)), "p90_us": float(np.percentile(us, 90)),
             "mean_us": float(us.mean()), "min_us": float(us.min()), "max_us": float(us.max()),
             "iters": int(us.size)}
+
+
+def keep_going(done: int, spent_s: float, least: int, min_time_s: float, cap: int) -> bool:
+    """Whether to time another repeat: at least `least`, then more while the timed ones took less
+    than `min_time_s` seconds in all, up to `cap` (fast calls on a noisy CPU get many samples, slow
+    ones the minimum)."""
+    return done < least or (spent_s < min_time_s and done < max(cap, least))
+
+
+def resolve_min_time(args, gpu: bool) -> float:
+    """--min-time: seconds of timed repeats per backend and shape (default 2 on CPUs, 0 on GPUs and
+    with --quick). 0 with several processes: each would stop after its own count, and the
+    barriers between the calls need every process to make the same calls."""
+    if jax.process_count() > 1:
+        return 0.0
+    if args.min_time is not None:
+        return args.min_time
+    return 0.0 if gpu or args.quick else 2.0

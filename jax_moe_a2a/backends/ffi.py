@@ -24,7 +24,7 @@ def native_reason(flag: str, missing: str, backend: str, platform: str):
     """None when the extension is built with `flag` (e.g. 'built_with_cuda') and JAX's default
     backend is `platform` ("gpu", "cpu"), else why not (naming `backend`)."""
     if not _ffi.native_available():
-        return "the native extension is not built"
+        return _ffi.not_built_reason()
     if not getattr(_ffi, flag)():
         return missing
     if jax.default_backend() != platform:
