@@ -137,6 +137,8 @@ VARS = (
         _SCRIPT),
     Var("SETUP_DRY_RUN", "bool", "0", "scripts/setup.sh", "print the apt-get and pip commands without running them",
         _SCRIPT),
+    Var("PIP_CHECK_DIR", "str", "a fresh temporary folder, removed at the end", "scripts/pip_install_check.sh",
+        "where the clean virtual environment and the checkout's copy go (kept)", _SCRIPT),
     Var("COMMIT", "str", "git rev-parse HEAD", "benchmarks, scripts/gpu_check.sh",
         "commit recorded in benchmark results (copies without .git)", _BENCH),
     Var("ANCHOR_JSON", "str", "none", "benchmarks/halves.py, benchmarks/bench.py",
