@@ -8,9 +8,10 @@
 """
 
 from . import backends as _backends
-from .comm import Communicator, DroppedRowsError, PeerFailure, init
+from .comm import Communicator, init
 from .config import Config
 from .eplb import ExpertMap
+from .errors import DroppedRowsError, PeerFailure
 from .experts import expert_mlp, grouped_matmul, quantize_weights_fp8
 from .overlap import overlap
 from .quant import dequantize_fp8, quantize_fp8, quantize_fp8_jax

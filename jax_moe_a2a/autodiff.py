@@ -1,39 +1,94 @@
-"""custom_vjp rules for backends that JAX cannot differentiate (FFI calls).
+"""custom_vjp rules for backends that JAX cannot differentiate (FFI calls): the receive halves.
 
-The cotangent of dispatch is a combine of the row cotangents with unit weights; the cotangent of
-combine is a dispatch of the output cotangent (rows scaled by their router weight) plus the weight
-gradient <cotangent, expert row>, for which the forward combine also returns every pair's row.
-Only the one-shot `dispatch` / `combine` are differentiable; the split halves are for inference.
+Every half is differentiable on every backend. The FFI backends' halves are opaque calls, so the
+rules sit on the receive halves and the send halves only carry their differentiable inputs through
+the handles (`DispatchHandle.x`, `CombineHandle.y`, and the router weights in `Route`), while the
+FFI calls see them through `stop_gradient`:
 
-The rules' closures hold the communicator through a weak proxy: the custom_vjp equation keeps
-them in the traced program, which JAX caches with the jitted function, and a strong reference
-would keep the communicator (its buffers, engines and threads) alive as long as that function.
+- the cotangent of dispatch_recv is a combine (the same exchange, backwards) of the row
+  cotangents with unit weights, sent to `handle.x`; the weights' cotangent passes through;
+- the cotangent of combine_recv is a dispatch of the output cotangent (rows then scaled by their
+  router weight), sent to `handle.y`, plus the weight gradient <cotangent, expert row>, for which
+  the forward combine also returns every pair's row.
+
+The one-shot `dispatch` / `combine` are the two halves back to back, so they get the same rules.
+fp8 (one rule on every backend): an fp8 Spec.dispatch_dtype has no gradient, through dispatch or
+through combine; differentiating either raises ValueError when JAX transposes (`fp8_guard` makes
+the pure-JAX backends, which JAX differentiates itself, refuse the same way).
+
+The rules see the communicator only through `Halves`: its four halves without checks, slot
+tracking or these rules, held weakly. The custom_vjp equation keeps the rules in the traced
+program, which JAX caches with the jitted function, and a strong reference would keep the
+communicator (its buffers, engines and threads) alive as long as that function.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import weakref
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .backends.base import like_primal, varying, vma
-from .types import Dispatched, Route
+from .axes import like_primal, varying, vma
+from .spec import Spec
+from .types import CombineHandle, DispatchHandle, Dispatched
+
+
+@dataclasses.dataclass(frozen=True)
+class Halves:
+    """A communicator's halves for the rules, without checks, slot tracking or the rules (JAX
+    traces the rules at times it picks, in traces of their own; the caller's calls are tracked
+    in the caller's trace). Each is a `weakref.WeakMethod` of the communicator's:
+      send(x, ids, w, n, slot, *, x_scale, after, mask, given) -> DispatchHandle
+      recv(handle, count=True) -> Dispatched (count=False: not in stats(), no debug check)
+      combine_send(y, got, slot, after=None) -> CombineHandle
+      combine_recv(handle, out, pairs=False) -> [T, H] (and [T, K, H] f32 rows with pairs)."""
+
+    spec: Spec
+    axis: Any
+    send_ref: Callable
+    recv_ref: Callable
+    combine_send_ref: Callable
+    combine_recv_ref: Callable
+
+    @staticmethod
+    def _live(ref):
+        fn = ref()
+        if fn is None:
+            raise RuntimeError("jax_moe_a2a: the communicator of this step was closed and collected")
+        return fn
+
+    def send(self, *a, **kw):
+        return self._live(self.send_ref)(*a, **kw)
+
+    def recv(self, *a, **kw):
+        return self._live(self.recv_ref)(*a, **kw)
+
+    def combine_send(self, *a, **kw):
+        return self._live(self.combine_send_ref)(*a, **kw)
+
+    def combine_recv(self, *a, **kw):
+        return self._live(self.combine_recv_ref)(*a, **kw)
 
 
 def _zero_cotangent(tree, axis):
-    def z(a):
-        if jnp.issubdtype(a.dtype, jnp.floating):
-            return varying(jnp.zeros(a.shape, a.dtype), tuple(vma(a)) or axis)
-        return np.zeros(a.shape, jax.dtypes.float0)
-    return jax.tree.map(z, tree)
+    """A function () -> zero cotangents of `tree` (float zeros typed like each leaf, float0 for
+    integers), built from the leaves' shapes, dtypes and axes only: a rule must not touch the
+    primal tracers of the trace that defined it."""
+    leaves, treedef = jax.tree.flatten(tree)
+    info = [(a.shape, a.dtype, tuple(vma(a)) or axis) for a in leaves]
 
-
-def _weak(comm):
-    """`comm` for closures that traced programs keep (see the module's docstring)."""
-    return comm if isinstance(comm, weakref.ProxyType) else weakref.proxy(comm)
+    def make():
+        out = []
+        for shape, dtype, axes in info:
+            if jnp.issubdtype(dtype, jnp.floating):
+                out.append(varying(jnp.zeros(shape, dtype), axes))
+            else:
+                out.append(np.zeros(shape, jax.dtypes.float0))
+        return jax.tree.unflatten(treedef, out)
+    return make
 
 
 def _axes_of(a, comm):
@@ -42,99 +97,110 @@ def _axes_of(a, comm):
     return axes or (comm.axis if isinstance(comm.axis, tuple) else (comm.axis,))
 
 
-def _fp8_error():
-    return NotImplementedError(
-        "jax_moe_a2a: gradients through a non-JAX backend need a 16/32-bit Spec.dispatch_dtype "
-        "(fp8 rows have no useful cotangent); use bf16 dispatch for training")
+def _fp8_error(what: str):
+    return ValueError(
+        f"jax_moe_a2a: {what} has no gradient with an fp8 Spec.dispatch_dtype (the rows are quantised; the "
+        "same on every backend); train with a bf16/f16/f32 dispatch_dtype")
 
 
-def dispatch(comm, x, topk_ids, topk_weights, num_tokens, slot, rank_mask=None):
-    """Differentiable one-shot dispatch (w.r.t. x and topk_weights). Shapes as Communicator.dispatch.
-    rank_mask: int32 [N] or None (the combines of the backward take it from the route)."""
-    comm = _weak(comm)
+def fp8_guard(a, what: str):
+    """`a` unchanged; differentiating through it raises _fp8_error(what) when JAX transposes."""
+    @jax.custom_vjp
+    def f(a):
+        return a
+
+    def bwd(_, g):
+        raise _fp8_error(what)
+
+    f.defvjp(lambda a: (a, None), bwd)
+    return f(a)
+
+
+def _axes_or(a, comm):
+    return _axes_of(a, comm) if a is not None else ()
+
+
+def dispatch_recv(comm: Halves, handle: DispatchHandle, count: bool = True) -> Dispatched:
+    """Differentiable dispatch_recv (w.r.t. handle.x, the rows dispatch_send was given, and the
+    router weights in handle.route). Shapes as Communicator.dispatch_recv."""
     spec = comm.spec
-    x_axes, w_axes = _axes_of(x, comm), _axes_of(topk_weights, comm)  # the cotangents' types
-
-    def raw(x, ids, w, n, mask):
-        with comm._slots.suppressed():  # the one-shot call is tracked in the caller's trace
-            return comm.dispatch_recv(comm.dispatch_send(x, ids, w, n, slot=slot, rank_mask=mask))
+    x_axes = _axes_or(handle.x, comm)  # the cotangents' types
+    w_axes = _axes_of(handle.route.topk_weights, comm)
+    x_dtype = None if handle.x is None else handle.x.dtype
+    zeros = _zero_cotangent(handle, comm.axis)
 
     @jax.custom_vjp
-    def f(x, ids, w, n, mask):
-        return raw(x, ids, w, n, mask)
+    def f(handle):
+        return comm.recv(handle, count=count)
 
-    def fwd(x, ids, w, n, mask):
-        got = raw(x, ids, w, n, mask)
-        return got, (got, jnp.zeros((0,), x.dtype))
+    def fwd(handle):
+        got = comm.recv(handle, count=count)
+        return got, got
 
-    def bwd(res, g):
-        got, x_dtype_carrier = res
+    def bwd(got, g):
         if spec.is_fp8:
-            raise _fp8_error()
+            raise _fp8_error("dispatch")
         # rows past the counts carry no gradient
         valid = got.src[..., 0] >= 0
-        gx = jnp.where(valid[..., None], g.x.astype(jnp.float32), 0.0)
-        unit = Route(jnp.ones_like(got.route.topk_weights), got.route.num_tokens, got.route.arrays,
-                     got.route.comm_id)
-        with comm._slots.suppressed():  # traced when JAX transposes, outside the caller's call
-            back = comm.combine_recv(comm.combine_send(gx, dataclasses.replace(got, route=unit), after=g.x))
+        gx = jnp.where(valid[..., None], g.x.astype(jnp.float32), 0.0).astype(spec.combine_wire_dtype(jnp.float32))
+        unit = dataclasses.replace(got.route, topk_weights=jnp.ones_like(got.route.topk_weights))
+        back = comm.combine_recv(comm.combine_send(gx, dataclasses.replace(got, route=unit), got.slot, after=g.x), None)
         if spec.tp_size > 1:  # only the member that sent a token gets its gradient
             rank = jax.lax.axis_index(comm.axis)
             t = jnp.arange(spec.max_tokens_per_rank)
             back = jnp.where((t % spec.tp_size == rank % spec.tp_size)[:, None], back, 0)
-        grad_x = back.astype(x_dtype_carrier.dtype)
-        grad_w = g.route.topk_weights
-        return like_primal(grad_x, x_axes), None, like_primal(grad_w, w_axes), None, None
+        ct = zeros()
+        route = dataclasses.replace(ct.route, topk_weights=like_primal(g.route.topk_weights, w_axes))
+        grad_x = None if x_dtype is None else like_primal(back.astype(x_dtype), x_axes)
+        return (dataclasses.replace(ct, route=route, x=grad_x),)
 
     f.defvjp(fwd, bwd)
-    return f(x, topk_ids, topk_weights, num_tokens, rank_mask)
+    return f(handle)
 
 
-def combine(comm, y, got: Dispatched, out, slot):
-    """Differentiable one-shot combine (w.r.t. y, the router weights in got.route, and out)."""
-    comm = _weak(comm)
+def combine_recv(comm: Halves, handle: CombineHandle, out):
+    """Differentiable combine_recv (w.r.t. handle.y, the expert outputs combine_send was given,
+    the router weights in handle.route, and out). Shapes as Communicator.combine_recv."""
     spec = comm.spec
     has_out = out is not None
-    y_axes, w_axes = _axes_of(y, comm), _axes_of(got.route.topk_weights, comm)
+    y_axes, w_axes = _axes_or(handle.y, comm), _axes_of(handle.route.topk_weights, comm)
     out_axes = _axes_of(out, comm) if has_out else ()
+    y_dtype = None if handle.y is None else handle.y.dtype
+    zeros, slot = _zero_cotangent(handle, comm.axis), handle.slot
 
     @jax.custom_vjp
-    def f(y, got, out):
-        with comm._slots.suppressed():
-            h = comm.combine_send(y, got, slot=slot)
-            return comm.combine_recv(h, out=out if has_out else None)
+    def f(handle, out):
+        return comm.combine_recv(handle, out if has_out else None)
 
-    def fwd(y, got, out):
-        with comm._slots.suppressed():
-            h = comm.combine_send(y, got, slot=slot)
-            res, pairs = comm._combine_recv(h, out if has_out else None, pairs=True)
-        return res, (got, pairs, jnp.zeros((0,), y.dtype))
+    def fwd(handle, out):
+        res, pairs = comm.combine_recv(handle, out if has_out else None, pairs=True)
+        return res, (handle.got, pairs)
 
     def bwd(res, g):
-        got, pairs, y_carrier = res
+        got, pairs = res
         if spec.tp_size > 1:
             raise NotImplementedError(
                 "jax_moe_a2a: combine gradients with tp_size > 1 on a non-JAX backend are not supported "
                 "yet (the cotangent must first be summed over the tp group); use backend='reference'")
+        if spec.is_fp8:
+            raise _fp8_error("combine")
         gf = g.astype(jnp.float32)
         grad_w = jnp.einsum("th,tkh->tk", gf, pairs)
         r = got.route
-        if spec.is_fp8:
-            raise _fp8_error()
         # `after=pairs`: this second dispatch on the slot must follow the forward's combine_recv
-        # (its FREE signals), and nothing else in the data says so.
-        with comm._slots.suppressed():
-            got_g = comm.dispatch_recv(comm.dispatch_send(gf, r.arrays["topk_ids"], r.topk_weights, r.num_tokens,
-                                                          slot=slot, after=pairs,
-                                                          rank_mask=r.arrays.get("rank_mask")))
+        # (its FREE signals), and nothing else in the data says so. count=False: stats() count
+        # the dispatches the program calls, not the backward's exchanges.
+        got_g = comm.recv(comm.send(gf, r.topk_ids, r.topk_weights, r.num_tokens, slot,
+                                    after=pairs, mask=r.rank_mask), count=False)
         valid = got.src[..., 0] >= 0
         rows = got_g.x.astype(jnp.float32) * got.weights[..., None]
-        grad_y = jnp.where(valid[..., None], rows, 0.0).astype(y_carrier.dtype)
-        grad_got = _zero_cotangent(got, comm.axis)
+        ct = zeros()
+        route = dataclasses.replace(ct.route, topk_weights=like_primal(grad_w, w_axes))
+        grad_y = None
+        if y_dtype is not None:
+            grad_y = like_primal(jnp.where(valid[..., None], rows, 0.0).astype(y_dtype), y_axes)
         grad_out = like_primal(g, out_axes) if has_out else None
-        grad_w = like_primal(grad_w, w_axes)
-        grad_got = dataclasses.replace(grad_got, route=dataclasses.replace(grad_got.route, topk_weights=grad_w))
-        return like_primal(grad_y, y_axes), grad_got, grad_out
+        return dataclasses.replace(ct, route=route, y=grad_y), grad_out
 
     f.defvjp(fwd, bwd)
-    return f(y, got, out if has_out else None)
+    return f(handle, out if has_out else None)

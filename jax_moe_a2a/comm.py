@@ -3,14 +3,17 @@
 Use it inside `jax.shard_map` over the EP axis; every array argument is one rank's shard. On a
 mesh with more axes than the EP axis (e.g. ("dp", "ep")), every position along the other axes is
 an independent EP group: its ranks exchange only among themselves (see `Communicator.groups`).
+
+What it builds on, each in a module of its own: the errors (errors.py), slot tracking (slots.py),
+rank masks (elastic.py), counters and debug checks (debug.py), the gradients of the FFI
+backends (autodiff.py) and the backends (backends/).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
-import logging
-import threading
 import weakref
 from typing import Optional
 
@@ -18,152 +21,63 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import autodiff
 from . import backends as _backends
+from . import debug as _debug
+from . import elastic
 from . import runtime as _runtime
 from .backends.base import Ctx
 from .config import COMMON_OPTIONS, Config, check_options  # noqa: F401 (check_options: re-exported)
+from .dtypes import COMBINE_DTYPES, FP8_DTYPES, INPUT_DTYPES
 from .eplb import ExpertMap, check_expert_map, map_ids
+from .errors import DroppedRowsError, PeerFailure, copy_of, shape_err  # noqa: F401 (PeerFailure: re-exported)
 from .groups import ep_groups, local_members
 from .quant import dequantize_fp8
-from .spec import FP8_DTYPES, INPUT_DTYPES, COMBINE_DTYPES, Spec
+from .slots import SlotTracker
+from .spec import Spec
 from .types import CombineHandle, DispatchHandle, Dispatched, Route
 
 _COMM_IDS = itertools.count(1)
-# The library's messages go through this logger (never print); configure it with `logging`.
-logger = logging.getLogger("jax_moe_a2a")
+logger = _debug.logger  # the library's logger, "jax_moe_a2a"
+_OPEN: dict = {}  # comm_id -> the weakref.finalize of each communicator not closed yet
 
 
-def _shape_err(arg: str, expected, got) -> ValueError:
-    return ValueError(f"{arg}: expected {expected}, got {got}")
+def _close_backend(backend, comm_id: int):
+    _OPEN.pop(comm_id, None)
+    backend.close()
 
 
-def _after(gate, tree):
-    """`tree` with every array made data-dependent on the int32 scalar `gate` (zero at run time,
-    unknown to XLA): integers get gate added, floats the same on their bits."""
-    def one(a):
-        dt = jnp.dtype(a.dtype)
-        if jnp.issubdtype(dt, jnp.integer):
-            return a + gate.astype(dt)
-        bits = jnp.dtype(f"uint{8 * dt.itemsize}")
-        return jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(a, bits) + gate.astype(bits), dt)
-    return jax.tree_util.tree_map(one, tree)
+def _close_at_exit():
+    """At interpreter exit: wait for the steps still in flight, then close every communicator.
 
-
-class PeerFailure(str):
-    """What the host backend recorded when a half failed: the text of the first failure (it is a
-    str, so code that reads `last_error()` as text keeps working; also `.message`) and `missing`
-    (sorted ranks that timed-out waits named, over this process's ranks and EP groups).
-    `missing` is a hint, not the set of dead ranks: a survivor that failed earlier in the same
-    step never sent what the others waited for, so it is named too."""
-
-    def __new__(cls, message: str, missing):
-        self = super().__new__(cls, message)
-        self.missing = tuple(sorted(set(int(r) for r in missing)))
-        return self
-
-    @property
-    def message(self) -> str:
-        return str.__str__(self)
-
-    def __repr__(self):
-        return f"PeerFailure({self.message!r}, missing={self.missing})"
-
-
-class DroppedRowsError(RuntimeError):
-    """debug=True: a dispatch dropped pairs (bad expert ids) or overflowed a receive buffer.
-
-    The check runs inside the compiled step (a host callback), and JAX reports an exception
-    raised there as `jax.errors.JaxRuntimeError` (INTERNAL), not as this class: Python has no
-    way to make `except DroppedRowsError` match that error. Run the step inside
-    `with comm.checked():`, which re-raises it as DroppedRowsError, or call `comm.check()`."""
-
-
-def _trace_state():
-    """An opaque token of the trace being built (jit, shard_map body, custom_vjp rule, ...), or
-    None outside any trace or where JAX lacks the API. Equal for calls in one trace only."""
+    weakref.finalize's own exit hook would close a communicator while a step that uses it is still
+    running (nothing makes a script wait for a result it never reads, e.g. one that shows only
+    out.shape at the end): its remaining halves then fail ("no host communicator") and its peers wait for them until
+    timeout_s (issue 33.1). This hook is registered when this module is imported, after JAX's
+    (atexit runs hooks last-registered first), so it runs before JAX tears its backends down:
+    every live array is waited for (a failed step's error is left to JAX's own exit hook), then
+    the communicators are closed."""
+    finalizers = [f for f in list(_OPEN.values()) if f.alive]
+    if not finalizers:
+        return
     try:
-        from jax.extend.core import get_opaque_trace_state
-        return get_opaque_trace_state(convention="jax_moe_a2a")
-    except Exception:  # pragma: no cover - JAX versions without it: no slot check
-        return None
-
-
-def _alive(state) -> bool:
-    ref = getattr(state, "_trace_ref", None)
-    return ref is None or not callable(ref) or ref() is not None
-
-
-class _SlotTracker:
-    """Which slots have a dispatch in flight in each trace being built: from dispatch_send until
-    the combine_recv on that slot (docs/overlap.md: each slot runs dispatch_send, dispatch_recv,
-    combine_send, combine_recv before its next dispatch_send). A second dispatch_send on a busy
-    slot in the same trace would hang the FFI backends (it waits for the peers' dispatch_recv of
-    the first, which XLA may order after it) or mix up routing state, so it is refused at trace
-    time. Keyed by the trace, not the communicator: one communicator serves many traces (jit
-    retraces, grad's forward and backward, remat, custom_vjp rules), each checked on its own."""
-
-    MAX_TRACES = 64
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._traces = []  # [(trace state, {slot: True while a dispatch is in flight})]
-        self._local = threading.local()
-
-    @contextlib.contextmanager
-    def suppressed(self):
-        """No tracking inside: the custom_vjp rules of the one-shot ops (jax_moe_a2a/autodiff.py)
-        trace their halves in traces of their own, at times JAX picks; the one-shot call is
-        tracked in the caller's trace instead."""
-        self._local.depth = getattr(self._local, "depth", 0) + 1
+        arrays = jax.live_arrays()
+    except Exception:  # pragma: no cover - JAX without live_arrays, or torn down
+        arrays = []
+    for a in arrays:
         try:
-            yield
-        finally:
-            self._local.depth -= 1
+            a.block_until_ready()
+        except Exception:  # deleted or donated arrays, a failed step: nothing left to wait for
+            pass
+    for f in finalizers:
+        try:
+            f()
+        except Exception as e:  # pragma: no cover - a backend that fails to close: say so once
+            logger.warning("jax_moe_a2a: closing a communicator at exit failed: %s", e)
 
-    def _state(self):
-        return None if getattr(self._local, "depth", 0) else _trace_state()
 
-    def _find(self, state, create):
-        self._traces = [(t, d) for t, d in self._traces if _alive(t)]
-        for t, d in self._traces:
-            if t == state:
-                return d
-        if not create:
-            return None
-        d = {}
-        self._traces.append((state, d))
-        del self._traces[:-self.MAX_TRACES]
-        return d
+atexit.register(_close_at_exit)
 
-    def open(self, slot: int, num_slots: int):
-        state = self._state()
-        if state is None:
-            return
-        with self._lock:
-            busy = self._find(state, create=True)
-            if slot in busy:
-                free = [z for z in range(num_slots) if z not in busy]
-                raise ValueError(
-                    f"slot {slot}: a dispatch on slot {slot} is still in flight in this trace (dispatch_send "
-                    f"without the combine_recv on that slot yet); a slot runs dispatch_send, dispatch_recv, "
-                    f"combine_send, combine_recv before its next dispatch_send. Use another slot "
-                    f"({'free: ' + str(free) if free else 'none free: raise Spec.slots'}, Spec.slots={num_slots}) "
-                    f"or finish the first dispatch's combine first")
-            busy[slot] = True
-
-    def close(self, slot: int):
-        state = self._state()
-        if state is None:
-            return
-        with self._lock:
-            busy = self._find(state, create=False)
-            if busy is not None:
-                busy.pop(slot, None)
-                return
-            # No dispatch in this trace: a cycle that began in an enclosing trace ends in a nested
-            # one (e.g. the combine inside a jax.checkpoint body). Free the slot where it is open.
-            for _, d in self._traces:
-                d.pop(slot, None)
 
 
 class Communicator:
@@ -203,17 +117,18 @@ class Communicator:
                                    options=self.options)
         self.comm_id = next(_COMM_IDS)
         self._call_ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0, "masked": 0}
-        self._slots = _SlotTracker()
-        self._errors = []  # DroppedRowsErrors the debug check raised in this process, for check()
+        self._counters = _debug.Counters()  # what the executed dispatches counted; debug=True errors
+        self._slots = SlotTracker()
         try:
             self._backend.open(self.config, mesh, axis, self.comm_id)
         except BaseException:
             self._backend.close()  # what a failed open created (idempotent)
             raise
-        # The backend's native state lives as long as the communicator (or until close()).
-        self._finalizer = weakref.finalize(self, self._backend.close)
+        # The backend's native state lives as long as the communicator (or until close()); at
+        # interpreter exit `_close_at_exit` closes it after the work still in flight.
+        self._finalizer = weakref.finalize(self, _close_backend, self._backend, self.comm_id)
+        self._finalizer.atexit = False
+        _OPEN[self.comm_id] = self._finalizer
         # repr(self), not self: a handler that keeps records (pytest's, a memory handler) would keep
         # the communicator alive through the record's arguments
         logger.info("jax_moe_a2a: %s (requested backend %r, options %s, debug=%s, collect_stats=%s)", repr(self),
@@ -250,24 +165,28 @@ class Communicator:
                              f"expected comm_id {self.comm_id}, got {getattr(obj, 'comm_id', None)}")
 
     def _num_tokens(self, num_tokens):
+        """(n [] int32 in [0, T], given): `given` is a device array's value before the clamp
+        ([] int32; counted in stats()['clamped'] and raised by debug=True when outside [0, T]),
+        None for an int (checked here) or None (T)."""
         t = self.spec.max_tokens_per_rank
         if num_tokens is None:
-            return jnp.int32(t)
+            return jnp.int32(t), None
         if isinstance(num_tokens, (int, np.integer)) and not isinstance(num_tokens, bool):
             if not 0 <= num_tokens <= t:
                 raise ValueError(f"num_tokens: expected 0 <= num_tokens <= {t}, got {num_tokens}")
-            return jnp.int32(num_tokens)
+            return jnp.int32(num_tokens), None
         n = jnp.asarray(num_tokens)
         if n.size != 1 or not jnp.issubdtype(n.dtype, jnp.integer):
             raise ValueError(f"num_tokens: expected an integer scalar (shape () or (1,)), got "
                              f"{n.dtype}{list(n.shape)}")
-        return jnp.clip(n.reshape(()).astype(jnp.int32), 0, t)
+        given = n.reshape(()).astype(jnp.int32)
+        return jnp.clip(given, 0, t), given
 
     def _validate_dispatch(self, x, topk_ids, topk_weights, x_scale):
         s = self.spec
         t, h, k = s.max_tokens_per_rank, s.hidden, s.experts_per_token
         if tuple(x.shape) != (t, h):
-            raise _shape_err("x", f"shape [T, H] = {[t, h]} (one rank's shard)", list(x.shape))
+            raise shape_err("x", f"shape [T, H] = {[t, h]} (one rank's shard)", list(x.shape))
         xd = np.dtype(x.dtype)
         if xd in FP8_DTYPES:
             if not s.is_fp8:
@@ -275,78 +194,20 @@ class Communicator:
             if x_scale is None:
                 raise ValueError("x_scale: required when x is already fp8, shape [T, ceil(H / scale_block)] f32")
             if tuple(x_scale.shape) != (t, s.num_scales) or np.dtype(x_scale.dtype) != np.float32:
-                raise _shape_err("x_scale", f"float32{[t, s.num_scales]}", f"{x_scale.dtype}{list(x_scale.shape)}")
+                raise shape_err("x_scale", f"float32{[t, s.num_scales]}", f"{x_scale.dtype}{list(x_scale.shape)}")
         elif xd not in INPUT_DTYPES:
             raise ValueError(f"x: expected dtype bf16, f16, f32 (or fp8 with x_scale), got {xd}")
         elif x_scale is not None:
             raise ValueError("x_scale: only valid with fp8 x")
         if tuple(topk_ids.shape) != (t, k):
-            raise _shape_err("topk_ids", f"shape [T, K] = {[t, k]}", list(topk_ids.shape))
+            raise shape_err("topk_ids", f"shape [T, K] = {[t, k]}", list(topk_ids.shape))
         if np.dtype(topk_ids.dtype) != np.int32:
-            raise _shape_err("topk_ids", "dtype int32", topk_ids.dtype)
+            raise shape_err("topk_ids", "dtype int32", topk_ids.dtype)
         if tuple(topk_weights.shape) != (t, k):
-            raise _shape_err("topk_weights", f"shape [T, K] = {[t, k]}", list(topk_weights.shape))
+            raise shape_err("topk_weights", f"shape [T, K] = {[t, k]}", list(topk_weights.shape))
         if np.dtype(topk_weights.dtype) != np.float32:
-            raise _shape_err("topk_weights", "dtype float32", topk_weights.dtype)
+            raise shape_err("topk_weights", "dtype float32", topk_weights.dtype)
 
-    def _record_stats(self, dropped, overflow, masked=None):
-        """Counts drops/overflow (and pairs the rank mask stopped) on the host (collect_stats) and,
-        with debug=True, raises (never for masked pairs: they are expected).
-        Returns (`dropped`, gate): `dropped` threaded through the debug check so XLA cannot drop
-        the check, and with debug=True an int32 zero that only the check produces (else None)."""
-        masked = jnp.zeros((), jnp.int32) if masked is None else masked
-        # The callbacks hold the communicator weakly: the compiled step keeps them (and the jit
-        # caches keep the step), so a strong reference would keep the communicator, its engines
-        # and their progress threads alive for the life of the process (a test suite under mpirun
-        # gained two threads per test and spent more time waking them than computing).
-        comm_ref = weakref.ref(self)
-
-        def record(d, o, m=0, err=None):
-            self_ = comm_ref()
-            if self_ is None:  # a step compiled for a communicator since collected
-                return
-            with self_._lock:
-                self_._stats["dispatches"] += 1
-                self_._stats["dropped"] += int(d)
-                self_._stats["overflow"] += int(o)
-                self_._stats["masked"] += int(m)
-                if err is not None and len(self_._errors) < 64:
-                    self_._errors.append(err)
-
-        if self.collect_stats and not self.debug:
-            jax.debug.callback(record, dropped, overflow, masked)
-        if self.debug:  # a pure callback whose result is used: the error surfaces at the outputs
-            # Every rank raises, or none: a psum of the counts decides for all (where XLA's collectives
-            # run: Backend.debug_psum; not on the GPU FFI backends). A rank left running
-            # would wait for the stopped one, in XLA's next collective (pure-JAX backends; XLA:CPU
-            # aborts the process after its rendezvous timeout) or in the next FFI half (until
-            # timeout_s, several times over: the host backend with recv_capacity overflow on one
-            # rank took minutes). Overflow is counted at the receiver and bad ids at the sender,
-            # so no rank sees the others' counts without it.
-            bad = dropped + overflow  # this rank's
-            if self._backend.debug_psum:  # every rank raises, or none (see Backend.debug_psum)
-                bad = jax.lax.psum(bad, self.axis)
-
-            def check(d, o, b, m):
-                # (the communicator only inside record(): this frame, which the error's traceback
-                # keeps, must not hold it)
-                err = None
-                if int(b):
-                    err = DroppedRowsError(
-                        f"jax_moe_a2a: dispatch dropped {int(d)} pair(s) with bad expert ids and {int(o)} row(s) "
-                        f"past recv_capacity on this rank, {int(b)} in all ranks (debug=True)")
-                record(d, o, m, err)
-                if err is not None:
-                    logger.error("%s", err)
-                    raise err
-                return np.int32(d), np.int32(0)
-
-            i32 = jax.ShapeDtypeStruct((), jnp.int32)
-            dropped, gate = jax.pure_callback(check, (i32, i32), dropped, overflow, bad, masked)
-            return dropped, gate
-        return dropped, None
-
-    # ---- the four halves ---------------------------------------------------------------------
     def _map_experts(self, topk_ids, expert_map, rank_mask=None):
         """Logical ids -> physical ids by `expert_map` (jax_moe_a2a/eplb.py), or unchanged; with
         a rank mask, replicas on masked ranks are skipped while a live one exists."""
@@ -358,53 +219,13 @@ class Communicator:
         with jax.named_scope("a2a_expert_map"):
             return map_ids(expert_map, topk_ids, group, self.spec.num_experts, alive, self.num_ranks)
 
-    def _check_rank_mask(self, rank_mask):
-        """rank_mask -> int32 [N] (1 = alive) or None. A concrete all-alive mask (NumPy, a list,
-        a committed jax.Array) is None: the same program as no mask, so every backend takes it.
-        Otherwise the backend must honour masks (Backend.rank_mask_unsupported)."""
-        if rank_mask is None:
-            return None
-        n = self.num_ranks
-        if not hasattr(rank_mask, "shape") or not hasattr(rank_mask, "dtype"):
-            rank_mask = np.asarray(rank_mask)  # a list or tuple
-        shape, dtype = tuple(rank_mask.shape), np.dtype(rank_mask.dtype)
-        if shape != (n,):
-            raise _shape_err("rank_mask", f"shape [N] = [{n}] (one flag per EP rank)", list(shape))
-        if dtype != np.bool_ and not np.issubdtype(dtype, np.integer):
-            raise _shape_err("rank_mask", "dtype bool or an integer (nonzero = alive)", dtype)
-        try:
-            concrete = np.asarray(rank_mask)
-        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, TypeError):
-            concrete = None
-        if concrete is not None and concrete.dtype != object and bool(np.all(concrete != 0)):
-            return None
-        reason = self._backend.rank_mask_unsupported()
-        if reason is not None:
-            raise ValueError(f"rank_mask is not supported by the {self.backend_name} backend yet: {reason}")
-        if concrete is not None and concrete.dtype != object and not bool(np.any(concrete != 0)):
-            raise ValueError("rank_mask: every rank is masked (at least the calling ranks must be alive)")
-        return (jnp.asarray(rank_mask) != 0).astype(jnp.int32)
 
-    def _mask_ids(self, ctx, topk_ids, n, mask):
-        """(physical ids with the pairs the mask stops set to E, masked [] int32): a pair is stopped
-        when its expert's rank or its sender (the tp member g * tp + t % tp; this rank for its own
-        tokens) is masked; counted when routed and this rank sends it. The backend sees E, drops
-        the pair and counts it as dropped: the caller subtracts `masked` from that count. Every tp
-        member stops the same pairs of the group's tokens, so none reads back a combine row that
-        a masked member never sent."""
-        from .backends.pure_jax import routed_pairs
-        s = self.spec
-        alive = mask != 0
-        l_count = s.local_experts(self.num_ranks)
-        routed, _ = routed_pairs(s, topk_ids, n)
-        in_range = (topk_ids >= 0) & (topk_ids < s.num_experts)
-        dest = jnp.clip(topk_ids, 0, s.num_experts - 1) // l_count
-        tok = jnp.arange(topk_ids.shape[0], dtype=jnp.int32)
-        sender = ctx.rank // s.tp_size * s.tp_size + tok % s.tp_size
-        stop = in_range & ~(alive[dest] & alive[sender][:, None])
-        mine = (tok % s.tp_size == ctx.rank % s.tp_size)[:, None]
-        masked = jnp.sum(routed & stop & mine, dtype=jnp.int32)
-        return jnp.where(stop, jnp.int32(s.num_experts), topk_ids).astype(jnp.int32), masked
+    def _check_rank_mask(self, rank_mask):
+        """rank_mask -> int32 [N] (1 = alive) or None (elastic.check_rank_mask)."""
+        def unsupported():
+            reason = self._backend.rank_mask_unsupported()
+            return None if reason is None else f"rank_mask is not supported by the {self.backend_name} backend yet: {reason}"
+        return elastic.check_rank_mask(rank_mask, self.num_ranks, unsupported)
 
     def dispatch_send(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0,
                       x_scale=None, after=None, expert_map: Optional[ExpertMap] = None,
@@ -416,6 +237,8 @@ class Communicator:
           topk_ids: [T, K] int32 expert ids in [0, E); -1 = not routed; others dropped+counted.
           topk_weights: [T, K] f32 router weights (used by combine).
           num_tokens: [] int32 device scalar (or int); rows at or past it are ignored. Default T.
+            An int outside [0, T] raises; a device value outside it is clamped to [0, T],
+            counted in stats()['clamped'], and raised by debug=True.
           slot: buffer slot in [0, Spec.slots) (static).
           after: optional array this send must run after. XLA orders the halves only through data;
             two uses of one slot that share no data (e.g. a backward pass reusing the forward's
@@ -442,49 +265,77 @@ class Communicator:
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
         mask = self._check_rank_mask(rank_mask)
         topk_ids = self._map_experts(topk_ids, expert_map, mask)
-        n = self._num_tokens(num_tokens)
-        ctx = self._ctx()
+        n, given = self._num_tokens(num_tokens)
+        self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
         self._slots.open(slot, self.spec.slots)
+        if self.spec.is_fp8 and x_scale is None:  # one rule on every backend: fp8 rows have no gradient
+            x = autodiff.fp8_guard(x, "dispatch")
+        return self._send(x, topk_ids, topk_weights, n, slot, x_scale=x_scale, after=after, mask=mask, given=given)
+
+    def _send(self, x, topk_ids, topk_weights, n, slot, *, x_scale=None, after=None, mask=None,
+              given=None) -> DispatchHandle:
+        """dispatch_send after the checks: physical ids, n [] int32, mask int32 [N] or None, given:
+        num_tokens before the clamp or None; no slot tracking (the autodiff rules call it too).
+        Backends that JAX cannot differentiate see x and the weights through stop_gradient; the
+        handle carries x (and the route the weights) to dispatch_recv's rule (autodiff.py)."""
+        ctx = self._ctx()
+        carry = not self._backend.autodiff
+        xs, ws = (jax.lax.stop_gradient(x), jax.lax.stop_gradient(topk_weights)) if carry else (x, topk_weights)
         with jax.named_scope("a2a_dispatch_send"):
             send_ids, masked = topk_ids, None
             if mask is not None:
-                send_ids, masked = self._mask_ids(ctx, topk_ids, n, mask)
-            extra = {} if mask is None else {"rank_mask": mask}
-            arrays, route_arrays, dropped = self._backend.dispatch_send(
-                ctx, x, x_scale, send_ids, topk_weights, n, slot, after=after,
-                **(extra if self._backend.takes_rank_mask else {}))
+                send_ids, masked = elastic.mask_ids(self.spec, self.num_ranks, ctx.rank, topk_ids, n, mask)
+            if carry and x_scale is not None:
+                x_scale = jax.lax.stop_gradient(x_scale)
+            sent = self._backend.dispatch_send(ctx, xs, x_scale, send_ids, ws, n, slot, after=after, rank_mask=mask)
         # topk_ids: the physical ids before the mask (the combine's backward dispatch re-applies it)
-        route = Route(topk_weights.astype(jnp.float32), n, dict(route_arrays, topk_ids=topk_ids, **extra),
-                      self.comm_id)
-        arrays = dict(arrays, _dropped=dropped if masked is None else dropped - masked)
-        if masked is not None:
-            arrays["_masked"] = masked
-        return DispatchHandle(arrays, route, slot, self.comm_id)
+        route = Route(topk_weights.astype(jnp.float32), n, topk_ids, sent.placement, mask, self.comm_id)
+        dropped = sent.num_dropped if masked is None else sent.num_dropped - masked
+        return DispatchHandle(sent.wire, route, dropped, masked, given, x if carry else None, slot=slot,
+                              comm_id=self.comm_id)
+
 
     def dispatch_recv(self, handle: DispatchHandle) -> Dispatched:
         """Waits for this rank's incoming tokens and lays them out (see `Dispatched`)."""
         if not isinstance(handle, DispatchHandle):
             raise ValueError(f"handle: expected the DispatchHandle from dispatch_send, got {type(handle).__name__}")
         self._check_mine("handle", handle)
+        return self._recv(handle)
+
+    def _recv(self, handle: DispatchHandle) -> Dispatched:
+        """dispatch_recv after the checks, differentiable on every backend (autodiff.py's rule
+        where JAX cannot differentiate the backend)."""
+        if self._backend.autodiff:
+            return self._recv_plain(handle)
+        return autodiff.dispatch_recv(self._halves(), handle)
+
+    def _recv_plain(self, handle: DispatchHandle, count: bool = True) -> Dispatched:
+        """dispatch_recv after the checks, without a gradient rule. count: record this dispatch
+        in stats() and run the debug check (False for a backward pass's exchanges)."""
         ctx = self._ctx()
-        arrays = dict(handle.arrays)
-        dropped = arrays.pop("_dropped")
-        masked = arrays.pop("_masked", None)
+        route = handle.route
         with jax.named_scope("a2a_dispatch_recv"):
-            x, scale, sizes, weights, src, overflow, route_arrays = self._backend.dispatch_recv(
-                ctx, arrays, handle.route.arrays, handle.slot)
+            r = self._backend.dispatch_recv(ctx, handle.wire, route.placement, handle.slot, rank_mask=route.rank_mask)
+            x, scale, weights, src, placement = r.x, r.scale, r.weights, r.src, r.placement
             if self.spec.recv_dtype is not None and scale is not None:  # the backend returned fp8 rows
                 x, scale = dequantize_fp8(x, scale, self.spec.scale_block).astype(self.spec.recv_dtype), None
-        dropped, gate = self._record_stats(dropped, overflow, masked)
-        if self.debug:  # what follows the dispatch (the combine's communication too) waits for the check
-            # An optimisation barrier orders XLA's schedule, but XLA:CPU runs thunks as soon as their
-            # buffers are ready: only a data dependency keeps a rank whose check raised from
-            # entering the combine's all_to_all alone (which aborted the process after 40 s).
-            x, scale, weights, src, route_arrays = _after(gate, (x, scale, weights, src, route_arrays))
-            dropped, x, weights, route_arrays = jax.lax.optimization_barrier((dropped, x, weights, route_arrays))
-        route = Route(handle.route.topk_weights, handle.route.num_tokens, route_arrays, self.comm_id)
-        return Dispatched(x, scale, sizes, weights, src, dropped, overflow, route, handle.slot, self.comm_id,
-                          num_masked=masked)
+        dropped = handle.num_dropped
+        if count:
+            psum_axis = self.axis if self._backend.debug_psum else None
+            clamped = None if handle.tokens_given is None else (handle.tokens_given != route.num_tokens).astype(jnp.int32)
+            detail = _debug.first_bad_pair(self.spec, route.topk_ids, route.num_tokens, ctx.rank) if self.debug else None
+            dropped, gate = _debug.record(self._counters, dropped, r.num_overflow, handle.num_masked, clamped,
+                                          tokens_given=handle.tokens_given, detail=detail, rank=ctx.rank,
+                                          spec=self.spec, collect=self.collect_stats, debug=self.debug, psum_axis=psum_axis)
+            if self.debug:  # what follows the dispatch (the combine's communication too) waits for the check
+                # An optimisation barrier orders XLA's schedule, but XLA:CPU runs thunks as soon as their
+                # buffers are ready: only a data dependency keeps a rank whose check raised from
+                # entering the combine's all_to_all alone (which aborted the process after 40 s).
+                x, scale, weights, src, placement = _debug.after(gate, (x, scale, weights, src, placement))
+                dropped, x, weights, placement = jax.lax.optimization_barrier((dropped, x, weights, placement))
+        route = Route(route.topk_weights, route.num_tokens, route.topk_ids, placement, route.rank_mask, self.comm_id)
+        return Dispatched(x, scale, r.group_sizes, weights, src, dropped, r.num_overflow, route, handle.slot,
+                          self.comm_id, num_masked=handle.num_masked)
 
     def combine_send(self, y, got: Dispatched, *, slot: Optional[int] = None, after=None) -> CombineHandle:
         """Starts sending expert outputs back to their tokens' ranks.
@@ -497,24 +348,46 @@ class Communicator:
           got: the `Dispatched` of the matching dispatch.
           slot: buffer slot (default: the dispatch's).
         """
+        y, slot = self._check_combine(y, got, slot)
+        if slot != got.slot:  # the dispatch's slot is done once its rows are read back here
+            self._slots.close(got.slot)
+        if self.spec.is_fp8:  # one rule on every backend: no gradient through an fp8 dispatch's combine
+            y = autodiff.fp8_guard(y, "combine")
+        return self._combine_send(y, got, slot, after=after)
+
+    def _check_combine(self, y, got, slot):
+        """(y in Spec.combine_wire_dtype, the slot) after checking y, got and slot."""
         if not isinstance(got, Dispatched):
             raise ValueError(f"got: expected the Dispatched from dispatch_recv, got {type(got).__name__}")
         self._check_mine("got", got)
         slot = got.slot if slot is None else self._check_slot(slot)
-        if slot != got.slot:  # the dispatch's slot is done once its rows are read back here
-            self._slots.close(got.slot)
         expected = tuple(self.spec.recv_shape(self.num_ranks)) + (self.spec.hidden,)
         if tuple(y.shape) != expected:
-            raise _shape_err("y", f"shape {list(expected)} (the layout of got.x)", list(y.shape))
+            raise shape_err("y", f"shape {list(expected)} (the layout of got.x)", list(y.shape))
         if np.dtype(y.dtype) not in COMBINE_DTYPES:
-            raise _shape_err("y", "dtype bf16, f16 or f32", y.dtype)
+            raise shape_err("y", "dtype bf16, f16 or f32", y.dtype)
         wire = self.spec.combine_wire_dtype(y.dtype)
         if wire != np.dtype(y.dtype):  # the combine buffers hold rows of Spec.combine_dtype
             y = y.astype(wire)
+        return y, slot
+
+    def _check_out(self, out):
+        s = self.spec
+        if out is not None and tuple(out.shape) != (s.max_tokens_per_rank, s.hidden):
+            raise shape_err("out", f"shape [T, H] = {[s.max_tokens_per_rank, s.hidden]}", list(out.shape))
+
+    def _combine_send(self, y, got: Dispatched, slot: int, after=None) -> CombineHandle:
+        """combine_send after the checks (y in Spec.combine_wire_dtype); no slot tracking. Backends
+        that JAX cannot differentiate see y through stop_gradient; the handle carries y and got to
+        combine_recv's rule (autodiff.py)."""
         ctx = self._ctx()
+        carry = not self._backend.autodiff
         with jax.named_scope("a2a_combine_send"):
-            arrays = self._backend.combine_send(ctx, y, got.route, slot, after=after, from_slot=got.slot)
-        return CombineHandle(arrays, got.route, slot, self.comm_id)
+            wire = self._backend.combine_send(ctx, jax.lax.stop_gradient(y) if carry else y, got.route, slot,
+                                              after=after, from_slot=got.slot)
+        if not carry:
+            return CombineHandle(wire, got.route, slot=slot, comm_id=self.comm_id)
+        return CombineHandle(wire, got.route, y, got, slot=slot, comm_id=self.comm_id)
 
     def combine_recv(self, handle: CombineHandle, out=None):
         """Waits for the expert outputs and reduces them.
@@ -526,17 +399,20 @@ class Communicator:
         if not isinstance(handle, CombineHandle):
             raise ValueError(f"handle: expected the CombineHandle from combine_send, got {type(handle).__name__}")
         self._check_mine("handle", handle)
-        return self._combine_recv(handle, out)
-
-    def _combine_recv(self, handle, out, pairs=False):
-        s = self.spec
-        if out is not None and tuple(out.shape) != (s.max_tokens_per_rank, s.hidden):
-            raise _shape_err("out", f"shape [T, H] = {[s.max_tokens_per_rank, s.hidden]}", list(out.shape))
-        ctx = self._ctx()
+        self._check_out(out)
+        self._ctx()
         self._slots.close(handle.slot)
+        if self._backend.autodiff:
+            return self._combine_recv(handle, out)
+        return autodiff.combine_recv(self._halves(), handle, out)
+
+    def _combine_recv(self, handle: CombineHandle, out, pairs: bool = False):
+        """combine_recv after the checks, without slot tracking or a gradient rule. pairs: also
+        every pair's unweighted row [T, K, H] f32 (Backend.combine_recv)."""
+        ctx = self._ctx()
         with jax.named_scope("a2a_combine_recv"):
-            res = self._backend.combine_recv(ctx, handle.arrays, handle.route, handle.slot, out, pairs=pairs)
-        mask = handle.route.arrays.get("rank_mask")
+            res = self._backend.combine_recv(ctx, handle.wire, handle.route, handle.slot, out, pairs=pairs)
+        mask = handle.route.rank_mask
         if mask is None:
             return res
         # A masked rank's tokens are not produced: 0, or `out` (its own pairs were stopped at the
@@ -550,40 +426,25 @@ class Communicator:
     # ---- one-shot ----------------------------------------------------------------------------
     def dispatch(self, x, topk_ids, topk_weights, num_tokens=None, *, slot: int = 0, x_scale=None,
                  expert_map: Optional[ExpertMap] = None, rank_mask=None) -> Dispatched:
-        """dispatch_send then dispatch_recv; differentiable w.r.t. x and topk_weights.
+        """dispatch_send then dispatch_recv; differentiable w.r.t. x and topk_weights (as the halves).
         expert_map: as in dispatch_send (topk_ids logical, mapped to physical replicas).
         rank_mask: as in dispatch_send ([N] bool/int, nonzero = alive; combine takes it from got)."""
-        if self._backend.autodiff or x_scale is not None:
-            return self.dispatch_recv(self.dispatch_send(x, topk_ids, topk_weights, num_tokens, slot=slot,
-                                                         x_scale=x_scale, expert_map=expert_map,
-                                                         rank_mask=rank_mask))
-        from . import autodiff
-        slot = self._check_slot(slot)
-        self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
-        n = self._num_tokens(num_tokens)
-        self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
-        # ids carry no gradient: map them outside the custom_vjp; its rules (and the combine's
-        # backward re-dispatch from route.arrays["topk_ids"]) then see physical ids only
-        mask = self._check_rank_mask(rank_mask)
-        topk_ids = self._map_experts(topk_ids, expert_map, mask)
-        self._slots.open(slot, self.spec.slots)
-        with self._slots.suppressed():
-            return autodiff.dispatch(self, x, topk_ids, topk_weights, n, slot, mask)
+        return self.dispatch_recv(self.dispatch_send(x, topk_ids, topk_weights, num_tokens, slot=slot, x_scale=x_scale,
+                                                     expert_map=expert_map, rank_mask=rank_mask))
 
     def combine(self, y, got: Dispatched, out=None, *, slot: Optional[int] = None):
-        """combine_send then combine_recv; differentiable w.r.t. y, the router weights and out."""
-        if self._backend.autodiff:
-            return self.combine_recv(self.combine_send(y, got, slot=slot), out=out)
-        from . import autodiff
-        if not isinstance(got, Dispatched):
-            raise ValueError(f"got: expected the Dispatched from dispatch_recv, got {type(got).__name__}")
-        slot = got.slot if slot is None else self._check_slot(slot)
-        with self._slots.suppressed():
-            res = autodiff.combine(self, y, got, out, slot)
-        self._slots.close(got.slot)
-        if slot != got.slot:
-            self._slots.close(slot)
-        return res
+        """combine_send then combine_recv; differentiable w.r.t. y, the router weights and out
+        (as the halves)."""
+        return self.combine_recv(self.combine_send(y, got, slot=slot), out=out)
+
+    def _halves(self) -> "autodiff.Halves":
+        """The halves without checks or slot tracking, for the custom_vjp rules of autodiff.py
+        (which JAX traces at times it picks, in traces of their own), holding this communicator
+        weakly (the traced program keeps the rules)."""
+        return autodiff.Halves(self.spec, self.axis, weakref.WeakMethod(self._send),
+                               weakref.WeakMethod(self._recv_plain), weakref.WeakMethod(self._combine_send),
+                               weakref.WeakMethod(self._combine_recv))
+
 
     # ---- introspection -----------------------------------------------------------------------
     def buffer_bytes(self) -> int:
@@ -618,11 +479,13 @@ class Communicator:
         return {"backend": self.backend_name, **self._backend.diagnostics()}
 
     def stats(self) -> dict:
-        """Counters gathered from executed dispatches of this process's ranks (collect_stats=True):
-        dispatches (rank-calls), dropped pairs (bad expert ids), overflow rows (past
-        recv_capacity), masked pairs (not sent because of the rank mask: expected); plus buffer bytes per rank and the backend."""
-        with self._lock:
-            out = dict(self._stats)
+        """Counters gathered from executed dispatches of this process's ranks (collect_stats=True;
+        docs/api.md "Counters"): dispatches (rank-calls of the dispatches the program calls; a
+        backward pass's exchanges are not counted), dropped pairs (bad expert ids), overflow rows
+        (past recv_capacity), masked pairs (not sent because of the rank mask: expected), clamped
+        (dispatches whose device num_tokens was outside [0, T]); plus buffer bytes per rank and
+        the backend."""
+        out = self._counters.snapshot()
         out.update(backend=self.backend_name, num_ranks=self.num_ranks, collecting=self.collect_stats,
                    buffer_bytes_per_rank=self.buffer_bytes(),
                    recv_rows=self.spec.recv_rows(self.num_ranks))
@@ -657,16 +520,7 @@ class Communicator:
         keep no state between steps (a no-op after the mask checks); cuda, nvshmem and the host
         backend with proxied=True raise NotImplementedError (cuda and nvshmem take a mask for a
         rank that ended between steps, not a recovery after a step that timed out)."""
-        mask = np.asarray(rank_mask)
-        n = self.num_ranks
-        if mask.shape != (n,):
-            raise _shape_err("rank_mask", f"shape [N] = [{n}] (one flag per EP rank)", list(mask.shape))
-        if mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.integer):
-            raise _shape_err("rank_mask", "dtype bool or an integer (nonzero = alive)", mask.dtype)
-        alive = (mask != 0).astype(np.int32)
-        if not alive.any():
-            raise ValueError("rank_mask: every rank is masked (at least the survivors must be alive)")
-        self._backend.recover(alive)
+        self._backend.recover(elastic.survivors(rank_mask, self.num_ranks))
         _runtime.forget_failed_effects()  # the failed step's token must not raise again later
 
     def close(self):
@@ -675,18 +529,16 @@ class Communicator:
         self._finalizer()  # runs the backend's close once
 
     def reset_stats(self):
-        with self._lock:
-            self._stats = {"dispatches": 0, "dropped": 0, "overflow": 0, "masked": 0}
+        self._counters.reset()
 
     # ---- debug=True errors -------------------------------------------------------------------
     def check(self):
         """Raises the first `DroppedRowsError` that a debug check of this communicator raised in
         this process since the last check() (the step that raised it failed with a
         `jax.errors.JaxRuntimeError`), and forgets them; returns None when there is none."""
-        with self._lock:
-            errors, self._errors = self._errors, []
+        errors = self._counters.take_errors()
         if errors:
-            raise _copy_of(errors[0])
+            raise copy_of(errors[0])
 
     @contextlib.contextmanager
     def checked(self):
@@ -706,21 +558,15 @@ class Communicator:
         try:
             yield self
         except jax.errors.JaxRuntimeError as e:
-            with self._lock:
-                errors, self._errors = self._errors, []
+            errors = self._counters.take_errors()
             if not errors and DroppedRowsError.__name__ not in str(e):
                 raise
             _runtime.forget_failed_effects()
-            err = _copy_of(errors[0]) if errors else DroppedRowsError(str(e))
+            err = copy_of(errors[0]) if errors else DroppedRowsError(str(e))
             raise err from e
         self.check()
 
 
-def _copy_of(err: DroppedRowsError) -> DroppedRowsError:
-    """A new error with `err`'s message, to raise from a method: raising `err` itself would add
-    the method's frame (and `self` in it) to the traceback of an object that logging records of
-    the failed callback may keep (pytest's do), keeping the communicator alive with them."""
-    return type(err)(*err.args)
 
 
 def init(spec: Spec, mesh, axis="ep", backend: str = "auto", *, debug: bool = False, timeout_s: float = 60.0,
@@ -748,3 +594,4 @@ def init(spec: Spec, mesh, axis="ep", backend: str = "auto", *, debug: bool = Fa
     options = {**{k: v for k, v in given.items() if v is not None}, **options}
     return Communicator(spec, mesh, axis, backend, debug=debug, timeout_s=timeout_s, collect_stats=collect_stats,
                         **options)
+

@@ -31,10 +31,11 @@ import functools
 import jax
 import jax.extend.core as _jex
 import numpy as np
-from jax.interpreters import mlir
+from jax.interpreters import ad, mlir
 # No public API for these (jax 0.10, 0.11): the DCE and remat rule tables, eager dispatch of a
 # primitive, the FFI call's abstract evaluation, and the auto-reshard of operands that
 # jax.ffi.ffi_call does.
+from jax._src import ad_util as _ad_util
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import ffi as _jffi
@@ -77,7 +78,23 @@ def _never_recompute(saveable, unks_in, inst_in, eqn):
     return None, eqn, [True] * n, [True] * n, res
 
 
+def _jvp(primals, tangents, **params):
+    """The calls have no derivative of their own: the custom_vjp rules of jax_moe_a2a/autodiff.py
+    give the halves theirs, and pass the float operands through stop_gradient. What still reaches
+    here are integer operands (routing) whose tangents are float0 zeros: ignored, the outputs'
+    tangents are zero. A float operand with a tangent would be a bug of ours: refused."""
+    for p, t in zip(primals, tangents):
+        if type(t) is not _ad_util.Zero and getattr(t, "dtype", None) != jax.dtypes.float0:
+            raise NotImplementedError(
+                f"jax_moe_a2a: {params['target_name']} was differentiated through a float operand "
+                f"{getattr(p, 'dtype', '?')}{list(getattr(p, 'shape', ()))}: the halves' gradients come from "
+                "jax_moe_a2a/autodiff.py's rules, which must keep every float operand out of the tangent")
+    outs = comm_call_p.bind(*primals, **params)
+    return outs, [_ad_util.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
+
+
 comm_call_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[comm_call_p] = _jvp
 mlir.register_lowering(comm_call_p, _lowering)
 _pe.dce_rules[comm_call_p] = _keep_dce
 _pe.partial_eval_jaxpr_custom_rules[comm_call_p] = _never_recompute

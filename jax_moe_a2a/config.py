@@ -10,55 +10,11 @@ and never recomputes.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Optional
 
-import jax.numpy as jnp
-import numpy as np
-
+from . import _ffi
+from .dtypes import Dtype, Layout
 from .spec import Spec
-
-
-class Dtype(enum.IntEnum):
-    """Element dtype codes shared with C++ (cc/core/dtype.h ElemKind, _C.Dtype): the wire dtype of
-    dispatch, the dtypes of combine's rows and outputs, the FFI `y_kind` attribute."""
-
-    F32 = 0
-    BF16 = 1
-    F16 = 2
-    F8_E4M3FN = 3
-
-    @classmethod
-    def of(cls, dtype) -> "Dtype":
-        """The code of a NumPy / JAX dtype; ValueError for any other."""
-        d = np.dtype(dtype)
-        for code, np_dtype in _NUMPY.items():
-            if np_dtype == d:
-                return code
-        raise ValueError(f"no jax_moe_a2a dtype code for {d} (valid: {[str(v) for v in _NUMPY.values()]})")
-
-    @property
-    def numpy(self) -> np.dtype:
-        return _NUMPY[self]
-
-    @property
-    def itemsize(self) -> int:
-        return _NUMPY[self].itemsize
-
-
-_NUMPY = {Dtype.F32: np.dtype(jnp.float32), Dtype.BF16: np.dtype(jnp.bfloat16), Dtype.F16: np.dtype(jnp.float16),
-          Dtype.F8_E4M3FN: np.dtype(jnp.float8_e4m3fn)}
-
-
-class Layout(enum.IntEnum):
-    """Receive layout codes shared with C++ (cc/core/shape.h Layout, _C.Layout)."""
-
-    RAGGED = 0
-    EXPERT_MAJOR = 1
-
-    @classmethod
-    def of(cls, name: str) -> "Layout":
-        return {"ragged": cls.RAGGED, "expert_major": cls.EXPERT_MAJOR}[name]
 
 
 # Transport fields a backend may set from its options (Backend.transport); the rest come from the Spec.
@@ -106,17 +62,20 @@ class Config:
     proxied: bool = False
 
     @classmethod
-    def build(cls, spec: Spec, num_ranks: int, backend="reference", *, timeout_s: float = 60.0,
+    def build(cls, spec: Spec, num_ranks: int, backend, *, timeout_s: float = 60.0,
               options: Optional[dict] = None) -> "Config":
-        """The config of `spec` on an EP group of `num_ranks` ranks for `backend` (a name, a
-        Backend class or instance). `options`: the backend options of `jax_moe_a2a.init`; a name
-        the backend does not declare (Backend.OPTIONS) raises ValueError listing the valid ones;
-        the backend resolves the others (defaults, environment) in `Backend.transport`."""
-        from . import backends as _backends
-
+        """The config of `spec` on an EP group of `num_ranks` ranks for `backend`: a Backend class
+        or instance (its `name`, `OPTIONS` and `transport`; by name:
+        `jax_moe_a2a.backends.backend_class(name)`). `options`: the backend options of
+        `jax_moe_a2a.init`; a name the backend does not declare (Backend.OPTIONS) raises ValueError
+        listing the valid ones; the backend resolves the others (defaults, environment) in
+        `Backend.transport`. This module imports no backend: the caller resolves the name."""
         if not isinstance(spec, Spec):
             raise ValueError(f"spec: expected a jax_moe_a2a.Spec, got {type(spec).__name__}")
-        impl = _backends.backend_class(backend)
+        if isinstance(backend, str):
+            raise ValueError(f"backend: expected a Backend class or instance, got the name {backend!r}; "
+                             f"use jax_moe_a2a.backends.backend_class({backend!r})")
+        impl = backend if isinstance(backend, type) else type(backend)
         spec.check_ranks(num_ranks)
         if timeout_s <= 0:
             raise ValueError(f"timeout_s: expected > 0, got {timeout_s}")
@@ -137,8 +96,6 @@ class Config:
 
     def native(self):
         """This config as the C++ struct `_C.Config` (cc/core/config.h), fields by name."""
-        from . import _ffi
-
         c = _ffi.require_native()
         out = c.Config()
         for f in dataclasses.fields(self):

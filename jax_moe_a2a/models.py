@@ -24,7 +24,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from . import experts
 from ._compat import shard_map
+from .overlap import overlap as in_flight
+from .quant import dequantize_fp8, quantize_fp8_jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +88,8 @@ def init_moe_params(key, cfg: MoEConfig) -> dict:
         wgu = jax.random.normal(k[1], (e, 2 * f, h)) / jnp.sqrt(h)
         wdn = jax.random.normal(k[2], (e, h, f)) / jnp.sqrt(f)
         if cfg.fp8_experts:
-            from .experts import quantize_weights_fp8
-            p["w_gate_up"], p["w_gate_up_scale"] = quantize_weights_fp8(wgu, cfg.weight_block)
-            p["w_down"], p["w_down_scale"] = quantize_weights_fp8(wdn, cfg.weight_block)
+            p["w_gate_up"], p["w_gate_up_scale"] = experts.quantize_weights_fp8(wgu, cfg.weight_block)
+            p["w_down"], p["w_down_scale"] = experts.quantize_weights_fp8(wdn, cfg.weight_block)
         else:
             p["w_gate_up"] = wgu.astype(cfg.param_dtype)
             p["w_down"] = wdn.astype(cfg.param_dtype)
@@ -125,7 +127,6 @@ def _experts(spec, cfg, params, got):
         return _grouped_experts(spec, cfg, params, got.x, got.scale, got.group_sizes)
     xin = got.x
     if spec.recv_is_fp8:  # else got.x arrives dequantised (Spec.recv_dtype) or 16/32-bit
-        from .quant import dequantize_fp8
         xin = dequantize_fp8(got.x, got.scale, spec.scale_block)
     xin = xin.astype(params["w1"].dtype)
     h = _silu(jax.lax.ragged_dot(xin, params["w1"], got.group_sizes))
@@ -138,8 +139,6 @@ def _grouped_experts(spec, cfg, params, x, scale, group_sizes):
     to the weights: fp8 weights take fp8 rows whose scale blocks are the weights' (rows that arrive in
     bf16, or with other blocks, are (re-)quantised with the library's rule); bf16 weights take the
     rows dequantised. Returns [.., H] in Spec.combine_dtype."""
-    from . import experts
-    from .quant import dequantize_fp8
     fp8_rows = jnp.dtype(x.dtype) == jnp.dtype(jnp.float8_e4m3fn)
     if cfg.fp8_experts:
         block = cfg.hidden // params["w_gate_up_scale"].shape[-1]
@@ -189,7 +188,6 @@ def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap
         if cfg.shared_ffn:
             shared = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"])
         return comm.combine(_experts(spec, cfg, params, got), got, out=shared)
-    from .overlap import overlap as in_flight
     sent = comm.dispatch_send(x, ids, w, num_tokens, expert_map=expert_map)
     if cfg.shared_ffn:   # the weights go through the barrier too: all of the work waits for the send
         sent, h = in_flight(sent, shared_up, x, params["w1s"])
@@ -265,7 +263,6 @@ def dense_moe_block(cfg: MoEConfig, spec, params: dict, x, num_tokens=None):
     n = t if num_tokens is None else jnp.asarray(num_tokens).reshape(())
     w = jnp.where((jnp.arange(t) < n)[:, None], w, 0.0)
     if spec.is_fp8:
-        from .quant import dequantize_fp8, quantize_fp8_jax
         xw = dequantize_fp8(*quantize_fp8_jax(x, spec.scale_block, spec.pow2_scale), spec.scale_block)
     else:
         xw = x.astype(spec.dispatch_dtype)
@@ -273,8 +270,8 @@ def dense_moe_block(cfg: MoEConfig, spec, params: dict, x, num_tokens=None):
         xe = jnp.broadcast_to(xw.astype(jnp.float32), (cfg.num_experts, t, cfg.hidden))
         xs = None
         if spec.is_fp8 and cfg.fp8_experts and spec.scale_block == cfg.hidden // params["w_gate_up_scale"].shape[-1]:
-            from .quant import quantize_fp8_jax   # the wire's own fp8 rows and scales
-            q, s = quantize_fp8_jax(x, spec.scale_block, spec.pow2_scale)
+            q, s = quantize_fp8_jax(  # the wire's own fp8 rows and scales
+                x, spec.scale_block, spec.pow2_scale)
             xe = jnp.broadcast_to(q, (cfg.num_experts,) + q.shape)
             xs = jnp.broadcast_to(s, (cfg.num_experts,) + s.shape)
         counts = jnp.full((cfg.num_experts,), t, jnp.int32)

@@ -9,6 +9,8 @@ from typing import Any, Dict, List, Optional
 
 import jax
 
+from . import env
+
 
 def local_device_ids_from_env() -> Optional[List[int]]:
     """Local device ids for `jax.distributed.initialize` from JAX_MOE_A2A_LOCAL_DEVICE_IDS.
@@ -16,7 +18,6 @@ def local_device_ids_from_env() -> Optional[List[int]]:
     "0" or "0,1": every process takes those devices (several processes sharing one GPU).
     "local_rank": one GPU per process, the process's node-local rank under Open MPI or Slurm.
     Unset: None (JAX decides)."""
-    from . import env
     ids = env.get_str("LOCAL_DEVICE_IDS")
     if not ids:
         return None

@@ -8,11 +8,7 @@ from typing import Optional
 import jax.numpy as jnp
 import numpy as np
 
-LAYOUTS = ("ragged", "expert_major")
-FP8_DTYPES = (np.dtype(jnp.float8_e4m3fn),)
-WIRE_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32)) + FP8_DTYPES
-INPUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
-COMBINE_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
+from .dtypes import COMBINE_DTYPES, FP8_DTYPES, INPUT_DTYPES, LAYOUTS, WIRE_DTYPES  # noqa: F401 (re-exported)
 
 
 def _pos_int(name: str, value) -> int:

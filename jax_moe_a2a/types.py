@@ -17,23 +17,42 @@ def _register(cls, data, meta):
     return jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
 
 
+def pytree(cls=None, *, meta: tuple = ()):
+    """Class decorator: a frozen dataclass registered as a pytree whose fields are its leaves,
+    except the static `meta` fields (hashable: slots, ids, dtypes). The backends' typed wire and
+    placement records (jax_moe_a2a/backends) are declared with it."""
+    def wrap(c):
+        c = dataclasses.dataclass(frozen=True)(c)
+        names = [f.name for f in dataclasses.fields(c)]
+        return _register(c, [n for n in names if n not in meta], list(meta))
+    return wrap(cls) if cls is not None else wrap
+
+
 @dataclasses.dataclass(frozen=True)
 class Route:
-    """Everything combine needs to know about one dispatch, as arrays (backend-defined contents).
+    """Everything combine needs to know about one dispatch (pass it on inside `got`).
 
-    Common fields:
+    Fields:
       topk_weights: [T, K] f32, the router weights given to dispatch (used by combine_recv).
       num_tokens:   [] int32, rows at or past it are ignored / zero in combine's output.
-      arrays:       dict of backend-specific int32 arrays (e.g. where each pair went).
+      topk_ids:     [T, K] int32 physical expert ids as dispatched (after `expert_map`, before the
+                    rank mask); the backward of a one-shot combine dispatches them again.
+      placement:    the backend's record of where each pair went and where each received row
+                    came from (a pytree of int32 arrays whose type the backend defines, e.g.
+                    `jax_moe_a2a.backends.ffi.FfiPlacement`).
+      rank_mask:    [N] int32 (1 = alive) of the dispatch, or None without one.
+      comm_id:      the communicator that made it (static).
     """
 
     topk_weights: Any
     num_tokens: Any
-    arrays: dict
+    topk_ids: Any
+    placement: Any
+    rank_mask: Optional[Any] = None
     comm_id: int = 0
 
 
-_register(Route, ["topk_weights", "num_tokens", "arrays"], ["comm_id"])
+_register(Route, ["topk_weights", "num_tokens", "topk_ids", "placement", "rank_mask"], ["comm_id"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,18 +60,29 @@ class DispatchHandle:
     """In-flight dispatch, from `dispatch_send` to `dispatch_recv` (pass it on unchanged).
 
     Fields:
-      arrays: dict of backend-defined arrays (the wire buffers or a small token array).
-      route:  `Route` of this dispatch.
-      slot:   static buffer slot; comm_id: the communicator that made it.
+      wire:        the backend's in-flight record (a pytree whose type the backend defines: the
+                   wire buffers, or a small token array of the FFI backends).
+      route:       `Route` of this dispatch.
+      num_dropped: [] int32 pairs this rank could not route (bad expert ids; not masked ones).
+      num_masked:  [] int32 pairs the rank mask stopped, or None without a mask.
+      tokens_given: [] int32 `num_tokens` as given when it is a device array, before it was
+                   clamped to [0, T] (route.num_tokens); None when given as an int or left out.
+      x:           [T, H] the dispatched rows as given (what the gradient of `dispatch_recv`
+                   flows back to; never read by the forward).
+      slot:        static buffer slot; comm_id: the communicator that made it.
     """
 
-    arrays: dict
+    wire: Any
     route: Route
+    num_dropped: Any
+    num_masked: Optional[Any] = None
+    tokens_given: Optional[Any] = None
+    x: Optional[Any] = None
     slot: int = 0
     comm_id: int = 0
 
 
-_register(DispatchHandle, ["arrays", "route"], ["slot", "comm_id"])
+_register(DispatchHandle, ["wire", "route", "num_dropped", "num_masked", "tokens_given", "x"], ["slot", "comm_id"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,15 +130,19 @@ class CombineHandle:
     """In-flight combine, from `combine_send` to `combine_recv`.
 
     Fields:
-      arrays: dict of backend-defined arrays.
-      route:  the dispatch's `Route` (weights, num_tokens, where each pair went).
-      out_dtype: static dtype of the combined output.
+      wire:  the backend's in-flight record (a pytree whose type the backend defines).
+      route: the dispatch's `Route` (weights, num_tokens, where each pair went).
+      y:     the expert outputs as sent (what the gradient of `combine_recv` flows back to).
+      got:   the `Dispatched` they answer (its weights and sources, for that gradient).
+      slot:  static buffer slot; comm_id: the communicator that made it.
     """
 
-    arrays: dict
+    wire: Any
     route: Route
+    y: Optional[Any] = None
+    got: Optional[Any] = None
     slot: int = 0
     comm_id: int = 0
 
 
-_register(CombineHandle, ["arrays", "route"], ["slot", "comm_id"])
+_register(CombineHandle, ["wire", "route", "y", "got"], ["slot", "comm_id"])

@@ -36,6 +36,27 @@ if _MPI_SIZE > 1:
         jax.distributed.initialize(local_device_ids=local_device_ids_from_env())
 
 
+
+def _available_backends():
+    import jax_moe_a2a as a2a  # after jax.distributed.initialize (above): the backends query devices
+    return a2a.available_backends()
+
+
+# The backends every parametrised test runs on: JAX_MOE_A2A_TEST_BACKENDS (comma-separated), or every
+# available one. Test files import these from here (`from conftest import BACKENDS`).
+BACKENDS = [b for b in os.environ.get("JAX_MOE_A2A_TEST_BACKENDS", ",".join(_available_backends())).split(",") if b]
+# Backends written in JAX alone: differentiated by JAX autodiff, never time out (XLA collectives).
+PURE_JAX = ("reference", "ragged")
+
+
+def xla_collectives_refused():
+    """True when several GPU processes share one GPU (JAX_MOE_A2A_LOCAL_DEVICE_IDS set to fixed
+    ids under mpirun, as on the one-GPU machine): XLA's NCCL collectives refuse that ("Duplicate
+    GPU detected"), so the PURE_JAX backends, and tests that compare with them, cannot run there."""
+    ids = os.environ.get("JAX_MOE_A2A_LOCAL_DEVICE_IDS", "")
+    return jax.process_count() > 1 and ids not in ("", "local_rank") and jax.default_backend() == "gpu"
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _MPI_SIZE > 1:  # leave together: a process exiting early aborts the others' coordination
         jax.distributed.shutdown()

@@ -12,6 +12,7 @@ import pytest
 import jax_moe_a2a as a2a
 from jax_moe_a2a import _ffi
 from jax_moe_a2a.backends.base import Backend
+from jax_moe_a2a.backends import backend_class
 from jax_moe_a2a.config import Config, Dtype, Layout
 
 SPEC = a2a.Spec(num_experts=16, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
@@ -32,14 +33,14 @@ def _native():
 
 def test_build_reads_the_spec():
     spec = SPECS[1]
-    c = Config.build(spec, 8, "reference", timeout_s=5.0)
+    c = Config.build(spec, 8, backend_class("reference"), timeout_s=5.0)
     assert (c.num_ranks, c.num_experts, c.experts_per_token, c.hidden, c.max_tokens_per_rank) == (8, 256, 8, 7168, 128)
     assert c.dispatch_dtype is Dtype.F8_E4M3FN and c.combine_dtype is Dtype.BF16 and c.layout is Layout.RAGGED
     assert c.num_scales == spec.num_scales == 56 and c.recv_rows == spec.recv_rows(8) == 1000
     assert c.timeout_s == 5.0 and c.local_experts == 32
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.hidden = 1
-    assert hash(c) == hash(Config.build(spec, 8, "reference", timeout_s=5.0))
+    assert hash(c) == hash(Config.build(spec, 8, backend_class("reference"), timeout_s=5.0))
 
 
 def test_dtype_codes():
@@ -58,7 +59,7 @@ def test_python_and_cpp_enums_agree():
 @pytest.mark.parametrize("spec", SPECS, ids=["bf16", "fp8-capacity", "f32-tp2-expert-major"])
 def test_native_config_and_its_shape(spec):
     _native()
-    cfg = Config.build(spec, 8, "reference")
+    cfg = Config.build(spec, 8, backend_class("reference"))
     nat = cfg.native()
     for f in dataclasses.fields(cfg):
         if f.name != "backend":
@@ -80,10 +81,10 @@ def test_unknown_options_raise_naming_the_valid_ones(mesh):
         a2a.init(SPEC, mesh, "ep", backend="reference", unknown_option=1)
     with pytest.raises(ValueError, match=r"cuda backend: unknown option\(s\) unknown_option; its options: "
                                          r"max_private_tokens, node_size, provider"):
-        Config.build(SPEC, 8, "cuda", options={"unknown_option": 1})
+        Config.build(SPEC, 8, backend_class("cuda"), options={"unknown_option": 1})
     with pytest.raises(ValueError, match=r"host backend: unknown option\(s\) unknown_option; its options: "
                                          r"engine, max_private_tokens, node_size, provider, proxied"):
-        Config.build(SPEC, 8, "host", options={"unknown_option": 1})
+        Config.build(SPEC, 8, backend_class("host"), options={"unknown_option": 1})
 
 
 def _pad(b):
@@ -123,17 +124,17 @@ def test_buffer_sizes_come_from_cpp(spec):
     if c.built_with_libfabric():
         from jax_moe_a2a.backends.host import HostBackend
         for priv in (None, 0, 3):
-            cfg = Config.build(spec, n, "host", options={} if priv is None else {"max_private_tokens": priv})
+            cfg = Config.build(spec, n, backend_class("host"), options={} if priv is None else {"max_private_tokens": priv})
             regions = HostBackend().buffer_regions(cfg)
             assert sum(regions.values()) == HostBackend().buffer_bytes(cfg) == _host_bytes(spec, n, priv)
     if c.built_with_cuda():
         from jax_moe_a2a.backends.cuda import CudaBackend
-        cfg = Config.build(spec, n, "cuda")
+        cfg = Config.build(spec, n, backend_class("cuda"))
         regions = CudaBackend().buffer_regions(cfg)
         assert CudaBackend().buffer_bytes(cfg) == sum(regions.values()) == _cuda_bytes(spec, n)
         assert not any(k.startswith("remote_") for k in regions)
         if c.built_with_libfabric():  # peers on other nodes: the inter-node buffers are listed, not counted
-            far = Config.build(spec, n, "cuda", options={"node_size": 4})
+            far = Config.build(spec, n, backend_class("cuda"), options={"node_size": 4})
             r = CudaBackend().buffer_regions(far)
             assert {k for k in r if k.startswith("remote_")} == {
                 "remote_counts", "remote_dispatch_send", "remote_dispatch_recv", "remote_combine_send",
@@ -141,7 +142,7 @@ def test_buffer_sizes_come_from_cpp(spec):
             assert CudaBackend().buffer_bytes(far) == _cuda_bytes(spec, n)
     if c.built_with_nvshmem():
         from jax_moe_a2a.backends.nvshmem import NvshmemBackend
-        cfg = Config.build(spec, n, "nvshmem")
+        cfg = Config.build(spec, n, backend_class("nvshmem"))
         assert NvshmemBackend().buffer_bytes(cfg) == sum(NvshmemBackend().buffer_regions(cfg).values())
         assert NvshmemBackend().buffer_bytes(cfg) % 256 == 0
 
@@ -152,7 +153,7 @@ def test_communicator_reports_and_the_backend_never_holds_it(mesh, backend):
         pytest.skip(f"{backend} backend not available")
     comm = a2a.init(SPEC, mesh, "ep", backend=backend)
     try:
-        assert comm.config == Config.build(SPEC, comm.num_ranks, backend, timeout_s=comm.timeout_s)
+        assert comm.config == Config.build(SPEC, comm.num_ranks, backend_class(backend), timeout_s=comm.timeout_s)
         regions = comm.buffer_regions()
         assert regions and sum(regions.values()) == comm.buffer_bytes() == comm.stats()["buffer_bytes_per_rank"]
         assert comm.proxy_stats() == {} if backend == "reference" else set(comm.proxy_stats()) <= set(range(8))
@@ -186,7 +187,7 @@ def test_ep8_decode_buffers():
     from jax_moe_a2a.backends.cuda import CudaBackend
     spec = a2a.Spec(num_experts=256, experts_per_token=8, hidden=7168, max_tokens_per_rank=128,
                     dispatch_dtype=jnp.float8_e4m3fn, combine_dtype=jnp.bfloat16, slots=2)
-    cfg = Config.build(spec, 8, "cuda")
+    cfg = Config.build(spec, 8, backend_class("cuda"))
     regions = CudaBackend().buffer_regions(cfg)
     total = CudaBackend().buffer_bytes(cfg)
     assert total == sum(regions.values()) == _cuda_bytes(spec, 8) == 152_658_496

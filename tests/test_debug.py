@@ -98,3 +98,73 @@ def test_checked_passes_other_errors_through(mesh):
     with pytest.raises(KeyError):
         with comm.checked():
             raise KeyError("not ours")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_num_tokens_outside_the_range_is_counted_and_raised_under_debug(backend):
+    """Issue 33.7: a num_tokens device array above Spec.max_tokens_per_rank (or below 0) was
+    clamped silently. It is still clamped (the results are those of T, or of 0), counted in
+    stats()['clamped'] (once per rank and dispatch), and debug=True raises naming it."""
+    import dataclasses
+    import jax
+    mesh = T.make_mesh(2)
+    spec = _spec(recv_capacity=None)
+    t = spec.max_tokens_per_rank
+    inputs = T.make_inputs(spec, 2, 3, num_tokens=t)
+    bad = [dataclasses.replace(inputs[0], num_tokens=t + 5), dataclasses.replace(inputs[1], num_tokens=-1)]
+    comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=True)
+    res = T.run_ops(comm, bad)
+    jax.effects_barrier()
+    assert comm.stats()["clamped"] == 2 and comm.stats()["dispatches"] == 2
+    T.check_all(comm, [inputs[0], dataclasses.replace(inputs[1], num_tokens=0)], res)
+    ok = T.run_ops(comm, inputs)  # in range: nothing counted
+    jax.effects_barrier()
+    assert comm.stats()["clamped"] == 2 and ok
+    dbg = a2a.init(spec, mesh, "ep", backend=backend, debug=True, timeout_s=20)
+    with pytest.raises(a2a.DroppedRowsError, match=r"num_tokens (9|-1) .*outside \[0, 4\]"):
+        with dbg.checked():
+            T.run_ops(dbg, bad)
+
+
+_ONE_BAD_ID = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax_moe_a2a as a2a
+from jax_moe_a2a import testing as T
+mesh = T.make_mesh(4)
+spec = a2a.Spec(num_experts=8, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+comm = a2a.init(spec, mesh, "ep", backend=sys.argv[1], debug=True, timeout_s=20)
+inputs = T.make_inputs(spec, 4, 1, num_tokens=4, minus_one_frac=0.0, invalid_frac=0.0)
+inputs[2].topk_ids[3, 1] = 99
+try:
+    with comm.checked():
+        T.run_ops(comm, inputs)
+except a2a.DroppedRowsError as e:
+    print("CAUGHT:", e)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_bad_id_gives_one_concise_error(backend, tmp_path):
+    """Issue 33.5: one bad expert id gave ~100 lines on stderr (every rank's callback traceback,
+    logged by JAX, and a log line of ours per rank) and a vague message ("dispatch dropped 0
+    pair(s) ... on this rank, 1 in all ranks"). Now: nothing on stderr, and the error names the
+    rank, the token and the id."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "one_bad_id.py"
+    script.write_text(_ONE_BAD_ID)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_")) and k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    res = subprocess.run([sys.executable, str(script), backend], capture_output=True, text=True, timeout=100,
+                         env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    caught = [line for line in res.stdout.splitlines() if line.startswith("CAUGHT:")]
+    assert len(caught) == 1, res.stdout + res.stderr[-3000:]
+    assert "rank 2, token 3: expert id 99 is outside [0, 8)" in caught[0], caught[0]
+    assert "1 dropped pair" in caught[0] and "on this rank" not in caught[0], caught[0]
+    assert len(caught[0]) < 300, caught[0]
+    assert res.stderr.strip() == "", res.stderr[-3000:]

@@ -31,7 +31,7 @@ from jax_moe_a2a import env as a2a_env
 from jax_moe_a2a import eplb, oracle
 from jax_moe_a2a import testing as T
 
-from test_ops import BACKENDS
+from conftest import BACKENDS
 
 FP8 = jnp.float8_e4m3fn
 BASE = dict(num_experts=32, experts_per_token=4, hidden=128, max_tokens_per_rank=16)
@@ -423,7 +423,7 @@ def test_gpu_backends_mask_support(num_ranks, mesh, monkeypatch):
     assert CudaBackend.rank_mask_unsupported(one_node) is None
     reason = CudaBackend.rank_mask_unsupported(two_nodes)
     assert "inter-node proxy waits for every remote rank" in reason
-    nv_config = Config.build(_spec(4), 4, "nvshmem")
+    nv_config = Config.build(_spec(4), 4, NvshmemBackend)
     assert nv_config.node_size < nv_config.num_ranks  # what cuda's check would refuse
     assert NvshmemBackend.rank_mask_unsupported(SimpleNamespace(config=nv_config)) is None
     assert NvshmemBackend.rank_mask_unsupported(SimpleNamespace(config=None)) is None

@@ -16,7 +16,7 @@ import jax_moe_a2a as a2a
 from jax_moe_a2a import models, oracle
 from jax_moe_a2a import testing as T
 
-from test_ops import BACKENDS
+from conftest import BACKENDS
 
 FP8 = jnp.float8_e4m3fn
 

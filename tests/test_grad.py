@@ -14,7 +14,7 @@ from jax_moe_a2a import testing as T
 pytestmark = pytest.mark.mpi
 
 
-from test_ops import BACKENDS, PURE_JAX  # noqa: E402  (JAX_MOE_A2A_TEST_BACKENDS or every available one)
+from conftest import BACKENDS, PURE_JAX  # noqa: E402  (JAX_MOE_A2A_TEST_BACKENDS or every available one)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -79,3 +79,117 @@ def test_grad_matches_closed_form(backend, layout, tp, num_ranks, mesh):
         np.testing.assert_allclose(dx[r], want_dx, rtol=1e-5, atol=1e-5, err_msg=f"rank {r} dx")
         if tp == 1:  # with tp > 1 the weight gradient also collects the other members' loss terms
             np.testing.assert_allclose(dw[r], want_dw, rtol=1e-5, atol=1e-4, err_msg=f"rank {r} dw")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stats_count_the_forward_dispatches_on_every_backend(backend, num_ranks, mesh):
+    """Issue 33.9: 5 training steps counted 160 dispatches on host and 80 on reference (the host
+    backend's backward dispatch, run by the combine's custom_vjp rule, was counted too). stats()
+    counts the dispatches the program calls, once each, and the drops of those: a backward pass's
+    exchanges are not counted (docs/api.md, "Counters")."""
+    spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=32, max_tokens_per_rank=8,
+                    dispatch_dtype=jnp.float32, combine_dtype=jnp.float32)
+    n = num_ranks
+    comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=True)
+    inputs = T.make_inputs(spec, n, 5, num_tokens=spec.max_tokens_per_rank, minus_one_frac=0.1, invalid_frac=0.1)
+    for i in inputs:  # a bad id on every rank (each process checks its own ranks' counts)
+        i.topk_ids[0, 0] = spec.num_experts + 3
+
+    def per_rank(x, ids, w, nt):
+        def loss(x, w):
+            got = comm.dispatch(x, ids, w, nt)
+            y = T.expert_fn_jax(spec, n, got, jnp.float32)
+            return jnp.sum(comm.combine(y, got) ** 2)
+        dx, dw = jax.grad(loss, argnums=(0, 1))(x, w)
+        return dx[None]
+
+    args = [T.stack_global(mesh, "ep", [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
+    args.append(T.stack_global(mesh, "ep", [np.int32(i.num_tokens) for i in inputs]))
+    f = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 4, out_specs=P("ep")))
+    steps = 5
+    for _ in range(steps):
+        dx = jax.block_until_ready(f(*args))
+    jax.effects_barrier()
+    local = sorted(T.local_ranks_of(dx))
+    st = comm.stats()
+    assert st["dispatches"] == steps * len(local), st
+    dropped = sum(int(oracle.routed_pairs(spec, inputs[r])[1].sum()) for r in local)
+    assert dropped > 0 and st["dropped"] == steps * dropped, st
+
+
+def _split_step(comm, spec, n, with_out):
+    """Per rank: gradients of a loss through the four split halves (an expert matrix W between
+    them, a shared output `out`) w.r.t. x, the router weights and W."""
+    def per_rank(x, ids, w, nt, W):
+        def loss(x, w, W):
+            sent = comm.dispatch_send(x, ids, w, nt)
+            got = comm.dispatch_recv(sent)
+            xin = jnp.where((got.src[..., 0] >= 0)[..., None], got.x.astype(jnp.float32), 0.0)  # rows past the
+            y = (xin @ W).astype(got.x.dtype)                                                # counts: unspecified
+            back = comm.combine_send(y, got)
+            out = comm.combine_recv(back, out=jnp.tanh(x) if with_out else None)
+            return jnp.sum(out.astype(jnp.float32) ** 2)
+        dx, dw, dW = jax.grad(loss, argnums=(0, 1, 2))(x, w, W)
+        return dx[None], dw[None], dW[None]
+    return jax.jit(T.shard_map(per_rank, mesh=comm.mesh, in_specs=(P("ep"),) * 4 + (P(),),
+                               out_specs=P("ep")))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout,with_out", [("ragged", True), ("expert_major", False)])
+def test_split_halves_are_differentiable_like_reference(backend, layout, with_out, num_ranks, mesh):
+    """Issue 33.4: gradients through dispatch_send/dispatch_recv/combine_send/combine_recv (what
+    the README teaches) raised 'Differentiation rule for jax_moe_a2a_comm_call not implemented' on
+    the host backend while the reference backend differentiated the same code. Every backend now
+    gives the reference backend's gradients (w.r.t. x, the router weights and an expert matrix)."""
+    spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=32, max_tokens_per_rank=8,
+                    dispatch_dtype=jnp.float32, combine_dtype=jnp.float32, layout=layout,
+                    recv_capacity=None if layout == "ragged" else 6)
+    n = num_ranks
+    inputs = T.make_inputs(spec, n, 21, minus_one_frac=0.1, invalid_frac=0.05)
+    args = [T.stack_global(mesh, "ep", [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
+    args.append(T.stack_global(mesh, "ep", [np.int32(i.num_tokens) for i in inputs]))
+    args.append(jnp.asarray(np.random.default_rng(4).standard_normal((spec.hidden, spec.hidden)) / 6, jnp.float32))
+    want = None
+    for b in ("reference", backend):
+        comm = a2a.init(spec, mesh, "ep", backend=b, collect_stats=False)
+        got = [T.local_ranks_of(a) for a in _split_step(comm, spec, n, with_out)(*args)]
+        if want is None:
+            want = got
+            continue
+        for name, g, w in zip(("dx", "dw", "dW"), got, want):
+            for r in w:
+                np.testing.assert_allclose(g[r], w[r], rtol=2e-5, atol=2e-5, err_msg=f"{b} rank {r} {name}")
+    assert any(np.abs(want[0][r]).max() > 0 for r in want[0])  # the gradients are not all zero
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("split", [False, True])
+def test_fp8_dispatch_has_no_gradient_on_any_backend(backend, split, num_ranks, mesh):
+    """Issue 33.4: one rule for fp8: the reference backend returned a gradient through an fp8
+    dispatch silently while the host backend refused. Every backend raises the same ValueError
+    when JAX transposes (at trace time), one-shot or split, through dispatch or combine."""
+    spec = a2a.Spec(num_experts=16, experts_per_token=2, hidden=128, max_tokens_per_rank=8,
+                    dispatch_dtype=jnp.float8_e4m3fn, recv_dtype=jnp.bfloat16)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=False)
+    inputs = T.make_inputs(spec, num_ranks, 2, input_dtype=jnp.bfloat16)
+    args = [T.stack_global(mesh, "ep", [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
+
+    def per_rank(x, ids, w, which):
+        def loss(x):
+            if split:
+                got = comm.dispatch_recv(comm.dispatch_send(x, ids, w))
+            else:
+                got = comm.dispatch(x, ids, w)
+            if which == "dispatch":  # through dispatch alone
+                return jnp.sum(got.x.astype(jnp.float32))
+            y = jax.lax.stop_gradient(got.x) * x[:1, :1].astype(got.x.dtype)  # through combine alone
+            out = comm.combine_recv(comm.combine_send(y, got)) if split else comm.combine(y, got)
+            return jnp.sum(out.astype(jnp.float32))
+        return jax.grad(loss)(x)
+
+    for which in ("dispatch", "combine"):
+        f = jax.jit(T.shard_map(lambda x, i, w: per_rank(x, i, w, which), mesh=mesh, in_specs=(P("ep"),) * 3,
+                                out_specs=P("ep")))
+        with pytest.raises(ValueError, match=f"{which} has no gradient with an fp8 Spec.dispatch_dtype"):
+            f.lower(*args)

@@ -1,12 +1,16 @@
-"""The include graph of cc/ follows the layers declared in cc/LAYERS (docs/architecture.md).
+"""The include graph of cc/ follows the layers declared in cc/LAYERS, and the import graph of the
+Python package those of jax_moe_a2a/LAYERS (docs/architecture.md).
 
 Every `#include "..."` under cc/ is resolved to a file and its layer; a file may include its own
 layer and lower ones, peers only through cc/LAYERS's `allow` lines (the known exceptions). A new
-include of a higher or peer layer fails here, naming the file, the line and both layers. Pure
-Python: no build, no JAX."""
+include of a higher or peer layer fails here, naming the file, the line and both layers.
+Every import of jax_moe_a2a's own modules (function-local ones too, parsed with ast) goes to a
+strictly lower level of jax_moe_a2a/LAYERS; function-local ones only where a `lazy` line says why.
+Pure Python: no build, no JAX."""
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,13 +31,18 @@ class Layers:
     namespaces: dict[str, set[str]] = field(default_factory=dict)  # layer -> namespaces it may open
 
 
-def parse_layers(path: Path) -> Layers:
-    t = Layers()
+def table_lines(path: Path):
+    """(line number, text, first word, other words) of every line of a LAYERS file with words on it
+    before its comment (cc/LAYERS, jax_moe_a2a/LAYERS)."""
     for n, raw in enumerate(path.read_text().splitlines(), 1):
         words = raw.split("#", 1)[0].split()
-        if not words:
-            continue
-        kind, args = words[0], words[1:]
+        if words:
+            yield n, raw, words[0], words[1:]
+
+
+def parse_layers(path: Path) -> Layers:
+    t = Layers()
+    for n, raw, kind, args in table_lines(path):
         if kind == "layer" and len(args) >= 3:
             name, dirs = args[1], args[2:]
             assert name not in t.level, f"{path}:{n}: layer {name} declared twice"
@@ -306,3 +315,225 @@ def test_architecture_doc_cites_existing_paths():
     missing = sorted(p for p in cited if "NAME" not in p and not
                      (any(REPO.glob(p.rstrip("/"))) if "*" in p else (REPO / p.rstrip("/")).exists()))
     assert len(cited) > 40 and not missing, f"docs/architecture.md cites missing paths: {missing}"
+
+
+# --- the Python package: jax_moe_a2a/LAYERS ---------------------------------------------------------
+
+PACKAGE = "jax_moe_a2a"
+
+
+@dataclass
+class PyLayers:
+    level: dict[str, int] = field(default_factory=dict)      # module (dotted, under the package) -> level
+    layer: dict[str, str] = field(default_factory=dict)      # module -> layer name
+    lazy: set[tuple[str, str]] = field(default_factory=set)  # (module, target) allowed inside functions
+
+
+def parse_py_layers(path: Path) -> PyLayers:
+    t = PyLayers()
+    for n, raw, kind, args in table_lines(path):
+        if kind == "layer" and len(args) >= 3:
+            for m in args[2:]:
+                assert m not in t.level, f"{path}:{n}: module {m} is in two layers"
+                t.level[m], t.layer[m] = int(args[0]), args[1]
+        elif kind == "lazy" and len(args) == 2:
+            t.lazy.add((args[0], args[1]))
+        else:
+            raise AssertionError(f"{path}:{n}: cannot parse {raw.strip()!r}")
+    for mod, target in t.lazy:
+        assert mod in t.level and target in t.level, f"{path}: lazy names an unknown module ({mod} {target})"
+    return t
+
+
+def _module_name(pkg_dir: Path, f: Path) -> str:
+    parts = list(f.relative_to(pkg_dir).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts) or PACKAGE
+
+
+@dataclass(frozen=True)
+class PyImport:
+    source: str     # importing module (dotted under the package, or "jax_moe_a2a")
+    target: str     # imported module of ours
+    line: int
+    local: bool     # inside a function
+
+
+def py_imports(pkg_dir: Path, known: set[str]) -> list[PyImport]:
+    """Every import of our own modules in every .py under `pkg_dir`, at any depth of the code.
+    `from . import x` counts as importing module x when x is one (else the package); `from .a
+    import b` as importing a (and a.b when that is a module)."""
+    out = []
+    for f in sorted(pkg_dir.rglob("*.py")):
+        src = _module_name(pkg_dir, f)
+        pkg = src if f.name == "__init__.py" else src.rpartition(".")[0]
+        pkg_parts = [] if pkg in ("", PACKAGE) else pkg.split(".")
+        tree = ast.parse(f.read_text(), str(f))
+
+        def resolve(name: str) -> str | None:
+            if name == PACKAGE:
+                return PACKAGE
+            if name.startswith(PACKAGE + "."):
+                name = name[len(PACKAGE) + 1:]
+            elif not name:
+                return PACKAGE
+            else:
+                return None
+            while name and name not in known and "." in name:
+                name = name.rpartition(".")[0]
+            return name
+
+        def visit(node, local):
+            for child in ast.iter_child_nodes(node):
+                inner = local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                if isinstance(child, ast.Import):
+                    for a in child.names:
+                        t = resolve(a.name)
+                        if t is not None:
+                            out.append(PyImport(src, t, child.lineno, local))
+                elif isinstance(child, ast.ImportFrom):
+                    if child.level:
+                        base_parts = pkg_parts[:len(pkg_parts) - child.level + 1] if child.level > 1 else pkg_parts
+                        if child.level - 1 > len(pkg_parts):
+                            raise AssertionError(f"{f}:{child.lineno}: relative import beyond the package")
+                        base = ".".join(base_parts + ([child.module] if child.module else []))
+                        full = f"{PACKAGE}.{base}" if base else PACKAGE
+                    else:
+                        full = child.module or ""
+                        if full != PACKAGE and not full.startswith(PACKAGE + "."):
+                            continue
+                    for a in child.names:
+                        sub = f"{full}.{a.name}"
+                        t = resolve(sub) if sub[len(PACKAGE) + 1:] in known else resolve(full)
+                        out.append(PyImport(src, t, child.lineno, local))
+                visit(child, inner)
+
+        visit(tree, False)
+    return out
+
+
+def py_violations(pkg_dir: Path, t: PyLayers) -> tuple[list[str], set[tuple[str, str]]]:
+    """Messages for every module without a layer and every import against jax_moe_a2a/LAYERS, and
+    the `lazy` lines that were used."""
+    modules = {_module_name(pkg_dir, f) for f in pkg_dir.rglob("*.py")}
+    known = modules | set(t.level)
+    bad, used = [], set()
+    for m in sorted(modules - set(t.level)):
+        bad.append(f"{PACKAGE}/{m.replace('.', '/') if m != PACKAGE else '__init__'}.py: module {m} belongs to no "
+                   f"layer: declare it in {PACKAGE}/LAYERS")
+    for imp in py_imports(pkg_dir, known):
+        where = f"{imp.source}:{imp.line}"
+        if imp.target == imp.source:
+            continue
+        if imp.local:
+            if (imp.source, imp.target) in t.lazy:
+                used.add((imp.source, imp.target))
+            else:
+                bad.append(f"{where}: imports {imp.target} inside a function (import it at the top, or add a "
+                           f"`lazy {imp.source} {imp.target}` line saying why)")
+        if imp.source not in t.level or imp.target not in t.level:
+            if imp.target not in t.level and imp.target in modules:
+                bad.append(f"{where}: imports {imp.target}, which belongs to no layer")
+            continue
+        ls, lt = t.level[imp.source], t.level[imp.target]
+        if lt >= ls:
+            how = "a higher" if lt > ls else "a same-level"
+            bad.append(f"{where}: layer {t.layer[imp.source]} (level {ls}) imports {imp.target} of {how} layer "
+                       f"{t.layer[imp.target]} (level {lt})")
+    return bad, used
+
+
+def test_python_imports_follow_the_layers():
+    """No import circle inside jax_moe_a2a, and no function-local import of our modules without a
+    reason: every import (function-local ones included) goes down jax_moe_a2a/LAYERS."""
+    t = parse_py_layers(REPO / PACKAGE / "LAYERS")
+    bad, _ = py_violations(REPO / PACKAGE, t)
+    assert not bad, (f"imports against the layers of {PACKAGE}/LAYERS (see docs/architecture.md):\n  "
+                     + "\n  ".join(bad))
+
+
+def test_every_lazy_import_is_still_needed():
+    t = parse_py_layers(REPO / PACKAGE / "LAYERS")
+    _, used = py_violations(REPO / PACKAGE, t)
+    stale = sorted(t.lazy - used)
+    assert not stale, f"{PACKAGE}/LAYERS allows function-local imports no module makes any more; remove: {stale}"
+
+
+def test_tests_share_backends_through_conftest():
+    """The backend list lives in tests/conftest.py; no test file imports another test file for it."""
+    offenders = sorted(p.name for p in (REPO / "tests").glob("test_*.py")
+                       if re.search(r"^from test_ops import (BACKENDS|PURE_JAX)", p.read_text(), re.M))
+    assert not offenders, f"import BACKENDS / PURE_JAX from conftest instead: {offenders}"
+
+
+# --- the Python check itself, on small packages ------------------------------------------------------
+
+_PY_TABLE = """\
+layer 0 floor  low other
+layer 1 mid    sub sub.leaf
+layer 2 top    jax_moe_a2a
+"""
+
+_PY_GOOD = {
+    "__init__.py": "from . import sub\nfrom .low import x\n",
+    "low.py": "import numpy\n",
+    "other.py": "",
+    "sub/__init__.py": "from .. import low\nfrom ..other import y\n",
+    "sub/leaf.py": "from jax_moe_a2a import low\n\ndef f():\n    import os\n",
+}
+
+
+def _py_tree(root: Path, files: dict[str, str], table: str = _PY_TABLE) -> Path:
+    pkg = root / PACKAGE
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    (pkg / "LAYERS").write_text(table)
+    return pkg
+
+
+def _py_check(pkg: Path):
+    return py_violations(pkg, parse_py_layers(pkg / "LAYERS"))
+
+
+def test_py_fixture_passes(tmp_path):
+    bad, used = _py_check(_py_tree(tmp_path, _PY_GOOD, _PY_TABLE))
+    assert bad == [] and used == set()
+
+
+def test_py_lazy_line_allows_a_local_import(tmp_path):
+    files = dict(_PY_GOOD, **{"sub/leaf.py": "def f():\n    from .. import low\n"})
+    bad, used = _py_check(_py_tree(tmp_path, files, _PY_TABLE + "lazy sub.leaf low\n"))
+    assert bad == [] and used == {("sub.leaf", "low")}
+
+
+@pytest.mark.parametrize("file,text,expect", [
+    ("low.py", "from . import sub\n", "low:1: layer floor (level 0) imports sub of a higher layer mid (level 1)"),
+    ("low.py", "from .other import y\n", "low:1: layer floor (level 0) imports other of a same-level layer floor (level 0)"),
+    ("sub/leaf.py", "def f():\n    from .. import low\n",
+     "sub.leaf:2: imports low inside a function (import it at the top, or add a `lazy sub.leaf low` line saying why)"),
+    ("low.py", "class A:\n    def m(self):\n        import jax_moe_a2a.sub.leaf\n",
+     "low:3: imports sub.leaf inside a function (import it at the top, or add a `lazy low sub.leaf` line saying why)"),
+    ("new.py", "", "jax_moe_a2a/new.py: module new belongs to no layer: declare it in jax_moe_a2a/LAYERS"),
+])
+def test_py_fixture_catches_a_bad_import(tmp_path, file, text, expect):
+    files = dict(_PY_GOOD)
+    files[file] = text
+    bad, _ = _py_check(_py_tree(tmp_path, files, _PY_TABLE))
+    assert expect in bad, bad
+
+
+def test_a_circle_in_a_copy_of_the_package_fails(tmp_path):
+    """The real table on a copy of the real package, with the circle issue 34 found: errors (the
+    floor) importing the communicator, inside a function."""
+    import shutil
+    pkg = tmp_path / PACKAGE
+    shutil.copytree(REPO / PACKAGE, pkg, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    f = pkg / "errors.py"
+    f.write_text(f.read_text() + "\n\ndef _late():\n    from .comm import Communicator\n    return Communicator\n")
+    bad, _ = py_violations(pkg, parse_py_layers(pkg / "LAYERS"))
+    n = len(f.read_text().splitlines()) - 1
+    assert bad == [f"errors:{n}: imports comm inside a function (import it at the top, or add a `lazy errors comm` "
+                   f"line saying why)",
+                   f"errors:{n}: layer floor (level 0) imports comm of a higher layer comm (level 8)"], bad

@@ -62,13 +62,13 @@ def test_halves_call_the_local_targets_at_ep1(n, monkeypatch):
     x = jnp.zeros((t, h), jnp.float32)
     ids = jnp.zeros((t, k), jnp.int32)
     w = jnp.ones((t, k), jnp.float32)
-    arrays, route_arrays, dropped = b.dispatch_send(ctx, x, None, ids, w, jnp.int32(t), 0)
-    got = b.dispatch_recv(ctx, arrays, route_arrays, 0)
-    gx, scale, sizes, weights, src, overflow, route_arrays = got
+    sent = b.dispatch_send(ctx, x, None, ids, w, jnp.int32(t), 0)
+    got = b.dispatch_recv(ctx, sent.wire, sent.placement, 0)
+    gx, scale, sizes, placement = got.x, got.scale, got.group_sizes, got.placement
     rows = SPEC.recv_rows(n)
     assert gx.shape == (rows, h) and gx.dtype == jnp.float8_e4m3fn and scale.shape == (rows, SPEC.num_scales)
-    assert sizes.shape == (SPEC.local_experts(n),) and route_arrays["recv_counts"].shape == (n, SPEC.local_experts(n) + 1)
-    route = Route(w, jnp.int32(t), route_arrays)
+    assert sizes.shape == (SPEC.local_experts(n),) and placement.recv_counts.shape == (n, SPEC.local_experts(n) + 1)
+    route = Route(w, jnp.int32(t), ids, placement)
     y = jnp.zeros((rows, h), jnp.bfloat16)
     back = b.combine_send(ctx, y, route, 0)
     out = b.combine_recv(ctx, back, route, 0, None)
@@ -79,7 +79,7 @@ def test_halves_call_the_local_targets_at_ep1(n, monkeypatch):
         # x, x_scale, ids, weights, num_tokens, after, rank mask (empty: none)
         assert b.calls[0][1] == [(t, h), (0,), (t, k), (t, k), (), (0,), (0,)]
         assert b.calls[1][1] == [(rows, h), (1, SPEC.local_experts(1) + 1), (t, k), (t, k), (t, k), (), (0,), (0,)]
-        assert back["y"] is not None and "handle" not in back
+        assert back.y is not None and back.handle is None
         assert b.calls[0][2] == b.calls[1][2] == ["call_id", "slot"]  # SendAttrs (comm_id: added by _call)
     else:
         assert halves == ["dispatch_send", "dispatch_recv", "combine_send", "combine_recv"]

@@ -14,7 +14,7 @@ from jax_moe_a2a import models
 from jax_moe_a2a.backends import backend_class
 from jax_moe_a2a import testing as T
 
-from test_ops import BACKENDS
+from conftest import BACKENDS
 
 
 # _run's results of _small_model's inputs, per (backend, ranks, score, remat): the model tests

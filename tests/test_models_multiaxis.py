@@ -13,7 +13,7 @@ import jax_moe_a2a as a2a
 from jax_moe_a2a import models
 from jax_moe_a2a import testing as T
 
-from test_ops import BACKENDS
+from conftest import BACKENDS
 
 G, N, TOK = 2, 4, 8
 CASES = [(b, ov) for b in BACKENDS if b in ("reference", "host") for ov in (False, True)]

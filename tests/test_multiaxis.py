@@ -24,7 +24,7 @@ from jax_moe_a2a import oracle
 from jax_moe_a2a import testing as T
 from jax_moe_a2a.comm import ep_groups
 from ragged_emulation import emulated
-from test_ops import BACKENDS, PURE_JAX, xla_collectives_refused
+from conftest import BACKENDS, PURE_JAX, xla_collectives_refused
 
 # Under mpirun every process compiles every case: the multi-process suites run a subset (every
 # mesh once, each variant on one mesh); JAX_MOE_A2A_MPI_ALL_CASES=1 runs them all (the GPU checks).

@@ -12,7 +12,7 @@ import jax_moe_a2a as a2a  # noqa: E402
 from jax_moe_a2a import models  # noqa: E402
 from jax_moe_a2a.nnx import MoEBlock  # noqa: E402
 
-from test_ops import BACKENDS  # noqa: E402
+from conftest import BACKENDS  # noqa: E402
 
 
 class Tiny(nnx.Module):

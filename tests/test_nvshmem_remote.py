@@ -10,7 +10,7 @@ import pytest
 
 import jax_moe_a2a as a2a
 
-from test_ops import BACKENDS
+from conftest import BACKENDS
 
 pytestmark = pytest.mark.skipif("nvshmem" not in BACKENDS, reason="nvshmem backend not selected or not available")
 

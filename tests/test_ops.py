@@ -26,17 +26,7 @@ MPI_CASES = {"fp8-random", "expert-major", "one-hot-expert", "empty-ranks", "min
              "fp8-partial-block-32", "fp8-partial-block-expert-major-pow2", "fp8-recv-bf16",
              "fp8-non-finite", "fp8-non-finite-f16-odd-hidden"}
 
-BACKENDS = [b for b in os.environ.get("JAX_MOE_A2A_TEST_BACKENDS", ",".join(a2a.available_backends())).split(",") if b]
-# Backends written in JAX alone: differentiated by JAX autodiff, never time out (XLA collectives).
-PURE_JAX = ("reference", "ragged")
-
-
-def xla_collectives_refused():
-    """True when several GPU processes share one GPU (JAX_MOE_A2A_LOCAL_DEVICE_IDS set to fixed
-    ids under mpirun, as on the one-GPU machine): XLA's NCCL collectives refuse that ("Duplicate
-    GPU detected"), so the PURE_JAX backends, and tests that compare with them, cannot run there."""
-    ids = os.environ.get("JAX_MOE_A2A_LOCAL_DEVICE_IDS", "")
-    return jax.process_count() > 1 and ids not in ("", "local_rank") and jax.default_backend() == "gpu"
+from conftest import BACKENDS, PURE_JAX, xla_collectives_refused  # noqa: E402,F401 (re-exported)
 FP8 = jnp.float8_e4m3fn
 BASE = dict(num_experts=32, experts_per_token=4, hidden=256, max_tokens_per_rank=24)
 

@@ -18,7 +18,7 @@ from jax_moe_a2a import models
 from jax_moe_a2a import testing as T
 
 import hlo_schedule as S
-from test_ops import BACKENDS
+from conftest import BACKENDS
 
 SCOPES = ("shared_expert_up", "shared_expert_down")
 
@@ -29,7 +29,7 @@ def _shared_first(comm, cfg, params, x):
     ids, w = models.route(cfg, params["router"], x)
     shared = models.shared_down(spec, models.shared_up(x, params["w1s"]), params["w2s"])
     got = comm.dispatch_recv(comm.dispatch_send(x, ids, w, after=shared))
-    back = comm.combine_send(models._experts(spec, params, got), got)
+    back = comm.combine_send(models._experts(spec, cfg, params, got), got)
     return comm.combine_recv(back, out=shared)
 
 

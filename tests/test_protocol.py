@@ -14,7 +14,7 @@ import pytest
 import jax_moe_a2a as a2a
 from jax_moe_a2a import testing as T
 
-from test_ops import BACKENDS, PURE_JAX
+from conftest import BACKENDS, PURE_JAX
 
 # Slots and the soak: every backend with a protocol of its own (reference is one padded
 # all_to_all; ragged exchanges counts, then rows). The timeout test: FFI backends only (an XLA

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import jax_moe_a2a as a2a
 from jax_moe_a2a import testing as T
 
-from test_ops import BACKENDS
+from conftest import BACKENDS
 
 
 @st.composite

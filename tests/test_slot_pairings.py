@@ -27,7 +27,7 @@ import jax_moe_a2a as a2a
 from jax_moe_a2a import oracle
 from jax_moe_a2a import testing as T
 
-from test_ops import BACKENDS, xla_collectives_refused
+from conftest import BACKENDS, xla_collectives_refused
 
 # (id, backend, init options); the host backend's proxied mode runs the proxy thread's code path.
 VARIANTS = [(b, b, {}) for b in BACKENDS]

@@ -1,10 +1,19 @@
-"""Backend registry: name -> factory, and which are usable in this process."""
+"""Backend registry: name -> factory, and which are usable in this process.
+
+Every backend module is imported here (none needs more than JAX and the optional native
+extension, which `_ffi` loads once); the registry is the top of the backends package."""
 
 from __future__ import annotations
 
 from typing import Callable, Dict
 
+from . import cuda, host, nvshmem, ragged
 from .base import Backend, Ctx  # noqa: F401
+from .cuda import CudaBackend
+from .host import HostBackend
+from .nvshmem import NvshmemBackend
+from .ragged import RaggedBackend
+from .reference import ReferenceBackend
 
 _FACTORIES: Dict[str, Callable[[], Backend]] = {}
 _AVAILABLE: Dict[str, Callable[[], "str | None"]] = {}
@@ -66,53 +75,8 @@ def backend_class(backend) -> type:
     return type(_FACTORIES[backend]())
 
 
-def _reference():
-    from .reference import ReferenceBackend
-    return ReferenceBackend()
-
-
-def _ragged():
-    from .ragged import RaggedBackend
-    return RaggedBackend()
-
-
-def _ragged_reason():
-    from .ragged import unavailable_reason
-    return unavailable_reason()
-
-
-def _host():
-    from .host import HostBackend
-    return HostBackend()
-
-
-def _host_reason():
-    from .host import unavailable_reason
-    return unavailable_reason()
-
-
-def _cuda():
-    from .cuda import CudaBackend
-    return CudaBackend()
-
-
-def _cuda_reason():
-    from .cuda import unavailable_reason
-    return unavailable_reason()
-
-
-def _nvshmem():
-    from .nvshmem import NvshmemBackend
-    return NvshmemBackend()
-
-
-def _nvshmem_reason():
-    from .nvshmem import unavailable_reason
-    return unavailable_reason()
-
-
-register("reference", _reference, lambda: None)
-register("cuda", _cuda, _cuda_reason)
-register("nvshmem", _nvshmem, _nvshmem_reason)
-register("host", _host, _host_reason)
-register("ragged", _ragged, _ragged_reason)
+register("reference", ReferenceBackend, lambda: None)
+register("cuda", CudaBackend, cuda.unavailable_reason)
+register("nvshmem", NvshmemBackend, nvshmem.unavailable_reason)
+register("host", HostBackend, host.unavailable_reason)
+register("ragged", RaggedBackend, ragged.unavailable_reason)

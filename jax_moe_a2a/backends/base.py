@@ -4,14 +4,20 @@ The contract: a backend is opened from (Config, mesh, axis) and its communicator
 (`Backend.open`), keeps what it needs of them, and never reads the communicator back. The
 communicator asks it only through the methods declared here: the four halves (inside
 `jax.shard_map` on one rank's shard; shapes in `jax_moe_a2a.types`), the buffer sizes, the
-diagnostics (`proxy_stats`, `kernel_seconds`, `last_error`, `diagnostics`) and `close`.
+diagnostics (`proxy_stats`, `kernel_seconds`, `last_error`, `diagnostics`) and `close`. The halves
+exchange named records: dispatch_send returns a `Sent`, dispatch_recv a `Received`; what a backend
+keeps between its halves (`wire`, `placement`) is a pytree of a type it declares itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
+import jax
+import jax.numpy as jnp
+
+from ..config import Config
 from ..spec import Spec
 
 
@@ -25,16 +31,43 @@ class Ctx:
     rank: Any           # [] int32, jax.lax.axis_index(axis)
     comm_id: int
     call_id: int        # distinct per call site, so XLA never merges two calls
-    config: Any = None  # the communicator's jax_moe_a2a.config.Config
+    config: Optional[Config] = None  # the communicator's Config
     group_axes: tuple = ()  # the mesh's other axes (mesh order): each position is one EP group
+
+
+class Sent(NamedTuple):
+    """What `Backend.dispatch_send` returns.
+
+    wire:        the backend's in-flight record for its dispatch_recv (a pytree of arrays of a
+                 type the backend declares), carried in `DispatchHandle.wire`.
+    placement:   where each pair went, [T, K] arrays at least (a pytree of the backend's type),
+                 handed to dispatch_recv, which returns it completed.
+    num_dropped: [] int32 pairs with bad expert ids that this rank sends (rank-mask-stopped pairs
+                 included: the communicator subtracts those).
+    """
+
+    wire: Any
+    placement: Any
+    num_dropped: Any
+
+
+class Received(NamedTuple):
+    """What `Backend.dispatch_recv` returns, in `Dispatched`'s shapes (jax_moe_a2a/types.py):
+    x, scale (or None), group_sizes [L], weights, src, num_overflow [] int32, and the placement
+    completed with what the combine halves need (where each received row came from)."""
+
+    x: Any
+    scale: Optional[Any]
+    group_sizes: Any
+    weights: Any
+    src: Any
+    num_overflow: Any
+    placement: Any
 
 
 def group_index(ctx: Ctx):
     """[] int32: this rank's EP group, jax.lax.axis_index(ctx.group_axes) (row g of
     Communicator.groups); 0 on a mesh without other axes."""
-    import jax
-    import jax.numpy as jnp
-
     if not ctx.group_axes:
         return jnp.zeros((), jnp.int32)
     try:
@@ -42,97 +75,6 @@ def group_index(ctx: Ctx):
     except NameError as e:
         raise ValueError(f"jax_moe_a2a: the EP groups are told apart by the mesh's other axes {ctx.group_axes!r}: "
                          "run the ops inside a jax.shard_map that is manual over every mesh axis") from e
-
-
-def vma(a) -> frozenset:
-    """The mesh axes `a` varies over inside shard_map (its type's vma; empty outside shard_map or
-    on JAX versions without it)."""
-    import jax
-
-    typeof = getattr(jax, "typeof", None)
-    try:
-        aval = typeof(a) if typeof is not None else None
-    except TypeError:
-        return frozenset()
-    mat = getattr(aval, "manual_axis_type", None)  # jax 0.11
-    if mat is not None:
-        return frozenset(getattr(mat, "varying", ()))
-    return frozenset(getattr(aval, "vma", ()) or ())  # jax 0.6 - 0.10
-
-
-def varying(tree, axis):
-    """Marks FFI outputs as varying over the EP axis inside shard_map (they differ per rank);
-    without it JAX types them as replicated and autodiff/check_vma reject them. Casts only over
-    the axes an array does not vary over yet. No-op on JAX versions without `jax.lax.pcast`."""
-    import jax
-
-    pcast = getattr(jax.lax, "pcast", None)
-    if pcast is None:
-        return tree
-    axes = axis if isinstance(axis, tuple) else (axis,)
-
-    def cast(a):
-        if a is None or getattr(a, "dtype", None) == jax.dtypes.float0:
-            return a
-        have = vma(a)
-        missing = tuple(x for x in axes if x not in have)
-        if not missing:
-            return a
-        try:
-            return pcast(a, missing, to="varying")
-        except (ValueError, TypeError, NameError):  # already varying, or outside shard_map
-            return a
-
-    return jax.tree.map(cast, tree)
-
-
-def like_primal(ct, axes):
-    """A cotangent typed like its primal, which varies over `axes` (a custom_vjp rule must return
-    exactly the primal's type): varying over the axes it lacks; summed over the axes the primal
-    is invariant over (on a multi-axis mesh the FFI results vary over the EP groups' axes too, as
-    the groups' inputs do; the transpose of that broadcast is the sum)."""
-    import jax
-
-    if ct is None or getattr(ct, "dtype", None) == jax.dtypes.float0:
-        return ct
-    axes = tuple(axes)
-    extra = tuple(sorted(vma(ct) - set(axes)))
-    if extra and vma(ct):
-        ct = jax.lax.psum(ct, extra)
-    return varying(ct, axes) if axes else ct
-
-
-def recv_result_shapes(spec, n, counts_shape, dequant=False):
-    """Result shapes of an FFI dispatch_recv: x, scale, group_sizes, weights, src, recv_slot,
-    recv_counts (counts_shape), overflow; rows flattened to R' = prod(recv_shape). dequant: the
-    kernels write x in spec.recv_dtype (fp8 dequantised on receive) and no scales ([R', 0])."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    rows = int(np.prod(spec.recv_shape(n)))
-    i32, f32 = jnp.int32, jnp.float32
-    dequant = dequant and spec.recv_dtype is not None
-    return (jax.ShapeDtypeStruct((rows, spec.hidden), spec.recv_dtype if dequant else spec.dispatch_dtype),
-            jax.ShapeDtypeStruct((rows, 0 if dequant else spec.num_scales), f32),
-            jax.ShapeDtypeStruct((spec.local_experts(n),), i32),
-            jax.ShapeDtypeStruct((rows,), f32),
-            jax.ShapeDtypeStruct((rows, 2), i32),
-            jax.ShapeDtypeStruct((rows,), i32),
-            jax.ShapeDtypeStruct(counts_shape, i32),
-            jax.ShapeDtypeStruct((), i32))
-
-
-def finish_recv(spec, n, outs, route):
-    """FFI dispatch_recv results -> the tuple Backend.dispatch_recv returns (layout reshapes,
-    routing arrays for combine added to `route`)."""
-    x, scale, sizes, weights, src, recv_slot, recv_counts, overflow = outs
-    shape = spec.recv_shape(n)
-    route = dict(route, recv_src=src, recv_slot=recv_slot, recv_counts=recv_counts)
-    x = x.reshape(*shape, spec.hidden)
-    # no scales: 16/32-bit rows, or fp8 rows the kernels dequantised (recv_result_shapes' dequant)
-    scale = scale.reshape(*shape, spec.num_scales) if spec.is_fp8 and scale.shape[-1] else None
-    return x, scale, sizes, weights.reshape(shape), src.reshape(*shape, 2), overflow, route
 
 
 class Backend:
@@ -195,22 +137,24 @@ class Backend:
     def close(self) -> None:
         """Releases native resources now (idempotent)."""
 
-    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot: int, after=None):
+    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot: int, after=None,
+                      rank_mask=None) -> Sent:
         """x [T, H] (input dtype, or fp8 with x_scale [T, S]); topk_ids [T, K] int32;
         topk_weights [T, K] f32; num_tokens [] int32; after: an array this send must follow
-        (XLA orders calls only by data dependencies), or None.
-        Returns (handle_arrays: dict, route_arrays: dict, num_dropped [] int32)."""
+        (XLA orders calls only by data dependencies), or None; rank_mask: int32 [N] (1 = alive)
+        or None (see rank_mask_unsupported)."""
         raise NotImplementedError
 
-    def dispatch_recv(self, ctx: Ctx, handle_arrays: dict, route_arrays: dict, slot: int):
-        """Returns (x, scale|None, group_sizes [L], weights, src, num_overflow [], route_arrays)."""
+    def dispatch_recv(self, ctx: Ctx, wire, placement, slot: int, rank_mask=None) -> Received:
+        """`wire` and `placement` as dispatch_send returned them."""
         raise NotImplementedError
 
-    def combine_send(self, ctx: Ctx, y, route, slot: int, after=None, from_slot=None) -> dict:
-        """y in the layout of Dispatched.x (bf16/f16/f32). Returns handle arrays. from_slot: the
-        slot of the dispatch whose rows these are (None: `slot`); a backend whose combine reads
-        per-slot state of the dispatch (the host and cuda proxy paths' combine offsets) reads that
-        slot's."""
+    def combine_send(self, ctx: Ctx, y, route, slot: int, after=None, from_slot=None):
+        """y in the layout of Dispatched.x (bf16/f16/f32); route: the dispatch's `Route` (its
+        `placement` as dispatch_recv completed it, `rank_mask`). Returns the backend's in-flight
+        record (a pytree), carried in `CombineHandle.wire`. from_slot: the slot of the dispatch
+        whose rows these are (None: `slot`); a backend whose combine reads per-slot state of the
+        dispatch (the host and cuda proxy paths' combine offsets) reads that slot's."""
         raise NotImplementedError
 
     # True when JAX autodiff differentiates the halves directly (pure-JAX backends); otherwise the
@@ -228,20 +172,16 @@ class Backend:
     # stopped rank.
     debug_psum = True
 
-    # True when dispatch_send takes `rank_mask=` (int32 [N]) too (the FFI backends).
-    takes_rank_mask = False
-
     def rank_mask_unsupported(self) -> "str | None":
         """None when this backend honours a `rank_mask` (docs/api.md, elastic EP), else why not.
         The communicator applies the mask's send side (the stopped pairs' ids become E) for
         every backend; a backend that waits for peers must also skip masked ranks in its waits
-        and writes (FfiBackend halves get `rank_mask`: int32 [N], route.arrays["rank_mask"] in
-        the combine halves). The pure-JAX backends need nothing more: their XLA collectives
+        and writes (every half gets the mask: `rank_mask` in the dispatch halves, `route.rank_mask`
+        in the combine halves). The pure-JAX backends need nothing more: their XLA collectives
         involve every rank, masked or not (so every process must still run)."""
         return None
 
-    def combine_recv(self, ctx: Ctx, handle_arrays: dict, route, slot: int, out: Optional[Any],
-                     pairs: bool = False):
+    def combine_recv(self, ctx: Ctx, wire, route, slot: int, out: Optional[Any], pairs: bool = False):
         """Returns [T, H] in Spec.combine_dtype: sum_k w * y_row (f32 accumulation), plus `out`
         when given; rows at or past num_tokens are 0 (or `out`). With pairs=True also returns the
         unweighted row of every pair, [T, K, H] f32 (0 where the pair was not routed or dropped),

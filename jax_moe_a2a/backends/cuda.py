@@ -8,6 +8,7 @@ Every FFI call only launches kernels on XLA's stream (command-buffer compatible)
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from .. import _ffi, env, runtime
@@ -49,7 +50,6 @@ class CudaBackend(FfiBackend):
 
     def _mask_operands(self, ctx, rank_mask):
         # every half's last operand: the mask [N] int32, or empty (no mask: the kernels load nothing)
-        import jax.numpy as jnp
         if rank_mask is None:
             return (jnp.zeros((0,), jnp.int32),)
         return (rank_mask.astype(jnp.int32),)
@@ -197,5 +197,5 @@ class CudaBackend(FfiBackend):
         # combine region (the rows it sends lower ranks; cc/gpu/params.h counts_stride)
         return (n, spec.local_experts(n) + 1)
 
-    def _combine_send_routing(self, a):
-        return (a["recv_counts"],)
+    def _combine_send_routing(self, p):
+        return (p.recv_counts,)

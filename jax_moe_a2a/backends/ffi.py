@@ -5,14 +5,81 @@ says which extra operands its handlers take."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Optional
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import _ffi, env
+from ..axes import varying, vma
 from ..commcall import comm_call
-from ..config import Dtype
-from .base import Backend, Ctx, finish_recv, recv_result_shapes, varying, vma
+from ..dtypes import Dtype
+from ..types import pytree
+from .base import Backend, Ctx, Received, Sent
+
+
+@pytree
+class FfiDispatchWire:
+    """dispatch_send -> dispatch_recv: the FFI call's handle [2] int32 (orders the halves); at
+    EP = 1 (the local path) also every result of dispatch_recv, produced by the same call."""
+
+    handle: Any
+    local_recv: Optional[tuple] = None
+
+
+@pytree
+class FfiPlacement:
+    """Where each pair went: dest [T, K] int32 (its expert's rank, N if not routed), slot [T, K]
+    int32 (its row among the rows to dest); after dispatch_recv also where each received row came
+    from: recv_src [R', 2], recv_slot [R'] and recv_counts (per source; `_counts_shape`)."""
+
+    dest: Any
+    slot: Any
+    recv_src: Optional[Any] = None
+    recv_slot: Optional[Any] = None
+    recv_counts: Optional[Any] = None
+
+
+@pytree(meta=("y_dtype",))
+class FfiCombineWire:
+    """combine_send -> combine_recv: the FFI call's handle [2] int32, or at EP = 1 the expert
+    outputs y [R', H] themselves (combine_recv reduces them where they are); y_dtype: the dtype
+    y was sent in (static)."""
+
+    handle: Optional[Any] = None
+    y: Optional[Any] = None
+    y_dtype: Any = None
+
+
+def recv_result_shapes(spec, n, counts_shape, dequant=False):
+    """Result shapes of an FFI dispatch_recv: x, scale, group_sizes, weights, src, recv_slot,
+    recv_counts (counts_shape), overflow; rows flattened to R' = prod(recv_shape). dequant: the
+    kernels write x in spec.recv_dtype (fp8 dequantised on receive) and no scales ([R', 0])."""
+    rows = int(np.prod(spec.recv_shape(n)))
+    i32, f32 = jnp.int32, jnp.float32
+    dequant = dequant and spec.recv_dtype is not None
+    return (jax.ShapeDtypeStruct((rows, spec.hidden), spec.recv_dtype if dequant else spec.dispatch_dtype),
+            jax.ShapeDtypeStruct((rows, 0 if dequant else spec.num_scales), f32),
+            jax.ShapeDtypeStruct((spec.local_experts(n),), i32),
+            jax.ShapeDtypeStruct((rows,), f32),
+            jax.ShapeDtypeStruct((rows, 2), i32),
+            jax.ShapeDtypeStruct((rows,), i32),
+            jax.ShapeDtypeStruct(counts_shape, i32),
+            jax.ShapeDtypeStruct((), i32))
+
+
+def finish_recv(spec, n, outs, placement: FfiPlacement) -> Received:
+    """FFI dispatch_recv results -> `Received` (layout reshapes; the placement completed with
+    where each received row came from)."""
+    x, scale, sizes, weights, src, recv_slot, recv_counts, overflow = outs
+    shape = spec.recv_shape(n)
+    placement = dataclasses.replace(placement, recv_src=src, recv_slot=recv_slot, recv_counts=recv_counts)
+    x = x.reshape(*shape, spec.hidden)
+    # no scales: 16/32-bit rows, or fp8 rows the kernels dequantised (recv_result_shapes' dequant)
+    scale = scale.reshape(*shape, spec.num_scales) if spec.is_fp8 and scale.shape[-1] else None
+    return Received(x, scale, sizes, weights.reshape(shape), src.reshape(*shape, 2), overflow, placement)
 
 
 def after_operand(after):
@@ -44,7 +111,6 @@ class FfiBackend(Backend):
     (read at the communicator's first call) runs the exchange halves at EP = 1 too."""
 
     target = "?"
-    takes_rank_mask = True
     local_path = False  # the GPU backends: EP = 1 takes the local path
     # The kernels write fp8 rows dequantised into Spec.recv_dtype themselves (the GPU backends);
     # otherwise the communicator dequantises what the backend returns (Communicator.dispatch_recv).
@@ -56,11 +122,11 @@ class FfiBackend(Backend):
         return ()
 
     def _counts_shape(self, spec, n) -> tuple:
-        """Shape of dispatch_recv's per-source counts (route array `recv_counts`)."""
+        """Shape of dispatch_recv's per-source counts (`FfiPlacement.recv_counts`)."""
         raise NotImplementedError
 
-    def _combine_send_routing(self, route_arrays) -> tuple:
-        """Routing operands of combine_send, from the route arrays dispatch_recv produced."""
+    def _combine_send_routing(self, placement: FfiPlacement) -> tuple:
+        """Routing operands of combine_send, from the placement dispatch_recv completed."""
         raise NotImplementedError
 
     def _mask_operands(self, ctx: Ctx, rank_mask) -> tuple:
@@ -90,7 +156,7 @@ class FfiBackend(Backend):
         return self._local_path_on
 
     def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None,
-                      rank_mask=None):
+                      rank_mask=None) -> Sent:
         t, k = topk_ids.shape
         i32 = jnp.int32
         outs = (jax.ShapeDtypeStruct((2,), i32), jax.ShapeDtypeStruct((t, k), i32),
@@ -104,40 +170,41 @@ class FfiBackend(Backend):
             topk_weights.astype(jnp.float32), num_tokens.reshape(()), after_operand(after),
             *self._mask_operands(ctx, rank_mask), slot=np.int32(slot), call_id=np.int64(ctx.call_id))
         handle, dest, pair_slot, dropped = res[:4]
-        arrays = {"handle": handle, "local_recv": tuple(res[4:])} if local else {"handle": handle}
-        return arrays, {"dest": dest, "slot": pair_slot}, dropped
+        wire = FfiDispatchWire(handle, tuple(res[4:]) if local else None)
+        return Sent(wire, FfiPlacement(dest, pair_slot), dropped)
 
-    def dispatch_recv(self, ctx: Ctx, arrays, route, slot):
+    def dispatch_recv(self, ctx: Ctx, wire: FfiDispatchWire, placement: FfiPlacement, slot, rank_mask=None):
         spec, n = ctx.spec, ctx.num_ranks
-        if "local_recv" in arrays:  # EP = 1: produced by dispatch_send's call
-            return finish_recv(spec, n, arrays["local_recv"], route)
+        if wire.local_recv is not None:  # EP = 1: produced by dispatch_send's call
+            return finish_recv(spec, n, wire.local_recv, placement)
         shapes = recv_result_shapes(spec, n, self._counts_shape(spec, n), self.dequantizes_on_recv)
-        outs = self._call("dispatch_recv", shapes, ctx, arrays["handle"], *self._mask_operands(ctx, route.get("rank_mask")),
+        outs = self._call("dispatch_recv", shapes, ctx, wire.handle, *self._mask_operands(ctx, rank_mask),
                           slot=np.int32(slot))
-        return finish_recv(spec, n, outs, route)
+        return finish_recv(spec, n, outs, placement)
 
-    def combine_send(self, ctx: Ctx, y, route, slot, after=None, from_slot=None):
+    def combine_send(self, ctx: Ctx, y, route, slot, after=None, from_slot=None) -> FfiCombineWire:
         spec = ctx.spec
         if self.uses_local_path(ctx.num_ranks):  # EP = 1: combine_recv reads y where it is
-            return {"y": y.reshape(-1, spec.hidden), "y_dtype": jnp.zeros((0,), y.dtype)}
+            return FfiCombineWire(y=y.reshape(-1, spec.hidden), y_dtype=np.dtype(y.dtype))
         handle = self._call("combine_send", jax.ShapeDtypeStruct((2,), jnp.int32), ctx, y.reshape(-1, spec.hidden),
-                            *self._combine_send_routing(route.arrays), after_operand(after),
-                            *self._mask_operands(ctx, route.arrays.get("rank_mask")), slot=np.int32(slot),
+                            *self._combine_send_routing(route.placement), after_operand(after),
+                            *self._mask_operands(ctx, route.rank_mask), slot=np.int32(slot),
                             from_slot=np.int32(slot if from_slot is None else from_slot), call_id=np.int64(ctx.call_id))
-        return {"handle": handle, "y_dtype": jnp.zeros((0,), y.dtype)}  # zero-size: carries y's dtype
+        return FfiCombineWire(handle=handle, y_dtype=np.dtype(y.dtype))
 
-    def combine_recv(self, ctx: Ctx, arrays, route, slot, out, pairs=False):
+    def combine_recv(self, ctx: Ctx, wire: FfiCombineWire, route, slot, out, pairs=False):
         spec = ctx.spec
         t, h, k = spec.max_tokens_per_rank, spec.hidden, spec.experts_per_token
         out_in = out if out is not None else jnp.zeros((0,), spec.combine_dtype)
         outs = (jax.ShapeDtypeStruct((t, h), spec.combine_dtype),
                 jax.ShapeDtypeStruct((t, k, h) if pairs else (0,), jnp.float32))
-        routing = (route.arrays["dest"], route.arrays["slot"], route.topk_weights.astype(jnp.float32),
-                   route.num_tokens.reshape(()), out_in, *self._mask_operands(ctx, route.arrays.get("rank_mask")))
-        if "y" in arrays:  # EP = 1
-            res, rows = self._call("local_combine", outs, ctx, arrays["y"], route.arrays["recv_counts"], *routing,
+        p = route.placement
+        routing = (p.dest, p.slot, route.topk_weights.astype(jnp.float32), route.num_tokens.reshape(()), out_in,
+                   *self._mask_operands(ctx, route.rank_mask))
+        if wire.y is not None:  # EP = 1
+            res, rows = self._call("local_combine", outs, ctx, wire.y, p.recv_counts, *routing,
                                    slot=np.int32(slot), call_id=np.int64(ctx.call_id))
         else:
-            res, rows = self._call("combine_recv", outs, ctx, arrays["handle"], *routing, slot=np.int32(slot),
-                                   y_kind=np.int32(Dtype.of(arrays["y_dtype"].dtype)))
+            res, rows = self._call("combine_recv", outs, ctx, wire.handle, *routing, slot=np.int32(slot),
+                                   y_kind=np.int32(Dtype.of(wire.y_dtype)))
         return (res, rows) if pairs else res

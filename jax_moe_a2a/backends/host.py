@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from .. import _ffi, env, runtime
+from ..errors import PeerFailure
 from ..groups import ep_groups, local_members
 from .base import group_index
 from .ffi import FfiBackend, native_reason
@@ -95,7 +97,6 @@ class HostBackend(FfiBackend):
 
     def last_error(self):
         """A `PeerFailure` (message, missing ranks) after a half failed, until recover; else None."""
-        from ..comm import PeerFailure
         c = _ffi.require_native()
         texts, missing = [], set()
         for g in self.members:
@@ -125,8 +126,8 @@ class HostBackend(FfiBackend):
     def _counts_shape(self, spec, n):
         return (n,)
 
-    def _combine_send_routing(self, a):
-        return (a["recv_src"], a["recv_slot"], a["recv_counts"])
+    def _combine_send_routing(self, p):
+        return (p.recv_src, p.recv_slot, p.recv_counts)
 
     # ---- elastic EP: the rank mask is the last operand of every half (all ones without one) ---
     def rank_mask_unsupported(self):
@@ -135,7 +136,6 @@ class HostBackend(FfiBackend):
         return None
 
     def _mask_operands(self, ctx, rank_mask):
-        import jax.numpy as jnp
         if rank_mask is None:
             return (jnp.ones((ctx.num_ranks,), jnp.int32),)
         return (rank_mask.astype(jnp.int32),)

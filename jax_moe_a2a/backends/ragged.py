@@ -18,11 +18,37 @@ sent it, into block m' % tp of d's buffer [tp * Ms, H], at the offset they had i
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Optional
+
 import jax
 import jax.numpy as jnp
 
-from .base import Backend, Ctx, varying
+from ..axes import varying
+from ..types import pytree
+from .base import Backend, Ctx, Received, Sent
 from .pure_jax import lay_out, reduce_pairs, sort_pairs, wire_rows
+
+
+@pytree
+class RaggedWire:
+    """dispatch_send -> dispatch_recv: the rows as they arrived, packed by source: x [M, H] and
+    meta [M, 3 + S] f32 (weight, local expert, token, fp8 scales)."""
+
+    x: Any
+    meta: Any
+
+
+@pytree
+class RaggedPlacement:
+    """dest, slot [T, K] (as the reference backend's), counts [N(src), N(dest)] int32 (rows each
+    rank sent each rank); after dispatch_recv, recv_pos [M]: each arrived row's index in the
+    layout (-1: none)."""
+
+    dest: Any
+    slot: Any
+    counts: Any
+    recv_pos: Optional[Any] = None
 
 def unavailable_reason(platforms=None):
     """None if ragged-all-to-all can run on `platforms` (default: JAX's default backend)."""
@@ -98,7 +124,8 @@ class RaggedBackend(Backend):
         return collective(operand, out, *args, axis_name=ctx.axis)
 
     # -- dispatch ------------------------------------------------------------------------------
-    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None):
+    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None,
+                      rank_mask=None) -> Sent:
         spec, n = ctx.spec, ctx.num_ranks
         t_count, k = topk_ids.shape
         if max(t_count, spec.local_experts(n)) >= 2**24:
@@ -121,41 +148,40 @@ class RaggedBackend(Backend):
         all_counts = jax.lax.all_gather(counts, ctx.axis, tiled=False).reshape(n, n)   # [N(src), N(dest)]
         args, _ = plan(all_counts, ctx.rank, spec.tp_size, m_send)
         m_recv = spec.worst_case_rows(n)
-        arrays = {"x": self._exchange(ctx, send_x, m_recv, args), "meta": self._exchange(ctx, send_meta, m_recv, args)}
-        route = {"dest": pr.dest, "slot": pr.slot, "counts": all_counts}
+        wire = RaggedWire(self._exchange(ctx, send_x, m_recv, args), self._exchange(ctx, send_meta, m_recv, args))
         num_dropped = jnp.sum(pr.bad & (pr.member == ctx.rank % spec.tp_size), dtype=jnp.int32)
-        return arrays, route, num_dropped
+        return Sent(wire, RaggedPlacement(pr.dest, pr.slot, all_counts), num_dropped)
 
-    def dispatch_recv(self, ctx: Ctx, arrays, route, slot):
+    def dispatch_recv(self, ctx: Ctx, wire: RaggedWire, placement: RaggedPlacement, slot, rank_mask=None):
         spec, n = ctx.spec, ctx.num_ranks
-        recv = route["counts"][:, ctx.rank]                            # rows from each source
+        recv = placement.counts[:, ctx.rank]                           # rows from each source
         end = jnp.cumsum(recv)
-        q = jnp.arange(arrays["x"].shape[0], dtype=jnp.int32)          # packed by source
+        q = jnp.arange(wire.x.shape[0], dtype=jnp.int32)               # packed by source
         src = jnp.minimum(jnp.searchsorted(end, q, side="right"), n - 1).astype(jnp.int32)
         idx = q - (end - recv)[src]
-        meta = arrays["meta"]
+        meta = wire.meta
         x, scale, sizes, weights, src, num_overflow, pos = lay_out(
             spec, n, q < end[-1], src, idx, meta[:, 1].astype(jnp.int32), meta[:, 2].astype(jnp.int32),
-            meta[:, 0], arrays["x"], meta[:, 3:] if spec.is_fp8 else None)
-        return x, scale, sizes, weights, src, num_overflow, dict(route, recv_pos=pos)
+            meta[:, 0], wire.x, meta[:, 3:] if spec.is_fp8 else None)
+        return Received(x, scale, sizes, weights, src, num_overflow, dataclasses.replace(placement, recv_pos=pos))
 
     # -- combine -------------------------------------------------------------------------------
     def combine_send(self, ctx: Ctx, y, route, slot, after=None, from_slot=None):
         spec = ctx.spec
         flat = y.reshape(-1, spec.hidden)
-        pos = route.arrays["recv_pos"]                                 # [N * P], packed order
+        pos = route.placement.recv_pos                                 # [N * P], packed order
         rows = jnp.where((pos >= 0)[:, None], flat[jnp.maximum(pos, 0)], jnp.zeros((), flat.dtype))
         m_send = send_rows(spec)
-        _, args = plan(route.arrays["counts"], ctx.rank, spec.tp_size, m_send)
-        return {"y": self._exchange(ctx, rows, spec.tp_size * m_send, args)}
+        _, args = plan(route.placement.counts, ctx.rank, spec.tp_size, m_send)
+        return self._exchange(ctx, rows, spec.tp_size * m_send, args)   # the wire: the rows as they arrive
 
-    def combine_recv(self, ctx: Ctx, arrays, route, slot, out, pairs=False):
+    def combine_recv(self, ctx: Ctx, wire, route, slot, out, pairs=False):
         spec, n = ctx.spec, ctx.num_ranks
         tp = spec.tp_size
-        counts = route.arrays["counts"]
-        dest, slot_of = route.arrays["dest"], route.arrays["slot"]     # [T, K], dest n if not routed
+        counts = route.placement.counts
+        dest, slot_of = route.placement.dest, route.placement.slot     # [T, K], dest n if not routed
         member = (jnp.arange(dest.shape[0]) % tp)[:, None]
         send_off = jnp.cumsum(counts, axis=1) - counts
         at = member * send_rows(spec) + send_off[ctx.rank // tp * tp + member, jnp.minimum(dest, n - 1)] + slot_of
-        rows = arrays["y"][jnp.where(dest < n, at, 0)]                 # [T, K, H]
+        rows = wire[jnp.where(dest < n, at, 0)]                        # [T, K, H]
         return reduce_pairs(spec, route, dest < n, rows, out, pairs)

@@ -10,11 +10,37 @@ worst case), with per-row metadata (local expert, token index, weight); combine 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Optional
+
 import jax
 import jax.numpy as jnp
 
-from .base import Backend, Ctx
+from ..types import pytree
+from .base import Backend, Ctx, Received, Sent
 from .pure_jax import lay_out, reduce_pairs, sort_pairs, wire_rows
+
+
+@pytree
+class ReferenceWire:
+    """dispatch_send -> dispatch_recv: what arrived from each source, [N(src), P] rows: x [.., H],
+    local expert, token, weight (-1 / 0 where no row), fp8 scales [.., S] or None."""
+
+    x: Any
+    local: Any
+    tok: Any
+    w: Any
+    scale: Optional[Any] = None
+
+
+@pytree
+class ReferencePlacement:
+    """dest [T, K] (N if not routed), slot [T, K] (row among the rows to dest); after
+    dispatch_recv, recv_pos [N(src), P]: each arrived row's index in the layout (-1: none)."""
+
+    dest: Any
+    slot: Any
+    recv_pos: Optional[Any] = None
 
 
 def _a2a(x, axis):
@@ -37,7 +63,8 @@ class ReferenceBackend(Backend):
         return {"dispatch_rows": 2 * wire, "combine_rows": 2 * back}
 
     # -- dispatch ------------------------------------------------------------------------------
-    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None):
+    def dispatch_send(self, ctx: Ctx, x, x_scale, topk_ids, topk_weights, num_tokens, slot, after=None,
+                      rank_mask=None) -> Sent:
         spec, n = ctx.spec, ctx.num_ranks
         t_count, k = topk_ids.shape
         p = spec.rows_per_peer(n)
@@ -55,47 +82,44 @@ class ReferenceBackend(Backend):
         meta_w = jnp.zeros((n, p), jnp.float32).at[dest_mine, slot_flat].set(
             topk_weights.reshape(-1).astype(jnp.float32), mode="drop")
 
-        arrays = {
-            "x": _a2a(send_x, ctx.axis),
-            "local": _a2a(meta_local, ctx.axis),
-            "tok": _a2a(meta_tok, ctx.axis),
-            "w": _a2a(meta_w, ctx.axis),
-        }
+        scale = None
         if xs is not None:
             send_s = jnp.zeros((n, p, spec.num_scales), jnp.float32).at[dest_mine, slot_flat].set(
                 xs[rows], mode="drop")
-            arrays["scale"] = _a2a(send_s, ctx.axis)
-        route = {"dest": pr.dest, "slot": slot_of}
+            scale = _a2a(send_s, ctx.axis)
+        wire = ReferenceWire(_a2a(send_x, ctx.axis), _a2a(meta_local, ctx.axis), _a2a(meta_tok, ctx.axis),
+                             _a2a(meta_w, ctx.axis), scale)
         num_dropped = jnp.sum(pr.bad & (pr.member == ctx.rank % spec.tp_size), dtype=jnp.int32)
-        return arrays, route, num_dropped
+        return Sent(wire, ReferencePlacement(pr.dest, slot_of), num_dropped)
 
-    def dispatch_recv(self, ctx: Ctx, arrays, route, slot):
+    def dispatch_recv(self, ctx: Ctx, wire: ReferenceWire, placement: ReferencePlacement, slot, rank_mask=None):
         spec, n = ctx.spec, ctx.num_ranks
         p = spec.rows_per_peer(n)
-        local = arrays["local"]                                   # [N(src), P]
+        local = wire.local                                        # [N(src), P]
         src = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[:, None], (n, p))
         idx = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32)[None, :], (n, p))
         x, scale, sizes, weights, src, num_overflow, pos = lay_out(
-            spec, n, local >= 0, src, idx, local, arrays["tok"], arrays["w"], arrays["x"], arrays.get("scale"))
-        return x, scale, sizes, weights, src, num_overflow, dict(route, recv_pos=pos.reshape(n, p))
+            spec, n, local >= 0, src, idx, local, wire.tok, wire.w, wire.x, wire.scale)
+        return Received(x, scale, sizes, weights, src, num_overflow,
+                        dataclasses.replace(placement, recv_pos=pos.reshape(n, p)))
 
     # -- combine -------------------------------------------------------------------------------
     def combine_send(self, ctx: Ctx, y, route, slot, after=None, from_slot=None):
         spec, n = ctx.spec, ctx.num_ranks
         tp = spec.tp_size
         flat = y.reshape(-1, spec.hidden)
-        pos = route.arrays["recv_pos"]                            # [N(src), P]
+        pos = route.placement.recv_pos                            # [N(src), P]
         rows = jnp.where((pos >= 0)[..., None], flat[jnp.maximum(pos, 0)], jnp.zeros((), flat.dtype))
         # To rank d go the rows of every member of d's tp group: [N(dest), tp, P, H].
         members = (jnp.arange(n) // tp * tp)[:, None] + jnp.arange(tp)[None, :]
-        return {"y": _a2a(rows[members], ctx.axis)}
+        return _a2a(rows[members], ctx.axis)                      # the wire: the rows as they arrive
 
-    def combine_recv(self, ctx: Ctx, arrays, route, slot, out, pairs=False):
+    def combine_recv(self, ctx: Ctx, wire, route, slot, out, pairs=False):
         spec, n = ctx.spec, ctx.num_ranks
         tp = spec.tp_size
-        back = arrays["y"]                                        # [N(expert rank), tp, P, H]
-        dest = route.arrays["dest"]                               # [T, K], n if not routed
-        slot_of = route.arrays["slot"]
+        back = wire                                               # [N(expert rank), tp, P, H]
+        dest = route.placement.dest                               # [T, K], n if not routed
+        slot_of = route.placement.slot
         member = (jnp.arange(dest.shape[0]) % tp)[:, None]
         rows = back[jnp.minimum(dest, n - 1), jnp.broadcast_to(member, dest.shape), slot_of]  # [T, K, H]
         return reduce_pairs(spec, route, dest < n, rows, out, pairs)

@@ -1,0 +1,172 @@
+"""Counters and debug checks of executed dispatches: the host callbacks behind
+`Communicator.stats()` (collect_stats) and debug=True's `DroppedRowsError`.
+
+The callbacks hold a `Counters` (small, no reference to the communicator): the compiled step keeps
+them, and the jit caches keep the step for the life of the process."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import DroppedRowsError
+from .routing import routed_pairs
+
+# The library's messages go through this logger (never print); configure it with `logging`.
+logger = logging.getLogger("jax_moe_a2a")
+
+
+class Counters:
+    """Thread-safe counters of one communicator's executed dispatches (docs/api.md, `stats()`),
+    and the DroppedRowsErrors its debug checks raised in this process (at most 64 kept)."""
+
+    FIELDS = ("dispatches", "dropped", "overflow", "masked", "clamped")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(self.FIELDS, 0)
+        self._errors = []
+
+    def add(self, dropped, overflow, masked, clamped=0, err=None):
+        with self._lock:
+            self._values["dispatches"] += 1
+            self._values["dropped"] += int(dropped)
+            self._values["overflow"] += int(overflow)
+            self._values["masked"] += int(masked)
+            self._values["clamped"] += int(clamped)
+            if err is not None and len(self._errors) < 64:
+                self._errors.append(err)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return dict(self._values)
+
+    def reset(self):
+        with self._lock:
+            self._values = dict.fromkeys(self.FIELDS, 0)
+
+    def take_errors(self) -> list:
+        """The recorded errors, oldest first, forgotten here."""
+        with self._lock:
+            errors, self._errors = self._errors, []
+        return errors
+
+
+def after(gate, tree):
+    """`tree` with every array made data-dependent on the int32 scalar `gate` (zero at run time,
+    unknown to XLA): integers get gate added, floats the same on their bits."""
+    def one(a):
+        dt = jnp.dtype(a.dtype)
+        if jnp.issubdtype(dt, jnp.integer):
+            return a + gate.astype(dt)
+        bits = jnp.dtype(f"uint{8 * dt.itemsize}")
+        return jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(a, bits) + gate.astype(bits), dt)
+    return jax.tree_util.tree_map(one, tree)
+
+
+# One row per rank of what its debug check found (int32): the table every rank's check reads.
+_RANK, _DROPPED, _OVERFLOW, _CLAMPED, _GIVEN, _TOKEN, _K, _ID = range(8)
+
+
+def first_bad_pair(spec, topk_ids, num_tokens, rank):
+    """(token, k, id) [3] int32 of this rank's first pair with a bad expert id (the pairs it
+    sends: t % tp == rank % tp), or (-1, -1, -1). topk_ids [T, K] int32 physical (before the rank
+    mask); num_tokens [] int32; rank [] int32."""
+    _, bad = routed_pairs(spec, topk_ids, num_tokens)
+    t, k = topk_ids.shape
+    bad = bad & (jnp.arange(t)[:, None] % spec.tp_size == rank % spec.tp_size)
+    flat = bad.reshape(-1)
+    i = jnp.argmax(flat).astype(jnp.int32)
+    found = flat[i]
+    return jnp.where(found, jnp.stack([i // k, i % k, topk_ids.reshape(-1)[i]]), -1).astype(jnp.int32)
+
+
+def describe(table, num_experts: int, max_tokens: int) -> str:
+    """The one message of a failed debug check, from the table [R, 8] of the ranks that decided
+    together: the first rank at fault, what it did (a bad id: which token, which id, why; rows
+    past capacity; num_tokens out of range), and the totals."""
+    table = np.asarray(table).reshape(-1, 8)
+    at_fault = [row for row in table if row[_DROPPED] or row[_OVERFLOW] or row[_CLAMPED]]
+    parts = []
+    if at_fault:
+        row = at_fault[0]
+        r = int(row[_RANK])
+        if row[_DROPPED]:
+            e = int(row[_ID])
+            why = (f"is outside [0, {num_experts})" if not 0 <= e < num_experts else
+                   "repeats an earlier id of its token")
+            parts.append(f"rank {r}, token {int(row[_TOKEN])}: expert id {e} {why}")
+        if row[_OVERFLOW]:
+            parts.append(f"rank {r} received {int(row[_OVERFLOW])} row(s) past recv_capacity")
+        if row[_CLAMPED]:
+            parts.append(f"rank {r}: num_tokens {int(row[_GIVEN])} is outside [0, {max_tokens}] (clamped)")
+    total = table[:, [_DROPPED, _OVERFLOW, _CLAMPED]].sum(axis=0)
+    return (f"jax_moe_a2a (debug=True): {'; '.join(parts)}. In all ranks: {int(total[0])} dropped pair(s), "
+            f"{int(total[1])} overflow row(s), {int(total[2])} clamped num_tokens")
+
+
+class _QuietCallbackFailures(logging.Filter):
+    """Drops JAX's log record of a host callback that raised our DroppedRowsError: every rank's
+    check raises it (so that every rank stops), and JAX logs each with its traceback (about 12
+    lines a rank); the error itself reaches the caller (`Communicator.checked`, `check`)."""
+
+    def filter(self, record):
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, DroppedRowsError)
+
+
+_QUIET = _QuietCallbackFailures()
+
+
+def record(counters: Counters, dropped, overflow, masked=None, clamped=None, *, tokens_given=None,
+           detail=None, rank=None, spec=None, collect: bool, debug: bool, psum_axis=None):
+    """Counts one executed dispatch of this rank on the host (collect) and, with debug, raises
+    DroppedRowsError when it dropped pairs, overflowed, or was given a num_tokens outside [0, T]
+    (never for masked pairs: they are expected).
+
+    dropped, overflow, masked, clamped (1 when num_tokens was clamped): [] int32 of this rank
+    (masked, clamped None: 0); tokens_given: [] int32 num_tokens as given, or None. With debug:
+    detail, first_bad_pair's [3] int32; rank [] int32; spec; psum_axis: the EP axis over which every rank decides together
+    (Backend.debug_psum; the ranks' rows are gathered so that every rank raises the same
+    message), or None (each rank decides alone).
+    Returns (`dropped`, gate): `dropped` threaded through the debug check so XLA cannot drop the
+    check, and with debug an int32 zero that only the check produces (else None)."""
+    zero = jnp.zeros((), jnp.int32)
+    masked = zero if masked is None else masked
+    clamped = zero if clamped is None else clamped
+    given = zero if tokens_given is None else tokens_given
+    if collect and not debug:
+        jax.debug.callback(lambda d, o, m, c: counters.add(d, o, m, c), dropped, overflow, masked, clamped)
+    if not debug:
+        return dropped, None
+    # A pure callback whose result is used: the error surfaces at the outputs. Every rank raises,
+    # or none: the ranks' rows are gathered (where XLA's collectives run), so every rank sees what
+    # every rank found. A rank left running would wait for the stopped one, in XLA's next
+    # collective (pure-JAX backends; XLA:CPU aborts the process after its rendezvous timeout) or
+    # in the next FFI half (until timeout_s, several times over: the host backend with
+    # recv_capacity overflow on one rank took minutes). Overflow is counted at the receiver and
+    # bad ids at the sender, so no rank sees the others' counts without it.
+    row = jnp.concatenate([jnp.stack([rank.astype(jnp.int32), dropped, overflow, clamped, given]), detail])
+    table = jax.lax.all_gather(row, psum_axis) if psum_axis is not None else row[None]
+    logging.getLogger("jax._src.callback").addFilter(_QUIET)  # idempotent
+    num_experts, max_tokens = spec.num_experts, spec.max_tokens_per_rank
+
+    def check(d, o, m, c, tab):
+        tab = np.asarray(tab).reshape(-1, 8)
+        err = None
+        if tab[:, [_DROPPED, _OVERFLOW, _CLAMPED]].any():
+            err = DroppedRowsError(describe(tab, num_experts, max_tokens))
+        counters.add(d, o, m, c, err)
+        if err is not None:
+            raise err
+        return np.int32(d), np.int32(0)
+
+    i32 = jax.ShapeDtypeStruct((), jnp.int32)
+    return jax.pure_callback(check, (i32, i32), dropped, overflow, masked, clamped, table)
+
+
+__all__ = ["Counters", "after", "record", "first_bad_pair", "describe", "logger"]

@@ -1,0 +1,61 @@
+"""Dtypes and layouts: the dtype sets the ops accept, and the codes shared with C++
+(cc/core/dtype.h ElemKind, cc/core/shape.h Layout; _C.Dtype, _C.Layout). No other module of ours."""
+
+from __future__ import annotations
+
+import enum
+
+import jax.numpy as jnp
+import numpy as np
+
+LAYOUTS = ("ragged", "expert_major")
+FP8_DTYPES = (np.dtype(jnp.float8_e4m3fn),)
+# dispatch's wire dtypes (Spec.dispatch_dtype), its input dtypes (x), combine's dtypes (y, output)
+WIRE_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32)) + FP8_DTYPES
+INPUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
+COMBINE_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
+
+
+class Dtype(enum.IntEnum):
+    """Element dtype codes shared with C++ (cc/core/dtype.h ElemKind, _C.Dtype): the wire dtype of
+    dispatch, the dtypes of combine's rows and outputs, the FFI `y_kind` attribute."""
+
+    F32 = 0
+    BF16 = 1
+    F16 = 2
+    F8_E4M3FN = 3
+
+    @classmethod
+    def of(cls, dtype) -> "Dtype":
+        """The code of a NumPy / JAX dtype; ValueError for any other."""
+        d = np.dtype(dtype)
+        for code, np_dtype in _NUMPY.items():
+            if np_dtype == d:
+                return code
+        raise ValueError(f"no jax_moe_a2a dtype code for {d} (valid: {[str(v) for v in _NUMPY.values()]})")
+
+    @property
+    def numpy(self) -> np.dtype:
+        return _NUMPY[self]
+
+    @property
+    def itemsize(self) -> int:
+        return _NUMPY[self].itemsize
+
+
+_NUMPY = {Dtype.F32: np.dtype(jnp.float32), Dtype.BF16: np.dtype(jnp.bfloat16), Dtype.F16: np.dtype(jnp.float16),
+          Dtype.F8_E4M3FN: np.dtype(jnp.float8_e4m3fn)}
+
+
+class Layout(enum.IntEnum):
+    """Receive layout codes shared with C++ (cc/core/shape.h Layout, _C.Layout)."""
+
+    RAGGED = 0
+    EXPERT_MAJOR = 1
+
+    @classmethod
+    def of(cls, name: str) -> "Layout":
+        return {"ragged": cls.RAGGED, "expert_major": cls.EXPERT_MAJOR}[name]
+
+
+__all__ = ["Dtype", "Layout", "LAYOUTS", "FP8_DTYPES", "WIRE_DTYPES", "INPUT_DTYPES", "COMBINE_DTYPES"]

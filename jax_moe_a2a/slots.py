@@ -1,0 +1,92 @@
+"""Slot tracking: which buffer slots have a dispatch in flight in each trace being built, so that
+a second dispatch_send on a busy slot is refused at trace time (docs/overlap.md). No other module
+of ours."""
+
+from __future__ import annotations
+
+import threading
+
+try:
+    from jax.extend.core import get_opaque_trace_state as _get_opaque_trace_state
+except ImportError:  # pragma: no cover - JAX versions without it: no slot check
+    _get_opaque_trace_state = None
+
+
+def _trace_state():
+    """An opaque token of the trace being built (jit, shard_map body, custom_vjp rule, ...), or
+    None outside any trace or where JAX lacks the API. Equal for calls in one trace only."""
+    try:
+        return _get_opaque_trace_state(convention="jax_moe_a2a")
+    except Exception:  # pragma: no cover - JAX versions without it: no slot check
+        return None
+
+
+def _alive(state) -> bool:
+    ref = getattr(state, "_trace_ref", None)
+    return ref is None or not callable(ref) or ref() is not None
+
+
+class SlotTracker:
+    """Which slots have a dispatch in flight in each trace being built: from dispatch_send until
+    the combine_recv on that slot (docs/overlap.md: each slot runs dispatch_send, dispatch_recv,
+    combine_send, combine_recv before its next dispatch_send). A second dispatch_send on a busy
+    slot in the same trace would hang the FFI backends (it waits for the peers' dispatch_recv of
+    the first, which XLA may order after it) or mix up routing state, so it is refused at trace
+    time. Keyed by the trace, not the communicator: one communicator serves many traces (jit
+    retraces, grad's forward and backward, remat, custom_vjp rules), each checked on its own. The
+    custom_vjp rules (jax_moe_a2a/autodiff.py) call the communicator's halves untracked: JAX traces
+    them at times it picks, and the one-shot call is tracked in the caller's trace instead."""
+
+    MAX_TRACES = 64
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._traces = []  # [(trace state, {slot: True while a dispatch is in flight})]
+
+    def _state(self):
+        return _trace_state()
+
+    def _find(self, state, create):
+        self._traces = [(t, d) for t, d in self._traces if _alive(t)]
+        for t, d in self._traces:
+            if t == state:
+                return d
+        if not create:
+            return None
+        d = {}
+        self._traces.append((state, d))
+        del self._traces[:-self.MAX_TRACES]
+        return d
+
+    def open(self, slot: int, num_slots: int):
+        state = self._state()
+        if state is None:
+            return
+        with self._lock:
+            busy = self._find(state, create=True)
+            if slot in busy:
+                free = [z for z in range(num_slots) if z not in busy]
+                raise ValueError(
+                    f"slot {slot}: a dispatch on slot {slot} is still in flight in this trace (dispatch_send "
+                    f"without the combine_recv on that slot yet); a slot runs dispatch_send, dispatch_recv, "
+                    f"combine_send, combine_recv before its next dispatch_send. Use another slot "
+                    f"({'free: ' + str(free) if free else 'none free: raise Spec.slots'}, Spec.slots={num_slots}) "
+                    f"or finish the first dispatch's combine first")
+            busy[slot] = True
+
+    def close(self, slot: int):
+        state = self._state()
+        if state is None:
+            return
+        with self._lock:
+            busy = self._find(state, create=False)
+            if busy is not None:
+                busy.pop(slot, None)
+                return
+            # No dispatch in this trace: a cycle that began in an enclosing trace ends in a nested
+            # one (e.g. the combine inside a jax.checkpoint body). Free the slot where it is open.
+            for _, d in self._traces:
+                d.pop(slot, None)
+
+
+__all__ = ["SlotTracker"]
