@@ -47,12 +47,11 @@ VARS = (
     Var("NVSHMEM_ARENA", "int", "2x the first communicator's need, >= 256 MiB", "jax_moe_a2a/backends/nvshmem.py",
         "nvshmem backend: bytes of the symmetric arena (fixed by the process's first communicator)"),
     Var("NVSHMEM_REMOTE", "auto|all", "auto", "jax_moe_a2a/backends/nvshmem.py (at init)",
-        "nvshmem backend: `auto` sends combine rows to peers that loads and stores cannot reach (another "
-        "node: IBGDA, IBRC, UCX, libfabric) through symmetric bounce rows and to the others straight from y; "
-        "`all` takes that remote path for every other rank (tests it on one machine)"),
+        "nvshmem: `auto` puts combine rows for peers that loads and stores cannot reach (another node) "
+        "through symmetric bounce rows; `all` for every other rank (tests)"),
     Var("LOCAL_PATH", "auto|0", "auto", "jax_moe_a2a/backends/ffi.py (at the first call of a communicator)",
-        "cuda, nvshmem backends at EP = 1 (one rank on the EP axis): `auto` runs dispatch and combine as one "
-        "kernel each without communication buffers; `0` runs the exchange halves (tests, benchmarks)"),
+        "cuda, nvshmem at EP = 1: `auto` runs dispatch and combine as one kernel each, without "
+        "communication buffers; `0` runs the exchange halves"),
     Var("LOCAL_DEVICE_IDS", "str", "JAX decides", "jax_moe_a2a/runtime.py (examples/serve.py, tests/conftest.py)",
         "`local_device_ids` for jax.distributed.initialize: `0`, `0,1` (every process takes those) or "
         "`local_rank` (the Open MPI / Slurm node-local rank)"),
@@ -86,29 +85,23 @@ VARS = (
         _NATIVE),
     Var("PROXY_IDLE_SLEEP_US", "float", "2000", "cc/proxy/proxy.cc", "... sleeps grow up to this", _NATIVE),
     Var("KERNEL_TIMING", "0|1|nosync", "0", "cc/gpu/kernel_timer.h (cuda, nvshmem: at communicator creation)",
-        "GPU backends: CUDA events around each launch (`comm.kernel_seconds(half)`); `1` puts a GPU-side barrier "
-        "of the EP group on the stream before each timed launch (pplx-kernels' benchmark method), `nosync` none",
+        "GPU backends: CUDA events around each launch (`comm.kernel_seconds`); `1` with a GPU-side "
+        "barrier of the EP group before each, `nosync` without",
         _NATIVE),
     Var("GEMM_TILE_M", "auto|64|128", "auto", "cc/gemm/kernels.h (at every grouped-GEMM call)",
         "grouped expert GEMMs: rows per tile; `auto` takes 64 (ping-pong) when the mean rows per expert is "
         "<= 128, else 128; for measurements (benchmarks/gemm.py)", _NATIVE),
     Var("DISPATCH_SEND", "auto|grid|block", "auto", "cc/cuda/dispatch/send.cu (once per process)",
-        "cuda backend: dispatch_send kernel; `auto` takes the block-routed one where it applies (tp_size 1, "
-        "K <= 16, routing tables within 48 KiB of shared memory; peers on other nodes too), the token staged in "
-        "registers where its dtypes, sizes and alignment allow, else in shared memory; `block` forces the "
-        "shared-memory staging, `grid` the grid-routed kernel",
+        "cuda: the dispatch_send kernel; `auto` the block-routed one where it applies, `block` "
+        "with shared-memory staging, `grid` the grid-routed one (docs/gpu_kernels.md)",
         _NATIVE),
     Var("GDRCOPY", "auto|0|1", "auto", "cc/proxy/gdrcopy.cc, cc/cuda/remote_path.cc",
         "cuda inter-node path: the proxy writes its flags into GPU memory through GDRCopy where "
         "/dev/gdrdrv and libgdrapi.so.2 exist (`1`: required, `0`: never)", _NATIVE),
     Var("STAGING", "host|copy|device", "host", "cc/cuda/remote_path.cc",
-        "cuda inter-node path: where the rows to and from other nodes live; `host`: pinned host memory the "
-        "kernels reach over PCIe; `copy`: GPU memory for the kernels, pinned host memory for the engine, the "
-        "proxy copying each step's rows between them with the GPU's copy engines (cc/cuda/row_copies.h); "
-        "`device`: GPU memory the engine reads and writes, only over a NIC with GPUDirect RDMA (efa, verbs) "
-        "whose engine registers CUDA memory (FI_HMEM), not yet run end to end; `copy` and `device` need "
-        "CUDA_MODULE_LOADING=EAGER set before the process starts, else an error at init names the reason "
-        "(`proxy_stats()[rank][\"row_path\"]` says which path runs)", _NATIVE),
+        "cuda inter-node path: where rows to and from other nodes live: `host` pinned host memory, "
+        "`copy` GPU memory copied to pinned memory, `device` GPU memory (GPUDirect RDMA NICs); "
+        "docs/protocol.md", _NATIVE),
     Var("GDRCOPY_LIB", "str", "libgdrapi.so.2", "cc/proxy/gdrcopy.cc", "GDRCopy library to dlopen (tests)", _NATIVE),
     Var("GDRCOPY_DEV", "str", "/dev/gdrdrv", "cc/proxy/gdrcopy.cc", "GDRCopy device node to look for (tests)",
         _NATIVE),
@@ -116,8 +109,8 @@ VARS = (
         "host backend, proxied: the proxy stores its flags into a second block as it would through GDRCopy, "
         "and the host reads them only there (tests of the GDRCopy store path on CPUs)", _NATIVE),
     Var("HOST_STAGED", "bool", "0", "cc/host/host_comm.cc (at communicator creation)",
-        "host backend, proxied: pack and unpack rows in buffers apart from the registered ones and let the "
-        "proxy copy them, as under `JAX_MOE_A2A_STAGING=copy` (tests of the proxy's staged steps on CPUs)",
+        "host backend, proxied, tests: rows packed in buffers apart from the registered ones, the "
+        "proxy copying them as under `STAGING=copy`",
         _NATIVE),
     Var("HOST_RECV_PAUSE_S", "float", "0", "cc/host/host_comm.cc (at communicator creation)",
         "host backend, tests: each dispatch_recv sleeps this long after its rows arrived and before it reads "
@@ -144,6 +137,8 @@ VARS = (
         _SCRIPT),
     Var("SETUP_DRY_RUN", "bool", "0", "scripts/setup.sh", "print the apt-get and pip commands without running them",
         _SCRIPT),
+    Var("PIP_CHECK_DIR", "str", "a fresh temporary folder, removed at the end", "scripts/pip_install_check.sh",
+        "where the clean virtual environment and the checkout's copy go (kept)", _SCRIPT),
     Var("COMMIT", "str", "git rev-parse HEAD", "benchmarks, scripts/gpu_check.sh",
         "commit recorded in benchmark results (copies without .git)", _BENCH),
     Var("ANCHOR_JSON", "str", "none", "benchmarks/halves.py, benchmarks/bench.py",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build and test on a GPU machine (one or more H200s: docs/gpu_runbook.md), then benchmark.
+# Build and test on a GPU machine (one or more H200s: notes/gpu_runbook.md), then benchmark.
 # Several processes share the one GPU, each one JAX rank (XLA's own collectives refuse that, so
 # the multi-process runs use the cuda backend and the NumPy oracle only).
 # Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench";
@@ -176,7 +176,7 @@ if stage nvshmem-timeout; then  # a rank that never calls: the other must fail n
 fi
 # The cuda backend's inter-node path: JAX_MOE_A2A_NODE_SIZE=1 makes every peer remote (proxy thread +
 # TransferEngine over pinned host memory), 2 keeps pairs of ranks on NVLink/IPC (hybrid). Needs an
-# extension built with libfabric (PKG_CONFIG_PATH / LD_LIBRARY_PATH of a libfabric build, docs/gpu_runbook.md).
+# extension built with libfabric (PKG_CONFIG_PATH / LD_LIBRARY_PATH of a libfabric build, notes/gpu_runbook.md).
 # PROXY_RUNS: "n:node_size:provider:what" items; what = full (test_ops + test_protocol + test_grad),
 # ops (test_ops + test_protocol), slots (test_slot_pairings), priv0 / priv1 (test_ops subset with 0 / 1 private rows: overflow).
 proxy_run() {  # $1 = n, $2 = node_size, $3 = provider, $4 = what

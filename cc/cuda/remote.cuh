@@ -42,7 +42,7 @@ __device__ __forceinline__ uint64_t* proxy_seen(const SlotPtrs& p, const Geometr
 // proxy_seen (GPU memory). The other blocks (`report` false: every block of the kernel waits,
 // block 0 reports) wait on that copy: when each of a kernel's blocks read the host flag itself,
 // the reads (one PCIe round trip each, apparently serialised) cost about 1 us per block, some
-// 140 us per kernel on an H200 (2026-12-03, docs/benchmarks.md). The reporting block gives up a little after the proxy's own
+// 140 us per kernel on an H200 (2026-12-03, notes/benchmarks.md). The reporting block gives up a little after the proxy's own
 // timeout (timeout * 1.5 + 2 s) or as soon as the proxy recorded a failure: then it records the
 // ErrorRecord (op, slot, the proxy's missing ranks), marks the slot failed like wait_flags, prints,
 // and every thread of the block gets false; the other blocks give up when the slot is marked

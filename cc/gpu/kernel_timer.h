@@ -3,7 +3,7 @@
 //   1       a GPU-side barrier of the EP group on the stream, then the start event, the kernel,
 //           the end event: pplx-kernels' benchmark method. With N processes time-slicing one
 //           GPU, a host barrier leaves each process's events around other processes' work too
-//           (the bimodal times of 2026-12-02, docs/benchmarks.md); the barrier on the stream
+//           (the bimodal times of 2026-12-02, notes/benchmarks.md); the barrier on the stream
 //           lines every rank's kernel up behind the same point.
 //   nosync  the events alone (no barrier): what the benchmarks measured before 2026-12-03.
 #pragma once

@@ -4,7 +4,7 @@
 // quantisation of f32 / bf16 / f16 x, or a copy of x already in the wire dtype; regs_staging_kind
 // below).
 //
-// Why (2026-12-01 profile of the shared-memory kernel, docs/benchmarks.md): its x loads waited
+// Why (2026-12-01 profile of the shared-memory kernel, notes/benchmarks.md): its x loads waited
 // until the routing was done, its ids were deduplicated with dependent loads, and the row went
 // register -> shared -> register -> global behind a barrier. Here the block's first token's x
 // loads, its ids and the peers' free flags are all issued at entry; the routing (shared memory)
