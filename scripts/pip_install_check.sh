@@ -7,7 +7,12 @@
 # checkout's own build/ (scripts/setup.sh's incremental build) alone.
 # Env: JAX_MOE_A2A_PIP_CHECK_DIR  where the venv and the copy go (default: a fresh temp folder,
 #      removed at the end).
+# --with-cuda: compile the CUDA kernels too where nvcc exists. Without it the check builds the CPU
+# parts only (-C cmake.define.JAX_MOE_A2A_CUDA=OFF), as on a machine without nvcc: the route under
+# test is the packaging, and CI's 2 cores already compile the kernels once in scripts/setup.sh.
 set -euo pipefail
+cuda_args=(-C cmake.define.JAX_MOE_A2A_CUDA=OFF)
+[ "${1:-}" = --with-cuda ] && cuda_args=()
 cd "$(dirname "$0")/.."
 checkout=$PWD
 work=${JAX_MOE_A2A_PIP_CHECK_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/a2a-pip-check.XXXXXX")}
@@ -18,8 +23,8 @@ tar -C "$checkout" --exclude=./build --exclude=./.venv --exclude=./bench-out --e
   | tar -C "$work/src" -xf -
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-echo "pip-check: pip install <checkout> into a clean venv (build isolation)"
-if ! "$work/venv/bin/python" -m pip install "$work/src" > "$work/pip.log" 2>&1; then
+echo "pip-check: pip install <checkout> into a clean venv (build isolation${cuda_args[*]:+, CUDA kernels off})"
+if ! "$work/venv/bin/python" -m pip install "${cuda_args[@]}" "$work/src" > "$work/pip.log" 2>&1; then
   tail -n 40 "$work/pip.log"; echo "pip-check: FAILED: pip install <checkout> ($((SECONDS - t0)) s)"; exit 1
 fi
 t1=$SECONDS

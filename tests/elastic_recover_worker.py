@@ -88,7 +88,21 @@ def main():
         raise AssertionError("an op ran on the failed communicator")
     except jax.errors.JaxRuntimeError as e:
         assert "unusable after an earlier failure" in str(e), e
+    survivors = [p for p in range(nproc) if p != victim]
+
+    def meet(tag):
+        """Wait (bounded) until every survivor got here: the survivors fail step 2 at different
+        times (up to a timeout apart on a loaded machine), and a recovery waits only timeout_s
+        for the others to join, so each recover() starts from a rendezvous (a flake before)."""
+        open(os.path.join(WORKDIR, f"{tag}-{me}"), "w").close()
+        t1 = time.time()
+        while not all(os.path.exists(os.path.join(WORKDIR, f"{tag}-{p}")) for p in survivors):
+            if time.time() - t1 > 60:
+                raise TimeoutError(f"waited 60 s for the other survivors at {tag}")
+            time.sleep(0.05)
+
     # a mask that still includes the dead rank: the recovery times out naming it
+    meet("recover-all")
     t0 = time.time()
     try:
         comm.recover(ones)
@@ -98,6 +112,7 @@ def main():
         log(f"recover(all alive) refused after {time.time() - t0:.1f} s, naming rank {victim}")
     mask = ones.copy()
     mask[victim] = 0
+    meet("recover-masked")
     comm.recover(mask)
     log(f"recovered with mask {mask.tolist()}")
     masked = 0
@@ -111,7 +126,6 @@ def main():
         raise AssertionError(f"the step compiled {sizes} times: recovery and a new mask must reuse it")
     print(f"ELASTIC_OK process {me} steps {AFTER} after recovery", flush=True)
     open(os.path.join(WORKDIR, f"done-{me}"), "w").close()
-    survivors = [p for p in range(nproc) if p != victim]
     t0 = time.time()
     while not all(os.path.exists(os.path.join(WORKDIR, f"done-{p}")) for p in survivors):
         if time.time() - t0 > 60:

@@ -366,14 +366,21 @@ def test_grouped_matmul_gradients(layout, dtype, ragged_method):
     assert np.all(np.asarray(dx.astype(jnp.float32))[~live] == 0.0), seed
 
 
-@pytest.mark.parametrize("layout", ["ragged", "expert_major"])
-def test_expert_mlp_gradients(layout, ragged_method):
-    seed = _seed()
-    rng = np.random.default_rng(seed)
+def _bf16_mlp_case(rng, layout):
+    """A bf16 expert-MLP case of 4 groups (one empty) for the gradient tests: (kwargs of
+    make_mlp, group sizes as a device array, live-row mask, x with its dead rows zeroed)."""
     rows, gs = (29, [6, 0, 13, 2]) if layout == "ragged" else (7, [6, 0, 7, 2])
     kw, *_, gsj = make_mlp(rng, layout, "bf16", groups=4, h=40, f=24, rows=rows, gs=gs, block=None)
     live = _live(layout, gs, rows)
     x = jnp.asarray(np.where(live[..., None], np.asarray(kw["x"].astype(jnp.float32)), 0.0)).astype(jnp.bfloat16)
+    return kw, gsj, live, x
+
+
+@pytest.mark.parametrize("layout", ["ragged", "expert_major"])
+def test_expert_mlp_gradients(layout, ragged_method):
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    kw, gsj, live, x = _bf16_mlp_case(rng, layout)
     wgu, wdn = kw["w_gate_up"], kw["w_down"]
     ct = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
     loss = lambda f: lambda *a: jnp.sum(f(*a).astype(jnp.float32) * ct)   # noqa: E731
@@ -671,10 +678,7 @@ def test_native_backward_follows_the_contract(layout, native_wgrad, monkeypatch)
     monkeypatch.setattr(experts, "_gemm_ffi", fake)
     seed = _seed()
     rng = np.random.default_rng(seed)
-    rows, gs = (29, [6, 0, 13, 2]) if layout == "ragged" else (7, [6, 0, 7, 2])
-    kw, *_, gsj = make_mlp(rng, layout, "bf16", groups=4, h=40, f=24, rows=rows, gs=gs, block=None)
-    live = _live(layout, gs, rows)
-    x = jnp.asarray(np.where(live[..., None], np.asarray(kw["x"].astype(jnp.float32)), 0.0)).astype(jnp.bfloat16)
+    kw, gsj, live, x = _bf16_mlp_case(rng, layout)
     ct = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
     loss = lambda f: lambda *a: jnp.sum(f(*a).astype(jnp.float32) * ct)   # noqa: E731
     ours = jax.grad(loss(lambda x, a, b: a2a.expert_mlp(x, a, b, gsj, out_dtype=jnp.float32)), (0, 1, 2))(
