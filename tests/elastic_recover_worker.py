@@ -91,9 +91,9 @@ def main():
     survivors = [p for p in range(nproc) if p != victim]
 
     def meet(tag):
-        """Wait (bounded) until every survivor got here: the survivors fail step 2 at different
-        times (up to a timeout apart on a loaded machine), and a recovery waits only timeout_s
-        for the others to join, so each recover() starts from a rendezvous (a flake before)."""
+        """Wait (bounded) until every survivor got here: the survivors leave the failed recovery
+        at different times (up to a timeout apart on a loaded machine), and a recovery waits only
+        timeout_s for the others to join, so the masked recover() starts from a rendezvous."""
         open(os.path.join(WORKDIR, f"{tag}-{me}"), "w").close()
         t1 = time.time()
         while not all(os.path.exists(os.path.join(WORKDIR, f"{tag}-{p}")) for p in survivors):
@@ -101,8 +101,10 @@ def main():
                 raise TimeoutError(f"waited 60 s for the other survivors at {tag}")
             time.sleep(0.05)
 
-    # a mask that still includes the dead rank: the recovery times out naming it
-    meet("recover-all")
+    # a mask that still includes the dead rank: the recovery times out naming it (no rendezvous
+    # before it: over tcp;ofi_rxm a survivor that starts it after the victim's process ended saw
+    # its write to the victim stay at -FI_EAGAIN for 30 s, a TransferError instead of the timeout:
+    # open_items.md)
     t0 = time.time()
     try:
         comm.recover(ones)
