@@ -135,7 +135,7 @@ def _split_step(comm, spec, n, with_out):
                                out_specs=P("ep")))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "reference"])  # each against reference
 @pytest.mark.parametrize("layout,with_out", [("ragged", True), ("expert_major", False)])
 def test_split_halves_are_differentiable_like_reference(backend, layout, with_out, num_ranks, mesh):
     """Issue 33.4: gradients through dispatch_send/dispatch_recv/combine_send/combine_recv (what
