@@ -23,11 +23,14 @@ def test_remote_peers_follow_the_switch(mesh, num_ranks):
     me = jax.process_index()  # one rank per process on this backend
     forced = os.environ.get("JAX_MOE_A2A_NVSHMEM_REMOTE", "auto") == "all"
     assert peers == ([r for r in range(num_ranks) if r != me] if forced else []), peers
-    regions = comm.buffer_regions()
+    regions = comm.buffer_regions()  # what a communicator may take: with a remote peer
+    taken = comm.diagnostics()["bounce_bytes"]  # what this one took at init
     if num_ranks > 1:  # a bounce row per warp of combine_send, 1,024 a slot, of H bf16 values
         assert regions["private_combine_bounce"] >= spec.slots * 1024 * 64 * 2, regions
-    else:  # nothing to bounce to: the padding to 256 bytes only
-        assert regions["private_combine_bounce"] < 256 * spec.slots, regions
+    else:  # nothing to bounce to
+        assert regions["private_combine_bounce"] == 0, regions
+    # taken only with a remote peer: none on one machine unless forced
+    assert taken == (regions["private_combine_bounce"] if peers else 0), (taken, peers, regions)
     comm.close()
 
 

@@ -31,9 +31,8 @@ Layout make_layout(const gpu::Geometry& g) {
   l.off_meta_stage = g.private_slot_bytes;
   l.off_seen = l.off_meta_stage + int64_t(g.N) * l.meta_stride;
   l.off_zero = l.off_seen + pad16(2 * 8 * int64_t(g.N));
-  l.off_bounce = pad16(l.off_zero + g.c_stride_max);
-  l.bounce_rows = g.N > 1 ? kBounceWarps : 0;
-  l.slot_bytes = (l.off_priv + l.off_bounce + l.bounce_rows * g.c_stride_max + 255) / 256 * 256;
+  l.slot_bytes = (l.off_priv + pad16(l.off_zero + g.c_stride_max) + 255) / 256 * 256;
+  l.bounce_slot_bytes = g.N > 1 ? (int64_t(kBounceWarps) * g.c_stride_max + 255) / 256 * 256 : 0;
   return l;
 }
 
@@ -51,8 +50,9 @@ std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c) {
           {"private_epochs", z * (g.private_slot_bytes - g.off_epochs)},
           {"private_meta_stage", z * (l.off_seen - l.off_meta_stage)},
           {"private_seen", z * (l.off_zero - l.off_seen)},
-          {"private_zero_row", z * (l.off_bounce - l.off_zero)},
-          {"private_combine_bounce", z * (l.slot_bytes - priv - l.off_bounce)}};  // with the 256-byte padding
+          {"private_zero_row", z * (l.slot_bytes - priv - l.off_zero)},  // with the 256-byte padding
+          // apart from the block, taken at connect only when a peer is remote (NvComm::bounce_bytes)
+          {"private_combine_bounce", z * l.bounce_slot_bytes}};
 }
 
 NvComm::NvComm(const Config& c, int rank, int device, int64_t arena_bytes, bool all_remote)
@@ -93,6 +93,7 @@ NvComm::~NvComm() {
   cudaSetDevice(device_);
   cudaDeviceSynchronize();
   if (offset_ >= 0) arena_free(offset_);  // reused only after the barrier of a later NvComm
+  if (bounce_offset_ >= 0) arena_free(bounce_offset_);  // private: no peer writes it
   if (err_) cudaFreeHost(err_);
 }
 
@@ -124,8 +125,17 @@ void NvComm::connect(const std::vector<std::string>& peers) {
   nv_.remote = 0;
   for (int r = 0; r < o_.g.N; ++r)
     if (r != rank_ && (all_remote_ || nvshmem_ptr(peer_base_[r], nv_.pe[r]) == nullptr)) nv_.remote |= 1ull << r;
-  if (nv_.remote && nv_.lay.bounce_rows == 0)  // cannot happen: N > 1 whenever a peer exists
-    throw std::logic_error("jax_moe_a2a nvshmem connect: remote peers but no bounce rows");
+  if (nv_.remote && bounce_offset_ < 0) {  // the bounce rows, private: only this rank reads or writes them
+    if (nv_.lay.bounce_slot_bytes == 0)  // cannot happen: N > 1 whenever a peer exists
+      throw std::logic_error("jax_moe_a2a nvshmem connect: remote peers but no bounce rows");
+    bounce_offset_ = arena_alloc(bounce_bytes_needed());
+    if (bounce_offset_ < 0)
+      throw std::runtime_error("jax_moe_a2a nvshmem connect: the bounce rows for remote peers need " +
+                               std::to_string(bounce_bytes_needed() >> 20) + " MiB more of the NVSHMEM arena (" +
+                               std::to_string(arena_size() >> 20) +
+                               " MiB): set JAX_MOE_A2A_NVSHMEM_ARENA (bytes) larger before the first communicator");
+    nv_.bounce = arena_base + bounce_offset_;
+  }
   if (peer_base_[rank_] != base_) throw std::invalid_argument("jax_moe_a2a nvshmem connect: our own entry does not match");
 }
 

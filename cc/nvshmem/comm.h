@@ -51,6 +51,8 @@ class NvComm {
   int blocks() const { return blocks_; }
   int rank() const { return rank_; }
   int64_t block_bytes() const { return int64_t(o_.slots) * nv_.lay.slot_bytes; }
+  // Bytes of the bounce rows (all slots): taken at connect when a peer is remote, else 0.
+  int64_t bounce_bytes() const { return bounce_offset_ >= 0 ? bounce_bytes_needed() : 0; }
   void check_error() const;
   std::string error_text() const;
   // CUDA events around each half's launch (JAX_MOE_A2A_KERNEL_TIMING=1 at creation), as in the
@@ -64,7 +66,9 @@ class NvComm {
   int rank_, device_, blocks_;
   bool all_remote_;
   NvSlot nv_{};
+  int64_t bounce_bytes_needed() const { return int64_t(o_.slots) * nv_.lay.bounce_slot_bytes; }
   int64_t offset_ = -1;
+  int64_t bounce_offset_ = -1;        // the bounce rows' arena block (connect, remote peers only)
   uint8_t* base_ = nullptr;           // our block (local address)
   std::vector<uint8_t*> peer_base_;   // every rank's block, as a symmetric address valid here
   gpu::ErrorRecord* err_ = nullptr;  // cudaHostAlloc(mapped)

@@ -6,12 +6,16 @@
 // shared part, puts read the private part):
 //   shared:  Signals | meta [N src][L + 1 + 2P] int32 | rows [N src][P][row] | c_rows [tp][Q][c_row]
 //   private: cuda private area (staging [T][row], scratch, Epochs) | meta_stage [N dest][L + 1 + 2P]
-//            int32 | seen [2][N] uint64 | zero row [c_row] | bounce [kBounceWarps][c_row] (N > 1)
+//            int32 | seen [2][N] uint64 | zero row [c_row]
+// Apart from the block, only when a peer is remote (taken from the arena at connect, per slot):
+//   bounce [kBounceWarps][c_row]
 // The bounce rows make combine_send's puts to remote peers legal: a put over a remote transport
 // (IBGDA, IBRC, UCX, libfabric) must read a symmetric (registered) source, and the expert outputs
 // y are XLA's buffer. Each warp copies its row into its bounce row, then puts it with the blocking
 // put (the row is reusable when it returns); peers reached by loads and stores (NVLink, the same
-// GPU) get the row straight from y. Which peers are remote is decided at connect (NvSlot::remote).
+// GPU) get the row straight from y, and dropped rows come from the zero row (symmetric already).
+// Which peers are remote is decided at connect (NvSlot::remote); a communicator whose peers are
+// all load/store reachable allocates no bounce rows.
 // Everything else a kernel puts (dispatch rows, meta blocks, the zero row) is read from the
 // private area, which is symmetric, and every signal goes through NVSHMEM's signal operations, so
 // no kernel needs a load or store into a peer's memory.
@@ -55,8 +59,8 @@ struct Layout {
   int64_t off_meta, off_rows, off_c_rows;   // shared part, from the slot start
   int64_t off_priv;                         // start of the private part (cuda private area)
   int64_t off_meta_stage, off_seen, off_zero;  // from the private start
-  int64_t off_bounce, bounce_rows;          // from the private start; bounce_rows 0 when N == 1
   int64_t slot_bytes;
+  int64_t bounce_slot_bytes;                // kBounceWarps rows of c_row per slot (0 when N == 1)
 };
 
 // What the kernels need beyond the cuda parameter structs.
@@ -64,6 +68,7 @@ struct NvSlot {
   Layout lay;
   int pe[kMaxRanks];  // NVSHMEM PE of every EP rank
   uint64_t remote;    // bit r: rank r takes the remote path (combine rows through the bounce rows)
+  uint8_t* bounce;    // slot z's bounce rows at bounce + z * lay.bounce_slot_bytes (nullptr: no remote peer)
 };
 
 // A meta block [L + 1 + 2P] int32: counts per local expert, the source's combine offset for the

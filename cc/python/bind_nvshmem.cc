@@ -48,6 +48,8 @@ void bind_nvshmem(nb::module_& m) {
       if ((comm->remote_mask() >> r) & 1) out.push_back(r);
     return out;
   }, "comm_id"_a, "The ranks that take the remote path (combine rows through the bounce rows), after connect.");
+  c.def("bounce_bytes", [](int64_t comm_id) { return nvshmem::find_comm(comm_id)->bounce_bytes(); }, "comm_id"_a,
+        "Arena bytes of the bounce rows this rank took at connect (all slots): 0 when no peer is remote.");
   c.def("bootstrap_info", [](int64_t comm_id) {
     const std::string s = nvshmem::find_comm(comm_id)->bootstrap_info();
     return nb::bytes(s.data(), s.size());

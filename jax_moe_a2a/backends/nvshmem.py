@@ -132,10 +132,12 @@ class NvshmemBackend(CudaBackend):
 
     def diagnostics(self):
         """local_path (EP = 1); remote_peers: the ranks this rank reaches by the remote path (bounce
-        rows; every other rank under JAX_MOE_A2A_NVSHMEM_REMOTE=all)."""
+        rows; every other rank under JAX_MOE_A2A_NVSHMEM_REMOTE=all); bounce_bytes: the symmetric
+        memory those bounce rows took at init (0 without remote peers)."""
         c = _ffi.require_native()
         return {"local_path": self.uses_local_path(self.config.num_ranks),
-                "remote_peers": list(c.nvshmem.remote_peers(self.comm_id))}
+                "remote_peers": list(c.nvshmem.remote_peers(self.comm_id)),
+                "bounce_bytes": int(c.nvshmem.bounce_bytes(self.comm_id))}
 
     def proxy_stats(self):
         return {}  # no proxy threads

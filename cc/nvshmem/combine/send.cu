@@ -8,6 +8,7 @@
 // Remote peers (NvSlot::remote): y is XLA's buffer, not symmetric, so a row for a remote member
 // is first copied into the warp's bounce row (private, symmetric) and put from there with the
 // blocking put (the bounce row is free again when it returns); node-local members get it from y.
+// A dropped row needs no bounce: the zero row is symmetric already.
 #include <algorithm>
 
 #include "gpu/arrange.cuh"
@@ -45,8 +46,10 @@ __global__ void __launch_bounds__(gpu::kThreads) combine_send_kernel(gpu::Combin
     const int g0 = r.s / g.tp * g.tp;
     const uint64_t group = (g.tp == 64 ? ~0ull : ((1ull << g.tp) - 1)) << g0;
     const uint8_t* bounced = nullptr;  // the row in our bounce row, once a remote member needs it
-    if (nv.remote & group & ~out) {
-      uint8_t* b = P.p.priv + nv.lay.off_bounce + int64_t(ix.gwarp) * stride;  // gwarp < kBounceWarps
+    if (r.pos < 0) {
+      bounced = zero;  // symmetric: every member, remote or not, gets it straight
+    } else if (nv.remote & group & ~out) {
+      uint8_t* b = nv.bounce + P.p.slot * nv.lay.bounce_slot_bytes + int64_t(ix.gwarp) * stride;  // gwarp < kBounceWarps
       gpu::warp_copy(b, src, stride, ix.lane);
       __syncwarp();
       __threadfence();  // the row is in GPU memory before a transport (or its NIC) reads it
@@ -62,7 +65,7 @@ __global__ void __launch_bounds__(gpu::kThreads) combine_send_kernel(gpu::Combin
       else
         put_row_signal(dst, src, stride, &signals_at(P.p, m)->c_rows[me], nv.pe[m]);
     }
-    if (bounced) __syncwarp();  // every lane's put returned before the next row overwrites it
+    if (bounced && bounced != zero) __syncwarp();  // every lane's put returned before the next row overwrites it
   }
   if (!gpu::last_block_done(ep->done_of(Half::kCombineSend))) return;
   gpu::owe_free(g, P.p, Half::kCombineSend, due, out);  // every live rank frees this epoch for us

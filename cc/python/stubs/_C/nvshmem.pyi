@@ -41,6 +41,11 @@ def remote_peers(comm_id: int) -> list[int]:
     The ranks that take the remote path (combine rows through the bounce rows), after connect.
     """
 
+def bounce_bytes(comm_id: int) -> int:
+    """
+    Arena bytes of the bounce rows this rank took at connect (all slots): 0 when no peer is remote.
+    """
+
 def bootstrap_info(arg: int, /) -> bytes: ...
 
 def connect(arg0: int, arg1: Sequence[bytes], /) -> None: ...
