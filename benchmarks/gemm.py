@@ -287,6 +287,10 @@ def main(argv=None):
     ap.add_argument("--native-only", action="store_true", help="decode: skip the XLA baselines")
     ap.add_argument("--fp8-only", action="store_true",
                     help="a configuration sweep: the native fp8 MLP (and its parts) with its floor / XLA's fp8 dot only")
+    ap.add_argument("--variants", default="",
+                    help="a configuration sweep in this process: ';'-separated JAX_MOE_A2A_GEMM_TILE_M values "
+                         "(cc/gemm/kernels.h), each timed with --fp8-only on --cases (a fresh jit per case, so each "
+                         "traces its workspace under its own setting)")
     a = ap.parse_args(argv)
     from jax_moe_a2a import gemm_ffi
     why = gemm_ffi.native_reason()
@@ -299,6 +303,23 @@ def main(argv=None):
     out = {"tile_m": os.environ.get("JAX_MOE_A2A_GEMM_TILE_M", "auto"), "device": dev.device_kind, "jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "commit": os.environ.get("GIT_COMMIT", ""), "decode": []}
     cases = a.cases.split(",")
+    if a.variants:
+        out["variants"] = {}
+        for v in a.variants.split(";"):
+            os.environ["JAX_MOE_A2A_GEMM_TILE_M"] = v
+            res = {"decode": []}
+            if "decode" in cases:
+                for L in [int(e) for e in a.experts.split(",")]:
+                    res["decode"].append(decode_case(L, a.rows, a.trials, gemm_ffi, rng, key, True, True))
+            if "prefill" in cases:
+                res["prefill"] = prefill_case(a.trials, gemm_ffi, rng, key, fp8_only=True)
+            out["variants"][v] = res
+            print(f"--- variant JAX_MOE_A2A_GEMM_TILE_M={v}\n{report(res)}", flush=True)
+        os.environ.pop("JAX_MOE_A2A_GEMM_TILE_M")
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+        return 0
     if "decode" in cases:
         for L in [int(v) for v in a.experts.split(",")]:
             out["decode"].append(decode_case(L, a.rows, a.trials, gemm_ffi, rng, key, a.native_only, a.fp8_only))

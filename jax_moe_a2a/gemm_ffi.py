@@ -12,6 +12,8 @@ otherwise. The contract between the two is team/GEMM_CONTRACT.md; shapes (L loca
     w [L, N, K] (K contiguous); with transpose_w, w [L, K, N] (y = x @ w[l]), bf16 only
     fp8: x float8_e4m3fn with x_scale f32 [rows, K/128] ([L, C, K/128] expert_major); w
          float8_e4m3fn with w_scale f32 [L, N/128, K/128]; f32 accumulation
+    wgrad (grouped_gemm_wgrad): x [R, K] / [L, C, K] and dy [R, N] / [L, C, N] bf16 -> dw [L, N, K]
+         f32, dw[l] = dy_l^T @ x_l over group l's rows (zero for a group with no rows)
 
 Every call only launches device work (group sizes are read on the device): usable under jit,
 inside shard_map, with no host synchronisation, and in XLA command buffers.
