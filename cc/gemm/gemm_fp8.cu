@@ -7,15 +7,13 @@ namespace a2a::gemm::detail {
 namespace {
 
 using Cluster1 = cute::Shape<cute::_1, cute::_1, cute::_1>;
-using Cluster2 = cute::Shape<cute::_2, cute::_1, cute::_1>;
 using Coop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
 using CoopEpi = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 using E4M3 = cutlass::float_e4m3_t;
 
-// Many rows per group (prefill): 128x128 tiles, two consumer warpgroups on one tile; optionally in
-// 2x1x1 clusters (the weight tile multicast to both CTAs).
-template <class ElemD, class Cluster>
-using Fp8Cfg = FwdConfig<E4M3, ElemD, ColumnMajor, true, cute::Shape<cute::_128, cute::_128, cute::_128>, Cluster,
+// Many rows per group (prefill): 128x128 tiles, two consumer warpgroups on one tile.
+template <class ElemD>
+using Fp8Cfg = FwdConfig<E4M3, ElemD, ColumnMajor, true, cute::Shape<cute::_128, cute::_128, cute::_128>, Cluster1,
                          Coop, CoopEpi>;
 // Few rows per group (decode): 64x128 tiles, the two consumer warpgroups on alternate tiles.
 template <class ElemD>
@@ -25,12 +23,8 @@ using Fp8SmallCfg = FwdConfig<E4M3, ElemD, ColumnMajor, true, cute::Shape<cute::
 
 template <class ElemD, class Fn>
 auto with_config(const Tuning& t, Fn&& fn) {
-  switch (t.tile) {
-    case Tile::kTile64: return fn(static_cast<Fp8SmallCfg<ElemD>*>(nullptr));
-    default: break;
-  }
-  if (t.cluster_m == 2) return fn(static_cast<Fp8Cfg<ElemD, Cluster2>*>(nullptr));
-  return fn(static_cast<Fp8Cfg<ElemD, Cluster1>*>(nullptr));
+  if (t.tile == Tile::kTile64) return fn(static_cast<Fp8SmallCfg<ElemD>*>(nullptr));
+  return fn(static_cast<Fp8Cfg<ElemD>*>(nullptr));
 }
 
 template <class Fn>
@@ -42,7 +36,6 @@ auto with_out(const GroupedGemmParams& p, const Tuning& t, Fn&& fn) {
 
 size_t fp8_workspace_bytes(const GroupedGemmParams& p, int sm_count) {
   const Tuning t = choose(p);
-  if (t.tile == Tile::kSwap64 || t.tile == Tile::kSwap32) return fp8_swap_workspace_bytes(p, sm_count, t);
   return with_out(p, t, [&](auto* cfg) {
     return config_workspace_bytes<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t);
   });
@@ -50,7 +43,6 @@ size_t fp8_workspace_bytes(const GroupedGemmParams& p, int sm_count) {
 
 cudaError_t run_fp8(const GroupedGemmParams& p, int sm_count, cudaStream_t stream) {
   const Tuning t = choose(p);
-  if (t.tile == Tile::kSwap64 || t.tile == Tile::kSwap32) return run_fp8_swap(p, sm_count, t, stream);
   return with_out(p, t, [&](auto* cfg) {
     return run_config<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t, stream);
   });

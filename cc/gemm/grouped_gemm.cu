@@ -1,12 +1,9 @@
 // Host side of the grouped GEMMs: the static checks, workspace sizes and the dispatch to the
-// kernel translation units; the SwiGLU epilogue kernel; and the swap-AB fp8 configurations (here
-// rather than in gemm_fp8.cu so that the build compiles the two sets of CUTLASS instantiations in
-// parallel: each translation unit compiles its instantiations one after another).
+// kernel translation units; and the SwiGLU epilogue kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #include "core/fp8.h"
-#include "gemm/cutlass_grouped.cuh"
 #include "gemm/grouped_gemm.h"
 #include "gpu/fp8_code.cuh"
 #include "gemm/kernels.h"
@@ -128,39 +125,3 @@ cudaError_t launch_swiglu(const SwigluParams& p, cudaStream_t stream) {
 }
 
 }  // namespace a2a::gemm
-
-namespace a2a::gemm::detail {
-namespace {
-
-// Few rows per group, swap-AB: 128 weight rows x TokN tokens per tile, two consumer warpgroups
-// (64 weight rows each).
-template <class ElemD, class TokN>
-using Fp8SwapCfg = SwapABConfig<cutlass::float_e4m3_t, ElemD, true, cute::Shape<cute::_128, TokN, cute::_128>,
-                                cute::Shape<cute::_1, cute::_1, cute::_1>,
-                                cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,
-                                cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
-
-template <class Fn>
-auto with_swap_config(const GroupedGemmParams& p, const Tuning& t, Fn&& fn) {
-  if (t.tile == Tile::kSwap32)
-    return p.out == OutType::kF32 ? fn(static_cast<Fp8SwapCfg<float, cute::_32>*>(nullptr))
-                                  : fn(static_cast<Fp8SwapCfg<cutlass::bfloat16_t, cute::_32>*>(nullptr));
-  return p.out == OutType::kF32 ? fn(static_cast<Fp8SwapCfg<float, cute::_64>*>(nullptr))
-                                : fn(static_cast<Fp8SwapCfg<cutlass::bfloat16_t, cute::_64>*>(nullptr));
-}
-
-}  // namespace
-
-size_t fp8_swap_workspace_bytes(const GroupedGemmParams& p, int sm_count, const Tuning& t) {
-  return with_swap_config(p, t, [&](auto* cfg) {
-    return config_workspace_bytes<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t);
-  });
-}
-
-cudaError_t run_fp8_swap(const GroupedGemmParams& p, int sm_count, const Tuning& t, cudaStream_t stream) {
-  return with_swap_config(p, t, [&](auto* cfg) {
-    return run_config<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t, stream);
-  });
-}
-
-}  // namespace a2a::gemm::detail
