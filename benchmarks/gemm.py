@@ -128,7 +128,7 @@ def quantize_rows(x):
     return quantize_fp8_jax(x, 128)
 
 
-def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False):
+def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False, fp8_only=False):
     native_fp8, native_bf16, ragged_mlp, einsum_mlp = mlp_fns(gemm_ffi)
     sizes = sizes_uniform(rng, L, rows)
     C = max(int(4 * rows // L), int(sizes.max()))
@@ -143,6 +143,16 @@ def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False):
     fp8_bytes = L * 3 * F * H
     res["fp8_weight_bytes"] = fp8_bytes
     res["native_fp8_ragged"] = timeit(native_fp8, xq, wgu8, wd8, gs, xs, wgus, wds, trials=trials)
+    if fp8_only:  # a configuration sweep: the fp8 MLP, its parts and its floor only
+        gate_up = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2,
+                                                                        out_dtype=jnp.float32))
+        res["native_fp8_gate_up_f32"] = timeit(gate_up, xq, wgu8, gs, xs, wgus, trials=trials)
+        h, hs = jax.jit(lambda g: gemm_ffi.swiglu(g, quantize_hidden=True))(gate_up(xq, wgu8, gs, xs, wgus))
+        down = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2))
+        res["native_fp8_down"] = timeit(down, h, wd8, gs, hs, wds, trials=trials)
+        del wgu8, wd8, h, hs
+        res["hbm_fp8"] = copy_floor(fp8_bytes)
+        return res
     xq_em = jnp.asarray(to_expert_major(np.asarray(xq.astype(jnp.float32)), sizes, C)).astype(FP8)
     xs_em = jnp.asarray(to_expert_major(np.asarray(xs), sizes, C))
     res["native_fp8_expert_major"] = timeit(native_fp8, xq_em, wgu8, wd8, gs, xs_em, wgus, wds, trials=trials)
@@ -184,7 +194,7 @@ def dense_dot(M, K, N, dtype, trials):
     return r
 
 
-def prefill_case(trials, gemm_ffi, rng, key, tokens=4096, topk=8, L=32):
+def prefill_case(trials, gemm_ffi, rng, key, tokens=4096, topk=8, L=32, fp8_only=False):
     native_fp8, native_bf16, ragged_mlp, _ = mlp_fns(gemm_ffi)
     rows = tokens * topk
     sizes = sizes_uniform(rng, L, rows)
@@ -202,6 +212,10 @@ def prefill_case(trials, gemm_ffi, rng, key, tokens=4096, topk=8, L=32):
     r["tflops"] = flops / (r["p50_us"] * 1e-6) / 1e12
     res["native_fp8_ragged"] = r
     del wgu8, wd8
+    if fp8_only:  # a configuration sweep: the fp8 MLP next to XLA's fp8 dense dot
+        del xb, xq
+        res["dense_dot_fp8"] = dense_dot(rows, H, 3 * F, FP8, trials)
+        return res
     wgu = bf16_weights(kg, (L, 2 * F, H))
     wd = bf16_weights(kd, (L, H, F))
     r = timeit(native_bf16, xb, wgu, wd, gs, trials=trials)
@@ -223,12 +237,18 @@ def _fmt(r):
 def report(out):
     lines = []
     for d in out.get("decode", []):
-        hb8, hb16 = d["hbm_fp8"]["read_once_us"], d["hbm_bf16"]["read_once_us"]
-        n8, n8e, n16 = d["native_fp8_ragged"], d["native_fp8_expert_major"], d["native_bf16_ragged"]
-        rd, es = d.get("ragged_dot_bf16"), d.get("einsum_bf16_expert_major")
+        hb8 = d["hbm_fp8"]["read_once_us"]
+        n8 = d["native_fp8_ragged"]
         lines.append(f"decode L={d['L']:3d} rows={d['rows']} C={d['C']} (p50 us [min, max])")
         lines.append(f"  native fp8 ragged        {_fmt(n8)}   x{n8['p50_us'] / hb8:.2f} of fp8 weights' HBM time {hb8:.1f} us"
                      f" (copy {d['hbm_fp8']['copy_GBps']:.0f} GB/s)")
+        if "native_bf16_ragged" not in d:
+            lines.append(f"    parts: gate+up f32 {_fmt(d['native_fp8_gate_up_f32'])} (floor {hb8 * 2 / 3:.1f}),"
+                         f" down {_fmt(d['native_fp8_down'])} (floor {hb8 / 3:.1f})")
+            continue
+        hb16 = d["hbm_bf16"]["read_once_us"]
+        n8e, n16 = d["native_fp8_expert_major"], d["native_bf16_ragged"]
+        rd, es = d.get("ragged_dot_bf16"), d.get("einsum_bf16_expert_major")
         lines.append(f"  native fp8 expert_major  {_fmt(n8e)}   x{n8e['p50_us'] / hb8:.2f}")
         if "native_fp8_down" in d:
             lines.append(f"    parts: gate+up f32 {_fmt(d['native_fp8_gate_up_f32'])} (floor {hb8 * 2 / 3:.1f}),"
@@ -243,6 +263,8 @@ def report(out):
     if p:
         lines.append(f"prefill L={p['L']} rows={p['rows']} ({p['flops'] / 1e12:.2f} TFLOP per MLP)")
         for name in ("native_fp8_ragged", "native_bf16_ragged", "ragged_dot_bf16", "dense_dot_bf16", "dense_dot_fp8"):
+            if name not in p:
+                continue
             r = p[name]
             if "p50_us" in r:
                 lines.append(f"  {name:22s} {_fmt(r)}  {r['tflops']:.0f} TFLOP/s")
@@ -250,7 +272,7 @@ def report(out):
                 lines.append(f"  {name:22s} {r.get('error')}")
         for n, d in (("native_bf16_ragged", "dense_dot_bf16"), ("native_fp8_ragged", "dense_dot_fp8"),
                      ("native_fp8_ragged", "dense_dot_bf16")):
-            if "tflops" in p[n] and "tflops" in p[d]:
+            if "tflops" in p.get(n, {}) and "tflops" in p.get(d, {}):
                 lines.append(f"  {n} / {d}: {p[n]['tflops'] / p[d]['tflops']:.2f}x throughput")
     return "\n".join(lines)
 
@@ -263,6 +285,12 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--trials", type=int, default=7)
     ap.add_argument("--native-only", action="store_true", help="decode: skip the XLA baselines")
+    ap.add_argument("--fp8-only", action="store_true",
+                    help="a configuration sweep: the native fp8 MLP (and its parts) with its floor / XLA's fp8 dot only")
+    ap.add_argument("--variants", default="",
+                    help="a configuration sweep in this process: ';'-separated JAX_MOE_A2A_GEMM_TILE_M values "
+                         "(cc/gemm/kernels.h), each timed with --fp8-only on --cases (a fresh jit per case, so each "
+                         "traces its workspace under its own setting)")
     a = ap.parse_args(argv)
     from jax_moe_a2a import gemm_ffi
     why = gemm_ffi.native_reason()
@@ -275,12 +303,29 @@ def main(argv=None):
     out = {"tile_m": os.environ.get("JAX_MOE_A2A_GEMM_TILE_M", "auto"), "device": dev.device_kind, "jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "commit": os.environ.get("GIT_COMMIT", ""), "decode": []}
     cases = a.cases.split(",")
+    if a.variants:
+        out["variants"] = {}
+        for v in a.variants.split(";"):
+            os.environ["JAX_MOE_A2A_GEMM_TILE_M"] = v
+            res = {"decode": []}
+            if "decode" in cases:
+                for L in [int(e) for e in a.experts.split(",")]:
+                    res["decode"].append(decode_case(L, a.rows, a.trials, gemm_ffi, rng, key, True, True))
+            if "prefill" in cases:
+                res["prefill"] = prefill_case(a.trials, gemm_ffi, rng, key, fp8_only=True)
+            out["variants"][v] = res
+            print(f"--- variant JAX_MOE_A2A_GEMM_TILE_M={v}\n{report(res)}", flush=True)
+        os.environ.pop("JAX_MOE_A2A_GEMM_TILE_M")
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+        return 0
     if "decode" in cases:
         for L in [int(v) for v in a.experts.split(",")]:
-            out["decode"].append(decode_case(L, a.rows, a.trials, gemm_ffi, rng, key, a.native_only))
+            out["decode"].append(decode_case(L, a.rows, a.trials, gemm_ffi, rng, key, a.native_only, a.fp8_only))
             print(report({"decode": out["decode"][-1:]}), flush=True)
     if "prefill" in cases:
-        out["prefill"] = prefill_case(a.trials, gemm_ffi, rng, key)
+        out["prefill"] = prefill_case(a.trials, gemm_ffi, rng, key, fp8_only=a.fp8_only)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .quant import FP8, quantize_fp8_jax
+from .quant import FP8, dequantize_fp8, quantize_fp8_jax
 
 try:  # the native kernels' wrapper (gemm-cc); absent on older trees
     from . import gemm_ffi as _gemm_ffi
@@ -157,14 +157,6 @@ def _use_native(op: str, impl: str, *problems) -> bool:
 
 
 # --- plain-JAX implementation ------------------------------------------------------------------
-def _dequant_x(x, x_scale, block):
-    """x [..., K] (fp8 with x_scale [..., K/block], or a float) -> f32."""
-    xf = x.astype(jnp.float32)
-    if x_scale is None:
-        return xf
-    return xf * jnp.repeat(x_scale, block, axis=-1)
-
-
 def _dequant_w(w, w_scale, bn, bk):
     """w [..., N, K] (fp8 with w_scale [..., N/bn, K/bk], or a float) -> f32 of the same shape."""
     wf = w.astype(jnp.float32)
@@ -274,7 +266,7 @@ def _xla_gemm(x, w, group_sizes, x_scale, w_scale, g: Gemm, *, transpose_w=False
         return jnp.zeros(x.shape[:-1] + (n_out,), jnp.float32)
     if g.layout == "ragged" and method == "tiles":
         return _ragged_tiles(x, x_scale, w, w_scale, group_sizes, g, transpose_w)
-    x32 = _dequant_x(x, x_scale, g.x_block)
+    x32 = x.astype(jnp.float32) if x_scale is None else dequantize_fp8(x, x_scale, g.x_block)
     if g.layout == "expert_major":
         w32 = _dequant_w(w, w_scale, g.w_block_n, g.w_block_k)
         spec = "lck,lkn->lcn" if transpose_w else "lck,lnk->lcn"
@@ -341,35 +333,23 @@ def _gemm(x, w, group_sizes, x_scale, w_scale, g: Gemm, out_dtype, native: bool)
     return _xla_gemm(x, w, group_sizes, x_scale, w_scale, g).astype(out_dtype)
 
 
-def _native_dgrad_reason(dy, w) -> Optional[str]:
-    """None when gemm_ffi takes dy [.., N] bf16 @ w[l] (w [L, N, K] read as [L, K_in, N_out])."""
-    try:
-        return _gemm_ffi.native_supported(dy, w, None, None, transpose_w=True)
-    except TypeError:   # a wrapper without the keyword: its grouped_gemm says (NotImplementedError)
-        return None
-
-
 def _dgrad(dy, w, group_sizes, g: Gemm, native: bool, x_dtype):
-    """dx = dy @ w[l] per group (bf16 backward), in x's dtype (native: dy rounded to bf16, bf16 out)."""
+    """dx [.., K] = dy [.., N] @ w[l] per group (w [L, N, K]; bf16 backward), in x's dtype (native:
+    dy rounded to bf16, bf16 out; plain JAX where the native kernels do not take the shapes)."""
     if native:
         dyb = dy.astype(jnp.bfloat16)
-        if _native_dgrad_reason(dyb, w) is None:
-            try:
-                return _gemm_ffi.grouped_gemm(dyb, w, group_sizes, out_dtype=jnp.bfloat16,
-                                              transpose_w=True).astype(x_dtype)
-            except NotImplementedError:
-                pass
+        if _gemm_ffi.native_supported(dyb, w, None, None, transpose_w=True) is None:
+            return _gemm_ffi.grouped_gemm(dyb, w, group_sizes, out_dtype=jnp.bfloat16, transpose_w=True).astype(x_dtype)
     return _xla_gemm(dy, w, group_sizes, None, None, g, transpose_w=True).astype(x_dtype)
 
 
 def _wgrad(x, dy, group_sizes, g: Gemm, native: bool, w_dtype):
-    """dw [L, N, K] = dy_l^T @ x_l per group, in w's dtype."""
+    """dw [L, N, K] = dy_l^T @ x_l per group (x [.., K], dy [.., N]), in w's dtype. Native: x and dy
+    rounded to bf16, f32 accumulation (plain JAX where the native wgrad does not take the shapes)."""
     if native:
-        try:
-            return _gemm_ffi.grouped_gemm_wgrad(x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16), group_sizes,
-                                                out_dtype=jnp.float32).astype(w_dtype)
-        except NotImplementedError:
-            pass
+        xb, dyb = x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16)
+        if _gemm_ffi.wgrad_supported(xb, dyb, group_sizes) is None:
+            return _gemm_ffi.grouped_gemm_wgrad(xb, dyb, group_sizes, out_dtype=jnp.float32).astype(w_dtype)
     return _xla_wgrad(x, dy, group_sizes, g.layout).astype(w_dtype)
 
 
@@ -460,19 +440,18 @@ def quantize_rows_fp8(h, block: int):
 @dataclasses.dataclass(frozen=True)
 class _Mlp:
     """expert_mlp's static description: its two GEMMs, whether h is re-quantised (block along F),
-    and which GEMMs run natively."""
+    and whether they run natively (both or neither: _use_native checks both)."""
 
     up: Gemm
     down: Gemm
     quantize_hidden: bool
     block: Optional[int]
-    native_up: bool
-    native_down: bool
+    native: bool
 
 
 def _mlp_hidden(x, w_gate_up, group_sizes, x_scale, w_scale, m: _Mlp):
     """First GEMM + SwiGLU: h [.., F] bf16 (h_scale None), or fp8 with h_scale [.., F/block]."""
-    if m.native_up:
+    if m.native:
         return _gemm_ffi.grouped_gemm_swiglu(x, w_gate_up, group_sizes, x_scale=x_scale, w_scale=w_scale,
                                              quantize_hidden=m.quantize_hidden, block=m.block or 128)
     h = swiglu(_gemm(x, w_gate_up, group_sizes, x_scale, w_scale, m.up, jnp.float32, False))
@@ -483,7 +462,7 @@ def _mlp_hidden(x, w_gate_up, group_sizes, x_scale, w_scale, m: _Mlp):
 
 def _mlp_forward(x, w_gate_up, w_down, group_sizes, x_scale, w_gate_up_scale, w_down_scale, m: _Mlp, out_dtype):
     h, h_scale = _mlp_hidden(x, w_gate_up, group_sizes, x_scale, w_gate_up_scale, m)
-    return _gemm(h, w_down, group_sizes, h_scale, w_down_scale, m.down, out_dtype, m.native_down)
+    return _gemm(h, w_down, group_sizes, h_scale, w_down_scale, m.down, out_dtype, m.native)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -493,24 +472,24 @@ def _mlp_float(x, w_gate_up, w_down, group_sizes, m, out_dtype):
 
 def _mlp_float_fwd(x, w_gate_up, w_down, group_sizes, m, out_dtype):
     # unfused: the pre-activations a [.., 2F] f32 are the backward's residual
-    a = _gemm(x, w_gate_up, group_sizes, None, None, m.up, jnp.float32, m.native_up)
+    a = _gemm(x, w_gate_up, group_sizes, None, None, m.up, jnp.float32, m.native)
     h = swiglu(a).astype(jnp.bfloat16)
-    y = _gemm(h, w_down, group_sizes, None, None, m.down, out_dtype, m.native_down)
+    y = _gemm(h, w_down, group_sizes, None, None, m.down, out_dtype, m.native)
     return y, (x, w_gate_up, w_down, group_sizes, a, h)
 
 
 def _mlp_float_bwd(m, out_dtype, res, dy):
     x, w_gate_up, w_down, group_sizes, a, h = res
-    dh = _dgrad(dy, w_down, group_sizes, m.down, m.native_down, jnp.float32)
-    dw_down = _wgrad(h, dy, group_sizes, m.down, m.native_down, w_down.dtype)
+    dh = _dgrad(dy, w_down, group_sizes, m.down, m.native, jnp.float32)
+    dw_down = _wgrad(h, dy, group_sizes, m.down, m.native, w_down.dtype)
     dh = dh.astype(jnp.bfloat16).astype(jnp.float32)   # h's cotangent in h's dtype, as autodiff has it
     f = a.shape[-1] // 2
     gate, up = a[..., :f], a[..., f:]
     sig = jax.lax.logistic(gate)
     dgate = dh * up * sig * (1.0 + gate * (1.0 - sig))
     da = jnp.concatenate([dgate, dh * gate * sig], axis=-1)
-    dx = _dgrad(da, w_gate_up, group_sizes, m.up, m.native_up, x.dtype)
-    dw_gate_up = _wgrad(x, da, group_sizes, m.up, m.native_up, w_gate_up.dtype)
+    dx = _dgrad(da, w_gate_up, group_sizes, m.up, m.native, x.dtype)
+    dw_gate_up = _wgrad(x, da, group_sizes, m.up, m.native, w_gate_up.dtype)
     return dx, dw_gate_up, dw_down, _no_grad_sizes(group_sizes)
 
 
@@ -568,9 +547,8 @@ def expert_mlp(x, w_gate_up, w_down, group_sizes, *, x_scale=None, w_gate_up_sca
     h = jax.ShapeDtypeStruct(x.shape[:-1] + (f,), h_dtype)
     down = check_gemm(op, h, w_down, group_sizes, h_scale, w_down_scale,
                       names=("h (silu(gate) * up)", "w_down", "h_scale", "w_down_scale"), out_dtype=out_dtype)
-    _check_impl(op, impl)
     native = _use_native(op, impl, (x, w_gate_up, x_scale, w_gate_up_scale), (h, w_down, h_scale, w_down_scale))
-    m = _Mlp(up, down, bool(quantize_hidden), block, native, native)
+    m = _Mlp(up, down, bool(quantize_hidden), block, native)
     out_dtype = np.dtype(out_dtype)
     if up.fp8 or down.fp8:
         fn = _forward_only(lambda *a: _mlp_forward(*a, m, out_dtype))

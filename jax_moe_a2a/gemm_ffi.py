@@ -12,6 +12,8 @@ otherwise. The contract between the two is team/GEMM_CONTRACT.md; shapes (L loca
     w [L, N, K] (K contiguous); with transpose_w, w [L, K, N] (y = x @ w[l]), bf16 only
     fp8: x float8_e4m3fn with x_scale f32 [rows, K/128] ([L, C, K/128] expert_major); w
          float8_e4m3fn with w_scale f32 [L, N/128, K/128]; f32 accumulation
+    wgrad (grouped_gemm_wgrad): x [R, K] / [L, C, K] and dy [R, N] / [L, C, N] bf16 -> dw [L, N, K]
+         f32, dw[l] = dy_l^T @ x_l over group l's rows (zero for a group with no rows)
 
 Every call only launches device work (group sizes are read on the device): usable under jit,
 inside shard_map, with no host synchronisation, and in XLA command buffers.
@@ -26,11 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ffi
+from .quant import FP8
 
-FP8 = jnp.float8_e4m3fn
 BF16 = jnp.bfloat16
 _BLOCK = 128  # the native fp8 kernels' scale block (1x128 rows, 128x128 weights)
 _MAX_ROWS = 2**31 - 1
+# the custom call's `mode` attribute (cc/ffi/gemm_handlers.cc)
+_MODE_FORWARD, _MODE_TRANSPOSE_W, _MODE_WGRAD = 0, 1, 2
 
 
 def _gemm_module():
@@ -141,8 +145,6 @@ def grouped_gemm(x, w, group_sizes, *, x_scale=None, w_scale=None, out_dtype=jnp
     transpose_w, [L, K, N]: y = x @ w[l]); group_sizes [L] int32; fp8: x_scale f32 [..., K/128],
     w_scale f32 [L, N/128, K/128]. Returns y [R, N] or [L, C, N] in out_dtype (bf16 or f32),
     f32 accumulation; rows outside the groups are zero."""
-    if transpose_w and _dtype(x) == np.dtype(FP8):
-        raise NotImplementedError("grouped_gemm: fp8 with transpose_w is not implemented natively (bf16 only)")
     _require(x, w, x_scale, w_scale, transpose_w)
     out_dtype = np.dtype(out_dtype)
     if out_dtype not in (np.dtype(BF16), np.dtype(np.float32)):
@@ -164,7 +166,7 @@ def grouped_gemm(x, w, group_sizes, *, x_scale=None, w_scale=None, out_dtype=jnp
         "jax_moe_a2a_grouped_gemm",
         (jax.ShapeDtypeStruct(y_shape, out_dtype), jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)),
     )
-    y, _ = call(x, w, group_sizes.astype(jnp.int32), xs, wsc, transpose_w=np.int32(bool(transpose_w)))
+    y, _ = call(x, w, group_sizes.astype(jnp.int32), xs, wsc, mode=np.int32(_MODE_TRANSPOSE_W if transpose_w else _MODE_FORWARD))
     return y
 
 
@@ -172,8 +174,9 @@ def swiglu(gu, *, quantize_hidden: bool = False, block: int = _BLOCK):
     """gu f32 [..., 2F] (gate columns 0..F-1, up F..2F-1) -> h = silu(gate) * up computed in f32:
     (h bf16 [..., F], None), or with quantize_hidden (h float8_e4m3fn [..., F], h_scale f32
     [..., ceil(F/block)]) by the library's quantiser rule (jax_moe_a2a.quant)."""
-    if native_reason() is not None:
-        raise ValueError(f"jax_moe_a2a.gemm_ffi.swiglu: {native_reason()}")
+    why = native_reason()
+    if why is not None:
+        raise ValueError(f"jax_moe_a2a.gemm_ffi.swiglu: {why}")
     if gu.shape[-1] % 2:
         raise ValueError(f"swiglu: gu's last dimension must be even (2F), got {gu.shape}")
     if not (0 < int(block) <= 256):
@@ -205,6 +208,55 @@ def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None
     return swiglu(gu, quantize_hidden=quantize_hidden, block=block)
 
 
+def wgrad_supported(x, dy, group_sizes) -> str | None:
+    """None when the native wgrad takes these (a static check on .shape and .dtype), else why not.
+
+    x [R, K] / [L, C, K] and dy [R, N] / [L, C, N] both bf16 with the same rows, group_sizes [L];
+    K % 8 == 0 and N % 8 == 0; fewer than 2^31 rows."""
+    if x.ndim not in (2, 3) or dy.ndim != x.ndim or tuple(x.shape[:-1]) != tuple(dy.shape[:-1]):
+        return (f"x and dy must have the same rows: [R, K] and [R, N] (or [L, C, K] and [L, C, N]), got "
+                f"{tuple(x.shape)}, {tuple(dy.shape)}")
+    if getattr(group_sizes, "ndim", None) != 1:
+        return "group_sizes must be [L]"
+    L = group_sizes.shape[0]
+    if x.ndim == 3 and x.shape[0] != L:
+        return f"expert_major x [L, C, K] has L = {x.shape[0]}, group_sizes has {L}"
+    if _dtype(x) != np.dtype(BF16) or _dtype(dy) != np.dtype(BF16):
+        return f"the native wgrad takes bf16 x and dy, got {_dtype(x)} and {_dtype(dy)}"
+    k, n = x.shape[-1], dy.shape[-1]
+    if k <= 0 or n <= 0 or k % 8 or n % 8:
+        return f"the native wgrad needs K % 8 == 0 and N % 8 == 0 (16-byte rows), got K = {k}, N = {n}"
+    rows = x.shape[0] if x.ndim == 2 else x.shape[0] * x.shape[1]
+    if rows > _MAX_ROWS or L * n * k > 2**62:
+        return "more than 2^31 - 1 rows"
+    return None
+
+
 def grouped_gemm_wgrad(x, dy, group_sizes, *, out_dtype=jnp.float32):
-    """dw [L, N, K] with dw[l] = dy_l^T @ x_l over the rows of group l (bf16). Not native yet."""
-    raise NotImplementedError("grouped_gemm_wgrad: no native kernel yet; use the plain-JAX path (impl='xla')")
+    """dw [L, N, K] with dw[l] = dy_l^T @ x_l over the rows of group l (native kernels, bf16).
+
+    x [R, K] (ragged) or [L, C, K] (expert_major) bf16; dy [R, N] / [L, C, N] bf16 (the same
+    rows); group_sizes [L] int32 on the device. Returns dw [L, N, K] in out_dtype (float32, or
+    bfloat16: the f32 result rounded), f32 accumulation over the group's rows; a group with no
+    rows gives dw[l] = 0; rows outside the groups add nothing (whatever they hold)."""
+    why = native_reason() or wgrad_supported(x, dy, group_sizes)
+    if why is not None:
+        raise ValueError(f"jax_moe_a2a.gemm_ffi.grouped_gemm_wgrad: the native wgrad cannot run this: {why}")
+    out_dtype = np.dtype(out_dtype)
+    if out_dtype not in (np.dtype(BF16), np.dtype(np.float32)):
+        raise ValueError(f"grouped_gemm_wgrad: out_dtype must be bfloat16 or float32, got {out_dtype}")
+    _ffi.register_targets()
+    L = group_sizes.shape[0]
+    k, n = x.shape[-1], dy.shape[-1]
+    expert_major = x.ndim == 3
+    rows = x.shape[1] if expert_major else x.shape[0]
+    # The wgrad configuration's argument arrays have the forward bf16 one's size (the same stride
+    # and pointer types; the handler checks and refuses a short workspace).
+    ws_bytes = int(_gemm_module().workspace_bytes(False, True, False, L, rows, n, k, expert_major)) + 4096
+    empty = jnp.zeros((0,), jnp.float32)
+    call = jax.ffi.ffi_call(
+        "jax_moe_a2a_grouped_gemm",
+        (jax.ShapeDtypeStruct((L, n, k), jnp.float32), jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)),
+    )
+    dw, _ = call(x, dy, group_sizes.astype(jnp.int32), empty, empty, mode=np.int32(_MODE_WGRAD))
+    return dw.astype(out_dtype)

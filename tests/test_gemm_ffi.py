@@ -68,5 +68,19 @@ def test_calls_refuse_without_native():
     x, w = jnp.zeros((4, 128), BF16), jnp.zeros((2, 128, 128), BF16)
     with pytest.raises(ValueError, match="cannot run"):
         gemm_ffi.grouped_gemm(x, w, jnp.zeros((2,), jnp.int32))
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ValueError, match="cannot run"):
         gemm_ffi.grouped_gemm_wgrad(x, x, jnp.zeros((2,), jnp.int32))
+
+
+def test_wgrad_supported():
+    gs = S((8,), jnp.int32)
+    assert gemm_ffi.wgrad_supported(S((300, 512), BF16), S((300, 384), BF16), gs) is None
+    assert gemm_ffi.wgrad_supported(S((8, 7, 512), BF16), S((8, 7, 384), BF16), gs) is None
+    for x, dy, words in [
+        (S((300, 512), BF16), S((301, 384), BF16), "same"),
+        (S((300, 512), F32), S((300, 384), BF16), "bf16"),
+        (S((300, 500), BF16), S((300, 384), BF16), "K % 8"),
+        (S((4, 7, 512), BF16), S((4, 7, 384), BF16), "expert_major"),
+    ]:
+        why = gemm_ffi.wgrad_supported(x, dy, gs)
+        assert why is not None and words in why, why

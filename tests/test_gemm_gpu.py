@@ -226,3 +226,160 @@ def test_swiglu_non_finite_follows_the_library_rule():
     want = np.maximum(np.abs(ref).reshape(R, 2, 128).max(-1), 1e-12) * np.float32(1 / 448)
     np.testing.assert_allclose(np.asarray(hs), want, rtol=1e-5)
     assert np.isfinite(np.asarray(hs)).all()
+
+
+# --- every kernel configuration the choice (cc/gemm/kernels.h) or the measurement knob can pick ----------
+TUNINGS = ["64", "128", "64,rasterN,s4", "128,rasterH,s2"]
+
+
+@pytest.mark.parametrize("tune", TUNINGS)
+@pytest.mark.parametrize("kind", ["random", "zeros", "hot"])
+@pytest.mark.parametrize("out", [BF16, jnp.float32], ids=["bf16out", "f32out"])
+def test_ragged_fp8_every_config(tune, kind, out, monkeypatch):
+    """fp8 ragged GEMM with each configuration forced by JAX_MOE_A2A_GEMM_TILE_M (read at every call;
+    a fresh jit per call, so the workspace size is computed under the same setting)."""
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
+    rng = np.random.default_rng()
+    L, R, n, k = 7, 333, 384, 512
+    x, w, xs, wsc, xf, wf = _data(rng, L, (R,), n, k, True)
+    sizes = _sizes(rng, L, R - 29, kind)
+    sizes[0] = 65 if kind != "hot" else sizes[0]  # a group of an odd size at the 64-row tile edges
+    sizes[-1] = max(0, R - 29 - int(sizes[:-1].sum())) if kind != "hot" else sizes[-1]
+    _poison((R, n), out)
+    y = jax.jit(lambda *a: gemm_ffi.grouped_gemm(a[0], a[1], a[2], x_scale=a[3], w_scale=a[4], out_dtype=out))(
+        x, w, jnp.asarray(sizes), xs, wsc)
+    ref, valid = _oracle_ragged(xf, wf, sizes)
+    _check_ragged(y, ref, valid)
+
+
+@pytest.mark.parametrize("tune", ["64,rasterN", "128,s4"])
+def test_expert_major_fp8_every_config(tune, monkeypatch):
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
+    rng = np.random.default_rng()
+    L, C, n, k = 5, 133, 256, 384
+    x, w, xs, wsc, xf, wf = _data(rng, L, (L, C), n, k, True)
+    counts = np.array([0, C, 1, 33, 129], np.int32)
+    _poison((L, C, n), BF16)
+    y = np.asarray(gemm_ffi.grouped_gemm(x, w, jnp.asarray(counts), x_scale=xs, w_scale=wsc).astype(jnp.float32))
+    for l in range(L):
+        c = counts[l]
+        assert (y[l, c:] == 0).all(), f"expert {l}: padding rows must be zero"
+        if c:
+            assert _rel(y[l, :c], xf[l, :c] @ wf[l].T) < TOL
+
+
+# --- wgrad: dW[l] = dY_l^T X_l (K of the GEMM = the group's rows) -----------------------------------------
+def _wgrad_oracle(xf, dyf, sizes):
+    """Ragged: dw [L, N, K] f64 over the clamped groups."""
+    L, R = len(sizes), xf.shape[0]
+    dw = np.zeros((L, dyf.shape[1], xf.shape[1]))
+    off = 0
+    for l, s in enumerate(sizes):
+        s = int(min(max(s, 0), R - off))
+        dw[l] = dyf[off:off + s].T @ xf[off:off + s]
+        off += s
+    return dw
+
+
+@pytest.mark.parametrize("kind", ["random", "zeros", "hot"])
+@pytest.mark.parametrize("out", [BF16, jnp.float32], ids=["bf16out", "f32out"])
+def test_wgrad_ragged(kind, out):
+    rng = np.random.default_rng()
+    L, R, n, k = 6, 517, 136, 264   # N, K not multiples of the 128 tile; group rows odd
+    x = jnp.asarray(rng.normal(size=(R, k)).astype(np.float32)).astype(BF16)
+    dy = jnp.asarray(rng.normal(size=(R, n)).astype(np.float32)).astype(BF16)
+    sizes = _sizes(rng, L, R - 45, kind)
+    if kind == "random":
+        sizes[1] = 0
+    # rows past the groups hold NaN: they must add nothing
+    x = x.at[R - 45:].set(jnp.nan)
+    dy = dy.at[R - 45:].set(jnp.nan)
+    _poison((L, n, k), jnp.float32)
+    dw = jax.jit(lambda a, b, c: gemm_ffi.grouped_gemm_wgrad(a, b, c, out_dtype=out))(x, dy, jnp.asarray(sizes))
+    assert dw.shape == (L, n, k) and dw.dtype == out
+    xf = np.nan_to_num(np.asarray(x.astype(jnp.float32), np.float64))
+    dyf = np.nan_to_num(np.asarray(dy.astype(jnp.float32), np.float64))
+    ref = _wgrad_oracle(xf, dyf, sizes)
+    got = np.asarray(dw.astype(jnp.float32), np.float64)
+    for l in range(L):
+        if sizes[l] == 0:
+            assert (got[l] == 0).all(), f"group {l} has no rows: dw[l] must be exactly zero"
+        else:
+            assert np.isfinite(got[l]).all()
+            assert _rel(got[l], ref[l]) < TOL, (l, sizes[l])
+
+
+def test_wgrad_expert_major_and_overfull():
+    """expert_major counts (0, C, 1, odd) and a ragged group_sizes summing past R (clamped)."""
+    rng = np.random.default_rng()
+    L, C, n, k = 4, 77, 128, 200
+    x = jnp.asarray(rng.normal(size=(L, C, k)).astype(np.float32)).astype(BF16)
+    dy = jnp.asarray(rng.normal(size=(L, C, n)).astype(np.float32)).astype(BF16)
+    counts = np.array([0, C, 1, 65], np.int32)
+    _poison((L, n, k), jnp.float32)
+    dw = np.asarray(gemm_ffi.grouped_gemm_wgrad(x, dy, jnp.asarray(counts)), np.float64)
+    xf, dyf = np.asarray(x.astype(jnp.float32), np.float64), np.asarray(dy.astype(jnp.float32), np.float64)
+    assert (dw[0] == 0).all()
+    for l in range(1, L):
+        c = counts[l]
+        assert _rel(dw[l], dyf[l, :c].T @ xf[l, :c]) < TOL
+    R = 100
+    xr, dyr = x.reshape(-1, k)[:R], dy.reshape(-1, n)[:R]
+    sizes = np.array([60, 0, 70, 30], np.int32)   # sums to 160 > R: group 2 gets 40 rows, group 3 none
+    _poison((L, n, k), jnp.float32)
+    dw = np.asarray(gemm_ffi.grouped_gemm_wgrad(xr, dyr, jnp.asarray(sizes)), np.float64)
+    ref = _wgrad_oracle(np.asarray(xr.astype(jnp.float32), np.float64), np.asarray(dyr.astype(jnp.float32), np.float64),
+                        sizes)
+    assert (dw[1] == 0).all() and (dw[3] == 0).all()
+    assert _rel(dw[0], ref[0]) < TOL and _rel(dw[2], ref[2]) < TOL
+
+
+# --- inside an XLA command buffer (CUDA graph): group sizes must come from the device every call ------------
+def test_in_command_buffer_with_changing_group_sizes():
+    """One jitted step with the fp8 MLP, a bf16 GEMM, the dgrad and the wgrad (more custom calls than
+    XLA's minimum graph size); XLA's default flags capture it in a command buffer (checked in the
+    compiled HLO). Several calls with other group_sizes must each match the oracle: nothing about
+    the sizes may be baked in at capture."""
+    rng = np.random.default_rng()
+    L, R, F, H = 4, 200, 256, 384
+    x8, wgu8, xs, wgus, xf, wguf = _data(rng, L, (R,), 2 * F, H, True)
+    wd8 = jnp.asarray(rng.uniform(-2, 2, size=(L, H, F)).astype(np.float32)).astype(FP8)
+    wds = jnp.asarray(rng.uniform(0.25, 2.0, size=(L, H // 128, F // 128)).astype(np.float32))
+    xb, wb, _, _, xbf, wbf = _data(rng, L, (R,), 136, H, False)
+
+    def step(x8, xs, wgu8, wgus, wd8, wds, xb, wb, gs):
+        h, hs = gemm_ffi.grouped_gemm_swiglu(x8, wgu8, gs, x_scale=xs, w_scale=wgus, quantize_hidden=True)
+        y8 = gemm_ffi.grouped_gemm(h, wd8, gs, x_scale=hs, w_scale=wds)
+        yb = gemm_ffi.grouped_gemm(xb, wb, gs)
+        dx = gemm_ffi.grouped_gemm(yb, wb, gs, transpose_w=True)
+        dw = gemm_ffi.grouped_gemm_wgrad(xb, yb, gs)
+        return y8, yb, dx, dw
+
+    f = jax.jit(step)
+    args = (x8, xs, wgu8, wgus, wd8, wds, xb, wb)
+    text = f.lower(*args, jnp.zeros((L,), jnp.int32)).compile().as_text()
+    assert "command_buffer" in text, "XLA did not capture the step in a command buffer"
+    for trial, kind in enumerate(["random", "zeros", "hot", "random", "zeros"]):
+        sizes = _sizes(rng, L, R - 7 * trial, kind)
+        _poison((R, H), BF16)
+        y8, yb, dx, dw = f(*args, jnp.asarray(sizes))
+        gu, valid = _oracle_ragged(xf, wguf, sizes)
+        h = _silu(gu[:, :F]) * gu[:, F:]
+        wdf = np.asarray(wd8.astype(jnp.float32), np.float64) * np.repeat(np.repeat(np.asarray(wds), 128, 1), 128, 2)
+        ref8, _ = _oracle_ragged(h, wdf, sizes)
+        y8 = np.asarray(y8.astype(jnp.float32))
+        assert (y8[valid:] == 0).all()
+        if valid:
+            assert _rel(y8[:valid], ref8[:valid]) < 0.1, f"trial {trial}: fp8 MLP"   # h re-quantised to e4m3
+        refb, _ = _oracle_ragged(xbf, wbf, sizes)
+        _check_ragged(yb, refb, valid)
+        ybf = np.asarray(yb.astype(jnp.float32), np.float64)
+        refdx, _ = _oracle_ragged(ybf, wbf.transpose(0, 2, 1), sizes)
+        _check_ragged(dx, refdx, valid)
+        refdw = _wgrad_oracle(xbf, ybf, sizes)
+        dw = np.asarray(dw, np.float64)
+        for l in range(L):
+            if sizes[l] == 0:
+                assert (dw[l] == 0).all(), f"trial {trial}: empty group {l}"
+            else:
+                assert _rel(dw[l], refdw[l]) < TOL, f"trial {trial}: wgrad group {l}"

@@ -20,18 +20,45 @@ ffi::Error launch_failed(const char* what, cudaError_t rc) {
                     std::string("jax_moe_a2a: ") + what + " launch failed: " + cudaGetErrorString(rc));
 }
 
-// x [R, K] (ragged) or [L, C, K] (expert_major) bf16 / f8e4m3fn; w [L, N, K] (or [L, K, N] with
-// transpose_w); group_sizes [L] s32; x_scale f32 [rows, K/128] and w_scale f32 [L, N/128, K/128]
-// (fp8; empty for bf16); y [rows, N] / [L, C, N] bf16 or f32; workspace u8.
-ffi::Error GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> group_sizes,
-                           ffi::Buffer<ffi::F32> x_scale, ffi::Buffer<ffi::F32> w_scale, ffi::Result<ffi::AnyBuffer> y,
-                           ffi::Result<ffi::Buffer<ffi::U8>> workspace, int32_t transpose_w) {
-  g::GroupedGemmParams p;
+// The wgrad form (mode 2): x = X [R, K] or [L, C, K], dy = dY [R, N] or [L, C, N] (the same rows),
+// y = dW [L, N, K] f32 with dW[l] = dY_l^T X_l over group l's rows; L = group_sizes' length.
+ffi::Error DecodeWgrad(const ffi::AnyBuffer& x, const ffi::AnyBuffer& dy, const ffi::Buffer<ffi::S32>& group_sizes,
+                       ffi::Result<ffi::AnyBuffer>& y, g::GroupedGemmParams& p) {
+  auto xd = x.dimensions();
+  auto dd = dy.dimensions();
+  p.wgrad = true;
+  p.num_groups = static_cast<int64_t>(group_sizes.element_count());
+  if (xd.size() != dd.size() || (xd.size() != 2 && xd.size() != 3))
+    return invalid("grouped_gemm wgrad: x and dy must both be [R, .] or both [L, C, .]");
+  for (size_t i = 0; i + 1 < xd.size(); ++i)
+    if (xd[i] != dd[i]) return invalid("grouped_gemm wgrad: x and dy must have the same rows");
+  p.layout = xd.size() == 2 ? g::Layout::kRagged : g::Layout::kExpertMajor;
+  if (p.layout == g::Layout::kExpertMajor && xd[0] != p.num_groups)
+    return invalid("grouped_gemm wgrad: expert_major x must be [L, C, K] with L = len(group_sizes)");
+  p.rows = xd.size() == 2 ? xd[0] : xd[1];
+  p.k = xd[xd.size() - 1];
+  p.n = dd[dd.size() - 1];
+  if (x.element_type() != ffi::DataType::BF16 || dy.element_type() != ffi::DataType::BF16)
+    return invalid("grouped_gemm wgrad: x and dy must be bf16");
+  if (y->element_type() != ffi::DataType::F32) return invalid("grouped_gemm wgrad: dw must be f32");
+  p.in = g::InType::kBF16;
+  p.out = g::OutType::kF32;
+  if (y->element_count() != static_cast<size_t>(p.num_groups * p.n * p.k))
+    return invalid("grouped_gemm wgrad: dw must be [L, N, K]");
+  return ffi::Error::Success();
+}
+
+// The forward form (mode 0, or 1 = transpose_w): x [R, K] (ragged) or [L, C, K] (expert_major)
+// bf16 / f8e4m3fn; w [L, N, K] (or [L, K, N] with transpose_w); x_scale f32 [rows, K/128] and
+// w_scale f32 [L, N/128, K/128] (fp8; empty for bf16); y [rows, N] / [L, C, N] bf16 or f32.
+ffi::Error DecodeForward(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const ffi::Buffer<ffi::S32>& group_sizes,
+                         ffi::Buffer<ffi::F32>& x_scale, ffi::Buffer<ffi::F32>& w_scale,
+                         ffi::Result<ffi::AnyBuffer>& y, bool transpose_w, g::GroupedGemmParams& p) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   if (wd.size() != 3) return invalid("grouped_gemm: w must be 3-D");
   p.num_groups = wd[0];
-  p.transpose_w = transpose_w != 0;
+  p.transpose_w = transpose_w;
   p.n = p.transpose_w ? wd[2] : wd[1];
   p.k = p.transpose_w ? wd[1] : wd[2];
   if (xd.size() == 2) {
@@ -48,11 +75,11 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
   if (group_sizes.element_count() != static_cast<size_t>(p.num_groups))
     return invalid("grouped_gemm: group_sizes must be [L]");
   if (x.element_type() != w.element_type()) return invalid("grouped_gemm: x and w must have one dtype");
+  const int64_t rows_total = p.layout == g::Layout::kRagged ? p.rows : p.rows * p.num_groups;
   if (x.element_type() == ffi::DataType::BF16) {
     p.in = g::InType::kBF16;
   } else if (x.element_type() == ffi::DataType::F8E4M3FN) {
     p.in = g::InType::kFp8;
-    const int64_t rows_total = p.layout == g::Layout::kRagged ? p.rows : p.rows * p.num_groups;
     if (p.k % 128 != 0 || p.n % 128 != 0) return invalid("grouped_gemm: fp8 needs K % 128 == 0 and N % 128 == 0");
     if (x_scale.element_count() != static_cast<size_t>(rows_total * (p.k / 128)))
       return invalid("grouped_gemm: x_scale must be [rows, K/128]");
@@ -70,8 +97,19 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
   } else {
     return invalid("grouped_gemm: y must be bf16 or f32");
   }
-  const int64_t rows_total = p.layout == g::Layout::kRagged ? p.rows : p.rows * p.num_groups;
   if (y->element_count() != static_cast<size_t>(rows_total * p.n)) return invalid("grouped_gemm: y must be [rows, N]");
+  return ffi::Error::Success();
+}
+
+// mode: 0 forward, 1 forward with transpose_w (the bf16 dgrad), 2 wgrad (w is then dY). workspace u8.
+ffi::Error GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> group_sizes,
+                           ffi::Buffer<ffi::F32> x_scale, ffi::Buffer<ffi::F32> w_scale, ffi::Result<ffi::AnyBuffer> y,
+                           ffi::Result<ffi::Buffer<ffi::U8>> workspace, int32_t mode) {
+  g::GroupedGemmParams p;
+  if (mode < 0 || mode > 2) return invalid("grouped_gemm: mode must be 0, 1 or 2");
+  ffi::Error decoded = mode == 2 ? DecodeWgrad(x, w, group_sizes, y, p)
+                                 : DecodeForward(x, w, group_sizes, x_scale, w_scale, y, mode == 1, p);
+  if (decoded.failure()) return decoded;
   if (const char* why = g::unsupported_reason(p)) return invalid(std::string("grouped_gemm: ") + why);
   p.x = x.untyped_data();
   p.w = w.untyped_data();
@@ -120,7 +158,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aGroupedGemmCuda, GroupedGemmImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::U8>>()
-                                  .Attr<int32_t>("transpose_w"),
+                                  .Attr<int32_t>("mode"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aSwigluCuda, SwigluImpl,

@@ -21,22 +21,34 @@
 #include "cutlass/util/packed_stride.hpp"
 
 #include "gemm/grouped_gemm.h"
+#include "gemm/kernels.h"
 
 namespace a2a::gemm::detail {
 
 using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // <M, N, K> per group
 
-// The configuration: element types, layout of B (ColumnMajor = w [N, K] K-contiguous, RowMajor =
-// w [K, N] N-contiguous), blockwise fp8 scaling (1x128 on A, 128x128 on B, both K-major), tile,
-// cluster and schedules.
-template <class ElemAB_, class ElemD_, class LayoutB_, bool kBlockwise_, class Tile_, class Cluster_,
-          class KernelSchedule_, class EpilogueSchedule_>
+// How a configuration maps the grouped problem onto CUTLASS's (M, N, K) per group (l):
+//   kFwd:    M = the group's rows, N = n, K = k. A = x rows [m, K] (K-major), B = w[l] [N, K]
+//            (ColumnMajor: K-major) or [K, N] (transpose_w: RowMajor), D = y rows [m, N] row-major.
+//   kWgrad:  dW[l] = dY_l^T X_l: M = n (dY's columns), N = k (X's columns), K = the group's rows.
+//            A = dY rows viewed [n, m] (ColumnMajor: M contiguous), B = X rows viewed [k, m]
+//            (RowMajor in CUTLASS's [K, N] sense: N contiguous), D = dW[l] [n, k] row-major.
+// (A swap-AB fp8 forward, weights on M and 32 or 64 tokens on N, was measured slower than the
+// 64-row ping-pong tiles at decode and removed: notes/benchmarks.md, 2026-12-04, commit 4ca7ec4.)
+enum class Op : int { kFwd = 0, kWgrad = 2 };
+
+// The configuration: element types, layouts of A, B and D, blockwise fp8 scaling (1x128 on the
+// rows, 128x128 on the weights, both K-major), tile, cluster and schedules.
+template <class ElemAB_, class ElemD_, class LayoutA_, class LayoutB_, class LayoutD_, Op kOp_, bool kBlockwise_,
+          class Tile_, class Cluster_, class KernelSchedule_, class EpilogueSchedule_>
 struct GroupedConfig {
   using ElemAB = ElemAB_;
   using ElemD = ElemD_;
-  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutA = LayoutA_;
   using LayoutB = LayoutB_;
-  using LayoutD = cutlass::layout::RowMajor;
+  using LayoutD = LayoutD_;
+  using Tile = Tile_;
+  static constexpr Op kOp = kOp_;
   static constexpr bool kBlockwise = kBlockwise_;
   static constexpr int kAlignAB = 128 / cutlass::sizeof_bits<ElemAB>::value;
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElemD>::value;
@@ -69,6 +81,15 @@ struct GroupedConfig {
   using StrideD = typename Kernel::InternalStrideD;
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 };
+
+// The common families (the kernel translation units pick tiles and schedules).
+using RowMajor = cutlass::layout::RowMajor;
+using ColumnMajor = cutlass::layout::ColumnMajor;
+template <class ElemAB, class ElemD, class LayoutB, bool kBlockwise, class Tile, class Cluster, class KS, class ES>
+using FwdConfig = GroupedConfig<ElemAB, ElemD, RowMajor, LayoutB, RowMajor, Op::kFwd, kBlockwise, Tile, Cluster, KS, ES>;
+template <class ElemD, class Tile, class Cluster, class KS, class ES>
+using WgradConfig = GroupedConfig<cutlass::bfloat16_t, ElemD, ColumnMajor, RowMajor, RowMajor, Op::kWgrad, false,
+                                  Tile, Cluster, KS, ES>;
 
 // The per-group argument arrays, carved from the workspace after CUTLASS's own part.
 template <class Cfg>
@@ -114,11 +135,56 @@ struct GroupArrays {
 
 constexpr int kSetupThreads = 1024;
 
-// Rows no group covers get zeros: ragged rows >= min(sum(group_sizes), R); expert_major rows
-// (l, c) with c >= min(counts[l], C). Blocks 1.. of the prepare grid, 16-byte stores (n *
-// sizeof(ElemD) is a multiple of 16: checked by unsupported_reason).
+// Rows of group l that the GEMM covers, computed by the whole block (every thread gets it; all
+// threads must call): ragged m_l = clamp(group_sizes[l], 0, R - off_l) with off_l the sum of the
+// earlier groups' clamped sizes; expert_major m_l = clamp(counts[l], 0, C).
+__device__ inline int64_t block_group_rows(const GroupedGemmParams& p, int64_t l) {
+  __shared__ unsigned long long before;
+  __shared__ int64_t result;
+  int64_t size = p.group_sizes[l];
+  size = size < 0 ? 0 : size;
+  if (p.layout == Layout::kExpertMajor || size == 0) return size < p.rows ? size : p.rows;
+  if (threadIdx.x == 0) before = 0;
+  __syncthreads();
+  unsigned long long part = 0;
+  for (int64_t j = threadIdx.x; j < l; j += blockDim.x) {
+    const int64_t s = p.group_sizes[j];
+    part += s > 0 ? static_cast<unsigned long long>(s) : 0ull;
+  }
+  if (part) atomicAdd(&before, part);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int64_t off = static_cast<int64_t>(before) < p.rows ? static_cast<int64_t>(before) : p.rows;
+    result = size < p.rows - off ? size : p.rows - off;
+  }
+  __syncthreads();
+  const int64_t m = result;
+  __syncthreads();  // `before` and `result` are reused by the next call
+  return m;
+}
+
+// Output rows no group writes get zeros (blocks 1.. of the prepare grid, 16-byte stores: n *
+// sizeof(ElemD) is a multiple of 16, checked by unsupported_reason). Forward: ragged rows >=
+// min(sum(group_sizes), R); expert_major rows (l, c) with c >= min(counts[l], C). Wgrad: all of
+// dW[l] [n, k] for the groups with no rows (the GEMM gets no tiles there).
 template <class ElemD>
 __device__ void zero_uncovered_rows(const GroupedGemmParams& p, int64_t first_block, int64_t blocks) {
+  if (p.wgrad) {
+    const int64_t vec_per_row = p.k * static_cast<int64_t>(sizeof(ElemD)) / 16;
+    int64_t cached_l = -1;
+    bool empty = false;
+    for (int64_t row = first_block; row < p.num_groups * p.n; row += blocks) {
+      const int64_t l = row / p.n;
+      if (l != cached_l) {
+        empty = block_group_rows(p, l) == 0;
+        cached_l = l;
+      }
+      if (!empty) continue;
+      uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.y) + row * p.k * sizeof(ElemD));
+      for (int64_t i = threadIdx.x; i < vec_per_row; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
+    }
+    return;
+  }
   __shared__ int64_t valid_total;
   if (p.layout == Layout::kRagged) {
     if (threadIdx.x == 0) {
@@ -145,9 +211,9 @@ __device__ void zero_uncovered_rows(const GroupedGemmParams& p, int64_t first_bl
 }
 
 // Block 0 (kSetupThreads threads): row offsets of the groups (a block scan over chunks of
-// kSetupThreads groups), then each group's problem shape, pointers and strides. Ragged: group l
-// covers rows [off_l, off_l + m_l) with m_l = clamp(group_sizes[l], 0, R - off_l). expert_major:
-// rows [l*C, l*C + min(max(counts[l], 0), C)). Blocks 1..: zero_uncovered_rows.
+// kSetupThreads groups), then each group's problem shape, pointers and strides (Op above). Ragged:
+// group l covers rows [off_l, off_l + m_l) with m_l = clamp(group_sizes[l], 0, R - off_l).
+// expert_major: rows [l*C, l*C + min(max(counts[l], 0), C)). Blocks 1..: zero_uncovered_rows.
 template <class Cfg>
 __global__ void __launch_bounds__(kSetupThreads) prepare_groups(GroupedGemmParams p, GroupArrays<Cfg> g) {
   using namespace cute;
@@ -188,27 +254,40 @@ __global__ void __launch_bounds__(kSetupThreads) prepare_groups(GroupedGemmParam
       row0 = l * p.rows;
       m = size;
     }
-    g.shapes[l] = make_shape(static_cast<int>(m), N, K);
+    const int M = static_cast<int>(m);
     const auto* x = static_cast<const typename Cfg::ElemAB*>(p.x);
     const auto* w = static_cast<const typename Cfg::ElemAB*>(p.w);
-    g.a[l] = x + row0 * p.k;
-    g.b[l] = w + l * p.n * p.k;
-    g.d[l] = static_cast<typename Cfg::ElemD*>(p.y) + row0 * p.n;
-    g.stride_a[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideA{}, make_shape(static_cast<int>(m), K, 1));
-    g.stride_b[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideB{}, make_shape(N, K, 1));
-    g.stride_d[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideD{}, make_shape(static_cast<int>(m), N, 1));
-    if constexpr (Cfg::kBlockwise) {
+    auto* y = static_cast<typename Cfg::ElemD*>(p.y);
+    if constexpr (Cfg::kOp == Op::kFwd) {
+      g.shapes[l] = make_shape(M, N, K);
+      g.a[l] = x + row0 * p.k;
+      g.b[l] = w + l * p.n * p.k;
+      g.d[l] = y + row0 * p.n;
+      g.stride_a[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideA{}, make_shape(M, K, 1));
+      g.stride_b[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideB{}, make_shape(N, K, 1));
+      g.stride_d[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideD{}, make_shape(M, N, 1));
+    } else {  // kWgrad: x = X rows [.., K], w = dY rows [.., N], y = dW [L, N, K]
+      g.shapes[l] = make_shape(M == 0 ? 0 : N, K, M);  // no tiles for an empty group (zeroed above)
+      g.a[l] = w + row0 * p.n;
+      g.b[l] = x + row0 * p.k;
+      g.d[l] = y + l * p.n * p.k;
+      g.stride_a[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideA{}, make_shape(N, M, 1));
+      g.stride_b[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideB{}, make_shape(K, M, 1));
+      g.stride_d[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideD{}, make_shape(N, K, 1));
+    }
+    if constexpr (Cfg::kBlockwise) {  // kFwd only (wgrad is bf16)
       const int64_t kb = p.k / 128;
       g.sfa[l] = p.x_scale + row0 * kb;
       g.sfb[l] = p.w_scale + l * (p.n / 128) * kb;
-      g.layout_sfa[l] = Cfg::ScaleConfig::tile_atom_to_shape_SFA(make_shape(static_cast<int>(m), N, K, 1));
-      g.layout_sfb[l] = Cfg::ScaleConfig::tile_atom_to_shape_SFB(make_shape(static_cast<int>(m), N, K, 1));
+      g.layout_sfa[l] = Cfg::ScaleConfig::tile_atom_to_shape_SFA(make_shape(M, N, K, 1));
+      g.layout_sfb[l] = Cfg::ScaleConfig::tile_atom_to_shape_SFB(make_shape(M, N, K, 1));
     }
   }
 }
 
 template <class Cfg>
-typename Cfg::Gemm::Arguments make_arguments(const GroupedGemmParams& p, const GroupArrays<Cfg>& g, int sm_count) {
+typename Cfg::Gemm::Arguments make_arguments(const GroupedGemmParams& p, const GroupArrays<Cfg>& g, int sm_count,
+                                             const Tuning& tune) {
   typename Cfg::Gemm::Arguments args;
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   args.problem_shape = {static_cast<int>(p.num_groups), g.shapes, nullptr};
@@ -225,31 +304,36 @@ typename Cfg::Gemm::Arguments make_arguments(const GroupedGemmParams& p, const G
   args.epilogue.thread.beta = 0.0f;
   args.hw_info.device_id = 0;
   args.hw_info.sm_count = sm_count;
+  using RO = decltype(args.scheduler.raster_order);
+  args.scheduler.raster_order = tune.raster == Raster::kAlongN ? RO::AlongN
+                                : tune.raster == Raster::kHeuristic ? RO::Heuristic : RO::AlongM;
+  args.scheduler.max_swizzle_size = tune.swizzle;
   return args;
 }
 
 template <class Cfg>
-size_t config_workspace_bytes(const GroupedGemmParams& p, int sm_count) {
+size_t config_workspace_bytes(const GroupedGemmParams& p, int sm_count, const Tuning& tune) {
   GroupArrays<Cfg> g{};
-  auto args = make_arguments<Cfg>(p, g, sm_count);
+  auto args = make_arguments<Cfg>(p, g, sm_count, tune);
   const size_t cutlass_bytes = Cfg::Gemm::get_workspace_size(args);
   return (cutlass_bytes + 255) / 256 * 256 + GroupArrays<Cfg>::bytes(p.num_groups);
 }
 
 template <class Cfg>
-cudaError_t run_config(const GroupedGemmParams& p, int sm_count, cudaStream_t stream) {
+cudaError_t run_config(const GroupedGemmParams& p, int sm_count, const Tuning& tune, cudaStream_t stream) {
   GroupArrays<Cfg> probe{};
-  auto probe_args = make_arguments<Cfg>(p, probe, sm_count);
+  auto probe_args = make_arguments<Cfg>(p, probe, sm_count, tune);
   const size_t cutlass_bytes = (Cfg::Gemm::get_workspace_size(probe_args) + 255) / 256 * 256;
   if (p.workspace_size < cutlass_bytes + GroupArrays<Cfg>::bytes(p.num_groups)) return cudaErrorInvalidValue;
   char* ws = static_cast<char*>(p.workspace);
   auto g = GroupArrays<Cfg>::carve(ws + cutlass_bytes, p.num_groups);
-  const int64_t total_rows = p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
+  const int64_t total_rows = p.wgrad ? p.num_groups * p.n
+                             : p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
   const int zero_blocks = static_cast<int>(total_rows < 1024 ? total_rows : 1024);
   prepare_groups<Cfg><<<1 + zero_blocks, kSetupThreads, 0, stream>>>(p, g);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (p.num_groups == 0 || p.n == 0) return cudaSuccess;
-  auto args = make_arguments<Cfg>(p, g, sm_count);
+  auto args = make_arguments<Cfg>(p, g, sm_count, tune);
   typename Cfg::Gemm gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
   if (gemm.initialize(args, ws, stream) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;

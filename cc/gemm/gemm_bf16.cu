@@ -1,5 +1,6 @@
-// bf16 x bf16 grouped GEMMs, f32 accumulation, bf16 or f32 out; w as [L, N, K] or (transpose_w,
-// the backward's dgrad) [L, K, N].
+// bf16 x bf16 grouped GEMMs, f32 accumulation: the forward (bf16 or f32 out; w as [L, N, K] or,
+// transpose_w, the backward's dgrad, [L, K, N]) and the backward's wgrad dW[l] = dY_l^T X_l (f32
+// out). Which configuration runs: kernels.h, choose().
 #include "gemm/cutlass_grouped.cuh"
 #include "gemm/kernels.h"
 
@@ -7,37 +8,49 @@ namespace a2a::gemm::detail {
 namespace {
 
 using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+using Coop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+using CoopEpi = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+using BF16 = cutlass::bfloat16_t;
 // Many rows per group (prefill): 128x256 tiles, two consumer warpgroups on one tile.
 template <class ElemD, class LayoutB>
-using Bf16Cfg = GroupedConfig<cutlass::bfloat16_t, ElemD, LayoutB, false, cute::Shape<cute::_128, cute::_256, cute::_64>,
-                              Cluster, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
-                              cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+using Bf16Cfg = FwdConfig<BF16, ElemD, LayoutB, false, cute::Shape<cute::_128, cute::_256, cute::_64>, Cluster, Coop,
+                          CoopEpi>;
 // Few rows per group (decode): 64x128 tiles, the two consumer warpgroups on alternate tiles.
 template <class ElemD, class LayoutB>
-using Bf16SmallCfg = GroupedConfig<cutlass::bfloat16_t, ElemD, LayoutB, false, cute::Shape<cute::_64, cute::_128, cute::_64>,
-                                   Cluster, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
-                                   cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
-using NK = cutlass::layout::ColumnMajor;  // w [N, K], K contiguous
-using KN = cutlass::layout::RowMajor;     // w [K, N], N contiguous
+using Bf16SmallCfg = FwdConfig<BF16, ElemD, LayoutB, false, cute::Shape<cute::_64, cute::_128, cute::_64>, Cluster,
+                               cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
+// wgrad: dW tiles of 128 x 128, K (the group's rows) in steps of 64.
+using WgradCfg32 = WgradConfig<float, cute::Shape<cute::_128, cute::_128, cute::_64>, Cluster, Coop, CoopEpi>;
+using NK = ColumnMajor;  // w [N, K], K contiguous
+using KN = RowMajor;     // w [K, N], N contiguous
+
+template <class Fn>
+auto with_config(const GroupedGemmParams& p, Fn&& fn) {
+  if (p.wgrad) return fn(static_cast<WgradCfg32*>(nullptr));
+  if (p.transpose_w) return fn(static_cast<Bf16Cfg<BF16, KN>*>(nullptr));
+  const bool few = choose(p).tile != Tile::kTile128;
+  if (few)
+    return p.out == OutType::kF32 ? fn(static_cast<Bf16SmallCfg<float, NK>*>(nullptr))
+                                  : fn(static_cast<Bf16SmallCfg<BF16, NK>*>(nullptr));
+  return p.out == OutType::kF32 ? fn(static_cast<Bf16Cfg<float, NK>*>(nullptr))
+                                : fn(static_cast<Bf16Cfg<BF16, NK>*>(nullptr));
+}
 
 }  // namespace
 
 size_t bf16_workspace_bytes(const GroupedGemmParams& p, int sm_count) {
-  if (few_rows_per_group(p) && !p.transpose_w)
-    return p.out == OutType::kF32 ? config_workspace_bytes<Bf16SmallCfg<float, NK>>(p, sm_count)
-                                  : config_workspace_bytes<Bf16SmallCfg<cutlass::bfloat16_t, NK>>(p, sm_count);
-  if (p.transpose_w) return config_workspace_bytes<Bf16Cfg<cutlass::bfloat16_t, KN>>(p, sm_count);
-  return p.out == OutType::kF32 ? config_workspace_bytes<Bf16Cfg<float, NK>>(p, sm_count)
-                                : config_workspace_bytes<Bf16Cfg<cutlass::bfloat16_t, NK>>(p, sm_count);
+  const Tuning t = choose(p);
+  return with_config(p, [&](auto* cfg) {
+    return config_workspace_bytes<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t);
+  });
 }
 
 cudaError_t run_bf16(const GroupedGemmParams& p, int sm_count, cudaStream_t stream) {
-  if (few_rows_per_group(p) && !p.transpose_w)
-    return p.out == OutType::kF32 ? run_config<Bf16SmallCfg<float, NK>>(p, sm_count, stream)
-                                  : run_config<Bf16SmallCfg<cutlass::bfloat16_t, NK>>(p, sm_count, stream);
-  if (p.transpose_w) return run_config<Bf16Cfg<cutlass::bfloat16_t, KN>>(p, sm_count, stream);
-  return p.out == OutType::kF32 ? run_config<Bf16Cfg<float, NK>>(p, sm_count, stream)
-                                : run_config<Bf16Cfg<cutlass::bfloat16_t, NK>>(p, sm_count, stream);
+  const Tuning t = choose(p);
+  return with_config(p, [&](auto* cfg) {
+    return run_config<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t, stream);
+  });
 }
 
 }  // namespace a2a::gemm::detail

@@ -11,6 +11,9 @@
 //   w [L, N, K] (K contiguous), or [L, K, N] with transpose_w (N contiguous; bf16 only)
 //   fp8: x_scale f32 [rows, K/128], w_scale f32 [L, N/128, K/128]
 //   y [rows, N] bf16 or f32 (rows = R or L*C)
+// wgrad (bf16 in, f32 out): x = X [R, K] or [L, C, K], w = dY [R, N] or [L, C, N] (the rows of
+//   the same groups), y = dW [L, N, K] with dW[l] = dY_l^T X_l over group l's rows (K of the GEMM
+//   = the group's rows, any count; a group with no rows gives dW[l] = 0); no scales.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +32,7 @@ struct GroupedGemmParams {
   InType in = InType::kBF16;
   OutType out = OutType::kBF16;
   bool transpose_w = false;       // w is [L, K, N] (bf16 only)
+  bool wgrad = false;             // dW[l] = dY_l^T X_l (bf16; below)
   int64_t num_groups = 0;         // L
   int64_t rows = 0;               // R (ragged) or C (expert_major: rows per expert)
   int64_t n = 0;
