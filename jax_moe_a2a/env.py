@@ -88,9 +88,9 @@ VARS = (
         "GPU backends: CUDA events around each launch (`comm.kernel_seconds`); `1` with a GPU-side "
         "barrier of the EP group before each, `nosync` without",
         _NATIVE),
-    Var("GEMM_TILE_M", "auto|64|128", "auto", "cc/gemm/kernels.h (at every grouped-GEMM call)",
-        "grouped expert GEMMs: rows per tile; `auto` takes 64 (ping-pong) when the mean rows per expert is "
-        "<= 128, else 128; for measurements (benchmarks/gemm.py)", _NATIVE),
+    Var("GEMM_TILE_M", "auto or 64,128,rasterM/N/H,s1..s8", "auto", "cc/gemm/kernels.h",
+        "grouped GEMMs, for measurements (benchmarks/gemm.py): rows per tile (`auto`: 64 when the mean "
+        "rows per expert is <= 128, else 128), raster order, max swizzle", _NATIVE),
     Var("DISPATCH_SEND", "auto|grid|block", "auto", "cc/cuda/dispatch/send.cu (once per process)",
         "cuda: the dispatch_send kernel; `auto` the block-routed one where it applies, `block` "
         "with shared-memory staging, `grid` the grid-routed one (docs/gpu_kernels.md)",
