@@ -45,6 +45,13 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
   o.idle_sleep_us = env_double("JAX_MOE_A2A_PROXY_IDLE_SLEEP_US", o.idle_sleep_us);
   const char* mode = env::get("JAX_MOE_A2A_PROXY");
   o.spin = mode && std::string(mode) == "spin";
+  const char* pipe = env::get("JAX_MOE_A2A_PROXY_PIPELINE");
+  if (pipe && *pipe) {
+    const std::string v(pipe);
+    if (v != "peer" && v != "off")
+      throw std::invalid_argument("JAX_MOE_A2A_PROXY_PIPELINE=" + v + ": expected `peer` or `off`");
+    o.pipeline = v == "peer";
+  }
   const char* cpus = env::get("JAX_MOE_A2A_PROXY_CPUS");
   if (cpus && *cpus) {  // "3,7": CPU of local rank 0, 1; "none": no pinning
     std::stringstream ss(cpus);
@@ -105,6 +112,7 @@ ProxyStats Proxy::stats() const {
   ProxyStats s = stats_;
   s.cpu = pinned_;
   s.flag_path = flags_.name;
+  s.pipeline = o_.pipeline;
   return s;
 }
 
@@ -195,6 +203,47 @@ bool Proxy::staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e) {
   return true;
 }
 
+bool Proxy::post_packed(int z, SlotState& s, uint32_t e, bool* moved) {
+  SlotCtrl& c = ctrl_->slot[z];
+  const bool all = load_acquire(&c.d_packed) >= uint64_t(e) + 1;
+  bool done = true;
+  int early = 0;
+  for (int d : ex_.remote_ranks()) {
+    if (s.priv_posted >> d & 1) continue;
+    if (!all && load_acquire(&c.d_packed_to[d]) < uint64_t(e) + 1) {
+      done = false;
+      continue;
+    }
+    ex_.post_private_to(z, e, d);
+    s.priv_posted |= 1ull << d;
+    early += !all;
+    *moved = true;
+  }
+  if (early || done) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.priv_early += early;
+    if (done) stats_.counts_to_priv_ns += ns_since(s.counts_out);
+  }
+  return done;
+}
+
+void Proxy::raise_sources(int z, SlotState& s, uint32_t e, bool all) {
+  SlotCtrl& c = ctrl_->slot[z];
+  for (int src : ex_.remote_ranks()) {
+    if (s.src_landed >> src & 1) continue;
+    bool in = all;
+    if (!in) {  // seen in every part (PRIV, OVER) of the rows wait
+      in = true;
+      for (const protocol::Arrivals::Part& p : s.d_wait.parts)
+        for (size_t i = 0; i < p.ranks.size(); ++i)
+          if (p.ranks[i] == src && !p.seen[i]) in = false;
+    }
+    if (!in) continue;
+    store_release(&c.d_landed_from[src], uint64_t(e) + 1);
+    s.src_landed |= 1ull << src;
+  }
+}
+
 void Proxy::check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what, Clock::time_point& since) {
   if (load_acquire(&ctrl_->slot[z].waiting[op]) < uint64_t(e) + 1) return;  // nobody waits yet
   const auto now = Clock::now();
@@ -233,8 +282,16 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       s.d = kDPriv;
       return true;
     case kDPriv:
-      if (load_acquire(&c.d_packed) < uint64_t(e) + 1) return false;
       cur_op_ = kDispatchSend;
+      if (o_.pipeline && !staging_) {  // each peer's write as soon as its rows are packed
+        bool moved = false;
+        if (!post_packed(z, s, e, &moved)) return moved;
+        s.priv_posted = 0;
+        s.d = kDCountsIn;
+        s.d_since = {};
+        return true;
+      }
+      if (load_acquire(&c.d_packed) < uint64_t(e) + 1) return false;
       s.d = kDSendCopy;
       if (staging_) {
         stage(z, s, RowBuffer::kDSend, ex_.send_rows(z));  // every row: OVER goes out from here later
@@ -245,6 +302,10 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       cur_op_ = kDispatchSend;
       if (!staged(z, s, RowBuffer::kDSend, kDispatchRecv, e)) return false;  // our recv kernel spins behind it
       ex_.post_private(z, e);
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_.counts_to_priv_ns += ns_since(s.counts_out);
+      }
       s.d = kDCountsIn;
       s.d_since = {};
       return true;
@@ -283,15 +344,21 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       ex_.take_combine_offsets(z);
       ex_.post_overflow(z, e);
       publish_landing(z);
+      if (o_.pipeline) store_release(&c.d_placed, uint64_t(e) + 1);  // over_base, c_off: valid
       s.d_wait = ex_.expect_rows(z, e);
+      s.src_landed = 0;
       s.d = kDRowsIn;
       return true;
-    case kDRowsIn:
+    case kDRowsIn: {
       cur_op_ = kDispatchRecv;
-      if (!ex_.poll(s.d_wait)) {
+      const bool in = ex_.poll(s.d_wait);
+      // Per source as its rows are in (without staging: staged rows are readable after the copy).
+      if (o_.pipeline && !staging_ && !flags_.landing_fence) raise_sources(z, s, e, false);
+      if (!in) {
         check_late(kDispatchRecv, z, e, s.d_wait, "private and overflow rows", s.d_since);
         return false;
       }
+    }
       s.d_armed = false;
       s.d = kDRecvCopy;
       if (staging_) {
@@ -303,6 +370,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       cur_op_ = kDispatchRecv;
       if (!staged(z, s, RowBuffer::kDRecv, kDispatchRecv, e)) return false;
       if (flags_.landing_fence) flags_.landing_fence();
+      if (o_.pipeline) raise_sources(z, s, e, true);  // those not raised yet (staging: all of them)
       raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
