@@ -59,23 +59,25 @@ def test_pipeline_against_oracle(mode, node_size, priv, tp, monkeypatch, mesh, n
 
 def test_pipeline_posts_before_the_whole_pack(monkeypatch, mesh, num_ranks):
     """`peer` with a spinning proxy and a pack that takes a while (many tokens, wide rows, every rank
-    through the engine): the proxy posts PRIV writes before d_packed (priv_early), and the results
-    still match the oracle. Up to 30 steps for the first early write (it depends on the scheduler;
-    one is all it takes)."""
+    through the engine): over 20 steps the proxies post PRIV writes before d_packed (priv_early,
+    summed over every process: it depends on the scheduler, one is all it takes), and the results
+    still match the oracle. Every process runs the same steps (a collective)."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
     monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", "peer")
     monkeypatch.setenv("JAX_MOE_A2A_PROXY", "spin")
     spec = a2a.Spec(num_experts=4 * num_ranks, experts_per_token=4, hidden=1024, max_tokens_per_rank=64)
     comm = proxied(spec, mesh, None, node_size=0)
-    early = 0
-    for step in range(30):
+    steps = 20
+    for step in range(steps):
         inputs = T.make_inputs(spec, num_ranks, 1300 + step)
         T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=step == 0))
-        stats = comm.proxy_stats()
-        early = sum(s["priv_early"] for s in stats.values())
-        if early:
-            break
+    stats = comm.proxy_stats()
+    mine = sum(s["priv_early"] for s in stats.values())
     comm.close()
-    assert early > 0, f"no PRIV write went out before the whole pack in {step + 1} steps: {stats}"
+    early = int(np.sum(multihost_utils.process_allgather(np.array([mine], np.int64))))
+    assert early > 0, f"no PRIV write went out before the whole pack in {steps} steps on any process: {stats}"
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -104,7 +106,11 @@ def test_pipeline_with_staging_or_mirror(extra, monkeypatch, mesh, num_ranks):
 
 
 def test_pipeline_bad_value(monkeypatch, mesh, num_ranks):
-    """An unknown mode is refused at init, naming the variable."""
+    """An unknown mode is refused at init, naming the variable. One process only: each process's
+    proxies refuse it once their engines connected, so another process may wait at a later
+    rendezvous for ranks that already failed (a timeout, not this message)."""
+    if jax.process_count() > 1:
+        pytest.skip("one process only (see the docstring)")
     monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", "chunk")
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
     with pytest.raises(Exception, match="JAX_MOE_A2A_PROXY_PIPELINE"):
