@@ -52,6 +52,29 @@ transfer. Needs no node-local peers (JAX_MOE_A2A_NODE_SIZE=1) or KERNEL_TIMING=n
 --nvlink-json each half is set against the NVLink path's (turns) p50 from halves.py --turns.
 The same parts for the one-call ops ("dispatch (one call)", "combine (one call)": transfer, skew,
 wire; no kernel times). --json holds every mode's record with the per-iteration samples.
+
+End to end (host backend's proxied mode: `--backend host`; benchlib/proxy_breakdown.py, packer_*),
+per dispatch and per combine, one-call op and split halves, p50 over the timed iterations, each
+iteration taken on the process whose wall was longest:
+  wall         the host clock from just before the call to just after it returned (the halves: the
+               sum of both calls, without the barrier between them)
+  pack         the send op's C++ time less its waits for the proxy's flags (proxy_stats' call_ns_* and
+               wait_ns_*, kept by the host backend per op)
+  send wait    the send op's wait for d_send_ok (the previous step's FREE and flush)
+  unpack       the receive op's C++ time less its waits: unpacking rows / the weighted reduction
+  recv wait    the receive op's waits for d_placed / d_landed_from / d_landed (or c_landed)
+  rest         wall - (pack + send wait + unpack + recv wait): JAX's dispatch, the FFI call, Python
+  raw wire     raw fi_writedata (cc/bench/raw_pingpong.h: own endpoint and CQ, busy polling) half
+               round trip at exactly one peer's message size in the half (the engine benchmark's extra
+               latency points, measured in these processes, interleaved with the engine's ping-pong
+               at the same size), i.e. the remote peers' messages moving in parallel
+  unexplained  recv wait - skew - raw wire per iteration: the proxy's and the engine's reactions, the
+               protocol's rounds (COUNTS, then the zero-length OVER, before rows count as landed),
+               and on a small machine the threads time-slicing its cores
+  ratio        wall / (raw wire + pack + unpack): the issue's measure, the packer's compute standing
+               for the NVLink path's kernel time
+Modes `peer` / `series` (and `-spin`) set JAX_MOE_A2A_PROXY_PIPELINE; "PRIV writes posted before the
+whole pack" is proxy_stats' priv_early per dispatch.
 """
 
 from __future__ import annotations
