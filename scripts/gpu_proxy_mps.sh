@@ -21,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 OUT=${OUT:-gpu-out-mps}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-STAGES=${STAGES:-build bench tests}
+STAGES=${STAGES-build bench tests}  # set and empty: none
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 T0=$(date +%s)
 say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/mps.log"; }

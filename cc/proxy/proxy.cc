@@ -248,8 +248,22 @@ void Proxy::check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, c
   if (load_acquire(&ctrl_->slot[z].waiting[op]) < uint64_t(e) + 1) return;  // nobody waits yet
   const auto now = Clock::now();
   if (since == Clock::time_point{}) since = now;
-  if (std::chrono::duration<double>(now - since).count() > ex_.options().timeout_s)
-    ex_.timed_out(a, op, z, what, "(the proxy thread gave up)");
+  if (std::chrono::duration<double>(now - since).count() > ex_.options().timeout_s) {
+    // The slot's flags as the proxy sees them, and its own states: enough to tell a packer that
+    // never raised a flag from an arrival that never came (a kernel stuck under MPS, a transport).
+    const SlotCtrl& c = ctrl_->slot[z];
+    const SlotState& st = slots_[z];
+    auto f = [](const uint64_t& v) { return static_cast<unsigned long long>(load_acquire(&v)); };
+    ex_.timed_out(a, op, z, what,
+                  transfer::format("(the proxy thread gave up; slot flags: d_counts %llu d_packed %llu d_consumed %llu "
+                                   "c_packed %llu c_consumed %llu waiting [%llu %llu %llu %llu] d_send_ok %llu "
+                                   "d_landed %llu c_send_ok %llu c_landed %llu; proxy at dispatch step %d epoch %u, "
+                                   "combine step %d epoch %u, pipeline %s)",
+                                   f(c.d_counts), f(c.d_packed), f(c.d_consumed), f(c.c_packed), f(c.c_consumed),
+                                   f(c.waiting[0]), f(c.waiting[1]), f(c.waiting[2]), f(c.waiting[3]), f(c.d_send_ok),
+                                   f(c.d_landed), f(c.c_send_ok), f(c.c_landed), static_cast<int>(st.d), st.de,
+                                   static_cast<int>(st.c), st.ce, o_.pipeline ? "peer" : "off"));
+  }
 }
 
 bool Proxy::step_dispatch(int z, SlotState& s) {
