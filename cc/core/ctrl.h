@@ -65,6 +65,8 @@ struct alignas(64) SlotCtrl {
   // (with row staging: once copied). In the Ctrl block only, never in the GDRCopy mirror.
   uint64_t d_placed;
   uint64_t d_landed_from[kMaxRanks];
+  // c + 1 once remote rank d's COMB rows (for every member of our tp group) landed, before c_landed.
+  uint64_t c_landed_from[kMaxRanks];
 };
 
 // Written once by the proxy when it fails (then it stops): code 1 timeout (missing ranks set),

@@ -505,8 +505,12 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
   if (a.handle[1] != a.slot) throw std::invalid_argument("host combine_recv: handle from another slot");
   const std::vector<uint8_t> alive = use_mask(a.slot, a.alive, kCombineRecv);
   const bool me = alive[rank_];
-  if (o_.proxied) wait_flag(&in_->slot[a.slot].c_landed, e + 1, kCombineRecv, a.slot);
-  else if (me) ex_->wait(ex_->expect_comb(a.slot, e), kCombineRecv, a.slot, "expert outputs");
+  // Pipelined (per_source_): no wait for every rank here; each token waits below for the ranks
+  // its rows come from, the first time one is needed, so the reduction runs while later ranks'
+  // rows are in flight, in the same order (token, k) as ever.
+  if (o_.proxied && !per_source_) wait_flag(&in_->slot[a.slot].c_landed, e + 1, kCombineRecv, a.slot);
+  else if (!o_.proxied && me) ex_->wait(ex_->expect_comb(a.slot, e), kCombineRecv, a.slot, "expert outputs");
+  uint64_t landed = 0;  // per_source_: bit d, rank d's rows are here
   for (auto [d, peer] : node_) wait_flag(&local(a.slot).c_arrived[d], e + 1, kCombineRecv, a.slot, d);
   const int64_t stride = int64_t(H) * elem_bytes(a.y_kind);
   std::vector<float> acc(H);
@@ -521,6 +525,10 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
         if (d < 0 || d >= N || !me || !alive[d]) continue;  // masked: nothing came (the send stopped it)
         const int32_t j = a.pair_slot[pk];  // the compact index: sender's combine offset for d + slot
         if (j < 0 || j >= Q) throw std::invalid_argument("host combine_recv: routing arrays corrupted");
+        if (per_source_ && o_.proxied && !(landed >> d & 1) && ex_->remote(rank_, d)) {
+          wait_flag(&ctrl_->slot[a.slot].c_landed_from[d], e + 1, kCombineRecv, a.slot);
+          landed |= 1ull << d;
+        }
         const int64_t at = (int64_t(t % tp) * Q + j) * stride;
         const uint8_t* row = node_.count(d) ? &local(a.slot).c_rows[at] : c_recv + at;
         const float w = a.weights[pk];

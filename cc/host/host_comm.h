@@ -172,7 +172,8 @@ class RankComm {
   uint64_t op_ns_[4] = {}, wait_ns_[4] = {};
   int timed_op_ = -1;  // the op whose waits wait_flag adds up now (-1: none)
   // Proxied, JAX_MOE_A2A_PROXY_PIPELINE=peer and no flag mirror: dispatch_recv unpacks each remote
-  // source's rows once the proxy raised its d_landed_from (after d_placed), not after d_landed.
+  // source's rows once the proxy raised its d_landed_from (after d_placed), not after d_landed, and
+  // combine_recv reduces each token once the ranks its rows come from raised c_landed_from.
   bool per_source_ = false;
   struct OpTimer;  // times one op into op_ns_ (host_comm.cc)
   void raise(uint64_t* flag, uint64_t value);

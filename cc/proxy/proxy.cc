@@ -244,6 +244,23 @@ void Proxy::raise_sources(int z, SlotState& s, uint32_t e, bool all) {
   }
 }
 
+void Proxy::raise_comb_sources(int z, SlotState& s, uint32_t c, bool all) {
+  SlotCtrl& k = ctrl_->slot[z];
+  for (int d : ex_.remote_ranks()) {
+    if (s.comb_landed >> d & 1) continue;
+    bool in = all;
+    if (!in) {  // seen in every part (one per tp member) of the combine's wait
+      in = true;
+      for (const protocol::Arrivals::Part& p : s.c_wait.parts)
+        for (size_t i = 0; i < p.ranks.size(); ++i)
+          if (p.ranks[i] == d && !p.seen[i]) in = false;
+    }
+    if (!in) continue;
+    store_release(&k.c_landed_from[d], uint64_t(c) + 1);
+    s.comb_landed |= 1ull << d;
+  }
+}
+
 void Proxy::check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what, Clock::time_point& since) {
   if (load_acquire(&ctrl_->slot[z].waiting[op]) < uint64_t(e) + 1) return;  // nobody waits yet
   const auto now = Clock::now();
@@ -450,14 +467,18 @@ bool Proxy::step_combine(int z, SlotState& s) {
       s.comb_out = Clock::now();
       s.c_wait = ex_.expect_comb(z, e);
       s.c_since = {};
+      s.comb_landed = 0;
       s.c = kCLanded;
       return true;
-    case kCLanded:
+    case kCLanded: {
       cur_op_ = kCombineRecv;
-      if (!ex_.poll(s.c_wait)) {
+      const bool in = ex_.poll(s.c_wait);
+      if (o_.pipeline && !staging_ && !flags_.landing_fence) raise_comb_sources(z, s, e, false);
+      if (!in) {
         check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
         return false;
       }
+    }
       s.c = kCRecvCopy;
       if (staging_) {
         stage(z, s, RowBuffer::kCRecv, s.comb_in);
@@ -468,6 +489,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
       cur_op_ = kCombineRecv;
       if (!staged(z, s, RowBuffer::kCRecv, kCombineRecv, e)) return false;
       if (flags_.landing_fence) flags_.landing_fence();
+      if (o_.pipeline) raise_comb_sources(z, s, e, true);  // those not raised yet (staging: all of them)
       raise(z, &SlotCtrl::c_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);

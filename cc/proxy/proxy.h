@@ -57,7 +57,7 @@ struct ProxyOptions {
   int cpu = -1;               // pin the thread to this CPU (-1: leave it to the scheduler)
   // JAX_MOE_A2A_PROXY_PIPELINE: `peer` (default) posts each remote peer's PRIV write as soon as the
   // packer raised that peer's d_packed_to (one write per peer still) and raises d_placed /
-  // d_landed_from[src] for a receiver that unpacks per source; `off` waits for d_packed and
+  // d_landed_from[src] and c_landed_from[d] for a receiver that unpacks per source; `off` waits for d_packed and
   // posts every peer's write together, and raises only d_landed (the series behaviour before).
   bool pipeline = true;
   // JAX_MOE_A2A_PROXY_CPUS="3,7" gives local rank i the i-th CPU, "none" pins nothing; unset, a
@@ -134,6 +134,7 @@ class Proxy {
     bool c_adopted = false;  // the packed combine took its dispatch's combine offsets (adopt())
     uint64_t priv_posted = 0;  // bit d: our PRIV write of this epoch to remote rank d is posted
     uint64_t src_landed = 0;   // bit src: d_landed_from[src] raised for this epoch
+    uint64_t comb_landed = 0;  // bit d: c_landed_from[d] raised for this combine epoch
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
     uint64_t copy_bytes[kRowBuffers]{};
   };
@@ -156,6 +157,9 @@ class Proxy {
   // Pipelined: raises d_landed_from[src] for the remote sources whose PRIV and OVER rows all
   // arrived in s.d_wait (every remote source when `all`), once each per epoch.
   void raise_sources(int z, SlotState& s, uint32_t e, bool all);
+  // The same for a combine: c_landed_from[d] for the remote ranks whose COMB rows all arrived in
+  // s.c_wait (every one when `all`).
+  void raise_comb_sources(int z, SlotState& s, uint32_t c, bool all);
   // Posts PRIV to each remote peer whose rows are packed (every one once d_packed is up). True
   // when every remote peer's write is posted; *moved: whether one went out now.
   bool post_packed(int z, SlotState& s, uint32_t e, bool* moved);
