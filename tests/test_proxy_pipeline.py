@@ -58,18 +58,21 @@ def test_pipeline_against_oracle(mode, node_size, priv, tp, monkeypatch, mesh, n
 
 
 def test_pipeline_posts_before_the_whole_pack(monkeypatch, mesh, num_ranks):
-    """`peer` with a spinning proxy and a pack that takes a while (many tokens, wide rows, every rank
-    through the engine): over 20 steps the proxies post PRIV writes before d_packed (priv_early,
-    summed over every process: it depends on the scheduler, one is all it takes), and the results
+    """`peer` with a spinning proxy and a packer that pauses 20 ms after publishing each remote
+    destination's rows but the last (JAX_MOE_A2A_HOST_PACK_PAUSE_S; every rank through the
+    engine): the proxies post PRIV writes before d_packed (priv_early, summed over every process;
+    without the pause a 190 µs pack was overtaken in 0.01-0.5 of the dispatches, so the pause
+    makes it certain but for a proxy thread not scheduled for 20 ms, 3 times over), and the results
     still match the oracle. Every process runs the same steps (a collective)."""
     import numpy as np
     from jax.experimental import multihost_utils
 
     monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", "peer")
     monkeypatch.setenv("JAX_MOE_A2A_PROXY", "spin")
-    spec = a2a.Spec(num_experts=4 * num_ranks, experts_per_token=4, hidden=1024, max_tokens_per_rank=64)
+    monkeypatch.setenv("JAX_MOE_A2A_HOST_PACK_PAUSE_S", "0.02")
+    spec = a2a.Spec(num_experts=4 * num_ranks, experts_per_token=4, hidden=256, max_tokens_per_rank=32)
     comm = proxied(spec, mesh, None, node_size=0)
-    steps = 20
+    steps = 3
     for step in range(steps):
         inputs = T.make_inputs(spec, num_ranks, 1300 + step)
         T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=step == 0))

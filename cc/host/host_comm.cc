@@ -120,6 +120,7 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
     local_.push_back(std::move(l));
   }
   if (const char* v = env::get("JAX_MOE_A2A_HOST_RECV_PAUSE_S")) recv_pause_s_ = std::max(0.0, std::atof(v));
+  if (const char* v = env::get("JAX_MOE_A2A_HOST_PACK_PAUSE_S")) pack_pause_s_ = std::max(0.0, std::atof(v));
   if (o.proxied) {
     if (o.shape.N > proxy::kMaxRanks) throw std::invalid_argument("host backend: proxied mode supports at most 64 ranks");
     ctrl_ = std::make_unique<proxy::Ctrl>();
@@ -340,7 +341,11 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
       packer.pack(t, a.weights[int64_t(t) * K + k], base + int64_t(j) * lay.row);
     }
     // Its rows are in d_send: the proxy may write them to d now, while we pack the next peer's.
-    if (o_.proxied && ex_->remote(rank_, d)) raise(&ctrl_->slot[a.slot].d_packed_to[d], e + 1);
+    if (o_.proxied && ex_->remote(rank_, d)) {
+      raise(&ctrl_->slot[a.slot].d_packed_to[d], e + 1);
+      if (pack_pause_s_ > 0 && d + 1 < N)  // tests
+        std::this_thread::sleep_for(std::chrono::duration<double>(pack_pause_s_));
+    }
   }
   for (auto [d, peer] : node_) {  // node-local destinations: straight into their memory
     Local& there = peer->local(a.slot);

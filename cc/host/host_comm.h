@@ -207,6 +207,9 @@ class RankComm {
   // this long after its rows arrived, before it reads them, so that a test can hold a receiver in
   // the middle of its read while peers run on (tests/test_elastic.py::test_unmasked_rank_still_reading).
   double recv_pause_s_ = 0;
+  // JAX_MOE_A2A_HOST_PACK_PAUSE_S (tests only, read at creation; 0: none): proxied dispatch_send
+  // sleeps this long after publishing each remote destination's rows (d_packed_to) but the last.
+  double pack_pause_s_ = 0;
   // Recovery table: [N][kRecoverWords(slots)] uint32 rows that survivors write into us (generation,
   // then d_epoch, c_epoch per slot), and our own row (the source of those writes).
   std::vector<uint32_t> recov_in_, recov_out_;

@@ -383,13 +383,13 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
     case kDRowsIn: {
       cur_op_ = kDispatchRecv;
       const bool in = ex_.poll(s.d_wait);
-      // Per source as its rows are in (without staging: staged rows are readable after the copy).
+      // Per source as its rows are in (not under staging: staged rows are readable after the copy;
+      // nor with a landing fence: device rows are readable after it).
       if (o_.pipeline && !staging_ && !flags_.landing_fence) raise_sources(z, s, e, false);
       if (!in) {
         check_late(kDispatchRecv, z, e, s.d_wait, "private and overflow rows", s.d_since);
         return false;
       }
-    }
       s.d_armed = false;
       s.d = kDRecvCopy;
       if (staging_) {
@@ -397,6 +397,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         return true;
       }
       [[fallthrough]];
+    }
     case kDRecvCopy:
       cur_op_ = kDispatchRecv;
       if (!staged(z, s, RowBuffer::kDRecv, kDispatchRecv, e)) return false;
@@ -478,13 +479,13 @@ bool Proxy::step_combine(int z, SlotState& s) {
         check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
         return false;
       }
-    }
       s.c = kCRecvCopy;
       if (staging_) {
         stage(z, s, RowBuffer::kCRecv, s.comb_in);
         return true;
       }
       [[fallthrough]];
+    }
     case kCRecvCopy:
       cur_op_ = kCombineRecv;
       if (!staged(z, s, RowBuffer::kCRecv, kCombineRecv, e)) return false;
