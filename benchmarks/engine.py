@@ -68,7 +68,11 @@ def bench_provider(provider: str, args, rank: int, world: int, kv, tag: str) -> 
     peers = conn.group()
     everyone = list(range(world))
     timeout = args.timeout
-    maxsize = max(LAT_SIZES + BW_SIZES)
+    # Extra latency points (args.extra_sizes: benchmarks/proxy.py asks for the message sizes its engine
+    # issues), each with the raw baseline whatever baseline_max says.
+    extra = sorted({int(x) for x in getattr(args, "extra_sizes", ()) or () if int(x) > 0})
+    lat_sizes = sorted(set(LAT_SIZES) | set(extra))
+    maxsize = max(lat_sizes + BW_SIZES)
     width = max(maxsize, max(SCATTER_SIZES) * world)
     src = np.frombuffer(np.random.default_rng(rank).bytes(width), np.uint8).copy()
     dst = np.zeros(width, np.uint8)
@@ -96,7 +100,7 @@ def bench_provider(provider: str, args, rank: int, world: int, kv, tag: str) -> 
             raw.connect(blobs[1 - rank])
     step = 0
     # --- latency: ping-pong 0 <-> 1 ------------------------------------------------------------
-    for size in LAT_SIZES if "latency" in only else []:
+    for size in lat_sizes if "latency" in only else []:
         step += 1
         sync(step)
         if rank < 2:
@@ -104,7 +108,7 @@ def bench_provider(provider: str, args, rank: int, world: int, kv, tag: str) -> 
             blocks = max(1, min(args.blocks, n // 10))
             per = max(1, n // blocks)
             times, raw_times = [], []
-            with_raw = raw is not None and size <= args.baseline_max
+            with_raw = raw is not None and (size <= args.baseline_max or size in extra)
             if with_raw:
                 raw.run(size, max(10, per // 10), rank == 0, timeout)  # warm-up
             for b in range(blocks):  # the timing loops are C++; blocks only split the statistics
@@ -115,7 +119,7 @@ def bench_provider(provider: str, args, rank: int, world: int, kv, tag: str) -> 
                                    transfer.pack_imm(20, 0, 0), timeout)
                 times.append(t / per / 2 * 1e6)
             if rank == 0:
-                row = {"size": size, "iters": per * blocks, "blocks": blocks,
+                row = {"size": size, "iters": per * blocks, "blocks": blocks, "extra": size in extra,
                        "half_rtt_us": float(np.median(times)), "best_block_us": min(times)}
                 if with_raw:
                     row.update(raw_half_rtt_us=float(np.median(raw_times)),

@@ -52,6 +52,29 @@ transfer. Needs no node-local peers (JAX_MOE_A2A_NODE_SIZE=1) or KERNEL_TIMING=n
 --nvlink-json each half is set against the NVLink path's (turns) p50 from halves.py --turns.
 The same parts for the one-call ops ("dispatch (one call)", "combine (one call)": transfer, skew,
 wire; no kernel times). --json holds every mode's record with the per-iteration samples.
+
+End to end (host backend's proxied mode: `--backend host`; benchlib/proxy_breakdown.py, packer_*),
+per dispatch and per combine, one-call op and split halves, p50 over the timed iterations, each
+iteration taken on the process whose wall was longest:
+  wall         the host clock from just before the call to just after it returned (the halves: the
+               sum of both calls, without the barrier between them)
+  pack         the send op's C++ time less its waits for the proxy's flags (proxy_stats' call_ns_* and
+               wait_ns_*, kept by the host backend per op)
+  send wait    the send op's wait for d_send_ok (the previous step's FREE and flush)
+  unpack       the receive op's C++ time less its waits: unpacking rows / the weighted reduction
+  recv wait    the receive op's waits for d_placed / d_landed_from / d_landed (or c_landed)
+  rest         wall - (pack + send wait + unpack + recv wait): JAX's dispatch, the FFI call, Python
+  raw wire     raw fi_writedata (cc/bench/raw_pingpong.h: own endpoint and CQ, busy polling) half
+               round trip at exactly one peer's message size in the half (the engine benchmark's extra
+               latency points, measured in these processes, interleaved with the engine's ping-pong
+               at the same size), i.e. the remote peers' messages moving in parallel
+  unexplained  recv wait - skew - raw wire per iteration: the proxy's and the engine's reactions, the
+               protocol's rounds (COUNTS, then the zero-length OVER, before rows count as landed),
+               and on a small machine the threads time-slicing its cores
+  ratio        wall / (raw wire + pack + unpack): the issue's measure, the packer's compute standing
+               for the NVLink path's kernel time
+Modes `peer` / `series` (and `-spin`) set JAX_MOE_A2A_PROXY_PIPELINE; "PRIV writes posted before the
+whole pack" is proxy_stats' priv_early per dispatch.
 """
 
 from __future__ import annotations
@@ -157,9 +180,10 @@ class CallRecorder:
 
     def __init__(self, comm, clock):
         self.comm, self.clock = comm, clock
-        self.names, self.stamps, self.snaps = [], [], []
+        self.names, self.stamps, self.snaps, self.pre = [], [], [], []
 
     def before_barrier(self, name):
+        self.pre.append(self.clock())  # pre[k + 1] - stamps[k]: call k's wall (its end, as seen from here)
         self.snaps.append(self.comm.proxy_stats())
 
     def after_barrier(self, name):
@@ -167,6 +191,7 @@ class CallRecorder:
         self.names.append(name)
 
     def close(self):
+        self.pre.append(self.clock())
         self.snaps.append(self.comm.proxy_stats())
 
 
@@ -219,6 +244,34 @@ def part_samples(calls, iters):
     return out
 
 
+def packer_samples(calls, iters):
+    """{group: {"wall_us": [iters], part: [iters] for pb.PACKER_PARTS}} for every group of
+    pb.PACKER_GROUPS whose counters moved (the host backend's proxied mode; collective): per
+    iteration the wall of the group's calls (host clock from just before the first to just after
+    the last, less the barrier between split halves) and the packer's parts on the rank whose
+    calls took longest, of the process whose wall was longest."""
+    from benchlib import timing
+    walls = [(calls.pre[k + 1] - calls.stamps[k]) / 1e3 for k in range(len(calls.names))]
+    out = {}
+    for i, (group, (names, send, recv)) in enumerate(pb.PACKER_GROUPS.items()):
+        per_call = [pb.packer_deltas(calls.snaps[k], calls.snaps[k + 1], send, recv) if calls.names[k] in names
+                    else None for k in range(len(calls.names))]
+        ok = all(p is not None for k, p in enumerate(per_call) if calls.names[k] in names)
+        mine = {"wall_us": pb.per_iteration(calls.names, walls, names, iters)}
+        for part in pb.PACKER_PARTS:
+            vals = [p[part] if p else 0.0 for p in per_call]
+            mine[part] = pb.per_iteration(calls.names, vals, names, iters)
+        table = np.asarray(timing.gather([[float(v) for v in mine[k]] for k in ["wall_us", *pb.PACKER_PARTS]],
+                                         f"packer{i}"), np.float64)  # [processes, 1 + parts, iters]
+        oks = timing.gather(bool(ok), f"packer-ok{i}")
+        if not all(oks):
+            continue
+        worst = np.argmax(table[:, 0, :], axis=0)  # per iteration, the slowest process
+        cols = np.arange(table.shape[2])
+        out[group] = {k: table[worst, j, cols].tolist() for j, k in enumerate(["wall_us", *pb.PACKER_PARTS])}
+    return out
+
+
 # ---- bytes and the engine's figures -----------------------------------------------------------
 
 def routed_rows(spec, n, seed):
@@ -238,7 +291,7 @@ def wire_bytes(spec, n, seed, node_size):
             "combine": {**pb.half_bytes(rows.T, remote.T, c_row), "row": c_row}}
 
 
-def measure_engine(jax, provider, args):
+def measure_engine(jax, provider, args, extra_sizes=()):
     """The engine benchmark's latency and bandwidth loops (benchmarks/engine.py, bench_provider) for
     `provider` between these processes (collective). Returns (its result on process 0, else None;
     why there is none)."""
@@ -250,7 +303,7 @@ def measure_engine(jax, provider, args):
     from jax_moe_a2a.runtime import kv_client
     opts = argparse.Namespace(iface=None, num_domains=1, iters=args.engine_iters, blocks=20, baseline=True,
                               baseline_max=64 * engine.KIB, stream_mib=args.engine_stream_mib, timeout=60.0,
-                              only="latency,bandwidth")
+                              only="latency,bandwidth", extra_sizes=list(extra_sizes))
     try:
         res = engine.bench_provider(provider, opts, jax.process_index(), jax.process_count(), kv_client(),
                                     "proxybench")
@@ -314,6 +367,11 @@ def run_mode(jax, spec, mesh, args, clock, mode):
         rec["proxy"]["row_copies_us"] = float(np.max(timing.max_over_processes([max(copy_us)], "proxy row copies")))
         rec["proxy"]["row_copies_mb"] = float(np.max(timing.max_over_processes([max(copy_mb)], "proxy row copy MB")))
         rec["samples"] = part_samples(calls, args.iters)
+        rec["packer_samples"] = packer_samples(calls, args.iters)
+        rec["proxy"]["priv_early_per_dispatch"] = float(np.max(timing.max_over_processes(
+            [max((after[r].get("priv_early", 0) - before[r].get("priv_early", 0)) / n
+                 for r, n in zip(after, steps))], "proxy priv early")))
+        rec["proxy"]["pipeline"] = [bool(after[r].get("pipeline")) for r in after]
         rec["kernel_turns_why_none"] = turns_refused(args, rec)
         if rec["kernel_turns_why_none"] is None:
             glob, fns = jitted_halves(jax, comm, *bench_inputs(comm, argparse.Namespace(seed=args.seed, x_dtype="f32")))
@@ -343,6 +401,23 @@ def nvlink_turns(path):
         if r.get("backend") == "cuda" and "kernel_turns" in r:
             return {h: v["p50_us"] for h, v in r["kernel_turns"].items()}
     raise SystemExit(f"--nvlink-json {path}: no cuda result with a (turns) row (run halves.py --turns)")
+
+
+def add_packer_breakdown(rec, nbytes, engine_result):
+    """rec["packer_breakdown"] = {group: pb.packer_breakdown(...)} (host backend's proxied mode), the
+    raw wire of each group the raw fi_writedata half round trip at its per-peer message size."""
+    rec["packer_breakdown"] = {}
+    for group, smp in rec.get("packer_samples", {}).items():
+        b = nbytes[group.split(" ")[0]]
+        raw = pb.raw_at(engine_result, message_size(b)) if b["peers"] else 0.0
+        part = {"dispatch (halves)": "dispatch", "combine (halves)": "combine"}.get(group, group)
+        skew = rec["samples"][part]["skew_us"] if part in rec.get("samples", {}) else None
+        rec["packer_breakdown"][group] = pb.packer_breakdown(smp["wall_us"], smp, raw, skew)
+
+
+def message_size(b):
+    """The bytes of one peer's write in a half (its block, whole rows, at least 8)."""
+    return max(8, int(round(b["block"] / b["row"])) * b["row"]) if b["row"] else 8
 
 
 def add_breakdown(rec, wires):
@@ -379,6 +454,13 @@ def print_mode(rec, nbytes, wires, nvlink=None):
     for part, b in rec["breakdown"].items():
         for line in pb.format_half(part, b, nbytes[part.split(" ")[0]], wires[part][0]):
             print(line)
+    for group, b in rec.get("packer_breakdown", {}).items():
+        nb = nbytes[group.split(" ")[0]]
+        for line in pb.format_packer(group, b, message_size(nb), nb["peers"]):
+            print(line)
+    if "priv_early_per_dispatch" in rec["proxy"]:
+        print(f"  pipeline {rec['proxy']['pipeline']}: PRIV writes posted before the whole pack, per dispatch "
+              f"(busiest rank): {rec['proxy']['priv_early_per_dispatch']:.2f}")
     if rec["proxy"].get("row_copies_mb"):
         print(f"  row copies per dispatch + combine (slowest rank): {rec['proxy']['row_copies_mb']:.2f} MB in "
               f"{rec['proxy']['row_copies_us']:.1f} µs (start to the proxy's poll that saw them done)")
@@ -400,7 +482,13 @@ def halves(args):
     lead = jax.process_index() == 0
     clock, clock_name = host_clock()
     provider = env.get_str("PROVIDER", "shm")
-    engine_result, why = measure_engine(jax, provider, args)
+    # The message sizes the engine issues in these halves: each half's per-peer block and the count
+    # matrix; the engine benchmark times them (and raw fi_writedata) exactly.
+    node_size = env.get_int("NODE_SIZE", 0 if args.backend == "host" else jax.device_count())
+    pre_bytes = wire_bytes(spec, jax.device_count(), args.seed, node_size)
+    extra = [message_size(b) for b in pre_bytes.values() if b["peers"]]
+    extra.append(4 * jax.device_count() * spec.local_experts(jax.device_count()))
+    engine_result, why = measure_engine(jax, provider, args, extra)
     out = {"meta": benchlib.run_meta(jax, iters=args.iters, warmup=args.warmup, backend=args.backend,
                                      kernel_timing=os.environ.get("JAX_MOE_A2A_KERNEL_TIMING", "0")),
            "clock": clock_name, "engine": {"provider": provider, "result": engine_result, "why_none": why},
@@ -421,6 +509,7 @@ def halves(args):
             out["wire_bytes"] = nbytes
             out["engine"]["figures"] = {p: fig for p, (fig, _) in wires.items()}
         add_breakdown(rec, wires)
+        add_packer_breakdown(rec, nbytes, engine_result)
         out["modes"][mode] = rec
         if lead:
             print_mode(rec, nbytes, wires, nvlink)

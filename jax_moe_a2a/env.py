@@ -79,6 +79,9 @@ VARS = (
         "CPUs of the proxy threads, one per local rank (`3,7`), or `none`", _NATIVE),
     Var("PROXY_SPIN_US", "float", "20", "cc/proxy/proxy.cc", "proxy: keep polling this long after progress",
         _NATIVE),
+    Var("PROXY_PIPELINE", "peer|off", "peer", "cc/proxy/proxy.cc",
+        "proxy: `peer` writes each peer's rows once the packer published them (still one write per peer) and "
+        "lets a receiver unpack per source; `off` writes all peers after the whole pack (series)", _NATIVE),
     Var("PROXY_MAX_SLEEP_US", "float", "100", "cc/proxy/proxy.cc", "proxy: longest sleep in the first idle_ms",
         _NATIVE),
     Var("PROXY_IDLE_MS", "float", "20", "cc/proxy/proxy.cc", "proxy: after this long without progress ...",
@@ -115,6 +118,9 @@ VARS = (
     Var("HOST_RECV_PAUSE_S", "float", "0", "cc/host/host_comm.cc (at communicator creation)",
         "host backend, tests: each dispatch_recv sleeps this long after its rows arrived and before it reads "
         "them (a receiver held in the middle of its read: tests/test_elastic.py)", _NATIVE),
+    Var("HOST_PACK_PAUSE_S", "float", "0", "cc/host/host_comm.cc (at communicator creation)",
+        "host backend, proxied, tests: dispatch_send sleeps this long after publishing each remote destination's "
+        "rows but the last (a packer the proxy's per-peer writes overtake: tests/test_proxy_pipeline.py)", _NATIVE),
     # ---- tests ---------------------------------------------------------------------------------
     Var("TEST_DEVICES", "int", "8 (1 per process under mpirun)", "tests/conftest.py",
         "CPU devices per test process", _TEST),

@@ -356,7 +356,10 @@ def test_proxy_program_records_calls_and_parses_modes(capsys):
             calls.after_barrier(name)
             comm.stats[key] += ns * (it + 1)
     calls.close()
-    assert len(calls.names) == 18 and len(calls.snaps) == 19 and calls.stamps[:2] == [1000, 2000]
+    # a clock before each barrier (pre: the previous call's end) and after it (stamps)
+    assert len(calls.names) == 18 and len(calls.snaps) == 19 and calls.stamps[:2] == [2000, 4000]
+    assert len(calls.pre) == 19 and calls.pre[:2] == [1000, 3000]
+    assert proxy.packer_samples(calls, 2) == {}  # no packer counters (the cuda path): no end-to-end rows
     samples = proxy.part_samples(calls, 2)
     assert samples["dispatch"]["transfer_us"] == [80.0, 120.0]
     assert samples["combine"]["transfer_us"] == [60.0, 90.0]
@@ -368,6 +371,29 @@ def test_proxy_program_records_calls_and_parses_modes(capsys):
         assert os.environ["JAX_MOE_A2A_PROXY"] == "spin" and "JAX_MOE_A2A_PROGRESS" not in os.environ
     assert {k: os.environ.get(k) for k in before} == before
     assert np.all(np.asarray(samples["dispatch"]["skew_us"]) == 0)
+
+
+def test_packer_breakdown_arithmetic():
+    """The host backend's end-to-end parts (benchlib/proxy_breakdown.py): per call the rank whose
+    calls took longest, pack / unpack = call - wait, the rest and the unexplained wait add up."""
+    from benchlib import proxy_breakdown as pb
+    a = {0: {"call_ns_dispatch_send": 0, "wait_ns_dispatch_send": 0, "call_ns_dispatch_recv": 0, "wait_ns_dispatch_recv": 0},
+         1: {"call_ns_dispatch_send": 0, "wait_ns_dispatch_send": 0, "call_ns_dispatch_recv": 0, "wait_ns_dispatch_recv": 0}}
+    b = {0: {"call_ns_dispatch_send": 50_000, "wait_ns_dispatch_send": 10_000, "call_ns_dispatch_recv": 100_000,
+             "wait_ns_dispatch_recv": 70_000},
+         1: {"call_ns_dispatch_send": 10_000, "wait_ns_dispatch_send": 0, "call_ns_dispatch_recv": 10_000,
+             "wait_ns_dispatch_recv": 5_000}}
+    d = pb.packer_deltas(a, b, "dispatch_send", "dispatch_recv")
+    assert d == {"pack": 40.0, "send_wait": 10.0, "unpack": 30.0, "recv_wait": 70.0, "calls": 150.0}
+    assert pb.packer_deltas(a, a, "dispatch_send", "dispatch_recv") is None  # nothing moved
+    parts = {k: [d[k]] * 3 for k in pb.PACKER_PARTS}
+    out = pb.packer_breakdown([200.0] * 3, parts, raw_wire_us=20.0, skew_us=[5.0] * 3)
+    assert out["rest_us"] == 50.0 and out["skew_us"] == 5.0
+    assert out["beyond_wire_us"] == 45.0  # recv wait 70 - skew 5 - raw wire 20
+    assert out["ratio"] == 200.0 / (20.0 + 40.0 + 30.0)
+    assert pb.raw_at({"latency": [{"size": 1024, "raw_half_rtt_us": 3.0}]}, 1024) == 3.0
+    assert pb.raw_at({"latency": [{"size": 1024}]}, 1024) is None
+    assert "peer" in pb.PROXY_MODES and pb.PROXY_MODES["series"]["JAX_MOE_A2A_PROXY_PIPELINE"] == "off"
 
 
 def test_bench_one_calls_its_hooks_around_every_barrier():

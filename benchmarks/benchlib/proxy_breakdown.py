@@ -33,6 +33,15 @@ PROXY_MODES = {
     "spin-all": {"JAX_MOE_A2A_PROXY": "spin", "JAX_MOE_A2A_PROGRESS": "spin"},
     "host-rows": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_STAGING": "host"},
     "copy-rows": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_STAGING": "copy"},
+    # JAX_MOE_A2A_PROXY_PIPELINE (cc/proxy/proxy.h): `peer` each peer's write once its rows are
+    # packed and the receiver per source; `off` the series (every write after the whole pack).
+    "peer": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "peer"},
+    "series": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "off"},
+    "peer-spin": {"JAX_MOE_A2A_PROXY": "spin", "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "peer"},
+    "series-spin": {"JAX_MOE_A2A_PROXY": "spin", "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "off"},
+    # the idle back-off capped at 100 µs instead of growing to 2 ms after 20 ms idle (between steps)
+    "peer-nap100": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "peer",
+                    "JAX_MOE_A2A_PROXY_IDLE_SLEEP_US": "100"},
 }
 
 
@@ -255,4 +264,86 @@ def format_idle(table: Dict[str, dict], modes: Sequence[str]) -> List[str]:
     for half, row in table.items():
         cells = " | ".join("n/a" if row.get(c) is None else f"{row[c]:.1f}" for c in cols)
         lines.append(f"    {half:<20} {cells}")
+    return lines
+
+
+# ---- the packer's side, end to end (host backend's proxied mode) -----------------------------
+# proxy_stats() carries, per op, the packer's time in its calls (call_ns_<op>) and the part of it
+# spent waiting for the proxy's flags (wait_ns_<op>); pack = send call - its wait, unpack = recv
+# call - its wait. A group is one dispatch or combine: the one-call op, or the split halves.
+PACKER_GROUPS = {
+    "dispatch (one call)": (("dispatch",), "dispatch_send", "dispatch_recv"),
+    "combine (one call)": (("combine",), "combine_send", "combine_recv"),
+    "dispatch (halves)": (("dispatch_send", "dispatch_recv"), "dispatch_send", "dispatch_recv"),
+    "combine (halves)": (("combine_send", "combine_recv"), "combine_send", "combine_recv"),
+}
+PACKER_PARTS = ("pack", "send_wait", "unpack", "recv_wait")
+
+
+def packer_deltas(a: dict, b: dict, send: str, recv: str) -> Optional[Dict[str, float]]:
+    """Two proxy_stats() snapshots ({rank: counters}) around one call -> its packer parts (µs) on the
+    rank whose calls took longest: pack, send_wait, unpack, recv_wait and "calls" (their sum).
+    None when the counters are absent (the cuda path) or did not move."""
+    best = None
+    for r in b:
+        if r not in a or f"call_ns_{send}" not in b[r]:
+            continue
+        d = {k: (b[r][k] - a[r][k]) / 1e3 for k in (f"call_ns_{send}", f"wait_ns_{send}", f"call_ns_{recv}",
+                                                    f"wait_ns_{recv}")}
+        parts = {"pack": d[f"call_ns_{send}"] - d[f"wait_ns_{send}"], "send_wait": d[f"wait_ns_{send}"],
+                 "unpack": d[f"call_ns_{recv}"] - d[f"wait_ns_{recv}"], "recv_wait": d[f"wait_ns_{recv}"]}
+        parts["calls"] = d[f"call_ns_{send}"] + d[f"call_ns_{recv}"]
+        if parts["calls"] > 0 and (best is None or parts["calls"] > best["calls"]):
+            best = parts
+    return best
+
+
+def packer_breakdown(walls_us, parts: Dict[str, Sequence[float]], raw_wire_us: Optional[float],
+                     skew_us=None) -> dict:
+    """One group's end-to-end breakdown. walls_us: [iters] wall of the group's calls; parts: {part:
+    [iters]} of PACKER_PARTS, each iteration on the process whose wall was longest. Returns p50s of
+    wall, every part and rest = wall - (pack + send_wait + unpack + recv_wait) (the framework: JAX
+    dispatch, the FFI call, Python), skew (max - min of the processes' entries, [iters], or None),
+    beyond_wire = recv_wait - skew - raw_wire per iteration (what waiting costs past the raw provider
+    time of the same bytes and the other processes' late start: the proxy's and engine's reactions,
+    the protocol's rounds: COUNTS, then OVER, before the rows count as landed), and
+    ratio = wall / (raw_wire + pack + unpack), the issue's measure (the packer's compute standing for
+    the NVLink path's kernel time)."""
+    w = np.asarray(walls_us, np.float64)
+    p = {k: np.asarray(parts[k], np.float64) for k in PACKER_PARTS}
+    rest = w - sum(p.values())
+    out = {"wall_us": p50(w), "wall_p99_us": float(np.percentile(w, 99)) if w.size else None,
+           "iters": int(w.size), "rest_us": p50(rest), "raw_wire_us": raw_wire_us}
+    for k, v in p.items():
+        out[f"{k}_us"] = p50(v)
+    sk = np.zeros_like(w) if skew_us is None else np.asarray(skew_us, np.float64)
+    out["skew_us"] = p50(sk)
+    if raw_wire_us is not None and w.size:
+        out["beyond_wire_us"] = p50(p["recv_wait"] - sk - raw_wire_us)
+        out["ratio"] = p50(w / (raw_wire_us + p["pack"] + p["unpack"]))
+    else:
+        out["beyond_wire_us"] = out["ratio"] = None
+    return out
+
+
+def raw_at(result: Optional[dict], size: float) -> Optional[float]:
+    """The raw fi_writedata half round trip (µs) measured at exactly `size` bytes (an extra latency
+    point of the engine benchmark), else None."""
+    for x in (result or {}).get("latency", []):
+        if x.get("size") == int(size) and x.get("raw_half_rtt_us") is not None:
+            return float(x["raw_half_rtt_us"])
+    return None
+
+
+def format_packer(name: str, b: dict, block: float, peers: int) -> List[str]:
+    """Two lines: wall = pack + send_wait + unpack + recv_wait + rest, then the wait against the raw wire."""
+    lines = [f"  end to end {name}: wall {_us(b['wall_us'])} (p99 {_us(b['wall_p99_us'])}) = pack {_us(b['pack_us'])} + "
+             f"send wait {_us(b['send_wait_us'])} + unpack {_us(b['unpack_us'])} + recv wait {_us(b['recv_wait_us'])}"
+             f" + rest {_us(b['rest_us'])} (framework: JAX, FFI, Python)"]
+    if b.get("raw_wire_us") is not None:
+        lines.append(f"    recv wait = skew {_us(b['skew_us'])} + raw wire {_us(b['raw_wire_us'])} (raw fi_writedata, one "
+                     f"{fmt_size(block)} message, {peers} peer(s) in parallel) + unexplained {_us(b['beyond_wire_us'])} "
+                     f"(per iteration); wall / (raw wire + pack + unpack) = {b['ratio']:.2f}x")
+    else:
+        lines.append("    raw wire n/a (no raw point at the block size)")
     return lines

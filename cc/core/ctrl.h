@@ -47,6 +47,10 @@ struct alignas(64) SlotCtrl {
   int64_t c_stride;     // bytes per combine row (H * itemsize(y))
   int32_t rows_from[kMaxRanks];  // rows we received from each source in the matching dispatch
   int32_t c_from_slot;  // the slot of that dispatch (a combine may run on another slot than it)
+  // e + 1: the rows for destination d are in d_send (optional, per peer as the packer goes: the
+  // host backend's packer raises them; a packer that raises only d_packed, as the GPU kernels do,
+  // gets its peers' writes after the whole pack). d_packed implies every one of them.
+  uint64_t d_packed_to[kMaxRanks];
   // ---- written by the proxy, read by the kernel ----
   alignas(64) uint64_t d_send_ok;  // e + 1: epoch e may overwrite d_send (and remote regions)
   uint64_t d_landed;               // e + 1: every remote row of epoch e landed; over_base, c_off valid
@@ -55,6 +59,14 @@ struct alignas(64) SlotCtrl {
   int64_t over_base[kMaxRanks];    // first row of each remote source's overflow in our region
   int32_t c_off[kMaxRanks];        // each source's combine offset for us (Exchange::combine_offsets,
                                    // the snapshot of this dispatch); valid with d_landed like over_base
+  // Per source, for a receiver that unpacks what has landed while the rest is in flight (the host
+  // backend's; JAX_MOE_A2A_PROXY_PIPELINE=peer): d_placed = e + 1 once over_base and c_off are valid
+  // (every count matrix in), then d_landed_from[src] = e + 1 once src's PRIV and OVER rows landed
+  // (with row staging: once copied). In the Ctrl block only, never in the GDRCopy mirror.
+  uint64_t d_placed;
+  uint64_t d_landed_from[kMaxRanks];
+  // c + 1 once remote rank d's COMB rows (for every member of our tp group) landed, before c_landed.
+  uint64_t c_landed_from[kMaxRanks];
 };
 
 // Written once by the proxy when it fails (then it stops): code 1 timeout (missing ranks set),

@@ -120,6 +120,7 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
     local_.push_back(std::move(l));
   }
   if (const char* v = env::get("JAX_MOE_A2A_HOST_RECV_PAUSE_S")) recv_pause_s_ = std::max(0.0, std::atof(v));
+  if (const char* v = env::get("JAX_MOE_A2A_HOST_PACK_PAUSE_S")) pack_pause_s_ = std::max(0.0, std::atof(v));
   if (o.proxied) {
     if (o.shape.N > proxy::kMaxRanks) throw std::invalid_argument("host backend: proxied mode supports at most 64 ranks");
     ctrl_ = std::make_unique<proxy::Ctrl>();
@@ -178,7 +179,31 @@ void RankComm::stop() {
   if (proxy_) proxy_->stop();
 }
 
-proxy::ProxyStats RankComm::proxy_stats() const { return proxy_ ? proxy_->stats() : proxy::ProxyStats{}; }
+proxy::ProxyStats RankComm::proxy_stats() const {
+  if (!proxy_) return proxy::ProxyStats{};
+  proxy::ProxyStats s = proxy_->stats();
+  for (int i = 0; i < 4; ++i) {
+    s.packer_call_ns[i] = __atomic_load_n(&op_ns_[i], __ATOMIC_RELAXED);
+    s.packer_wait_ns[i] = __atomic_load_n(&wait_ns_[i], __ATOMIC_RELAXED);
+  }
+  return s;
+}
+
+// Proxied mode: adds the op's time to op_ns_[op] and makes wait_flag add its waits to wait_ns_[op].
+struct RankComm::OpTimer {
+  RankComm& c;
+  int slot;  // the op's index in op_ns_ (protocol::Op), -1 when not proxied
+  std::chrono::steady_clock::time_point t0;
+  OpTimer(RankComm& comm, int o) : c(comm), slot(comm.o_.proxied ? o : -1), t0(std::chrono::steady_clock::now()) {
+    c.timed_op_ = slot;
+  }
+  ~OpTimer() {
+    if (!c.o_.proxied) return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    __atomic_fetch_add(&c.op_ns_[slot], uint64_t(ns), __ATOMIC_RELAXED);
+    c.timed_op_ = -1;
+  }
+};
 
 RankComm::Local& RankComm::local(int z) const { return *local_[z]; }
 
@@ -212,7 +237,9 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
       flags.mirror = mirror_.get();
       flags.name = "host-mirror: the proxy's flags read from a second block (JAX_MOE_A2A_HOST_FLAG_MIRROR=1)";
     }
-    proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_.get(), proxy::ProxyOptions::from_env(0), flags, staging_.get());
+    const proxy::ProxyOptions po = proxy::ProxyOptions::from_env(0);
+    per_source_ = po.pipeline && !mirror_;
+    proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_.get(), po, flags, staging_.get());
   }
   connected_ = true;
 }
@@ -239,6 +266,16 @@ void RankComm::wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, 
   if (peer < 0) raise(&ctrl_->slot[slot].waiting[op], want);
   const double limit = peer < 0 ? o_.timeout_s + 5 : o_.timeout_s;
   const auto t0 = Clock::now();
+  struct Add {  // the wait's time, however it ends
+    RankComm& c;
+    Clock::time_point t0;
+    ~Add() {
+      if (c.timed_op_ >= 0)
+        __atomic_fetch_add(&c.wait_ns_[c.timed_op_],
+                           uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()),
+                           __ATOMIC_RELAXED);
+    }
+  } add{*this, t0};
   double sleep_us = 1;
   for (uint64_t i = 0;; ++i) {
     if (proxy::load_acquire(flag) >= want) return;
@@ -260,6 +297,7 @@ void RankComm::wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, 
 // ---- dispatch --------------------------------------------------------------------------------
 
 void RankComm::dispatch_send(const DispatchSendArgs& a) {
+  OpTimer timer(*this, kDispatchSend);
   Slot& sl = *slots_[a.slot];
   const MoeShape& s = o_.shape;
   const SlotLayout& lay = ex_->layout();
@@ -302,6 +340,12 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
       const auto [t, k] = p.order[d][j];
       packer.pack(t, a.weights[int64_t(t) * K + k], base + int64_t(j) * lay.row);
     }
+    // Its rows are in d_send: the proxy may write them to d now, while we pack the next peer's.
+    if (o_.proxied && ex_->remote(rank_, d)) {
+      raise(&ctrl_->slot[a.slot].d_packed_to[d], e + 1);
+      if (pack_pause_s_ > 0 && d + 1 < N)  // tests
+        std::this_thread::sleep_for(std::chrono::duration<double>(pack_pause_s_));
+    }
   }
   for (auto [d, peer] : node_) {  // node-local destinations: straight into their memory
     Local& there = peer->local(a.slot);
@@ -316,6 +360,7 @@ void RankComm::dispatch_send(const DispatchSendArgs& a) {
 }
 
 void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
+  OpTimer timer(*this, kDispatchRecv);
   Slot& sl = *slots_[a.slot];
   const MoeShape& s = o_.shape;
   const int N = s.N, L = s.L;
@@ -324,7 +369,10 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
   const int64_t* over_base = sl.over_base.data();
   const std::vector<uint8_t> alive = use_mask(a.slot, a.alive, kDispatchRecv);
   const bool me = alive[rank_];
-  if (o_.proxied) {
+  if (o_.proxied && per_source_) {  // the offsets now, each source's rows as they land (below)
+    wait_flag(&ctrl_->slot[a.slot].d_placed, e + 1, kDispatchRecv, a.slot);
+    over_base = ctrl_->slot[a.slot].over_base;
+  } else if (o_.proxied) {
     wait_flag(&in_->slot[a.slot].d_landed, e + 1, kDispatchRecv, a.slot);
     over_base = in_->slot[a.slot].over_base;
   } else if (me) {
@@ -354,6 +402,10 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
   RowUnpacker unpacker(o_, a.x, a.scale);
   for (int src = 0; src < N; ++src) {
     a.recv_counts[src] = arr.rows_from(src);
+    // Pipelined: src's rows have landed (the rest may still be in flight). Positions depend on the
+    // counts only, so the outputs are the same in any landing order.
+    if (o_.proxied && per_source_ && ex_->remote(rank_, src) && arr.rows_from(src) > 0)
+      wait_flag(&ctrl_->slot[a.slot].d_landed_from[src], e + 1, kDispatchRecv, a.slot);
     for (int l = 0; l < L; ++l) {
       const int32_t n = to_me[int64_t(src) * L + l];
       for (int i = 0; i < n; ++i) {
@@ -381,6 +433,7 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
 // ---- combine ---------------------------------------------------------------------------------
 
 void RankComm::combine_send(const CombineSendArgs& a) {
+  OpTimer timer(*this, kCombineSend);
   Slot& sl = *slots_[a.slot];
   const MoeShape& s = o_.shape;
   const int N = s.N;
@@ -448,6 +501,7 @@ void RankComm::combine_send(const CombineSendArgs& a) {
 }
 
 void RankComm::combine_recv(const CombineRecvArgs& a) {
+  OpTimer timer(*this, kCombineRecv);
   const MoeShape& s = o_.shape;
   const int N = s.N, K = s.K, T = s.T, H = s.H, tp = s.tp;
   const int Q = ex_->layout().Q;
@@ -456,8 +510,12 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
   if (a.handle[1] != a.slot) throw std::invalid_argument("host combine_recv: handle from another slot");
   const std::vector<uint8_t> alive = use_mask(a.slot, a.alive, kCombineRecv);
   const bool me = alive[rank_];
-  if (o_.proxied) wait_flag(&in_->slot[a.slot].c_landed, e + 1, kCombineRecv, a.slot);
-  else if (me) ex_->wait(ex_->expect_comb(a.slot, e), kCombineRecv, a.slot, "expert outputs");
+  // Pipelined (per_source_): no wait for every rank here; each token waits below for the ranks
+  // its rows come from, the first time one is needed, so the reduction runs while later ranks'
+  // rows are in flight, in the same order (token, k) as ever.
+  if (o_.proxied && !per_source_) wait_flag(&in_->slot[a.slot].c_landed, e + 1, kCombineRecv, a.slot);
+  else if (!o_.proxied && me) ex_->wait(ex_->expect_comb(a.slot, e), kCombineRecv, a.slot, "expert outputs");
+  uint64_t landed = 0;  // per_source_: bit d, rank d's rows are here
   for (auto [d, peer] : node_) wait_flag(&local(a.slot).c_arrived[d], e + 1, kCombineRecv, a.slot, d);
   const int64_t stride = int64_t(H) * elem_bytes(a.y_kind);
   std::vector<float> acc(H);
@@ -472,6 +530,10 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
         if (d < 0 || d >= N || !me || !alive[d]) continue;  // masked: nothing came (the send stopped it)
         const int32_t j = a.pair_slot[pk];  // the compact index: sender's combine offset for d + slot
         if (j < 0 || j >= Q) throw std::invalid_argument("host combine_recv: routing arrays corrupted");
+        if (per_source_ && o_.proxied && !(landed >> d & 1) && ex_->remote(rank_, d)) {
+          wait_flag(&ctrl_->slot[a.slot].c_landed_from[d], e + 1, kCombineRecv, a.slot);
+          landed |= 1ull << d;
+        }
         const int64_t at = (int64_t(t % tp) * Q + j) * stride;
         const uint8_t* row = node_.count(d) ? &local(a.slot).c_rows[at] : c_recv + at;
         const float w = a.weights[pk];

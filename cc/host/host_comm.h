@@ -167,6 +167,15 @@ class RankComm {
   // `peer` raises; else throw the proxy's error or, past the timeout (plus a margin for the proxy's
   // flags, which the proxy times out itself), our own naming the peer.
   void wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, int peer = -1);
+  // Proxied mode, for benchmarks/proxy.py's breakdown (ProxyStats' packer_* fields): per op
+  // (protocol::Op) the time in the call and the part of it spent in wait_flag, summed.
+  uint64_t op_ns_[4] = {}, wait_ns_[4] = {};
+  int timed_op_ = -1;  // the op whose waits wait_flag adds up now (-1: none)
+  // Proxied, JAX_MOE_A2A_PROXY_PIPELINE=peer and no flag mirror: dispatch_recv unpacks each remote
+  // source's rows once the proxy raised its d_landed_from (after d_placed), not after d_landed, and
+  // combine_recv reduces each token once the ranks its rows come from raised c_landed_from.
+  bool per_source_ = false;
+  struct OpTimer;  // times one op into op_ns_ (host_comm.cc)
   void raise(uint64_t* flag, uint64_t value);
   bool on_node(int r) const { return !ex_->remote(rank_, r); }  // a node-local peer (proxied, node_size > 0)
   struct Local;
@@ -198,6 +207,9 @@ class RankComm {
   // this long after its rows arrived, before it reads them, so that a test can hold a receiver in
   // the middle of its read while peers run on (tests/test_elastic.py::test_unmasked_rank_still_reading).
   double recv_pause_s_ = 0;
+  // JAX_MOE_A2A_HOST_PACK_PAUSE_S (tests only, read at creation; 0: none): proxied dispatch_send
+  // sleeps this long after publishing each remote destination's rows (d_packed_to) but the last.
+  double pack_pause_s_ = 0;
   // Recovery table: [N][kRecoverWords(slots)] uint32 rows that survivors write into us (generation,
   // then d_epoch, c_epoch per slot), and our own row (the source of those writes).
   std::vector<uint32_t> recov_in_, recov_out_;

@@ -278,13 +278,15 @@ int64_t Exchange::rows_we_send(int z, int d) const {
 }
 
 void Exchange::post_private(int z, uint32_t e) {
-  for (int d : remote_) {
-    if (!alive(z, d)) continue;
-    const int64_t rows = std::min<int64_t>(rows_we_send(z, d), lay_.priv);
-    engine_->write(d, *regions_[z].d_send, int64_t(d) * lay_.P * lay_.row, rows * lay_.row,
-                   rows ? &regions_[z].d_recv_peer[d] : nullptr, int64_t(rank_) * lay_.priv * lay_.row,
-                   imm(tag_of(kPriv, z), e));
-  }
+  for (int d : remote_) post_private_to(z, e, d);
+}
+
+void Exchange::post_private_to(int z, uint32_t e, int d) {
+  if (!alive(z, d) || !remote(rank_, d)) return;
+  const int64_t rows = std::min<int64_t>(rows_we_send(z, d), lay_.priv);
+  engine_->write(d, *regions_[z].d_send, int64_t(d) * lay_.P * lay_.row, rows * lay_.row,
+                 rows ? &regions_[z].d_recv_peer[d] : nullptr, int64_t(rank_) * lay_.priv * lay_.row,
+                 imm(tag_of(kPriv, z), e));
 }
 
 const int32_t* Exchange::counts_of(int z, int src) const {

@@ -182,6 +182,7 @@ class Exchange {
   // ---- the steps (writes return at once; completion is counted at the receiver) ----------------
   void post_counts(int z, uint32_t e);    // our count matrix (counts_send) to every rank
   void post_private(int z, uint32_t e);   // needs our count matrix in counts_send
+  void post_private_to(int z, uint32_t e, int d);  // post_private's write to remote rank d alone
   void post_overflow(int z, uint32_t e);  // needs every rank's count matrix (after COUNTS)
   void signal_free_d(int z, uint32_t e);
   // rows_from[src]: rows we received from src in the matching dispatch; c_send holds them at

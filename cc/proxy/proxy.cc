@@ -45,6 +45,13 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
   o.idle_sleep_us = env_double("JAX_MOE_A2A_PROXY_IDLE_SLEEP_US", o.idle_sleep_us);
   const char* mode = env::get("JAX_MOE_A2A_PROXY");
   o.spin = mode && std::string(mode) == "spin";
+  const char* pipe = env::get("JAX_MOE_A2A_PROXY_PIPELINE");
+  if (pipe && *pipe) {
+    const std::string v(pipe);
+    if (v != "peer" && v != "off")
+      throw std::invalid_argument("JAX_MOE_A2A_PROXY_PIPELINE=" + v + ": expected `peer` or `off`");
+    o.pipeline = v == "peer";
+  }
   const char* cpus = env::get("JAX_MOE_A2A_PROXY_CPUS");
   if (cpus && *cpus) {  // "3,7": CPU of local rank 0, 1; "none": no pinning
     std::stringstream ss(cpus);
@@ -105,6 +112,7 @@ ProxyStats Proxy::stats() const {
   ProxyStats s = stats_;
   s.cpu = pinned_;
   s.flag_path = flags_.name;
+  s.pipeline = o_.pipeline;
   return s;
 }
 
@@ -195,12 +203,84 @@ bool Proxy::staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e) {
   return true;
 }
 
+bool Proxy::post_packed(int z, SlotState& s, uint32_t e, bool* moved) {
+  SlotCtrl& c = ctrl_->slot[z];
+  const bool all = load_acquire(&c.d_packed) >= uint64_t(e) + 1;
+  bool done = true;
+  int early = 0;
+  for (int d : ex_.remote_ranks()) {
+    if (s.priv_posted >> d & 1) continue;
+    if (!all && load_acquire(&c.d_packed_to[d]) < uint64_t(e) + 1) {
+      done = false;
+      continue;
+    }
+    ex_.post_private_to(z, e, d);
+    s.priv_posted |= 1ull << d;
+    early += !all;
+    *moved = true;
+  }
+  if (early || done) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.priv_early += early;
+    if (done) stats_.counts_to_priv_ns += ns_since(s.counts_out);
+  }
+  return done;
+}
+
+void Proxy::raise_sources(int z, SlotState& s, uint32_t e, bool all) {
+  SlotCtrl& c = ctrl_->slot[z];
+  for (int src : ex_.remote_ranks()) {
+    if (s.src_landed >> src & 1) continue;
+    bool in = all;
+    if (!in) {  // seen in every part (PRIV, OVER) of the rows wait
+      in = true;
+      for (const protocol::Arrivals::Part& p : s.d_wait.parts)
+        for (size_t i = 0; i < p.ranks.size(); ++i)
+          if (p.ranks[i] == src && !p.seen[i]) in = false;
+    }
+    if (!in) continue;
+    store_release(&c.d_landed_from[src], uint64_t(e) + 1);
+    s.src_landed |= 1ull << src;
+  }
+}
+
+void Proxy::raise_comb_sources(int z, SlotState& s, uint32_t c, bool all) {
+  SlotCtrl& k = ctrl_->slot[z];
+  for (int d : ex_.remote_ranks()) {
+    if (s.comb_landed >> d & 1) continue;
+    bool in = all;
+    if (!in) {  // seen in every part (one per tp member) of the combine's wait
+      in = true;
+      for (const protocol::Arrivals::Part& p : s.c_wait.parts)
+        for (size_t i = 0; i < p.ranks.size(); ++i)
+          if (p.ranks[i] == d && !p.seen[i]) in = false;
+    }
+    if (!in) continue;
+    store_release(&k.c_landed_from[d], uint64_t(c) + 1);
+    s.comb_landed |= 1ull << d;
+  }
+}
+
 void Proxy::check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what, Clock::time_point& since) {
   if (load_acquire(&ctrl_->slot[z].waiting[op]) < uint64_t(e) + 1) return;  // nobody waits yet
   const auto now = Clock::now();
   if (since == Clock::time_point{}) since = now;
-  if (std::chrono::duration<double>(now - since).count() > ex_.options().timeout_s)
-    ex_.timed_out(a, op, z, what, "(the proxy thread gave up)");
+  if (std::chrono::duration<double>(now - since).count() > ex_.options().timeout_s) {
+    // The slot's flags as the proxy sees them, and its own states: enough to tell a packer that
+    // never raised a flag from an arrival that never came (a kernel stuck under MPS, a transport).
+    const SlotCtrl& c = ctrl_->slot[z];
+    const SlotState& st = slots_[z];
+    auto f = [](const uint64_t& v) { return static_cast<unsigned long long>(load_acquire(&v)); };
+    ex_.timed_out(a, op, z, what,
+                  transfer::format("(the proxy thread gave up; slot flags: d_counts %llu d_packed %llu d_consumed %llu "
+                                   "c_packed %llu c_consumed %llu waiting [%llu %llu %llu %llu] d_send_ok %llu "
+                                   "d_landed %llu c_send_ok %llu c_landed %llu; proxy at dispatch step %d epoch %u, "
+                                   "combine step %d epoch %u, pipeline %s)",
+                                   f(c.d_counts), f(c.d_packed), f(c.d_consumed), f(c.c_packed), f(c.c_consumed),
+                                   f(c.waiting[0]), f(c.waiting[1]), f(c.waiting[2]), f(c.waiting[3]), f(c.d_send_ok),
+                                   f(c.d_landed), f(c.c_send_ok), f(c.c_landed), static_cast<int>(st.d), st.de,
+                                   static_cast<int>(st.c), st.ce, o_.pipeline ? "peer" : "off"));
+  }
 }
 
 bool Proxy::step_dispatch(int z, SlotState& s) {
@@ -233,8 +313,16 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       s.d = kDPriv;
       return true;
     case kDPriv:
-      if (load_acquire(&c.d_packed) < uint64_t(e) + 1) return false;
       cur_op_ = kDispatchSend;
+      if (o_.pipeline && !staging_) {  // each peer's write as soon as its rows are packed
+        bool moved = false;
+        if (!post_packed(z, s, e, &moved)) return moved;
+        s.priv_posted = 0;
+        s.d = kDCountsIn;
+        s.d_since = {};
+        return true;
+      }
+      if (load_acquire(&c.d_packed) < uint64_t(e) + 1) return false;
       s.d = kDSendCopy;
       if (staging_) {
         stage(z, s, RowBuffer::kDSend, ex_.send_rows(z));  // every row: OVER goes out from here later
@@ -245,6 +333,10 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       cur_op_ = kDispatchSend;
       if (!staged(z, s, RowBuffer::kDSend, kDispatchRecv, e)) return false;  // our recv kernel spins behind it
       ex_.post_private(z, e);
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_.counts_to_priv_ns += ns_since(s.counts_out);
+      }
       s.d = kDCountsIn;
       s.d_since = {};
       return true;
@@ -283,12 +375,18 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       ex_.take_combine_offsets(z);
       ex_.post_overflow(z, e);
       publish_landing(z);
+      if (o_.pipeline) store_release(&c.d_placed, uint64_t(e) + 1);  // over_base, c_off: valid
       s.d_wait = ex_.expect_rows(z, e);
+      s.src_landed = 0;
       s.d = kDRowsIn;
       return true;
-    case kDRowsIn:
+    case kDRowsIn: {
       cur_op_ = kDispatchRecv;
-      if (!ex_.poll(s.d_wait)) {
+      const bool in = ex_.poll(s.d_wait);
+      // Per source as its rows are in (not under staging: staged rows are readable after the copy;
+      // nor with a landing fence: device rows are readable after it).
+      if (o_.pipeline && !staging_ && !flags_.landing_fence) raise_sources(z, s, e, false);
+      if (!in) {
         check_late(kDispatchRecv, z, e, s.d_wait, "private and overflow rows", s.d_since);
         return false;
       }
@@ -299,10 +397,12 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         return true;
       }
       [[fallthrough]];
+    }
     case kDRecvCopy:
       cur_op_ = kDispatchRecv;
       if (!staged(z, s, RowBuffer::kDRecv, kDispatchRecv, e)) return false;
       if (flags_.landing_fence) flags_.landing_fence();
+      if (o_.pipeline) raise_sources(z, s, e, true);  // those not raised yet (staging: all of them)
       raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
@@ -368,11 +468,14 @@ bool Proxy::step_combine(int z, SlotState& s) {
       s.comb_out = Clock::now();
       s.c_wait = ex_.expect_comb(z, e);
       s.c_since = {};
+      s.comb_landed = 0;
       s.c = kCLanded;
       return true;
-    case kCLanded:
+    case kCLanded: {
       cur_op_ = kCombineRecv;
-      if (!ex_.poll(s.c_wait)) {
+      const bool in = ex_.poll(s.c_wait);
+      if (o_.pipeline && !staging_ && !flags_.landing_fence) raise_comb_sources(z, s, e, false);
+      if (!in) {
         check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
         return false;
       }
@@ -382,10 +485,12 @@ bool Proxy::step_combine(int z, SlotState& s) {
         return true;
       }
       [[fallthrough]];
+    }
     case kCRecvCopy:
       cur_op_ = kCombineRecv;
       if (!staged(z, s, RowBuffer::kCRecv, kCombineRecv, e)) return false;
       if (flags_.landing_fence) flags_.landing_fence();
+      if (o_.pipeline) raise_comb_sources(z, s, e, true);  // those not raised yet (staging: all of them)
       raise(z, &SlotCtrl::c_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);

@@ -55,6 +55,11 @@ struct ProxyOptions {
   double idle_sleep_us = 2000;  // JAX_MOE_A2A_PROXY_IDLE_SLEEP_US: ... sleeps grow up to this
   bool spin = false;          // JAX_MOE_A2A_PROXY=spin: never sleep (a dedicated core)
   int cpu = -1;               // pin the thread to this CPU (-1: leave it to the scheduler)
+  // JAX_MOE_A2A_PROXY_PIPELINE: `peer` (default) posts each remote peer's PRIV write as soon as the
+  // packer raised that peer's d_packed_to (one write per peer still) and raises d_placed /
+  // d_landed_from[src] and c_landed_from[d] for a receiver that unpacks per source; `off` waits for d_packed and
+  // posts every peer's write together, and raises only d_landed (the series behaviour before).
+  bool pipeline = true;
   // JAX_MOE_A2A_PROXY_CPUS="3,7" gives local rank i the i-th CPU, "none" pins nothing; unset, a
   // GPU's proxy (device_bus_id, as cudaDeviceGetPCIBusId writes it) goes to a CPU of the GPU's
   // NUMA node (proxy/topology.h), the (local_index + node-local process rank)-th from the highest,
@@ -88,6 +93,13 @@ struct ProxyStats {
   std::string row_path;              // cuda inter-node path: "host", "copy" or "device" (JAX_MOE_A2A_STAGING); "" elsewhere
   uint64_t staged_bytes = 0;         // bytes the row staging copied (both directions)
   uint64_t staging_ns = 0;           // from each copy's start to the poll that saw it done, summed
+  // The packer's side, per op (protocol::Op order), host backend's proxied mode only (the cuda
+  // path's are its kernel times): time in the calls and the part spent waiting for the proxy's
+  // flags, summed. pack / unpack = call - wait.
+  uint64_t packer_call_ns[4] = {}, packer_wait_ns[4] = {};
+  bool pipeline = true;              // ProxyOptions::pipeline
+  uint64_t priv_early = 0;           // PRIV writes posted before the whole pack (d_packed) was done
+  uint64_t counts_to_priv_ns = 0;    // from our COUNTS out to our last PRIV write posted, per dispatch
 };
 
 class Proxy {
@@ -120,6 +132,9 @@ class Proxy {
     std::chrono::steady_clock::time_point counts_out{}, comb_out{};
     std::vector<protocol::ByteRange> comb_in;  // staging: c_recv's ranges, taken when our combine was packed
     bool c_adopted = false;  // the packed combine took its dispatch's combine offsets (adopt())
+    uint64_t priv_posted = 0;  // bit d: our PRIV write of this epoch to remote rank d is posted
+    uint64_t src_landed = 0;   // bit src: d_landed_from[src] raised for this epoch
+    uint64_t comb_landed = 0;  // bit d: c_landed_from[d] raised for this combine epoch
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
     uint64_t copy_bytes[kRowBuffers]{};
   };
@@ -139,6 +154,15 @@ class Proxy {
   // Slot z's packed combine takes the combine offsets of its dispatch's slot (c_from_slot), once.
   void adopt(int z, SlotState& s);
   void publish_landing(int z);  // slot z's over_base and c_off (and their mirror), before d_landed
+  // Pipelined: raises d_landed_from[src] for the remote sources whose PRIV and OVER rows all
+  // arrived in s.d_wait (every remote source when `all`), once each per epoch.
+  void raise_sources(int z, SlotState& s, uint32_t e, bool all);
+  // The same for a combine: c_landed_from[d] for the remote ranks whose COMB rows all arrived in
+  // s.c_wait (every one when `all`).
+  void raise_comb_sources(int z, SlotState& s, uint32_t c, bool all);
+  // Posts PRIV to each remote peer whose rows are packed (every one once d_packed is up). True
+  // when every remote peer's write is posted; *moved: whether one went out now.
+  bool post_packed(int z, SlotState& s, uint32_t e, bool* moved);
   void stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges);  // starts copies
   // Polls them (counts bytes and time when done; true at once without staging). Past the timeout
   // while our kernel of `op` (the receive half that spins behind the copy) waits for epoch e,

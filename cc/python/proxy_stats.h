@@ -1,10 +1,13 @@
 // A proxy thread's counters as the Python dict both bindings return (cuda inter-node path, host
 // backend's proxied mode): dispatches, combines, dispatches_landed, combines_landed, polls, sleeps, counts_to_landed_ns,
-// comb_to_landed_ns, staged_bytes, staging_ns, cpu, flag_path, row_path.
+// comb_to_landed_ns, staged_bytes, staging_ns, cpu, flag_path, row_path, pipeline, priv_early,
+// counts_to_priv_ns, and per op (host backend's proxied mode) call_ns_<op>, wait_ns_<op>.
 #pragma once
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+
+#include <string>
 
 #include "proxy/proxy.h"
 
@@ -25,6 +28,14 @@ inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
   d["cpu"] = s.cpu;
   d["flag_path"] = s.flag_path;
   d["row_path"] = s.row_path;
+  d["pipeline"] = s.pipeline;
+  d["priv_early"] = s.priv_early;
+  d["counts_to_priv_ns"] = s.counts_to_priv_ns;
+  static const char* ops[4] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};  // protocol::Op
+  for (int i = 0; i < 4; ++i) {
+    d[(std::string("call_ns_") + ops[i]).c_str()] = s.packer_call_ns[i];
+    d[(std::string("wait_ns_") + ops[i]).c_str()] = s.packer_wait_ns[i];
+  }
   return d;
 }
 
