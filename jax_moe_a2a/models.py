@@ -211,10 +211,9 @@ def _routing(cfg, params, x, routing):
 def _shared_after(spec, y, x, params):
     """shared_at="after": y [T, H] (the combined routed output) + the shared expert of x [T, H], the
     shared expert behind an optimisation barrier with y (it starts after the exchange has finished);
-    summed in f32 -> [T, H] Spec.combine_dtype."""
+    both in Spec.combine_dtype -> [T, H] Spec.combine_dtype."""
     y, x = jax.lax.optimization_barrier((y, x))
-    shared = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"])
-    return (y.astype(jnp.float32) + shared.astype(jnp.float32)).astype(spec.combine_dtype)
+    return y + shared_down(spec, shared_up(x, params["w1s"]), params["w2s"])
 
 
 def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap: bool = False,
@@ -243,7 +242,8 @@ def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap
     default, "overlap" with overlap=True, else "combine". "combine": computed beside the exchange
     and added by the combine (`out=`; XLA orders it); "overlap": its halves in flight in the split
     halves (needs overlap=True); "after": after the combine has returned, behind an optimisation
-    barrier (serialised after the exchange), added in f32. Same result for every placement.
+    barrier (serialised after the exchange), added in Spec.combine_dtype. The same layer for every
+    placement (up to the rounding of that sum).
     slot: the slot (0 .. Spec.slots - 1) this layer's exchange uses; give consecutive layers of
     one jit different slots so that one layer's exchange need not wait for the previous one's
     buffers.

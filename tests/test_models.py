@@ -334,3 +334,123 @@ def test_local_moe_block_matches_dense(experts, expert_dtype):
     _close(got, np.asarray(models.dense_moe_block(cfg, spec, params, x)), f"{experts}: the router")
     with pytest.raises(ValueError, match="shared_at"):
         models.local_moe_block(cfg, spec, params, x, shared_at="before")
+
+
+# --- the layer benchmarks/layers.py timed before it called the library ------------------------------------
+def _old_benchmark_step(comm, spec, experts, shared, num_layers, plain):
+    """benchmarks/layers.py's own layer as it was before it called models.moe_block (its make_step with
+    routing "fixed", as of 2e15066), kept here as the oracle of the formulation the library now runs.
+    Per rank: x [T, H] bf16, ids [T, K], w [T, K], num [] int32, p (init_moe_params' dict) -> [T, H]."""
+    n = comm.num_ranks
+    local = spec.local_experts(n)
+    silu = lambda h: h * jax.lax.logistic(h)
+
+    def run_experts(rows, scale, group_sizes, p):
+        if experts == "grouped":
+            block = spec.hidden // p["w_gate_up_scale"].shape[-1]
+            if scale is not None and spec.scale_block == block:
+                x, xs = rows, scale
+            else:
+                if scale is not None:
+                    rows = a2a.dequantize_fp8(rows, scale, spec.scale_block)
+                x, xs = a2a.experts.quantize_rows_fp8(rows, block)
+            y = a2a.expert_mlp(x, p["w_gate_up"], p["w_down"], group_sizes, x_scale=xs,
+                               w_gate_up_scale=p["w_gate_up_scale"], w_down_scale=p["w_down_scale"])
+            return y.astype(spec.combine_dtype)
+        if scale is not None:
+            rows = a2a.dequantize_fp8(rows, scale, spec.scale_block)
+        if experts == "identity":
+            return rows.astype(spec.combine_dtype)
+        h = silu(jax.lax.ragged_dot(rows.astype(p["w1"].dtype), p["w1"], group_sizes))
+        return jax.lax.ragged_dot(h.astype(p["w2"].dtype), p["w2"], group_sizes).astype(spec.combine_dtype)
+
+    shared_up = lambda x, w1s: silu(x.astype(w1s.dtype) @ w1s)
+    shared_down = lambda h, w2s: (h @ w2s).astype(spec.combine_dtype)
+
+    def comm_layer(x, ids, w, num, p, slot):
+        sent = comm.dispatch_send(x, ids, w, num, slot=slot)
+        if shared == "overlap":
+            sent, h = a2a.overlap(sent, shared_up, x, p["w1s"])
+        got = comm.dispatch_recv(sent)
+        back = comm.combine_send(run_experts(got.x, got.scale if spec.recv_is_fp8 else None, got.group_sizes, p), got)
+        if shared == "overlap":
+            back, out = a2a.overlap(back, shared_down, h, p["w2s"])
+            return comm.combine_recv(back, out=out)
+        y = comm.combine_recv(back)
+        if shared == "none":
+            return y
+        y, x = jax.lax.optimization_barrier((y, x))
+        return y + shared_down(shared_up(x, p["w1s"]), p["w2s"])
+
+    def plain_layer(x, ids, w, num, p, slot):
+        t, k = ids.shape
+        valid = (jnp.arange(t) < num)[:, None] & (ids >= 0)
+        key = jnp.where(valid, ids % local, local).reshape(-1)
+        order = jnp.argsort(key, stable=True)
+        tok = order // k
+        group_sizes = jnp.bincount(key, length=local + 1)[:local].astype(jnp.int32)
+        if shared == "overlap":
+            out = shared_down(shared_up(x, p["w1s"]), p["w2s"]).astype(jnp.float32)
+        else:
+            out = jnp.zeros(x.shape, jnp.float32)
+        y = run_experts(x[tok].astype(jnp.bfloat16), None, group_sizes, p)
+        wf = jnp.where(valid, w, 0.0).reshape(-1)[order]
+        out = out.at[tok].add(y.astype(jnp.float32) * wf[:, None])
+        if shared == "after":
+            out, x = jax.lax.optimization_barrier((out, x))
+            out = out + shared_down(shared_up(x, p["w1s"]), p["w2s"]).astype(jnp.float32)
+        return out.astype(spec.combine_dtype)
+
+    layer = plain_layer if plain else comm_layer
+
+    def step(x, ids, w, num, p):
+        for i in range(num_layers):
+            x = layer(x, ids, w, num, p, i % spec.slots)
+        return x
+    return step
+
+
+# (experts, shared placements): the headline's grouped fp8 experts with every placement, the others once
+_OLD_CASES = [("grouped", "overlap"), ("grouped", "after"), ("grouped", "none"), ("identity", "none"),
+              ("ragged_dot", "after")]
+
+
+@pytest.mark.parametrize("experts,shared", _OLD_CASES, ids=[f"{e}-{s}" for e, s in _OLD_CASES])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_moe_block_is_the_old_benchmark_layer(backend, experts, shared, mesh, num_ranks):
+    """Two layers of moe_block(overlap=True, routing=(ids, w), shared_at=..., slot=layer) with fp8 dispatch
+    and bf16 combine (the benchmark's options; --shared none = shared_ffn 0) = the old benchmark formulation
+    above; and local_moe_block with ids mod L on the local experts = the old plain-XLA layer."""
+    n = num_ranks
+    cfg, _, params, x, num, (ids, w) = _opt_setup(n, experts, "fp8", shared_ffn=0 if shared == "none" else 64)
+    spec = a2a.Spec(num_experts=cfg.num_experts, experts_per_token=cfg.topk, hidden=cfg.hidden, max_tokens_per_rank=8,
+                    dispatch_dtype=jnp.float8_e4m3fn, scale_block=64, combine_dtype=jnp.bfloat16)
+    w = w / w.sum(-1, keepdims=True)
+    x = x.astype(jnp.bfloat16)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=False)
+    place = {"overlap": "overlap", "after": "after", "none": None}[shared]
+    local = spec.local_experts(n)
+    plain_cfg = dataclasses.replace(cfg, num_experts=local)
+
+    def new(x, ids, w, num, p, plain):
+        for i in range(2):
+            if plain:
+                x = models.local_moe_block(plain_cfg, spec, p, x, num, routing=(ids % local, w), shared_at=place)
+            else:
+                x = models.moe_block(comm, cfg, p, x, num, overlap=True, routing=(ids, w), shared_at=place, slot=i)
+        return x
+
+    def run(plain, old):
+        """[T, H] per rank -> [1, T, H]: two layers of one formulation (one jit each: the FFI backends
+        run one program's exchanges in their trace order only)."""
+        def fn(x, ids, w, num, p):
+            if old:
+                return _old_benchmark_step(comm, spec, experts, shared, 2, plain)(x, ids, w, num[0], p)[None]
+            return new(x, ids, w, num[0], p, plain)[None]
+        f = jax.jit(T.shard_map(fn, mesh=mesh, in_specs=(P("ep"),) * 4 + (specs,), out_specs=P("ep")))
+        return np.asarray(f(x, ids, w, num, params), np.float32)
+
+    specs = models.moe_param_specs(cfg)
+    old, new_, old_plain, new_plain = (run(plain, o) for plain in (False, True) for o in (True, False))
+    _close(new_, old, f"{backend}: moe_block vs the old benchmark layer", rel=1e-2)
+    _close(new_plain, old_plain, "local_moe_block vs the old plain-XLA layer", rel=1e-2)
