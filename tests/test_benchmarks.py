@@ -620,3 +620,13 @@ def test_interleaved_timing_spreads_the_fast_backends_iterations_over_the_slow_o
     assert timed[0] == "slow" and timed[1] == "fast"
     last_slow = max(i for i, n in enumerate(timed) if n == "slow")
     assert sum(1 for n in timed[:last_slow] if n == "fast") >= 30, timed   # fast ran in the slow one's rounds
+
+
+def test_bench_main_runs_the_layers_with_per_layer_routing():
+    """scripts/bench.sh's layer benchmark routes every layer with moe_block's router by default (the
+    headline is router -> dispatch -> experts -> combine); --routing fixed is passed on."""
+    import bench
+    import layers
+    for argv, want in (([], "per-layer"), (["--routing", "fixed"], "fixed")):
+        largs = layers.parse_args(bench.layers_argv(bench.parse_args(["--quick", "--out", "x"] + argv)))
+        assert largs.routing == want and largs.quick
