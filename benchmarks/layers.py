@@ -160,7 +160,10 @@ def init_params(cfg, key, routers: int = 1) -> dict:
     """models.init_moe_params' dict for cfg (global: every expert), drawn without an f32 copy of
     the fp8 weights (DeepSeek-V3's are 11 GB): fp8 values ~ N(0, 1) drawn in bf16 and one scale per
     block, 1/sqrt(fan-in) (0.1 of it for the down projections: the layers add up). "router" is
-    [routers, H, E] f32, one per layer for --routing per-layer (layer i takes router[i])."""
+    [routers, H, E] f32, one per layer for --routing per-layer (layer i takes router[i]); the rest
+    as init_moe_params: w_gate_up [E, 2F, H] / w_down [E, H, F] fp8 with f32 scales [E, 2F/b, H/b] /
+    [E, H/b, F/b] (grouped), w1 [E, H, F] / w2 [E, F, H] bf16 (ragged_dot), none (identity), and
+    w1s [H, Fs] / w2s [Fs, H] bf16 when cfg.shared_ffn."""
     import jax
     import jax.numpy as jnp
     import numpy as np

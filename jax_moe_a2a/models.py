@@ -189,7 +189,7 @@ def _check_block_args(spec, cfg, overlap, shared_at, slot):
         raise ValueError(f"moe_block: shared_at: expected one of {SHARED_AT} or None, got {shared_at!r}")
     if shared_at == "overlap" and not overlap:
         raise ValueError("moe_block: shared_at='overlap' needs overlap=True (the split halves leave the window)")
-    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < spec.slots:
+    if isinstance(slot, bool) or not isinstance(slot, (int, jnp.integer)) or not 0 <= slot < spec.slots:
         raise ValueError(f"moe_block: slot: expected an int in [0, Spec.slots={spec.slots}), got {slot!r}")
     return shared_at
 
