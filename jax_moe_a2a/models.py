@@ -138,7 +138,13 @@ def route(cfg: MoEConfig, router_w, x):
     return ids.astype(jnp.int32), (w * cfg.route_scale).astype(jnp.float32)
 
 
-def _experts(spec, cfg, params, x, scale, group_sizes):
+def _experts(spec, cfg, params, got):
+    """Routed experts on a Dispatched: got.x [R, H] (or [L, C, H]) -> the same shape in
+    Spec.combine_dtype (tests/test_overlap_schedule.py calls it too)."""
+    return _expert_rows(spec, cfg, params, got.x, got.scale, got.group_sizes)
+
+
+def _expert_rows(spec, cfg, params, x, scale, group_sizes):
     """Routed experts on rows as received: x [R, H] (or [L, C, H]; experts="ragged_dot" takes the
     ragged layout only), float8_e4m3fn with scale [.., ceil(H/Spec.scale_block)] f32, or 16/32-bit
     with scale None; group_sizes [L] int32. Returns the same shape in Spec.combine_dtype."""
@@ -262,14 +268,14 @@ def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap
         shared = None
         if has_shared and shared_at == "combine":
             shared = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"])
-        y = comm.combine(_experts(spec, cfg, params, got.x, got.scale, got.group_sizes), got, out=shared)
+        y = comm.combine(_experts(spec, cfg, params, got), got, out=shared)
         return _shared_after(spec, y, x, params) if has_shared and shared_at == "after" else y
     in_flight_shared = has_shared and shared_at == "overlap"
     sent = comm.dispatch_send(x, ids, w, num_tokens, slot=slot, expert_map=expert_map)
     if in_flight_shared:   # the weights go through the barrier too: all of the work waits for the send
         sent, h = in_flight(sent, shared_up, x, params["w1s"])
     got = comm.dispatch_recv(sent)
-    back = comm.combine_send(_experts(spec, cfg, params, got.x, got.scale, got.group_sizes), got)
+    back = comm.combine_send(_experts(spec, cfg, params, got), got)
     shared = None
     if in_flight_shared:
         back, shared = in_flight(back, functools.partial(shared_down, spec), h, params["w2s"])
@@ -412,7 +418,7 @@ def local_moe_block(cfg: MoEConfig, spec, params: dict, x, num_tokens=None, *, r
         out = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"]).astype(jnp.float32)
     else:
         out = jnp.zeros(x.shape, jnp.float32)
-    y = _experts(spec, cfg, params, x[tok], None, group_sizes)  # [T*K, H] combine_dtype
+    y = _expert_rows(spec, cfg, params, x[tok], None, group_sizes)  # [T*K, H] combine_dtype
     wf = jnp.where(valid, w, 0.0).reshape(-1)[order]
     out = out.at[tok].add(y.astype(jnp.float32) * wf[:, None])
     if has_shared and shared_at == "after":
