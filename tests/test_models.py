@@ -179,6 +179,9 @@ def test_given_routing(backend, mesh, num_ranks):
     want = _dense_per_rank(cfg, spec, params, x, num, routing)
     for o, got in zip((False, True), given):
         _close(got, want, f"{backend}: given routing, overlap={o}")
+    with_router = np.asarray(jax.jit(lambda p, x, n, r: models.moe_layer(comm, cfg, p, x, n, routing=r))(
+        params, x, num, routing))   # the given routing wins over a router in params
+    np.testing.assert_array_equal(with_router, given[0])
     router = jax.vmap(lambda xr: models.route(cfg, params["router"], xr))(x.reshape(num_ranks, -1, cfg.hidden))
     own = tuple(a.reshape(-1, cfg.topk) for a in router)
     mine = np.asarray(jax.jit(lambda p, x, n, r: models.moe_layer(comm, cfg, p, x, n, routing=r))(params, x, num, own))
