@@ -1,10 +1,12 @@
-"""The main job (scripts/bench.sh): the MoE layer benchmark (the headline: the layer with real
-experts, `grouped` = fp8 SwiGLU experts through jax_moe_a2a.expert_mlp, next to the plain-XLA layer
-with bf16 ragged_dot experts; identity experts isolate the exchange), then the halves benchmark, on
-every available backend; writes results.json, layers.png and halves.png into --out.
+"""The main job (scripts/bench.sh): the MoE layer benchmark (the library's models.moe_block, L layers
+in one jit, each routing its own input; the headline: the layer with real experts, router ->
+dispatch -> `grouped` = fp8 SwiGLU experts through jax_moe_a2a.expert_mlp -> combine, next to the
+plain-XLA layer (models.local_moe_block) with bf16 ragged_dot experts; identity experts isolate the
+exchange), then the halves benchmark, on every available backend; writes results.json, layers.png
+and halves.png into --out.
 
     python benchmarks/bench.py [--quick] [--backend host,reference] [--shape decode]
-                               [--anchor-json DIR]
+                               [--anchor-json DIR] [--routing per-layer|fixed]
 
 On CPUs both run in this process (8 CPU devices, shapes scaled down). On GPUs the layer benchmark
 runs once with XLA command buffers on and once off (a child process each: XLA_FLAGS must be set
@@ -35,7 +37,15 @@ def parse_args(argv):
     p.add_argument("--anchor-json", default=os.environ.get("JAX_MOE_A2A_ANCHOR_JSON"),
                    help="folder with the pplx anchor kit's pplx_N.json (default $JAX_MOE_A2A_ANCHOR_JSON)")
     p.add_argument("--cmdbuf", default="auto", help="layer benchmark's command-buffer settings (see layers.py)")
+    p.add_argument("--routing", default="per-layer", choices=("per-layer", "fixed"),
+                   help="layer benchmark's routing (see layers.py); default per-layer: every layer routes its "
+                        "input with models.moe_block's router, as a model runs")
     return p.parse_args(argv)
+
+
+def layers_argv(args) -> list:
+    """The layer benchmark's arguments: the common ones and the routing."""
+    return common_argv(args) + ["--routing", args.routing]
 
 
 def common_argv(args) -> list:
@@ -69,13 +79,13 @@ def main(argv=None):
         raise SystemExit("bench.py runs one process; under mpirun run benchmarks/layers.py and benchmarks/halves.py")
     variants = layers.cmdbuf_variants(args.cmdbuf)
     if len(variants) > 1:  # GPUs: child processes
-        lay = layers.run_children(common_argv(args), variants, args.out)
+        lay = layers.run_children(layers_argv(args), variants, args.out)
         hal = halves_child(args)
     else:
         if variants:
             os.environ["XLA_FLAGS"] = layers.with_cmdbuf_env(variants[0])["XLA_FLAGS"]
         jax = benchlib.setup_runtime(args.cpu_devices)
-        largs = layers.parse_args(common_argv(args))
+        largs = layers.parse_args(layers_argv(args))
         lay = layers.run(jax, largs, "[layers] ")
         hargs = halves.parse_args(common_argv(args) + (["--anchor-json", args.anchor_json] if args.anchor_json else []))
         hal = halves.run(jax, hargs, "[halves] ")

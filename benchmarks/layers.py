@@ -3,20 +3,25 @@
     python benchmarks/layers.py [--backend host,reference] [--shape decode] [--quick]
     mpirun -n 2 python benchmarks/layers.py --backend cuda --shape decode
 
-Per backend, shape, expert kind (`grouped`: DeepSeek-V3's expert, a SwiGLU MLP with fp8 weights
-(128 x 128 block scales, e4m3) through jax_moe_a2a.expert_mlp on the fp8 rows as received (the native
-grouped GEMMs where built, else plain JAX), fp8 hidden re-quantised, F = --ffn: the headline;
-`identity`: the received rows are the expert output; `ragged_dot`: silu(x @ w1) @ w2 per local
-expert with jax.lax.ragged_dot in bf16, XLA's own grouped GEMM) and shared
-expert placement (`overlap`: its two halves in flight with jax_moe_a2a.overlap, as in
-models.moe_block(overlap=True); `after`: after combine_recv, behind an optimisation barrier; `none`:
-no shared expert, so that with identity experts the layer is dispatch + combine and their glue), it
+Every layer is the library's own: `jax_moe_a2a.models.moe_block(comm, cfg, ..., overlap=True)` (the
+split halves), so what is timed is what users run. Per backend, shape, expert kind (models.MoEConfig
+experts=; `grouped`: DeepSeek-V3's expert, a SwiGLU MLP with fp8 weights (128 x 128 block scales,
+e4m3) through jax_moe_a2a.expert_mlp on the fp8 rows as received (the native grouped GEMMs where
+built, else plain JAX), fp8 hidden re-quantised, F = --ffn: the headline; `identity`: the received
+rows are the expert output; `ragged_dot`: silu(x @ w1) @ w2 per local expert with jax.lax.ragged_dot
+in bf16, XLA's own grouped GEMM) and shared expert placement (moe_block's shared_at; `overlap`: its
+two halves in flight with jax_moe_a2a.overlap; `after`: after combine_recv, behind an optimisation
+barrier; `none`: no shared expert (MoEConfig.shared_ffn=0), so that with identity experts the layer
+is dispatch + combine and their glue), each layer on its own slot (slot = layer mod Spec.slots), it
 times `steps` back-to-back calls of the jitted L-layer step (each step's output is the next one's
-input) after two warm-up calls (one on CPUs), blocks at the end and divides by steps x L: one repeat. p50 and
-min over repeats, max over processes. Next to every backend: `plain`, the same layer without
-communication on the same inputs (each rank gathers its own tokens' rows sorted by local expert,
-runs the experts, scatter-adds them back weighted): at EP=1 the whole layer, at EP>1 each rank's
-local compute only. XLA command buffers: `--cmdbuf on,off` runs one child process per setting
+input) after two warm-up calls (one on CPUs), blocks at the end and divides by steps x L: one
+repeat. p50 and min over repeats, max over processes. Routing (--routing): `fixed`, the same
+precomputed top-k ids and weights for every layer (moe_block(routing=(ids, weights))), or
+`per-layer`, moe_block's router (DeepSeek-V3's: sigmoid scores, top-K renormalised; one router per
+layer). Next to every backend: `plain`, the same layer without communication on the same inputs
+(models.local_moe_block: each rank sorts its own tokens' rows by local expert, runs the experts,
+scatter-adds them back weighted): at EP=1 the whole layer, at EP>1 each rank's local compute only.
+XLA command buffers: `--cmdbuf on,off` runs one child process per setting
 (XLA_FLAGS must be set before JAX starts; the default on GPUs in one process); under mpirun or on
 CPUs (no command buffers) the current XLA_FLAGS decide. Writes layers.json (and layers.png).
 """
@@ -58,9 +63,10 @@ def parse_args(argv):
                         "dequantise the rows in XLA), fp8-recv-bf16 (fp8 on the wire, the rows dequantised to bf16 "
                         "on receive: Spec.recv_dtype) or bf16 (the bytes the plain-XLA layer moves)")
     p.add_argument("--routing", default="fixed", choices=("fixed", "per-layer"),
-                   help="fixed: every layer routes with the same precomputed top-k ids and weights (XLA computes "
-                        "the plain layer's sort once for the whole step); per-layer: each layer routes its own input "
-                        "with a router (x @ w_gate [H, E] in bf16, top-k, softmax over the k), as a model does")
+                   help="fixed: every layer routes with the same precomputed top-k ids and weights "
+                        "(moe_block(routing=...); XLA computes the plain layer's sort once for the whole step); "
+                        "per-layer: each layer routes its own input with moe_block's router (its own [H, E] f32 "
+                        "weights, sigmoid scores, top-k renormalised: DeepSeek-V3's), as a model does")
     p.add_argument("--trace", action="store_true",
                    help="after timing, trace 3 steps with the JAX profiler: device busy time, idle gaps and "
                         "the top kernels per layer (benchlib/trace.py; GPUs only)")
@@ -118,23 +124,9 @@ def with_cmdbuf_env(variant: str) -> dict:
     return env
 
 
-# --- the layer -----------------------------------------------------------------------------------
-def _silu(h):
-    import jax
-    return h * jax.lax.logistic(h)
-
-
-def route(x, w_gate, k: int):
-    """The router of --routing per-layer: x [T, H], w_gate [H, E] bf16 -> ids [T, k] int32, weights [T, k] f32
-    (softmax over the top k logits)."""
-    import jax
-    import jax.numpy as jnp
-    logits = jnp.dot(x.astype(jnp.bfloat16), w_gate, preferred_element_type=jnp.float32)
-    top, ids = jax.lax.top_k(logits, k)
-    return ids.astype(jnp.int32), jax.nn.softmax(top, axis=-1)
-
-
+# --- the layer: jax_moe_a2a.models' ----------------------------------------------------------------
 KINDS = ("grouped", "identity", "ragged_dot")
+PLACEMENTS = {"overlap": "overlap", "after": "after", "none": None}   # --shared -> moe_block's shared_at
 
 
 def weight_block(hidden: int, ffn: int) -> int:
@@ -146,24 +138,51 @@ def weight_block(hidden: int, ffn: int) -> int:
     return b
 
 
-def grouped_experts(spec, rows, scale, group_sizes, p):
-    """The `grouped` experts: rows [R, H] as received (fp8 with scale [R, H/scale_block], or bf16)
-    -> expert_mlp with fp8 weights p["wgu"] [L, 2F, H], p["wdn"] [L, H, F] and their block scales
-    -> [R, H] in Spec.combine_dtype. Rows whose scale blocks are not the weights' are re-quantised."""
+def layer_config(spec, ffn: int, experts: str, shared: str):
+    """The models.MoEConfig a benchmark variant runs: spec's H, E and K, F = ffn for the routed and
+    the shared expert (none: shared_ffn 0), DeepSeek-V3's router (sigmoid, top-K renormalised: the
+    weights sum to 1, so identity layers keep the activations' scale), and the expert kind
+    (grouped: fp8 e4m3 weights with weight_block(H, F) square blocks)."""
     import jax.numpy as jnp
 
-    import jax_moe_a2a as a2a
-    from jax_moe_a2a import experts
-    block = spec.hidden // p["wgus"].shape[-1]
-    if scale is not None and spec.scale_block == block:
-        x, xs = rows, scale
-    else:
-        if scale is not None:
-            rows = a2a.dequantize_fp8(rows, scale, spec.scale_block)
-        x, xs = experts.quantize_rows_fp8(rows, block)
-    y = a2a.expert_mlp(x, p["wgu"], p["wdn"], group_sizes, x_scale=xs, w_gate_up_scale=p["wgus"],
-                       w_down_scale=p["wdns"])
-    return y.astype(spec.combine_dtype) if jnp.dtype(y.dtype) != jnp.dtype(spec.combine_dtype) else y
+    from jax_moe_a2a import models
+    if experts not in KINDS:
+        raise ValueError(f"experts: expected one of {KINDS}, got {experts!r}")
+    if shared not in PLACEMENTS:
+        raise ValueError(f"shared: expected one of {tuple(PLACEMENTS)}, got {shared!r}")
+    return models.MoEConfig(hidden=spec.hidden, ffn=ffn, num_experts=spec.num_experts, topk=spec.experts_per_token,
+                            shared_ffn=0 if shared == "none" else ffn, score="sigmoid", experts=experts,
+                            expert_dtype=jnp.float8_e4m3fn if experts == "grouped" else None,
+                            weight_block=weight_block(spec.hidden, ffn), param_dtype=jnp.bfloat16)
+
+
+def init_params(cfg, key, routers: int = 1) -> dict:
+    """models.init_moe_params' dict for cfg (global: every expert), drawn without an f32 copy of
+    the fp8 weights (DeepSeek-V3's are 11 GB): fp8 values ~ N(0, 1) drawn in bf16 and one scale per
+    block, 1/sqrt(fan-in) (0.1 of it for the down projections: the layers add up). "router" is
+    [routers, H, E] f32, one per layer for --routing per-layer (layer i takes router[i]); the rest
+    as init_moe_params: w_gate_up [E, 2F, H] / w_down [E, H, F] fp8 with f32 scales [E, 2F/b, H/b] /
+    [E, H/b, F/b] (grouped), w1 [E, H, F] / w2 [E, F, H] bf16 (ragged_dot), none (identity), and
+    w1s [H, Fs] / w2s [Fs, H] bf16 when cfg.shared_ffn."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    h, f, e, b = cfg.hidden, cfg.ffn, cfg.num_experts, cfg.weight_block
+    k = jax.random.split(key, 5)
+    p = {"router": jax.random.normal(k[4], (routers, h, e), jnp.float32) / np.sqrt(h)}
+    if cfg.shared_ffn:
+        fs = cfg.shared_ffn
+        p["w1s"] = (jax.random.normal(k[2], (h, fs)) / np.sqrt(h)).astype(jnp.bfloat16)
+        p["w2s"] = (0.1 * jax.random.normal(k[3], (fs, h)) / np.sqrt(fs)).astype(jnp.bfloat16)
+    if cfg.experts == "grouped":
+        p["w_gate_up"] = jax.random.normal(k[0], (e, 2 * f, h), jnp.bfloat16).astype(jnp.float8_e4m3fn)
+        p["w_down"] = jax.random.normal(k[1], (e, h, f), jnp.bfloat16).astype(jnp.float8_e4m3fn)
+        p["w_gate_up_scale"] = jnp.full((e, 2 * f // b, h // b), 1 / np.sqrt(h), jnp.float32)
+        p["w_down_scale"] = jnp.full((e, h // b, f // b), 0.1 / np.sqrt(f), jnp.float32)
+    elif cfg.experts == "ragged_dot":
+        p["w1"] = (jax.random.normal(k[0], (e, h, f)) / np.sqrt(h)).astype(jnp.bfloat16)
+        p["w2"] = (jax.random.normal(k[1], (e, f, h)) / np.sqrt(f)).astype(jnp.bfloat16)
+    return p
 
 
 def grouped_impl(jax) -> str:
@@ -175,76 +194,36 @@ def grouped_impl(jax) -> str:
     return "native" if why is None else f"xla ({why})"
 
 
-def make_step(comm, experts: str, shared: str, num_layers: int, plain: bool, routing: str = "fixed"):
-    """Per-rank step: x [T, H] -> x after num_layers MoE layers (one slot per layer in turn); with
-    routing "per-layer" each layer routes its input with p["wg"][layer] [H, E] instead of ids / w."""
-    import jax
-    import jax.numpy as jnp
+def make_step(comm, cfg, shared: str, num_layers: int, plain: bool, routing: str = "fixed"):
+    """Per-rank step: x [T, H] -> x after num_layers MoE layers, each the library's layer:
+    models.moe_block(comm, cfg, ..., overlap=True, shared_at=PLACEMENTS[shared], slot=i % Spec.slots)
+    (the split halves), or for plain models.local_moe_block (no communication; at EP > 1 each rank
+    runs its own tokens on its L local experts: ids mod L). routing "fixed": every layer takes the
+    step's ids [T, K] int32 / w [T, K] f32 (moe_block(routing=...)); "per-layer": layer i routes its
+    input with p["router"][i] [H, E] (moe_block's router; plain: models.route, then ids mod L)."""
+    import dataclasses
 
-    import jax_moe_a2a as a2a
+    from jax_moe_a2a import models
     spec, n = comm.spec, comm.num_ranks
     local = spec.local_experts(n)
+    place = PLACEMENTS[shared]
+    plain_cfg = dataclasses.replace(cfg, num_experts=local)
 
-    def run_experts(rows, scale, group_sizes, p):
-        """rows [R, H] as received (fp8 with scale, or 16/32-bit with scale None) -> [R, H]."""
-        if experts == "grouped":
-            return grouped_experts(spec, rows, scale, group_sizes, p)
-        if scale is not None:
-            rows = a2a.dequantize_fp8(rows, scale, spec.scale_block)
-        if experts == "identity":
-            return rows.astype(spec.combine_dtype)
-        h = _silu(jax.lax.ragged_dot(rows.astype(p["w1"].dtype), p["w1"], group_sizes))
-        return jax.lax.ragged_dot(h.astype(p["w2"].dtype), p["w2"], group_sizes).astype(spec.combine_dtype)
-
-    def shared_up(x, w1s):
-        return _silu(x.astype(w1s.dtype) @ w1s)
-
-    def shared_down(h, w2s):
-        return (h @ w2s).astype(spec.combine_dtype)
-
-    def comm_layer(x, ids, w, num, p, slot):
-        sent = comm.dispatch_send(x, ids, w, num, slot=slot)
-        if shared == "overlap":
-            sent, h = a2a.overlap(sent, shared_up, x, p["w1s"])
-        got = comm.dispatch_recv(sent)
-        back = comm.combine_send(run_experts(got.x, got.scale if spec.recv_is_fp8 else None, got.group_sizes, p), got)
-        if shared == "overlap":
-            back, out = a2a.overlap(back, shared_down, h, p["w2s"])
-            return comm.combine_recv(back, out=out)
-        y = comm.combine_recv(back)
-        if shared == "none":  # dispatch + experts + combine only
-            return y
-        y, x = jax.lax.optimization_barrier((y, x))  # the shared expert strictly after the exchange
-        return y + shared_down(shared_up(x, p["w1s"]), p["w2s"])
-
-    def plain_layer(x, ids, w, num, p, slot):
-        del slot
-        t, k = ids.shape
-        valid = (jnp.arange(t) < num)[:, None] & (ids >= 0)
-        key = jnp.where(valid, ids % local, local).reshape(-1)
-        order = jnp.argsort(key, stable=True)
-        tok = order // k
-        group_sizes = jnp.bincount(key, length=local + 1)[:local].astype(jnp.int32)
-        if shared == "overlap":  # no exchange to hide it behind: computed first, XLA orders it
-            out = shared_down(shared_up(x, p["w1s"]), p["w2s"]).astype(jnp.float32)
-        else:
-            out = jnp.zeros(x.shape, jnp.float32)
-        y = run_experts(x[tok].astype(jnp.bfloat16), None, group_sizes, p)
-        wf = jnp.where(valid, w, 0.0).reshape(-1)[order]
-        out = out.at[tok].add(y.astype(jnp.float32) * wf[:, None])
-        if shared == "after":
-            out, x = jax.lax.optimization_barrier((out, x))
-            out = out + shared_down(shared_up(x, p["w1s"]), p["w2s"]).astype(jnp.float32)
-        return out.astype(spec.combine_dtype)
-
-    layer = plain_layer if plain else comm_layer
+    def layer(x, ids, w, num, p, i):
+        if plain:
+            if ids is None:
+                ids, w = models.route(cfg, p["router"], x)
+            return models.local_moe_block(plain_cfg, spec, p, x, num, routing=(ids % local, w), shared_at=place)
+        return models.moe_block(comm, cfg, p, x, num, overlap=True, shared_at=place, slot=i % spec.slots,
+                                routing=None if ids is None else (ids, w))
 
     def step(x, ids, w, num, p):
         num = num[0]
         for i in range(num_layers):
             if routing == "per-layer":
-                ids, w = route(x, p["wg"][i], spec.experts_per_token)
-            x = layer(x, ids, w, num, p, i % spec.slots)
+                x = layer(x, None, None, num, dict(p, router=p["router"][i]), i)
+            else:
+                x = layer(x, ids, w, num, p, i)
         return x
     return step
 
@@ -254,7 +233,7 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from jax_moe_a2a import testing
+    from jax_moe_a2a import models, testing
     spec, mesh, n, axis = comm.spec, comm.mesh, comm.num_ranks, comm.axis
     inputs = testing.make_inputs(spec, n, args.seed, num_tokens=spec.max_tokens_per_rank)
     for i in inputs:  # weights summing to 1: identity layers keep the activations' scale
@@ -263,31 +242,12 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     ids = testing.stack_global(mesh, axis, [i.topk_ids for i in inputs])
     w = testing.stack_global(mesh, axis, [i.topk_weights for i in inputs])
     num = testing.stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs])
-    h, f, e = spec.hidden, shape.ffn, spec.num_experts
-    routed = ("wgu", "wgus", "wdn", "wdns") if experts == "grouped" else ("w1", "w2")
-    pspec = {**{name: P(axis) for name in routed}, "w1s": P(), "w2s": P(), "wg": P()}
-    gates = args.layers if args.routing == "per-layer" else 1
-    block = weight_block(h, f)
-
-    def init(key):
-        k = jax.random.split(key, 5)
-        p = {"w1s": (jax.random.normal(k[2], (h, f)) / np.sqrt(h)).astype(jnp.bfloat16),
-             "w2s": (0.1 * jax.random.normal(k[3], (f, h)) / np.sqrt(f)).astype(jnp.bfloat16),
-             "wg": (jax.random.normal(k[4], (gates, h, spec.num_experts)) / np.sqrt(h)).astype(jnp.bfloat16)}
-        if experts == "grouped":   # fp8 values ~ N(0, 1) drawn in bf16 (no f32 copy of DeepSeek-V3's 11 GB),
-            # one scale per block: 1/sqrt(fan-in), 0.1 of it for the down projection (the layers add up)
-            p["wgu"] = jax.random.normal(k[0], (e, 2 * f, h), jnp.bfloat16).astype(jnp.float8_e4m3fn)
-            p["wdn"] = jax.random.normal(k[1], (e, h, f), jnp.bfloat16).astype(jnp.float8_e4m3fn)
-            p["wgus"] = jnp.full((e, 2 * f // block, h // block), 1 / np.sqrt(h), jnp.float32)
-            p["wdns"] = jnp.full((e, h // block, f // block), 0.1 / np.sqrt(f), jnp.float32)
-        else:
-            p["w1"] = (jax.random.normal(k[0], (e, h, f)) / np.sqrt(h)).astype(jnp.bfloat16)
-            p["w2"] = (jax.random.normal(k[1], (e, f, h)) / np.sqrt(f)).astype(jnp.bfloat16)
-        return p
-    if experts == "identity":  # no routed expert weights (one row each keeps the pytree)
-        e = n
-    params = jax.jit(init, out_shardings={k: NamedSharding(mesh, v) for k, v in pspec.items()})(jax.random.key(1))
-    step = make_step(comm, experts, shared, args.layers, plain, args.routing)
+    cfg = layer_config(spec, shape.ffn, experts, shared)
+    pspec = models.moe_param_specs(cfg, axis)
+    routers = args.layers if args.routing == "per-layer" else 1
+    params = jax.jit(lambda key: init_params(cfg, key, routers),
+                     out_shardings={k: NamedSharding(mesh, v) for k, v in pspec.items()})(jax.random.key(1))
+    step = make_step(comm, cfg, shared, args.layers, plain, args.routing)
     f_step = jax.jit(testing.shard_map(step, mesh=mesh, in_specs=(P(axis),) * 4 + (pspec,), out_specs=P(axis)))
     y = x
     for _ in range(2 if jax.default_backend() != "cpu" else 1):  # compile (GPUs: one more untimed call)
@@ -366,7 +326,8 @@ def run(jax, args, progress_label=""):
     if lead:
         print(f"layer benchmark: {runs}, shapes {names}, experts {kinds}, shared expert {placements}, "
               f"{mesh.size} ranks on {meta['devices']} {platform} device(s) in {meta['processes']} process(es), "
-              f"command buffers {cmdbuf}, dispatch dtype {args.dispatch_dtype}, routing {args.routing}", flush=True)
+              f"command buffers {cmdbuf}, dispatch dtype {args.dispatch_dtype}, routing {args.routing}; the layers: "
+              f"jax_moe_a2a.models.moe_block (plain: models.local_moe_block)", flush=True)
         for b, why in skipped.items():
             print(f"  skipped {b}: {why}", flush=True)
         if args.experts is None and not gpu:
@@ -400,6 +361,7 @@ def run(jax, args, progress_label=""):
                            "cmdbuf": cmdbuf, "dispatch_dtype": args.dispatch_dtype, "routing": args.routing, "ranks": mesh.size, "layers": args.layers, "steps": args.steps,
                            "repeats": args.repeats, "ffn": shape.ffn, "scaled": shape.scaled,
                            "spec": {"T": shape.tokens, "H": shape.hidden, "E": shape.experts, "K": shape.topk}}
+                    rec["layer"] = "models.local_moe_block" if b == "plain" else "models.moe_block"
                     if kind == "grouped":
                         rec["expert_impl"] = grouped_impl(jax)
                     try:

@@ -84,27 +84,75 @@ def test_layers_per_layer_routing(tmp_path):
     assert not [r for r in rows if "error" in r], rows
     assert {r["backend"] for r in rows} == {"reference", "plain"}
     assert all(r["routing"] == "per-layer" and r["finite"] and r["per_layer_us"]["p50"] > 0 for r in rows)
+    assert {r["layer"] for r in rows} == {"models.moe_block", "models.local_moe_block"}
 
 
-def test_router_is_top_k_with_softmax_weights():
+@pytest.mark.parametrize("experts", ["grouped", "identity", "ragged_dot"])
+@pytest.mark.parametrize("shared", ["overlap", "none"])
+def test_layers_params_are_the_librarys(experts, shared):
+    """The benchmark's weights (drawn without an f32 copy) have exactly the names, shapes and dtypes of
+    models.init_moe_params for the MoEConfig it runs (the router stacked one per layer), so that
+    models.moe_block reads them as a user's."""
+    import jax.numpy as jnp
+    import layers
+    from benchlib import shapes
+    from jax_moe_a2a import models
+    shape = shapes.QUICK["decode"]
+    spec = shape.spec()
+    cfg = layers.layer_config(spec, shape.ffn, experts, shared)
+    assert (cfg.experts, cfg.shared_ffn, cfg.score) == (experts, 0 if shared == "none" else shape.ffn, "sigmoid")
+    assert (cfg.expert_dtype is not None) == (experts == "grouped") and cfg.weight_block == 64
+    mine = jax.eval_shape(lambda k: layers.init_params(cfg, k, routers=3), jax.random.key(0))
+    want = jax.eval_shape(lambda k: models.init_moe_params(k, cfg), jax.random.key(0))
+    assert mine.pop("router").shape == (3,) + want.pop("router").shape
+    assert {k: (v.shape, jnp.dtype(v.dtype)) for k, v in mine.items()} == \
+        {k: (v.shape, jnp.dtype(v.dtype)) for k, v in want.items()}
+    with pytest.raises(ValueError, match="shared"):
+        layers.layer_config(spec, shape.ffn, experts, "before")
+
+
+def test_layers_step_is_moe_block():
+    """make_step's layers are models.moe_block's (and plain's models.local_moe_block's): the
+    benchmark's one-layer step on the reference backend equals dense_moe_block of each rank's
+    tokens, and the plain step at EP = 1 (8 experts, one device) too, for fixed and per-layer routing."""
+    import dataclasses
     import numpy as np
     import jax.numpy as jnp
     import layers
-    seed = int(np.random.SeedSequence().entropy % 2**32)  # fresh inputs each run; the seed in every message
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((6, 32)).astype(np.float32)
-    wg = rng.standard_normal((32, 16)).astype(np.float32)
-    ids, w = layers.route(jnp.asarray(x), jnp.asarray(wg, jnp.bfloat16), 4)
-    ids, w = np.asarray(ids), np.asarray(w)
-    logits = np.asarray(jnp.dot(jnp.asarray(x, jnp.bfloat16), jnp.asarray(wg, jnp.bfloat16),
-                                preferred_element_type=jnp.float32))
-    assert ids.dtype == np.int32 and ids.shape == (6, 4) and w.shape == (6, 4), seed
-    for t in range(6):
-        assert len(set(ids[t].tolist())) == 4, (seed, t)
-        assert set(ids[t].tolist()) == set(np.argsort(-logits[t], kind="stable")[:4].tolist()), (seed, t)
-        top = logits[t, ids[t]]
-        np.testing.assert_allclose(w[t], np.exp(top - top.max()) / np.exp(top - top.max()).sum(), rtol=1e-5,
-                                   err_msg=f"seed {seed}, token {t}")
+    from jax.sharding import PartitionSpec as P
+    from jax_moe_a2a import models, testing
+    from benchlib import shapes
+    shape = dataclasses.replace(shapes.QUICK["decode"], experts=16, tokens=8, hidden=128, ffn=64)
+    spec = shape.spec()
+    mesh = testing.make_mesh()
+    n = mesh.size
+    comm = a2a.init(spec, mesh, "ep", backend="reference", collect_stats=False)
+    cfg = layers.layer_config(spec, shape.ffn, "grouped", "after")
+    params = layers.init_params(cfg, jax.random.key(2), routers=1)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((n * 8, 128)), jnp.bfloat16)
+    ids = jnp.asarray(np.argsort(rng.random((n * 8, 16)), axis=1)[:, :8], jnp.int32)
+    w = jnp.asarray(rng.uniform(0.1, 1, (n * 8, 8)), jnp.float32)
+    num = jnp.full((n,), 6, jnp.int32)
+    specs = models.moe_param_specs(cfg)
+    p1 = dict(params, router=params["router"][0])
+    for routing in ("fixed", "per-layer"):
+        step = layers.make_step(comm, cfg, "after", 1, False, routing)
+        f = jax.jit(testing.shard_map(step, mesh=mesh, in_specs=(P("ep"),) * 4 + (specs,), out_specs=P("ep")))
+        got = np.asarray(f(x, ids, w, num, params), np.float32)
+        for r in range(n):
+            rows = slice(r * 8, r * 8 + 8)
+            given = None if routing == "per-layer" else (ids[rows], w[rows])
+            want = np.asarray(models.dense_moe_block(cfg, spec, p1, x[rows], 6, routing=given), np.float32)
+            np.testing.assert_allclose(got[rows], want, rtol=2e-2, atol=2e-2 * np.abs(want).max(),
+                                       err_msg=f"{routing}, rank {r}")
+    one = testing.make_mesh(1)
+    plain = layers.make_step(a2a.init(spec, one, "ep", backend="reference", collect_stats=False), cfg, "after", 1,
+                             True, "per-layer")
+    got = np.asarray(jax.jit(plain)(x[:8], ids[:8], w[:8], num[:1], params), np.float32)
+    bf16 = dataclasses.replace(spec, dispatch_dtype=jnp.bfloat16)   # plain XLA moves bf16 rows
+    want = np.asarray(models.dense_moe_block(cfg, bf16, p1, x[:8], 6), np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max(), err_msg="plain")
 
 
 def test_trace_summary_counts_overlaps_once_and_gaps():
@@ -598,3 +646,13 @@ def test_interleaved_timing_spreads_the_fast_backends_iterations_over_the_slow_o
     assert timed[0] == "slow" and timed[1] == "fast"
     last_slow = max(i for i, n in enumerate(timed) if n == "slow")
     assert sum(1 for n in timed[:last_slow] if n == "fast") >= 30, timed   # fast ran in the slow one's rounds
+
+
+def test_bench_main_runs_the_layers_with_per_layer_routing():
+    """scripts/bench.sh's layer benchmark routes every layer with moe_block's router by default (the
+    headline is router -> dispatch -> experts -> combine); --routing fixed is passed on."""
+    import bench
+    import layers
+    for argv, want in (([], "per-layer"), (["--routing", "fixed"], "fixed")):
+        largs = layers.parse_args(bench.layers_argv(bench.parse_args(["--quick", "--out", "x"] + argv)))
+        assert largs.routing == want and largs.quick
