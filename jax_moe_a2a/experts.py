@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .axes import like_primal, vma
 from .quant import FP8, dequantize_fp8, quantize_fp8_jax
 
 try:  # the native kernels' wrapper (gemm-cc); absent on older trees
@@ -366,10 +367,18 @@ def _gemm_float_fwd(x, w, group_sizes, g, out_dtype, native):
     return _gemm(x, w, group_sizes, None, None, g, out_dtype, native), (x, w, group_sizes)
 
 
+def _typed(ct, primal):
+    """A cotangent typed like its primal inside shard_map: the native kernels' results carry no
+    varying axes (jax.ffi.ffi_call types them from nothing), and a custom_vjp rule must return
+    exactly the primal's type (axes.like_primal: varying where the primal varies, summed where it
+    does not). No-op outside shard_map."""
+    return like_primal(ct, vma(primal))
+
+
 def _gemm_float_bwd(g, out_dtype, native, res, dy):
     x, w, group_sizes = res
-    return (_dgrad(dy, w, group_sizes, g, native, x.dtype), _wgrad(x, dy, group_sizes, g, native, w.dtype),
-            _no_grad_sizes(group_sizes))
+    return (_typed(_dgrad(dy, w, group_sizes, g, native, x.dtype), x),
+            _typed(_wgrad(x, dy, group_sizes, g, native, w.dtype), w), _no_grad_sizes(group_sizes))
 
 
 _gemm_float.defvjp(_gemm_float_fwd, _gemm_float_bwd)
@@ -490,7 +499,7 @@ def _mlp_float_bwd(m, out_dtype, res, dy):
     da = jnp.concatenate([dgate, dh * gate * sig], axis=-1)
     dx = _dgrad(da, w_gate_up, group_sizes, m.up, m.native, x.dtype)
     dw_gate_up = _wgrad(x, da, group_sizes, m.up, m.native, w_gate_up.dtype)
-    return dx, dw_gate_up, dw_down, _no_grad_sizes(group_sizes)
+    return (_typed(dx, x), _typed(dw_gate_up, w_gate_up), _typed(dw_down, w_down), _no_grad_sizes(group_sizes))
 
 
 _mlp_float.defvjp(_mlp_float_fwd, _mlp_float_bwd)
