@@ -527,7 +527,7 @@ def test_moe_layer_with_grouped_experts(backend, layout, mesh):
     NumPy float64 oracle of the whole layer: out[t] = sum_k w_tk * mlp_{e_tk}(dequant(quant(x_t)))."""
     seed = _seed()
     n = mesh.size
-    e, k, h, f, t = 2 * n, 3, 256, 128, 8
+    e, k, h, f, t = 4 * n, 3, 256, 128, 8  # e > k also on one device
     spec = a2a.Spec(num_experts=e, experts_per_token=k, hidden=h, max_tokens_per_rank=t,
                     dispatch_dtype=FP8, combine_dtype=jnp.bfloat16, layout=layout)
     comm = a2a.init(spec, mesh, "ep", backend=backend)
