@@ -144,6 +144,8 @@ def test_layers_step_is_moe_block():
             rows = slice(r * 8, r * 8 + 8)
             given = None if routing == "per-layer" else (ids[rows], w[rows])
             want = np.asarray(models.dense_moe_block(cfg, spec, p1, x[rows], 6, routing=given), np.float32)
+            if routing == "per-layer":  # per-layer routing adds the layer to the residual stream
+                want = want + np.asarray(x[rows], np.float32)
             np.testing.assert_allclose(got[rows], want, rtol=2e-2, atol=2e-2 * np.abs(want).max(),
                                        err_msg=f"{routing}, rank {r}")
     one = testing.make_mesh(1)
@@ -151,7 +153,7 @@ def test_layers_step_is_moe_block():
                              True, "per-layer")
     got = np.asarray(jax.jit(plain)(x[:8], ids[:8], w[:8], num[:1], params), np.float32)
     bf16 = dataclasses.replace(spec, dispatch_dtype=jnp.bfloat16)   # plain XLA moves bf16 rows
-    want = np.asarray(models.dense_moe_block(cfg, bf16, p1, x[:8], 6), np.float32)
+    want = np.asarray(models.dense_moe_block(cfg, bf16, p1, x[:8], 6), np.float32) + np.asarray(x[:8], np.float32)
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max(), err_msg="plain")
 
 
