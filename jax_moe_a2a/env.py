@@ -119,8 +119,8 @@ VARS = (
         "host backend, tests: each dispatch_recv sleeps this long after its rows arrived and before it reads "
         "them (a receiver held in the middle of its read: tests/test_elastic.py)", _NATIVE),
     Var("HOST_PACK_PAUSE_S", "float", "0", "cc/host/host_comm.cc (at communicator creation)",
-        "host backend, proxied, tests: dispatch_send sleeps this long after publishing each remote destination's "
-        "rows but the last (a packer the proxy's per-peer writes overtake: tests/test_proxy_pipeline.py)", _NATIVE),
+        "host backend, proxied, tests: dispatch_send sleeps this long after publishing each remote "
+        "destination's rows but the last (tests/test_proxy_pipeline.py)", _NATIVE),
     # ---- tests ---------------------------------------------------------------------------------
     Var("TEST_DEVICES", "int", "8 (1 per process under mpirun)", "tests/conftest.py",
         "CPU devices per test process", _TEST),
