@@ -366,6 +366,9 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       }
       // A combine packed on another slot w from this slot's previous dispatch takes those offsets
       // now, before they are replaced (its c_packed, too, was raised before this d_counts).
+      // This relies on stream order: the packer of that combine (on slot w) ran before the send of
+      // this dispatch (on slot z) on the same stream, so c_packed of w is up whenever d_counts of z
+      // is; a combine whose c_packed rose after d_counts would read the new dispatch's offsets.
       for (int w = 0; w < static_cast<int>(slots_.size()); ++w) {
         SlotState& o = slots_[w];
         if (w != z && o.c == kCPacked && load_acquire(&ctrl_->slot[w].c_packed) >= uint64_t(o.ce) + 1 &&
