@@ -59,3 +59,7 @@ class Layout(enum.IntEnum):
 
 
 __all__ = ["Dtype", "Layout", "LAYOUTS", "FP8_DTYPES", "WIRE_DTYPES", "INPUT_DTYPES", "COMBINE_DTYPES"]
+
+
+# The fp8 dtype of the library (e4m3fn, the dtype of FP8_DTYPES): quantised rows and weights.
+FP8 = jnp.float8_e4m3fn

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ffi
-from .quant import FP8
+from .dtypes import FP8
 
 BF16 = jnp.bfloat16
 _BLOCK = 128  # the native fp8 kernels' scale block (1x128 rows, 128x128 weights)

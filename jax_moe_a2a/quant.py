@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ffi
+from .dtypes import FP8
 
-FP8 = jnp.float8_e4m3fn
 FP8_MAX = 448.0
 MIN_AMAX = 1e-12
 INV_FP8_MAX = np.float32(1.0) / np.float32(FP8_MAX)  # f32(1/448), as in cc/core/fp8.h

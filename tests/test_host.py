@@ -24,3 +24,27 @@ def test_private_region_sizes(priv, layout, num_ranks, mesh):
         inputs = T.make_inputs(spec, num_ranks, 40 + step, routing=["random", "one_hot", "skewed"][step],
                                num_tokens=16, minus_one_frac=0.1)
         T.check_all(comm, inputs, T.run_ops(comm, inputs))
+
+
+def test_proxy_stats_per_group_and_inline():
+    """proxy_stats() keys every local rank of every EP group as (group, rank) on a mesh with several
+    groups (it listed group 0's ranks only), and is {} inline, where no proxy thread runs."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+    if jax.process_count() > 1 or len(jax.devices()) < 4:
+        pytest.skip("one process with at least 4 devices")
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "ep"))
+    spec = a2a.Spec(num_experts=4, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, timeout_s=60.0)
+    try:
+        stats = comm.proxy_stats()
+        assert sorted(stats) == [(0, 0), (0, 1), (1, 0), (1, 1)], sorted(stats)
+        assert all(s["flag_path"] for s in stats.values()), stats
+    finally:
+        comm.close()
+    inline = a2a.init(spec, mesh, "ep", backend="host")
+    try:
+        assert inline.proxy_stats() == {}
+    finally:
+        inline.close()

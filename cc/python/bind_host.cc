@@ -137,11 +137,12 @@ void bind_host(nb::module_& m) {
 
   h.def(
       "proxy_stats",
-      [](int64_t comm_id, int rank) {
-        const proxy::ProxyStats s = host::find_comm(comm_id)->rank(rank).proxy_stats();
+      [](int64_t comm_id, int rank, int group) {
+        const proxy::ProxyStats s = host::find_comm(comm_id, group)->rank(rank).proxy_stats();
         return python::proxy_stats_dict(s);
       },
-      "comm_id"_a, "rank"_a, "Counters of a local rank's proxy thread (proxied mode; zeros and flag_path '' without).");
+      "comm_id"_a, "rank"_a, "group"_a = 0,
+      "Counters of a local rank's proxy thread in EP group `group` (proxied mode; zeros and flag_path '' without).");
 
   nb::module_ px = m.def_submodule("proxy", "where a GPU's proxy thread runs (cc/proxy/topology.h)");
   px.def("parse_cpulist", &proxy::parse_cpulist, "text"_a, "CPUs of a Linux cpulist such as '0-3,8'; [] if malformed.");

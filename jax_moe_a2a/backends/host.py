@@ -64,7 +64,7 @@ class HostBackend(FfiBackend):
         c = _ffi.require_native()
         _ffi.register_targets()
         _, groups = ep_groups(mesh, axis)
-        self.config, self.comm_id = config, comm_id
+        self.config, self.comm_id, self.num_groups = config, comm_id, len(groups)
         self.members = local_members(groups)
         self.provider = config.provider
         self._closed = False  # close() destroys every group, also if one fails here
@@ -107,10 +107,14 @@ class HostBackend(FfiBackend):
         return PeerFailure(texts[0], missing) if texts else None
 
     def proxy_stats(self):
-        """Counters of this process's proxy threads ({rank: dict}, proxied mode); flag_path says
-        where the proxy's flags live ("mapped-host: <why GDRCopy is not used>" here)."""
+        """Counters of this process's proxy threads (proxied mode): {rank: dict}, or {(group, rank):
+        dict} on a mesh with several EP groups; {} inline (no proxy threads). flag_path says where
+        the proxy's flags live ("mapped-host: <why GDRCopy is not used>" here)."""
+        if not self.config.proxied:
+            return {}
         c = _ffi.require_native()
-        return {r: dict(c.host.proxy_stats(self.comm_id, r)) for r in self.members.get(0, [])}
+        return {((g, r) if self.num_groups > 1 else r): dict(c.host.proxy_stats(self.comm_id, r, g))
+                for g, local in sorted(self.members.items()) for r in local}
 
     def diagnostics(self):
         return {"engine": self.config.engine, "provider": self.provider, "proxied": self.config.proxied,

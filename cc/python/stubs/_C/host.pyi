@@ -39,7 +39,7 @@ def last_error(comm_id: int, group: int = 0) -> object:
 def destroy(comm_id: int) -> None:
     """Closes the engines and forgets the communicator (every EP group)."""
 
-def proxy_stats(comm_id: int, rank: int) -> dict:
+def proxy_stats(comm_id: int, rank: int, group: int = 0) -> dict:
     """
-    Counters of a local rank's proxy thread (proxied mode; zeros and flag_path '' without).
+    Counters of a local rank's proxy thread in EP group `group` (proxied mode; zeros and flag_path '' without).
     """
