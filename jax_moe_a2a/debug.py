@@ -56,15 +56,31 @@ class Counters:
         return errors
 
 
+@jax.custom_jvp
+def _gate_float(a, gate):
+    """a (any float dtype and shape) with gate ([] int32, zero at run time) added to its bits:
+    the same values, data-dependent on gate."""
+    dt = jnp.dtype(a.dtype)
+    bits = jnp.dtype(f"uint{8 * dt.itemsize}")
+    return jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(a, bits) + gate.astype(bits), dt)
+
+
+@_gate_float.defjvp
+def _gate_float_jvp(primals, tangents):
+    # The gate changes no value: a's tangent passes through (the bit round trip has no
+    # derivative, and without this rule debug=True zeroed the gradients of the pure-JAX backends).
+    return _gate_float(*primals), tangents[0]
+
+
 def after(gate, tree):
     """`tree` with every array made data-dependent on the int32 scalar `gate` (zero at run time,
-    unknown to XLA): integers get gate added, floats the same on their bits."""
+    unknown to XLA): integers get gate added, floats the same on their bits. Arrays of any shape
+    and dtype, returned with theirs; differentiable (a float array's tangent passes through)."""
     def one(a):
         dt = jnp.dtype(a.dtype)
         if jnp.issubdtype(dt, jnp.integer):
             return a + gate.astype(dt)
-        bits = jnp.dtype(f"uint{8 * dt.itemsize}")
-        return jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(a, bits) + gate.astype(bits), dt)
+        return _gate_float(a, gate)
     return jax.tree_util.tree_map(one, tree)
 
 

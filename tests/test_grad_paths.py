@@ -1,0 +1,84 @@
+"""Gradients along the paths the basic gradient tests (test_grad.py) do not take: debug=True,
+a combine on another slot than its dispatch over two layers, got.weights in the loss, an `out`
+of another dtype than Spec.combine_dtype, a combine that is not differentiated, after= under
+jax.grad, stats() under jax.checkpoint. Every backend against the reference backend or plain JAX
+(review of 2026-12-04, /work/team/review_python.md findings 1-8)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jax_moe_a2a as a2a
+from jax_moe_a2a import testing as T
+
+from conftest import BACKENDS, xla_collectives_refused  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+# Every backend, and the host backend's proxied mode as one more.
+VARIANTS = list(BACKENDS) + (["host-proxied"] if "host" in BACKENDS else [])
+
+
+def _init(spec, mesh, variant, **kw):
+    """A communicator of `variant` ("host-proxied": the host backend with proxied=True)."""
+    kw.setdefault("timeout_s", 20)
+    if variant == "host-proxied":
+        return a2a.init(spec, mesh, "ep", backend="host", proxied=True, **kw)
+    return a2a.init(spec, mesh, "ep", backend=variant, **kw)
+
+
+def _spec(**kw):
+    base = dict(num_experts=2 * jax.device_count(), experts_per_token=2, hidden=16, max_tokens_per_rank=8,
+                dispatch_dtype=jnp.float32, combine_dtype=jnp.float32)
+    base.update(kw)
+    return a2a.Spec(**base)
+
+
+def _args(spec, mesh, seed, fields=("x", "topk_ids", "topk_weights"), **kw):
+    inputs = T.make_inputs(spec, jax.device_count(), seed, **kw)
+    return [T.stack_global(mesh, "ep", [getattr(i, f) for i in inputs]) for f in fields]
+
+
+def _close(got, want, what, rtol=2e-5, atol=2e-5):
+    for name, g, w in zip(("dx", "dw", "d3", "d4"), got, want):
+        g, w = T.local_ranks_of(g), T.local_ranks_of(w)
+        for r in w:
+            np.testing.assert_allclose(np.asarray(g[r], np.float32), np.asarray(w[r], np.float32), rtol=rtol,
+                                       atol=atol, err_msg=f"{what} rank {r} {name}")
+
+
+def _nonzero(arr):
+    return any(np.abs(np.asarray(v, np.float32)).max() > 0 for v in T.local_ranks_of(arr).values())
+
+
+def _skip_if_no_reference():
+    if xla_collectives_refused():
+        pytest.skip("the reference backend's XLA collectives refuse several processes on one GPU")
+
+
+# ---- finding 1: debug=True kept the gradients -----------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_debug_true_keeps_the_gradients(variant, mesh):
+    """debug=True's check made the dispatch's results data-dependent on it through a bit round
+    trip that had no derivative: the reference and ragged backends returned zero gradients w.r.t.
+    x and the router weights (silently). debug=True gives debug=False's gradients."""
+    spec = _spec()
+    args = _args(spec, mesh, 1, num_tokens=spec.max_tokens_per_rank)
+    res = []
+    for debug in (False, True):
+        comm = _init(spec, mesh, variant, debug=debug)
+
+        def per_rank(x, ids, w):
+            def loss(x, w):
+                got = comm.dispatch(x, ids, w)
+                y = jnp.where((got.src[..., 0] >= 0)[..., None], got.x * 2, 0.0)
+                return jnp.sum(comm.combine(y, got) ** 2)
+            return tuple(g[None] for g in jax.grad(loss, argnums=(0, 1))(x, w))
+
+        f = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 3, out_specs=P("ep")))
+        res.append(jax.block_until_ready(f(*args)))
+        comm.close()
+    assert _nonzero(res[0][0]) and _nonzero(res[0][1])
+    _close(res[1], res[0], f"{variant} debug=True vs False")
