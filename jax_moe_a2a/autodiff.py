@@ -166,7 +166,11 @@ def combine_recv(comm: Halves, handle: CombineHandle, out):
     y_axes, w_axes = _axes_or(handle.y, comm), _axes_of(handle.route.topk_weights, comm)
     out_axes = _axes_of(out, comm) if has_out else ()
     y_dtype = None if handle.y is None else handle.y.dtype
-    zeros, slot = _zero_cotangent(handle, comm.axis), handle.slot
+    # The backward dispatch runs on the DISPATCH's slot (got.slot), not the combine's: the
+    # dispatch's own backward (a combine on got.slot, dispatch_recv's rule) then finds that slot's
+    # routing state (the host backend's combine offsets: its last dispatch's) to be this route's.
+    # On the combine's slot, a later dispatch that reused got.slot would have left its own there.
+    zeros, slot = _zero_cotangent(handle, comm.axis), handle.got.slot
 
     @jax.custom_vjp
     def f(handle, out):

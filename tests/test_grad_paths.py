@@ -82,3 +82,38 @@ def test_debug_true_keeps_the_gradients(variant, mesh):
         comm.close()
     assert _nonzero(res[0][0]) and _nonzero(res[0][1])
     _close(res[1], res[0], f"{variant} debug=True vs False")
+
+
+# ---- finding 2: a combine on another slot than its dispatch, over two layers -------------------
+def _two_layers(comm, W, d, c):
+    def layer(x, ids, w):
+        got = comm.dispatch_recv(comm.dispatch_send(x, ids, w, slot=d))
+        xin = jnp.where((got.src[..., 0] >= 0)[..., None], got.x, 0.0)
+        return comm.combine_recv(comm.combine_send(jnp.tanh(xin @ W), got, slot=c))
+
+    def per_rank(x, i1, w1, i2, w2, W):
+        def loss(x, w1, w2):
+            return jnp.sum(layer(layer(x, i1, w1), i2, w2) ** 2)
+        return tuple(g[None] for g in jax.grad(loss, argnums=(0, 1, 2))(x, w1, w2))
+    return jax.jit(T.shard_map(per_rank, mesh=comm.mesh, in_specs=(P("ep"),) * 5 + (P(),), out_specs=P("ep")))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("d,c", [(0, 1), (1, 0), (0, 0)])
+def test_two_layers_combining_on_another_slot_match_reference(variant, d, c, mesh):
+    """Two layers each dispatching on slot d and combining on slot c: the host backend's backward
+    combine (of layer 1's dispatch) took its offsets from the last dispatch on slot d, which was
+    layer 2's, when the combine's rule re-dispatched on slot c: wrong dx (by more than dx itself).
+    The backward's exchanges now run on the dispatch's slot, as the forward's routing state."""
+    _skip_if_no_reference()
+    spec = _spec(slots=2)
+    a1 = _args(spec, mesh, 1)
+    a2 = _args(spec, mesh, 2, fields=("topk_ids", "topk_weights"))
+    W = jnp.asarray(np.random.default_rng(4).standard_normal((spec.hidden, spec.hidden)) / 4, jnp.float32)
+    res = []
+    for v in ("reference", variant):
+        comm = _init(spec, mesh, v, collect_stats=False)
+        res.append(jax.block_until_ready(_two_layers(comm, W, d, c)(*a1, *a2, W)))
+        comm.close()
+    assert _nonzero(res[0][0])
+    _close(res[1], res[0], f"{variant} d={d} c={c}")
