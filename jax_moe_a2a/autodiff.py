@@ -165,6 +165,7 @@ def combine_recv(comm: Halves, handle: CombineHandle, out):
     has_out = out is not None
     y_axes, w_axes = _axes_or(handle.y, comm), _axes_of(handle.route.topk_weights, comm)
     out_axes = _axes_of(out, comm) if has_out else ()
+    out_dtype = out.dtype if has_out else None  # its cotangent's dtype (g is Spec.combine_dtype's)
     y_dtype = None if handle.y is None else handle.y.dtype
     # The backward dispatch runs on the DISPATCH's slot (got.slot), not the combine's: the
     # dispatch's own backward (a combine on got.slot, dispatch_recv's rule) then finds that slot's
@@ -203,7 +204,7 @@ def combine_recv(comm: Halves, handle: CombineHandle, out):
         grad_y = None
         if y_dtype is not None:
             grad_y = like_primal(jnp.where(valid[..., None], rows, 0.0).astype(y_dtype), y_axes)
-        grad_out = like_primal(g, out_axes) if has_out else None
+        grad_out = like_primal(g.astype(out_dtype), out_axes) if has_out else None
         return dataclasses.replace(ct, route=route, y=grad_y), grad_out
 
     f.defvjp(fwd, bwd)

@@ -334,6 +334,10 @@ class Communicator:
                 x, scale, weights, src, placement = _debug.after(gate, (x, scale, weights, src, placement))
                 dropped, x, weights, placement = jax.lax.optimization_barrier((dropped, x, weights, placement))
         route = Route(route.topk_weights, route.num_tokens, route.topk_ids, placement, route.rank_mask, self.comm_id)
+        # got.weights carries no gradient on any backend (docs/api.md "Differentiation"): the router
+        # weights' gradient flows through combine (route.topk_weights). JAX would otherwise
+        # differentiate the pure-JAX backends' received weights, which the FFI rules cannot.
+        weights = jax.lax.stop_gradient(weights)
         return Dispatched(x, scale, r.group_sizes, weights, src, dropped, r.num_overflow, route, handle.slot,
                           self.comm_id, num_masked=handle.num_masked)
 

@@ -117,3 +117,62 @@ def test_two_layers_combining_on_another_slot_match_reference(variant, d, c, mes
         comm.close()
     assert _nonzero(res[0][0])
     _close(res[1], res[0], f"{variant} d={d} c={c}")
+
+
+# ---- findings 6, 7: got.weights carries no gradient; out's gradient has out's dtype ---------------
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_got_weights_carry_no_gradient_on_any_backend(variant, mesh):
+    """docs/api.md: got.weights carries no gradient. The reference backend differentiated them
+    (JAX autodiff through its all_to_all) while the FFI rules dropped them: the router weights'
+    gradient differed by backend when the loss used got.weights. Every backend now gives the
+    gradient of the same loss with stop_gradient(got.weights)."""
+    _skip_if_no_reference()
+    spec = _spec()
+    args = _args(spec, mesh, 1, num_tokens=spec.max_tokens_per_rank)
+    W = jnp.asarray(np.random.default_rng(4).standard_normal((spec.hidden, spec.hidden)) / 4, jnp.float32)
+
+    def step(comm, stop):
+        def per_rank(x, ids, w, W):
+            def loss(x, w):
+                got = comm.dispatch_recv(comm.dispatch_send(x, ids, w))
+                xin = jnp.where((got.src[..., 0] >= 0)[..., None], got.x, 0.0)
+                gw = jax.lax.stop_gradient(got.weights) if stop else got.weights
+                y = jnp.tanh(xin @ W) * gw[..., None]
+                return jnp.sum(comm.combine_recv(comm.combine_send(y, got), out=x) ** 2)
+            return tuple(g[None] for g in jax.grad(loss, argnums=(0, 1))(x, w))
+        return jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 3 + (P(),), out_specs=P("ep")))
+
+    comm = _init(spec, mesh, "reference", collect_stats=False)
+    want = jax.block_until_ready(step(comm, True)(*args, W))
+    comm.close()
+    comm = _init(spec, mesh, variant, collect_stats=False)
+    got = jax.block_until_ready(step(comm, False)(*args, W))
+    comm.close()
+    assert _nonzero(want[1])
+    _close(got, want, f"{variant} got.weights in the loss")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gradient_of_out_has_outs_dtype(variant, mesh):
+    """The gradient w.r.t. combine_recv's `out` had Spec.combine_dtype (bf16) on the FFI backends
+    for an f32 `out`; JAX (and the reference backend) give a cotangent of the primal's dtype."""
+    _skip_if_no_reference()
+    spec = _spec(combine_dtype=jnp.bfloat16, dispatch_dtype=jnp.bfloat16)
+    args = _args(spec, mesh, 1, num_tokens=6)
+    o = T.stack_global(mesh, "ep", [np.random.default_rng(r).standard_normal((8, 16)).astype(np.float32)
+                                    for r in range(jax.device_count())])
+    res = []
+    for v in ("reference", variant):
+        comm = _init(spec, mesh, v, collect_stats=False)
+
+        def per_rank(x, ids, w, o):
+            def loss(o):
+                got = comm.dispatch(x, ids, w)
+                y = jnp.where((got.src[..., 0] >= 0)[..., None], got.x, 0)
+                return jnp.sum(comm.combine(y, got, out=o).astype(jnp.float32) ** 2)
+            return jax.grad(loss)(o)[None]
+        res.append(jax.block_until_ready(
+            jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 4, out_specs=P("ep")))(*args, o)))
+        comm.close()
+    assert res[0].dtype == jnp.float32 and res[1].dtype == jnp.float32, (res[0].dtype, res[1].dtype)
+    _close([res[1]], [res[0]], f"{variant} d out", rtol=1e-2, atol=1e-2)
