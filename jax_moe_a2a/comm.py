@@ -350,11 +350,17 @@ class Communicator:
             Spec.combine_dtype first (the combine buffers are sized for it; set combine_dtype
             f32 to send f32 outputs exactly). Accumulation is f32 either way.
           got: the `Dispatched` of the matching dispatch.
-          slot: buffer slot (default: the dispatch's).
+          slot: buffer slot (static; default: the dispatch's). Another slot must be free in this
+            trace (no dispatch or combine in flight on it; else ValueError naming the free
+            slots); it is then held by this combine until its combine_recv, and the dispatch's
+            slot is free from here on.
+          after: optional array or pytree of arrays this send must run after (never read; no
+            gradient flows through it), as in dispatch_send.
+        Returns: a CombineHandle for `combine_recv`.
         """
         y, slot = self._check_combine(y, got, slot)
-        if slot != got.slot:  # the dispatch's slot is done once its rows are read back here
-            self._slots.close(got.slot)
+        if slot != got.slot:  # the dispatch's slot is done once its rows are read back here; the
+            self._slots.move(got.slot, slot, self.spec.slots)  # combine's, busy until combine_recv
         if self.spec.is_fp8:  # one rule on every backend: no gradient through an fp8 dispatch's combine
             y = autodiff.fp8_guard(y, "combine")
         return self._combine_send(y, got, slot, after=after)

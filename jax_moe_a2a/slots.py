@@ -28,7 +28,8 @@ def _alive(state) -> bool:
 
 class SlotTracker:
     """Which slots have a dispatch in flight in each trace being built: from dispatch_send until
-    the combine_recv on that slot (docs/overlap.md: each slot runs dispatch_send, dispatch_recv,
+    the combine_recv on that slot (a combine on another slot frees the dispatch's slot at its
+    combine_send and holds its own slot until its combine_recv) (docs/overlap.md: each slot runs dispatch_send, dispatch_recv,
     combine_send, combine_recv before its next dispatch_send). A second dispatch_send on a busy
     slot in the same trace would hang the FFI backends (it waits for the peers' dispatch_recv of
     the first, which XLA may order after it) or mix up routing state, so it is refused at trace
@@ -74,7 +75,30 @@ class SlotTracker:
                     f"or finish the first dispatch's combine first")
             busy[slot] = True
 
+    def move(self, from_slot: int, slot: int, num_slots: int):
+        """A combine_send on `slot` for the dispatch on `from_slot` (slot != from_slot): refused
+        (ValueError naming the free slots) when `slot` has a dispatch or another combine in flight
+        in this trace; else the dispatch's slot is done (its rows are read back) and `slot` is
+        held by this combine until its combine_recv closes it."""
+        state = self._state()
+        if state is None:
+            return
+        with self._lock:
+            busy = self._find(state, create=False)
+            if busy is not None and slot in busy:
+                free = [z for z in range(num_slots) if z not in busy or z == from_slot]
+                raise ValueError(
+                    f"slot {slot}: combine_send(slot={slot}) onto a slot that is in use in this trace (a "
+                    f"dispatch or a combine on slot {slot} has not reached its combine_recv yet); the "
+                    f"combine would wait for that slot to be freed. Combine on a free slot (free: {free}, "
+                    f"the dispatch's own slot {from_slot} among them; Spec.slots={num_slots}) or finish "
+                    f"the other cycle on slot {slot} first")
+        self.close(from_slot)
+        self.open(slot, num_slots)
+
     def close(self, slot: int):
+        """The cycle holding `slot` in this trace is over (combine_recv; or combine_send on
+        another slot, for the dispatch's)."""
         state = self._state()
         if state is None:
             return

@@ -90,3 +90,37 @@ def test_grad_and_remat_pass(comm):
         gx, gw = jax.grad(loss, argnums=(0, 1))(x, w)
         return gx.astype(jnp.float32) + jnp.sum(gw)
     _trace(comm, fn)
+
+
+def test_combine_onto_a_busy_slot_is_refused(comm):
+    """Review finding 4: combine_send(slot=c) onto a slot where another dispatch is in flight was
+    accepted (the host backend then waited for the slot until timeout_s) and freed that slot in
+    the tracker. It is refused at trace time, naming the free slots."""
+    def fn(x, i, w):
+        ga = comm.dispatch_recv(comm.dispatch_send(x, i, w, slot=0))
+        gb = comm.dispatch_recv(comm.dispatch_send(x, i, w, slot=1))
+        oa = comm.combine_recv(comm.combine_send(_experts(ga), ga, slot=1))  # B's slot
+        return oa + comm.combine(_experts(gb), gb)
+    with pytest.raises(ValueError, match=r"slot 1: combine_send\(slot=1\) onto a slot that is in use.*free: \[0\]"):
+        _trace(comm, fn)
+
+
+def test_a_combine_holds_its_slot_until_its_recv(comm):
+    """A combine on another (free) slot holds it until its combine_recv: a dispatch_send there
+    before that is refused; after it, and on the dispatch's freed slot, it passes."""
+    def busy(x, i, w):
+        ga = comm.dispatch(x, i, w, slot=0)
+        ca = comm.combine_send(_experts(ga), ga, slot=1)
+        comm.dispatch_send(x, i, w, slot=1)
+        return comm.combine_recv(ca)
+
+    def fine(x, i, w):
+        ga = comm.dispatch(x, i, w, slot=0)
+        ca = comm.combine_send(_experts(ga), ga, slot=1)
+        gb = comm.dispatch(x, i, w, slot=0)   # the dispatch's slot is free after its combine_send
+        out = comm.combine_recv(ca)
+        gc = comm.dispatch(x, i, w, slot=1)   # the combine's slot after its combine_recv
+        return out + comm.combine(_experts(gb), gb) + comm.combine(_experts(gc), gc)
+    with pytest.raises(ValueError, match="slot 1: a dispatch on slot 1 is still in flight"):
+        _trace(comm, busy)
+    _trace(comm, fine)
