@@ -240,9 +240,10 @@ class Communicator:
             An int outside [0, T] raises; a device value outside it is clamped to [0, T],
             counted in stats()['clamped'], and raised by debug=True.
           slot: buffer slot in [0, Spec.slots) (static).
-          after: optional array this send must run after. XLA orders the halves only through data;
-            two uses of one slot that share no data (e.g. a backward pass reusing the forward's
-            slot) need it.
+          after: optional array, or pytree of arrays, this send must run after (never read; no
+            gradient flows through it, so a value on the differentiated path is fine). XLA orders
+            the halves only through data; two uses of one slot that share no data need it. The
+            pure-JAX backends (reference, ragged) ignore it: XLA orders their collectives.
           expert_map: optional `ExpertMap` (redundant experts, EPLB): topk_ids are then LOGICAL
             expert ids, each pair sent to one replica (jax_moe_a2a/eplb.py has the rule); the
             backend and `got.group_sizes` see PHYSICAL experts (Spec.num_experts of them).

@@ -176,3 +176,35 @@ def test_gradient_of_out_has_outs_dtype(variant, mesh):
         comm.close()
     assert res[0].dtype == jnp.float32 and res[1].dtype == jnp.float32, (res[0].dtype, res[1].dtype)
     _close([res[1]], [res[0]], f"{variant} d out", rtol=1e-2, atol=1e-2)
+
+
+# ---- finding 5: after= under jax.grad, and a pytree as after= ----------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_after_on_the_differentiated_path_and_as_a_pytree(variant, mesh):
+    """after= given a value on the differentiated path (jnp.tanh(x)) made jax.grad raise on the
+    FFI backends (its tangent reached the FFI call), and a pytree raised an obscure TypeError
+    there. after= carries no gradient and takes any pytree of arrays: the gradients are those of
+    the same step without after=, the forward output the same too."""
+    _skip_if_no_reference()
+    spec = _spec()
+    args = _args(spec, mesh, 1, num_tokens=spec.max_tokens_per_rank)
+    res = []
+    for v, use_after in (("reference", False), (variant, True)):
+        comm = _init(spec, mesh, v, collect_stats=False)
+
+        def per_rank(x, ids, w):
+            def loss(x):
+                h = jnp.tanh(x)
+                a1 = h if use_after else None
+                got = comm.dispatch_recv(comm.dispatch_send(x, ids, w, after=a1))
+                y = jnp.where((got.src[..., 0] >= 0)[..., None], got.x * 2, 0.0)
+                a2 = {"h": h, "pair": (got.x, ids), "none": None} if use_after else None
+                out = comm.combine_recv(comm.combine_send(y, got, after=a2))
+                return jnp.sum(out ** 2), out
+            g, out = jax.grad(loss, has_aux=True)(x)
+            return g[None], out[None]
+        f = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 3, out_specs=P("ep")))
+        res.append(jax.block_until_ready(f(*args)))
+        comm.close()
+    assert _nonzero(res[0][0])
+    _close(res[1], res[0], f"{variant} after=")
