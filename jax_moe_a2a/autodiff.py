@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .axes import like_primal, varying, vma
+from .slots import Cycle
 from .spec import Spec
 from .types import CombineHandle, DispatchHandle, Dispatched
 
@@ -44,7 +45,10 @@ class Halves:
       send(x, ids, w, n, slot, *, x_scale, after, mask, given) -> DispatchHandle
       recv(handle, count=True) -> Dispatched (count=False: not in stats(), no debug check)
       combine_send(y, got, slot, after=None) -> CombineHandle
-      combine_recv(handle, out, pairs=False) -> [T, H] (and [T, K, H] f32 rows with pairs)."""
+      combine_recv(handle, out, pairs=False) -> [T, H] (and [T, K, H] f32 rows with pairs).
+    cycles: the communicator's `slots.CycleLog` (which dispatch's cycle each slot has in each
+    trace; holds no reference to the communicator), or None: no ordering of the backward's
+    exchanges beyond their data."""
 
     spec: Spec
     axis: Any
@@ -52,6 +56,7 @@ class Halves:
     recv_ref: Callable
     combine_send_ref: Callable
     combine_recv_ref: Callable
+    cycles: Any = None
 
     @staticmethod
     def _live(ref):
@@ -116,6 +121,18 @@ def fp8_guard(a, what: str):
     return f(a)
 
 
+def _order(after, cycle):
+    """`after` for a backward exchange of `cycle` (a slots.Cycle or None): `after` and the result
+    of the cycle's last exchange traced in this trace, when there is one."""
+    token = None if cycle is None else cycle.get()
+    return after if token is None else (after, token)
+
+
+def _note(cycle, token):
+    if cycle is not None:
+        cycle.set(token)
+
+
 def _axes_or(a, comm):
     return _axes_of(a, comm) if a is not None else ()
 
@@ -128,12 +145,22 @@ def dispatch_recv(comm: Halves, handle: DispatchHandle, count: bool = True) -> D
     w_axes = _axes_of(handle.route.topk_weights, comm)
     x_dtype = None if handle.x is None else handle.x.dtype
     zeros = _zero_cotangent(handle, comm.axis)
+    # This dispatch's cycle: the forward combine of `got` leaves its output there, and this
+    # rule's backward combine on the slot runs after it (and after combine's backward dispatch),
+    # whatever the cotangent depends on (`_order`).
+    cycle = Cycle()
+
+    def begin():
+        if comm.cycles is not None:
+            comm.cycles.begin(handle.slot, cycle)
 
     @jax.custom_vjp
     def f(handle):
+        begin()
         return comm.recv(handle, count=count)
 
     def fwd(handle):
+        begin()
         got = comm.recv(handle, count=count)
         return got, got
 
@@ -144,7 +171,12 @@ def dispatch_recv(comm: Halves, handle: DispatchHandle, count: bool = True) -> D
         valid = got.src[..., 0] >= 0
         gx = jnp.where(valid[..., None], g.x.astype(jnp.float32), 0.0).astype(spec.combine_wire_dtype(jnp.float32))
         unit = dataclasses.replace(got.route, topk_weights=jnp.ones_like(got.route.topk_weights))
-        back = comm.combine_recv(comm.combine_send(gx, dataclasses.replace(got, route=unit), got.slot, after=g.x), None)
+        # after: the cotangent (this combine needs it anyway) and the cycle's last exchange (the
+        # forward combine, or combine's backward dispatch): without it, a loss that reaches got.x
+        # but not the combine left this combine free to run before the forward's on the slot,
+        # which the host backend's combine_send then waited for (until timeout_s).
+        back = comm.combine_recv(comm.combine_send(gx, dataclasses.replace(got, route=unit), got.slot,
+                                                   after=_order(g.x, cycle)), None)
         if spec.tp_size > 1:  # only the member that sent a token gets its gradient
             rank = jax.lax.axis_index(comm.axis)
             t = jnp.arange(spec.max_tokens_per_rank)
@@ -173,16 +205,29 @@ def combine_recv(comm: Halves, handle: CombineHandle, out):
     # On the combine's slot, a later dispatch that reused got.slot would have left its own there.
     zeros, slot = _zero_cotangent(handle, comm.axis), handle.got.slot
 
+    # The cycle of the dispatch this combine answers: its latest on got.slot in the trace that f
+    # or fwd run in (where the dispatch's rule began it), kept here for bwd.
+    box = {}
+
+    def note(res):
+        cycle = comm.cycles.find(slot) if comm.cycles is not None else None
+        box["cycle"] = cycle
+        _note(cycle, res)
+
     @jax.custom_vjp
     def f(handle, out):
-        return comm.combine_recv(handle, out if has_out else None)
+        res = comm.combine_recv(handle, out if has_out else None)
+        note(res)
+        return res
 
     def fwd(handle, out):
         res, pairs = comm.combine_recv(handle, out if has_out else None, pairs=True)
+        note(res)
         return res, (handle.got, pairs)
 
     def bwd(res, g):
         got, pairs = res
+        cycle = box.get("cycle")
         if spec.tp_size > 1:
             raise NotImplementedError(
                 "jax_moe_a2a: combine gradients with tp_size > 1 on a non-JAX backend are not supported "
@@ -196,7 +241,8 @@ def combine_recv(comm: Halves, handle: CombineHandle, out):
         # (its FREE signals), and nothing else in the data says so. count=False: stats() count
         # the dispatches the program calls, not the backward's exchanges.
         got_g = comm.recv(comm.send(gf, r.topk_ids, r.topk_weights, r.num_tokens, slot,
-                                    after=pairs, mask=r.rank_mask), count=False)
+                                    after=_order(pairs, cycle), mask=r.rank_mask), count=False)
+        _note(cycle, got_g.x)  # the dispatch's backward combine on the slot follows this one
         valid = got.src[..., 0] >= 0
         rows = got_g.x.astype(jnp.float32) * got.weights[..., None]
         ct = zeros()

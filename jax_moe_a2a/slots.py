@@ -5,6 +5,7 @@ of ours."""
 from __future__ import annotations
 
 import threading
+import weakref
 
 try:
     from jax.extend.core import get_opaque_trace_state as _get_opaque_trace_state
@@ -113,4 +114,67 @@ class SlotTracker:
                 d.pop(slot, None)
 
 
-__all__ = ["SlotTracker"]
+class Cycle:
+    """One dispatch's cycle (dispatch, combine) as the custom_vjp rules of the FFI backends
+    (jax_moe_a2a/autodiff.py) see it: the result of the cycle's last exchange traced so far (the
+    forward combine's output, then the backward dispatch's), which the cycle's next backward
+    exchange on the slot is ordered after (`after=`). Kept with the trace it was made in: `get`
+    returns it only in that trace (a tracer of another trace must not be used there)."""
+
+    __slots__ = ("_state", "_token", "__weakref__")
+
+    def __init__(self):
+        self._state, self._token = None, None
+
+    def set(self, token):
+        """token: any array (or pytree of arrays) of the trace being built."""
+        self._state, self._token = _trace_state(), token
+
+    def get(self):
+        """The last token set in the trace being built, else None."""
+        if self._token is None or self._state is None or self._state != _trace_state():
+            return None
+        return self._token
+
+
+class CycleLog:
+    """Which `Cycle` (the latest dispatch_recv's) each slot has in each trace being built, held
+    weakly: a cycle lives as long as the custom_vjp rules that hold it (the traced program)."""
+
+    MAX_TRACES = 64
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._traces = []  # [(trace state, {slot: weakref.ref(Cycle)})]
+
+    def _entry(self, create):
+        state = _trace_state()
+        if state is None:
+            return None
+        self._traces = [(t, d) for t, d in self._traces if _alive(t)]
+        for t, d in self._traces:
+            if t == state:
+                return d
+        if not create:
+            return None
+        d = {}
+        self._traces.append((state, d))
+        del self._traces[:-self.MAX_TRACES]
+        return d
+
+    def begin(self, slot: int, cycle: Cycle):
+        """A dispatch on `slot` was received in this trace: its cycle is `cycle`."""
+        with self._lock:
+            d = self._entry(create=True)
+            if d is not None:
+                d[slot] = weakref.ref(cycle)
+
+    def find(self, slot: int):
+        """The cycle of the latest dispatch on `slot` received in this trace, or None."""
+        with self._lock:
+            d = self._entry(create=False)
+            ref = None if d is None else d.get(slot)
+            return None if ref is None else ref()
+
+
+__all__ = ["SlotTracker", "Cycle", "CycleLog"]

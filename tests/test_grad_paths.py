@@ -208,3 +208,35 @@ def test_after_on_the_differentiated_path_and_as_a_pytree(variant, mesh):
         comm.close()
     assert _nonzero(res[0][0])
     _close(res[1], res[0], f"{variant} after=")
+
+
+# ---- finding 3: the backward of a dispatch whose combine is not differentiated ----------------------
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_dispatch_gradient_when_the_combine_is_not_differentiated(variant, mesh):
+    """The loss reaches got.x without its combine (the combine's output is an aux output, its input
+    stop_gradient'ed): nothing in the data ordered the dispatch's backward combine on the slot after
+    the forward's combine there, and the host backend's backward combine_send waited for the slot
+    to be freed by a combine that XLA had scheduled after it (DEADLINE_EXCEEDED after timeout_s).
+    The backward exchanges now follow the forward's combine of their cycle."""
+    _skip_if_no_reference()
+    spec = _spec()
+    args = _args(spec, mesh, 1, num_tokens=spec.max_tokens_per_rank)
+    res = []
+    for v in ("reference", variant):
+        comm = _init(spec, mesh, v, collect_stats=False, timeout_s=10)
+
+        def per_rank(x, ids, w):
+            def loss(x):
+                got = comm.dispatch(x, ids, w)
+                valid = got.src[..., :1] >= 0
+                out = comm.combine(jax.lax.stop_gradient(jnp.where(valid, got.x, 0.0)), got)
+                return jnp.sum(jnp.where(valid, got.x, 0.0) ** 2), out
+            g, out = jax.grad(loss, has_aux=True)(x)
+            return g[None], out[None]
+        f = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 3, out_specs=P("ep")))
+        for _ in range(3):  # the schedule is XLA's: run it a few times
+            r = jax.block_until_ready(f(*args))
+        res.append(r)
+        comm.close()
+    assert _nonzero(res[0][0])
+    _close(res[1], res[0], f"{variant} undifferentiated combine")
