@@ -10,8 +10,14 @@ import logging
 import threading
 
 import jax
+import jax.extend.core as _jex
 import jax.numpy as jnp
 import numpy as np
+from jax.interpreters import ad, mlir
+# No public API for these (jax 0.10, 0.11): jax.debug.callback's effect and lowering, and the
+# remat rule table (as in commcall.py).
+from jax._src import debugging as _jdebug
+from jax._src.interpreters import partial_eval as _pe
 
 from .errors import DroppedRowsError
 from .routing import routed_pairs
@@ -39,6 +45,12 @@ class Counters:
             self._values["masked"] += int(masked)
             self._values["clamped"] += int(clamped)
             if err is not None and len(self._errors) < 64:
+                self._errors.append(err)
+
+    def record_error(self, err):
+        """Keeps a DroppedRowsError a debug check raised (at most 64), for take_errors."""
+        with self._lock:
+            if len(self._errors) < 64:
                 self._errors.append(err)
 
     def snapshot(self) -> dict:
@@ -82,6 +94,59 @@ def after(gate, tree):
             return a + gate.astype(dt)
         return _gate_float(a, gate)
     return jax.tree_util.tree_map(one, tree)
+
+
+# ---- the counting callback: jax.debug.callback, never recomputed by jax.checkpoint -------------
+# jax.debug.callback is staged on both sides of remat on purpose (it shows the recomputation):
+# under jax.checkpoint the counters then counted every dispatch twice (the forward's, and the
+# rematerialised one in the backward pass). This primitive is the same host callback (the same
+# effect and lowering) with commcall's rule for our calls instead: it runs once, in the forward.
+_count_p = _jex.Primitive("jax_moe_a2a_count")
+_count_p.multiple_results = True
+
+
+def _count_impl(*args, callback):
+    callback(*args)
+    return []
+
+
+def _count_abstract_eval(*avals, callback):
+    del avals, callback
+    return [], {_jdebug.debug_effect}
+
+
+def _count_lowering(ctx, *args, callback):
+    return _jdebug.debug_callback_lowering(ctx, *args, effect=_jdebug.debug_effect, partitioned=False,
+                                           callback=callback)
+
+
+def _count_jvp(primals, tangents, *, callback):
+    del tangents  # integer counts: nothing to differentiate
+    return _count_p.bind(*primals, callback=callback), []
+
+
+def _count_never_recompute(saveable, unks_in, inst_in, eqn):
+    """Under remat: with every input known, on the known (forward) side only, never staged again;
+    with an unknown input, staged (its known inputs residuals)."""
+    del saveable
+    if not any(unks_in):
+        return eqn, None, [], [], []
+    res = [v for v, inst in zip(eqn.invars, inst_in) if type(v) is _jex.Var and not inst]
+    return None, eqn, [], [], res
+
+
+_count_p.def_impl(_count_impl)
+_count_p.def_effectful_abstract_eval(_count_abstract_eval)
+mlir.register_lowering(_count_p, _count_lowering)
+ad.primitive_jvps[_count_p] = _count_jvp
+_pe.partial_eval_jaxpr_custom_rules[_count_p] = _count_never_recompute
+
+
+def count(callback, *args):
+    """callback(*args) on the host (args: int32 [] arrays, as numpy/JAX values) each time the
+    compiled step runs this point of its forward pass; once per execution under jax.checkpoint
+    (never rematerialised), unlike jax.debug.callback."""
+    _count_p.bind(*args, callback=callback)
 
 
 # One row per rank of what its debug check found (int32): the table every rank's check reads.
@@ -155,8 +220,8 @@ def record(counters: Counters, dropped, overflow, masked=None, clamped=None, *, 
     masked = zero if masked is None else masked
     clamped = zero if clamped is None else clamped
     given = zero if tokens_given is None else tokens_given
-    if collect and not debug:
-        jax.debug.callback(lambda d, o, m, c: counters.add(d, o, m, c), dropped, overflow, masked, clamped)
+    if collect or debug:  # counted once per executed dispatch, also under jax.checkpoint (`count`)
+        count(lambda d, o, m, c: counters.add(d, o, m, c), dropped, overflow, masked, clamped)
     if not debug:
         return dropped, None
     # A pure callback whose result is used: the error surfaces at the outputs. Every rank raises,
@@ -176,8 +241,8 @@ def record(counters: Counters, dropped, overflow, masked=None, clamped=None, *, 
         err = None
         if tab[:, [_DROPPED, _OVERFLOW, _CLAMPED]].any():
             err = DroppedRowsError(describe(tab, num_experts, max_tokens))
-        counters.add(d, o, m, c, err)
-        if err is not None:
+        if err is not None:  # counted by `count` above (this check may be rematerialised)
+            counters.record_error(err)
             raise err
         return np.int32(d), np.int32(0)
 

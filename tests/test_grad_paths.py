@@ -240,3 +240,35 @@ def test_dispatch_gradient_when_the_combine_is_not_differentiated(variant, mesh)
         comm.close()
     assert _nonzero(res[0][0])
     _close(res[1], res[0], f"{variant} undifferentiated combine")
+
+
+# ---- finding 8: stats() under jax.checkpoint ---------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("debug", [False, True])
+def test_stats_count_each_dispatch_once_under_checkpoint(variant, debug, mesh):
+    """The counting callback (jax.debug.callback) was rematerialised with the layer's local work
+    under jax.checkpoint: a training step of one checkpointed layer counted 2 dispatches per rank
+    (and 2x the drops) on every backend. It now runs once, in the forward pass."""
+    spec = _spec()
+    n = jax.device_count()
+    inputs = T.make_inputs(spec, n, 5, num_tokens=spec.max_tokens_per_rank)
+    args = [T.stack_global(mesh, "ep", [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
+    comm = _init(spec, mesh, variant, collect_stats=True, debug=debug)
+
+    def per_rank(x, ids, w):
+        @jax.checkpoint
+        def layer(x, w):
+            got = comm.dispatch(x, ids, w)
+            y = jnp.where((got.src[..., 0] >= 0)[..., None], jnp.tanh(got.x), 0.0)
+            return comm.combine(y, got)
+        return jax.grad(lambda x, w: jnp.sum(layer(x, w) ** 2))(x, w)[None]
+
+    f = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 3, out_specs=P("ep")))
+    steps = 2
+    for _ in range(steps):
+        dx = jax.block_until_ready(f(*args))
+    jax.effects_barrier()
+    st = comm.stats()
+    comm.close()
+    assert _nonzero(dx)
+    assert st["dispatches"] == steps * len(T.local_ranks_of(dx)), st
