@@ -33,7 +33,7 @@ from .eplb import ExpertMap, check_expert_map, map_ids
 from .errors import DroppedRowsError, PeerFailure, copy_of, shape_err  # noqa: F401 (PeerFailure: re-exported)
 from .groups import ep_groups, local_members
 from .quant import dequantize_fp8
-from .slots import CycleLog, SlotTracker
+from .slots import SlotOrder, SlotTracker
 from .spec import Spec
 from .types import CombineHandle, DispatchHandle, Dispatched, Route
 
@@ -119,7 +119,7 @@ class Communicator:
         self._call_ids = itertools.count(1)
         self._counters = _debug.Counters()  # what the executed dispatches counted; debug=True errors
         self._slots = SlotTracker()
-        self._cycles = CycleLog()  # the order of the FFI backends' backward exchanges (autodiff.py)
+        self._order = SlotOrder()  # the order of the FFI backends' backward exchanges (autodiff.py)
         try:
             self._backend.open(self.config, mesh, axis, self.comm_id)
         except BaseException:
@@ -455,7 +455,7 @@ class Communicator:
         weakly (the traced program keeps the rules)."""
         return autodiff.Halves(self.spec, self.axis, weakref.WeakMethod(self._send),
                                weakref.WeakMethod(self._recv_plain), weakref.WeakMethod(self._combine_send),
-                               weakref.WeakMethod(self._combine_recv), self._cycles)
+                               weakref.WeakMethod(self._combine_recv), self._order)
 
 
     # ---- introspection -----------------------------------------------------------------------

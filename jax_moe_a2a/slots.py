@@ -114,17 +114,22 @@ class SlotTracker:
                 d.pop(slot, None)
 
 
-class Cycle:
-    """One dispatch's cycle (dispatch, combine) as the custom_vjp rules of the FFI backends
-    (jax_moe_a2a/autodiff.py) see it: the result of the cycle's last exchange traced so far (the
-    forward combine's output, then the backward dispatch's), which the cycle's next backward
-    exchange on the slot is ordered after (`after=`). Kept with the trace it was made in: `get`
-    returns it only in that trace (a tracer of another trace must not be used there)."""
+class SlotToken:
+    """The result of the last exchange on one slot traced so far in one trace (a forward combine,
+    or a backward exchange of the custom_vjp rules, jax_moe_a2a/autodiff.py), which the next
+    backward exchange on the slot is ordered after (`after=`), and which dispatch's routing the
+    slot holds. `get` returns the token only in the trace that set it (a tracer of another trace
+    must not be used there)."""
 
-    __slots__ = ("_state", "_token", "__weakref__")
+    __slots__ = ("_state", "_token", "cycle", "dispatched", "__weakref__")
 
     def __init__(self):
         self._state, self._token = None, None
+        # cycle: the identity of the latest dispatch received on the slot in this trace;
+        # dispatched: the cycle whose route the slot's latest dispatch (forward, or a backward
+        # one of the rules) had, i.e. whose routing state the slot holds then (the host
+        # backend's combine offsets), or None.
+        self.cycle, self.dispatched = None, None
 
     def set(self, token):
         """token: any array (or pytree of arrays) of the trace being built."""
@@ -137,44 +142,36 @@ class Cycle:
         return self._token
 
 
-class CycleLog:
-    """Which `Cycle` (the latest dispatch_recv's) each slot has in each trace being built, held
-    weakly: a cycle lives as long as the custom_vjp rules that hold it (the traced program)."""
+class SlotOrder:
+    """Each slot's `SlotToken` in each trace being built, held weakly: the custom_vjp rules that
+    set or read a slot's token hold it (they live as long as JAX needs them), so that the FFI
+    backends' backward exchanges on a slot run one after another, after the forward's last
+    exchange there, in the order they are traced (reverse program order), whatever their
+    cotangents depend on."""
 
     MAX_TRACES = 64
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._traces = []  # [(trace state, {slot: weakref.ref(Cycle)})]
+        self._traces = []  # [(trace state, {slot: weakref.ref(SlotToken)})]
 
-    def _entry(self, create):
+    def token(self, slot: int) -> SlotToken:
+        """The token of `slot` in the trace being built (a fresh one outside any trace)."""
         state = _trace_state()
         if state is None:
-            return None
-        self._traces = [(t, d) for t, d in self._traces if _alive(t)]
-        for t, d in self._traces:
-            if t == state:
-                return d
-        if not create:
-            return None
-        d = {}
-        self._traces.append((state, d))
-        del self._traces[:-self.MAX_TRACES]
-        return d
-
-    def begin(self, slot: int, cycle: Cycle):
-        """A dispatch on `slot` was received in this trace: its cycle is `cycle`."""
+            return SlotToken()
         with self._lock:
-            d = self._entry(create=True)
-            if d is not None:
-                d[slot] = weakref.ref(cycle)
+            self._traces = [(t, d) for t, d in self._traces if _alive(t)]
+            d = next((d for t, d in self._traces if t == state), None)
+            if d is None:
+                d = {}
+                self._traces.append((state, d))
+                del self._traces[:-self.MAX_TRACES]
+            tok = d[slot]() if slot in d else None
+            if tok is None:
+                tok = SlotToken()
+                d[slot] = weakref.ref(tok)
+            return tok
 
-    def find(self, slot: int):
-        """The cycle of the latest dispatch on `slot` received in this trace, or None."""
-        with self._lock:
-            d = self._entry(create=False)
-            ref = None if d is None else d.get(slot)
-            return None if ref is None else ref()
 
-
-__all__ = ["SlotTracker", "Cycle", "CycleLog"]
+__all__ = ["SlotTracker", "SlotToken", "SlotOrder"]

@@ -272,3 +272,38 @@ def test_stats_count_each_dispatch_once_under_checkpoint(variant, debug, mesh):
     comm.close()
     assert _nonzero(dx)
     assert st["dispatches"] == steps * len(T.local_ranks_of(dx)), st
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_dispatch_gradient_of_an_undifferentiated_combine_before_a_later_layer_on_the_slot(variant, mesh):
+    """Layer 1's combine is not differentiated (its output an aux output; the loss reaches
+    got.x directly), and layer 2 dispatches on the same slot after it. Layer 1's backward
+    combine then ran beside layer 2's backward exchanges on the slot (a deadlock, or the host
+    backend taking layer 2's combine offsets: dx off by more than half its size). The backward
+    exchanges on a slot now run one after another, and a backward combine whose route the slot
+    no longer holds dispatches it again first."""
+    _skip_if_no_reference()
+    spec = _spec()
+    a1 = _args(spec, mesh, 1)
+    a2 = _args(spec, mesh, 2, fields=("topk_ids", "topk_weights"))
+    res = []
+    for v in ("reference", variant):
+        comm = _init(spec, mesh, v, collect_stats=False, timeout_s=10)
+
+        def per_rank(x, ids, w, ids2, w2):
+            def loss(x):
+                got = comm.dispatch(x, ids, w)
+                valid = got.src[..., :1] >= 0
+                out = comm.combine(jax.lax.stop_gradient(jnp.where(valid, got.x, 0.0)), got)
+                got2 = comm.dispatch_recv(comm.dispatch_send(x * 2, ids2, w2, after=out))
+                out2 = comm.combine(jnp.where(got2.src[..., :1] >= 0, jnp.tanh(got2.x), 0.0), got2)
+                return jnp.sum(jnp.where(valid, got.x, 0.0) ** 2) + jnp.sum(out2 ** 2), out
+            g, out = jax.grad(loss, has_aux=True)(x)
+            return g[None], out[None]
+        f = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 5, out_specs=P("ep")))
+        for _ in range(2):
+            r = jax.block_until_ready(f(*a1, *a2))
+        res.append(r)
+        comm.close()
+    assert _nonzero(res[0][0])
+    _close(res[1], res[0], f"{variant} undifferentiated combine, then a layer on the slot")
