@@ -1,6 +1,7 @@
 """custom_vjp rules for backends that JAX cannot differentiate (FFI calls): the receive halves.
 
-Every half is differentiable on every backend. The FFI backends' halves are opaque calls, so the
+Every half is differentiable in reverse mode on every backend (forward mode, jax.jvp, only on the
+pure-JAX backends: these rules are custom_vjps). The FFI backends' halves are opaque calls, so the
 rules sit on the receive halves and the send halves only carry their differentiable inputs through
 the handles (`DispatchHandle.x`, `CombineHandle.y`, and the router weights in `Route`), while the
 FFI calls see them through `stop_gradient`:
