@@ -112,7 +112,10 @@ class Communicator:
         self.collect_stats = bool(collect_stats) or self.debug
         self._backend = _backends.create(backend)
         self.backend_name = self._backend.name
-        self.options = dict(options)  # Config.build refuses a name the backend does not declare
+        # None: not given (as init filters them; a None proxied=... would hide the backend's
+        # default, e.g. $JAX_MOE_A2A_HOST_PROXIED). Config.build refuses a name the backend does
+        # not declare.
+        self.options = {k: v for k, v in options.items() if v is not None}
         self.config = Config.build(spec, self.num_ranks, self._backend, timeout_s=self.timeout_s,
                                    options=self.options)
         self.comm_id = next(_COMM_IDS)
