@@ -27,7 +27,7 @@ from . import debug as _debug
 from . import elastic
 from . import runtime as _runtime
 from .backends.base import Ctx
-from .config import COMMON_OPTIONS, Config, check_options  # noqa: F401 (check_options: re-exported)
+from .config import Config, check_options  # noqa: F401 (check_options: re-exported, tests/test_options.py)
 from .dtypes import COMBINE_DTYPES, FP8_DTYPES, INPUT_DTYPES
 from .eplb import ExpertMap, check_expert_map, map_ids
 from .errors import DroppedRowsError, PeerFailure, copy_of, shape_err  # noqa: F401 (PeerFailure: re-exported)
