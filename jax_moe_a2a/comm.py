@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import itertools
 import weakref
 from typing import Optional
@@ -269,13 +270,22 @@ class Communicator:
         slot = self._check_slot(slot)
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
         mask = self._check_rank_mask(rank_mask)
+        logical_ids = topk_ids
         topk_ids = self._map_experts(topk_ids, expert_map, mask)
         n, given = self._num_tokens(num_tokens)
-        self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
+        ctx = self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
         self._slots.open(slot, self.spec.slots)
         if self.spec.is_fp8 and x_scale is None:  # one rule on every backend: fp8 rows have no gradient
             x = autodiff.fp8_guard(x, "dispatch")
-        return self._send(x, topk_ids, topk_weights, n, slot, x_scale=x_scale, after=after, mask=mask, given=given)
+        handle = self._send(x, topk_ids, topk_weights, n, slot, x_scale=x_scale, after=after, mask=mask, given=given)
+        if not self.debug:
+            return handle
+        # debug=True names the first bad pair as the caller gave it: with an expert map, its
+        # logical id (the mapped one is the map's doing: physical E for no replica)
+        bad = _debug.first_bad_pair(self.spec, topk_ids, n, ctx.rank,
+                                    None if expert_map is None else logical_ids,
+                                    0 if expert_map is None else int(expert_map.physical.shape[0]))
+        return dataclasses.replace(handle, bad_pair=bad)
 
     def _send(self, x, topk_ids, topk_weights, n, slot, *, x_scale=None, after=None, mask=None,
               given=None) -> DispatchHandle:
@@ -328,7 +338,10 @@ class Communicator:
         if count:
             psum_axis = self.axis if self._backend.debug_psum else None
             clamped = None if handle.tokens_given is None else (handle.tokens_given != route.num_tokens).astype(jnp.int32)
-            detail = _debug.first_bad_pair(self.spec, route.topk_ids, route.num_tokens, ctx.rank) if self.debug else None
+            detail = None
+            if self.debug:
+                detail = handle.bad_pair if handle.bad_pair is not None else _debug.first_bad_pair(
+                    self.spec, route.topk_ids, route.num_tokens, ctx.rank)
             dropped, gate = _debug.record(self._counters, dropped, r.num_overflow, handle.num_masked, clamped,
                                           tokens_given=handle.tokens_given, detail=detail, rank=ctx.rank,
                                           spec=self.spec, collect=self.collect_stats, debug=self.debug, psum_axis=psum_axis)

@@ -150,37 +150,60 @@ def count(callback, *args):
 
 
 # One row per rank of what its debug check found (int32): the table every rank's check reads.
-_RANK, _DROPPED, _OVERFLOW, _CLAMPED, _GIVEN, _TOKEN, _K, _ID = range(8)
+_RANK, _DROPPED, _OVERFLOW, _CLAMPED, _GIVEN, _TOKEN, _K, _ID, _KIND, _BOUND = range(10)
+_COLUMNS = 10
+# _KIND of a bad pair: a physical id (no expert map; outside [0, E) or a repeat, by its value), or
+# a LOGICAL id (with an expert map): outside [0, E_logical), without a replica, or a repeat.
+_PHYSICAL, _LOGICAL_RANGE, _NO_REPLICA, _LOGICAL_REPEAT = range(4)
 
 
-def first_bad_pair(spec, topk_ids, num_tokens, rank):
-    """(token, k, id) [3] int32 of this rank's first pair with a bad expert id (the pairs it
-    sends: t % tp == rank % tp), or (-1, -1, -1). topk_ids [T, K] int32 physical (before the rank
-    mask); num_tokens [] int32; rank [] int32."""
+def first_bad_pair(spec, topk_ids, num_tokens, rank, logical_ids=None, num_logical: int = 0):
+    """(token, k, id, kind, bound) [5] int32 of this rank's first pair with a bad expert id (the
+    pairs it sends: t % tp == rank % tp), or all -1. topk_ids [T, K] int32 physical (after the
+    expert map, before the rank mask); num_tokens [] int32; rank [] int32. logical_ids: [T, K]
+    int32 as given to an expert map (then `id` is the pair's logical id, and kind says why:
+    outside [0, num_logical), no replica, or a repeat; bound = num_logical), or None (`id` is
+    physical, bound = E)."""
     _, bad = routed_pairs(spec, topk_ids, num_tokens)
     t, k = topk_ids.shape
     bad = bad & (jnp.arange(t)[:, None] % spec.tp_size == rank % spec.tp_size)
     flat = bad.reshape(-1)
     i = jnp.argmax(flat).astype(jnp.int32)
     found = flat[i]
-    return jnp.where(found, jnp.stack([i // k, i % k, topk_ids.reshape(-1)[i]]), -1).astype(jnp.int32)
+    pid = topk_ids.reshape(-1)[i]
+    if logical_ids is None:
+        ident, kind, bound = pid, jnp.int32(_PHYSICAL), spec.num_experts
+    else:
+        ident = logical_ids.reshape(-1)[i].astype(jnp.int32)
+        kind = jnp.where((ident < 0) | (ident >= num_logical), _LOGICAL_RANGE,
+                         jnp.where(pid == spec.num_experts, _NO_REPLICA, _LOGICAL_REPEAT))
+        bound = num_logical
+    row = jnp.stack([i // k, i % k, ident, jnp.asarray(kind, jnp.int32), jnp.int32(bound)])
+    return jnp.where(found, row, -1).astype(jnp.int32)
 
 
 def describe(table, num_experts: int, max_tokens: int) -> str:
-    """The one message of a failed debug check, from the table [R, 8] of the ranks that decided
-    together: the first rank at fault, what it did (a bad id: which token, which id, why; rows
-    past capacity; num_tokens out of range), and the totals."""
-    table = np.asarray(table).reshape(-1, 8)
+    """The one message of a failed debug check, from the table [R, 10] int32 of the ranks that
+    decided together: the first rank at fault, what it did (a bad id: which token, which id as
+    the caller gave it, logical with an expert map, and why; rows past capacity; num_tokens out
+    of range), and the totals."""
+    table = np.asarray(table).reshape(-1, _COLUMNS)
     at_fault = [row for row in table if row[_DROPPED] or row[_OVERFLOW] or row[_CLAMPED]]
     parts = []
     if at_fault:
         row = at_fault[0]
         r = int(row[_RANK])
         if row[_DROPPED]:
-            e = int(row[_ID])
-            why = (f"is outside [0, {num_experts})" if not 0 <= e < num_experts else
-                   "repeats an earlier id of its token")
-            parts.append(f"rank {r}, token {int(row[_TOKEN])}: expert id {e} {why}")
+            e, kind, bound = int(row[_ID]), int(row[_KIND]), int(row[_BOUND])
+            if kind in (_LOGICAL_RANGE, _NO_REPLICA, _LOGICAL_REPEAT):
+                why = {_LOGICAL_RANGE: f"is outside [0, {bound}) (the expert map's logical experts)",
+                       _NO_REPLICA: "has no replica in the expert map",
+                       _LOGICAL_REPEAT: "repeats an earlier id of its token"}[kind]
+                parts.append(f"rank {r}, token {int(row[_TOKEN])}: logical expert {e} {why}")
+            else:
+                why = (f"is outside [0, {num_experts})" if not 0 <= e < num_experts else
+                       "repeats an earlier id of its token")
+                parts.append(f"rank {r}, token {int(row[_TOKEN])}: expert id {e} {why}")
         if row[_OVERFLOW]:
             parts.append(f"rank {r} received {int(row[_OVERFLOW])} row(s) past recv_capacity")
         if row[_CLAMPED]:
@@ -211,7 +234,7 @@ def record(counters: Counters, dropped, overflow, masked=None, clamped=None, *, 
 
     dropped, overflow, masked, clamped (1 when num_tokens was clamped): [] int32 of this rank
     (masked, clamped None: 0); tokens_given: [] int32 num_tokens as given, or None. With debug:
-    detail, first_bad_pair's [3] int32; rank [] int32; spec; psum_axis: the EP axis over which every rank decides together
+    detail, first_bad_pair's [5] int32; rank [] int32; spec; psum_axis: the EP axis over which every rank decides together
     (Backend.debug_psum; the ranks' rows are gathered so that every rank raises the same
     message), or None (each rank decides alone).
     Returns (`dropped`, gate): `dropped` threaded through the debug check so XLA cannot drop the
@@ -237,7 +260,7 @@ def record(counters: Counters, dropped, overflow, masked=None, clamped=None, *, 
     num_experts, max_tokens = spec.num_experts, spec.max_tokens_per_rank
 
     def check(d, o, m, c, tab):
-        tab = np.asarray(tab).reshape(-1, 8)
+        tab = np.asarray(tab).reshape(-1, _COLUMNS)
         err = None
         if tab[:, [_DROPPED, _OVERFLOW, _CLAMPED]].any():
             err = DroppedRowsError(describe(tab, num_experts, max_tokens))

@@ -69,6 +69,8 @@ class DispatchHandle:
                    clamped to [0, T] (route.num_tokens); None when given as an int or left out.
       x:           [T, H] the dispatched rows as given (what the gradient of `dispatch_recv`
                    flows back to; never read by the forward).
+      bad_pair:    [5] int32 debug=True's first bad pair (jax_moe_a2a.debug.first_bad_pair: with
+                   an expert map, of the logical ids as given), or None (debug=False).
       slot:        static buffer slot; comm_id: the communicator that made it.
     """
 
@@ -80,9 +82,11 @@ class DispatchHandle:
     x: Optional[Any] = None
     slot: int = 0
     comm_id: int = 0
+    bad_pair: Optional[Any] = None
 
 
-_register(DispatchHandle, ["wire", "route", "num_dropped", "num_masked", "tokens_given", "x"], ["slot", "comm_id"])
+_register(DispatchHandle, ["wire", "route", "num_dropped", "num_masked", "tokens_given", "x", "bad_pair"],
+          ["slot", "comm_id"])
 
 
 @dataclasses.dataclass(frozen=True)
