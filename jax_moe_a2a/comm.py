@@ -336,7 +336,7 @@ class Communicator:
                 x, scale = dequantize_fp8(x, scale, self.spec.scale_block).astype(self.spec.recv_dtype), None
         dropped = handle.num_dropped
         if count:
-            psum_axis = self.axis if self._backend.debug_psum else None
+            gather_axis = self.axis if self._backend.debug_psum else None  # every rank's findings gathered
             clamped = None if handle.tokens_given is None else (handle.tokens_given != route.num_tokens).astype(jnp.int32)
             detail = None
             if self.debug:
@@ -344,7 +344,7 @@ class Communicator:
                     self.spec, route.topk_ids, route.num_tokens, ctx.rank)
             dropped, gate = _debug.record(self._counters, dropped, r.num_overflow, handle.num_masked, clamped,
                                           tokens_given=handle.tokens_given, detail=detail, rank=ctx.rank,
-                                          spec=self.spec, collect=self.collect_stats, debug=self.debug, psum_axis=psum_axis)
+                                          spec=self.spec, collect=self.collect_stats, debug=self.debug, gather_axis=gather_axis)
             if self.debug:  # what follows the dispatch (the combine's communication too) waits for the check
                 # An optimisation barrier orders XLA's schedule, but XLA:CPU runs thunks as soon as their
                 # buffers are ready: only a data dependency keeps a rank whose check raised from

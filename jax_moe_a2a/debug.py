@@ -227,14 +227,14 @@ _QUIET = _QuietCallbackFailures()
 
 
 def record(counters: Counters, dropped, overflow, masked=None, clamped=None, *, tokens_given=None,
-           detail=None, rank=None, spec=None, collect: bool, debug: bool, psum_axis=None):
+           detail=None, rank=None, spec=None, collect: bool, debug: bool, gather_axis=None):
     """Counts one executed dispatch of this rank on the host (collect) and, with debug, raises
     DroppedRowsError when it dropped pairs, overflowed, or was given a num_tokens outside [0, T]
     (never for masked pairs: they are expected).
 
     dropped, overflow, masked, clamped (1 when num_tokens was clamped): [] int32 of this rank
     (masked, clamped None: 0); tokens_given: [] int32 num_tokens as given, or None. With debug:
-    detail, first_bad_pair's [5] int32; rank [] int32; spec; psum_axis: the EP axis over which every rank decides together
+    detail, first_bad_pair's [5] int32; rank [] int32; spec; gather_axis: the EP axis over which every rank decides together
     (Backend.debug_psum; the ranks' rows are gathered so that every rank raises the same
     message), or None (each rank decides alone).
     Returns (`dropped`, gate): `dropped` threaded through the debug check so XLA cannot drop the
@@ -255,7 +255,7 @@ def record(counters: Counters, dropped, overflow, masked=None, clamped=None, *, 
     # recv_capacity overflow on one rank took minutes). Overflow is counted at the receiver and
     # bad ids at the sender, so no rank sees the others' counts without it.
     row = jnp.concatenate([jnp.stack([rank.astype(jnp.int32), dropped, overflow, clamped, given]), detail])
-    table = jax.lax.all_gather(row, psum_axis) if psum_axis is not None else row[None]
+    table = jax.lax.all_gather(row, gather_axis) if gather_axis is not None else row[None]
     logging.getLogger("jax._src.callback").addFilter(_QUIET)  # idempotent
     num_experts, max_tokens = spec.num_experts, spec.max_tokens_per_rank
 

@@ -57,7 +57,11 @@ class Layout(enum.IntEnum):
 
     @classmethod
     def of(cls, name: str) -> "Layout":
-        return {"ragged": cls.RAGGED, "expert_major": cls.EXPERT_MAJOR}[name]
+        """The code of a layout name ("ragged", "expert_major"); ValueError for any other."""
+        codes = {"ragged": cls.RAGGED, "expert_major": cls.EXPERT_MAJOR}
+        if name not in codes:
+            raise ValueError(f"layout: expected one of {LAYOUTS}, got {name!r}")
+        return codes[name]
 
 
 __all__ = ["Dtype", "Layout", "LAYOUTS", "FP8_DTYPES", "FLOAT_DTYPES", "WIRE_DTYPES", "INPUT_DTYPES",

@@ -36,7 +36,8 @@ class Route:
       topk_weights: [T, K] f32, the router weights given to dispatch (used by combine_recv).
       num_tokens:   [] int32, rows at or past it are ignored / zero in combine's output.
       topk_ids:     [T, K] int32 physical expert ids as dispatched (after `expert_map`, before the
-                    rank mask); the backward of a one-shot combine dispatches them again.
+                    rank mask); combine's backward (the FFI backends' rule, split halves or
+                    one-shot) dispatches them again.
       placement:    the backend's record of where each pair went and where each received row
                     came from (a pytree of int32 arrays whose type the backend defines, e.g.
                     `jax_moe_a2a.backends.ffi.FfiPlacement`).

@@ -1,4 +1,5 @@
-"""Communicator(**options) treats None as "not given", as init does (review finding 16)."""
+"""Small contract fixes of the review of 2026-12-04: Communicator(**options) treats None as "not
+given", as init does (finding 16); Layout.of raises ValueError as documented (finding 20)."""
 
 import jax.numpy as jnp
 import pytest
@@ -20,3 +21,11 @@ def test_none_options_are_not_given(mesh, monkeypatch):
         assert comm.diagnostics()["proxied"] is True
     finally:
         comm.close()
+
+
+def test_layout_of_unknown_name_raises_value_error():
+    """Layout.of raised a bare KeyError; the codes' contract (Dtype.of) is ValueError."""
+    from jax_moe_a2a.dtypes import Layout
+    assert Layout.of("expert_major") == Layout.EXPERT_MAJOR
+    with pytest.raises(ValueError, match="layout: expected one of"):
+        Layout.of("dense")
