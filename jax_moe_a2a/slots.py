@@ -27,6 +27,19 @@ def _alive(state) -> bool:
     return ref is None or not callable(ref) or ref() is not None
 
 
+def _enclosing(state) -> list:
+    """The traces enclosing the one of `state`, nearest first (`parent_trace`, jax 0.10, 0.11), or
+    [] where JAX does not say."""
+    ref = getattr(state, "_trace_ref", None)
+    trace = ref() if callable(ref) else None
+    out = []
+    while trace is not None and len(out) < 1000:
+        trace = getattr(trace, "parent_trace", None)
+        if trace is not None:
+            out.append(trace)
+    return out
+
+
 class SlotTracker:
     """Which slots have a dispatch in flight in each trace being built: from dispatch_send until
     the combine_recv on that slot (a combine on another slot frees the dispatch's slot at its
@@ -105,11 +118,19 @@ class SlotTracker:
             return
         with self._lock:
             busy = self._find(state, create=False)
-            if busy is not None:
-                busy.pop(slot, None)
+            if busy is not None and slot in busy:
+                busy.pop(slot)
                 return
-            # No dispatch in this trace: a cycle that began in an enclosing trace ends in a nested
-            # one (e.g. the combine inside a jax.checkpoint body). Free the slot where it is open.
+            # Not open in this trace: a cycle that began in an enclosing trace ends in a nested
+            # one (e.g. the combine inside a jax.checkpoint body). Free it in the nearest
+            # enclosing trace that holds it; where none does (JAX does not say which traces
+            # enclose this one, or the cycle began in a trace apart from them), in every trace
+            # that holds it, rather than refuse the next dispatch there.
+            for trace in _enclosing(state):
+                for t, d in self._traces:
+                    if getattr(t, "_trace_ref", lambda: None)() is trace and slot in d:
+                        d.pop(slot)
+                        return
             for _, d in self._traces:
                 d.pop(slot, None)
 

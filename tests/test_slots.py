@@ -124,3 +124,22 @@ def test_a_combine_holds_its_slot_until_its_recv(comm):
     with pytest.raises(ValueError, match="slot 1: a dispatch on slot 1 is still in flight"):
         _trace(comm, busy)
     _trace(comm, fine)
+
+
+def test_a_cycle_that_ends_in_a_nested_trace_frees_the_enclosing_traces_slot(comm):
+    """Review finding 15: a combine inside a jax.checkpoint body for a dispatch of the enclosing
+    trace freed the slot only when the body had no slot state of its own (then in EVERY trace
+    holding that slot). With a cycle of its own on another slot in the body, the enclosing
+    trace's slot stayed busy and its next dispatch there was refused. The slot is freed in the
+    nearest enclosing trace that holds it."""
+    def fn(x, i, w):
+        got0 = comm.dispatch(x, i, w, slot=0)
+
+        def body(x, got0):
+            got1 = comm.dispatch(x, i, w, slot=1)
+            o1 = comm.combine(_experts(got1), got1)
+            return o1 + comm.combine(_experts(got0), got0)
+        out = jax.checkpoint(body)(x, got0)
+        got2 = comm.dispatch(x, i, w, slot=0)  # slot 0 is free again
+        return out + comm.combine(_experts(got2), got2)
+    _trace(comm, fn)
