@@ -1,6 +1,7 @@
 """custom_vjp rules for backends that JAX cannot differentiate (FFI calls): the receive halves.
 
-Every half is differentiable on every backend. The FFI backends' halves are opaque calls, so the
+Every half is differentiable in reverse mode on every backend (forward mode, jax.jvp, only on the
+pure-JAX backends: these rules are custom_vjps). The FFI backends' halves are opaque calls, so the
 rules sit on the receive halves and the send halves only carry their differentiable inputs through
 the handles (`DispatchHandle.x`, `CombineHandle.y`, and the router weights in `Route`), while the
 FFI calls see them through `stop_gradient`:
@@ -44,7 +45,10 @@ class Halves:
       send(x, ids, w, n, slot, *, x_scale, after, mask, given) -> DispatchHandle
       recv(handle, count=True) -> Dispatched (count=False: not in stats(), no debug check)
       combine_send(y, got, slot, after=None) -> CombineHandle
-      combine_recv(handle, out, pairs=False) -> [T, H] (and [T, K, H] f32 rows with pairs)."""
+      combine_recv(handle, out, pairs=False) -> [T, H] (and [T, K, H] f32 rows with pairs).
+    order: the communicator's `slots.SlotOrder` (each slot's last exchange in each trace; holds
+    no reference to the communicator), or None: no ordering of the backward's exchanges beyond
+    their data."""
 
     spec: Spec
     axis: Any
@@ -52,6 +56,7 @@ class Halves:
     recv_ref: Callable
     combine_send_ref: Callable
     combine_recv_ref: Callable
+    order: Any = None
 
     @staticmethod
     def _live(ref):
@@ -116,6 +121,28 @@ def fp8_guard(a, what: str):
     return f(a)
 
 
+def _slot_token(comm, slot, keep):
+    """The communicator's `slots.SlotToken` of `slot` in the trace being built (or None), held
+    in `keep` (a list of the rule's) as long as the rule: the SlotOrder holds it weakly."""
+    if comm.order is None:
+        return None
+    tok = comm.order.token(slot)
+    keep.append(tok)
+    return tok
+
+
+def _order(after, tok):
+    """`after` for a backward exchange on a slot: `after` and the result of the slot's last
+    exchange traced in this trace (`tok`, a slots.SlotToken or None), when there is one."""
+    token = None if tok is None else tok.get()
+    return after if token is None else (after, token)
+
+
+def _note(tok, token):
+    if tok is not None:
+        tok.set(token)
+
+
 def _axes_or(a, comm):
     return _axes_of(a, comm) if a is not None else ()
 
@@ -128,12 +155,24 @@ def dispatch_recv(comm: Halves, handle: DispatchHandle, count: bool = True) -> D
     w_axes = _axes_of(handle.route.topk_weights, comm)
     x_dtype = None if handle.x is None else handle.x.dtype
     zeros = _zero_cotangent(handle, comm.axis)
+    # The slot's token (slots.SlotOrder): the forward combines leave their outputs there, and
+    # this rule's backward combine on the slot runs after the slot's last exchange traced before
+    # it (the forward's combine, or a backward exchange), whatever the cotangent depends on.
+    # Taken in f/fwd too, so that it lives (held by this rule) until the backward is traced.
+    keep, cycle = [], object()  # cycle: this dispatch's identity in the slot's token
+
+    def begin():
+        tok = _slot_token(comm, handle.slot, keep)
+        if tok is not None:
+            tok.cycle = tok.dispatched = cycle
 
     @jax.custom_vjp
     def f(handle):
+        begin()
         return comm.recv(handle, count=count)
 
     def fwd(handle):
+        begin()
         got = comm.recv(handle, count=count)
         return got, got
 
@@ -144,7 +183,28 @@ def dispatch_recv(comm: Halves, handle: DispatchHandle, count: bool = True) -> D
         valid = got.src[..., 0] >= 0
         gx = jnp.where(valid[..., None], g.x.astype(jnp.float32), 0.0).astype(spec.combine_wire_dtype(jnp.float32))
         unit = dataclasses.replace(got.route, topk_weights=jnp.ones_like(got.route.topk_weights))
-        back = comm.combine_recv(comm.combine_send(gx, dataclasses.replace(got, route=unit), got.slot, after=g.x), None)
+        # after: the cotangent (this combine needs it anyway) and the slot's last exchange (the
+        # forward's last combine there, or the backward exchange traced before this one): without
+        # it, a loss that reaches got.x but not the combine left this combine free to run before
+        # the forward's combine on the slot, or beside another layer's backward exchanges there,
+        # and the host backend waited for the slot until timeout_s.
+        tok = _slot_token(comm, got.slot, keep)
+        if tok is not None and tok.dispatched is not None and tok.dispatched is not cycle:
+            # The slot's routing state is known to be another dispatch's (a later layer's on the
+            # slot, when this dispatch's combine is not differentiated, so that combine's backward
+            # dispatch did not run just before): the host backend's combine would take that
+            # dispatch's offsets. Dispatch this route again first (zero rows; not in stats()), so
+            # that the slot holds it. Unknown (None: the forward halves were traced apart, as
+            # under jax.checkpoint): the slot is taken to hold it, as combine's backward dispatch
+            # on it left it.
+            r = got.route
+            zx = varying(jnp.zeros((spec.max_tokens_per_rank, spec.hidden), spec.dispatch_dtype), w_axes)
+            again = comm.recv(comm.send(zx, r.topk_ids, r.topk_weights, r.num_tokens, got.slot,
+                                        after=_order(g.x, tok), mask=r.rank_mask), count=False)
+            _note(tok, again.x)
+        back = comm.combine_recv(comm.combine_send(gx, dataclasses.replace(got, route=unit), got.slot,
+                                                   after=_order(g.x, tok)), None)
+        _note(tok, back)
         if spec.tp_size > 1:  # only the member that sent a token gets its gradient
             rank = jax.lax.axis_index(comm.axis)
             t = jnp.arange(spec.max_tokens_per_rank)
@@ -165,15 +225,36 @@ def combine_recv(comm: Halves, handle: CombineHandle, out):
     has_out = out is not None
     y_axes, w_axes = _axes_or(handle.y, comm), _axes_of(handle.route.topk_weights, comm)
     out_axes = _axes_of(out, comm) if has_out else ()
+    out_dtype = out.dtype if has_out else None  # its cotangent's dtype (g is Spec.combine_dtype's)
     y_dtype = None if handle.y is None else handle.y.dtype
-    zeros, slot = _zero_cotangent(handle, comm.axis), handle.slot
+    # The backward dispatch runs on the DISPATCH's slot (got.slot), not the combine's: the
+    # dispatch's own backward (a combine on got.slot, dispatch_recv's rule) then finds that slot's
+    # routing state (the host backend's combine offsets: its last dispatch's) to be this route's.
+    # On the combine's slot, a later dispatch that reused got.slot would have left its own there.
+    zeros, slot = _zero_cotangent(handle, comm.axis), handle.got.slot
+
+    # This combine's output is the last exchange on its slots (the dispatch's and its own) in
+    # the trace f or fwd run in: the next backward exchange there follows it (slots.SlotOrder).
+    keep = []
+
+    box = {}
+
+    def note(res):
+        for z in sorted({slot, handle.slot}):
+            tok = _slot_token(comm, z, keep)
+            _note(tok, res)
+            if z == slot and tok is not None:
+                box["cycle"] = tok.cycle  # the dispatch this combine answers (its latest on slot)
 
     @jax.custom_vjp
     def f(handle, out):
-        return comm.combine_recv(handle, out if has_out else None)
+        res = comm.combine_recv(handle, out if has_out else None)
+        note(res)
+        return res
 
     def fwd(handle, out):
         res, pairs = comm.combine_recv(handle, out if has_out else None, pairs=True)
+        note(res)
         return res, (handle.got, pairs)
 
     def bwd(res, g):
@@ -187,11 +268,16 @@ def combine_recv(comm: Halves, handle: CombineHandle, out):
         gf = g.astype(jnp.float32)
         grad_w = jnp.einsum("th,tkh->tk", gf, pairs)
         r = got.route
-        # `after=pairs`: this second dispatch on the slot must follow the forward's combine_recv
-        # (its FREE signals), and nothing else in the data says so. count=False: stats() count
-        # the dispatches the program calls, not the backward's exchanges.
+        # after: `pairs` and the slot's last exchange traced so far (the forward's last combine
+        # there, or another layer's backward exchange): this dispatch on the slot must follow
+        # them (their FREE signals), and nothing else in the data says so. count=False: stats()
+        # count the dispatches the program calls, not the backward's exchanges.
+        tok = _slot_token(comm, slot, keep)
         got_g = comm.recv(comm.send(gf, r.topk_ids, r.topk_weights, r.num_tokens, slot,
-                                    after=pairs, mask=r.rank_mask), count=False)
+                                    after=_order(pairs, tok), mask=r.rank_mask), count=False)
+        _note(tok, got_g.x)  # the slot's next backward exchange follows this one
+        if tok is not None:  # the slot holds the forward dispatch's route again
+            tok.dispatched = box.get("cycle")
         valid = got.src[..., 0] >= 0
         rows = got_g.x.astype(jnp.float32) * got.weights[..., None]
         ct = zeros()
@@ -199,7 +285,7 @@ def combine_recv(comm: Halves, handle: CombineHandle, out):
         grad_y = None
         if y_dtype is not None:
             grad_y = like_primal(jnp.where(valid[..., None], rows, 0.0).astype(y_dtype), y_axes)
-        grad_out = like_primal(g, out_axes) if has_out else None
+        grad_out = like_primal(g.astype(out_dtype), out_axes) if has_out else None
         return dataclasses.replace(ct, route=route, y=grad_y), grad_out
 
     f.defvjp(fwd, bwd)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import itertools
 import weakref
 from typing import Optional
@@ -27,13 +28,13 @@ from . import debug as _debug
 from . import elastic
 from . import runtime as _runtime
 from .backends.base import Ctx
-from .config import COMMON_OPTIONS, Config, check_options  # noqa: F401 (check_options: re-exported)
+from .config import Config, check_options  # noqa: F401 (check_options: re-exported, tests/test_options.py)
 from .dtypes import COMBINE_DTYPES, FP8_DTYPES, INPUT_DTYPES
 from .eplb import ExpertMap, check_expert_map, map_ids
 from .errors import DroppedRowsError, PeerFailure, copy_of, shape_err  # noqa: F401 (PeerFailure: re-exported)
 from .groups import ep_groups, local_members
 from .quant import dequantize_fp8
-from .slots import SlotTracker
+from .slots import SlotOrder, SlotTracker
 from .spec import Spec
 from .types import CombineHandle, DispatchHandle, Dispatched, Route
 
@@ -112,13 +113,17 @@ class Communicator:
         self.collect_stats = bool(collect_stats) or self.debug
         self._backend = _backends.create(backend)
         self.backend_name = self._backend.name
-        self.options = dict(options)  # Config.build refuses a name the backend does not declare
+        # None: not given (as init filters them; a None proxied=... would hide the backend's
+        # default, e.g. $JAX_MOE_A2A_HOST_PROXIED). Config.build refuses a name the backend does
+        # not declare.
+        self.options = {k: v for k, v in options.items() if v is not None}
         self.config = Config.build(spec, self.num_ranks, self._backend, timeout_s=self.timeout_s,
                                    options=self.options)
         self.comm_id = next(_COMM_IDS)
         self._call_ids = itertools.count(1)
         self._counters = _debug.Counters()  # what the executed dispatches counted; debug=True errors
         self._slots = SlotTracker()
+        self._order = SlotOrder()  # the order of the FFI backends' backward exchanges (autodiff.py)
         try:
             self._backend.open(self.config, mesh, axis, self.comm_id)
         except BaseException:
@@ -240,9 +245,10 @@ class Communicator:
             An int outside [0, T] raises; a device value outside it is clamped to [0, T],
             counted in stats()['clamped'], and raised by debug=True.
           slot: buffer slot in [0, Spec.slots) (static).
-          after: optional array this send must run after. XLA orders the halves only through data;
-            two uses of one slot that share no data (e.g. a backward pass reusing the forward's
-            slot) need it.
+          after: optional array, or pytree of arrays, this send must run after (never read; no
+            gradient flows through it, so a value on the differentiated path is fine). XLA orders
+            the halves only through data; two uses of one slot that share no data need it. The
+            pure-JAX backends (reference, ragged) ignore it: XLA orders their collectives.
           expert_map: optional `ExpertMap` (redundant experts, EPLB): topk_ids are then LOGICAL
             expert ids, each pair sent to one replica (jax_moe_a2a/eplb.py has the rule); the
             backend and `got.group_sizes` see PHYSICAL experts (Spec.num_experts of them).
@@ -264,13 +270,22 @@ class Communicator:
         slot = self._check_slot(slot)
         self._validate_dispatch(x, topk_ids, topk_weights, x_scale)
         mask = self._check_rank_mask(rank_mask)
+        logical_ids = topk_ids
         topk_ids = self._map_experts(topk_ids, expert_map, mask)
         n, given = self._num_tokens(num_tokens)
-        self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
+        ctx = self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
         self._slots.open(slot, self.spec.slots)
         if self.spec.is_fp8 and x_scale is None:  # one rule on every backend: fp8 rows have no gradient
             x = autodiff.fp8_guard(x, "dispatch")
-        return self._send(x, topk_ids, topk_weights, n, slot, x_scale=x_scale, after=after, mask=mask, given=given)
+        handle = self._send(x, topk_ids, topk_weights, n, slot, x_scale=x_scale, after=after, mask=mask, given=given)
+        if not self.debug:
+            return handle
+        # debug=True names the first bad pair as the caller gave it: with an expert map, its
+        # logical id (the mapped one is the map's doing: physical E for no replica)
+        bad = _debug.first_bad_pair(self.spec, topk_ids, n, ctx.rank,
+                                    None if expert_map is None else logical_ids,
+                                    0 if expert_map is None else int(expert_map.physical.shape[0]))
+        return dataclasses.replace(handle, bad_pair=bad)
 
     def _send(self, x, topk_ids, topk_weights, n, slot, *, x_scale=None, after=None, mask=None,
               given=None) -> DispatchHandle:
@@ -321,12 +336,15 @@ class Communicator:
                 x, scale = dequantize_fp8(x, scale, self.spec.scale_block).astype(self.spec.recv_dtype), None
         dropped = handle.num_dropped
         if count:
-            psum_axis = self.axis if self._backend.debug_psum else None
+            gather_axis = self.axis if self._backend.debug_psum else None  # every rank's findings gathered
             clamped = None if handle.tokens_given is None else (handle.tokens_given != route.num_tokens).astype(jnp.int32)
-            detail = _debug.first_bad_pair(self.spec, route.topk_ids, route.num_tokens, ctx.rank) if self.debug else None
+            detail = None
+            if self.debug:
+                detail = handle.bad_pair if handle.bad_pair is not None else _debug.first_bad_pair(
+                    self.spec, route.topk_ids, route.num_tokens, ctx.rank)
             dropped, gate = _debug.record(self._counters, dropped, r.num_overflow, handle.num_masked, clamped,
                                           tokens_given=handle.tokens_given, detail=detail, rank=ctx.rank,
-                                          spec=self.spec, collect=self.collect_stats, debug=self.debug, psum_axis=psum_axis)
+                                          spec=self.spec, collect=self.collect_stats, debug=self.debug, gather_axis=gather_axis)
             if self.debug:  # what follows the dispatch (the combine's communication too) waits for the check
                 # An optimisation barrier orders XLA's schedule, but XLA:CPU runs thunks as soon as their
                 # buffers are ready: only a data dependency keeps a rank whose check raised from
@@ -334,6 +352,10 @@ class Communicator:
                 x, scale, weights, src, placement = _debug.after(gate, (x, scale, weights, src, placement))
                 dropped, x, weights, placement = jax.lax.optimization_barrier((dropped, x, weights, placement))
         route = Route(route.topk_weights, route.num_tokens, route.topk_ids, placement, route.rank_mask, self.comm_id)
+        # got.weights carries no gradient on any backend (docs/api.md "Differentiation"): the router
+        # weights' gradient flows through combine (route.topk_weights). JAX would otherwise
+        # differentiate the pure-JAX backends' received weights, which the FFI rules cannot.
+        weights = jax.lax.stop_gradient(weights)
         return Dispatched(x, scale, r.group_sizes, weights, src, dropped, r.num_overflow, route, handle.slot,
                           self.comm_id, num_masked=handle.num_masked)
 
@@ -346,11 +368,17 @@ class Communicator:
             Spec.combine_dtype first (the combine buffers are sized for it; set combine_dtype
             f32 to send f32 outputs exactly). Accumulation is f32 either way.
           got: the `Dispatched` of the matching dispatch.
-          slot: buffer slot (default: the dispatch's).
+          slot: buffer slot (static; default: the dispatch's). Another slot must be free in this
+            trace (no dispatch or combine in flight on it; else ValueError naming the free
+            slots); it is then held by this combine until its combine_recv, and the dispatch's
+            slot is free from here on.
+          after: optional array or pytree of arrays this send must run after (never read; no
+            gradient flows through it), as in dispatch_send.
+        Returns: a CombineHandle for `combine_recv`.
         """
         y, slot = self._check_combine(y, got, slot)
-        if slot != got.slot:  # the dispatch's slot is done once its rows are read back here
-            self._slots.close(got.slot)
+        if slot != got.slot:  # the dispatch's slot is done once its rows are read back here; the
+            self._slots.move(got.slot, slot, self.spec.slots)  # combine's, busy until combine_recv
         if self.spec.is_fp8:  # one rule on every backend: no gradient through an fp8 dispatch's combine
             y = autodiff.fp8_guard(y, "combine")
         return self._combine_send(y, got, slot, after=after)
@@ -443,7 +471,7 @@ class Communicator:
         weakly (the traced program keeps the rules)."""
         return autodiff.Halves(self.spec, self.axis, weakref.WeakMethod(self._send),
                                weakref.WeakMethod(self._recv_plain), weakref.WeakMethod(self._combine_send),
-                               weakref.WeakMethod(self._combine_recv))
+                               weakref.WeakMethod(self._combine_recv), self._order)
 
 
     # ---- introspection -----------------------------------------------------------------------

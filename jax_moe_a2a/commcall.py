@@ -82,13 +82,19 @@ def _jvp(primals, tangents, **params):
     """The calls have no derivative of their own: the custom_vjp rules of jax_moe_a2a/autodiff.py
     give the halves theirs, and pass the float operands through stop_gradient. What still reaches
     here are integer operands (routing) whose tangents are float0 zeros: ignored, the outputs'
-    tangents are zero. A float operand with a tangent would be a bug of ours: refused."""
-    for p, t in zip(primals, tangents):
+    tangents are zero. A float operand with a tangent is refused, naming the call and operand:
+    the communicator stop-gradients every operand it passes (`after=` included), so it comes from
+    code that calls a backend's halves or `comm_call` directly, or from forward-mode autodiff
+    (jax.jvp / jacfwd), which the FFI halves do not support (their rules are reverse-mode)."""
+    for i, (p, t) in enumerate(zip(primals, tangents)):
         if type(t) is not _ad_util.Zero and getattr(t, "dtype", None) != jax.dtypes.float0:
             raise NotImplementedError(
-                f"jax_moe_a2a: {params['target_name']} was differentiated through a float operand "
-                f"{getattr(p, 'dtype', '?')}{list(getattr(p, 'shape', ()))}: the halves' gradients come from "
-                "jax_moe_a2a/autodiff.py's rules, which must keep every float operand out of the tangent")
+                f"jax_moe_a2a: {params['target_name']} got a tangent for its float operand {i} "
+                f"({getattr(p, 'dtype', '?')}{list(getattr(p, 'shape', ()))}): the FFI halves have no derivative "
+                "of their own. Through a Communicator, their gradients come from reverse-mode rules (jax.grad, "
+                "jax.vjp); forward-mode (jax.jvp, jax.jacfwd) is not supported on this backend (the reference "
+                "and ragged backends support it). Calling a backend or comm_call directly: pass the operand "
+                "through jax.lax.stop_gradient")
     outs = comm_call_p.bind(*primals, **params)
     return outs, [_ad_util.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
 

@@ -10,10 +10,12 @@ import numpy as np
 
 LAYOUTS = ("ragged", "expert_major")
 FP8_DTYPES = (np.dtype(jnp.float8_e4m3fn),)
-# dispatch's wire dtypes (Spec.dispatch_dtype), its input dtypes (x), combine's dtypes (y, output)
-WIRE_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32)) + FP8_DTYPES
-INPUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
-COMBINE_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
+# The 16/32-bit float dtypes: dispatch's input dtypes (x, without fp8 scales) and combine's
+# dtypes (y, Spec.combine_dtype, Spec.recv_dtype) are this one set; two names for the two roles.
+FLOAT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
+WIRE_DTYPES = FLOAT_DTYPES + FP8_DTYPES  # dispatch's wire dtypes (Spec.dispatch_dtype)
+INPUT_DTYPES = FLOAT_DTYPES              # x (fp8 x comes with x_scale)
+COMBINE_DTYPES = FLOAT_DTYPES            # y, combine's output, Spec.recv_dtype
 
 
 class Dtype(enum.IntEnum):
@@ -55,11 +57,15 @@ class Layout(enum.IntEnum):
 
     @classmethod
     def of(cls, name: str) -> "Layout":
-        return {"ragged": cls.RAGGED, "expert_major": cls.EXPERT_MAJOR}[name]
-
-
-__all__ = ["Dtype", "Layout", "LAYOUTS", "FP8_DTYPES", "WIRE_DTYPES", "INPUT_DTYPES", "COMBINE_DTYPES"]
+        """The code of a layout name ("ragged", "expert_major"); ValueError for any other."""
+        codes = {"ragged": cls.RAGGED, "expert_major": cls.EXPERT_MAJOR}
+        if name not in codes:
+            raise ValueError(f"layout: expected one of {LAYOUTS}, got {name!r}")
+        return codes[name]
 
 
 # The fp8 dtype of the library (e4m3fn, the dtype of FP8_DTYPES): quantised rows and weights.
 FP8 = jnp.float8_e4m3fn
+
+__all__ = ["Dtype", "Layout", "LAYOUTS", "FP8", "FP8_DTYPES", "FLOAT_DTYPES", "WIRE_DTYPES", "INPUT_DTYPES",
+           "COMBINE_DTYPES"]

@@ -5,6 +5,7 @@ of ours."""
 from __future__ import annotations
 
 import threading
+import weakref
 
 try:
     from jax.extend.core import get_opaque_trace_state as _get_opaque_trace_state
@@ -26,9 +27,23 @@ def _alive(state) -> bool:
     return ref is None or not callable(ref) or ref() is not None
 
 
+def _enclosing(state) -> list:
+    """The traces enclosing the one of `state`, nearest first (`parent_trace`, jax 0.10, 0.11), or
+    [] where JAX does not say."""
+    ref = getattr(state, "_trace_ref", None)
+    trace = ref() if callable(ref) else None
+    out = []
+    while trace is not None and len(out) < 1000:
+        trace = getattr(trace, "parent_trace", None)
+        if trace is not None:
+            out.append(trace)
+    return out
+
+
 class SlotTracker:
     """Which slots have a dispatch in flight in each trace being built: from dispatch_send until
-    the combine_recv on that slot (docs/overlap.md: each slot runs dispatch_send, dispatch_recv,
+    the combine_recv on that slot (a combine on another slot frees the dispatch's slot at its
+    combine_send and holds its own slot until its combine_recv) (docs/overlap.md: each slot runs dispatch_send, dispatch_recv,
     combine_send, combine_recv before its next dispatch_send). A second dispatch_send on a busy
     slot in the same trace would hang the FFI backends (it waits for the peers' dispatch_recv of
     the first, which XLA may order after it) or mix up routing state, so it is refused at trace
@@ -74,19 +89,110 @@ class SlotTracker:
                     f"or finish the first dispatch's combine first")
             busy[slot] = True
 
-    def close(self, slot: int):
+    def move(self, from_slot: int, slot: int, num_slots: int):
+        """A combine_send on `slot` for the dispatch on `from_slot` (slot != from_slot): refused
+        (ValueError naming the free slots) when `slot` has a dispatch or another combine in flight
+        in this trace; else the dispatch's slot is done (its rows are read back) and `slot` is
+        held by this combine until its combine_recv closes it."""
         state = self._state()
         if state is None:
             return
         with self._lock:
             busy = self._find(state, create=False)
-            if busy is not None:
-                busy.pop(slot, None)
+            if busy is not None and slot in busy:
+                free = [z for z in range(num_slots) if z not in busy or z == from_slot]
+                raise ValueError(
+                    f"slot {slot}: combine_send(slot={slot}) onto a slot that is in use in this trace (a "
+                    f"dispatch or a combine on slot {slot} has not reached its combine_recv yet); the "
+                    f"combine would wait for that slot to be freed. Combine on a free slot (free: {free}, "
+                    f"the dispatch's own slot {from_slot} among them; Spec.slots={num_slots}) or finish "
+                    f"the other cycle on slot {slot} first")
+        self.close(from_slot)
+        self.open(slot, num_slots)
+
+    def close(self, slot: int):
+        """The cycle holding `slot` in this trace is over (combine_recv; or combine_send on
+        another slot, for the dispatch's)."""
+        state = self._state()
+        if state is None:
+            return
+        with self._lock:
+            busy = self._find(state, create=False)
+            if busy is not None and slot in busy:
+                busy.pop(slot)
                 return
-            # No dispatch in this trace: a cycle that began in an enclosing trace ends in a nested
-            # one (e.g. the combine inside a jax.checkpoint body). Free the slot where it is open.
+            # Not open in this trace: a cycle that began in an enclosing trace ends in a nested
+            # one (e.g. the combine inside a jax.checkpoint body). Free it in the nearest
+            # enclosing trace that holds it; where none does (JAX does not say which traces
+            # enclose this one, or the cycle began in a trace apart from them), in every trace
+            # that holds it, rather than refuse the next dispatch there.
+            for trace in _enclosing(state):
+                for t, d in self._traces:
+                    if getattr(t, "_trace_ref", lambda: None)() is trace and slot in d:
+                        d.pop(slot)
+                        return
             for _, d in self._traces:
                 d.pop(slot, None)
 
 
-__all__ = ["SlotTracker"]
+class SlotToken:
+    """The result of the last exchange on one slot traced so far in one trace (a forward combine,
+    or a backward exchange of the custom_vjp rules, jax_moe_a2a/autodiff.py), which the next
+    backward exchange on the slot is ordered after (`after=`), and which dispatch's routing the
+    slot holds. `get` returns the token only in the trace that set it (a tracer of another trace
+    must not be used there)."""
+
+    __slots__ = ("_state", "_token", "cycle", "dispatched", "__weakref__")
+
+    def __init__(self):
+        self._state, self._token = None, None
+        # cycle: the identity of the latest dispatch received on the slot in this trace;
+        # dispatched: the cycle whose route the slot's latest dispatch (forward, or a backward
+        # one of the rules) had, i.e. whose routing state the slot holds then (the host
+        # backend's combine offsets), or None.
+        self.cycle, self.dispatched = None, None
+
+    def set(self, token):
+        """token: any array (or pytree of arrays) of the trace being built."""
+        self._state, self._token = _trace_state(), token
+
+    def get(self):
+        """The last token set in the trace being built, else None."""
+        if self._token is None or self._state is None or self._state != _trace_state():
+            return None
+        return self._token
+
+
+class SlotOrder:
+    """Each slot's `SlotToken` in each trace being built, held weakly: the custom_vjp rules that
+    set or read a slot's token hold it (they live as long as JAX needs them), so that the FFI
+    backends' backward exchanges on a slot run one after another, after the forward's last
+    exchange there, in the order they are traced (reverse program order), whatever their
+    cotangents depend on."""
+
+    MAX_TRACES = 64
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._traces = []  # [(trace state, {slot: weakref.ref(SlotToken)})]
+
+    def token(self, slot: int) -> SlotToken:
+        """The token of `slot` in the trace being built (a fresh one outside any trace)."""
+        state = _trace_state()
+        if state is None:
+            return SlotToken()
+        with self._lock:
+            self._traces = [(t, d) for t, d in self._traces if _alive(t)]
+            d = next((d for t, d in self._traces if t == state), None)
+            if d is None:
+                d = {}
+                self._traces.append((state, d))
+                del self._traces[:-self.MAX_TRACES]
+            tok = d[slot]() if slot in d else None
+            if tok is None:
+                tok = SlotToken()
+                d[slot] = weakref.ref(tok)
+            return tok
+
+
+__all__ = ["SlotTracker", "SlotToken", "SlotOrder"]

@@ -8,7 +8,7 @@ from typing import Optional
 import jax.numpy as jnp
 import numpy as np
 
-from .dtypes import COMBINE_DTYPES, FP8_DTYPES, INPUT_DTYPES, LAYOUTS, WIRE_DTYPES  # noqa: F401 (re-exported)
+from .dtypes import COMBINE_DTYPES, FP8_DTYPES, LAYOUTS, WIRE_DTYPES
 
 
 def _pos_int(name: str, value) -> int:

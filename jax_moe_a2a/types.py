@@ -36,7 +36,8 @@ class Route:
       topk_weights: [T, K] f32, the router weights given to dispatch (used by combine_recv).
       num_tokens:   [] int32, rows at or past it are ignored / zero in combine's output.
       topk_ids:     [T, K] int32 physical expert ids as dispatched (after `expert_map`, before the
-                    rank mask); the backward of a one-shot combine dispatches them again.
+                    rank mask); combine's backward (the FFI backends' rule, split halves or
+                    one-shot) dispatches them again.
       placement:    the backend's record of where each pair went and where each received row
                     came from (a pytree of int32 arrays whose type the backend defines, e.g.
                     `jax_moe_a2a.backends.ffi.FfiPlacement`).
@@ -69,6 +70,8 @@ class DispatchHandle:
                    clamped to [0, T] (route.num_tokens); None when given as an int or left out.
       x:           [T, H] the dispatched rows as given (what the gradient of `dispatch_recv`
                    flows back to; never read by the forward).
+      bad_pair:    [5] int32 debug=True's first bad pair (jax_moe_a2a.debug.first_bad_pair: with
+                   an expert map, of the logical ids as given), or None (debug=False).
       slot:        static buffer slot; comm_id: the communicator that made it.
     """
 
@@ -80,9 +83,11 @@ class DispatchHandle:
     x: Optional[Any] = None
     slot: int = 0
     comm_id: int = 0
+    bad_pair: Optional[Any] = None
 
 
-_register(DispatchHandle, ["wire", "route", "num_dropped", "num_masked", "tokens_given", "x"], ["slot", "comm_id"])
+_register(DispatchHandle, ["wire", "route", "num_dropped", "num_masked", "tokens_given", "x", "bad_pair"],
+          ["slot", "comm_id"])
 
 
 @dataclasses.dataclass(frozen=True)

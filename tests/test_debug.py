@@ -168,3 +168,35 @@ def test_one_bad_id_gives_one_concise_error(backend, tmp_path):
     assert "1 dropped pair" in caught[0] and "on this rank" not in caught[0], caught[0]
     assert len(caught[0]) < 300, caught[0]
     assert res.stderr.strip() == "", res.stderr[-3000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad,want", [(8, "logical expert 8 has no replica in the expert map"),
+                                      (11, r"logical expert 11 is outside \[0, 9\)"),
+                                      (2, "logical expert 2 repeats an earlier id of its token")])
+def test_expert_map_errors_name_the_logical_id(backend, bad, want):
+    """With an expert map, debug=True named the PHYSICAL id the map produced ('expert id 8 is
+    outside [0, 8)' for logical expert 8, which has no replica): an id the caller never passed.
+    It names the logical id as given, and why (review finding 10)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    n = 4
+    mesh = T.make_mesh(n)
+    spec = a2a.Spec(num_experts=8, experts_per_token=2, hidden=16, max_tokens_per_rank=8)
+    emap = a2a.ExpertMap.from_replicas([[0], [1], [2], [3], [4], [5], [6], [7], []], num_experts=8)
+    comm = a2a.init(spec, mesh, "ep", backend=backend, debug=True, timeout_s=30)
+    ids = np.tile(np.array([[1, 2]], np.int32), (8, 1))
+    ids[3, 1 if bad != 2 else 0] = bad
+    args = [T.stack_global(mesh, "ep", [np.ones((8, 16), jnp.bfloat16)] * n), T.stack_global(mesh, "ep", [ids] * n),
+            T.stack_global(mesh, "ep", [np.ones((8, 2), np.float32)] * n)]
+
+    def per_rank(x, i, w, m):
+        got = comm.dispatch(x, i, w, expert_map=m)
+        return comm.combine(got.x, got)[None]
+    f = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 3 + (P(),), out_specs=P("ep")))
+    with pytest.raises(a2a.DroppedRowsError, match=f"rank 0, token 3: {want}"):
+        with comm.checked():
+            jax.block_until_ready(f(*args, emap))

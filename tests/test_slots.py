@@ -90,3 +90,56 @@ def test_grad_and_remat_pass(comm):
         gx, gw = jax.grad(loss, argnums=(0, 1))(x, w)
         return gx.astype(jnp.float32) + jnp.sum(gw)
     _trace(comm, fn)
+
+
+def test_combine_onto_a_busy_slot_is_refused(comm):
+    """Review finding 4: combine_send(slot=c) onto a slot where another dispatch is in flight was
+    accepted (the host backend then waited for the slot until timeout_s) and freed that slot in
+    the tracker. It is refused at trace time, naming the free slots."""
+    def fn(x, i, w):
+        ga = comm.dispatch_recv(comm.dispatch_send(x, i, w, slot=0))
+        gb = comm.dispatch_recv(comm.dispatch_send(x, i, w, slot=1))
+        oa = comm.combine_recv(comm.combine_send(_experts(ga), ga, slot=1))  # B's slot
+        return oa + comm.combine(_experts(gb), gb)
+    with pytest.raises(ValueError, match=r"slot 1: combine_send\(slot=1\) onto a slot that is in use.*free: \[0\]"):
+        _trace(comm, fn)
+
+
+def test_a_combine_holds_its_slot_until_its_recv(comm):
+    """A combine on another (free) slot holds it until its combine_recv: a dispatch_send there
+    before that is refused; after it, and on the dispatch's freed slot, it passes."""
+    def busy(x, i, w):
+        ga = comm.dispatch(x, i, w, slot=0)
+        ca = comm.combine_send(_experts(ga), ga, slot=1)
+        comm.dispatch_send(x, i, w, slot=1)
+        return comm.combine_recv(ca)
+
+    def fine(x, i, w):
+        ga = comm.dispatch(x, i, w, slot=0)
+        ca = comm.combine_send(_experts(ga), ga, slot=1)
+        gb = comm.dispatch(x, i, w, slot=0)   # the dispatch's slot is free after its combine_send
+        out = comm.combine_recv(ca)
+        gc = comm.dispatch(x, i, w, slot=1)   # the combine's slot after its combine_recv
+        return out + comm.combine(_experts(gb), gb) + comm.combine(_experts(gc), gc)
+    with pytest.raises(ValueError, match="slot 1: a dispatch on slot 1 is still in flight"):
+        _trace(comm, busy)
+    _trace(comm, fine)
+
+
+def test_a_cycle_that_ends_in_a_nested_trace_frees_the_enclosing_traces_slot(comm):
+    """Review finding 15: a combine inside a jax.checkpoint body for a dispatch of the enclosing
+    trace freed the slot only when the body had no slot state of its own (then in EVERY trace
+    holding that slot). With a cycle of its own on another slot in the body, the enclosing
+    trace's slot stayed busy and its next dispatch there was refused. The slot is freed in the
+    nearest enclosing trace that holds it."""
+    def fn(x, i, w):
+        got0 = comm.dispatch(x, i, w, slot=0)
+
+        def body(x, got0):
+            got1 = comm.dispatch(x, i, w, slot=1)
+            o1 = comm.combine(_experts(got1), got1)
+            return o1 + comm.combine(_experts(got0), got0)
+        out = jax.checkpoint(body)(x, got0)
+        got2 = comm.dispatch(x, i, w, slot=0)  # slot 0 is free again
+        return out + comm.combine(_experts(got2), got2)
+    _trace(comm, fn)

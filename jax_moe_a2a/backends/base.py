@@ -30,7 +30,7 @@ class Ctx:
     axis: Any           # mesh axis name(s) of the EP axis
     rank: Any           # [] int32, jax.lax.axis_index(axis)
     comm_id: int
-    call_id: int        # distinct per call site, so XLA never merges two calls
+    call_id: int        # distinct per call (each half's call, traced or retraced): XLA never merges two
     config: Optional[Config] = None  # the communicator's Config
     group_axes: tuple = ()  # the mesh's other axes (mesh order): each position is one EP group
 
@@ -146,13 +146,19 @@ class Backend:
         raise NotImplementedError
 
     def dispatch_recv(self, ctx: Ctx, wire, placement, slot: int, rank_mask=None) -> Received:
-        """`wire` and `placement` as dispatch_send returned them."""
+        """`wire` and `placement` as dispatch_send returned them (`Sent`); rank_mask as given to
+        dispatch_send. Returns `Received`: x [R, H] / [L, C, H] in Spec.dispatch_dtype (or
+        Spec.recv_dtype where the backend dequantises fp8), scale [.., S] f32 or None, group_sizes
+        [L] int32, weights [R] / [L, C] f32, src [.., 2] int32 (-1 past the counts), num_overflow
+        [] int32, and the placement completed with where each received row came from."""
         raise NotImplementedError
 
     def combine_send(self, ctx: Ctx, y, route, slot: int, after=None, from_slot=None):
         """y in the layout of Dispatched.x (bf16/f16/f32); route: the dispatch's `Route` (its
-        `placement` as dispatch_recv completed it, `rank_mask`). Returns the backend's in-flight
-        record (a pytree), carried in `CombineHandle.wire`. from_slot: the slot of the dispatch
+        `placement` as dispatch_recv completed it, `rank_mask`); after: as in dispatch_send (one
+        array; the FFI backends' `after_operand` packs a pytree). Returns the backend's in-flight
+        record (a pytree of arrays, e.g. `FfiCombineWire`, or the reference backend's rows
+        [N, tp, P, H] as they arrive), carried in `CombineHandle.wire`. from_slot: the slot of the dispatch
         whose rows these are (None: `slot`); a backend whose combine reads per-slot state of the
         dispatch (the host and cuda proxy paths' combine offsets) reads that slot's."""
         raise NotImplementedError
@@ -165,9 +171,10 @@ class Backend:
     # XLA:CPU until its rendezvous aborts the process), so the debug check must stop every rank
     # at once. FFI backends time out and name the missing rank instead.
     xla_collectives = False
-    # True when the debug check may decide for every rank with a psum over the EP axis (XLA
-    # collectives work there: every CPU backend and the pure-JAX ones), so that every rank raises
-    # or none does. The GPU FFI backends set False: XLA's NCCL collectives refuse several processes
+    # True when the debug check may decide for every rank with an XLA collective over the EP axis
+    # (an all_gather of every rank's findings, debug.record's gather_axis; the name predates it:
+    # XLA collectives work there: every CPU backend and the pure-JAX ones), so that every rank
+    # raises or none does. The GPU FFI backends set False: XLA's NCCL collectives refuse several processes
     # on one GPU; there a rank whose check passed ends at its next half's timeout, naming the
     # stopped rank.
     debug_psum = True

@@ -83,8 +83,19 @@ def finish_recv(spec, n, outs, placement: FfiPlacement) -> Received:
 
 
 def after_operand(after):
-    """The ordering operand of the send halves: any array (never read), or an empty one."""
-    return jnp.zeros((0,), jnp.int32) if after is None else after
+    """The ordering operand of the send halves (never read): `after` is None, an array of any
+    shape and dtype, or a pytree of them; the result is one array that exists only once every
+    leaf does: the leaf itself when there is one, else the first element of each non-empty leaf
+    as f32 [number of non-empty leaves] (an empty int32 [0] without any). No gradient flows
+    through it (stop_gradient: the FFI call has no derivative, and the ordering needs none)."""
+    leaves = [jax.lax.stop_gradient(jnp.asarray(a)) for a in jax.tree.leaves(after)
+              if getattr(a, "dtype", None) != jax.dtypes.float0]
+    if len(leaves) == 1:
+        return leaves[0]
+    axes = tuple(sorted(set().union(set(), *(vma(a) for a in leaves))))
+    parts = [varying(a.reshape(-1)[:1].astype(jnp.float32), axes) if axes else a.reshape(-1)[:1].astype(jnp.float32)
+             for a in leaves if a.size]
+    return jnp.concatenate(parts) if parts else jnp.zeros((0,), jnp.int32)
 
 
 def native_reason(flag: str, missing: str, backend: str, platform: str):

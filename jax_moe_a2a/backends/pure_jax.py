@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import quant
-from ..routing import routed_pairs  # noqa: F401 (re-exported: the pure-JAX backends' rule)
+from ..routing import routed_pairs
 
 
 class Pairs(NamedTuple):
