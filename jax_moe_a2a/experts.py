@@ -34,12 +34,7 @@ import numpy as np
 from .axes import like_primal, vma
 from .quant import FP8, dequantize_fp8, quantize_fp8_jax
 
-try:  # the native kernels' wrapper (gemm-cc); absent on older trees
-    from . import gemm_ffi as _gemm_ffi
-    _GEMM_FFI_ERROR = None
-except ImportError as _e:  # pragma: no cover - depends on the tree
-    _gemm_ffi = None
-    _GEMM_FFI_ERROR = f"jax_moe_a2a.gemm_ffi is not available ({_e})"
+from . import gemm_ffi as _gemm_ffi  # the native kernels' calls (they say when they are not built)
 
 IMPLS = ("auto", "native", "xla")
 _FLOATS = tuple(np.dtype(d) for d in (jnp.bfloat16, jnp.float16, jnp.float32))
@@ -138,8 +133,6 @@ def _check_impl(op: str, impl: str):
 
 def native_reason(x, w, x_scale=None, w_scale=None) -> Optional[str]:
     """None when the native kernels take this grouped GEMM here; else why not (one line)."""
-    if _gemm_ffi is None:
-        return _GEMM_FFI_ERROR
     why = _gemm_ffi.native_reason()
     if why is None:
         why = _gemm_ffi.native_supported(x, w, x_scale, w_scale)
