@@ -227,37 +227,19 @@ bool Proxy::post_packed(int z, SlotState& s, uint32_t e, bool* moved) {
   return done;
 }
 
-void Proxy::raise_sources(int z, SlotState& s, uint32_t e, bool all) {
-  SlotCtrl& c = ctrl_->slot[z];
-  for (int src : ex_.remote_ranks()) {
-    if (s.src_landed >> src & 1) continue;
+void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint64_t* flags, uint32_t e, bool all) {
+  for (int r : ex_.remote_ranks()) {
+    if (raised >> r & 1) continue;
     bool in = all;
-    if (!in) {  // seen in every part (PRIV, OVER) of the rows wait
+    if (!in) {  // seen in every part of the wait (PRIV and OVER rows; one part per tp member)
       in = true;
-      for (const protocol::Arrivals::Part& p : s.d_wait.parts)
+      for (const protocol::Arrivals::Part& p : wait.parts)
         for (size_t i = 0; i < p.ranks.size(); ++i)
-          if (p.ranks[i] == src && !p.seen[i]) in = false;
+          if (p.ranks[i] == r && !p.seen[i]) in = false;
     }
     if (!in) continue;
-    store_release(&c.d_landed_from[src], uint64_t(e) + 1);
-    s.src_landed |= 1ull << src;
-  }
-}
-
-void Proxy::raise_comb_sources(int z, SlotState& s, uint32_t c, bool all) {
-  SlotCtrl& k = ctrl_->slot[z];
-  for (int d : ex_.remote_ranks()) {
-    if (s.comb_landed >> d & 1) continue;
-    bool in = all;
-    if (!in) {  // seen in every part (one per tp member) of the combine's wait
-      in = true;
-      for (const protocol::Arrivals::Part& p : s.c_wait.parts)
-        for (size_t i = 0; i < p.ranks.size(); ++i)
-          if (p.ranks[i] == d && !p.seen[i]) in = false;
-    }
-    if (!in) continue;
-    store_release(&k.c_landed_from[d], uint64_t(c) + 1);
-    s.comb_landed |= 1ull << d;
+    store_release(&flags[r], uint64_t(e) + 1);
+    raised |= 1ull << r;
   }
 }
 
@@ -388,7 +370,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       const bool in = ex_.poll(s.d_wait);
       // Per source as its rows are in (not under staging: staged rows are readable after the copy;
       // nor with a landing fence: device rows are readable after it).
-      if (o_.pipeline && !staging_ && !flags_.landing_fence) raise_sources(z, s, e, false);
+      if (o_.pipeline && !staging_ && !flags_.landing_fence) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, false);
       if (!in) {
         check_late(kDispatchRecv, z, e, s.d_wait, "private and overflow rows", s.d_since);
         return false;
@@ -405,7 +387,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       cur_op_ = kDispatchRecv;
       if (!staged(z, s, RowBuffer::kDRecv, kDispatchRecv, e)) return false;
       if (flags_.landing_fence) flags_.landing_fence();
-      if (o_.pipeline) raise_sources(z, s, e, true);  // those not raised yet (staging: all of them)
+      if (o_.pipeline) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, true);  // those not raised yet (staging: all of them)
       raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
@@ -477,7 +459,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
     case kCLanded: {
       cur_op_ = kCombineRecv;
       const bool in = ex_.poll(s.c_wait);
-      if (o_.pipeline && !staging_ && !flags_.landing_fence) raise_comb_sources(z, s, e, false);
+      if (o_.pipeline && !staging_ && !flags_.landing_fence) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, false);
       if (!in) {
         check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
         return false;
@@ -493,7 +475,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
       cur_op_ = kCombineRecv;
       if (!staged(z, s, RowBuffer::kCRecv, kCombineRecv, e)) return false;
       if (flags_.landing_fence) flags_.landing_fence();
-      if (o_.pipeline) raise_comb_sources(z, s, e, true);  // those not raised yet (staging: all of them)
+      if (o_.pipeline) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, true);  // those not raised yet (staging: all of them)
       raise(z, &SlotCtrl::c_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);

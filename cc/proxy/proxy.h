@@ -154,12 +154,10 @@ class Proxy {
   // Slot z's packed combine takes the combine offsets of its dispatch's slot (c_from_slot), once.
   void adopt(int z, SlotState& s);
   void publish_landing(int z);  // slot z's over_base and c_off (and their mirror), before d_landed
-  // Pipelined: raises d_landed_from[src] for the remote sources whose PRIV and OVER rows all
-  // arrived in s.d_wait (every remote source when `all`), once each per epoch.
-  void raise_sources(int z, SlotState& s, uint32_t e, bool all);
-  // The same for a combine: c_landed_from[d] for the remote ranks whose COMB rows all arrived in
-  // s.c_wait (every one when `all`).
-  void raise_comb_sources(int z, SlotState& s, uint32_t c, bool all);
+  // Pipelined: raises flags[r] = e + 1 (d_landed_from of a dispatch's wait, c_landed_from of a
+  // combine's) for the remote ranks whose rows all arrived in `wait` (every remote rank when
+  // `all`), once each per epoch: bit r of `raised` records it.
+  void raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint64_t* flags, uint32_t e, bool all);
   // Posts PRIV to each remote peer whose rows are packed (every one once d_packed is up). True
   // when every remote peer's write is posted; *moved: whether one went out now.
   bool post_packed(int z, SlotState& s, uint32_t e, bool* moved);
