@@ -6,6 +6,7 @@ communicator only through its public methods and attributes."""
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Dict, List, Optional
 
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import oracle, quant
+from . import oracle, quant, runtime
 from ._compat import shard_map  # noqa: F401  (tests and the benchmark use testing.shard_map)
 from .comm import Communicator
 from .spec import Spec
@@ -27,6 +28,20 @@ def make_mesh(num_ranks: Optional[int] = None, axis: str = "ep") -> Mesh:
     if num_ranks > len(devs):
         raise ValueError(f"num_ranks {num_ranks} > {len(devs)} devices")
     return Mesh(np.array(devs[:num_ranks]), (axis,))
+
+
+_SEED_CALLS = itertools.count()
+
+
+def fresh_seed() -> int:
+    """A fresh seed (new random inputs every run) that every process of the job gets the same:
+    process 0 draws it and publishes it in the jax.distributed key-value store. Tests call it in
+    the same order on every process, and put the seed in their failure messages."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    if jax.process_count() == 1:
+        return seed
+    key = f"jax_moe_a2a/test-seed/{next(_SEED_CALLS)}"
+    return int(runtime.exchange(key, {0: seed} if jax.process_index() == 0 else {}, 1, 120.0)[0])
 
 
 def make_inputs(spec: Spec, num_ranks: int, seed: int, *, routing: str = "random",
