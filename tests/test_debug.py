@@ -120,7 +120,8 @@ def test_num_tokens_outside_the_range_is_counted_and_raised_under_debug(backend)
     T.check_all(comm, [inputs[0], dataclasses.replace(inputs[1], num_tokens=0)], res)
     ok = T.run_ops(comm, inputs)  # in range: nothing counted
     jax.effects_barrier()
-    assert comm.stats()["clamped"] == 2 and ok
+    assert comm.stats()["clamped"] == 2
+    T.check_all(comm, inputs, ok)
     dbg = a2a.init(spec, mesh, "ep", backend=backend, debug=True, timeout_s=20)
     with pytest.raises(a2a.DroppedRowsError, match=r"num_tokens (9|-1) .*outside \[0, 4\]"):
         with dbg.checked():
