@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ffi
+from .axes import varying, vma
 from .dtypes import FP8
 
 BF16 = jnp.bfloat16
@@ -80,6 +81,15 @@ def native_reason() -> str | None:
 
 def _dtype(a):
     return None if a is None else np.dtype(a.dtype)
+
+
+def _typed_like(out, *inputs):
+    """An FFI result typed as varying over every mesh axis its inputs vary over inside shard_map
+    (jax.ffi.ffi_call types it from nothing, as if every rank computed the same): a per-rank
+    result typed as replicated would make a custom_vjp's cotangent for a replicated weight skip
+    its sum over the ranks. No-op outside shard_map."""
+    axes = tuple(sorted(set().union(*(vma(a) for a in inputs if a is not None))))
+    return varying(out, axes) if axes else out
 
 
 def native_supported(x, w, x_scale=None, w_scale=None, *, transpose_w: bool = False) -> str | None:
@@ -167,7 +177,7 @@ def grouped_gemm(x, w, group_sizes, *, x_scale=None, w_scale=None, out_dtype=jnp
         (jax.ShapeDtypeStruct(y_shape, out_dtype), jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)),
     )
     y, _ = call(x, w, group_sizes.astype(jnp.int32), xs, wsc, mode=np.int32(_MODE_TRANSPOSE_W if transpose_w else _MODE_FORWARD))
-    return y
+    return _typed_like(y, x, w, group_sizes, x_scale, w_scale)
 
 
 def swiglu(gu, *, quantize_hidden: bool = False, block: int = _BLOCK):
@@ -192,6 +202,7 @@ def swiglu(gu, *, quantize_hidden: bool = False, block: int = _BLOCK):
         (jax.ShapeDtypeStruct(lead + (f,), h_dtype), jax.ShapeDtypeStruct(scale_shape, jnp.float32)),
     )
     h, hs = call(gu.astype(jnp.float32), block=np.int64(block))
+    h, hs = _typed_like(h, gu), _typed_like(hs, gu)
     return (h, hs) if quantize_hidden else (h, None)
 
 
@@ -259,4 +270,5 @@ def grouped_gemm_wgrad(x, dy, group_sizes, *, out_dtype=jnp.float32):
         (jax.ShapeDtypeStruct((L, n, k), jnp.float32), jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)),
     )
     dw, _ = call(x, dy, group_sizes.astype(jnp.int32), empty, empty, mode=np.int32(_MODE_WGRAD))
+    dw = _typed_like(dw, x, dy, group_sizes)
     return dw.astype(out_dtype)
