@@ -20,8 +20,10 @@ namespace a2a::nvshmem {
 
 // This backend's slot layout around the cuda geometry (gpu::make_geometry, cc/gpu/comm.h).
 Layout make_layout(const gpu::Geometry& g);
-// Bytes per rank of each region of the symmetric block for `c` (all slots), in layout order:
-// the one place these sizes are computed; their sum is the block (and buffer_bytes).
+// Bytes per rank of each region for `c` (all slots), in layout order: the one place these sizes
+// are computed. All but the last make the symmetric block; the last, private_combine_bounce, is
+// taken apart from it at connect, only when a peer is remote. Their sum (buffer_bytes) is what a
+// communicator may take: it sizes the arena.
 std::vector<std::pair<std::string, int64_t>> buffer_regions(const Config& c);
 
 class NvComm {
