@@ -40,6 +40,31 @@ def _enclosing(state) -> list:
     return out
 
 
+class _PerTrace:
+    """A table per trace being built ({slot: value}), for the last MAX_TRACES traces still alive.
+    Callers hold `lock` around `table` and every use of the table it returns."""
+
+    MAX_TRACES = 64
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.traces = []  # [(trace state, {slot: value})], oldest first
+
+    def table(self, state, create: bool):
+        """The table of the trace of `state` (a new empty one with create=True, else None when
+        there is none); drops the tables of traces that are gone."""
+        self.traces = [(t, d) for t, d in self.traces if _alive(t)]
+        for t, d in self.traces:
+            if t == state:
+                return d
+        if not create:
+            return None
+        d = {}
+        self.traces.append((state, d))
+        del self.traces[:-self.MAX_TRACES]
+        return d
+
+
 class SlotTracker:
     """Which slots have a dispatch in flight in each trace being built: from dispatch_send until
     the combine_recv on that slot (a combine on another slot frees the dispatch's slot at its
@@ -52,53 +77,30 @@ class SlotTracker:
     custom_vjp rules (jax_moe_a2a/autodiff.py) call the communicator's halves untracked: JAX traces
     them at times it picks, and the one-shot call is tracked in the caller's trace instead."""
 
-    MAX_TRACES = 64
-
     def __init__(self):
-        self._lock = threading.Lock()
-        self._traces = []  # [(trace state, {slot: True while a dispatch is in flight})]
+        self._tables = _PerTrace()  # {slot: True while a dispatch or combine holds it}
 
     def _state(self):
         return _trace_state()
-
-    def _find(self, state, create):
-        self._traces = [(t, d) for t, d in self._traces if _alive(t)]
-        for t, d in self._traces:
-            if t == state:
-                return d
-        if not create:
-            return None
-        d = {}
-        self._traces.append((state, d))
-        del self._traces[:-self.MAX_TRACES]
-        return d
 
     def open(self, slot: int, num_slots: int):
         state = self._state()
         if state is None:
             return
-        with self._lock:
-            busy = self._find(state, create=True)
-            if slot in busy:
-                free = [z for z in range(num_slots) if z not in busy]
-                raise ValueError(
-                    f"slot {slot}: a dispatch on slot {slot} is still in flight in this trace (dispatch_send "
-                    f"without the combine_recv on that slot yet); a slot runs dispatch_send, dispatch_recv, "
-                    f"combine_send, combine_recv before its next dispatch_send. Use another slot "
-                    f"({'free: ' + str(free) if free else 'none free: raise Spec.slots'}, Spec.slots={num_slots}) "
-                    f"or finish the first dispatch's combine first")
-            busy[slot] = True
+        with self._tables.lock:
+            self._open(state, slot, num_slots)
 
     def move(self, from_slot: int, slot: int, num_slots: int):
         """A combine_send on `slot` for the dispatch on `from_slot` (slot != from_slot): refused
         (ValueError naming the free slots) when `slot` has a dispatch or another combine in flight
         in this trace; else the dispatch's slot is done (its rows are read back) and `slot` is
-        held by this combine until its combine_recv closes it."""
+        held by this combine until its combine_recv closes it (one step: no other thread's
+        open or close comes between the check and the update)."""
         state = self._state()
         if state is None:
             return
-        with self._lock:
-            busy = self._find(state, create=False)
+        with self._tables.lock:
+            busy = self._tables.table(state, create=False)
             if busy is not None and slot in busy:
                 free = [z for z in range(num_slots) if z not in busy or z == from_slot]
                 raise ValueError(
@@ -107,8 +109,8 @@ class SlotTracker:
                     f"combine would wait for that slot to be freed. Combine on a free slot (free: {free}, "
                     f"the dispatch's own slot {from_slot} among them; Spec.slots={num_slots}) or finish "
                     f"the other cycle on slot {slot} first")
-        self.close(from_slot)
-        self.open(slot, num_slots)
+            self._close(state, from_slot)
+            self._open(state, slot, num_slots)
 
     def close(self, slot: int):
         """The cycle holding `slot` in this trace is over (combine_recv; or combine_send on
@@ -116,23 +118,40 @@ class SlotTracker:
         state = self._state()
         if state is None:
             return
-        with self._lock:
-            busy = self._find(state, create=False)
-            if busy is not None and slot in busy:
-                busy.pop(slot)
-                return
-            # Not open in this trace: a cycle that began in an enclosing trace ends in a nested
-            # one (e.g. the combine inside a jax.checkpoint body). Free it in the nearest
-            # enclosing trace that holds it; where none does (JAX does not say which traces
-            # enclose this one, or the cycle began in a trace apart from them), in every trace
-            # that holds it, rather than refuse the next dispatch there.
-            for trace in _enclosing(state):
-                for t, d in self._traces:
-                    if getattr(t, "_trace_ref", lambda: None)() is trace and slot in d:
-                        d.pop(slot)
-                        return
-            for _, d in self._traces:
-                d.pop(slot, None)
+        with self._tables.lock:
+            self._close(state, slot)
+
+    def _open(self, state, slot: int, num_slots: int):
+        """open() under the lock."""
+        busy = self._tables.table(state, create=True)
+        if slot in busy:
+            free = [z for z in range(num_slots) if z not in busy]
+            raise ValueError(
+                f"slot {slot}: a dispatch on slot {slot} is still in flight in this trace (dispatch_send "
+                f"without the combine_recv on that slot yet); a slot runs dispatch_send, dispatch_recv, "
+                f"combine_send, combine_recv before its next dispatch_send. Use another slot "
+                f"({'free: ' + str(free) if free else 'none free: raise Spec.slots'}, Spec.slots={num_slots}) "
+                f"or finish the first dispatch's combine first")
+        busy[slot] = True
+
+    def _close(self, state, slot: int):
+        """close() under the lock."""
+        busy = self._tables.table(state, create=False)
+        if busy is not None and slot in busy:
+            busy.pop(slot)
+            return
+        # Not open in this trace: a cycle that began in an enclosing trace ends in a nested
+        # one (e.g. the combine inside a jax.checkpoint body). Free it in the nearest
+        # enclosing trace that holds it; where none does (JAX does not say which traces
+        # enclose this one, or the cycle began in a trace apart from them), in every trace
+        # that holds it, rather than refuse the next dispatch there.
+        for trace in _enclosing(state):
+            for t, d in self._tables.traces:
+                if getattr(t, "_trace_ref", lambda: None)() is trace and slot in d:
+                    d.pop(slot)
+                    return
+        for _, d in self._tables.traces:
+            d.pop(slot, None)
 
 
 class SlotToken:
@@ -170,24 +189,16 @@ class SlotOrder:
     exchange there, in the order they are traced (reverse program order), whatever their
     cotangents depend on."""
 
-    MAX_TRACES = 64
-
     def __init__(self):
-        self._lock = threading.Lock()
-        self._traces = []  # [(trace state, {slot: weakref.ref(SlotToken)})]
+        self._tables = _PerTrace()  # {slot: weakref.ref(SlotToken)}
 
     def token(self, slot: int) -> SlotToken:
         """The token of `slot` in the trace being built (a fresh one outside any trace)."""
         state = _trace_state()
         if state is None:
             return SlotToken()
-        with self._lock:
-            self._traces = [(t, d) for t, d in self._traces if _alive(t)]
-            d = next((d for t, d in self._traces if t == state), None)
-            if d is None:
-                d = {}
-                self._traces.append((state, d))
-                del self._traces[:-self.MAX_TRACES]
+        with self._tables.lock:
+            d = self._tables.table(state, create=True)
             tok = d[slot]() if slot in d else None
             if tok is None:
                 tok = SlotToken()
