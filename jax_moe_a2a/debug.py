@@ -37,15 +37,13 @@ class Counters:
         self._values = dict.fromkeys(self.FIELDS, 0)
         self._errors = []
 
-    def add(self, dropped, overflow, masked, clamped=0, err=None):
+    def add(self, dropped, overflow, masked, clamped=0):
         with self._lock:
             self._values["dispatches"] += 1
             self._values["dropped"] += int(dropped)
             self._values["overflow"] += int(overflow)
             self._values["masked"] += int(masked)
             self._values["clamped"] += int(clamped)
-            if err is not None and len(self._errors) < 64:
-                self._errors.append(err)
 
     def record_error(self, err):
         """Keeps a DroppedRowsError a debug check raised (at most 64), for take_errors."""
@@ -224,6 +222,7 @@ class _QuietCallbackFailures(logging.Filter):
 
 
 _QUIET = _QuietCallbackFailures()
+logging.getLogger("jax._src.callback").addFilter(_QUIET)  # once, at import (not at every trace)
 
 
 def record(counters: Counters, dropped, overflow, masked=None, clamped=None, *, tokens_given=None,
@@ -256,21 +255,18 @@ def record(counters: Counters, dropped, overflow, masked=None, clamped=None, *, 
     # bad ids at the sender, so no rank sees the others' counts without it.
     row = jnp.concatenate([jnp.stack([rank.astype(jnp.int32), dropped, overflow, clamped, given]), detail])
     table = jax.lax.all_gather(row, gather_axis) if gather_axis is not None else row[None]
-    logging.getLogger("jax._src.callback").addFilter(_QUIET)  # idempotent
     num_experts, max_tokens = spec.num_experts, spec.max_tokens_per_rank
 
-    def check(d, o, m, c, tab):
+    def check(d, tab):  # the counts are in the table (and counted by `count` above)
         tab = np.asarray(tab).reshape(-1, _COLUMNS)
-        err = None
         if tab[:, [_DROPPED, _OVERFLOW, _CLAMPED]].any():
             err = DroppedRowsError(describe(tab, num_experts, max_tokens))
-        if err is not None:  # counted by `count` above (this check may be rematerialised)
-            counters.record_error(err)
+            counters.record_error(err)  # kept here: this check may be rematerialised, `count` is not
             raise err
         return np.int32(d), np.int32(0)
 
     i32 = jax.ShapeDtypeStruct((), jnp.int32)
-    return jax.pure_callback(check, (i32, i32), dropped, overflow, masked, clamped, table)
+    return jax.pure_callback(check, (i32, i32), dropped, table)
 
 
 __all__ = ["Counters", "after", "record", "first_bad_pair", "describe", "logger"]
