@@ -13,22 +13,20 @@ from typing import Any, Optional
 import jax
 
 
-def _register(cls, data, meta):
-    return jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
-
-
 def pytree(cls=None, *, meta: tuple = ()):
-    """Class decorator: a frozen dataclass registered as a pytree whose fields are its leaves,
-    except the static `meta` fields (hashable: slots, ids, dtypes). The backends' typed wire and
-    placement records (jax_moe_a2a/backends) are declared with it."""
+    """Class decorator: a frozen dataclass registered as a pytree whose fields are its leaves (in
+    field order), except the static `meta` fields (hashable: slots, ids, dtypes). The handles
+    below and the backends' typed wire and placement records (jax_moe_a2a/backends) are declared
+    with it."""
     def wrap(c):
         c = dataclasses.dataclass(frozen=True)(c)
         names = [f.name for f in dataclasses.fields(c)]
-        return _register(c, [n for n in names if n not in meta], list(meta))
+        return jax.tree_util.register_dataclass(c, data_fields=[n for n in names if n not in meta],
+                                                meta_fields=list(meta))
     return wrap(cls) if cls is not None else wrap
 
 
-@dataclasses.dataclass(frozen=True)
+@pytree(meta=("comm_id",))
 class Route:
     """Everything combine needs to know about one dispatch (pass it on inside `got`).
 
@@ -53,10 +51,7 @@ class Route:
     comm_id: int = 0
 
 
-_register(Route, ["topk_weights", "num_tokens", "topk_ids", "placement", "rank_mask"], ["comm_id"])
-
-
-@dataclasses.dataclass(frozen=True)
+@pytree(meta=("slot", "comm_id"))
 class DispatchHandle:
     """In-flight dispatch, from `dispatch_send` to `dispatch_recv` (pass it on unchanged).
 
@@ -86,11 +81,7 @@ class DispatchHandle:
     bad_pair: Optional[Any] = None
 
 
-_register(DispatchHandle, ["wire", "route", "num_dropped", "num_masked", "tokens_given", "x", "bad_pair"],
-          ["slot", "comm_id"])
-
-
-@dataclasses.dataclass(frozen=True)
+@pytree(meta=("slot", "comm_id"))
 class Dispatched:
     """What a rank receives from dispatch (the `got` of the examples).
 
@@ -126,11 +117,7 @@ class Dispatched:
     num_masked: Optional[Any] = None
 
 
-_register(Dispatched, ["x", "scale", "group_sizes", "weights", "src", "num_dropped", "num_overflow", "route",
-                       "num_masked"], ["slot", "comm_id"])
-
-
-@dataclasses.dataclass(frozen=True)
+@pytree(meta=("slot", "comm_id"))
 class CombineHandle:
     """In-flight combine, from `combine_send` to `combine_recv`.
 
@@ -149,5 +136,3 @@ class CombineHandle:
     slot: int = 0
     comm_id: int = 0
 
-
-_register(CombineHandle, ["wire", "route", "y", "got"], ["slot", "comm_id"])
