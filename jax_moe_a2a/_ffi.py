@@ -104,10 +104,14 @@ if _SHADOWED:
 
 
 def not_built_reason() -> str:
-    """Why the native extension is unavailable (for error messages): shadowed, or not built."""
+    """Why the native extension is unavailable (for error messages): shadowed, or not built (with
+    the import error and how to build it)."""
     if _SHADOWED:
         return "the native extension is not importable here: " + _SHADOWED
-    return "the native extension is not built"
+    return ("the native extension is not built (import failed: "
+            f"{_IMPORT_ERROR}). Install with `pip install .` (or `pip install --no-build-isolation .` "
+            "to compile against the installed jaxlib)"
+            + (f" (it was built against jaxlib {_build_info.JAXLIB_VERSION})" if _build_info else ""))
 
 
 def native_available() -> bool:
@@ -115,15 +119,10 @@ def native_available() -> bool:
 
 
 def require_native():
-    """Returns the extension module or raises a RuntimeError that says how to build it."""
+    """Returns the extension module or raises a RuntimeError that says why it is missing and how
+    to build it (`not_built_reason`)."""
     if _C is None:
-        if _SHADOWED:
-            raise RuntimeError(f"jax_moe_a2a's native extension is not importable: {_SHADOWED}")
-        raise RuntimeError(
-            "jax_moe_a2a's native extension is not built (import failed: "
-            f"{_IMPORT_ERROR}). Install with `pip install .` (or `pip install --no-build-isolation .` "
-            "to compile against the installed jaxlib)"
-            + (f" (it was built against jaxlib {_build_info.JAXLIB_VERSION})" if _build_info else ""))
+        raise RuntimeError(f"jax_moe_a2a: {not_built_reason()}")
     return _C
 
 
