@@ -124,6 +124,12 @@ class Communicator:
         self._counters = _debug.Counters()  # what the executed dispatches counted; debug=True errors
         self._slots = SlotTracker()
         self._order = SlotOrder()  # the order of the FFI backends' backward exchanges (autodiff.py)
+        # The halves for the custom_vjp rules (autodiff.py), built once: they hold this
+        # communicator weakly (the traced program keeps the rules), so no reference cycle.
+        self._rule_halves = autodiff.Halves(self.spec, self.axis, weakref.WeakMethod(self._send),
+                                            weakref.WeakMethod(self._recv_plain),
+                                            weakref.WeakMethod(self._combine_send),
+                                            weakref.WeakMethod(self._combine_recv), self._order)
         try:
             self._backend.open(self.config, mesh, axis, self.comm_id)
         except BaseException:
@@ -468,10 +474,8 @@ class Communicator:
     def _halves(self) -> "autodiff.Halves":
         """The halves without checks or slot tracking, for the custom_vjp rules of autodiff.py
         (which JAX traces at times it picks, in traces of their own), holding this communicator
-        weakly (the traced program keeps the rules)."""
-        return autodiff.Halves(self.spec, self.axis, weakref.WeakMethod(self._send),
-                               weakref.WeakMethod(self._recv_plain), weakref.WeakMethod(self._combine_send),
-                               weakref.WeakMethod(self._combine_recv), self._order)
+        weakly (the traced program keeps the rules); one object per communicator."""
+        return self._rule_halves
 
 
     # ---- introspection -----------------------------------------------------------------------
