@@ -167,7 +167,8 @@ class Communicator:
 
     def _check_slot(self, slot):
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.spec.slots:
-            raise ValueError(f"slot: expected an int in [0, {self.spec.slots}), got {slot!r}")
+            raise ValueError(f"slot: expected an int in [0, {self.spec.slots}) (Spec.slots={self.spec.slots}), "
+                             f"got {slot!r}")
         return int(slot)
 
     def _check_mine(self, arg: str, obj):

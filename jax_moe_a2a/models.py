@@ -184,7 +184,7 @@ def _grouped_experts(spec, cfg, params, x, scale, group_sizes):
     return y.astype(spec.combine_dtype)
 
 
-def _check_block_args(spec, cfg, overlap, shared_at, slot):
+def _check_block_args(spec, cfg, overlap, shared_at):
     """shared_at resolved ("combine" / "overlap" / "after"), after checking the options."""
     if spec.layout != "ragged" and cfg.experts == "ragged_dot":
         raise ValueError("moe_block: experts='ragged_dot' needs Spec.layout='ragged' (experts='grouped' and "
@@ -195,9 +195,7 @@ def _check_block_args(spec, cfg, overlap, shared_at, slot):
         raise ValueError(f"moe_block: shared_at: expected one of {SHARED_AT} or None, got {shared_at!r}")
     if shared_at == "overlap" and not overlap:
         raise ValueError("moe_block: shared_at='overlap' needs overlap=True (the split halves leave the window)")
-    if isinstance(slot, bool) or not isinstance(slot, (int, jnp.integer)) or not 0 <= slot < spec.slots:
-        raise ValueError(f"moe_block: slot: expected an int in [0, Spec.slots={spec.slots}), got {slot!r}")
-    return shared_at
+    return shared_at   # slot: checked by the communicator's halves
 
 
 def _routing(cfg, params, x, routing):
@@ -219,7 +217,7 @@ def _shared_after(spec, y, x, params):
     shared expert behind an optimisation barrier with y (it starts after the exchange has finished);
     both in Spec.combine_dtype -> [T, H] Spec.combine_dtype."""
     y, x = jax.lax.optimization_barrier((y, x))
-    return y + shared_down(spec, shared_up(x, params["w1s"]), params["w2s"])
+    return y + shared_expert(spec, params, x)
 
 
 def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap: bool = False,
@@ -260,14 +258,14 @@ def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap
     logical expert's weights, and under jax.grad each copy gets its own gradient: sum them).
     """
     spec = comm.spec
-    shared_at = _check_block_args(spec, cfg, overlap, shared_at, slot)
+    shared_at = _check_block_args(spec, cfg, overlap, shared_at)
     ids, w = _routing(cfg, params, x, routing)
     has_shared = bool(cfg.shared_ffn)
     if not overlap:
         got = comm.dispatch(x, ids, w, num_tokens, slot=slot, expert_map=expert_map)
         shared = None
         if has_shared and shared_at == "combine":
-            shared = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"])
+            shared = shared_expert(spec, params, x)
         y = comm.combine(_experts(spec, cfg, params, got), got, out=shared)
         return _shared_after(spec, y, x, params) if has_shared and shared_at == "after" else y
     in_flight_shared = has_shared and shared_at == "overlap"
@@ -280,9 +278,15 @@ def moe_block(comm, cfg: MoEConfig, params: dict, x, num_tokens=None, *, overlap
     if in_flight_shared:
         back, shared = in_flight(back, functools.partial(shared_down, spec), h, params["w2s"])
     elif has_shared and shared_at == "combine":
-        shared = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"])
+        shared = shared_expert(spec, params, x)
     y = comm.combine_recv(back, out=shared)
     return _shared_after(spec, y, x, params) if has_shared and shared_at == "after" else y
+
+
+def shared_expert(spec, params, x):
+    """The shared expert: x [T, H] -> silu(x @ w1s) @ w2s [T, H] in Spec.combine_dtype (its two
+    halves, `shared_up` then `shared_down`)."""
+    return shared_down(spec, shared_up(x, params["w1s"]), params["w2s"])
 
 
 def shared_up(x, w1s):
@@ -379,7 +383,7 @@ def dense_moe_block(cfg: MoEConfig, spec, params: dict, x, num_tokens=None, *, r
     gate = jnp.sum(jax.nn.one_hot(ids, cfg.num_experts, dtype=jnp.float32) * w[..., None], axis=1)   # [T, E]
     out = jnp.einsum("te,eth->th", gate, y.astype(jnp.float32))
     if cfg.shared_ffn:
-        shared = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"]).astype(jnp.float32)
+        shared = shared_expert(spec, params, x).astype(jnp.float32)
         out = out + shared
     return out.astype(spec.combine_dtype)
 
@@ -415,7 +419,7 @@ def local_moe_block(cfg: MoEConfig, spec, params: dict, x, num_tokens=None, *, r
     group_sizes = jnp.bincount(key, length=e + 1)[:e].astype(jnp.int32)
     has_shared = bool(cfg.shared_ffn)
     if has_shared and shared_at != "after":
-        out = shared_down(spec, shared_up(x, params["w1s"]), params["w2s"]).astype(jnp.float32)
+        out = shared_expert(spec, params, x).astype(jnp.float32)
     else:
         out = jnp.zeros(x.shape, jnp.float32)
     y = _expert_rows(spec, cfg, params, x[tok], None, group_sizes)  # [T*K, H] combine_dtype
@@ -423,7 +427,7 @@ def local_moe_block(cfg: MoEConfig, spec, params: dict, x, num_tokens=None, *, r
     out = out.at[tok].add(y.astype(jnp.float32) * wf[:, None])
     if has_shared and shared_at == "after":
         out, x = jax.lax.optimization_barrier((out, x))
-        out = out + shared_down(spec, shared_up(x, params["w1s"]), params["w2s"]).astype(jnp.float32)
+        out = out + shared_expert(spec, params, x).astype(jnp.float32)
     return out.astype(spec.combine_dtype)
 
 
