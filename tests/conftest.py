@@ -57,6 +57,30 @@ def xla_collectives_refused():
     return jax.process_count() > 1 and ids not in ("", "local_rank") and jax.default_backend() == "gpu"
 
 
+def subprocess_env(*, drop=(), keep_xla_flags: bool = False, **set_vars) -> dict:
+    """os.environ for a child process run as a user's shell would run it: without an outer
+    mpirun's variables (OMPI_*, PMI*; outside one, the machine's Open MPI settings OMPI_MCA_* stay,
+    e.g. plm_rsh_agent on the GPU machine, without which a child mpirun looks for ssh), without
+    the names in `drop` (exact names or prefixes), without the harness's XLA_FLAGS (keep_xla_flags:
+    all of them but its device count), JAX_PLATFORMS=cpu, and the jax_moe_a2a under test first on
+    PYTHONPATH; then `set_vars` (which win)."""
+    import pathlib
+    import jax_moe_a2a as a2a
+    keep_mca = "OMPI_COMM_WORLD_SIZE" not in os.environ
+    drop = tuple(drop)
+    env = {k: v for k, v in os.environ.items()
+           if ((keep_mca and k.startswith("OMPI_MCA_")) or not k.startswith(("OMPI_", "PMI")))
+           and not (drop and k.startswith(drop))}
+    flags = env.pop("XLA_FLAGS", "")
+    if keep_xla_flags:
+        env["XLA_FLAGS"] = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
+    env["JAX_PLATFORMS"] = "cpu"
+    pkg = str(pathlib.Path(a2a.__file__).resolve().parent.parent)   # the jax_moe_a2a under test
+    env["PYTHONPATH"] = os.pathsep.join([pkg] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.update(set_vars)
+    return env
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _MPI_SIZE > 1:  # leave together: a process exiting early aborts the others' coordination
         jax.distributed.shutdown()

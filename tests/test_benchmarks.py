@@ -13,6 +13,7 @@ sys.path.insert(0, BENCH_DIR)
 import jax  # noqa: E402
 
 import jax_moe_a2a as a2a  # noqa: E402
+from conftest import subprocess_env
 
 pytestmark = pytest.mark.skipif(jax.process_count() > 1, reason="one process")
 
@@ -545,10 +546,7 @@ def test_proxy_program_under_mpirun_on_cpus(tmp_path):
         pytest.skip("no mpirun")
     if "host" not in a2a.available_backends() or not _ffi.require_native().built_with_libfabric():
         pytest.skip("no host backend with libfabric")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PMIX", "JAX_MOE_A2A_"))}
-    env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if not f.startswith("--xla_force_host_platform_device_count"))
+    env = subprocess_env(drop=("JAX_MOE_A2A_",), keep_xla_flags=True, PYTHONUNBUFFERED="1")
     out_json = tmp_path / "proxy.json"
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "2", sys.executable,
            os.path.join(BENCH_DIR, "proxy.py"), "--backend", "host", "--tokens", "8", "--hidden", "128",

@@ -8,6 +8,7 @@ import pytest
 
 import jax_moe_a2a as a2a
 from jax_moe_a2a import testing as T
+from conftest import subprocess_env
 
 BACKENDS = [b for b in ("reference", "host") if b in a2a.available_backends()]
 
@@ -153,13 +154,11 @@ def test_one_bad_id_gives_one_concise_error(backend, tmp_path):
     logged by JAX, and a log line of ours per rank) and a vague message ("dispatch dropped 0
     pair(s) ... on this rank, 1 in all ranks"). Now: nothing on stderr, and the error names the
     rank, the token and the id."""
-    import os
     import subprocess
     import sys
     script = tmp_path / "one_bad_id.py"
     script.write_text(_ONE_BAD_ID)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_")) and k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
+    env = subprocess_env()
     res = subprocess.run([sys.executable, str(script), backend], capture_output=True, text=True, timeout=100,
                          env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]

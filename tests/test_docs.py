@@ -11,7 +11,6 @@
 The lab notebook (notes/) is not checked: it is a dated record, commits and all.
 """
 
-import os
 import pathlib
 import re
 import subprocess
@@ -19,7 +18,7 @@ import sys
 
 import pytest
 
-import jax_moe_a2a as a2a
+from conftest import subprocess_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PRELUDE = pathlib.Path(__file__).resolve().parent / "docs_prelude.py"
@@ -82,11 +81,7 @@ def test_some_snippets_run_and_skips_are_few():
 def test_snippet_runs(path, line, code, tmp_path):
     script = tmp_path / "snippet.py"
     script.write_text(PRELUDE.read_text() + f"\n# ---- {path}:{line}\n" + code)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "PMI_")) and k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
-    pkg = str(pathlib.Path(a2a.__file__).resolve().parent.parent)   # the jax_moe_a2a under test
-    env["PYTHONPATH"] = os.pathsep.join([pkg] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = subprocess_env()
     res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=300)
     out = res.stdout + res.stderr

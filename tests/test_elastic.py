@@ -31,7 +31,7 @@ from jax_moe_a2a import env as a2a_env
 from jax_moe_a2a import eplb, oracle
 from jax_moe_a2a import testing as T
 
-from conftest import BACKENDS
+from conftest import BACKENDS, subprocess_env
 
 FP8 = jnp.float8_e4m3fn
 BASE = dict(num_experts=32, experts_per_token=4, hidden=128, max_tokens_per_rank=16)
@@ -484,20 +484,12 @@ def _run_workers(worker_name, provider, tmp_path, limit, backend="host"):
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun")
     test_vars = {n for n in a2a_env.TABLE if "_TEST_" in n}  # this suite's own settings (jax_moe_a2a/env.py)
-    # An outer mpirun's variables go; outside one, the machine's Open MPI settings (OMPI_MCA_*, e.g.
-    # plm_rsh_agent on the GPU machine, without which mpirun looks for ssh) stay.
-    keep_mca = "OMPI_COMM_WORLD_SIZE" not in os.environ
-    env = {k: v for k, v in os.environ.items()
-           if ((keep_mca and k.startswith("OMPI_MCA_")) or not k.startswith(("OMPI_", "PMI", "PMIX")))
-           and k not in test_vars}
-    env.update(JAX_PLATFORMS="cpu", ELASTIC_DIR=str(tmp_path), PYTHONUNBUFFERED="1", ELASTIC_PROVIDER=provider,
-               ELASTIC_BACKEND=backend)
+    env = subprocess_env(drop=test_vars, keep_xla_flags=True, ELASTIC_DIR=str(tmp_path), PYTHONUNBUFFERED="1",
+                         ELASTIC_PROVIDER=provider, ELASTIC_BACKEND=backend)
     if backend == "cuda":
         env.update(JAX_PLATFORMS="cuda,cpu", JAX_MOE_A2A_LOCAL_DEVICE_IDS="0", XLA_PYTHON_CLIENT_MEM_FRACTION="0.1")
     if provider.startswith("tcp"):
         env.setdefault("JAX_MOE_A2A_IFACE", "lo")
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if not f.startswith("--xla_force_host_platform_device_count"))
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), worker_name)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "3",
            sys.executable, worker]

@@ -2,7 +2,6 @@
 drift): once as a script in a fresh process, as a user runs it, and once in this process on every
 backend, checked against a dense NumPy computation of the same layer."""
 
-import os
 import pathlib
 import re
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 import jax_moe_a2a as a2a
 from jax_moe_a2a import oracle
 
-from conftest import BACKENDS
+from conftest import BACKENDS, subprocess_env
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 MARKER = "<!-- tests/test_readme_example.py runs the next python block as printed -->"
@@ -36,11 +35,7 @@ def test_readme_example_as_a_script(tmp_path):
     script.write_text(readme_example())
     # a fresh process as a user has it: no test harness flags (the example sets its own device
     # count), CPUs, the jax_moe_a2a under test importable
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "PMI_")) and k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
-    pkg = str(pathlib.Path(a2a.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([pkg] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = subprocess_env()
     res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=300)
     out = res.stdout + res.stderr
@@ -90,11 +85,7 @@ def test_a_process_that_never_reads_its_result_ends_promptly_and_quietly(backend
     code += "import time\nprint('done at', time.monotonic(), flush=True)\n"
     script = tmp_path / "no_read.py"
     script.write_text(code)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "PMI_")) and k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
-    pkg = str(pathlib.Path(a2a.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([pkg] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = subprocess_env()
     res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=200)
     end = time.monotonic()

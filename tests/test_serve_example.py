@@ -3,7 +3,6 @@ command line the README prints (read from README.md, so the two cannot drift): e
 checks its ranks against a dense single-device computation and exits non-zero on a mismatch.
 Runs in the single-process suite (it launches mpirun itself)."""
 
-import os
 import pathlib
 import re
 import shlex
@@ -14,6 +13,7 @@ import sys
 import pytest
 
 import jax_moe_a2a as a2a
+from conftest import subprocess_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -29,11 +29,7 @@ def readme_serve_command() -> list:
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not found")
 @pytest.mark.skipif("host" not in a2a.available_backends(), reason="host backend not built")
 def test_serve_example_mpirun_2():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
-    env.pop("XLA_FLAGS", None)   # the harness's 8 devices: a user's shell has one CPU device per process
-    env.update(JAX_PLATFORMS="cpu")
-    pkg = str(pathlib.Path(a2a.__file__).resolve().parent.parent)   # the jax_moe_a2a under test
-    env["PYTHONPATH"] = os.pathsep.join([pkg] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = subprocess_env()   # without the harness's 8 devices: a user's shell has one CPU device per process
     cmd = readme_serve_command()
     # `python` is the activated environment's in the README; here, the one running the tests
     cmd = [sys.executable if a == "python" else a for a in cmd]

@@ -2,7 +2,6 @@
 before the installed package: the import warns, naming both, and asking for a native backend says
 why it is missing (not "the extension is not built")."""
 
-import os
 import pathlib
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import pytest
 
 import jax_moe_a2a as a2a
 from jax_moe_a2a import _ffi
+from conftest import subprocess_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -59,9 +59,7 @@ def test_run_from_the_repository_root_says_so():
             "    a2a.init(spec, mesh, axis='ep', backend='host')\n"
             "except ValueError as e:\n"
             "    print('init:', e)\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = str(installed.parent)   # the installed package stays importable, after ''
+    env = subprocess_env(PYTHONPATH=str(installed.parent))   # the installed package stays importable, after ''
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=120)
     out = res.stdout + res.stderr
