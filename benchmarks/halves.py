@@ -96,16 +96,12 @@ def jitted_halves(jax, comm, inputs, prequantized):
     out), dispatch (glob -> received) and combine (y, received -> out). Each call holds one op,
     so processes may run them at different times (no XLA collective)."""
     import jax.numpy as jnp
-    import numpy as np
     from jax.sharding import PartitionSpec as P
 
     from jax_moe_a2a import testing
 
     spec, mesh, n, axis = comm.spec, comm.mesh, comm.num_ranks, comm.axis
-    glob = [testing.stack_global(mesh, axis, [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
-    glob.append(testing.stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs]))
-    if prequantized:
-        glob.append(testing.stack_global(mesh, axis, [i.x_scale for i in inputs]))
+    glob = testing.global_args(mesh, inputs, testing.INPUT_FIELDS + (("x_scale",) if prequantized else ()), axis)
     add = lambda t: jax.tree.map(lambda a: a[None], t)   # per-rank leaf -> [1, ...] for out_specs
     rm = lambda t: jax.tree.map(lambda a: a[0], t)
 

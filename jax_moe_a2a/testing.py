@@ -138,6 +138,20 @@ def stack_global(mesh: Mesh, axis, per_rank: List[np.ndarray]):
     return jax.make_array_from_callback(full.shape, sharding, lambda idx: full[idx])
 
 
+INPUT_FIELDS = ("x", "topk_ids", "topk_weights", "num_tokens")
+
+
+def global_args(mesh: Mesh, inputs: List[oracle.RankInputs], fields=INPUT_FIELDS, axis="ep", *,
+                rank_dim: bool = False) -> list:
+    """The inputs' `fields` (names of `oracle.RankInputs` fields: x [T, H], topk_ids [T, K],
+    topk_weights [T, K], num_tokens (as int32), x_scale [T, S]) as global arrays sharded over
+    `axis`, one per field: [N * T, ...] (num_tokens [N]), or with rank_dim [N, T, ...]."""
+    def per_rank(i, f):
+        v = np.int32(i.num_tokens) if f == "num_tokens" else getattr(i, f)
+        return v[None] if rank_dim else v
+    return [stack_global(mesh, axis, [per_rank(i, f) for i in inputs]) for f in fields]
+
+
 def local_ranks_of(arr) -> Dict[int, np.ndarray]:
     """Global array [N, ...] sharded over ranks -> {rank: its row} for this process's shards."""
     out = {}
@@ -254,13 +268,8 @@ def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.
     have "num_masked". Compare with check_all(..., rank_mask=).
     """
     mesh, axis = comm.mesh, comm.axis
-    args = [stack_global(mesh, axis, [i.x for i in inputs]),
-            stack_global(mesh, axis, [i.topk_ids for i in inputs]),
-            stack_global(mesh, axis, [i.topk_weights for i in inputs]),
-            stack_global(mesh, axis, [np.int32(i.num_tokens) for i in inputs])]
     has_scale = inputs[0].x_scale is not None
-    if has_scale:
-        args.append(stack_global(mesh, axis, [i.x_scale for i in inputs]))
+    args = global_args(mesh, inputs, INPUT_FIELDS + (("x_scale",) if has_scale else ()), axis)
     if out is not None:
         args.append(stack_global(mesh, axis, out))
     if expert_map is not None:

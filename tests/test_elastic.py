@@ -358,9 +358,7 @@ def _grad_check(backend, n, mesh):
         out = T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 3 + (P(),), out_specs=P("ep"))(x, ids, w, m)
         return jnp.sum(out)
 
-    args = [T.stack_global(mesh, "ep", [i.x[None] for i in inputs]),
-            T.stack_global(mesh, "ep", [i.topk_ids[None] for i in inputs]),
-            T.stack_global(mesh, "ep", [i.topk_weights[None] for i in inputs])]
+    args = T.global_args(mesh, inputs, ("x", "topk_ids", "topk_weights"), rank_dim=True)
     g = jax.jit(jax.grad(loss, argnums=(0, 2)))
     gx, gw = g(args[0], args[1], args[2], jnp.asarray(mask))
     cut = []
@@ -444,8 +442,7 @@ def test_gpu_backends_mask_support(num_ranks, mesh, monkeypatch):
     ones = np.ones(num_ranks, bool)
     f = jax.jit(T.shard_map(lambda x, i, w: comm.dispatch(x[0], i[0], w[0], rank_mask=ones).group_sizes[None],
                     mesh=mesh, in_specs=(P("ep"),) * 3, out_specs=P("ep")))
-    f(T.stack_global(mesh, "ep", [i.x[None] for i in inputs]), T.stack_global(mesh, "ep", [i.topk_ids[None] for i in inputs]),
-      T.stack_global(mesh, "ep", [i.topk_weights[None] for i in inputs]))
+    f(*T.global_args(mesh, inputs, ("x", "topk_ids", "topk_weights"), rank_dim=True))
 
 
 def test_host_proxied_refuses_a_mask(num_ranks, mesh):
@@ -580,9 +577,7 @@ def test_recover_after_timeout_one_process(num_ranks, mesh):
     inputs = T.make_inputs(spec, n, 21, num_tokens=spec.max_tokens_per_rank)
     views = np.ones((n, n), np.int32)
     views[1:, 0] = 0  # ranks 1.. mask rank 0; rank 0 masks nobody
-    args = [T.stack_global(mesh, "ep", [i.x[None] for i in inputs]),
-            T.stack_global(mesh, "ep", [i.topk_ids[None] for i in inputs]),
-            T.stack_global(mesh, "ep", [i.topk_weights[None] for i in inputs]),
+    args = [*T.global_args(mesh, inputs, ("x", "topk_ids", "topk_weights"), rank_dim=True),
             T.stack_global(mesh, "ep", [views[r][None] for r in range(n)])]
     assert comm.last_error() is None
     with pytest.raises(jax.errors.JaxRuntimeError, match="did not arrive within 2.0 s"):

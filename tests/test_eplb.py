@@ -136,10 +136,7 @@ def _step(comm, spec, n, y_dtype, counter):
 
 
 def _args(mesh, inputs):
-    return [T.stack_global(mesh, "ep", [i.x for i in inputs]),
-            T.stack_global(mesh, "ep", [i.topk_ids for i in inputs]),
-            T.stack_global(mesh, "ep", [i.topk_weights for i in inputs]),
-            T.stack_global(mesh, "ep", [np.int32(i.num_tokens) for i in inputs])]
+    return T.global_args(mesh, inputs)
 
 
 def _logical_layer(spec, inputs, e_log, counts, y_dtype):

@@ -41,8 +41,7 @@ def test_grad_matches_closed_form(backend, layout, tp, num_ranks, mesh):
         dx, dw = jax.grad(loss, argnums=(0, 1))(x, w)
         return dx[None], dw[None]
 
-    args = [T.stack_global(mesh, "ep", [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
-    args.append(T.stack_global(mesh, "ep", [np.int32(i.num_tokens) for i in inputs]))
+    args = T.global_args(mesh, inputs)
     args.append(T.stack_global(mesh, "ep", g))
     f = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 5, out_specs=P("ep")))
     if tp > 1 and backend not in PURE_JAX:
@@ -103,8 +102,7 @@ def test_stats_count_the_forward_dispatches_on_every_backend(backend, num_ranks,
         dx, dw = jax.grad(loss, argnums=(0, 1))(x, w)
         return dx[None]
 
-    args = [T.stack_global(mesh, "ep", [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
-    args.append(T.stack_global(mesh, "ep", [np.int32(i.num_tokens) for i in inputs]))
+    args = T.global_args(mesh, inputs)
     f = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * 4, out_specs=P("ep")))
     steps = 5
     for _ in range(steps):
@@ -149,8 +147,7 @@ def test_split_halves_are_differentiable_like_reference(backend, layout, with_ou
                     recv_capacity=None if layout == "ragged" else 6)
     n = num_ranks
     inputs = T.make_inputs(spec, n, 21, minus_one_frac=0.1, invalid_frac=0.05)
-    args = [T.stack_global(mesh, "ep", [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
-    args.append(T.stack_global(mesh, "ep", [np.int32(i.num_tokens) for i in inputs]))
+    args = T.global_args(mesh, inputs)
     args.append(jnp.asarray(np.random.default_rng(4).standard_normal((spec.hidden, spec.hidden)) / 6, jnp.float32))
     want = None
     for b in ("reference", backend):
@@ -175,7 +172,7 @@ def test_fp8_dispatch_has_no_gradient_on_any_backend(backend, split, num_ranks, 
                     dispatch_dtype=jnp.float8_e4m3fn, recv_dtype=jnp.bfloat16)
     comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=False)
     inputs = T.make_inputs(spec, num_ranks, 2, input_dtype=jnp.bfloat16)
-    args = [T.stack_global(mesh, "ep", [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
+    args = T.global_args(mesh, inputs, ("x", "topk_ids", "topk_weights"))
 
     def per_rank(x, ids, w, which):
         def loss(x):

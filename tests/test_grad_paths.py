@@ -40,7 +40,7 @@ def _spec(**kw):
 
 def _args(spec, mesh, seed, fields=("x", "topk_ids", "topk_weights"), **kw):
     inputs = T.make_inputs(spec, jax.device_count(), seed, **kw)
-    return [T.stack_global(mesh, "ep", [getattr(i, f) for i in inputs]) for f in fields]
+    return T.global_args(mesh, inputs, fields)
 
 
 def _close(got, want, what, rtol=2e-5, atol=2e-5):
@@ -271,7 +271,7 @@ def test_stats_count_each_dispatch_once_under_checkpoint(variant, debug, mesh):
     if not debug:  # every rank drops at least one pair (with 16 ids, 0.9**16 = 19% of ranks drew none)
         for inp in inputs:
             inp.topk_ids[0, -1] = spec.num_experts
-    args = [T.stack_global(mesh, "ep", [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
+    args = T.global_args(mesh, inputs, ("x", "topk_ids", "topk_weights"))
     comm = _init(spec, mesh, variant, collect_stats=True, debug=debug)
 
     def per_rank(x, ids, w):

@@ -99,11 +99,8 @@ def run_groups(comm, inputs, *, y_dtype=jnp.bfloat16, split=True):
     spec, n, mesh = comm.spec, comm.num_ranks, comm.mesh
     axes = data_axes(comm)
     flat = [i for grp in inputs for i in grp]
-    args = [T.stack_global(mesh, axes, [getattr(i, f) for i in flat]) for f in ("x", "topk_ids", "topk_weights")]
-    args.append(T.stack_global(mesh, axes, [np.int32(i.num_tokens) for i in flat]))
     has_scale = flat[0].x_scale is not None
-    if has_scale:
-        args.append(T.stack_global(mesh, axes, [i.x_scale for i in flat]))
+    args = T.global_args(mesh, flat, T.INPUT_FIELDS + (("x_scale",) if has_scale else ()), axes)
 
     def per_rank(x, ids, w, nt, *rest):
         xs = rest[0] if has_scale else None
@@ -246,8 +243,7 @@ def test_groups_grad_matches_reference(backend, mesh_id):
             dx, dw = jax.grad(loss, argnums=(0, 1))(x, w)
             return dx[None], dw[None]
 
-        args = [T.stack_global(mesh, axes, [getattr(i, f) for i in inputs]) for f in ("x", "topk_ids", "topk_weights")]
-        args += [T.stack_global(mesh, axes, [np.int32(i.num_tokens) for i in inputs]), T.stack_global(mesh, axes, gout)]
+        args = T.global_args(mesh, inputs, axis=axes) + [T.stack_global(mesh, axes, gout)]
         f = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P(axes),) * 5, out_specs=P(axes)))
         outs[b] = [by_member(comm, a) for a in f(*args)]
     for name, want, got in zip(("dx", "dw"), outs["reference"], outs[backend]):

@@ -54,7 +54,7 @@ def check_two_slots(comm, mesh, steps=5):
         b = T.make_inputs(spec, n, 200 + step, num_tokens=spec.max_tokens_per_rank, invalid_frac=0.1)
         args = []
         for inp in (a, b):
-            args += [T.stack_global(mesh, "ep", [getattr(i, k) for i in inp]) for k in ("x", "topk_ids", "topk_weights")]
+            args += T.global_args(mesh, inp, ("x", "topk_ids", "topk_weights"))
         oa, ob = f(*args)
         wa = oracle.combine(spec, a, T.expert_fn_np, np.dtype(jnp.bfloat16))
         wb = oracle.combine(spec, b, T.expert_fn_np, np.dtype(jnp.bfloat16))
