@@ -193,10 +193,22 @@ def test_given_routing(backend, mesh, num_ranks):
 def test_route_is_top_k_of_the_scores():
     """models.route (the router of moe_block and of benchmarks/layers.py --routing per-layer) against
     NumPy: softmax over all E then top-K; sigmoid top-K renormalised to sum to route_scale."""
-    seed = int(np.random.SeedSequence().entropy % 2**32)   # fresh inputs each run; the seed in every message
+    seed = T.fresh_seed()   # fresh inputs each run; the seed in every message
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((6, 32)).astype(np.float32)
-    wr = rng.standard_normal((32, 16)).astype(np.float32)
+    # Inputs whose logits every precision computes exactly (x: multiples of 1/8 up to 1, wr: of
+    # 1/64 up to 1; 8 significant bits at most, bf16's; products multiples of 2^-9, sums of 32 of
+    # them below 2^6), so that the top K is the same set in float64 and in JAX at any matmul
+    # precision (TF32 on GPUs, bf16 passes): with float inputs a near tie of the K-th and next
+    # logit made the sets differ (~1e-5 a run in f32, more with TF32). A token whose K-th and
+    # next logit tie exactly (~1e-3 a token) is drawn again: either would be a right top K.
+    wr = (rng.integers(-64, 65, (32, 16)) / 64).astype(np.float32)
+    x = np.zeros((6, 32), np.float32)
+    for t in range(6):
+        while True:
+            x[t] = rng.integers(-8, 9, 32) / 8
+            top5 = np.sort(x[t].astype(np.float64) @ wr)[::-1][:5]
+            if top5[3] != top5[4]:
+                break
     logits = x.astype(np.float64) @ wr
     for score, scale in (("softmax", 1.0), ("sigmoid", 2.5)):
         cfg = models.MoEConfig(hidden=32, ffn=8, num_experts=16, topk=4, score=score, route_scale=scale)

@@ -208,6 +208,9 @@ def test_debug_stops_every_rank_when_one_drops(backend, num_ranks, mesh):
         pytest.skip(f"{backend}: no psum in the debug check (XLA's NCCL collectives refuse processes sharing a "
                     "GPU); the other ranks end at their next half's timeout")
     inputs = T.make_inputs(spec, num_ranks, 6, num_tokens=24)
+    # Compiled (and run once, every id valid) first: the time below is the failing run's alone,
+    # not XLA compiling the step as well (seconds, many more on a loaded machine).
+    T.run_ops(comm, inputs)
     inputs[0].topk_ids[0, 0] = spec.num_experts + 7
     t0 = time.monotonic()
     with pytest.raises(a2a.DroppedRowsError, match="dropped"):

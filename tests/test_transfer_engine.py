@@ -123,15 +123,19 @@ def test_barrier_repeated(conn):
     group = conn.group()
     for i in range(100):
         e.barrier(group, transfer.pack_imm(3, i & 1, 0), T)
-    for i in range(10):
+    for i in range(9):
         e.barrier_ranked(group, 4, i % 256, T)
-    # A barrier really waits: rank 0 arrives 0.3 s late, everyone else must wait for it.
+    # A barrier really waits: rank 0 arrives 0.3 s late, everyone else must wait for it. Timed
+    # from before the barrier rank 0 leaves before its sleep, which it cannot leave before every
+    # rank has entered it: at least 0.3 s on every rank whatever the scheduling (timed from after
+    # it, a rank that left it 0.1 s after rank 0 on a loaded machine saw less than 0.2 s).
+    t0 = time.monotonic()
+    e.barrier_ranked(group, 4, 9, T)
     if conn.rank == 0:
         time.sleep(0.3)
-    t0 = time.monotonic()
     e.barrier(group, transfer.pack_imm(5, 0, 0), T)
     if conn.rank != 0:
-        assert time.monotonic() - t0 > 0.2
+        assert time.monotonic() - t0 > 0.29
     assert leftover(e) == {}
 
 
