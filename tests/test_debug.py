@@ -102,7 +102,7 @@ def test_check_raises_what_the_step_recorded(mesh):
     ok = a2a.init(_spec(num_experts=2 * mesh.size, recv_capacity=None), mesh, "ep", backend="reference",
                   debug=True)
     with ok.checked():
-        T.run_ops(ok, T.make_inputs(ok.spec, mesh.size, 2))
+        T.run_ops(ok, T.make_inputs(ok.spec, mesh.size, 2))  # any draw: no bad id, no capacity
     assert ok.check() is None
 
 
@@ -119,12 +119,11 @@ def test_num_tokens_outside_the_range_is_counted_and_raised_under_debug(backend)
     """Issue 33.7: a num_tokens device array above Spec.max_tokens_per_rank (or below 0) was
     clamped silently. It is still clamped (the results are those of T, or of 0), counted in
     stats()['clamped'] (once per rank and dispatch), and debug=True raises naming it."""
-    import dataclasses
     import jax
     mesh = T.make_mesh(2)
     spec = _spec(recv_capacity=None)
     t = spec.max_tokens_per_rank
-    inputs = T.make_inputs(spec, 2, 3, num_tokens=t)
+    inputs = T.make_inputs(spec, 2, T.fresh_seed(), num_tokens=t)
     bad = [dataclasses.replace(inputs[0], num_tokens=t + 5), dataclasses.replace(inputs[1], num_tokens=-1)]
     comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=True)
     res = T.run_ops(comm, bad)
@@ -149,7 +148,7 @@ from jax_moe_a2a import testing as T
 mesh = T.make_mesh(4)
 spec = a2a.Spec(num_experts=8, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
 comm = a2a.init(spec, mesh, "ep", backend=sys.argv[1], debug=True, timeout_s=20)
-inputs = T.make_inputs(spec, 4, 1, num_tokens=4, minus_one_frac=0.0, invalid_frac=0.0)
+inputs = T.make_inputs(spec, 4, 1, num_tokens=4, minus_one_frac=0.0, invalid_frac=0.0)  # any draw: one bad id
 inputs[2].topk_ids[3, 1] = 99
 try:
     with comm.checked():

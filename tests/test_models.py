@@ -22,6 +22,15 @@ from conftest import BACKENDS, PURE_JAX
 # share some (the sigmoid model's plain run of a backend is compared with the reference and with
 # its remat run), and each costs a compilation of a 2-layer forward and backward.
 _RUNS = {}
+_SEED = []
+
+
+def _model_seed() -> int:
+    """This file's inputs' seed: fresh each run (T.fresh_seed), one for all its tests (_RUNS keeps
+    results of _small_model's inputs from test to test)."""
+    if not _SEED:
+        _SEED.append(T.fresh_seed())
+    return _SEED[0]
 
 
 def _run(backend, mesh, n, cfg, spec, params, x, remat=False):
@@ -56,7 +65,7 @@ def _small_model(n, score="softmax"):
     cfg = models.MoEConfig(hidden=64, ffn=32, num_experts=2 * n, topk=2, shared_ffn=48, score=score)
     spec = a2a.Spec(num_experts=cfg.num_experts, experts_per_token=cfg.topk, hidden=cfg.hidden,
                     max_tokens_per_rank=8, dispatch_dtype=jnp.bfloat16, combine_dtype=jnp.float32)
-    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    keys = jax.random.split(jax.random.PRNGKey(_model_seed()), 3)
     params = [models.init_moe_params(keys[i], cfg) for i in range(2)]
     x = jax.random.normal(keys[2], (n * 8, cfg.hidden), jnp.float32)
     return cfg, spec, params, x
@@ -72,12 +81,13 @@ def test_toy_model_matches_reference(score, mesh, num_ranks):
     ref = _run("reference", mesh, n, cfg, spec, params, x)
     for b in others:
         got = _run(b, mesh, n, cfg, spec, params, x)
-        np.testing.assert_allclose(got[0], ref[0], rtol=2e-2, atol=2e-2, err_msg=f"{b}: forward")
-        np.testing.assert_allclose(got[2], ref[2], rtol=5e-2, atol=5e-3, err_msg=f"{b}: grad x")
+        what = f"seed {_model_seed()} {b}"
+        np.testing.assert_allclose(got[0], ref[0], rtol=2e-2, atol=2e-2, err_msg=f"{what}: forward")
+        np.testing.assert_allclose(got[2], ref[2], rtol=5e-2, atol=5e-3, err_msg=f"{what}: grad x")
         flat_g, flat_r = jax.tree.leaves(got[3]), jax.tree.leaves(ref[3])
         for a, r in zip(flat_g, flat_r):
             scale = np.abs(r).max() + 1e-6
-            assert np.abs(a - r).max() <= 5e-2 * scale, f"{b}: parameter gradient differs ({np.abs(a - r).max()} vs scale {scale})"
+            assert np.abs(a - r).max() <= 5e-2 * scale, f"{what}: parameter gradient differs ({np.abs(a - r).max()} vs scale {scale})"
 
 
 def _comm_calls(hlo: str) -> tuple:
@@ -94,11 +104,12 @@ def test_remat_matches_plain(backend, mesh, num_ranks):
     plain = _run(backend, mesh, num_ranks, cfg, spec, params, x)
     rem = _run(backend, mesh, num_ranks, cfg, spec, params, x, remat=True)
     assert "optimization_barrier" in rem[4] and "optimization_barrier" not in plain[4], "remat did not apply"
-    np.testing.assert_allclose(rem[0], plain[0], rtol=1e-5, atol=1e-5, err_msg="forward")
-    np.testing.assert_allclose(rem[1], plain[1], rtol=1e-5, err_msg="loss")
-    np.testing.assert_allclose(rem[2], plain[2], rtol=1e-4, atol=1e-6, err_msg="grad x")
+    seed = _model_seed()
+    np.testing.assert_allclose(rem[0], plain[0], rtol=1e-5, atol=1e-5, err_msg=f"seed {seed}: forward")
+    np.testing.assert_allclose(rem[1], plain[1], rtol=1e-5, err_msg=f"seed {seed}: loss")
+    np.testing.assert_allclose(rem[2], plain[2], rtol=1e-4, atol=1e-6, err_msg=f"seed {seed}: grad x")
     for a, r in zip(jax.tree.leaves(rem[3]), jax.tree.leaves(plain[3])):
-        assert np.abs(a - r).max() <= 1e-4 * (np.abs(r).max() + 1e-6), "parameter gradient differs under remat"
+        assert np.abs(a - r).max() <= 1e-4 * (np.abs(r).max() + 1e-6), f"seed {seed}: parameter gradient differs under remat"
     if backend != "reference":
         # 2 layers x (forward dispatch + combine, backward combine + dispatch) x 2 halves, or one
         # call per op where the backend takes the GPU backends' EP = 1 path
@@ -117,11 +128,12 @@ def test_overlap_layer_matches_one_shot(backend, mesh, num_ranks):
     outs = [np.asarray(jax.jit(lambda p, x, n: models.moe_layer(comm, cfg, p, x, n, overlap=o))(params[0], x, n))
             for o in (False, True)]
     assert np.abs(outs[0]).max() > 0
-    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5, err_msg=f"seed {_model_seed()}")
     t = spec.max_tokens_per_rank   # and the dense single-device computation (examples/serve.py's check)
     for r in range(num_ranks):
         want = np.asarray(models.dense_moe_block(cfg, spec, params[0], x[r * t:(r + 1) * t], n[r]))
-        np.testing.assert_allclose(outs[1][r * t:(r + 1) * t], want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+        np.testing.assert_allclose(outs[1][r * t:(r + 1) * t], want, rtol=2e-2, atol=2e-2 * np.abs(want).max(),
+                                   err_msg=f"seed {_model_seed()} rank {r}")
 
 
 # --- moe_block's options: given routing, shared-expert placement, slot, identity experts ------------------
@@ -132,7 +144,7 @@ _WIRES = {"bf16": dict(dispatch_dtype=jnp.bfloat16), "fp8": dict(dispatch_dtype=
           "fp8-recv-bf16": dict(dispatch_dtype=jnp.float8_e4m3fn, recv_dtype=jnp.bfloat16)}
 
 
-def _opt_setup(n, experts="ragged_dot", wire="bf16", shared_ffn=48, t=8, seed=3):
+def _opt_setup(n, experts="ragged_dot", wire="bf16", shared_ffn=48, t=8):
     """(cfg, spec, params, x [n*t, H] f32, num_tokens [n] int32, (ids, w) [n*t, K]): H=128, F=64,
     E=2n, K=2, fp8 blocks of 64 (wire and weights); ids distinct per token and not the router's."""
     expert_dtype = jnp.float8_e4m3fn if experts == "grouped" else None
@@ -140,6 +152,7 @@ def _opt_setup(n, experts="ragged_dot", wire="bf16", shared_ffn=48, t=8, seed=3)
                            experts=experts, expert_dtype=expert_dtype, weight_block=64)
     spec = a2a.Spec(num_experts=cfg.num_experts, experts_per_token=cfg.topk, hidden=cfg.hidden,
                     max_tokens_per_rank=t, combine_dtype=jnp.float32, scale_block=64, **_WIRES[wire])
+    seed = _model_seed() + 1
     k = jax.random.split(jax.random.PRNGKey(seed), 2)
     params = models.init_moe_params(k[0], cfg)
     x = jax.random.normal(k[1], (n * t, cfg.hidden), jnp.float32)
@@ -161,6 +174,7 @@ def _dense_per_rank(cfg, spec, params, x, num, routing=None):
 
 
 def _close(got, want, what, rel=2e-2):
+    what = f"seed {_model_seed()}: {what}"
     scale = np.abs(want).max()
     assert scale > 0, f"{what}: the reference is all zero"
     np.testing.assert_allclose(got, want, rtol=rel, atol=rel * scale, equal_nan=False, err_msg=what)
@@ -330,10 +344,11 @@ def test_local_moe_block_matches_dense(experts, expert_dtype):
                            expert_dtype=expert_dtype, weight_block=64)
     spec = a2a.Spec(num_experts=e, experts_per_token=3, hidden=128, max_tokens_per_rank=t,
                     dispatch_dtype=jnp.bfloat16, combine_dtype=jnp.float32)
-    k = jax.random.split(jax.random.PRNGKey(5), 2)
+    seed = _model_seed() + 2
+    k = jax.random.split(jax.random.PRNGKey(seed), 2)
     params = models.init_moe_params(k[0], cfg)
     x = jax.random.normal(k[1], (t, 128), jnp.float32).astype(jnp.bfloat16)
-    rng = np.random.default_rng(5)
+    rng = np.random.default_rng(seed)
     ids = np.argsort(rng.random((t, e)), axis=1)[:, :3].astype(np.int32)
     ids[0, 0] = ids[1, 2] = e + 1    # out of range: skipped
     w = rng.uniform(0.1, 1.0, (t, 3)).astype(np.float32)
