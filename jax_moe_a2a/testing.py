@@ -6,6 +6,7 @@ communicator only through its public methods and attributes."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import weakref
 from typing import Dict, List, Optional
@@ -101,6 +102,15 @@ def make_inputs(spec: Spec, num_ranks: int, seed: int, *, routing: str = "random
         for _ in range(spec.tp_size):
             out.append(oracle.RankInputs(xin, ids.copy(), w, n, xs))
     return out
+
+
+def with_a_routed_pair(spec: Spec, inp: oracle.RankInputs) -> oracle.RankInputs:
+    """`inp` with at least one token (num_tokens >= 1) whose first pair is routed: token 0's first
+    id made an expert in [0, E) that its other ids do not repeat (topk_ids changed in place). For
+    tests that need a routed pair on a rank (nonzero gradients, say) whatever the draw."""
+    ids = inp.topk_ids[0]
+    ids[0] = min(set(range(spec.num_experts)) - set(ids[1:].tolist()))
+    return dataclasses.replace(inp, num_tokens=max(1, int(inp.num_tokens)))
 
 
 def special_rows(x: np.ndarray, block: int) -> np.ndarray:

@@ -178,6 +178,8 @@ def test_stats_count_drops_and_overflow(backend, num_ranks, mesh):
     spec = a2a.Spec(**BASE, recv_capacity=8)
     comm = a2a.init(spec, mesh, "ep", backend=backend, collect_stats=True)  # default off on GPUs
     inputs = T.make_inputs(spec, num_ranks, 5, invalid_frac=0.1, num_tokens=24)
+    for i in inputs:  # a bad id on every rank, whatever the draw (each process sums its own ranks' drops)
+        i.topk_ids[0, 0] = spec.num_experts + 3
     res = T.run_ops(comm, inputs)
     st = comm.stats()
     assert st["dispatches"] == len(res)
