@@ -165,8 +165,8 @@ void RankComm::drain() {
   for (int z = 0; z < o_.slots; ++z) {
     const Slot& sl = *slots_[z];
     if (o_.proxied) {
-      wait_flag(&in_->slot[z].d_send_ok, uint64_t(sl.d_epoch) + 1, kDispatchSend, z);
-      wait_flag(&in_->slot[z].c_send_ok, uint64_t(sl.c_epoch) + 1, kCombineSend, z);
+      wait_flag(&in_->slot[z].d_send_ok, uint64_t(sl.d_epoch) + 1, kDispatchSend, z, -1, /*timed=*/false);
+      wait_flag(&in_->slot[z].c_send_ok, uint64_t(sl.c_epoch) + 1, kCombineSend, z, -1, /*timed=*/false);
     } else {
       ex_->wait(ex_->expect_all_owed(z), kDispatchSend, z, "closing: waiting for peers to free the slot");
       ex_->forget_owed(z);
@@ -189,19 +189,17 @@ proxy::ProxyStats RankComm::proxy_stats() const {
   return s;
 }
 
-// Proxied mode: adds the op's time to op_ns_[op] and makes wait_flag add its waits to wait_ns_[op].
+// Proxied mode: adds the call's time to op_ns_[op] (its waits add themselves to wait_ns_[op]:
+// wait_flag). Holds no state in the RankComm, so that calls of different ops may overlap.
 struct RankComm::OpTimer {
   RankComm& c;
-  int slot;  // the op's index in op_ns_ (protocol::Op), -1 when not proxied
+  int op;  // the op's index in op_ns_ (protocol::Op)
   std::chrono::steady_clock::time_point t0;
-  OpTimer(RankComm& comm, int o) : c(comm), slot(comm.o_.proxied ? o : -1), t0(std::chrono::steady_clock::now()) {
-    c.timed_op_ = slot;
-  }
+  OpTimer(RankComm& comm, int o) : c(comm), op(o), t0(std::chrono::steady_clock::now()) {}
   ~OpTimer() {
     if (!c.o_.proxied) return;
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-    __atomic_fetch_add(&c.op_ns_[slot], uint64_t(ns), __ATOMIC_RELAXED);
-    c.timed_op_ = -1;
+    __atomic_fetch_add(&c.op_ns_[op], uint64_t(ns), __ATOMIC_RELAXED);
   }
 };
 
@@ -261,21 +259,20 @@ std::vector<uint8_t> RankComm::use_mask(int z, const int32_t* alive, int op) {
   return m;
 }
 
-void RankComm::wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, int peer) {
+void RankComm::wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, int peer, bool timed) {
   using Clock = std::chrono::steady_clock;
   if (peer < 0) raise(&ctrl_->slot[slot].waiting[op], want);
   const double limit = peer < 0 ? o_.timeout_s + 5 : o_.timeout_s;
   const auto t0 = Clock::now();
-  struct Add {  // the wait's time, however it ends
-    RankComm& c;
+  struct Add {  // the wait's time into wait_ns_[op], however it ends
+    uint64_t* sum;  // null: not timed
     Clock::time_point t0;
     ~Add() {
-      if (c.timed_op_ >= 0)
-        __atomic_fetch_add(&c.wait_ns_[c.timed_op_],
-                           uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()),
+      if (sum)
+        __atomic_fetch_add(sum, uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()),
                            __ATOMIC_RELAXED);
     }
-  } add{*this, t0};
+  } add{timed ? &wait_ns_[op] : nullptr, t0};
   double sleep_us = 1;
   for (uint64_t i = 0;; ++i) {
     if (proxy::load_acquire(flag) >= want) return;
