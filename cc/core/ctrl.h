@@ -60,9 +60,10 @@ struct alignas(64) SlotCtrl {
   int32_t c_off[kMaxRanks];        // each source's combine offset for us (Exchange::combine_offsets,
                                    // the snapshot of this dispatch); valid with d_landed like over_base
   // Per source, for a receiver that unpacks what has landed while the rest is in flight (the host
-  // backend's; JAX_MOE_A2A_PROXY_PIPELINE=peer): d_placed = e + 1 once over_base and c_off are valid
-  // (every count matrix in), then d_landed_from[src] = e + 1 once src's PRIV and OVER rows landed
-  // (with row staging: once copied). In the Ctrl block only, never in the GDRCopy mirror.
+  // backend's, which asks for them: proxy::ProxyOptions::source_flags; JAX_MOE_A2A_PROXY_PIPELINE=peer):
+  // d_placed = e + 1 once over_base and c_off are valid (every count matrix in), then
+  // d_landed_from[src] = e + 1 once src's PRIV and OVER rows landed (with row staging: once
+  // copied). In the Ctrl block only, never in the GDRCopy mirror.
   uint64_t d_placed;
   uint64_t d_landed_from[kMaxRanks];
   // c + 1 once remote rank d's COMB rows (for every member of our tp group) landed, before c_landed.

@@ -235,7 +235,8 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
       flags.mirror = mirror_.get();
       flags.name = "host-mirror: the proxy's flags read from a second block (JAX_MOE_A2A_HOST_FLAG_MIRROR=1)";
     }
-    const proxy::ProxyOptions po = proxy::ProxyOptions::from_env(0);
+    proxy::ProxyOptions po = proxy::ProxyOptions::from_env(0);
+    po.source_flags = true;  // dispatch_recv and combine_recv read them (per_source_)
     per_source_ = po.pipeline && !mirror_;
     proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_.get(), po, flags, staging_.get());
   }

@@ -65,7 +65,14 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
 }
 
 Proxy::Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath flags, RowStaging* staging)
-    : ex_(ex), ctrl_(ctrl), o_(o), flags_(std::move(flags)), staging_(staging), slots_(ex.options().slots) {
+    : ex_(ex),
+      ctrl_(ctrl),
+      o_(o),
+      flags_(std::move(flags)),
+      staging_(staging),
+      source_flags_(o.pipeline && o.source_flags),
+      source_flags_early_(source_flags_ && !staging && !flags_.landing_fence),
+      slots_(ex.options().slots) {
   if (ex.options().shape.N > kMaxRanks || ex.options().slots > kMaxSlots)
     throw std::invalid_argument("jax_moe_a2a proxy: at most 64 ranks and 8 slots");
   // The promise is shared with the thread: it may still be inside set_value when get() returns.
@@ -228,16 +235,11 @@ bool Proxy::post_packed(int z, SlotState& s, uint32_t e, bool* moved) {
 }
 
 void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint64_t* flags, uint32_t e, bool all) {
+  uint64_t pending = 0;  // bit r: not yet seen in some part of the wait (PRIV and OVER rows; one part per tp member)
+  if (!all)
+    for (int r : wait.missing()) pending |= 1ull << r;
   for (int r : ex_.remote_ranks()) {
-    if (raised >> r & 1) continue;
-    bool in = all;
-    if (!in) {  // seen in every part of the wait (PRIV and OVER rows; one part per tp member)
-      in = true;
-      for (const protocol::Arrivals::Part& p : wait.parts)
-        for (size_t i = 0; i < p.ranks.size(); ++i)
-          if (p.ranks[i] == r && !p.seen[i]) in = false;
-    }
-    if (!in) continue;
+    if ((raised | pending) >> r & 1) continue;
     store_release(&flags[r], uint64_t(e) + 1);
     raised |= 1ull << r;
   }
@@ -360,7 +362,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       ex_.take_combine_offsets(z);
       ex_.post_overflow(z, e);
       publish_landing(z);
-      if (o_.pipeline) store_release(&c.d_placed, uint64_t(e) + 1);  // over_base, c_off: valid
+      if (source_flags_) store_release(&c.d_placed, uint64_t(e) + 1);  // over_base, c_off: valid
       s.d_wait = ex_.expect_rows(z, e);
       s.src_landed = 0;
       s.d = kDRowsIn;
@@ -368,9 +370,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
     case kDRowsIn: {
       cur_op_ = kDispatchRecv;
       const bool in = ex_.poll(s.d_wait);
-      // Per source as its rows are in (not under staging: staged rows are readable after the copy;
-      // nor with a landing fence: device rows are readable after it).
-      if (o_.pipeline && !staging_ && !flags_.landing_fence) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, false);
+      if (source_flags_early_) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, false);
       if (!in) {
         check_late(kDispatchRecv, z, e, s.d_wait, "private and overflow rows", s.d_since);
         return false;
@@ -387,7 +387,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       cur_op_ = kDispatchRecv;
       if (!staged(z, s, RowBuffer::kDRecv, kDispatchRecv, e)) return false;
       if (flags_.landing_fence) flags_.landing_fence();
-      if (o_.pipeline) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, true);  // those not raised yet (staging: all of them)
+      if (source_flags_) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, true);  // those not raised yet (staging: all of them)
       raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
@@ -459,7 +459,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
     case kCLanded: {
       cur_op_ = kCombineRecv;
       const bool in = ex_.poll(s.c_wait);
-      if (o_.pipeline && !staging_ && !flags_.landing_fence) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, false);
+      if (source_flags_early_) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, false);
       if (!in) {
         check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
         return false;
@@ -475,7 +475,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
       cur_op_ = kCombineRecv;
       if (!staged(z, s, RowBuffer::kCRecv, kCombineRecv, e)) return false;
       if (flags_.landing_fence) flags_.landing_fence();
-      if (o_.pipeline) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, true);  // those not raised yet (staging: all of them)
+      if (source_flags_) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, true);  // those not raised yet (staging: all of them)
       raise(z, &SlotCtrl::c_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);

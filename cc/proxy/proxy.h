@@ -56,10 +56,14 @@ struct ProxyOptions {
   bool spin = false;          // JAX_MOE_A2A_PROXY=spin: never sleep (a dedicated core)
   int cpu = -1;               // pin the thread to this CPU (-1: leave it to the scheduler)
   // JAX_MOE_A2A_PROXY_PIPELINE: `peer` (default) posts each remote peer's PRIV write as soon as the
-  // packer raised that peer's d_packed_to (one write per peer still) and raises d_placed /
-  // d_landed_from[src] and c_landed_from[d] for a receiver that unpacks per source; `off` waits for d_packed and
-  // posts every peer's write together, and raises only d_landed (the series behaviour before).
+  // packer raised that peer's d_packed_to (one write per peer still) and, with source_flags, raises
+  // d_placed / d_landed_from[src] and c_landed_from[d] for a receiver that unpacks per source; `off`
+  // waits for d_packed and posts every peer's write together, and raises only d_landed (the series
+  // behaviour before).
   bool pipeline = true;
+  // Not from the environment: the packer opts in when its receiver reads the per-source landing
+  // flags (the host backend's does; the cuda kernels read only d_landed and c_landed).
+  bool source_flags = false;
   // JAX_MOE_A2A_PROXY_CPUS="3,7" gives local rank i the i-th CPU, "none" pins nothing; unset, a
   // GPU's proxy (device_bus_id, as cudaDeviceGetPCIBusId writes it) goes to a CPU of the GPU's
   // NUMA node (proxy/topology.h), the (local_index + node-local process rank)-th from the highest,
@@ -154,9 +158,9 @@ class Proxy {
   // Slot z's packed combine takes the combine offsets of its dispatch's slot (c_from_slot), once.
   void adopt(int z, SlotState& s);
   void publish_landing(int z);  // slot z's over_base and c_off (and their mirror), before d_landed
-  // Pipelined: raises flags[r] = e + 1 (d_landed_from of a dispatch's wait, c_landed_from of a
-  // combine's) for the remote ranks whose rows all arrived in `wait` (every remote rank when
-  // `all`), once each per epoch: bit r of `raised` records it.
+  // Per-source flags (source_flags_): raises flags[r] = e + 1 (d_landed_from of a dispatch's wait,
+  // c_landed_from of a combine's) for the remote ranks whose rows all arrived in `wait` (every
+  // remote rank when `all`), once each per epoch: bit r of `raised` records it.
   void raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint64_t* flags, uint32_t e, bool all);
   // Posts PRIV to each remote peer whose rows are packed (every one once d_packed is up). True
   // when every remote peer's write is posted; *moved: whether one went out now.
@@ -175,6 +179,11 @@ class Proxy {
   ProxyOptions o_;
   FlagPath flags_;
   RowStaging* staging_;
+  // Fixed at construction: raise d_placed and the per-source landing flags (pipeline and
+  // source_flags), and raise each as its rows arrive, on the polls before d_landed / c_landed (not
+  // under staging: staged rows are readable after their copy; nor with a landing fence: device rows
+  // are readable after it), rather than all together with d_landed / c_landed.
+  bool source_flags_ = false, source_flags_early_ = false;
   std::vector<SlotState> slots_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
