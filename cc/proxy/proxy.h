@@ -100,7 +100,7 @@ struct ProxyStats {
   // The packer's side, per op (protocol::Op order), host backend's proxied mode only (the cuda
   // path's are its kernel times): time in the calls and the part spent waiting for the proxy's
   // flags, summed. pack / unpack = call - wait.
-  uint64_t packer_call_ns[4] = {}, packer_wait_ns[4] = {};
+  uint64_t packer_call_ns[kNumHalves] = {}, packer_wait_ns[kNumHalves] = {};
   bool pipeline = true;              // ProxyOptions::pipeline
   uint64_t priv_early = 0;           // PRIV writes posted before the whole pack (d_packed) was done
   uint64_t counts_to_priv_ns = 0;    // from our COUNTS out to our last PRIV write posted, per dispatch
