@@ -118,3 +118,14 @@ def test_pipeline_bad_value(monkeypatch, mesh, num_ranks):
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
     with pytest.raises(Exception, match="JAX_MOE_A2A_PROXY_PIPELINE"):
         proxied(spec, mesh)
+
+
+def test_proxy_bad_number(monkeypatch, mesh, num_ranks):
+    """A proxy's number that is not one (cc/core/env.h get_double) is refused at init, naming the
+    variable and the value, rather than read as 0. One process only (see test_pipeline_bad_value)."""
+    if jax.process_count() > 1:
+        pytest.skip("one process only (see test_pipeline_bad_value)")
+    monkeypatch.setenv("JAX_MOE_A2A_PROXY_SPIN_US", "20us")
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    with pytest.raises(Exception, match="JAX_MOE_A2A_PROXY_SPIN_US='20us': expected a non-negative number"):
+        proxied(spec, mesh)

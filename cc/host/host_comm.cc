@@ -119,8 +119,8 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
     for (auto* f : {&l->d_arrived, &l->d_free, &l->c_arrived, &l->c_free}) f->assign(N, 0);
     local_.push_back(std::move(l));
   }
-  if (const char* v = env::get("JAX_MOE_A2A_HOST_RECV_PAUSE_S")) recv_pause_s_ = std::max(0.0, std::atof(v));
-  if (const char* v = env::get("JAX_MOE_A2A_HOST_PACK_PAUSE_S")) pack_pause_s_ = std::max(0.0, std::atof(v));
+  recv_pause_s_ = env::get_double("JAX_MOE_A2A_HOST_RECV_PAUSE_S", 0);
+  pack_pause_s_ = env::get_double("JAX_MOE_A2A_HOST_PACK_PAUSE_S", 0);
   if (o.proxied) {
     if (o.shape.N > proxy::kMaxRanks) throw std::invalid_argument("host backend: proxied mode supports at most 64 ranks");
     ctrl_ = std::make_unique<proxy::Ctrl>();

@@ -26,11 +26,6 @@ using protocol::kDispatchSend;
 
 namespace {
 
-double env_double(const char* name, double fallback) {
-  const char* v = env::get(name);
-  return v && *v ? std::strtod(v, nullptr) : fallback;
-}
-
 uint64_t ns_since(Clock::time_point t0) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
@@ -39,10 +34,10 @@ uint64_t ns_since(Clock::time_point t0) {
 
 ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_bus_id) {
   ProxyOptions o;
-  o.spin_us = env_double("JAX_MOE_A2A_PROXY_SPIN_US", o.spin_us);
-  o.max_sleep_us = env_double("JAX_MOE_A2A_PROXY_MAX_SLEEP_US", o.max_sleep_us);
-  o.idle_ms = env_double("JAX_MOE_A2A_PROXY_IDLE_MS", o.idle_ms);
-  o.idle_sleep_us = env_double("JAX_MOE_A2A_PROXY_IDLE_SLEEP_US", o.idle_sleep_us);
+  o.spin_us = env::get_double("JAX_MOE_A2A_PROXY_SPIN_US", o.spin_us);
+  o.max_sleep_us = env::get_double("JAX_MOE_A2A_PROXY_MAX_SLEEP_US", o.max_sleep_us);
+  o.idle_ms = env::get_double("JAX_MOE_A2A_PROXY_IDLE_MS", o.idle_ms);
+  o.idle_sleep_us = env::get_double("JAX_MOE_A2A_PROXY_IDLE_SLEEP_US", o.idle_sleep_us);
   const char* mode = env::get("JAX_MOE_A2A_PROXY");
   o.spin = mode && std::string(mode) == "spin";
   const char* pipe = env::get("JAX_MOE_A2A_PROXY_PIPELINE");
