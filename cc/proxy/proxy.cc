@@ -221,12 +221,34 @@ bool Proxy::post_packed(int z, SlotState& s, uint32_t e, bool* moved) {
     early += !all;
     *moved = true;
   }
-  if (early || done) {
+  if (early) {
     std::lock_guard<std::mutex> lock(stats_mu_);
     stats_.priv_early += early;
-    if (done) stats_.counts_to_priv_ns += ns_since(s.counts_out);
   }
   return done;
+}
+
+void Proxy::privs_out(SlotState& s) {
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.counts_to_priv_ns += ns_since(s.counts_out);
+  }
+  s.d = kDCountsIn;
+  s.d_since = {};
+}
+
+void Proxy::SlotState::next_dispatch() {
+  ++de;
+  d = kDFree;
+  priv_posted = 0;
+  src_landed = 0;
+}
+
+void Proxy::SlotState::next_combine() {
+  ++ce;
+  c = kCFree;
+  comb_landed = 0;
+  c_adopted = false;
 }
 
 void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint64_t* flags, uint32_t e, bool all) {
@@ -296,9 +318,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       if (o_.pipeline && !staging_) {  // each peer's write as soon as its rows are packed
         bool moved = false;
         if (!post_packed(z, s, e, &moved)) return moved;
-        s.priv_posted = 0;
-        s.d = kDCountsIn;
-        s.d_since = {};
+        privs_out(s);
         return true;
       }
       if (load_acquire(&c.d_packed) < uint64_t(e) + 1) return false;
@@ -312,12 +332,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       cur_op_ = kDispatchSend;
       if (!staged(z, s, RowBuffer::kDSend, kDispatchRecv, e)) return false;  // our recv kernel spins behind it
       ex_.post_private(z, e);
-      {
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        stats_.counts_to_priv_ns += ns_since(s.counts_out);
-      }
-      s.d = kDCountsIn;
-      s.d_since = {};
+      privs_out(s);
       return true;
     case kDCountsIn:
       cur_op_ = kDispatchRecv;
@@ -359,7 +374,6 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       publish_landing(z);
       if (source_flags_) store_release(&c.d_placed, uint64_t(e) + 1);  // over_base, c_off: valid
       s.d_wait = ex_.expect_rows(z, e);
-      s.src_landed = 0;
       s.d = kDRowsIn;
       return true;
     case kDRowsIn: {
@@ -399,8 +413,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         std::lock_guard<std::mutex> lock(stats_mu_);
         ++stats_.dispatches;
       }
-      s.de = e + 1;
-      s.d = kDFree;
+      s.next_dispatch();
       return true;
   }
   return false;
@@ -425,7 +438,6 @@ bool Proxy::step_combine(int z, SlotState& s) {
         }
       }
       s.c_armed = false;
-      s.c_adopted = false;
       raise(z, &SlotCtrl::c_send_ok, uint64_t(e) + 1);
       s.c = kCPacked;
       return true;
@@ -448,7 +460,6 @@ bool Proxy::step_combine(int z, SlotState& s) {
       s.comb_out = Clock::now();
       s.c_wait = ex_.expect_comb(z, e);
       s.c_since = {};
-      s.comb_landed = 0;
       s.c = kCLanded;
       return true;
     case kCLanded: {
@@ -487,8 +498,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
         std::lock_guard<std::mutex> lock(stats_mu_);
         ++stats_.combines;
       }
-      s.ce = e + 1;
-      s.c = kCFree;
+      s.next_combine();
       return true;
   }
   return false;

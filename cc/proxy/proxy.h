@@ -135,12 +135,17 @@ class Proxy {
     std::chrono::steady_clock::time_point d_since{}, c_since{};  // kernel started waiting (0: not yet)
     std::chrono::steady_clock::time_point counts_out{}, comb_out{};
     std::vector<protocol::ByteRange> comb_in;  // staging: c_recv's ranges, taken when our combine was packed
+    // Per epoch (cleared by next_dispatch / next_combine, the only places an epoch ends):
     bool c_adopted = false;  // the packed combine took its dispatch's combine offsets (adopt())
     uint64_t priv_posted = 0;  // bit d: our PRIV write of this epoch to remote rank d is posted
     uint64_t src_landed = 0;   // bit src: d_landed_from[src] raised for this epoch
     uint64_t comb_landed = 0;  // bit d: c_landed_from[d] raised for this combine epoch
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
     uint64_t copy_bytes[kRowBuffers]{};
+    // The dispatch (combine) of this epoch is done (its FREE signal sent): the next epoch starts
+    // at kDFree (kCFree) with that pipeline's per-epoch bits clear.
+    void next_dispatch();
+    void next_combine();
   };
 
   void run();
@@ -165,6 +170,9 @@ class Proxy {
   // Posts PRIV to each remote peer whose rows are packed (every one once d_packed is up). True
   // when every remote peer's write is posted; *moved: whether one went out now.
   bool post_packed(int z, SlotState& s, uint32_t e, bool* moved);
+  // Every PRIV write of the dispatch is posted (pipelined or not): counts_to_priv_ns, then on to
+  // the counts-in step.
+  void privs_out(SlotState& s);
   void stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges);  // starts copies
   // Polls them (counts bytes and time when done; true at once without staging). Past the timeout
   // while our kernel of `op` (the receive half that spins behind the copy) waits for epoch e,
