@@ -186,6 +186,7 @@ proxy::ProxyStats RankComm::proxy_stats() const {
     s.packer_call_ns[i] = __atomic_load_n(&op_ns_[i], __ATOMIC_RELAXED);
     s.packer_wait_ns[i] = __atomic_load_n(&wait_ns_[i], __ATOMIC_RELAXED);
   }
+  s.recv_early = __atomic_load_n(&recv_early_, __ATOMIC_RELAXED);
   return s;
 }
 
@@ -402,8 +403,11 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
     a.recv_counts[src] = arr.rows_from(src);
     // Pipelined: src's rows have landed (the rest may still be in flight). Positions depend on the
     // counts only, so the outputs are the same in any landing order.
-    if (o_.proxied && per_source_ && ex_->remote(rank_, src) && arr.rows_from(src) > 0)
+    if (o_.proxied && per_source_ && ex_->remote(rank_, src) && arr.rows_from(src) > 0) {
       wait_flag(&ctrl_->slot[a.slot].d_landed_from[src], e + 1, kDispatchRecv, a.slot);
+      if (proxy::load_acquire(&ctrl_->slot[a.slot].d_landed) < uint64_t(e) + 1)  // others still in flight
+        __atomic_fetch_add(&recv_early_, uint64_t(1), __ATOMIC_RELAXED);
+    }
     for (int l = 0; l < L; ++l) {
       const int32_t n = to_me[int64_t(src) * L + l];
       for (int i = 0; i < n; ++i) {

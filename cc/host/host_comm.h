@@ -172,6 +172,7 @@ class RankComm {
   // (protocol::Op) the time in the call and the part of it spent in wait_flag, summed. Atomic adds:
   // two ops of one rank may run at once on different XLA threads.
   uint64_t op_ns_[4] = {}, wait_ns_[4] = {};
+  uint64_t recv_early_ = 0;  // ProxyStats::recv_early (atomic adds)
   // Proxied, JAX_MOE_A2A_PROXY_PIPELINE=peer and no flag mirror: dispatch_recv unpacks each remote
   // source's rows once the proxy raised its d_landed_from (after d_placed), not after d_landed, and
   // combine_recv reduces each token once the ranks its rows come from raised c_landed_from.

@@ -104,6 +104,9 @@ struct ProxyStats {
   bool pipeline = true;              // ProxyOptions::pipeline
   uint64_t priv_early = 0;           // PRIV writes posted before the whole pack (d_packed) was done
   uint64_t counts_to_priv_ns = 0;    // from our COUNTS out to our last PRIV write posted, per dispatch
+  // Host backend's proxied mode under `peer`: remote sources whose rows dispatch_recv unpacked
+  // before d_landed was raised (the rest still in flight). 0 when it waits for d_landed.
+  uint64_t recv_early = 0;
 };
 
 class Proxy {
