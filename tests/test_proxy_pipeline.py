@@ -140,24 +140,18 @@ def test_pipeline_with_staging_or_mirror(extra, mode, monkeypatch, mesh, num_ran
     comm.close()
 
 
-def test_pipeline_bad_value(monkeypatch, mesh, num_ranks):
-    """An unknown mode is refused at init, naming the variable. One process only: each process's
-    proxies refuse it once their engines connected, so another process may wait at a later
-    rendezvous for ranks that already failed (a timeout, not this message)."""
+@pytest.mark.parametrize("var, value, match", [
+    ("JAX_MOE_A2A_PROXY_PIPELINE", "chunk", "JAX_MOE_A2A_PROXY_PIPELINE=chunk: expected `peer` or `off`"),
+    ("JAX_MOE_A2A_PROXY_SPIN_US", "20us", "JAX_MOE_A2A_PROXY_SPIN_US='20us': expected a non-negative number"),
+], ids=["pipeline-mode", "spin-us"])
+def test_proxy_bad_value(var, value, match, monkeypatch, mesh, num_ranks):
+    """An unknown pipelining mode, or a proxy number that is not one (cc/core/env.h get_double, which
+    strtod alone read as 20), is refused at init, naming the variable. One process only: each
+    process's proxies refuse it once their engines connected, so another process may wait at a
+    later rendezvous for ranks that already failed (a timeout, not this message)."""
     if jax.process_count() > 1:
         pytest.skip("one process only (see the docstring)")
-    monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", "chunk")
+    monkeypatch.setenv(var, value)
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
-    with pytest.raises(Exception, match="JAX_MOE_A2A_PROXY_PIPELINE"):
-        proxied(spec, mesh)
-
-
-def test_proxy_bad_number(monkeypatch, mesh, num_ranks):
-    """A proxy's number that is not one (cc/core/env.h get_double) is refused at init, naming the
-    variable and the value, rather than read as 0. One process only (see test_pipeline_bad_value)."""
-    if jax.process_count() > 1:
-        pytest.skip("one process only (see test_pipeline_bad_value)")
-    monkeypatch.setenv("JAX_MOE_A2A_PROXY_SPIN_US", "20us")
-    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
-    with pytest.raises(Exception, match="JAX_MOE_A2A_PROXY_SPIN_US='20us': expected a non-negative number"):
+    with pytest.raises(Exception, match=match):
         proxied(spec, mesh)
