@@ -7,6 +7,7 @@
 #include "ffi/handlers.h"
 #include "host/host_comm.h"
 #include "transfer/errors.h"
+#include "transfer/post_timeout.h"
 
 namespace ffi = xla::ffi;
 using a2a::ElemKind;
@@ -31,7 +32,11 @@ ffi::Error run(const char* op, int64_t comm_id, ffi::Buffer<ffi::S32> rank_buf, 
   try {
     comm = a2a::host::find_comm(comm_id, group);
     comm->check_usable();
-    f(comm->rank(rank));
+    a2a::host::RankComm& rc = comm->rank(rank);
+    // A write to a peer that takes none (its process is gone) fails within the op's timeout and
+    // names that peer, as a wait for it does (not after the engine's 30 s post timeout).
+    a2a::transfer::PostTimeout bound(rc.timeout_s());
+    f(rc);
     return ffi::Error::Success();
   } catch (const a2a::transfer::TimeoutError& e) {
     if (comm) comm->fail(e.what(), e.missing);
@@ -120,10 +125,10 @@ ffi::Error CombineRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, 
                        ffi::Buffer<ffi::S32> pair_slot, ffi::Buffer<ffi::F32> weights,
                        ffi::Buffer<ffi::S32> num_tokens, ffi::AnyBuffer out_in, ffi::Buffer<ffi::S32> rank_mask,
                        ffi::Result<ffi::AnyBuffer> out,
-                       ffi::Result<ffi::Buffer<ffi::F32>> pairs, int64_t comm_id, int32_t slot, int32_t y_kind) {
+                       ffi::Result<ffi::Buffer<ffi::F32>> pairs, int64_t comm_id, int32_t slot, ElemKind y_kind) {
   a2a::host::CombineRecvArgs a{};
   a.handle = handle.typed_data();
-  a.y_kind = static_cast<ElemKind>(y_kind);
+  a.y_kind = y_kind;
   a.dest = dest.typed_data();
   a.pair_slot = pair_slot.typed_data();
   a.weights = weights.typed_data();
@@ -209,4 +214,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostCombineRecv, CombineRecv,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("comm_id")
                                   .Attr<int32_t>("slot")
-                                  .Attr<int32_t>("y_kind"));
+                                  .Attr<ElemKind>("y_kind"));
