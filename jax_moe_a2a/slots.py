@@ -223,11 +223,8 @@ class SlotChain:
     result the caller dropped orders nothing, as before. Only the trace that recorded a value
     sees it (a tracer of another trace must not be used there)."""
 
-    MAX_TRACES = 64
-
     def __init__(self):
-        self._lock = threading.Lock()
-        self._traces = []  # [(trace state, {slot: weakref.ref(array of that trace)})]
+        self._tables = _PerTrace()  # {slot: weakref.ref(array of that trace)}
 
     def record(self, slot: int, value):
         """value: an array of the trace being built (or a pytree: its first leaf) that the slot's
@@ -240,14 +237,8 @@ class SlotChain:
             ref = weakref.ref(leaves[0])
         except TypeError:  # a concrete value (outside jit): nothing to order
             return
-        with self._lock:
-            self._traces = [(t, d) for t, d in self._traces if _alive(t)]
-            d = next((d for t, d in self._traces if t == state), None)
-            if d is None:
-                d = {}
-                self._traces.append((state, d))
-                del self._traces[:-self.MAX_TRACES]
-            d[slot] = ref
+        with self._tables.lock:
+            self._tables.table(state, create=True)[slot] = ref
 
     def follow(self, slot: int, after):
         """`after` extended by the slot's last exchange in the trace being built (when there is
@@ -255,8 +246,8 @@ class SlotChain:
         state = _trace_state()
         if state is None:
             return after
-        with self._lock:
-            d = next((d for t, d in self._traces if t == state), None)
+        with self._tables.lock:
+            d = self._tables.table(state, create=False)
             prev = None if d is None or slot not in d else d[slot]()
         if prev is None:
             return after
