@@ -166,7 +166,8 @@ def grouped_gemm(x, w, group_sizes, *, x_scale=None, w_scale=None, out_dtype=jnp
     fp8 = _dtype(x) == np.dtype(FP8)
     expert_major = x.ndim == 3
     rows = x.shape[1] if expert_major else x.shape[0]
-    ws_bytes = int(_gemm_module().workspace_bytes(fp8, out_dtype == np.dtype(np.float32), bool(transpose_w),
+    mode = _MODE_TRANSPOSE_W if transpose_w else _MODE_FORWARD
+    ws_bytes = int(_gemm_module().workspace_bytes(fp8, out_dtype == np.dtype(np.float32), mode,
                                                   L, rows, n, k, expert_major))
     empty = jnp.zeros((0,), jnp.float32)
     xs = empty if x_scale is None else x_scale.astype(jnp.float32)
@@ -176,7 +177,7 @@ def grouped_gemm(x, w, group_sizes, *, x_scale=None, w_scale=None, out_dtype=jnp
         "jax_moe_a2a_grouped_gemm",
         (jax.ShapeDtypeStruct(y_shape, out_dtype), jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)),
     )
-    y, _ = call(x, w, group_sizes.astype(jnp.int32), xs, wsc, mode=np.int32(_MODE_TRANSPOSE_W if transpose_w else _MODE_FORWARD))
+    y, _ = call(x, w, group_sizes.astype(jnp.int32), xs, wsc, mode=np.int32(mode))
     return _typed_like(y, x, w, group_sizes, x_scale, w_scale)
 
 
@@ -261,9 +262,8 @@ def grouped_gemm_wgrad(x, dy, group_sizes, *, out_dtype=jnp.float32):
     k, n = x.shape[-1], dy.shape[-1]
     expert_major = x.ndim == 3
     rows = x.shape[1] if expert_major else x.shape[0]
-    # The wgrad configuration's argument arrays have the forward bf16 one's size (the same stride
-    # and pointer types; the handler checks and refuses a short workspace).
-    ws_bytes = int(_gemm_module().workspace_bytes(False, True, False, L, rows, n, k, expert_major)) + 4096
+    # the exact size of the wgrad kernel's workspace (the handler refuses a shorter one)
+    ws_bytes = int(_gemm_module().workspace_bytes(False, True, _MODE_WGRAD, L, rows, n, k, expert_major))
     empty = jnp.zeros((0,), jnp.float32)
     call = jax.ffi.ffi_call(
         "jax_moe_a2a_grouped_gemm",

@@ -84,3 +84,52 @@ def test_wgrad_supported():
     ]:
         why = gemm_ffi.wgrad_supported(x, dy, gs)
         assert why is not None and words in why, why
+
+
+def _built_gemm():
+    g = gemm_ffi._gemm_module()
+    if g is None or not g.built():
+        pytest.skip(f"grouped-GEMM kernels not built: {gemm_ffi._build_reason()}")
+    return g
+
+
+def test_workspace_bytes_takes_the_mode():
+    """_C.gemm.workspace_bytes sizes the kernel of the custom call's mode (host-side: no GPU needed)."""
+    g = _built_gemm()
+    fwd = g.workspace_bytes(False, False, gemm_ffi._MODE_FORWARD, 8, 300, 384, 512, False)
+    wgrad = g.workspace_bytes(False, True, gemm_ffi._MODE_WGRAD, 8, 300, 384, 512, False)
+    assert fwd > 0 and wgrad > 0
+    with pytest.raises(ValueError, match="wgrad is built for bf16 in, f32 out"):
+        g.workspace_bytes(True, True, gemm_ffi._MODE_WGRAD, 8, 300, 384, 512, False)
+    with pytest.raises(ValueError, match="transpose_w is built for bf16 out only"):
+        g.workspace_bytes(False, True, gemm_ffi._MODE_TRANSPOSE_W, 8, 300, 384, 512, False)
+    with pytest.raises(ValueError, match="mode must be"):
+        g.workspace_bytes(False, False, 3, 8, 300, 384, 512, False)
+
+
+class _Recorder:
+    """Stands in for _C.gemm: records workspace_bytes' arguments, answers the real size."""
+
+    def __init__(self, g):
+        self.g, self.calls = g, []
+
+    def workspace_bytes(self, *args):
+        self.calls.append(args)
+        return self.g.workspace_bytes(*args)
+
+
+@pytest.mark.parametrize("expert_major", [False, True])
+def test_wgrad_asks_the_exact_workspace_of_its_mode(monkeypatch, expert_major):
+    """grouped_gemm_wgrad allocates exactly what the wgrad kernel needs: it asks in the wgrad mode
+    (traced with eval_shape: nothing runs)."""
+    rec = _Recorder(_built_gemm())
+    monkeypatch.setattr(gemm_ffi, "_gemm_module", lambda: rec)
+    monkeypatch.setattr(gemm_ffi, "native_reason", lambda: None)
+    monkeypatch.setattr(gemm_ffi._ffi, "register_targets", lambda: None)
+    L, rows, n, k = 5, 40, 136, 264
+    lead = (L, rows) if expert_major else (rows,)
+    jaxpr = jax.make_jaxpr(gemm_ffi.grouped_gemm_wgrad)(S(lead + (k,), BF16), S(lead + (n,), BF16),
+                                                         S((L,), jnp.int32))
+    assert rec.calls == [(False, True, gemm_ffi._MODE_WGRAD, L, rows, n, k, expert_major)]
+    want = rec.g.workspace_bytes(*rec.calls[0])
+    assert f"u8[{want}]" in str(jaxpr), "the wgrad's workspace output must be exactly the size asked"
