@@ -366,6 +366,48 @@ def test_wgrad_many_groups_exact_workspace(expert_major):
             assert _rel(dw[l], ref[l]) < TOL, (l, sizes[l])
 
 
+# --- the custom call itself: its mode attribute (gemm::Mode) and the workspace it checks -------------------
+def _raw_call(x, w, sizes, ws_bytes, mode, y_shape, y_dtype):
+    """jax_moe_a2a_grouped_gemm with a workspace of ws_bytes and the given mode, past gemm_ffi's checks."""
+    from jax_moe_a2a import _ffi
+    _ffi.register_targets()
+    call = jax.ffi.ffi_call("jax_moe_a2a_grouped_gemm", (jax.ShapeDtypeStruct(y_shape, y_dtype),
+                                                         jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)))
+    empty = jnp.zeros((0,), jnp.float32)
+    y, _ = call(x, w, sizes, empty, empty, mode=np.int32(mode))
+    return jax.block_until_ready(y)
+
+
+@pytest.mark.parametrize("mode", [gemm_ffi._MODE_FORWARD, gemm_ffi._MODE_TRANSPOSE_W, gemm_ffi._MODE_WGRAD],
+                         ids=["forward", "transpose_w", "wgrad"])
+def test_handler_takes_the_exact_workspace_and_refuses_one_byte_less(mode):
+    """Each mode runs with exactly _C.gemm.workspace_bytes(mode) bytes (the oracle checks the result)
+    and is refused with one byte less; a mode that is none of gemm::Mode's is refused."""
+    rng = np.random.default_rng()
+    L, R, n, k = 5, 150, 136, 264
+    x = jnp.asarray(rng.normal(size=(R, k)).astype(np.float32)).astype(BF16)
+    sizes = _sizes(rng, L, R - 5, "zeros")
+    xf = np.asarray(x.astype(jnp.float32), np.float64)
+    if mode == gemm_ffi._MODE_WGRAD:
+        w = jnp.asarray(rng.normal(size=(R, n)).astype(np.float32)).astype(BF16)   # dY
+        y_shape, y_dtype = (L, n, k), jnp.float32
+        ref = _wgrad_oracle(xf, np.asarray(w.astype(jnp.float32), np.float64), sizes)
+    else:
+        transpose = mode == gemm_ffi._MODE_TRANSPOSE_W
+        w = jnp.asarray(rng.normal(size=(L, k, n) if transpose else (L, n, k)).astype(np.float32)).astype(BF16)
+        wf = np.asarray(w.astype(jnp.float32), np.float64)
+        y_shape, y_dtype = (R, n), BF16
+        ref, _ = _oracle_ragged(xf, wf.transpose(0, 2, 1) if transpose else wf, sizes)
+    ws = gemm_ffi._gemm_module().workspace_bytes(False, y_dtype == jnp.float32, mode, L, R, n, k, False)
+    gs = jnp.asarray(sizes)
+    y = np.asarray(_raw_call(x, w, gs, ws, mode, y_shape, y_dtype).astype(jnp.float32), np.float64)
+    assert _rel(y, ref) < TOL
+    with pytest.raises(Exception, match="workspace too small"):
+        _raw_call(x, w, gs, ws - 1, mode, y_shape, y_dtype)
+    with pytest.raises(Exception, match="mode must be"):
+        _raw_call(x, w, gs, ws, 3, y_shape, y_dtype)
+
+
 # --- inside an XLA command buffer (CUDA graph): group sizes must come from the device every call ------------
 def test_in_command_buffer_with_changing_group_sizes():
     """One jitted step with the fp8 MLP, a bf16 GEMM, the dgrad and the wgrad (more custom calls than

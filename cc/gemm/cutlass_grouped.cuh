@@ -29,7 +29,7 @@ using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>
 
 // How a configuration maps the grouped problem onto CUTLASS's (M, N, K) per group (l):
 //   kFwd:    M = the group's rows, N = n, K = k. A = x rows [m, K] (K-major), B = w[l] [N, K]
-//            (ColumnMajor: K-major) or [K, N] (transpose_w: RowMajor), D = y rows [m, N] row-major.
+//            (ColumnMajor: K-major) or [K, N] (Mode::kTransposeW: RowMajor), D = y rows [m, N] row-major.
 //   kWgrad:  dW[l] = dY_l^T X_l: M = n (dY's columns), N = k (X's columns), K = the group's rows.
 //            A = dY rows viewed [n, m] (ColumnMajor: M contiguous), B = X rows viewed [k, m]
 //            (RowMajor in CUTLASS's [K, N] sense: N contiguous), D = dW[l] [n, k] row-major.
@@ -169,7 +169,7 @@ __device__ inline int64_t block_group_rows(const GroupedGemmParams& p, int64_t l
 // dW[l] [n, k] for the groups with no rows (the GEMM gets no tiles there).
 template <class ElemD>
 __device__ void zero_uncovered_rows(const GroupedGemmParams& p, int64_t first_block, int64_t blocks) {
-  if (p.wgrad) {
+  if (p.mode == Mode::kWgrad) {
     const int64_t vec_per_row = p.k * static_cast<int64_t>(sizeof(ElemD)) / 16;
     int64_t cached_l = -1;
     bool empty = false;
@@ -327,7 +327,7 @@ cudaError_t run_config(const GroupedGemmParams& p, int sm_count, const Tuning& t
   if (p.workspace_size < cutlass_bytes + GroupArrays<Cfg>::bytes(p.num_groups)) return cudaErrorInvalidValue;
   char* ws = static_cast<char*>(p.workspace);
   auto g = GroupArrays<Cfg>::carve(ws + cutlass_bytes, p.num_groups);
-  const int64_t total_rows = p.wgrad ? p.num_groups * p.n
+  const int64_t total_rows = p.mode == Mode::kWgrad ? p.num_groups * p.n
                              : p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
   const int zero_blocks = static_cast<int>(total_rows < 1024 ? total_rows : 1024);
   prepare_groups<Cfg><<<1 + zero_blocks, kSetupThreads, 0, stream>>>(p, g);

@@ -1,5 +1,5 @@
 // bf16 x bf16 grouped GEMMs, f32 accumulation: the forward (bf16 or f32 out; w as [L, N, K] or,
-// transpose_w, the backward's dgrad, [L, K, N]) and the backward's wgrad dW[l] = dY_l^T X_l (f32
+// Mode::kTransposeW, the backward's dgrad, [L, K, N]) and the backward's wgrad dW[l] = dY_l^T X_l (f32
 // out). Which configuration runs: kernels.h, choose().
 #include "gemm/cutlass_grouped.cuh"
 #include "gemm/kernels.h"
@@ -27,8 +27,8 @@ using KN = RowMajor;     // w [K, N], N contiguous
 
 template <class Fn>
 auto with_config(const GroupedGemmParams& p, Fn&& fn) {
-  if (p.wgrad) return fn(static_cast<WgradCfg32*>(nullptr));
-  if (p.transpose_w) return fn(static_cast<Bf16Cfg<BF16, KN>*>(nullptr));
+  if (p.mode == Mode::kWgrad) return fn(static_cast<WgradCfg32*>(nullptr));
+  if (p.mode == Mode::kTransposeW) return fn(static_cast<Bf16Cfg<BF16, KN>*>(nullptr));
   const bool few = choose(p).tile != Tile::kTile128;
   if (few)
     return p.out == OutType::kF32 ? fn(static_cast<Bf16SmallCfg<float, NK>*>(nullptr))

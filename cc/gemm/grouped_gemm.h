@@ -8,10 +8,10 @@
 // Shapes (L local experts, rows sorted by expert):
 //   ragged:        x [R, K], group_sizes [L] int32 (rows past sum(group_sizes) give zero rows)
 //   expert_major:  x [L, C, K], counts [L] int32 (rows c >= counts[l] give zero rows, cost nothing)
-//   w [L, N, K] (K contiguous), or [L, K, N] with transpose_w (N contiguous; bf16 only)
+//   w [L, N, K] (K contiguous), or [L, K, N] in Mode::kTransposeW (N contiguous; bf16 only)
 //   fp8: x_scale f32 [rows, K/128], w_scale f32 [L, N/128, K/128]
 //   y [rows, N] bf16 or f32 (rows = R or L*C)
-// wgrad (bf16 in, f32 out): x = X [R, K] or [L, C, K], w = dY [R, N] or [L, C, N] (the rows of
+// Mode::kWgrad (bf16 in, f32 out): x = X [R, K] or [L, C, K], w = dY [R, N] or [L, C, N] (the rows of
 //   the same groups), y = dW [L, N, K] with dW[l] = dY_l^T X_l over group l's rows (K of the GEMM
 //   = the group's rows, any count; a group with no rows gives dW[l] = 0); no scales.
 #pragma once
@@ -27,19 +27,33 @@ enum class Layout : int { kRagged = 0, kExpertMajor = 1 };
 enum class InType : int { kBF16 = 0, kFp8 = 1 };
 enum class OutType : int { kBF16 = 0, kF32 = 1 };
 
+// What one call computes: the custom call's `mode` attribute (cc/ffi/gemm_handlers.cc) and
+// _C.gemm.workspace_bytes' `mode` (jax_moe_a2a/gemm_ffi.py's _MODE_*). int32: it travels to the
+// device inside GroupedGemmParams (the setup kernel's argument).
+//   kForward     y = x @ w[l]^T, w [L, N, K]
+//   kTransposeW  y = x @ w[l], w [L, K, N] (the bf16 backward's dgrad; bf16 only)
+//   kWgrad       dW[l] = dY_l^T X_l (bf16 in, f32 out; above)
+enum class Mode : int32_t { kForward = 0, kTransposeW = 1, kWgrad = 2 };
+
+// The Mode of an attribute's value, or false when it names none.
+inline bool mode_from_int(int64_t v, Mode& m) {
+  if (v < 0 || v > 2) return false;
+  m = static_cast<Mode>(v);
+  return true;
+}
+
 struct GroupedGemmParams {
   Layout layout = Layout::kRagged;
   InType in = InType::kBF16;
   OutType out = OutType::kBF16;
-  bool transpose_w = false;       // w is [L, K, N] (bf16 only)
-  bool wgrad = false;             // dW[l] = dY_l^T X_l (bf16; below)
+  Mode mode = Mode::kForward;
   int64_t num_groups = 0;         // L
   int64_t rows = 0;               // R (ragged) or C (expert_major: rows per expert)
   int64_t n = 0;
   int64_t k = 0;
   const void* x = nullptr;        // [R, K] or [L, C, K]
   const float* x_scale = nullptr; // fp8: [R or L*C, K/128]
-  const void* w = nullptr;        // [L, N, K] (or [L, K, N])
+  const void* w = nullptr;        // [L, N, K] ([L, K, N] in kTransposeW; dY in kWgrad)
   const float* w_scale = nullptr; // fp8: [L, N/128, K/128]
   const int32_t* group_sizes = nullptr;  // [L] on the device
   void* y = nullptr;              // [R or L*C, N]

@@ -39,15 +39,14 @@ void bind_gemm(nb::module_& m) {
       "workspace_bytes",
       [](bool fp8, bool out_f32, int mode, int64_t num_groups, int64_t rows, int64_t n, int64_t k,
          bool expert_major) -> int64_t {
-        // mode: the custom call's `mode` attribute (cc/ffi/gemm_handlers.cc): 0 forward, 1 forward
-        // with transpose_w (the bf16 dgrad), 2 wgrad (bf16 in, f32 out; n = dY's columns, k = X's).
-        if (mode < 0 || mode > 2) throw std::invalid_argument("mode must be 0 (forward), 1 (transpose_w) or 2 (wgrad)");
+        // mode: gemm::Mode's value, as the custom call's `mode` attribute: 0 forward, 1 transpose_w
+        // (the bf16 dgrad), 2 wgrad (bf16 in, f32 out; n = dY's columns, k = X's).
 #if defined(JAX_MOE_A2A_WITH_GEMM)
         gemm::GroupedGemmParams p;
+        if (!gemm::mode_from_int(mode, p.mode))
+          throw std::invalid_argument("mode must be 0 (forward), 1 (transpose_w) or 2 (wgrad)");
         p.in = fp8 ? gemm::InType::kFp8 : gemm::InType::kBF16;
         p.out = out_f32 ? gemm::OutType::kF32 : gemm::OutType::kBF16;
-        p.transpose_w = mode == 1;
-        p.wgrad = mode == 2;
         p.layout = expert_major ? gemm::Layout::kExpertMajor : gemm::Layout::kRagged;
         p.num_groups = num_groups;
         p.rows = rows;
@@ -56,7 +55,7 @@ void bind_gemm(nb::module_& m) {
         if (const char* why = gemm::unsupported_reason(p)) throw std::invalid_argument(why);
         return static_cast<int64_t>(gemm::workspace_bytes(p, 0));
 #else
-        (void)fp8, (void)out_f32, (void)num_groups, (void)rows, (void)n, (void)k, (void)expert_major;
+        (void)fp8, (void)out_f32, (void)mode, (void)num_groups, (void)rows, (void)n, (void)k, (void)expert_major;
         throw std::runtime_error(JAX_MOE_A2A_GEMM_REASON);
 #endif
       },
