@@ -289,7 +289,7 @@ def main(argv=None):
                     help="a configuration sweep: the native fp8 MLP (and its parts) with its floor / XLA's fp8 dot only")
     ap.add_argument("--variants", default="",
                     help="a configuration sweep in this process: ';'-separated JAX_MOE_A2A_GEMM_TILE_M values "
-                         "(cc/gemm/kernels.h), each timed with --fp8-only on --cases (a fresh jit per case, so each "
+                         "(jax_moe_a2a.gemm_ffi.parse_tuning), each timed with --fp8-only on --cases (a fresh jit per case, so each "
                          "traces its workspace under its own setting)")
     a = ap.parse_args(argv)
     from jax_moe_a2a import gemm_ffi

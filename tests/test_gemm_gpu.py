@@ -235,13 +235,15 @@ TUNINGS = ["64", "128", "64,rasterN,s4", "128,rasterH,s2"]
 @pytest.mark.parametrize("tune", TUNINGS)
 @pytest.mark.parametrize("kind", ["random", "zeros", "hot"])
 @pytest.mark.parametrize("out", [BF16, jnp.float32], ids=["bf16out", "f32out"])
-def test_ragged_fp8_every_config(tune, kind, out, monkeypatch):
-    """fp8 ragged GEMM with each configuration forced by JAX_MOE_A2A_GEMM_TILE_M (read at every call;
-    a fresh jit per call, so the workspace size is computed under the same setting)."""
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+def test_ragged_every_config(fp8, tune, kind, out, monkeypatch):
+    """Ragged GEMM with each configuration forced by JAX_MOE_A2A_GEMM_TILE_M (parsed when the call is
+    traced into the custom call's attributes, which size the workspace and pick the kernel: a fresh
+    jit per case). bf16 too: its configuration comes from the caller's tuning (gemm_bf16.cu)."""
     monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
     rng = np.random.default_rng()
     L, R, n, k = 7, 333, 384, 512
-    x, w, xs, wsc, xf, wf = _data(rng, L, (R,), n, k, True)
+    x, w, xs, wsc, xf, wf = _data(rng, L, (R,), n, k, fp8)
     sizes = _sizes(rng, L, R - 29, kind)
     sizes[0] = 65 if kind != "hot" else sizes[0]  # a group of an odd size at the 64-row tile edges
     sizes[-1] = max(0, R - 29 - int(sizes[:-1].sum())) if kind != "hot" else sizes[-1]
@@ -250,6 +252,37 @@ def test_ragged_fp8_every_config(tune, kind, out, monkeypatch):
         x, w, jnp.asarray(sizes), xs, wsc)
     ref, valid = _oracle_ragged(xf, wf, sizes)
     _check_ragged(y, ref, valid)
+
+
+@pytest.mark.parametrize("tune", ["rasterN,s8", "128,rasterH,s4"])
+def test_dgrad_and_wgrad_take_the_tuning(tune, monkeypatch):
+    """transpose_w (dgrad) and wgrad have one tile each and take the forced raster order and swizzle."""
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
+    rng = np.random.default_rng()
+    L, R, n, k = 5, 290, 136, 264
+    x, w, _, _, xf, wf = _data(rng, L, (R,), n, k, False, transpose_w=True)
+    sizes = _sizes(rng, L, R - 9, "zeros")
+    _poison((R, n), BF16)
+    y = jax.jit(lambda a, b, c: gemm_ffi.grouped_gemm(a, b, c, transpose_w=True))(x, w, jnp.asarray(sizes))
+    ref, valid = _oracle_ragged(xf, wf, sizes)
+    _check_ragged(y, ref, valid)
+    dy = jnp.asarray(rng.normal(size=(R, n)).astype(np.float32)).astype(BF16)
+    _poison((L, n, k), jnp.float32)
+    dw = np.asarray(jax.jit(gemm_ffi.grouped_gemm_wgrad)(x, dy, jnp.asarray(sizes)), np.float64)
+    refw = _wgrad_oracle(xf, np.asarray(dy.astype(jnp.float32), np.float64), sizes)
+    for l in range(L):
+        if sizes[l] == 0:
+            assert (dw[l] == 0).all()
+        else:
+            assert _rel(dw[l], refw[l]) < TOL
+
+
+def test_misspelt_tuning_fails_the_trace(monkeypatch):
+    """A word JAX_MOE_A2A_GEMM_TILE_M does not know fails loudly (it used to measure the default)."""
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "64,rastern")
+    x, w = jnp.zeros((10, 128), BF16), jnp.zeros((2, 128, 128), BF16)
+    with pytest.raises(ValueError, match="unknown word 'rastern'.*accepted"):
+        jax.jit(lambda a, b, c: gemm_ffi.grouped_gemm(a, b, c))(x, w, jnp.zeros((2,), jnp.int32))
 
 
 @pytest.mark.parametrize("tune", ["64,rasterN", "128,s4"])
@@ -367,14 +400,16 @@ def test_wgrad_many_groups_exact_workspace(expert_major):
 
 
 # --- the custom call itself: its mode attribute (gemm::Mode) and the workspace it checks -------------------
-def _raw_call(x, w, sizes, ws_bytes, mode, y_shape, y_dtype):
-    """jax_moe_a2a_grouped_gemm with a workspace of ws_bytes and the given mode, past gemm_ffi's checks."""
+def _raw_call(x, w, sizes, ws_bytes, mode, y_shape, y_dtype, tile_m=0, raster=0, swizzle=1):
+    """jax_moe_a2a_grouped_gemm with a workspace of ws_bytes, the given mode and tuning attributes, past
+    gemm_ffi's checks."""
     from jax_moe_a2a import _ffi
     _ffi.register_targets()
     call = jax.ffi.ffi_call("jax_moe_a2a_grouped_gemm", (jax.ShapeDtypeStruct(y_shape, y_dtype),
                                                          jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)))
     empty = jnp.zeros((0,), jnp.float32)
-    y, _ = call(x, w, sizes, empty, empty, mode=np.int32(mode))
+    y, _ = call(x, w, sizes, empty, empty, mode=np.int32(mode), tile_m=np.int32(tile_m), raster=np.int32(raster),
+                swizzle=np.int32(swizzle))
     return jax.block_until_ready(y)
 
 
@@ -382,7 +417,8 @@ def _raw_call(x, w, sizes, ws_bytes, mode, y_shape, y_dtype):
                          ids=["forward", "transpose_w", "wgrad"])
 def test_handler_takes_the_exact_workspace_and_refuses_one_byte_less(mode):
     """Each mode runs with exactly _C.gemm.workspace_bytes(mode) bytes (the oracle checks the result)
-    and is refused with one byte less; a mode that is none of gemm::Mode's is refused."""
+    and is refused with one byte less; a mode that is none of gemm::Mode's is refused, and so are
+    tuning attributes out of their sets."""
     rng = np.random.default_rng()
     L, R, n, k = 5, 150, 136, 264
     x = jnp.asarray(rng.normal(size=(R, k)).astype(np.float32)).astype(BF16)
@@ -406,6 +442,9 @@ def test_handler_takes_the_exact_workspace_and_refuses_one_byte_less(mode):
         _raw_call(x, w, gs, ws - 1, mode, y_shape, y_dtype)
     with pytest.raises(Exception, match="mode must be"):
         _raw_call(x, w, gs, ws, 3, y_shape, y_dtype)
+    for bad in (dict(tile_m=32), dict(raster=3), dict(swizzle=3)):
+        with pytest.raises(Exception, match="tile_m must be 0"):
+            _raw_call(x, w, gs, ws, mode, y_shape, y_dtype, **bad)
 
 
 # --- inside an XLA command buffer (CUDA graph): group sizes must come from the device every call ------------

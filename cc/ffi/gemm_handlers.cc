@@ -102,13 +102,17 @@ ffi::Error DecodeForward(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const
   return ffi::Error::Success();
 }
 
-// mode: g::Mode's value: 0 forward, 1 transpose_w (the bf16 dgrad), 2 wgrad (w is then dY). workspace u8.
+// mode: g::Mode's value: 0 forward, 1 transpose_w (the bf16 dgrad), 2 wgrad (w is then dY). workspace u8,
+// exactly _C.gemm.workspace_bytes(...) of the same mode and tuning (checked by the launch).
+// tile_m, raster, swizzle: g::TuningRequest (0, 0, 1 unless JAX_MOE_A2A_GEMM_TILE_M forces them).
 ffi::Error GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> group_sizes,
                            ffi::Buffer<ffi::F32> x_scale, ffi::Buffer<ffi::F32> w_scale, ffi::Result<ffi::AnyBuffer> y,
-                           ffi::Result<ffi::Buffer<ffi::U8>> workspace, int32_t mode) {
+                           ffi::Result<ffi::Buffer<ffi::U8>> workspace, int32_t mode, int32_t tile_m, int32_t raster,
+                           int32_t swizzle) {
   g::GroupedGemmParams p;
   g::Mode m;
   if (!g::mode_from_int(mode, m)) return invalid("grouped_gemm: mode must be 0 (forward), 1 (transpose_w) or 2 (wgrad)");
+  if (!g::tuning_from_ints(tile_m, raster, swizzle, p.tuning)) return invalid(std::string("grouped_gemm: ") + g::kTuningValues);
   ffi::Error decoded = m == g::Mode::kWgrad ? DecodeWgrad(x, w, group_sizes, y, p)
                                             : DecodeForward(x, w, group_sizes, x_scale, w_scale, y, m, p);
   if (decoded.failure()) return decoded;
@@ -119,8 +123,11 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
   p.y = y->untyped_data();
   p.workspace = workspace->untyped_data();
   p.workspace_size = workspace->element_count();
-  if (p.workspace_size < g::workspace_bytes(p, 0)) return invalid("grouped_gemm: workspace too small");
-  if (cudaError_t rc = g::launch_grouped_gemm(p, stream); rc != cudaSuccess) return launch_failed("grouped_gemm", rc);
+  const g::LaunchStatus st = g::launch_grouped_gemm(p, stream);
+  if (st.workspace_short(p))
+    return invalid("grouped_gemm: workspace too small: " + std::to_string(p.workspace_size) + " bytes, the kernel needs " +
+                   std::to_string(st.workspace_needed));
+  if (st.error != cudaSuccess) return launch_failed("grouped_gemm", st.error);
   return ffi::Error::Success();
 }
 
@@ -160,7 +167,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aGroupedGemmCuda, GroupedGemmImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::U8>>()
-                                  .Attr<int32_t>("mode"),
+                                  .Attr<int32_t>("mode")
+                                  .Attr<int32_t>("tile_m")
+                                  .Attr<int32_t>("raster")
+                                  .Attr<int32_t>("swizzle"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aSwigluCuda, SwigluImpl,

@@ -311,20 +311,24 @@ typename Cfg::Gemm::Arguments make_arguments(const GroupedGemmParams& p, const G
   return args;
 }
 
+// CUTLASS's part of the workspace (first, rounded to 256 bytes); the group arrays follow it.
 template <class Cfg>
-size_t config_workspace_bytes(const GroupedGemmParams& p, int sm_count, const Tuning& tune) {
+size_t cutlass_part_bytes(const GroupedGemmParams& p, int sm_count, const Tuning& tune) {
   GroupArrays<Cfg> g{};
   auto args = make_arguments<Cfg>(p, g, sm_count, tune);
-  const size_t cutlass_bytes = Cfg::Gemm::get_workspace_size(args);
-  return (cutlass_bytes + 255) / 256 * 256 + GroupArrays<Cfg>::bytes(p.num_groups);
+  return (Cfg::Gemm::get_workspace_size(args) + 255) / 256 * 256;
 }
 
 template <class Cfg>
-cudaError_t run_config(const GroupedGemmParams& p, int sm_count, const Tuning& tune, cudaStream_t stream) {
-  GroupArrays<Cfg> probe{};
-  auto probe_args = make_arguments<Cfg>(p, probe, sm_count, tune);
-  const size_t cutlass_bytes = (Cfg::Gemm::get_workspace_size(probe_args) + 255) / 256 * 256;
-  if (p.workspace_size < cutlass_bytes + GroupArrays<Cfg>::bytes(p.num_groups)) return cudaErrorInvalidValue;
+size_t config_workspace_bytes(const GroupedGemmParams& p, int sm_count, const Tuning& tune) {
+  return cutlass_part_bytes<Cfg>(p, sm_count, tune) + GroupArrays<Cfg>::bytes(p.num_groups);
+}
+
+// The setup kernel and the grouped GEMM on `stream`, the workspace checked by run_config below
+// (cutlass_bytes: CUTLASS's part of it, rounded to 256; the group arrays follow).
+template <class Cfg>
+cudaError_t enqueue_config(const GroupedGemmParams& p, int sm_count, const Tuning& tune, size_t cutlass_bytes,
+                           cudaStream_t stream) {
   char* ws = static_cast<char*>(p.workspace);
   auto g = GroupArrays<Cfg>::carve(ws + cutlass_bytes, p.num_groups);
   const int64_t total_rows = p.mode == Mode::kWgrad ? p.num_groups * p.n
@@ -339,6 +343,20 @@ cudaError_t run_config(const GroupedGemmParams& p, int sm_count, const Tuning& t
   if (gemm.initialize(args, ws, stream) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
   if (gemm.run(stream) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
   return cudaGetLastError();
+}
+
+// The launch: the workspace's size is computed once, here (config_workspace_bytes' sum), and checked.
+template <class Cfg>
+LaunchStatus run_config(const GroupedGemmParams& p, int sm_count, const Tuning& tune, cudaStream_t stream) {
+  const size_t cutlass_bytes = cutlass_part_bytes<Cfg>(p, sm_count, tune);
+  LaunchStatus st;
+  st.workspace_needed = cutlass_bytes + GroupArrays<Cfg>::bytes(p.num_groups);
+  if (st.workspace_short(p)) {
+    st.error = cudaErrorInvalidValue;
+    return st;
+  }
+  st.error = enqueue_config<Cfg>(p, sm_count, tune, cutlass_bytes, stream);
+  return st;
 }
 
 }  // namespace a2a::gemm::detail

@@ -49,13 +49,14 @@ const char* unsupported_reason(const GroupedGemmParams& p) {
 
 size_t workspace_bytes(const GroupedGemmParams& p, int device_sm_count) {
   const int sm = device_sm_count > 0 ? device_sm_count : sm_count_of_current_device();
-  return p.in == InType::kFp8 ? detail::fp8_workspace_bytes(p, sm) : detail::bf16_workspace_bytes(p, sm);
+  const detail::Tuning t = detail::choose(p);
+  return p.in == InType::kFp8 ? detail::fp8_workspace_bytes(p, t, sm) : detail::bf16_workspace_bytes(p, t, sm);
 }
 
-cudaError_t launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
-  if (unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
+LaunchStatus launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   const int sm = sm_count_of_current_device();
-  return p.in == InType::kFp8 ? detail::run_fp8(p, sm, stream) : detail::run_bf16(p, sm, stream);
+  const detail::Tuning t = detail::choose(p);
+  return p.in == InType::kFp8 ? detail::run_fp8(p, t, sm, stream) : detail::run_bf16(p, t, sm, stream);
 }
 
 namespace {
