@@ -367,6 +367,36 @@ def test_wgrad_expert_major_and_overfull():
     assert _rel(dw[0], ref[0]) < TOL and _rel(dw[2], ref[2]) < TOL
 
 
+@pytest.mark.parametrize("sizes, R", [
+    ([50, -3, 50, 7, 0, 9], 100),   # the earlier groups reach R exactly before group 3: 3..5 get no rows
+    ([30, 0, 200, 5, -1, 8], 100),  # group 2 is cut at R (70 rows); the positive groups after it get none
+    ([-5, 0, 40, 60], 100),         # negative and zero sizes first; the sizes sum to R exactly
+    ([7, 0, 3, 0], 40),             # the groups end before R: every positive group has its rows
+    ([0, 3, 0, 4], 0),              # no rows at all: every dW[l] zero
+], ids=["reach_R_at_boundary", "cut_at_R", "negative_first", "short", "no_rows"])
+def test_wgrad_which_groups_are_empty(sizes, R):
+    """The wgrad zeroes dW[l] exactly for the groups with no rows (m_l = clamp(size_l, 0, R - off_l)
+    = 0: a size <= 0, or the earlier groups already cover R) and for no other: an emptiness test per
+    group against the first group whose earlier groups reach R (cutlass_grouped.cuh)."""
+    rng = np.random.default_rng()
+    L, n, k = len(sizes), 128, 136
+    sizes = np.asarray(sizes, np.int32)
+    x = jnp.asarray(rng.normal(size=(R, k)).astype(np.float32)).astype(BF16)
+    dy = jnp.asarray(rng.normal(size=(R, n)).astype(np.float32)).astype(BF16)
+    _poison((L, n, k), jnp.float32)
+    dw = np.asarray(jax.jit(gemm_ffi.grouped_gemm_wgrad)(x, dy, jnp.asarray(sizes)), np.float64)
+    xf, dyf = np.asarray(x.astype(jnp.float32), np.float64), np.asarray(dy.astype(jnp.float32), np.float64)
+    ref = _wgrad_oracle(xf, dyf, sizes)
+    off = 0
+    for l in range(L):
+        m = int(min(max(sizes[l], 0), R - off))
+        off += m
+        if m == 0:
+            assert (dw[l] == 0).all(), f"group {l} (size {sizes[l]}) has no rows: dw[l] must be exactly zero"
+        else:
+            assert np.isfinite(dw[l]).all() and _rel(dw[l], ref[l]) < TOL, (l, sizes[l], m)
+
+
 @pytest.mark.parametrize("expert_major", [False, True], ids=["ragged", "expert_major"])
 def test_wgrad_many_groups_exact_workspace(expert_major):
     """The wgrad allocates exactly the workspace its own kernel reports (_C.gemm.workspace_bytes in

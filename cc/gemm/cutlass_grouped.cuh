@@ -135,34 +135,6 @@ struct GroupArrays {
 
 constexpr int kSetupThreads = 1024;
 
-// Rows of group l that the GEMM covers, computed by the whole block (every thread gets it; all
-// threads must call): ragged m_l = clamp(group_sizes[l], 0, R - off_l) with off_l the sum of the
-// earlier groups' clamped sizes; expert_major m_l = clamp(counts[l], 0, C).
-__device__ inline int64_t block_group_rows(const GroupedGemmParams& p, int64_t l) {
-  __shared__ unsigned long long before;
-  __shared__ int64_t result;
-  int64_t size = p.group_sizes[l];
-  size = size < 0 ? 0 : size;
-  if (p.layout == Layout::kExpertMajor || size == 0) return size < p.rows ? size : p.rows;
-  if (threadIdx.x == 0) before = 0;
-  __syncthreads();
-  unsigned long long part = 0;
-  for (int64_t j = threadIdx.x; j < l; j += blockDim.x) {
-    const int64_t s = p.group_sizes[j];
-    part += s > 0 ? static_cast<unsigned long long>(s) : 0ull;
-  }
-  if (part) atomicAdd(&before, part);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int64_t off = static_cast<int64_t>(before) < p.rows ? static_cast<int64_t>(before) : p.rows;
-    result = size < p.rows - off ? size : p.rows - off;
-  }
-  __syncthreads();
-  const int64_t m = result;
-  __syncthreads();  // `before` and `result` are reused by the next call
-  return m;
-}
-
 // Output rows no group writes get zeros (blocks 1.. of the prepare grid, 16-byte stores: n *
 // sizeof(ElemD) is a multiple of 16, checked by unsupported_reason). Forward: ragged rows >=
 // min(sum(group_sizes), R); expert_major rows (l, c) with c >= min(counts[l], C). Wgrad: all of
@@ -170,15 +142,25 @@ __device__ inline int64_t block_group_rows(const GroupedGemmParams& p, int64_t l
 template <class ElemD>
 __device__ void zero_uncovered_rows(const GroupedGemmParams& p, int64_t first_block, int64_t blocks) {
   if (p.mode == Mode::kWgrad) {
+    // Group l has no rows (prepare_groups' m_l == 0) iff group_sizes[l] <= 0 or l >= first_full:
+    // ragged, the first group whose earlier groups' sizes (clamped at 0) already reach R (their sum
+    // only grows with l, so later groups start at R too); expert_major, L, or 0 when C == 0.
+    __shared__ int64_t first_full;
+    if (threadIdx.x == 0) {
+      int64_t l = 0;
+      if (p.layout == Layout::kRagged) {
+        for (int64_t before = 0; l < p.num_groups && before < p.rows; ++l)
+          before += p.group_sizes[l] > 0 ? p.group_sizes[l] : 0;
+      } else {
+        l = p.rows > 0 ? p.num_groups : 0;
+      }
+      first_full = l;
+    }
+    __syncthreads();
     const int64_t vec_per_row = p.k * static_cast<int64_t>(sizeof(ElemD)) / 16;
-    int64_t cached_l = -1;
-    bool empty = false;
     for (int64_t row = first_block; row < p.num_groups * p.n; row += blocks) {
       const int64_t l = row / p.n;
-      if (l != cached_l) {
-        empty = block_group_rows(p, l) == 0;
-        cached_l = l;
-      }
+      const bool empty = p.group_sizes[l] <= 0 || l >= first_full;
       if (!empty) continue;
       uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.y) + row * p.k * sizeof(ElemD));
       for (int64_t i = threadIdx.x; i < vec_per_row; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
