@@ -526,3 +526,64 @@ def test_in_command_buffer_with_changing_group_sizes():
                 assert (dw[l] == 0).all(), f"trial {trial}: empty group {l}"
             else:
                 assert _rel(dw[l], refdw[l]) < TOL, f"trial {trial}: wgrad group {l}"
+
+
+# --- a replicated weight inside shard_map: its gradient sums over the ranks --------------------------------
+@pytest.mark.parametrize("layout", ["ragged", "expert_major"])
+def test_replicated_weight_gradient_under_shard_map(layout):
+    """w replicated (in_specs P()) while x, the group sizes and the cotangent vary per rank, with
+    impl="native": dw must be the sum over the ranks of each rank's dy_l^T x_l, equal to the plain-JAX
+    implementation's gradient and to an f64 oracle. gemm_ffi types its results as varying over the
+    mesh axes its inputs vary over; typed as replicated, the custom_vjp's cotangent for w would skip
+    its sum over the ranks (or fail shard_map's type check). Every GPU of the host is a rank."""
+    import jax_moe_a2a as a2a
+    from jax.sharding import Mesh, PartitionSpec as P
+    from jax_moe_a2a.testing import shard_map
+    rng = np.random.default_rng()
+    devs = jax.devices()
+    n, L, k, nout = len(devs), 4, 128, 136
+    mesh = Mesh(np.array(devs), ("ep",))
+    if layout == "ragged":
+        R = 96
+        lead = (R,)
+        sizes = np.stack([_sizes(rng, L, R - 5, "zeros") for _ in range(n)])  # rows past the groups on each rank
+    else:
+        C = 40
+        lead = (L, C)
+        sizes = rng.integers(0, C + 1, size=(n, L)).astype(np.int32)
+        sizes[:, 0] = 0
+    xr = rng.normal(size=(n,) + lead + (k,)).astype(np.float32)
+    ctr = rng.normal(size=(n,) + lead + (nout,)).astype(np.float32)
+    x = jnp.asarray(xr.reshape((-1,) + xr.shape[2:])).astype(BF16)
+    ct = jnp.asarray(ctr.reshape((-1,) + ctr.shape[2:]))
+    gs = jnp.asarray(sizes.reshape(-1))
+    w = jnp.asarray(rng.normal(size=(L, nout, k)).astype(np.float32)).astype(BF16)
+
+    def grads(impl):
+        def per_rank(x, gs, w, ct):
+            y = a2a.grouped_matmul(x, w, gs, out_dtype=jnp.float32, impl=impl)
+            return jnp.sum(y * ct)[None]
+        f = shard_map(per_rank, mesh=mesh, in_specs=(P("ep"), P("ep"), P(), P("ep")), out_specs=P("ep"))
+        return jax.jit(jax.grad(lambda x, w: jnp.sum(f(x, gs, w, ct)), (0, 1)))(x, w)
+
+    dx_n, dw_n = grads("native")
+    dx_x, dw_x = grads("xla")
+    xf = np.asarray(x.astype(jnp.float32), np.float64).reshape((n,) + lead + (k,))
+    ctf = np.asarray(ctr, np.float64)
+    want = np.zeros((L, nout, k))
+    for r in range(n):
+        for l in range(L):
+            if layout == "ragged":
+                off = int(sizes[r, :l].sum())
+                rows = slice(off, off + int(sizes[r, l]))
+                want[l] += ctf[r][rows].T @ xf[r][rows]
+            else:
+                c = int(sizes[r, l])
+                want[l] += ctf[r, l, :c].T @ xf[r, l, :c]
+    dw_n, dw_x = (np.asarray(a.astype(jnp.float32), np.float64) for a in (dw_n, dw_x))
+    assert dw_n.shape == (L, nout, k)
+    assert _rel(dw_n, want) < TOL, "native dw is not the sum over the ranks"
+    assert _rel(dw_x, want) < TOL, "plain-JAX dw is not the sum over the ranks (the oracle or the test is wrong)"
+    np.testing.assert_allclose(dw_n, dw_x, rtol=2.0**-6, atol=2.0**-7 * np.abs(dw_x).max())
+    np.testing.assert_allclose(np.asarray(dx_n.astype(jnp.float32)), np.asarray(dx_x.astype(jnp.float32)),
+                               rtol=2.0**-6, atol=2.0**-7 * float(np.abs(np.asarray(dx_x.astype(jnp.float32))).max()))
