@@ -34,7 +34,7 @@ from .eplb import ExpertMap, check_expert_map, map_ids
 from .errors import DroppedRowsError, PeerFailure, copy_of, shape_err  # noqa: F401 (PeerFailure: re-exported)
 from .groups import ep_groups, local_members
 from .quant import dequantize_fp8
-from .slots import SlotOrder, SlotTracker
+from .slots import SlotChain, SlotOrder, SlotTracker
 from .spec import Spec
 from .types import CombineHandle, DispatchHandle, Dispatched, Route
 
@@ -123,6 +123,7 @@ class Communicator:
         self._call_ids = itertools.count(1)
         self._counters = _debug.Counters()  # what the executed dispatches counted; debug=True errors
         self._slots = SlotTracker()
+        self._chain = SlotChain()  # the order of the forward uses of a slot (slots.SlotChain)
         self._order = SlotOrder()  # the order of the FFI backends' backward exchanges (autodiff.py)
         try:
             self._backend.open(self.config, mesh, axis, self.comm_id)
@@ -247,8 +248,10 @@ class Communicator:
           slot: buffer slot in [0, Spec.slots) (static).
           after: optional array, or pytree of arrays, this send must run after (never read; no
             gradient flows through it, so a value on the differentiated path is fine). XLA orders
-            the halves only through data; two uses of one slot that share no data need it. The
-            pure-JAX backends (reference, ragged) ignore it: XLA orders their collectives.
+            the halves only through data; the send already follows the slot's last exchange
+            traced in the same trace (slots.SlotChain), so this is for uses it cannot see (another
+            trace's, e.g. a jax.checkpoint body). The pure-JAX backends (reference, ragged)
+            ignore it: XLA orders their collectives.
           expert_map: optional `ExpertMap` (redundant experts, EPLB): topk_ids are then LOGICAL
             expert ids, each pair sent to one replica (jax_moe_a2a/eplb.py has the rule); the
             backend and `got.group_sizes` see PHYSICAL experts (Spec.num_experts of them).
@@ -275,6 +278,7 @@ class Communicator:
         n, given = self._num_tokens(num_tokens)
         ctx = self._ctx()  # outside shard_map: the error names it, before the slot is marked busy
         self._slots.open(slot, self.spec.slots)
+        after = self._chain.follow(slot, after)  # after the slot's last exchange in this trace
         if self.spec.is_fp8 and x_scale is None:  # one rule on every backend: fp8 rows have no gradient
             x = autodiff.fp8_guard(x, "dispatch")
         handle = self._send(x, topk_ids, topk_weights, n, slot, x_scale=x_scale, after=after, mask=mask, given=given)
@@ -379,9 +383,13 @@ class Communicator:
         y, slot = self._check_combine(y, got, slot)
         if slot != got.slot:  # the dispatch's slot is done once its rows are read back here; the
             self._slots.move(got.slot, slot, self.spec.slots)  # combine's, busy until combine_recv
+            after = self._chain.follow(slot, after)  # after that slot's last exchange in this trace
         if self.spec.is_fp8:  # one rule on every backend: no gradient through an fp8 dispatch's combine
             y = autodiff.fp8_guard(y, "combine")
-        return self._combine_send(y, got, slot, after=after)
+        handle = self._combine_send(y, got, slot, after=after)
+        if slot != got.slot:  # the dispatch's slot's next use follows this send
+            self._chain.record(got.slot, handle.wire)
+        return handle
 
     def _check_combine(self, y, got, slot):
         """(y in Spec.combine_wire_dtype, the slot) after checking y, got and slot."""
@@ -431,8 +439,11 @@ class Communicator:
         self._ctx()
         self._slots.close(handle.slot)
         if self._backend.autodiff:
-            return self._combine_recv(handle, out)
-        return autodiff.combine_recv(self._halves(), handle, out)
+            res = self._combine_recv(handle, out)
+        else:
+            res = autodiff.combine_recv(self._halves(), handle, out)
+        self._chain.record(handle.slot, res)  # the slot's next use follows this receive
+        return res
 
     def _combine_recv(self, handle: CombineHandle, out, pairs: bool = False):
         """combine_recv after the checks, without slot tracking or a gradient rule. pairs: also

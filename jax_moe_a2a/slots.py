@@ -1,11 +1,13 @@
 """Slot tracking: which buffer slots have a dispatch in flight in each trace being built, so that
-a second dispatch_send on a busy slot is refused at trace time (docs/overlap.md). No other module
-of ours."""
+a second dispatch_send on a busy slot is refused at trace time, and the slot's next use is ordered
+after its last exchange (docs/overlap.md). No other module of ours."""
 
 from __future__ import annotations
 
 import threading
 import weakref
+
+import jax
 
 try:
     from jax.extend.core import get_opaque_trace_state as _get_opaque_trace_state
@@ -195,4 +197,59 @@ class SlotOrder:
             return tok
 
 
-__all__ = ["SlotTracker", "SlotToken", "SlotOrder"]
+class SlotChain:
+    """The last exchange traced on each slot in each trace being built, which the slot's next use
+    in that trace runs after: `dispatch_send` on the slot, or a `combine_send` onto it from
+    another slot's dispatch, takes it as part of `after=`. XLA orders custom calls only through
+    data: two layers of one jit on one slot that share no data (independent micro-batches, or a
+    layer whose input does not come from the previous one) could run side by side, and the FFI
+    backends' second dispatch_send waited for the peers' FREE of the first until timeout_s.
+    Recorded: a combine_recv's output (for its slot), and a combine_send onto another slot's
+    handle (for the dispatch's slot, free from there on). SlotTracker refuses the uses it cannot
+    order (a second dispatch on a slot before the first's combine_recv is traced).
+
+    Held weakly (a tracer holds its trace; holding it would keep every traced program alive): a
+    result the caller dropped orders nothing, as before. Only the trace that recorded a value
+    sees it (a tracer of another trace must not be used there)."""
+
+    MAX_TRACES = 64
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._traces = []  # [(trace state, {slot: weakref.ref(array of that trace)})]
+
+    def record(self, slot: int, value):
+        """value: an array of the trace being built (or a pytree: its first leaf) that the slot's
+        next use must follow."""
+        state = _trace_state()
+        leaves = jax.tree.leaves(value)
+        if state is None or not leaves:
+            return
+        try:
+            ref = weakref.ref(leaves[0])
+        except TypeError:  # a concrete value (outside jit): nothing to order
+            return
+        with self._lock:
+            self._traces = [(t, d) for t, d in self._traces if _alive(t)]
+            d = next((d for t, d in self._traces if t == state), None)
+            if d is None:
+                d = {}
+                self._traces.append((state, d))
+                del self._traces[:-self.MAX_TRACES]
+            d[slot] = ref
+
+    def follow(self, slot: int, after):
+        """`after` extended by the slot's last exchange in the trace being built (when there is
+        one still alive): what the slot's next send takes as `after=`."""
+        state = _trace_state()
+        if state is None:
+            return after
+        with self._lock:
+            d = next((d for t, d in self._traces if t == state), None)
+            prev = None if d is None or slot not in d else d[slot]()
+        if prev is None:
+            return after
+        return prev if after is None else (after, prev)
+
+
+__all__ = ["SlotTracker", "SlotToken", "SlotOrder", "SlotChain"]

@@ -7,6 +7,7 @@
 #include "ffi/handlers.h"
 #include "host/host_comm.h"
 #include "transfer/errors.h"
+#include "transfer/post_timeout.h"
 
 namespace ffi = xla::ffi;
 using a2a::ElemKind;
@@ -31,7 +32,11 @@ ffi::Error run(const char* op, int64_t comm_id, ffi::Buffer<ffi::S32> rank_buf, 
   try {
     comm = a2a::host::find_comm(comm_id, group);
     comm->check_usable();
-    f(comm->rank(rank));
+    a2a::host::RankComm& rc = comm->rank(rank);
+    // A write to a peer that takes none (its process is gone) fails within the op's timeout and
+    // names that peer, as a wait for it does (not after the engine's 30 s post timeout).
+    a2a::transfer::PostTimeout bound(rc.timeout_s());
+    f(rc);
     return ffi::Error::Success();
   } catch (const a2a::transfer::TimeoutError& e) {
     if (comm) comm->fail(e.what(), e.missing);

@@ -15,6 +15,7 @@
 #include "core/ctrl.h"
 #include "proxy/gdrcopy.h"
 #include "proxy/proxy.h"
+#include "transfer/post_timeout.h"
 #include "transfer/errors.h"
 #include "transfer/imm.h"
 #include "core/env.h"
@@ -581,7 +582,26 @@ void RankComm::recover_post(const std::vector<uint8_t>& alive, uint32_t gen) {
   }
   const uint32_t imm = transfer::pack_imm(kRecoverTable, gen & transfer::kImmMaxEpoch, rank_);
   for (int r = 0; r < o_.shape.N; ++r)
-    if (alive[r]) engine().write(r, *recov_out_reg_, 0, uint64_t(W) * 4, &recov_peer_[r], uint64_t(rank_) * W * 4, imm);
+    if (alive[r])
+      recover_write(r, 0, [&] {
+        engine().write(r, *recov_out_reg_, 0, uint64_t(W) * 4, &recov_peer_[r], uint64_t(rank_) * W * 4, imm);
+      });
+}
+
+void RankComm::recover_write(int r, int phase, const std::function<void()>& write) {
+  // A rank left in the mask whose process is gone may take no writes (over tcp;ofi_rxm the post
+  // stays at -FI_EAGAIN): within timeout_s that is the same mistake as a rank that never joins.
+  transfer::PostTimeout bound(o_.timeout_s);
+  try {
+    write();
+  } catch (const transfer::TimeoutError& e) {
+    throw transfer::TimeoutError(
+        format("jax_moe_a2a recover (rank %d, %s): ranks [%d] did not join the recovery within %.1f s (our write "
+               "to it was not taken: %s): rank_mask must mask every dead rank, and every survivor must call "
+               "recover() with the same mask",
+               rank_, phase ? "barrier" : "epoch exchange", r, o_.timeout_s, e.what()),
+        e.arrived, e.expected, {r});
+  }
 }
 
 void RankComm::recover_wait(const std::vector<uint8_t>& alive, uint32_t gen, int phase) {
@@ -634,7 +654,7 @@ void RankComm::recover_apply(const std::vector<uint8_t>& alive, uint32_t gen) {
 void RankComm::recover_done(const std::vector<uint8_t>& alive, uint32_t gen) {
   const uint32_t imm = transfer::pack_imm(kRecoverDone, gen & transfer::kImmMaxEpoch, rank_);
   for (int r = 0; r < o_.shape.N; ++r)
-    if (alive[r]) engine().write(r, *recov_out_reg_, 0, 0, nullptr, 0, imm);
+    if (alive[r]) recover_write(r, 1, [&] { engine().write(r, *recov_out_reg_, 0, 0, nullptr, 0, imm); });
 }
 
 // ---- HostComm and the registry ---------------------------------------------------------------

@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -159,6 +160,9 @@ class RankComm {
   void recover_wait(const std::vector<uint8_t>& alive, uint32_t gen, int phase);  // phase 0 tables, 1 done
   void recover_apply(const std::vector<uint8_t>& alive, uint32_t gen);  // drop stale arrivals, agree epochs
   void recover_done(const std::vector<uint8_t>& alive, uint32_t gen);   // "I have dropped mine"
+  // Runs `write` (a recovery write to rank r) with its posting bounded by timeout_s: a full queue
+  // past it (r's process gone) raises the recovery's timeout naming r. phase as recover_wait's.
+  void recover_write(int r, int phase, const std::function<void()>& write);
   bool inline_mode() const { return !o_.proxied && node_.empty(); }
 
  private:

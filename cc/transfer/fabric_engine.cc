@@ -1,4 +1,5 @@
 #include "transfer/fabric_engine.h"
+#include "transfer/post_timeout.h"
 #include "core/env.h"
 
 #include <rdma/fi_errno.h>
@@ -179,10 +180,12 @@ void FabricEngine::post(const WriteTemplate& t, const Region* src, uint64_t src_
   if (rc == 0) return;
   Clock::time_point deadline{};
   bool have_deadline = false;
+  const double op_timeout_s = PostTimeout::current_s();  // the caller's op timeout, if it set one
+  const bool op_first = op_timeout_s >= 0 && op_timeout_s < opts_.post_timeout_s;
   while (rc == -FI_EAGAIN) {
     // The queue is full: complete something, then retry. Never forever.
     if (!have_deadline) {
-      deadline = deadline_after(opts_.post_timeout_s);
+      deadline = deadline_after(op_first ? op_timeout_s : opts_.post_timeout_s);
       have_deadline = true;
     } else if (Clock::now() > deadline) {
       break;
@@ -195,6 +198,11 @@ void FabricEngine::post(const WriteTemplate& t, const Region* src, uint64_t src_
   std::string what = format("%s: fi_writemsg of %llu bytes to rank %d (domain %d -> its domain %d, "
                             "provider %s)", call, (unsigned long long)length, t.rank, t.local_domain,
                             t.remote_domain, provider_.c_str());
+  if (rc == -FI_EAGAIN && op_first)  // a peer that takes no writes within the op's timeout is missing
+    throw TimeoutError(format("%s: the transmit queue stayed full (-FI_EAGAIN) for the op's timeout of %.1f s; "
+                              "rank %d takes no writes (is its process alive?)",
+                              what.c_str(), op_timeout_s, t.rank),
+                       0, 1, {t.rank});
   if (rc == -FI_EAGAIN)
     throw TransferError(format("%s: the transmit queue stayed full (-FI_EAGAIN) for %.1f s "
                                "(JAX_MOE_A2A_POST_TIMEOUT_S); is the peer alive and progressing?",
