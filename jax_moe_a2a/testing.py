@@ -7,8 +7,9 @@ communicator only through its public methods and attributes."""
 from __future__ import annotations
 
 import itertools
+import time
 import weakref
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -193,14 +194,24 @@ def compiled_steps(comm: Communicator) -> dict:
     return _STEPS.get(comm, {})
 
 
+def _held_back(x: jax.Array, axis, rank: int, seconds: float) -> jax.Array:
+    """x [T, H] unchanged, but on rank `rank` of `axis` only after a host callback slept
+    `seconds` there (inside shard_map): what depends on x on that rank starts that much later."""
+    def hold(i, v):
+        if int(i) == rank:
+            time.sleep(seconds)
+        return v
+    return jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), jax.lax.axis_index(axis), x)
+
+
 def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split: bool, slot: int,
-             has_map: bool = False, has_mask: bool = False):
+             has_map: bool = False, has_mask: bool = False, late: Optional[Tuple[int, float]] = None):
     """The jitted per-rank step of run_ops, compiled once per (communicator, variant). With
     has_map, an argument is an ExpertMap (replicated: in_spec P()), a traced argument, so
     other maps of the same shapes reuse the step; with has_mask, the last one is the rank mask
-    [N] (replicated, traced: a new mask reuses the step)."""
+    [N] (replicated, traced: a new mask reuses the step); late: run_ops' `late`."""
     cache = _STEPS.setdefault(comm, {})
-    key = (has_scale, has_out, np.dtype(y_dtype).name, split, slot, has_map, has_mask)
+    key = (has_scale, has_out, np.dtype(y_dtype).name, split, slot, has_map, has_mask, late)
     if key in cache:
         return cache[key]
     spec, n, axis, mesh = comm.spec, comm.num_ranks, comm.axis, comm.mesh
@@ -213,6 +224,8 @@ def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split:
         o = rest.pop(0) if has_out else None
         emap = rest.pop(0) if has_map else None
         mask = rest.pop(0) if has_mask else None
+        if late is not None:
+            x = _held_back(x, axis, *late)
         if split:
             h = comm.dispatch_send(x, ids, w, nt, slot=slot, x_scale=xs, expert_map=emap, rank_mask=mask)
             got = comm.dispatch_recv(h)
@@ -240,7 +253,8 @@ def _step_fn(comm: Communicator, has_scale: bool, has_out: bool, y_dtype, split:
 
 def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.bfloat16,
             out: Optional[List[np.ndarray]] = None, split: bool = True, slot: int = 0, poison: bool = True,
-            compile_only: bool = False, expert_map=None, rank_mask=None):
+            compile_only: bool = False, expert_map=None, rank_mask=None,
+            late: Optional[Tuple[int, float]] = None):
     """Runs dispatch then combine (toy expert in between) on every rank under jit + shard_map.
 
     The compiled step is cached per communicator, so repeated calls (soak tests) reuse it.
@@ -252,6 +266,8 @@ def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.
     inputs' topk_ids are then logical ids); compare with check_all(..., expert_map=).
     rank_mask: [N] bool/int array passed to dispatch (replicated, traced); results then also
     have "num_masked". Compare with check_all(..., rank_mask=).
+    late: (rank, seconds): that rank's dispatch starts `seconds` late (a host callback sleeps
+    before it; the others run on), to hold one sender back in tests of the protocol's timing.
     """
     mesh, axis = comm.mesh, comm.axis
     args = [stack_global(mesh, axis, [i.x for i in inputs]),
@@ -268,7 +284,7 @@ def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.
     if rank_mask is not None:
         args.append(jnp.asarray(rank_mask))
     f = _step_fn(comm, has_scale, out is not None, y_dtype, split, slot, expert_map is not None,
-                 rank_mask is not None)
+                 rank_mask is not None, late)
     if compile_only:
         f.lower(*args).compile()
         return None

@@ -197,12 +197,9 @@ MIRROR = "host-mirror: the proxy's flags read from a second block (JAX_MOE_A2A_H
 @pytest.mark.skipif("host" not in a2a.available_backends(), reason="host backend not built")
 @pytest.mark.parametrize("node_size, priv", [(0, 0), (0, None), (2, 1)], ids=["priv0", "privfull", "node2-priv1"])
 def test_mirrored_flags_against_oracle(node_size, priv, monkeypatch, mesh, num_ranks):
-    from test_proxy import check_three_steps, proxied, skip_unless_node_fits
-    skip_unless_node_fits(node_size, num_ranks)
+    from test_proxy import proxied_three_steps
     monkeypatch.setenv("JAX_MOE_A2A_HOST_FLAG_MIRROR", "1")
-    spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10)
-    comm = proxied(spec, mesh, priv, node_size=node_size)
-    check_three_steps(comm, spec, num_ranks, 900)
+    comm = proxied_three_steps(mesh, num_ranks, 900, priv, node_size)
     assert {s["flag_path"] for s in comm.proxy_stats().values()} == {MIRROR}
     comm.close()
 

@@ -58,6 +58,21 @@ def check_three_steps(comm, spec, num_ranks, seed):
         T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
 
 
+def proxied_three_steps(mesh, num_ranks, seed, priv=None, node_size=0, tp=1):
+    """The proxied host communicator of the proxy's variant tests (staging, flag mirror,
+    pipelining: the variant is the caller's environment) through check_three_steps: 16 experts,
+    top-3, hidden 64, 12 tokens, recv_capacity 10, tp_size tp. Skips a node_size or tp that does not
+    fit num_ranks. Returns the communicator, still open (the caller reads proxy_stats, closes it)."""
+    skip_unless_node_fits(node_size, num_ranks)
+    if num_ranks % tp:
+        pytest.skip(f"tp {tp} does not divide {num_ranks} ranks")
+    spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10,
+                    tp_size=tp)
+    comm = proxied(spec, mesh, priv, node_size=node_size)
+    check_three_steps(comm, spec, num_ranks, seed)
+    return comm
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("node_size, priv", [(0, 0), (0, None), (1, 1), (2, 0), (2, 1)],
                          ids=["engine-priv0", "engine-privfull", "node1-priv1", "node2-priv0", "node2-priv1"])

@@ -4,7 +4,9 @@ destination's rows and the proxy posts that peer's PRIV write at once (still one
 and raises d_placed then d_landed_from[src] per source so that dispatch_recv unpacks each source's
 rows while the rest are in flight. `off`: the series behaviour (every write after d_packed, the
 receiver after d_landed). Both against the NumPy oracle (outputs poisoned), with several slots in
-flight, under row staging and the GDRCopy-style flag mirror (which keep the receiver on d_landed).
+flight, under row staging and the GDRCopy-style flag mirror (which keep the receiver on d_landed);
+the proxies' counters show that `peer` posts before the whole pack and unpacks before the last
+source landed, and that `off` does neither.
 
     pytest tests/test_proxy_pipeline.py
     mpirun -n 2 python -m pytest -m mpi tests/test_proxy_pipeline.py
@@ -17,7 +19,7 @@ import jax_moe_a2a as a2a
 from jax_moe_a2a import testing as T
 
 from test_protocol import check_two_slots
-from test_proxy import check_three_steps, proxied, skip_unless_node_fits
+from test_proxy import proxied, proxied_three_steps, skip_unless_node_fits
 
 pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif("host" not in a2a.available_backends(), reason="host backend not built")]
@@ -35,21 +37,16 @@ def remote_peers(node_size, num_ranks):
                          ids=["priv0", "privfull", "node2-priv1", "tp2-priv1"])
 def test_pipeline_against_oracle(mode, node_size, priv, tp, monkeypatch, mesh, num_ranks):
     """Every op of three steps (random, skewed with fewer tokens, one hot) against the oracle in both
-    modes; the counters say which mode ran, and `off` never posts a write before the whole pack."""
-    skip_unless_node_fits(node_size, num_ranks)
-    if num_ranks % tp:
-        pytest.skip(f"tp {tp} does not divide {num_ranks} ranks")
+    modes; the counters say which mode ran, and `off` never posts a write before the whole pack
+    nor unpacks before d_landed."""
     monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", mode)
-    spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10,
-                    tp_size=tp)
-    comm = proxied(spec, mesh, priv, node_size=node_size)
-    check_three_steps(comm, spec, num_ranks, 900)
+    comm = proxied_three_steps(mesh, num_ranks, 900, priv, node_size, tp)
     stats = comm.proxy_stats()
     assert stats, "no proxy on this process"
     for r, s in stats.items():
         assert s["pipeline"] == (mode == "peer"), (r, s)
         if mode == "off":
-            assert s["priv_early"] == 0, (r, s)
+            assert s["priv_early"] == 0 and s["recv_early"] == 0, (r, s)
         assert s["dispatches_landed"] >= 3 and s["combines_landed"] >= 3, (r, s)
         # the packer's clocks (the breakdown of benchmarks/proxy.py): every op ran and waited <= its call
         for op in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv"):
@@ -84,6 +81,38 @@ def test_pipeline_posts_before_the_whole_pack(monkeypatch, mesh, num_ranks):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_pipeline_unpacks_before_the_last_source(mode, monkeypatch, mesh, num_ranks):
+    """The receiver's side of `peer`: the last rank's dispatch starts 0.3 s late (run_ops' `late`)
+    and every packer pauses 30 ms after each remote destination but the last
+    (JAX_MOE_A2A_HOST_PACK_PAUSE_S), so on every other rank the late rank's PRIV and OVER rows land
+    (N - 1) * 30 ms after those of the others, whose OVER writes wait only for its count matrix.
+    Receivers count the sources they unpacked before d_landed (proxy_stats' recv_early): > 0 under
+    `peer`, summed over ranks, three steps and processes (missing it would take every receiver
+    thread unscheduled for the whole window in every step); 0 under `off`, which waits for
+    d_landed. The results match the oracle either way. Every process runs the same steps."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    if num_ranks < 2:
+        pytest.skip("needs a late rank and another")
+    monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", mode)
+    monkeypatch.setenv("JAX_MOE_A2A_HOST_PACK_PAUSE_S", "0.03")
+    spec = a2a.Spec(num_experts=4 * num_ranks, experts_per_token=4, hidden=64, max_tokens_per_rank=32)
+    comm = proxied(spec, mesh, None, node_size=0)
+    for step in range(3):
+        inputs = T.make_inputs(spec, num_ranks, 1500 + step)
+        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=step == 0, late=(num_ranks - 1, 0.3)))
+    stats = comm.proxy_stats()
+    mine = sum(s["recv_early"] for s in stats.values())
+    comm.close()
+    early = int(np.sum(multihost_utils.process_allgather(np.array([mine], np.int64))))
+    if mode == "peer":
+        assert early > 0, f"no source unpacked before d_landed in 3 steps with a late rank on any process: {stats}"
+    else:
+        assert early == 0, stats
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("node_size", [0, 2], ids=["all-via-engine", "node2-hybrid"])
 def test_pipeline_two_slots(mode, node_size, monkeypatch, mesh, num_ranks):
     """Two dispatches in flight on slots 0 and 1, then both combines: the per-peer and per-source
@@ -94,27 +123,35 @@ def test_pipeline_two_slots(mode, node_size, monkeypatch, mesh, num_ranks):
     check_two_slots(proxied(spec, mesh, priv=0, node_size=node_size), mesh)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("extra", ["JAX_MOE_A2A_HOST_STAGED", "JAX_MOE_A2A_HOST_FLAG_MIRROR"],
                          ids=["staged", "flag-mirror"])
-def test_pipeline_with_staging_or_mirror(extra, monkeypatch, mesh, num_ranks):
-    """`peer` under row staging (the sends wait for the whole pack's copy, the per-source flags for
-    the landed rows' copy) and under the flag mirror (the receiver reads the mirror's d_landed only):
-    the oracle still holds."""
-    monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", "peer")
+def test_pipeline_with_staging_or_mirror(extra, mode, monkeypatch, mesh, num_ranks):
+    """Both modes under row staging (the sends wait for the whole pack's copy, the per-source flags
+    for the landed rows' copy) and under the flag mirror (the receiver reads the mirror's d_landed
+    only): the oracle still holds; under the mirror nothing is unpacked before d_landed."""
+    monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", mode)
     monkeypatch.setenv(extra, "1")
-    spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10)
-    comm = proxied(spec, mesh, 0)
-    check_three_steps(comm, spec, num_ranks, 1100)
+    comm = proxied_three_steps(mesh, num_ranks, 1100, priv=0)
+    for r, s in comm.proxy_stats().items():
+        assert s["pipeline"] == (mode == "peer"), (r, s)
+        if mode == "off" or extra == "JAX_MOE_A2A_HOST_FLAG_MIRROR":
+            assert s["recv_early"] == 0, (r, s)
     comm.close()
 
 
-def test_pipeline_bad_value(monkeypatch, mesh, num_ranks):
-    """An unknown mode is refused at init, naming the variable. One process only: each process's
-    proxies refuse it once their engines connected, so another process may wait at a later
-    rendezvous for ranks that already failed (a timeout, not this message)."""
+@pytest.mark.parametrize("var, value, match", [
+    ("JAX_MOE_A2A_PROXY_PIPELINE", "chunk", "JAX_MOE_A2A_PROXY_PIPELINE=chunk: expected `peer` or `off`"),
+    ("JAX_MOE_A2A_PROXY_SPIN_US", "20us", "JAX_MOE_A2A_PROXY_SPIN_US='20us': expected a non-negative number"),
+], ids=["pipeline-mode", "spin-us"])
+def test_proxy_bad_value(var, value, match, monkeypatch, mesh, num_ranks):
+    """An unknown pipelining mode, or a proxy number that is not one (cc/core/env.h get_double, which
+    strtod alone read as 20), is refused at init, naming the variable. One process only: each
+    process's proxies refuse it once their engines connected, so another process may wait at a
+    later rendezvous for ranks that already failed (a timeout, not this message)."""
     if jax.process_count() > 1:
         pytest.skip("one process only (see the docstring)")
-    monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", "chunk")
+    monkeypatch.setenv(var, value)
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
-    with pytest.raises(Exception, match="JAX_MOE_A2A_PROXY_PIPELINE"):
+    with pytest.raises(Exception, match=match):
         proxied(spec, mesh)

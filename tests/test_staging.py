@@ -21,7 +21,7 @@ import jax_moe_a2a as a2a
 from jax_moe_a2a import testing as T
 
 from test_protocol import check_two_slots
-from test_proxy import check_three_steps, proxied, skip_unless_node_fits
+from test_proxy import proxied, proxied_three_steps
 
 pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif("host" not in a2a.available_backends(), reason="host backend not built")]
@@ -32,14 +32,8 @@ pytestmark = [pytest.mark.mpi,
 def test_staged_rows_against_oracle(node_size, priv, tp, monkeypatch, mesh, num_ranks):
     """Every op of several steps (random, skewed and one-hot routing; fewer tokens) against the oracle,
     outputs poisoned, with the proxy staging every row; its counters show the copies happened."""
-    skip_unless_node_fits(node_size, num_ranks)
-    if num_ranks % tp:
-        pytest.skip(f"tp {tp} does not divide {num_ranks} ranks")
     monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
-    spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10,
-                    tp_size=tp)
-    comm = proxied(spec, mesh, priv, node_size=node_size)
-    check_three_steps(comm, spec, num_ranks, 700)
+    comm = proxied_three_steps(mesh, num_ranks, 700, priv, node_size, tp)
     stats = comm.proxy_stats()
     assert stats, "no proxy on this process"
     for r, s in stats.items():

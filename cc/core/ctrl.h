@@ -14,17 +14,23 @@
 // One dispatch on slot z, epoch e:
 //   kernel: wait d_send_ok > e (proxy: FREE_D(e-1) from remote ranks arrived and our writes are
 //           done); write our [N, L] count matrix at d_send offset 0, raise d_counts = e + 1; pack
-//           rows for remote destinations into d_send [dest][P][row], raise d_packed = e + 1.
-//   proxy:  COUNTS to every rank on d_counts; PRIV on d_packed; OVER (and the snapshot of the
-//           combine offsets) once every count matrix is in; over_base[], c_off[] and d_landed = e + 1 once
-//           PRIV and OVER arrived from every remote rank.
-//   kernel: wait d_landed > e; read remote rows from d_recv; raise d_consumed = e + 1.
+//           rows for remote destinations into d_send [dest][P][row], raising d_packed_to[d] = e + 1
+//           as each destination d's rows are complete (optional: the host backend's packer does,
+//           the GPU kernels do not), then d_packed = e + 1 (every destination).
+//   proxy:  COUNTS to every rank on d_counts; PRIV to d on d_packed_to[d] (under
+//           JAX_MOE_A2A_PROXY_PIPELINE=peer) or on d_packed; OVER (and the snapshot of
+//           the combine offsets) once every count matrix is in; over_base[], c_off[] and
+//           d_landed = e + 1 once PRIV and OVER arrived from every remote rank. For a packer that
+//           asks (proxy::ProxyOptions::source_flags, under peer) also d_placed once over_base and
+//           c_off are valid and d_landed_from[src] as each source's rows are in, before d_landed.
+//   kernel: wait d_landed > e (or d_placed, then d_landed_from[src] per source); read remote rows
+//           from d_recv; raise d_consumed = e + 1.
 //   proxy:  FREE_D(e) to remote ranks on d_consumed.
 // One combine on slot z, epoch c: kernel waits c_send_ok > c, writes rows into c_send
 // [src][P][stride], rows_from[], c_stride and c_from_slot, raises c_packed; the proxy writes them back (COMB,
 // each source's run at its combine offset in the compact [tp][Q] region: protocol/exchange.h)
-// and raises c_landed once every remote rank's rows arrived; the kernel reduces and raises
-// c_consumed; the proxy signals FREE_C(c).
+// and raises c_landed once every remote rank's rows arrived (with source_flags, c_landed_from[d]
+// as each one's did); the kernel reduces and raises c_consumed; the proxy signals FREE_C(c).
 // A kernel that waits on the proxy first raises waiting[op] = epoch + 1: the proxy's timeout for
 // that step runs from then (a step is not late while nobody waits for it).
 #pragma once
@@ -60,9 +66,10 @@ struct alignas(64) SlotCtrl {
   int32_t c_off[kMaxRanks];        // each source's combine offset for us (Exchange::combine_offsets,
                                    // the snapshot of this dispatch); valid with d_landed like over_base
   // Per source, for a receiver that unpacks what has landed while the rest is in flight (the host
-  // backend's; JAX_MOE_A2A_PROXY_PIPELINE=peer): d_placed = e + 1 once over_base and c_off are valid
-  // (every count matrix in), then d_landed_from[src] = e + 1 once src's PRIV and OVER rows landed
-  // (with row staging: once copied). In the Ctrl block only, never in the GDRCopy mirror.
+  // backend's, which asks for them: proxy::ProxyOptions::source_flags; JAX_MOE_A2A_PROXY_PIPELINE=peer):
+  // d_placed = e + 1 once over_base and c_off are valid (every count matrix in), then
+  // d_landed_from[src] = e + 1 once src's PRIV and OVER rows landed (with row staging: once
+  // copied). In the Ctrl block only, never in the GDRCopy mirror.
   uint64_t d_placed;
   uint64_t d_landed_from[kMaxRanks];
   // c + 1 once remote rank d's COMB rows (for every member of our tp group) landed, before c_landed.

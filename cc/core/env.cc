@@ -1,5 +1,7 @@
 #include "core/env.h"
 
+#include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -44,6 +46,21 @@ const char* get(const char* name) {
 std::string get_or(const char* name, const std::string& fallback) {
   const char* v = get(name);
   return v && *v ? std::string(v) : fallback;
+}
+
+double get_double(const char* name, double fallback) {
+  const char* v = get(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const double d = std::strtod(v, &end);
+  while (end && std::isspace(static_cast<unsigned char>(*end))) ++end;
+  if (end == v || *end || !(d >= 0) || std::isinf(d)) {
+    const size_t n = sizeof(kPrefix) - 1;
+    const char* bare = std::strncmp(name, kPrefix, n) == 0 ? name + n : name;
+    throw std::invalid_argument(std::string("jax_moe_a2a: ") + kPrefix + bare + "='" + v +
+                                "': expected a non-negative number");
+  }
+  return d;
 }
 
 const char* launcher(const char* name) { return std::getenv(in(name, kLauncher, kNumLauncher, "launcher")); }

@@ -20,6 +20,9 @@ extern const int kNumNative;
 const char* get(const char* name);
 // The value, or `fallback` when unset or empty.
 std::string get_or(const char* name, const std::string& fallback);
+// The value as a non-negative number (durations, sizes), or `fallback` when unset or empty. Throws
+// std::invalid_argument naming the variable for anything else ("20us", "-1", "nan").
+double get_double(const char* name, double fallback);
 
 // A launcher's variable (Open MPI's, Slurm's, torchrun's: kLauncher), or null when unset.
 extern const char* const kLauncher[];

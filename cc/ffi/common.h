@@ -54,3 +54,6 @@ inline ffi::Error decode_quantize(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> 
 }
 
 }  // namespace a2a::ffi_util
+
+// An ElemKind attribute (combine_recv's y_kind) decodes as the enum, from its int32 code.
+XLA_FFI_REGISTER_ENUM_ATTR_DECODING(a2a::ElemKind);

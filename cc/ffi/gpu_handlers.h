@@ -56,7 +56,7 @@ struct RecvAttrs {  // dispatch_recv
 struct CombineRecvAttrs {  // combine_recv
   int64_t comm_id;
   int32_t slot;
-  int32_t y_kind;  // element kind of combine_send's y (its ElemKind code)
+  ElemKind y_kind;  // element kind of combine_send's y
 };
 
 }  // namespace a2a::ffi_gpu
@@ -80,7 +80,7 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(a2a::ffi_gpu::CombineSendAttrs, StructMemb
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(a2a::ffi_gpu::RecvAttrs, StructMember<int64_t>("comm_id"),
                                       StructMember<int32_t>("slot"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(a2a::ffi_gpu::CombineRecvAttrs, StructMember<int64_t>("comm_id"),
-                                      StructMember<int32_t>("slot"), StructMember<int32_t>("y_kind"));
+                                      StructMember<int32_t>("slot"), StructMember<a2a::ElemKind>("y_kind"));
 
 namespace a2a::ffi_gpu {
 
@@ -150,7 +150,7 @@ struct Handlers {
                                  CombineRecvAttrs a) {
     return run<gpu::CombineRecvParams>("combine_recv", Half::kCombineRecv, stream, dev, a.comm_id, a.slot, [&](auto* p) {
       p->handle = handle.typed_data();
-      return set_alive(&p->p, p->g, alive) && fill_combine_recv(p, static_cast<ElemKind>(a.y_kind), dest, pair_slot, weights, num_tokens, out_in, out, pairs);
+      return set_alive(&p->p, p->g, alive) && fill_combine_recv(p, a.y_kind, dest, pair_slot, weights, num_tokens, out_in, out, pairs);
     });
   }
 

@@ -125,10 +125,10 @@ ffi::Error CombineRecv(ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, 
                        ffi::Buffer<ffi::S32> pair_slot, ffi::Buffer<ffi::F32> weights,
                        ffi::Buffer<ffi::S32> num_tokens, ffi::AnyBuffer out_in, ffi::Buffer<ffi::S32> rank_mask,
                        ffi::Result<ffi::AnyBuffer> out,
-                       ffi::Result<ffi::Buffer<ffi::F32>> pairs, int64_t comm_id, int32_t slot, int32_t y_kind) {
+                       ffi::Result<ffi::Buffer<ffi::F32>> pairs, int64_t comm_id, int32_t slot, ElemKind y_kind) {
   a2a::host::CombineRecvArgs a{};
   a.handle = handle.typed_data();
-  a.y_kind = static_cast<ElemKind>(y_kind);
+  a.y_kind = y_kind;
   a.dest = dest.typed_data();
   a.pair_slot = pair_slot.typed_data();
   a.weights = weights.typed_data();
@@ -214,4 +214,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aHostCombineRecv, CombineRecv,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("comm_id")
                                   .Attr<int32_t>("slot")
-                                  .Attr<int32_t>("y_kind"));
+                                  .Attr<ElemKind>("y_kind"));

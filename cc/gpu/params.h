@@ -19,7 +19,7 @@
 
 namespace a2a::gpu {
 
-constexpr int kMaxRanks = 64;
+using ctrl::kMaxRanks;  // core/ctrl.h: one limit for every rank mask and per-rank array (64-bit masks)
 // Shared memory a block-routed kernel's routing tables may take (gpu/block_route.cuh): past it
 // (large T), the grid-routed kernels.
 constexpr int64_t kBlockRoutingSmem = 48 * 1024;

@@ -120,8 +120,8 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
     for (auto* f : {&l->d_arrived, &l->d_free, &l->c_arrived, &l->c_free}) f->assign(N, 0);
     local_.push_back(std::move(l));
   }
-  if (const char* v = env::get("JAX_MOE_A2A_HOST_RECV_PAUSE_S")) recv_pause_s_ = std::max(0.0, std::atof(v));
-  if (const char* v = env::get("JAX_MOE_A2A_HOST_PACK_PAUSE_S")) pack_pause_s_ = std::max(0.0, std::atof(v));
+  recv_pause_s_ = env::get_double("JAX_MOE_A2A_HOST_RECV_PAUSE_S", 0);
+  pack_pause_s_ = env::get_double("JAX_MOE_A2A_HOST_PACK_PAUSE_S", 0);
   if (o.proxied) {
     if (o.shape.N > proxy::kMaxRanks) throw std::invalid_argument("host backend: proxied mode supports at most 64 ranks");
     ctrl_ = std::make_unique<proxy::Ctrl>();
@@ -166,8 +166,8 @@ void RankComm::drain() {
   for (int z = 0; z < o_.slots; ++z) {
     const Slot& sl = *slots_[z];
     if (o_.proxied) {
-      wait_flag(&in_->slot[z].d_send_ok, uint64_t(sl.d_epoch) + 1, kDispatchSend, z);
-      wait_flag(&in_->slot[z].c_send_ok, uint64_t(sl.c_epoch) + 1, kCombineSend, z);
+      wait_flag(&in_->slot[z].d_send_ok, uint64_t(sl.d_epoch) + 1, kDispatchSend, z, -1, /*timed=*/false);
+      wait_flag(&in_->slot[z].c_send_ok, uint64_t(sl.c_epoch) + 1, kCombineSend, z, -1, /*timed=*/false);
     } else {
       ex_->wait(ex_->expect_all_owed(z), kDispatchSend, z, "closing: waiting for peers to free the slot");
       ex_->forget_owed(z);
@@ -187,22 +187,21 @@ proxy::ProxyStats RankComm::proxy_stats() const {
     s.packer_call_ns[i] = __atomic_load_n(&op_ns_[i], __ATOMIC_RELAXED);
     s.packer_wait_ns[i] = __atomic_load_n(&wait_ns_[i], __ATOMIC_RELAXED);
   }
+  s.recv_early = __atomic_load_n(&recv_early_, __ATOMIC_RELAXED);
   return s;
 }
 
-// Proxied mode: adds the op's time to op_ns_[op] and makes wait_flag add its waits to wait_ns_[op].
+// Proxied mode: adds the call's time to op_ns_[op] (its waits add themselves to wait_ns_[op]:
+// wait_flag). Holds no state in the RankComm, so that calls of different ops may overlap.
 struct RankComm::OpTimer {
   RankComm& c;
-  int slot;  // the op's index in op_ns_ (protocol::Op), -1 when not proxied
+  int op;  // the op's index in op_ns_ (protocol::Op)
   std::chrono::steady_clock::time_point t0;
-  OpTimer(RankComm& comm, int o) : c(comm), slot(comm.o_.proxied ? o : -1), t0(std::chrono::steady_clock::now()) {
-    c.timed_op_ = slot;
-  }
+  OpTimer(RankComm& comm, int o) : c(comm), op(o), t0(std::chrono::steady_clock::now()) {}
   ~OpTimer() {
     if (!c.o_.proxied) return;
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-    __atomic_fetch_add(&c.op_ns_[slot], uint64_t(ns), __ATOMIC_RELAXED);
-    c.timed_op_ = -1;
+    __atomic_fetch_add(&c.op_ns_[op], uint64_t(ns), __ATOMIC_RELAXED);
   }
 };
 
@@ -238,7 +237,8 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
       flags.mirror = mirror_.get();
       flags.name = "host-mirror: the proxy's flags read from a second block (JAX_MOE_A2A_HOST_FLAG_MIRROR=1)";
     }
-    const proxy::ProxyOptions po = proxy::ProxyOptions::from_env(0);
+    proxy::ProxyOptions po = proxy::ProxyOptions::from_env(0);
+    po.source_flags = true;  // dispatch_recv and combine_recv read them (per_source_)
     per_source_ = po.pipeline && !mirror_;
     proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_.get(), po, flags, staging_.get());
   }
@@ -262,21 +262,20 @@ std::vector<uint8_t> RankComm::use_mask(int z, const int32_t* alive, int op) {
   return m;
 }
 
-void RankComm::wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, int peer) {
+void RankComm::wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, int peer, bool timed) {
   using Clock = std::chrono::steady_clock;
   if (peer < 0) raise(&ctrl_->slot[slot].waiting[op], want);
   const double limit = peer < 0 ? o_.timeout_s + 5 : o_.timeout_s;
   const auto t0 = Clock::now();
-  struct Add {  // the wait's time, however it ends
-    RankComm& c;
+  struct Add {  // the wait's time into wait_ns_[op], however it ends
+    uint64_t* sum;  // null: not timed
     Clock::time_point t0;
     ~Add() {
-      if (c.timed_op_ >= 0)
-        __atomic_fetch_add(&c.wait_ns_[c.timed_op_],
-                           uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()),
+      if (sum)
+        __atomic_fetch_add(sum, uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()),
                            __ATOMIC_RELAXED);
     }
-  } add{*this, t0};
+  } add{timed ? &wait_ns_[op] : nullptr, t0};
   double sleep_us = 1;
   for (uint64_t i = 0;; ++i) {
     if (proxy::load_acquire(flag) >= want) return;
@@ -405,8 +404,11 @@ void RankComm::dispatch_recv(const DispatchRecvArgs& a) {
     a.recv_counts[src] = arr.rows_from(src);
     // Pipelined: src's rows have landed (the rest may still be in flight). Positions depend on the
     // counts only, so the outputs are the same in any landing order.
-    if (o_.proxied && per_source_ && ex_->remote(rank_, src) && arr.rows_from(src) > 0)
+    if (o_.proxied && per_source_ && ex_->remote(rank_, src) && arr.rows_from(src) > 0) {
       wait_flag(&ctrl_->slot[a.slot].d_landed_from[src], e + 1, kDispatchRecv, a.slot);
+      if (proxy::load_acquire(&ctrl_->slot[a.slot].d_landed) < uint64_t(e) + 1)  // others still in flight
+        __atomic_fetch_add(&recv_early_, uint64_t(1), __ATOMIC_RELAXED);
+    }
     for (int l = 0; l < L; ++l) {
       const int32_t n = to_me[int64_t(src) * L + l];
       for (int i = 0; i < n; ++i) {

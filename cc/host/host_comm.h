@@ -169,17 +169,19 @@ class RankComm {
   struct Slot;
   // Proxied mode: wait until *flag >= want, a flag the proxy raises (peer < 0) or node-local rank
   // `peer` raises; else throw the proxy's error or, past the timeout (plus a margin for the proxy's
-  // flags, which the proxy times out itself), our own naming the peer.
-  void wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, int peer = -1);
+  // flags, which the proxy times out itself), our own naming the peer. The wait's time is added to
+  // wait_ns_[op] when `timed` (the call of op waits; drain's waits are in no call).
+  void wait_flag(const uint64_t* flag, uint64_t want, int op, int slot, int peer = -1, bool timed = true);
   // Proxied mode, for benchmarks/proxy.py's breakdown (ProxyStats' packer_* fields): per op
-  // (protocol::Op) the time in the call and the part of it spent in wait_flag, summed.
+  // (protocol::Op) the time in the call and the part of it spent in wait_flag, summed. Atomic adds:
+  // two ops of one rank may run at once on different XLA threads.
   uint64_t op_ns_[4] = {}, wait_ns_[4] = {};
-  int timed_op_ = -1;  // the op whose waits wait_flag adds up now (-1: none)
+  uint64_t recv_early_ = 0;  // ProxyStats::recv_early (atomic adds)
   // Proxied, JAX_MOE_A2A_PROXY_PIPELINE=peer and no flag mirror: dispatch_recv unpacks each remote
   // source's rows once the proxy raised its d_landed_from (after d_placed), not after d_landed, and
   // combine_recv reduces each token once the ranks its rows come from raised c_landed_from.
   bool per_source_ = false;
-  struct OpTimer;  // times one op into op_ns_ (host_comm.cc)
+  struct OpTimer;  // times one call into op_ns_ (host_comm.cc)
   void raise(uint64_t* flag, uint64_t value);
   bool on_node(int r) const { return !ex_->remote(rank_, r); }  // a node-local peer (proxied, node_size > 0)
   struct Local;

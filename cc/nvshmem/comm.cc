@@ -119,6 +119,7 @@ void NvComm::connect(const std::vector<std::string>& peers) {
     nv_.pe[r] = pe;
     peer_base_[r] = arena_base + off;
   }
+  if (peer_base_[rank_] != base_) throw std::invalid_argument("jax_moe_a2a nvshmem connect: our own entry does not match");
   // The path of each peer: peers that loads and stores reach (NVLink, the same GPU) take combine
   // rows straight from y; the others (a remote transport), or every other rank when forced, take
   // them through the bounce rows (params.h). Every other put already reads symmetric memory.
@@ -136,7 +137,6 @@ void NvComm::connect(const std::vector<std::string>& peers) {
                                " MiB): set JAX_MOE_A2A_NVSHMEM_ARENA (bytes) larger before the first communicator");
     nv_.bounce = arena_base + bounce_offset_;
   }
-  if (peer_base_[rank_] != base_) throw std::invalid_argument("jax_moe_a2a nvshmem connect: our own entry does not match");
 }
 
 gpu::SlotPtrs NvComm::slot(int z) const {

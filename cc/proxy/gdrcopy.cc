@@ -97,10 +97,6 @@ const Api* load(const std::string& library, std::string* why) {
   return &loaded->emplace(library, a).first->second;
 }
 
-std::string env_or(const char* name, const char* fallback) {
-  return env::get_or(name, fallback);
-}
-
 }  // namespace
 
 Mode parse_mode(const std::string& text) {
@@ -115,8 +111,8 @@ Mode mode_from_env() {
   return parse_mode(v ? v : "");
 }
 
-std::string default_library() { return env_or("JAX_MOE_A2A_GDRCOPY_LIB", "libgdrapi.so.2"); }
-std::string default_device() { return env_or("JAX_MOE_A2A_GDRCOPY_DEV", "/dev/gdrdrv"); }
+std::string default_library() { return env::get_or("JAX_MOE_A2A_GDRCOPY_LIB", "libgdrapi.so.2"); }
+std::string default_device() { return env::get_or("JAX_MOE_A2A_GDRCOPY_DEV", "/dev/gdrdrv"); }
 
 Probe probe(Mode mode, const std::string& library, const std::string& device) {
   if (mode == Mode::kOff) return {false, "disabled by JAX_MOE_A2A_GDRCOPY=0"};

@@ -26,11 +26,6 @@ using protocol::kDispatchSend;
 
 namespace {
 
-double env_double(const char* name, double fallback) {
-  const char* v = env::get(name);
-  return v && *v ? std::strtod(v, nullptr) : fallback;
-}
-
 uint64_t ns_since(Clock::time_point t0) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
@@ -39,10 +34,10 @@ uint64_t ns_since(Clock::time_point t0) {
 
 ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_bus_id) {
   ProxyOptions o;
-  o.spin_us = env_double("JAX_MOE_A2A_PROXY_SPIN_US", o.spin_us);
-  o.max_sleep_us = env_double("JAX_MOE_A2A_PROXY_MAX_SLEEP_US", o.max_sleep_us);
-  o.idle_ms = env_double("JAX_MOE_A2A_PROXY_IDLE_MS", o.idle_ms);
-  o.idle_sleep_us = env_double("JAX_MOE_A2A_PROXY_IDLE_SLEEP_US", o.idle_sleep_us);
+  o.spin_us = env::get_double("JAX_MOE_A2A_PROXY_SPIN_US", o.spin_us);
+  o.max_sleep_us = env::get_double("JAX_MOE_A2A_PROXY_MAX_SLEEP_US", o.max_sleep_us);
+  o.idle_ms = env::get_double("JAX_MOE_A2A_PROXY_IDLE_MS", o.idle_ms);
+  o.idle_sleep_us = env::get_double("JAX_MOE_A2A_PROXY_IDLE_SLEEP_US", o.idle_sleep_us);
   const char* mode = env::get("JAX_MOE_A2A_PROXY");
   o.spin = mode && std::string(mode) == "spin";
   const char* pipe = env::get("JAX_MOE_A2A_PROXY_PIPELINE");
@@ -65,7 +60,14 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
 }
 
 Proxy::Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath flags, RowStaging* staging)
-    : ex_(ex), ctrl_(ctrl), o_(o), flags_(std::move(flags)), staging_(staging), slots_(ex.options().slots) {
+    : ex_(ex),
+      ctrl_(ctrl),
+      o_(o),
+      flags_(std::move(flags)),
+      staging_(staging),
+      source_flags_(o.pipeline && o.source_flags),
+      source_flags_early_(source_flags_ && !staging && !flags_.landing_fence),
+      slots_(ex.options().slots) {
   if (ex.options().shape.N > kMaxRanks || ex.options().slots > kMaxSlots)
     throw std::invalid_argument("jax_moe_a2a proxy: at most 64 ranks and 8 slots");
   // The promise is shared with the thread: it may still be inside set_value when get() returns.
@@ -219,25 +221,42 @@ bool Proxy::post_packed(int z, SlotState& s, uint32_t e, bool* moved) {
     early += !all;
     *moved = true;
   }
-  if (early || done) {
+  if (early) {
     std::lock_guard<std::mutex> lock(stats_mu_);
     stats_.priv_early += early;
-    if (done) stats_.counts_to_priv_ns += ns_since(s.counts_out);
   }
   return done;
 }
 
+void Proxy::privs_out(SlotState& s) {
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.counts_to_priv_ns += ns_since(s.counts_out);
+  }
+  s.d = kDCountsIn;
+  s.d_since = {};
+}
+
+void Proxy::SlotState::next_dispatch() {
+  ++de;
+  d = kDFree;
+  priv_posted = 0;
+  src_landed = 0;
+}
+
+void Proxy::SlotState::next_combine() {
+  ++ce;
+  c = kCFree;
+  comb_landed = 0;
+  c_adopted = false;
+}
+
 void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint64_t* flags, uint32_t e, bool all) {
+  uint64_t pending = 0;  // bit r: not yet seen in some part of the wait (PRIV and OVER rows; one part per tp member)
+  if (!all)
+    for (int r : wait.missing()) pending |= 1ull << r;
   for (int r : ex_.remote_ranks()) {
-    if (raised >> r & 1) continue;
-    bool in = all;
-    if (!in) {  // seen in every part of the wait (PRIV and OVER rows; one part per tp member)
-      in = true;
-      for (const protocol::Arrivals::Part& p : wait.parts)
-        for (size_t i = 0; i < p.ranks.size(); ++i)
-          if (p.ranks[i] == r && !p.seen[i]) in = false;
-    }
-    if (!in) continue;
+    if ((raised | pending) >> r & 1) continue;
     store_release(&flags[r], uint64_t(e) + 1);
     raised |= 1ull << r;
   }
@@ -299,9 +318,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       if (o_.pipeline && !staging_) {  // each peer's write as soon as its rows are packed
         bool moved = false;
         if (!post_packed(z, s, e, &moved)) return moved;
-        s.priv_posted = 0;
-        s.d = kDCountsIn;
-        s.d_since = {};
+        privs_out(s);
         return true;
       }
       if (load_acquire(&c.d_packed) < uint64_t(e) + 1) return false;
@@ -315,12 +332,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       cur_op_ = kDispatchSend;
       if (!staged(z, s, RowBuffer::kDSend, kDispatchRecv, e)) return false;  // our recv kernel spins behind it
       ex_.post_private(z, e);
-      {
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        stats_.counts_to_priv_ns += ns_since(s.counts_out);
-      }
-      s.d = kDCountsIn;
-      s.d_since = {};
+      privs_out(s);
       return true;
     case kDCountsIn:
       cur_op_ = kDispatchRecv;
@@ -360,17 +372,14 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       ex_.take_combine_offsets(z);
       ex_.post_overflow(z, e);
       publish_landing(z);
-      if (o_.pipeline) store_release(&c.d_placed, uint64_t(e) + 1);  // over_base, c_off: valid
+      if (source_flags_) store_release(&c.d_placed, uint64_t(e) + 1);  // over_base, c_off: valid
       s.d_wait = ex_.expect_rows(z, e);
-      s.src_landed = 0;
       s.d = kDRowsIn;
       return true;
     case kDRowsIn: {
       cur_op_ = kDispatchRecv;
       const bool in = ex_.poll(s.d_wait);
-      // Per source as its rows are in (not under staging: staged rows are readable after the copy;
-      // nor with a landing fence: device rows are readable after it).
-      if (o_.pipeline && !staging_ && !flags_.landing_fence) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, false);
+      if (source_flags_early_) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, false);
       if (!in) {
         check_late(kDispatchRecv, z, e, s.d_wait, "private and overflow rows", s.d_since);
         return false;
@@ -387,7 +396,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       cur_op_ = kDispatchRecv;
       if (!staged(z, s, RowBuffer::kDRecv, kDispatchRecv, e)) return false;
       if (flags_.landing_fence) flags_.landing_fence();
-      if (o_.pipeline) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, true);  // those not raised yet (staging: all of them)
+      if (source_flags_) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, true);  // those not raised yet (staging: all of them)
       raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
@@ -404,8 +413,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         std::lock_guard<std::mutex> lock(stats_mu_);
         ++stats_.dispatches;
       }
-      s.de = e + 1;
-      s.d = kDFree;
+      s.next_dispatch();
       return true;
   }
   return false;
@@ -430,7 +438,6 @@ bool Proxy::step_combine(int z, SlotState& s) {
         }
       }
       s.c_armed = false;
-      s.c_adopted = false;
       raise(z, &SlotCtrl::c_send_ok, uint64_t(e) + 1);
       s.c = kCPacked;
       return true;
@@ -453,13 +460,12 @@ bool Proxy::step_combine(int z, SlotState& s) {
       s.comb_out = Clock::now();
       s.c_wait = ex_.expect_comb(z, e);
       s.c_since = {};
-      s.comb_landed = 0;
       s.c = kCLanded;
       return true;
     case kCLanded: {
       cur_op_ = kCombineRecv;
       const bool in = ex_.poll(s.c_wait);
-      if (o_.pipeline && !staging_ && !flags_.landing_fence) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, false);
+      if (source_flags_early_) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, false);
       if (!in) {
         check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
         return false;
@@ -475,7 +481,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
       cur_op_ = kCombineRecv;
       if (!staged(z, s, RowBuffer::kCRecv, kCombineRecv, e)) return false;
       if (flags_.landing_fence) flags_.landing_fence();
-      if (o_.pipeline) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, true);  // those not raised yet (staging: all of them)
+      if (source_flags_) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, true);  // those not raised yet (staging: all of them)
       raise(z, &SlotCtrl::c_landed, uint64_t(e) + 1);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
@@ -492,8 +498,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
         std::lock_guard<std::mutex> lock(stats_mu_);
         ++stats_.combines;
       }
-      s.ce = e + 1;
-      s.c = kCFree;
+      s.next_combine();
       return true;
   }
   return false;

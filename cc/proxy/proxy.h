@@ -56,10 +56,14 @@ struct ProxyOptions {
   bool spin = false;          // JAX_MOE_A2A_PROXY=spin: never sleep (a dedicated core)
   int cpu = -1;               // pin the thread to this CPU (-1: leave it to the scheduler)
   // JAX_MOE_A2A_PROXY_PIPELINE: `peer` (default) posts each remote peer's PRIV write as soon as the
-  // packer raised that peer's d_packed_to (one write per peer still) and raises d_placed /
-  // d_landed_from[src] and c_landed_from[d] for a receiver that unpacks per source; `off` waits for d_packed and
-  // posts every peer's write together, and raises only d_landed (the series behaviour before).
+  // packer raised that peer's d_packed_to (one write per peer still) and, with source_flags, raises
+  // d_placed / d_landed_from[src] and c_landed_from[d] for a receiver that unpacks per source; `off`
+  // waits for d_packed and posts every peer's write together, and raises only d_landed (the series
+  // behaviour before).
   bool pipeline = true;
+  // Not from the environment: the packer opts in when its receiver reads the per-source landing
+  // flags (the host backend's does; the cuda kernels read only d_landed and c_landed).
+  bool source_flags = false;
   // JAX_MOE_A2A_PROXY_CPUS="3,7" gives local rank i the i-th CPU, "none" pins nothing; unset, a
   // GPU's proxy (device_bus_id, as cudaDeviceGetPCIBusId writes it) goes to a CPU of the GPU's
   // NUMA node (proxy/topology.h), the (local_index + node-local process rank)-th from the highest,
@@ -96,10 +100,13 @@ struct ProxyStats {
   // The packer's side, per op (protocol::Op order), host backend's proxied mode only (the cuda
   // path's are its kernel times): time in the calls and the part spent waiting for the proxy's
   // flags, summed. pack / unpack = call - wait.
-  uint64_t packer_call_ns[4] = {}, packer_wait_ns[4] = {};
+  uint64_t packer_call_ns[kNumHalves] = {}, packer_wait_ns[kNumHalves] = {};
   bool pipeline = true;              // ProxyOptions::pipeline
   uint64_t priv_early = 0;           // PRIV writes posted before the whole pack (d_packed) was done
   uint64_t counts_to_priv_ns = 0;    // from our COUNTS out to our last PRIV write posted, per dispatch
+  // Host backend's proxied mode under `peer`: remote sources whose rows dispatch_recv unpacked
+  // before d_landed was raised (the rest still in flight). 0 when it waits for d_landed.
+  uint64_t recv_early = 0;
 };
 
 class Proxy {
@@ -131,12 +138,17 @@ class Proxy {
     std::chrono::steady_clock::time_point d_since{}, c_since{};  // kernel started waiting (0: not yet)
     std::chrono::steady_clock::time_point counts_out{}, comb_out{};
     std::vector<protocol::ByteRange> comb_in;  // staging: c_recv's ranges, taken when our combine was packed
+    // Per epoch (cleared by next_dispatch / next_combine, the only places an epoch ends):
     bool c_adopted = false;  // the packed combine took its dispatch's combine offsets (adopt())
     uint64_t priv_posted = 0;  // bit d: our PRIV write of this epoch to remote rank d is posted
     uint64_t src_landed = 0;   // bit src: d_landed_from[src] raised for this epoch
     uint64_t comb_landed = 0;  // bit d: c_landed_from[d] raised for this combine epoch
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
     uint64_t copy_bytes[kRowBuffers]{};
+    // The dispatch (combine) of this epoch is done (its FREE signal sent): the next epoch starts
+    // at kDFree (kCFree) with that pipeline's per-epoch bits clear.
+    void next_dispatch();
+    void next_combine();
   };
 
   void run();
@@ -154,13 +166,16 @@ class Proxy {
   // Slot z's packed combine takes the combine offsets of its dispatch's slot (c_from_slot), once.
   void adopt(int z, SlotState& s);
   void publish_landing(int z);  // slot z's over_base and c_off (and their mirror), before d_landed
-  // Pipelined: raises flags[r] = e + 1 (d_landed_from of a dispatch's wait, c_landed_from of a
-  // combine's) for the remote ranks whose rows all arrived in `wait` (every remote rank when
-  // `all`), once each per epoch: bit r of `raised` records it.
+  // Per-source flags (source_flags_): raises flags[r] = e + 1 (d_landed_from of a dispatch's wait,
+  // c_landed_from of a combine's) for the remote ranks whose rows all arrived in `wait` (every
+  // remote rank when `all`), once each per epoch: bit r of `raised` records it.
   void raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint64_t* flags, uint32_t e, bool all);
   // Posts PRIV to each remote peer whose rows are packed (every one once d_packed is up). True
   // when every remote peer's write is posted; *moved: whether one went out now.
   bool post_packed(int z, SlotState& s, uint32_t e, bool* moved);
+  // Every PRIV write of the dispatch is posted (pipelined or not): counts_to_priv_ns, then on to
+  // the counts-in step.
+  void privs_out(SlotState& s);
   void stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges);  // starts copies
   // Polls them (counts bytes and time when done; true at once without staging). Past the timeout
   // while our kernel of `op` (the receive half that spins behind the copy) waits for epoch e,
@@ -175,6 +190,11 @@ class Proxy {
   ProxyOptions o_;
   FlagPath flags_;
   RowStaging* staging_;
+  // Fixed at construction: raise d_placed and the per-source landing flags (pipeline and
+  // source_flags), and raise each as its rows arrive, on the polls before d_landed / c_landed (not
+  // under staging: staged rows are readable after their copy; nor with a landing fence: device rows
+  // are readable after it), rather than all together with d_landed / c_landed.
+  bool source_flags_ = false, source_flags_early_ = false;
   std::vector<SlotState> slots_;
   std::atomic<bool> stop_{false};
   std::thread thread_;

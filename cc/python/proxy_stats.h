@@ -1,7 +1,7 @@
 // A proxy thread's counters as the Python dict both bindings return (cuda inter-node path, host
 // backend's proxied mode): dispatches, combines, dispatches_landed, combines_landed, polls, sleeps, counts_to_landed_ns,
 // comb_to_landed_ns, staged_bytes, staging_ns, cpu, flag_path, row_path, pipeline, priv_early,
-// counts_to_priv_ns, and per op (host backend's proxied mode) call_ns_<op>, wait_ns_<op>.
+// counts_to_priv_ns, recv_early, and per op (host backend's proxied mode) call_ns_<op>, wait_ns_<op>.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "core/half.h"
 #include "proxy/proxy.h"
 
 namespace a2a::python {
@@ -31,10 +32,11 @@ inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
   d["pipeline"] = s.pipeline;
   d["priv_early"] = s.priv_early;
   d["counts_to_priv_ns"] = s.counts_to_priv_ns;
-  static const char* ops[4] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};  // protocol::Op
-  for (int i = 0; i < 4; ++i) {
-    d[(std::string("call_ns_") + ops[i]).c_str()] = s.packer_call_ns[i];
-    d[(std::string("wait_ns_") + ops[i]).c_str()] = s.packer_wait_ns[i];
+  d["recv_early"] = s.recv_early;
+  for (int i = 0; i < kNumHalves; ++i) {  // protocol::Op numbers the halves as Half does
+    const std::string op = half_name(static_cast<Half>(i));
+    d[("call_ns_" + op).c_str()] = s.packer_call_ns[i];
+    d[("wait_ns_" + op).c_str()] = s.packer_wait_ns[i];
   }
   return d;
 }

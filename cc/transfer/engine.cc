@@ -8,21 +8,14 @@
 #include <stdexcept>
 
 namespace a2a::transfer {
-namespace {
-
-std::string env_or(const char* name, const std::string& fallback) { return env::get_or(name, fallback); }
-
-}  // namespace
-
 EngineOptions EngineOptions::resolved() const {
   EngineOptions o = *this;
-  if (o.provider.empty()) o.provider = env_or("JAX_MOE_A2A_PROVIDER", "shm");
-  if (o.iface.empty()) o.iface = env_or("JAX_MOE_A2A_IFACE", "");
-  std::string hmem_env = env_or("JAX_MOE_A2A_HMEM", "");
+  if (o.provider.empty()) o.provider = env::get_or("JAX_MOE_A2A_PROVIDER", "shm");
+  if (o.iface.empty()) o.iface = env::get_or("JAX_MOE_A2A_IFACE", "");
+  std::string hmem_env = env::get_or("JAX_MOE_A2A_HMEM", "");
   if (!hmem_env.empty()) o.hmem = o.hmem || (hmem_env != "0" && hmem_env != "false");
-  std::string t = env_or("JAX_MOE_A2A_POST_TIMEOUT_S", "");
-  if (!t.empty()) o.post_timeout_s = std::strtod(t.c_str(), nullptr);
-  std::string cq = env_or("JAX_MOE_A2A_RX_CQ_SIZE", "");
+  o.post_timeout_s = env::get_double("JAX_MOE_A2A_POST_TIMEOUT_S", o.post_timeout_s);
+  std::string cq = env::get_or("JAX_MOE_A2A_RX_CQ_SIZE", "");
   if (!cq.empty()) o.rx_cq_size = std::strtoull(cq.c_str(), nullptr, 10);
   if (o.world_size < 1 || o.world_size > int(kImmMaxRank) + 1)
     throw std::invalid_argument(format("world_size=%d: expected 1..%u", o.world_size, kImmMaxRank + 1));

@@ -13,15 +13,6 @@
 namespace a2a::transfer {
 namespace {
 
-double env_double(const char* name, double fallback) {
-  const char* v = env::get(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  double d = std::strtod(v, &end);
-  if (end == v || d < 0) throw TransferError(format("%s=%s: expected a non-negative number", name, v));
-  return d;
-}
-
 double elapsed_us(Clock::time_point since) {
   return std::chrono::duration<double, std::micro>(Clock::now() - since).count();
 }
@@ -35,10 +26,10 @@ ProgressOptions ProgressOptions::from_env() {
     else if (std::strcmp(mode, "adaptive") != 0)
       throw TransferError(format("JAX_MOE_A2A_PROGRESS=%s: expected 'adaptive' or 'spin'", mode));
   }
-  o.spin_us = env_double("JAX_MOE_A2A_PROGRESS_SPIN_US", o.spin_us);
-  o.max_sleep_us = env_double("JAX_MOE_A2A_PROGRESS_MAX_SLEEP_US", o.max_sleep_us);
-  o.waiter_spin_us = env_double("JAX_MOE_A2A_WAIT_SPIN_US", o.waiter_spin_us);
-  o.waiter_yield_us = env_double("JAX_MOE_A2A_WAIT_YIELD_US", o.waiter_yield_us);
+  o.spin_us = env::get_double("JAX_MOE_A2A_PROGRESS_SPIN_US", o.spin_us);
+  o.max_sleep_us = env::get_double("JAX_MOE_A2A_PROGRESS_MAX_SLEEP_US", o.max_sleep_us);
+  o.waiter_spin_us = env::get_double("JAX_MOE_A2A_WAIT_SPIN_US", o.waiter_spin_us);
+  o.waiter_yield_us = env::get_double("JAX_MOE_A2A_WAIT_YIELD_US", o.waiter_yield_us);
   return o;
 }
 

@@ -45,27 +45,29 @@ __global__ void __launch_bounds__(gpu::kThreads) combine_send_kernel(gpu::Combin
     const uint8_t* src = r.pos >= 0 ? static_cast<const uint8_t*>(P.y) + r.pos * stride : zero;
     const int g0 = r.s / g.tp * g.tp;
     const uint64_t group = (g.tp == 64 ? ~0ull : ((1ull << g.tp) - 1)) << g0;
-    const uint8_t* bounced = nullptr;  // the row in our bounce row, once a remote member needs it
-    if (r.pos < 0) {
-      bounced = zero;  // symmetric: every member, remote or not, gets it straight
-    } else if (nv.remote & group & ~out) {
+    // What remote members' puts read: src itself when it is symmetric (the zero row of a dropped
+    // row), else the row copied into this warp's bounce row, when some remote member needs it.
+    const uint8_t* remote_src = src;
+    bool bounced = false;  // our bounce row holds this row: free it (__syncwarp) before the next
+    if (r.pos >= 0 && (nv.remote & group & ~out)) {
       uint8_t* b = nv.bounce + P.p.slot * nv.lay.bounce_slot_bytes + int64_t(ix.gwarp) * stride;  // gwarp < kBounceWarps
       gpu::warp_copy(b, src, stride, ix.lane);
       __syncwarp();
       __threadfence();  // the row is in GPU memory before a transport (or its NIC) reads it
-      bounced = b;
+      remote_src = b;
+      bounced = true;
     }
     for (int m = g0; m < g0 + g.tp; ++m) {
       if (left_out(out, m)) continue;  // elastic EP: a masked member of the source's group
       uint8_t* dst = P.p.peer_shared[m] + nv.lay.off_c_rows +
                      (int64_t(r.s % g.tp) * g.Q + P.recv_counts[r.s * gpu::counts_stride(g) + g.L] + r.j) * stride;
       if ((nv.remote >> m) & 1)
-        nvshmemx_putmem_signal_warp(dst, bounced, static_cast<size_t>(stride), &signals_at(P.p, m)->c_rows[me], 1,
+        nvshmemx_putmem_signal_warp(dst, remote_src, static_cast<size_t>(stride), &signals_at(P.p, m)->c_rows[me], 1,
                                     NVSHMEM_SIGNAL_ADD, nv.pe[m]);
       else
         put_row_signal(dst, src, stride, &signals_at(P.p, m)->c_rows[me], nv.pe[m]);
     }
-    if (bounced && bounced != zero) __syncwarp();  // every lane's put returned before the next row overwrites it
+    if (bounced) __syncwarp();  // every lane's put returned before the next row overwrites it
   }
   if (!gpu::last_block_done(ep->done_of(Half::kCombineSend))) return;
   gpu::owe_free(g, P.p, Half::kCombineSend, due, out);  // every live rank frees this epoch for us
