@@ -143,19 +143,11 @@ def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False, fp8_only
     fp8_bytes = L * 3 * F * H
     res["fp8_weight_bytes"] = fp8_bytes
     res["native_fp8_ragged"] = timeit(native_fp8, xq, wgu8, wd8, gs, xs, wgus, wds, trials=trials)
-    if fp8_only:  # a configuration sweep: the fp8 MLP, its parts and its floor only
-        gate_up = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2,
-                                                                        out_dtype=jnp.float32))
-        res["native_fp8_gate_up_f32"] = timeit(gate_up, xq, wgu8, gs, xs, wgus, trials=trials)
-        h, hs = jax.jit(lambda g: gemm_ffi.swiglu(g, quantize_hidden=True))(gate_up(xq, wgu8, gs, xs, wgus))
-        down = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2))
-        res["native_fp8_down"] = timeit(down, h, wd8, gs, hs, wds, trials=trials)
-        del wgu8, wd8, h, hs
-        res["hbm_fp8"] = copy_floor(fp8_bytes)
-        return res
-    xq_em = jnp.asarray(to_expert_major(np.asarray(xq.astype(jnp.float32)), sizes, C)).astype(FP8)
-    xs_em = jnp.asarray(to_expert_major(np.asarray(xs), sizes, C))
-    res["native_fp8_expert_major"] = timeit(native_fp8, xq_em, wgu8, wd8, gs, xs_em, wgus, wds, trials=trials)
+    if not fp8_only:
+        xq_em = jnp.asarray(to_expert_major(np.asarray(xq.astype(jnp.float32)), sizes, C)).astype(FP8)
+        xs_em = jnp.asarray(to_expert_major(np.asarray(xs), sizes, C))
+        res["native_fp8_expert_major"] = timeit(native_fp8, xq_em, wgu8, wd8, gs, xs_em, wgus, wds, trials=trials)
+        del xq_em, xs_em
     # where the MLP's time goes: the gate+up GEMM (f32 out), the SwiGLU epilogue, the down GEMM
     gate_up = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2, out_dtype=jnp.float32))
     res["native_fp8_gate_up_f32"] = timeit(gate_up, xq, wgu8, gs, xs, wgus, trials=trials)
@@ -165,9 +157,10 @@ def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False, fp8_only
     h, hs = sw(gu)
     down = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2))
     res["native_fp8_down"] = timeit(down, h, wd8, gs, hs, wds, trials=trials)
-    del gu, h, hs
-    del wgu8, wd8
+    del gu, h, hs, wgu8, wd8
     res["hbm_fp8"] = copy_floor(fp8_bytes)
+    if fp8_only:  # a configuration sweep: the fp8 MLP, its parts and its floor only
+        return res
     wgu = bf16_weights(kg, (L, 2 * F, H))
     wd = bf16_weights(kd, (L, H, F))
     res["bf16_weight_bytes"] = 2 * fp8_bytes
@@ -242,17 +235,18 @@ def report(out):
         lines.append(f"decode L={d['L']:3d} rows={d['rows']} C={d['C']} (p50 us [min, max])")
         lines.append(f"  native fp8 ragged        {_fmt(n8)}   x{n8['p50_us'] / hb8:.2f} of fp8 weights' HBM time {hb8:.1f} us"
                      f" (copy {d['hbm_fp8']['copy_GBps']:.0f} GB/s)")
-        if "native_bf16_ragged" not in d:
+        if "native_fp8_expert_major" in d:
+            n8e = d["native_fp8_expert_major"]
+            lines.append(f"  native fp8 expert_major  {_fmt(n8e)}   x{n8e['p50_us'] / hb8:.2f}")
+        if "native_fp8_down" in d:
+            sw = f" swiglu {_fmt(d['native_swiglu_fp8'])}," if "native_swiglu_fp8" in d else ""
             lines.append(f"    parts: gate+up f32 {_fmt(d['native_fp8_gate_up_f32'])} (floor {hb8 * 2 / 3:.1f}),"
-                         f" down {_fmt(d['native_fp8_down'])} (floor {hb8 / 3:.1f})")
+                         f"{sw} down {_fmt(d['native_fp8_down'])} (floor {hb8 / 3:.1f})")
+        if "native_bf16_ragged" not in d:  # a configuration sweep (--fp8-only)
             continue
         hb16 = d["hbm_bf16"]["read_once_us"]
-        n8e, n16 = d["native_fp8_expert_major"], d["native_bf16_ragged"]
+        n16 = d["native_bf16_ragged"]
         rd, es = d.get("ragged_dot_bf16"), d.get("einsum_bf16_expert_major")
-        lines.append(f"  native fp8 expert_major  {_fmt(n8e)}   x{n8e['p50_us'] / hb8:.2f}")
-        if "native_fp8_down" in d:
-            lines.append(f"    parts: gate+up f32 {_fmt(d['native_fp8_gate_up_f32'])} (floor {hb8 * 2 / 3:.1f}),"
-                         f" swiglu {_fmt(d['native_swiglu_fp8'])}, down {_fmt(d['native_fp8_down'])} (floor {hb8 / 3:.1f})")
         lines.append(f"  native bf16 ragged       {_fmt(n16)}   x{n16['p50_us'] / hb16:.2f} of bf16 weights' HBM time {hb16:.1f} us")
         if rd:
             lines.append(f"  ragged_dot bf16          {_fmt(rd)}   native bf16 is {rd['p50_us'] / n16['p50_us']:.1f}x faster,"
@@ -289,7 +283,7 @@ def main(argv=None):
                     help="a configuration sweep: the native fp8 MLP (and its parts) with its floor / XLA's fp8 dot only")
     ap.add_argument("--variants", default="",
                     help="a configuration sweep in this process: ';'-separated JAX_MOE_A2A_GEMM_TILE_M values "
-                         "(cc/gemm/kernels.h), each timed with --fp8-only on --cases (a fresh jit per case, so each "
+                         "(jax_moe_a2a.gemm_ffi.parse_tuning), each timed with --fp8-only on --cases (a fresh jit per case, so each "
                          "traces its workspace under its own setting)")
     a = ap.parse_args(argv)
     from jax_moe_a2a import gemm_ffi

@@ -55,6 +55,9 @@ VARS = (
     Var("LOCAL_DEVICE_IDS", "str", "JAX decides", "jax_moe_a2a/runtime.py (examples/serve.py, tests/conftest.py)",
         "`local_device_ids` for jax.distributed.initialize: `0`, `0,1` (every process takes those) or "
         "`local_rank` (the Open MPI / Slurm node-local rank)"),
+    Var("GEMM_TILE_M", "auto or 64,128,rasterM/N/H,s1/2/4/8", "auto", "jax_moe_a2a/gemm_ffi.py, at trace",
+        "grouped GEMMs, measurements (benchmarks/gemm.py): tile rows (`auto`: 64 when the mean rows per "
+        "expert is <= 128, else 128), raster order, max swizzle; else ValueError"),
     # ---- read by the extension (C++) -----------------------------------------------------------
     Var("IFACE", "str", "any", "cc/transfer/engine.cc, cc/transfer/fabric.cc",
         "libfabric domain names to open, comma-separated (e.g. `lo`)", _NATIVE),
@@ -91,9 +94,6 @@ VARS = (
         "GPU backends: CUDA events around each launch (`comm.kernel_seconds`); `1` with a GPU-side "
         "barrier of the EP group before each, `nosync` without",
         _NATIVE),
-    Var("GEMM_TILE_M", "auto or 64,128,rasterM/N/H,s1..s8", "auto", "cc/gemm/kernels.h",
-        "grouped GEMMs, for measurements (benchmarks/gemm.py): rows per tile (`auto`: 64 when the mean "
-        "rows per expert is <= 128, else 128), raster order, max swizzle", _NATIVE),
     Var("DISPATCH_SEND", "auto|grid|block", "auto", "cc/cuda/dispatch/send.cu (once per process)",
         "cuda: the dispatch_send kernel; `auto` the block-routed one where it applies, `block` "
         "with shared-memory staging, `grid` the grid-routed one (docs/gpu_kernels.md)",

@@ -17,25 +17,74 @@ otherwise. The contract between the two is team/GEMM_CONTRACT.md; shapes (L loca
 
 Every call only launches device work (group sizes are read on the device): usable under jit,
 inside shard_map, with no host synchronisation, and in XLA command buffers.
+
+JAX_MOE_A2A_GEMM_TILE_M (for measurements) forces the kernel configuration; it is read and parsed
+(`parse_tuning`) when a call is traced, and the same values size the workspace and reach the
+kernels as the custom call's attributes (a jitted function keeps the setting it was traced with).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _ffi
+from . import _ffi, env
 from .axes import varying, vma
 from .dtypes import FP8
 
 BF16 = jnp.bfloat16
 _BLOCK = 128  # the native fp8 kernels' scale block (1x128 rows, 128x128 weights)
 _MAX_ROWS = 2**31 - 1
-# the custom call's `mode` attribute (cc/ffi/gemm_handlers.cc)
+# the custom call's `mode` attribute (gemm::Mode, cc/gemm/grouped_gemm.h)
 _MODE_FORWARD, _MODE_TRANSPOSE_W, _MODE_WGRAD = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """The kernel configuration a call asks for (gemm::TuningRequest, cc/gemm/grouped_gemm.h):
+    tile_m 0 (auto: 64-row tiles when the mean rows per expert is <= 128, else 128), 64 or 128;
+    raster 0 (along M), 1 (along N) or 2 (CUTLASS's heuristic); swizzle 1, 2, 4 or 8 (maximum)."""
+    tile_m: int = 0
+    raster: int = 0
+    swizzle: int = 1
+
+    def attrs(self) -> dict:
+        """The custom call's attributes."""
+        return {f.name: np.int32(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+# JAX_MOE_A2A_GEMM_TILE_M's words and the field each sets
+_TUNING_WORDS = {"64": ("tile_m", 64), "128": ("tile_m", 128), "rasterM": ("raster", 0), "rasterN": ("raster", 1),
+                 "rasterH": ("raster", 2), "s1": ("swizzle", 1), "s2": ("swizzle", 2), "s4": ("swizzle", 4),
+                 "s8": ("swizzle", 8)}
+
+
+def parse_tuning(text: str | None) -> Tuning:
+    """JAX_MOE_A2A_GEMM_TILE_M's value -> Tuning: None, '' or 'auto' are the defaults; otherwise a
+    comma list of 64 | 128 (the tile's rows), rasterM | rasterN | rasterH (the scheduler's order),
+    s1 | s2 | s4 | s8 (its maximum swizzle); a later word wins. Any other word raises ValueError
+    naming the accepted ones (a misspelt setting would otherwise measure the default)."""
+    t = Tuning()
+    if text is None or text.strip() in ("", "auto"):
+        return t
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        if word not in _TUNING_WORDS:
+            raise ValueError(f"{env.PREFIX}GEMM_TILE_M={text!r}: unknown word {word!r}; the accepted words are "
+                             f"'auto' alone, or a comma list of {', '.join(_TUNING_WORDS)}")
+        field, value = _TUNING_WORDS[word]
+        t = dataclasses.replace(t, **{field: value})
+    return t
+
+
+def tuning() -> Tuning:
+    """The configuration JAX_MOE_A2A_GEMM_TILE_M asks for now (read when a call is traced)."""
+    return parse_tuning(env.get("GEMM_TILE_M"))
 
 
 def _gemm_module():
@@ -166,8 +215,10 @@ def grouped_gemm(x, w, group_sizes, *, x_scale=None, w_scale=None, out_dtype=jnp
     fp8 = _dtype(x) == np.dtype(FP8)
     expert_major = x.ndim == 3
     rows = x.shape[1] if expert_major else x.shape[0]
-    ws_bytes = int(_gemm_module().workspace_bytes(fp8, out_dtype == np.dtype(np.float32), bool(transpose_w),
-                                                  L, rows, n, k, expert_major))
+    mode = _MODE_TRANSPOSE_W if transpose_w else _MODE_FORWARD
+    tune = tuning()
+    ws_bytes = int(_gemm_module().workspace_bytes(fp8, out_dtype == np.dtype(np.float32), mode,
+                                                  L, rows, n, k, expert_major, **dataclasses.asdict(tune)))
     empty = jnp.zeros((0,), jnp.float32)
     xs = empty if x_scale is None else x_scale.astype(jnp.float32)
     wsc = empty if w_scale is None else w_scale.astype(jnp.float32)
@@ -176,7 +227,7 @@ def grouped_gemm(x, w, group_sizes, *, x_scale=None, w_scale=None, out_dtype=jnp
         "jax_moe_a2a_grouped_gemm",
         (jax.ShapeDtypeStruct(y_shape, out_dtype), jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)),
     )
-    y, _ = call(x, w, group_sizes.astype(jnp.int32), xs, wsc, mode=np.int32(_MODE_TRANSPOSE_W if transpose_w else _MODE_FORWARD))
+    y, _ = call(x, w, group_sizes.astype(jnp.int32), xs, wsc, mode=np.int32(mode), **tune.attrs())
     return _typed_like(y, x, w, group_sizes, x_scale, w_scale)
 
 
@@ -261,14 +312,15 @@ def grouped_gemm_wgrad(x, dy, group_sizes, *, out_dtype=jnp.float32):
     k, n = x.shape[-1], dy.shape[-1]
     expert_major = x.ndim == 3
     rows = x.shape[1] if expert_major else x.shape[0]
-    # The wgrad configuration's argument arrays have the forward bf16 one's size (the same stride
-    # and pointer types; the handler checks and refuses a short workspace).
-    ws_bytes = int(_gemm_module().workspace_bytes(False, True, False, L, rows, n, k, expert_major)) + 4096
+    # the exact size of the wgrad kernel's workspace (the handler refuses a shorter one)
+    tune = tuning()
+    ws_bytes = int(_gemm_module().workspace_bytes(False, True, _MODE_WGRAD, L, rows, n, k, expert_major,
+                                                  **dataclasses.asdict(tune)))
     empty = jnp.zeros((0,), jnp.float32)
     call = jax.ffi.ffi_call(
         "jax_moe_a2a_grouped_gemm",
         (jax.ShapeDtypeStruct((L, n, k), jnp.float32), jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)),
     )
-    dw, _ = call(x, dy, group_sizes.astype(jnp.int32), empty, empty, mode=np.int32(_MODE_WGRAD))
+    dw, _ = call(x, dy, group_sizes.astype(jnp.int32), empty, empty, mode=np.int32(_MODE_WGRAD), **tune.attrs())
     dw = _typed_like(dw, x, dy, group_sizes)
     return dw.astype(out_dtype)

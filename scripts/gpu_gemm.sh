@@ -4,7 +4,7 @@
 # Env: OUT (logs), WHEELS (folder holding the nvidia-cutlass wheel, installed with --no-deps),
 #      GEMM_BENCH_ARGS (extra arguments of benchmarks/gemm.py), GEMM_SKIP_TESTS=1,
 #      GEMM_SKIP_BENCH=1 (no full benchmark), GEMM_TESTS (pytest files, default the two GEMM ones),
-#      GEMM_SWEEP: ';'-separated JAX_MOE_A2A_GEMM_TILE_M values (cc/gemm/kernels.h) timed in one
+#      GEMM_SWEEP: ';'-separated JAX_MOE_A2A_GEMM_TILE_M values (gemm_ffi.parse_tuning) timed in one
 #      process by `benchmarks/gemm.py --variants` (the fp8 MLP per configuration; GEMM_SWEEP_CASES,
 #      default decode,prefill; GEMM_SWEEP_ARGS more arguments) into $OUT/sweep.log and sweep.json;
 #      GEMM_SWEEP_FIRST=1 runs it before the tests.

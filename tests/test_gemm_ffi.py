@@ -84,3 +84,119 @@ def test_wgrad_supported():
     ]:
         why = gemm_ffi.wgrad_supported(x, dy, gs)
         assert why is not None and words in why, why
+
+
+def _built_gemm():
+    g = gemm_ffi._gemm_module()
+    if g is None or not g.built():
+        pytest.skip(f"grouped-GEMM kernels not built: {gemm_ffi._build_reason()}")
+    return g
+
+
+def test_workspace_bytes_takes_the_mode():
+    """_C.gemm.workspace_bytes sizes the kernel of the custom call's mode (host-side: no GPU needed)."""
+    g = _built_gemm()
+    fwd = g.workspace_bytes(False, False, gemm_ffi._MODE_FORWARD, 8, 300, 384, 512, False)
+    wgrad = g.workspace_bytes(False, True, gemm_ffi._MODE_WGRAD, 8, 300, 384, 512, False)
+    assert fwd > 0 and wgrad > 0
+    with pytest.raises(ValueError, match="wgrad is built for bf16 in, f32 out"):
+        g.workspace_bytes(True, True, gemm_ffi._MODE_WGRAD, 8, 300, 384, 512, False)
+    with pytest.raises(ValueError, match="transpose_w is built for bf16 out only"):
+        g.workspace_bytes(False, True, gemm_ffi._MODE_TRANSPOSE_W, 8, 300, 384, 512, False)
+    with pytest.raises(ValueError, match="mode must be"):
+        g.workspace_bytes(False, False, 3, 8, 300, 384, 512, False)
+
+
+class _Recorder:
+    """Stands in for _C.gemm: records workspace_bytes' arguments, answers the real size."""
+
+    def __init__(self, g):
+        self.g, self.calls = g, []
+
+    def workspace_bytes(self, *args, **kw):
+        self.calls.append((args, kw))
+        return self.g.workspace_bytes(*args, **kw)
+
+
+def _traced_natively(monkeypatch):
+    """gemm_ffi traces its custom calls here as on a GPU (nothing runs): a recorder for _C.gemm."""
+    rec = _Recorder(_built_gemm())
+    monkeypatch.setattr(gemm_ffi, "_gemm_module", lambda: rec)
+    monkeypatch.setattr(gemm_ffi, "native_reason", lambda: None)
+    monkeypatch.setattr(gemm_ffi._ffi, "register_targets", lambda: None)
+    return rec
+
+
+@pytest.mark.parametrize("expert_major", [False, True])
+def test_wgrad_asks_the_exact_workspace_of_its_mode(monkeypatch, expert_major):
+    """grouped_gemm_wgrad allocates exactly what the wgrad kernel needs: it asks in the wgrad mode
+    (traced with eval_shape: nothing runs)."""
+    monkeypatch.delenv("JAX_MOE_A2A_GEMM_TILE_M", raising=False)
+    rec = _traced_natively(monkeypatch)
+    L, rows, n, k = 5, 40, 136, 264
+    lead = (L, rows) if expert_major else (rows,)
+    jaxpr = jax.make_jaxpr(gemm_ffi.grouped_gemm_wgrad)(S(lead + (k,), BF16), S(lead + (n,), BF16),
+                                                         S((L,), jnp.int32))
+    assert rec.calls == [((False, True, gemm_ffi._MODE_WGRAD, L, rows, n, k, expert_major),
+                          dict(tile_m=0, raster=0, swizzle=1))]
+    want = rec.g.workspace_bytes(*rec.calls[0][0], **rec.calls[0][1])
+    assert f"u8[{want}]" in str(jaxpr), "the wgrad's workspace output must be exactly the size asked"
+
+
+# --- JAX_MOE_A2A_GEMM_TILE_M: parsed once, when a call is traced, into the custom call's attributes ---------
+@pytest.mark.parametrize("text, want", [
+    (None, gemm_ffi.Tuning()),
+    ("", gemm_ffi.Tuning()),
+    ("auto", gemm_ffi.Tuning()),
+    ("64", gemm_ffi.Tuning(tile_m=64)),
+    ("128,rasterH,s2", gemm_ffi.Tuning(tile_m=128, raster=2, swizzle=2)),
+    ("64,rasterN,s4", gemm_ffi.Tuning(tile_m=64, raster=1, swizzle=4)),
+    ("rasterM,s8,", gemm_ffi.Tuning(raster=0, swizzle=8)),
+    ("s1, 128", gemm_ffi.Tuning(tile_m=128)),
+    ("64,128", gemm_ffi.Tuning(tile_m=128)),   # a later word wins
+])
+def test_parse_tuning(text, want):
+    assert gemm_ffi.parse_tuning(text) == want
+
+
+@pytest.mark.parametrize("text", ["32", "rastern", "s3", "64x", "auto,64", "tile64", "64;s2"])
+def test_parse_tuning_refuses_unknown_words(text):
+    with pytest.raises(ValueError, match=r"JAX_MOE_A2A_GEMM_TILE_M=.*unknown word.*accepted words.*64, 128, "
+                                         r"rasterM, rasterN, rasterH, s1, s2, s4, s8"):
+        gemm_ffi.parse_tuning(text)
+
+
+def _call_attrs(jaxpr):
+    """The attributes of the one grouped-GEMM custom call of a jaxpr, as ints."""
+    eqns = [e for e in jaxpr.jaxpr.eqns if e.params.get("target_name") == "jax_moe_a2a_grouped_gemm"]
+    assert len(eqns) == 1, jaxpr
+    return {k: int(v) for k, v in eqns[0].params["attributes"]}
+
+
+def test_tuning_reaches_the_workspace_and_the_call(monkeypatch):
+    """The setting at trace time sizes the workspace and becomes the custom call's attributes (the
+    kernel launched is the one sized); a misspelt setting fails the trace."""
+    rec = _traced_natively(monkeypatch)
+    x, w, gs = S((100, 512), BF16), S((4, 256, 512), BF16), S((4,), jnp.int32)
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "64,rasterN,s4")
+    want = dict(tile_m=64, raster=1, swizzle=4)
+    attrs = _call_attrs(jax.make_jaxpr(lambda *a: gemm_ffi.grouped_gemm(*a))(x, w, gs))
+    assert rec.calls[-1][1] == want and attrs == dict(mode=gemm_ffi._MODE_FORWARD, **want)
+    attrs = _call_attrs(jax.make_jaxpr(lambda *a: gemm_ffi.grouped_gemm_wgrad(*a))(x, S((100, 256), BF16), gs))
+    assert rec.calls[-1][1] == want and attrs == dict(mode=gemm_ffi._MODE_WGRAD, **want)
+    monkeypatch.delenv("JAX_MOE_A2A_GEMM_TILE_M")
+    attrs = _call_attrs(jax.make_jaxpr(lambda *a: gemm_ffi.grouped_gemm(*a, transpose_w=True))(
+        x, S((4, 512, 256), BF16), gs))
+    assert rec.calls[-1][1] == dict(tile_m=0, raster=0, swizzle=1)
+    assert attrs == dict(mode=gemm_ffi._MODE_TRANSPOSE_W, tile_m=0, raster=0, swizzle=1)
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "64,rasterX")
+    with pytest.raises(ValueError, match="unknown word 'rasterX'"):   # a fresh function: jax caches traces
+        jax.make_jaxpr(lambda *a: gemm_ffi.grouped_gemm(*a))(x, w, gs)
+
+
+def test_workspace_bytes_refuses_a_tuning_out_of_its_set():
+    g = _built_gemm()
+    assert g.workspace_bytes(False, False, 0, 8, 300, 384, 512, False, tile_m=64, raster=2, swizzle=8) > 0
+    for kw in (dict(tile_m=32), dict(raster=3), dict(swizzle=3), dict(swizzle=0)):
+        with pytest.raises(ValueError, match="tile_m must be 0 \\(auto\\), 64 or 128"):
+            g.workspace_bytes(False, False, 0, 8, 300, 384, 512, False, **kw)

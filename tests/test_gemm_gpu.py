@@ -235,13 +235,15 @@ TUNINGS = ["64", "128", "64,rasterN,s4", "128,rasterH,s2"]
 @pytest.mark.parametrize("tune", TUNINGS)
 @pytest.mark.parametrize("kind", ["random", "zeros", "hot"])
 @pytest.mark.parametrize("out", [BF16, jnp.float32], ids=["bf16out", "f32out"])
-def test_ragged_fp8_every_config(tune, kind, out, monkeypatch):
-    """fp8 ragged GEMM with each configuration forced by JAX_MOE_A2A_GEMM_TILE_M (read at every call;
-    a fresh jit per call, so the workspace size is computed under the same setting)."""
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+def test_ragged_every_config(fp8, tune, kind, out, monkeypatch):
+    """Ragged GEMM with each configuration forced by JAX_MOE_A2A_GEMM_TILE_M (parsed when the call is
+    traced into the custom call's attributes, which size the workspace and pick the kernel: a fresh
+    jit per case). bf16 too: its configuration comes from the caller's tuning (gemm_bf16.cu)."""
     monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
     rng = np.random.default_rng()
     L, R, n, k = 7, 333, 384, 512
-    x, w, xs, wsc, xf, wf = _data(rng, L, (R,), n, k, True)
+    x, w, xs, wsc, xf, wf = _data(rng, L, (R,), n, k, fp8)
     sizes = _sizes(rng, L, R - 29, kind)
     sizes[0] = 65 if kind != "hot" else sizes[0]  # a group of an odd size at the 64-row tile edges
     sizes[-1] = max(0, R - 29 - int(sizes[:-1].sum())) if kind != "hot" else sizes[-1]
@@ -250,6 +252,37 @@ def test_ragged_fp8_every_config(tune, kind, out, monkeypatch):
         x, w, jnp.asarray(sizes), xs, wsc)
     ref, valid = _oracle_ragged(xf, wf, sizes)
     _check_ragged(y, ref, valid)
+
+
+@pytest.mark.parametrize("tune", ["rasterN,s8", "128,rasterH,s4"])
+def test_dgrad_and_wgrad_take_the_tuning(tune, monkeypatch):
+    """transpose_w (dgrad) and wgrad have one tile each and take the forced raster order and swizzle."""
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
+    rng = np.random.default_rng()
+    L, R, n, k = 5, 290, 136, 264
+    x, w, _, _, xf, wf = _data(rng, L, (R,), n, k, False, transpose_w=True)
+    sizes = _sizes(rng, L, R - 9, "zeros")
+    _poison((R, n), BF16)
+    y = jax.jit(lambda a, b, c: gemm_ffi.grouped_gemm(a, b, c, transpose_w=True))(x, w, jnp.asarray(sizes))
+    ref, valid = _oracle_ragged(xf, wf, sizes)
+    _check_ragged(y, ref, valid)
+    dy = jnp.asarray(rng.normal(size=(R, n)).astype(np.float32)).astype(BF16)
+    _poison((L, n, k), jnp.float32)
+    dw = np.asarray(jax.jit(gemm_ffi.grouped_gemm_wgrad)(x, dy, jnp.asarray(sizes)), np.float64)
+    refw = _wgrad_oracle(xf, np.asarray(dy.astype(jnp.float32), np.float64), sizes)
+    for l in range(L):
+        if sizes[l] == 0:
+            assert (dw[l] == 0).all()
+        else:
+            assert _rel(dw[l], refw[l]) < TOL
+
+
+def test_misspelt_tuning_fails_the_trace(monkeypatch):
+    """A word JAX_MOE_A2A_GEMM_TILE_M does not know fails loudly (it used to measure the default)."""
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "64,rastern")
+    x, w = jnp.zeros((10, 128), BF16), jnp.zeros((2, 128, 128), BF16)
+    with pytest.raises(ValueError, match="unknown word 'rastern'.*accepted"):
+        jax.jit(lambda a, b, c: gemm_ffi.grouped_gemm(a, b, c))(x, w, jnp.zeros((2,), jnp.int32))
 
 
 @pytest.mark.parametrize("tune", ["64,rasterN", "128,s4"])
@@ -334,6 +367,116 @@ def test_wgrad_expert_major_and_overfull():
     assert _rel(dw[0], ref[0]) < TOL and _rel(dw[2], ref[2]) < TOL
 
 
+@pytest.mark.parametrize("sizes, R", [
+    ([50, -3, 50, 7, 0, 9], 100),   # the earlier groups reach R exactly before group 3: 3..5 get no rows
+    ([30, 0, 200, 5, -1, 8], 100),  # group 2 is cut at R (70 rows); the positive groups after it get none
+    ([-5, 0, 40, 60], 100),         # negative and zero sizes first; the sizes sum to R exactly
+    ([7, 0, 3, 0], 40),             # the groups end before R: every positive group has its rows
+    ([0, 3, 0, 4], 0),              # no rows at all: every dW[l] zero
+], ids=["reach_R_at_boundary", "cut_at_R", "negative_first", "short", "no_rows"])
+def test_wgrad_which_groups_are_empty(sizes, R):
+    """The wgrad zeroes dW[l] exactly for the groups with no rows (m_l = clamp(size_l, 0, R - off_l)
+    = 0: a size <= 0, or the earlier groups already cover R) and for no other: an emptiness test per
+    group against the first group whose earlier groups reach R (cutlass_grouped.cuh)."""
+    rng = np.random.default_rng()
+    L, n, k = len(sizes), 128, 136
+    sizes = np.asarray(sizes, np.int32)
+    x = jnp.asarray(rng.normal(size=(R, k)).astype(np.float32)).astype(BF16)
+    dy = jnp.asarray(rng.normal(size=(R, n)).astype(np.float32)).astype(BF16)
+    _poison((L, n, k), jnp.float32)
+    dw = np.asarray(jax.jit(gemm_ffi.grouped_gemm_wgrad)(x, dy, jnp.asarray(sizes)), np.float64)
+    xf, dyf = np.asarray(x.astype(jnp.float32), np.float64), np.asarray(dy.astype(jnp.float32), np.float64)
+    ref = _wgrad_oracle(xf, dyf, sizes)
+    off = 0
+    for l in range(L):
+        m = int(min(max(sizes[l], 0), R - off))
+        off += m
+        if m == 0:
+            assert (dw[l] == 0).all(), f"group {l} (size {sizes[l]}) has no rows: dw[l] must be exactly zero"
+        else:
+            assert np.isfinite(dw[l]).all() and _rel(dw[l], ref[l]) < TOL, (l, sizes[l], m)
+
+
+@pytest.mark.parametrize("expert_major", [False, True], ids=["ragged", "expert_major"])
+def test_wgrad_many_groups_exact_workspace(expert_major):
+    """The wgrad allocates exactly the workspace its own kernel reports (_C.gemm.workspace_bytes in
+    the wgrad mode; no slack): with 300 groups the per-group argument arrays dominate it, and the
+    handler refuses a short one. Every group checked, empty ones exactly zero."""
+    rng = np.random.default_rng()
+    L, n, k = 300, 128, 136
+    if expert_major:
+        C = 9
+        x = jnp.asarray(rng.normal(size=(L, C, k)).astype(np.float32)).astype(BF16)
+        dy = jnp.asarray(rng.normal(size=(L, C, n)).astype(np.float32)).astype(BF16)
+        sizes = rng.integers(0, C + 1, size=L).astype(np.int32)
+        sizes[:3] = (0, C, 1)
+    else:
+        R = 1111
+        x = jnp.asarray(rng.normal(size=(R, k)).astype(np.float32)).astype(BF16)
+        dy = jnp.asarray(rng.normal(size=(R, n)).astype(np.float32)).astype(BF16)
+        sizes = _sizes(rng, L, R - 11, "zeros")
+    _poison((L, n, k), jnp.float32)
+    dw = np.asarray(jax.jit(gemm_ffi.grouped_gemm_wgrad)(x, dy, jnp.asarray(sizes)), np.float64)
+    xf, dyf = np.asarray(x.astype(jnp.float32), np.float64), np.asarray(dy.astype(jnp.float32), np.float64)
+    if expert_major:
+        ref = np.stack([dyf[l, :c].T @ xf[l, :c] for l, c in enumerate(sizes)])
+    else:
+        ref = _wgrad_oracle(xf, dyf, sizes)
+    for l in range(L):
+        if sizes[l] == 0:
+            assert (dw[l] == 0).all(), f"group {l} has no rows: dw[l] must be exactly zero"
+        else:
+            assert _rel(dw[l], ref[l]) < TOL, (l, sizes[l])
+
+
+# --- the custom call itself: its mode attribute (gemm::Mode) and the workspace it checks -------------------
+def _raw_call(x, w, sizes, ws_bytes, mode, y_shape, y_dtype, tile_m=0, raster=0, swizzle=1):
+    """jax_moe_a2a_grouped_gemm with a workspace of ws_bytes, the given mode and tuning attributes, past
+    gemm_ffi's checks."""
+    from jax_moe_a2a import _ffi
+    _ffi.register_targets()
+    call = jax.ffi.ffi_call("jax_moe_a2a_grouped_gemm", (jax.ShapeDtypeStruct(y_shape, y_dtype),
+                                                         jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)))
+    empty = jnp.zeros((0,), jnp.float32)
+    y, _ = call(x, w, sizes, empty, empty, mode=np.int32(mode), tile_m=np.int32(tile_m), raster=np.int32(raster),
+                swizzle=np.int32(swizzle))
+    return jax.block_until_ready(y)
+
+
+@pytest.mark.parametrize("mode", [gemm_ffi._MODE_FORWARD, gemm_ffi._MODE_TRANSPOSE_W, gemm_ffi._MODE_WGRAD],
+                         ids=["forward", "transpose_w", "wgrad"])
+def test_handler_takes_the_exact_workspace_and_refuses_one_byte_less(mode):
+    """Each mode runs with exactly _C.gemm.workspace_bytes(mode) bytes (the oracle checks the result)
+    and is refused with one byte less; a mode that is none of gemm::Mode's is refused, and so are
+    tuning attributes out of their sets."""
+    rng = np.random.default_rng()
+    L, R, n, k = 5, 150, 136, 264
+    x = jnp.asarray(rng.normal(size=(R, k)).astype(np.float32)).astype(BF16)
+    sizes = _sizes(rng, L, R - 5, "zeros")
+    xf = np.asarray(x.astype(jnp.float32), np.float64)
+    if mode == gemm_ffi._MODE_WGRAD:
+        w = jnp.asarray(rng.normal(size=(R, n)).astype(np.float32)).astype(BF16)   # dY
+        y_shape, y_dtype = (L, n, k), jnp.float32
+        ref = _wgrad_oracle(xf, np.asarray(w.astype(jnp.float32), np.float64), sizes)
+    else:
+        transpose = mode == gemm_ffi._MODE_TRANSPOSE_W
+        w = jnp.asarray(rng.normal(size=(L, k, n) if transpose else (L, n, k)).astype(np.float32)).astype(BF16)
+        wf = np.asarray(w.astype(jnp.float32), np.float64)
+        y_shape, y_dtype = (R, n), BF16
+        ref, _ = _oracle_ragged(xf, wf.transpose(0, 2, 1) if transpose else wf, sizes)
+    ws = gemm_ffi._gemm_module().workspace_bytes(False, y_dtype == jnp.float32, mode, L, R, n, k, False)
+    gs = jnp.asarray(sizes)
+    y = np.asarray(_raw_call(x, w, gs, ws, mode, y_shape, y_dtype).astype(jnp.float32), np.float64)
+    assert _rel(y, ref) < TOL
+    with pytest.raises(Exception, match="workspace too small"):
+        _raw_call(x, w, gs, ws - 1, mode, y_shape, y_dtype)
+    with pytest.raises(Exception, match="mode must be"):
+        _raw_call(x, w, gs, ws, 3, y_shape, y_dtype)
+    for bad in (dict(tile_m=32), dict(raster=3), dict(swizzle=3)):
+        with pytest.raises(Exception, match="tile_m must be 0"):
+            _raw_call(x, w, gs, ws, mode, y_shape, y_dtype, **bad)
+
+
 # --- inside an XLA command buffer (CUDA graph): group sizes must come from the device every call ------------
 def test_in_command_buffer_with_changing_group_sizes():
     """One jitted step with the fp8 MLP, a bf16 GEMM, the dgrad and the wgrad (more custom calls than
@@ -383,3 +526,64 @@ def test_in_command_buffer_with_changing_group_sizes():
                 assert (dw[l] == 0).all(), f"trial {trial}: empty group {l}"
             else:
                 assert _rel(dw[l], refdw[l]) < TOL, f"trial {trial}: wgrad group {l}"
+
+
+# --- a replicated weight inside shard_map: its gradient sums over the ranks --------------------------------
+@pytest.mark.parametrize("layout", ["ragged", "expert_major"])
+def test_replicated_weight_gradient_under_shard_map(layout):
+    """w replicated (in_specs P()) while x, the group sizes and the cotangent vary per rank, with
+    impl="native": dw must be the sum over the ranks of each rank's dy_l^T x_l, equal to the plain-JAX
+    implementation's gradient and to an f64 oracle. gemm_ffi types its results as varying over the
+    mesh axes its inputs vary over; typed as replicated, the custom_vjp's cotangent for w would skip
+    its sum over the ranks (or fail shard_map's type check). Every GPU of the host is a rank."""
+    import jax_moe_a2a as a2a
+    from jax.sharding import Mesh, PartitionSpec as P
+    from jax_moe_a2a.testing import shard_map
+    rng = np.random.default_rng()
+    devs = jax.devices()
+    n, L, k, nout = len(devs), 4, 128, 136
+    mesh = Mesh(np.array(devs), ("ep",))
+    if layout == "ragged":
+        R = 96
+        lead = (R,)
+        sizes = np.stack([_sizes(rng, L, R - 5, "zeros") for _ in range(n)])  # rows past the groups on each rank
+    else:
+        C = 40
+        lead = (L, C)
+        sizes = rng.integers(0, C + 1, size=(n, L)).astype(np.int32)
+        sizes[:, 0] = 0
+    xr = rng.normal(size=(n,) + lead + (k,)).astype(np.float32)
+    ctr = rng.normal(size=(n,) + lead + (nout,)).astype(np.float32)
+    x = jnp.asarray(xr.reshape((-1,) + xr.shape[2:])).astype(BF16)
+    ct = jnp.asarray(ctr.reshape((-1,) + ctr.shape[2:]))
+    gs = jnp.asarray(sizes.reshape(-1))
+    w = jnp.asarray(rng.normal(size=(L, nout, k)).astype(np.float32)).astype(BF16)
+
+    def grads(impl):
+        def per_rank(x, gs, w, ct):
+            y = a2a.grouped_matmul(x, w, gs, out_dtype=jnp.float32, impl=impl)
+            return jnp.sum(y * ct)[None]
+        f = shard_map(per_rank, mesh=mesh, in_specs=(P("ep"), P("ep"), P(), P("ep")), out_specs=P("ep"))
+        return jax.jit(jax.grad(lambda x, w: jnp.sum(f(x, gs, w, ct)), (0, 1)))(x, w)
+
+    dx_n, dw_n = grads("native")
+    dx_x, dw_x = grads("xla")
+    xf = np.asarray(x.astype(jnp.float32), np.float64).reshape((n,) + lead + (k,))
+    ctf = np.asarray(ctr, np.float64)
+    want = np.zeros((L, nout, k))
+    for r in range(n):
+        for l in range(L):
+            if layout == "ragged":
+                off = int(sizes[r, :l].sum())
+                rows = slice(off, off + int(sizes[r, l]))
+                want[l] += ctf[r][rows].T @ xf[r][rows]
+            else:
+                c = int(sizes[r, l])
+                want[l] += ctf[r, l, :c].T @ xf[r, l, :c]
+    dw_n, dw_x = (np.asarray(a.astype(jnp.float32), np.float64) for a in (dw_n, dw_x))
+    assert dw_n.shape == (L, nout, k)
+    assert _rel(dw_n, want) < TOL, "native dw is not the sum over the ranks"
+    assert _rel(dw_x, want) < TOL, "plain-JAX dw is not the sum over the ranks (the oracle or the test is wrong)"
+    np.testing.assert_allclose(dw_n, dw_x, rtol=2.0**-6, atol=2.0**-7 * np.abs(dw_x).max())
+    np.testing.assert_allclose(np.asarray(dx_n.astype(jnp.float32)), np.asarray(dx_x.astype(jnp.float32)),
+                               rtol=2.0**-6, atol=2.0**-7 * float(np.abs(np.asarray(dx_x.astype(jnp.float32))).max()))

@@ -29,7 +29,7 @@ const char* const kNative[] = {
     "PROXY_PIPELINE",
     "PROXY_MAX_SLEEP_US", "PROXY_IDLE_MS", "PROXY_IDLE_SLEEP_US", "KERNEL_TIMING", "DISPATCH_SEND",
     "GDRCOPY", "STAGING", "GDRCOPY_LIB", "GDRCOPY_DEV", "HOST_FLAG_MIRROR", "HOST_STAGED",
-    "HOST_RECV_PAUSE_S", "HOST_PACK_PAUSE_S", "GEMM_TILE_M",
+    "HOST_RECV_PAUSE_S", "HOST_PACK_PAUSE_S",
 };
 const int kNumNative = sizeof(kNative) / sizeof(kNative[0]);
 

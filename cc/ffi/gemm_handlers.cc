@@ -20,13 +20,13 @@ ffi::Error launch_failed(const char* what, cudaError_t rc) {
                     std::string("jax_moe_a2a: ") + what + " launch failed: " + cudaGetErrorString(rc));
 }
 
-// The wgrad form (mode 2): x = X [R, K] or [L, C, K], dy = dY [R, N] or [L, C, N] (the same rows),
+// The wgrad form (kWgrad): x = X [R, K] or [L, C, K], dy = dY [R, N] or [L, C, N] (the same rows),
 // y = dW [L, N, K] f32 with dW[l] = dY_l^T X_l over group l's rows; L = group_sizes' length.
 ffi::Error DecodeWgrad(const ffi::AnyBuffer& x, const ffi::AnyBuffer& dy, const ffi::Buffer<ffi::S32>& group_sizes,
                        ffi::Result<ffi::AnyBuffer>& y, g::GroupedGemmParams& p) {
   auto xd = x.dimensions();
   auto dd = dy.dimensions();
-  p.wgrad = true;
+  p.mode = g::Mode::kWgrad;
   p.num_groups = static_cast<int64_t>(group_sizes.element_count());
   if (xd.size() != dd.size() || (xd.size() != 2 && xd.size() != 3))
     return invalid("grouped_gemm wgrad: x and dy must both be [R, .] or both [L, C, .]");
@@ -48,19 +48,20 @@ ffi::Error DecodeWgrad(const ffi::AnyBuffer& x, const ffi::AnyBuffer& dy, const 
   return ffi::Error::Success();
 }
 
-// The forward form (mode 0, or 1 = transpose_w): x [R, K] (ragged) or [L, C, K] (expert_major)
-// bf16 / f8e4m3fn; w [L, N, K] (or [L, K, N] with transpose_w); x_scale f32 [rows, K/128] and
+// The forward form (kForward, or kTransposeW): x [R, K] (ragged) or [L, C, K] (expert_major)
+// bf16 / f8e4m3fn; w [L, N, K] (or [L, K, N] in kTransposeW); x_scale f32 [rows, K/128] and
 // w_scale f32 [L, N/128, K/128] (fp8; empty for bf16); y [rows, N] / [L, C, N] bf16 or f32.
 ffi::Error DecodeForward(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const ffi::Buffer<ffi::S32>& group_sizes,
                          ffi::Buffer<ffi::F32>& x_scale, ffi::Buffer<ffi::F32>& w_scale,
-                         ffi::Result<ffi::AnyBuffer>& y, bool transpose_w, g::GroupedGemmParams& p) {
+                         ffi::Result<ffi::AnyBuffer>& y, g::Mode mode, g::GroupedGemmParams& p) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   if (wd.size() != 3) return invalid("grouped_gemm: w must be 3-D");
   p.num_groups = wd[0];
-  p.transpose_w = transpose_w;
-  p.n = p.transpose_w ? wd[2] : wd[1];
-  p.k = p.transpose_w ? wd[1] : wd[2];
+  p.mode = mode;
+  const bool transpose_w = mode == g::Mode::kTransposeW;
+  p.n = transpose_w ? wd[2] : wd[1];
+  p.k = transpose_w ? wd[1] : wd[2];
   if (xd.size() == 2) {
     p.layout = g::Layout::kRagged;
     p.rows = xd[0];
@@ -101,14 +102,19 @@ ffi::Error DecodeForward(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const
   return ffi::Error::Success();
 }
 
-// mode: 0 forward, 1 forward with transpose_w (the bf16 dgrad), 2 wgrad (w is then dY). workspace u8.
+// mode: g::Mode's value: 0 forward, 1 transpose_w (the bf16 dgrad), 2 wgrad (w is then dY). workspace u8,
+// exactly _C.gemm.workspace_bytes(...) of the same mode and tuning (checked by the launch).
+// tile_m, raster, swizzle: g::TuningRequest (0, 0, 1 unless JAX_MOE_A2A_GEMM_TILE_M forces them).
 ffi::Error GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> group_sizes,
                            ffi::Buffer<ffi::F32> x_scale, ffi::Buffer<ffi::F32> w_scale, ffi::Result<ffi::AnyBuffer> y,
-                           ffi::Result<ffi::Buffer<ffi::U8>> workspace, int32_t mode) {
+                           ffi::Result<ffi::Buffer<ffi::U8>> workspace, int32_t mode, int32_t tile_m, int32_t raster,
+                           int32_t swizzle) {
   g::GroupedGemmParams p;
-  if (mode < 0 || mode > 2) return invalid("grouped_gemm: mode must be 0, 1 or 2");
-  ffi::Error decoded = mode == 2 ? DecodeWgrad(x, w, group_sizes, y, p)
-                                 : DecodeForward(x, w, group_sizes, x_scale, w_scale, y, mode == 1, p);
+  g::Mode m;
+  if (!g::mode_from_int(mode, m)) return invalid("grouped_gemm: mode must be 0 (forward), 1 (transpose_w) or 2 (wgrad)");
+  if (!g::tuning_from_ints(tile_m, raster, swizzle, p.tuning)) return invalid(std::string("grouped_gemm: ") + g::kTuningValues);
+  ffi::Error decoded = m == g::Mode::kWgrad ? DecodeWgrad(x, w, group_sizes, y, p)
+                                            : DecodeForward(x, w, group_sizes, x_scale, w_scale, y, m, p);
   if (decoded.failure()) return decoded;
   if (const char* why = g::unsupported_reason(p)) return invalid(std::string("grouped_gemm: ") + why);
   p.x = x.untyped_data();
@@ -117,8 +123,11 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
   p.y = y->untyped_data();
   p.workspace = workspace->untyped_data();
   p.workspace_size = workspace->element_count();
-  if (p.workspace_size < g::workspace_bytes(p, 0)) return invalid("grouped_gemm: workspace too small");
-  if (cudaError_t rc = g::launch_grouped_gemm(p, stream); rc != cudaSuccess) return launch_failed("grouped_gemm", rc);
+  const g::LaunchStatus st = g::launch_grouped_gemm(p, stream);
+  if (st.workspace_short(p))
+    return invalid("grouped_gemm: workspace too small: " + std::to_string(p.workspace_size) + " bytes, the kernel needs " +
+                   std::to_string(st.workspace_needed));
+  if (st.error != cudaSuccess) return launch_failed("grouped_gemm", st.error);
   return ffi::Error::Success();
 }
 
@@ -158,7 +167,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aGroupedGemmCuda, GroupedGemmImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::U8>>()
-                                  .Attr<int32_t>("mode"),
+                                  .Attr<int32_t>("mode")
+                                  .Attr<int32_t>("tile_m")
+                                  .Attr<int32_t>("raster")
+                                  .Attr<int32_t>("swizzle"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aSwigluCuda, SwigluImpl,

@@ -29,7 +29,7 @@ using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>
 
 // How a configuration maps the grouped problem onto CUTLASS's (M, N, K) per group (l):
 //   kFwd:    M = the group's rows, N = n, K = k. A = x rows [m, K] (K-major), B = w[l] [N, K]
-//            (ColumnMajor: K-major) or [K, N] (transpose_w: RowMajor), D = y rows [m, N] row-major.
+//            (ColumnMajor: K-major) or [K, N] (Mode::kTransposeW: RowMajor), D = y rows [m, N] row-major.
 //   kWgrad:  dW[l] = dY_l^T X_l: M = n (dY's columns), N = k (X's columns), K = the group's rows.
 //            A = dY rows viewed [n, m] (ColumnMajor: M contiguous), B = X rows viewed [k, m]
 //            (RowMajor in CUTLASS's [K, N] sense: N contiguous), D = dW[l] [n, k] row-major.
@@ -135,50 +135,32 @@ struct GroupArrays {
 
 constexpr int kSetupThreads = 1024;
 
-// Rows of group l that the GEMM covers, computed by the whole block (every thread gets it; all
-// threads must call): ragged m_l = clamp(group_sizes[l], 0, R - off_l) with off_l the sum of the
-// earlier groups' clamped sizes; expert_major m_l = clamp(counts[l], 0, C).
-__device__ inline int64_t block_group_rows(const GroupedGemmParams& p, int64_t l) {
-  __shared__ unsigned long long before;
-  __shared__ int64_t result;
-  int64_t size = p.group_sizes[l];
-  size = size < 0 ? 0 : size;
-  if (p.layout == Layout::kExpertMajor || size == 0) return size < p.rows ? size : p.rows;
-  if (threadIdx.x == 0) before = 0;
-  __syncthreads();
-  unsigned long long part = 0;
-  for (int64_t j = threadIdx.x; j < l; j += blockDim.x) {
-    const int64_t s = p.group_sizes[j];
-    part += s > 0 ? static_cast<unsigned long long>(s) : 0ull;
-  }
-  if (part) atomicAdd(&before, part);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int64_t off = static_cast<int64_t>(before) < p.rows ? static_cast<int64_t>(before) : p.rows;
-    result = size < p.rows - off ? size : p.rows - off;
-  }
-  __syncthreads();
-  const int64_t m = result;
-  __syncthreads();  // `before` and `result` are reused by the next call
-  return m;
-}
-
 // Output rows no group writes get zeros (blocks 1.. of the prepare grid, 16-byte stores: n *
 // sizeof(ElemD) is a multiple of 16, checked by unsupported_reason). Forward: ragged rows >=
 // min(sum(group_sizes), R); expert_major rows (l, c) with c >= min(counts[l], C). Wgrad: all of
 // dW[l] [n, k] for the groups with no rows (the GEMM gets no tiles there).
 template <class ElemD>
 __device__ void zero_uncovered_rows(const GroupedGemmParams& p, int64_t first_block, int64_t blocks) {
-  if (p.wgrad) {
+  if (p.mode == Mode::kWgrad) {
+    // Group l has no rows (prepare_groups' m_l == 0) iff group_sizes[l] <= 0 or l >= first_full:
+    // ragged, the first group whose earlier groups' sizes (clamped at 0) already reach R (their sum
+    // only grows with l, so later groups start at R too); expert_major, L, or 0 when C == 0.
+    __shared__ int64_t first_full;
+    if (threadIdx.x == 0) {
+      int64_t l = 0;
+      if (p.layout == Layout::kRagged) {
+        for (int64_t before = 0; l < p.num_groups && before < p.rows; ++l)
+          before += p.group_sizes[l] > 0 ? p.group_sizes[l] : 0;
+      } else {
+        l = p.rows > 0 ? p.num_groups : 0;
+      }
+      first_full = l;
+    }
+    __syncthreads();
     const int64_t vec_per_row = p.k * static_cast<int64_t>(sizeof(ElemD)) / 16;
-    int64_t cached_l = -1;
-    bool empty = false;
     for (int64_t row = first_block; row < p.num_groups * p.n; row += blocks) {
       const int64_t l = row / p.n;
-      if (l != cached_l) {
-        empty = block_group_rows(p, l) == 0;
-        cached_l = l;
-      }
+      const bool empty = p.group_sizes[l] <= 0 || l >= first_full;
       if (!empty) continue;
       uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.y) + row * p.k * sizeof(ElemD));
       for (int64_t i = threadIdx.x; i < vec_per_row; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
@@ -311,23 +293,27 @@ typename Cfg::Gemm::Arguments make_arguments(const GroupedGemmParams& p, const G
   return args;
 }
 
+// CUTLASS's part of the workspace (first, rounded to 256 bytes); the group arrays follow it.
 template <class Cfg>
-size_t config_workspace_bytes(const GroupedGemmParams& p, int sm_count, const Tuning& tune) {
+size_t cutlass_part_bytes(const GroupedGemmParams& p, int sm_count, const Tuning& tune) {
   GroupArrays<Cfg> g{};
   auto args = make_arguments<Cfg>(p, g, sm_count, tune);
-  const size_t cutlass_bytes = Cfg::Gemm::get_workspace_size(args);
-  return (cutlass_bytes + 255) / 256 * 256 + GroupArrays<Cfg>::bytes(p.num_groups);
+  return (Cfg::Gemm::get_workspace_size(args) + 255) / 256 * 256;
 }
 
 template <class Cfg>
-cudaError_t run_config(const GroupedGemmParams& p, int sm_count, const Tuning& tune, cudaStream_t stream) {
-  GroupArrays<Cfg> probe{};
-  auto probe_args = make_arguments<Cfg>(p, probe, sm_count, tune);
-  const size_t cutlass_bytes = (Cfg::Gemm::get_workspace_size(probe_args) + 255) / 256 * 256;
-  if (p.workspace_size < cutlass_bytes + GroupArrays<Cfg>::bytes(p.num_groups)) return cudaErrorInvalidValue;
+size_t config_workspace_bytes(const GroupedGemmParams& p, int sm_count, const Tuning& tune) {
+  return cutlass_part_bytes<Cfg>(p, sm_count, tune) + GroupArrays<Cfg>::bytes(p.num_groups);
+}
+
+// The setup kernel and the grouped GEMM on `stream`, the workspace checked by run_config below
+// (cutlass_bytes: CUTLASS's part of it, rounded to 256; the group arrays follow).
+template <class Cfg>
+cudaError_t enqueue_config(const GroupedGemmParams& p, int sm_count, const Tuning& tune, size_t cutlass_bytes,
+                           cudaStream_t stream) {
   char* ws = static_cast<char*>(p.workspace);
   auto g = GroupArrays<Cfg>::carve(ws + cutlass_bytes, p.num_groups);
-  const int64_t total_rows = p.wgrad ? p.num_groups * p.n
+  const int64_t total_rows = p.mode == Mode::kWgrad ? p.num_groups * p.n
                              : p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
   const int zero_blocks = static_cast<int>(total_rows < 1024 ? total_rows : 1024);
   prepare_groups<Cfg><<<1 + zero_blocks, kSetupThreads, 0, stream>>>(p, g);
@@ -339,6 +325,20 @@ cudaError_t run_config(const GroupedGemmParams& p, int sm_count, const Tuning& t
   if (gemm.initialize(args, ws, stream) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
   if (gemm.run(stream) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
   return cudaGetLastError();
+}
+
+// The launch: the workspace's size is computed once, here (config_workspace_bytes' sum), and checked.
+template <class Cfg>
+LaunchStatus run_config(const GroupedGemmParams& p, int sm_count, const Tuning& tune, cudaStream_t stream) {
+  const size_t cutlass_bytes = cutlass_part_bytes<Cfg>(p, sm_count, tune);
+  LaunchStatus st;
+  st.workspace_needed = cutlass_bytes + GroupArrays<Cfg>::bytes(p.num_groups);
+  if (st.workspace_short(p)) {
+    st.error = cudaErrorInvalidValue;
+    return st;
+  }
+  st.error = enqueue_config<Cfg>(p, sm_count, tune, cutlass_bytes, stream);
+  return st;
 }
 
 }  // namespace a2a::gemm::detail

@@ -1,5 +1,5 @@
 // bf16 x bf16 grouped GEMMs, f32 accumulation: the forward (bf16 or f32 out; w as [L, N, K] or,
-// transpose_w, the backward's dgrad, [L, K, N]) and the backward's wgrad dW[l] = dY_l^T X_l (f32
+// Mode::kTransposeW, the backward's dgrad, [L, K, N]) and the backward's wgrad dW[l] = dY_l^T X_l (f32
 // out). Which configuration runs: kernels.h, choose().
 #include "gemm/cutlass_grouped.cuh"
 #include "gemm/kernels.h"
@@ -25,12 +25,12 @@ using WgradCfg32 = WgradConfig<float, cute::Shape<cute::_128, cute::_128, cute::
 using NK = ColumnMajor;  // w [N, K], K contiguous
 using KN = RowMajor;     // w [K, N], N contiguous
 
+// The configuration of p's mode and, for the forward, t's tile (the caller's choose(p)).
 template <class Fn>
-auto with_config(const GroupedGemmParams& p, Fn&& fn) {
-  if (p.wgrad) return fn(static_cast<WgradCfg32*>(nullptr));
-  if (p.transpose_w) return fn(static_cast<Bf16Cfg<BF16, KN>*>(nullptr));
-  const bool few = choose(p).tile != Tile::kTile128;
-  if (few)
+auto with_config(const GroupedGemmParams& p, const Tuning& t, Fn&& fn) {
+  if (p.mode == Mode::kWgrad) return fn(static_cast<WgradCfg32*>(nullptr));
+  if (p.mode == Mode::kTransposeW) return fn(static_cast<Bf16Cfg<BF16, KN>*>(nullptr));
+  if (t.tile == Tile::kTile64)
     return p.out == OutType::kF32 ? fn(static_cast<Bf16SmallCfg<float, NK>*>(nullptr))
                                   : fn(static_cast<Bf16SmallCfg<BF16, NK>*>(nullptr));
   return p.out == OutType::kF32 ? fn(static_cast<Bf16Cfg<float, NK>*>(nullptr))
@@ -39,16 +39,14 @@ auto with_config(const GroupedGemmParams& p, Fn&& fn) {
 
 }  // namespace
 
-size_t bf16_workspace_bytes(const GroupedGemmParams& p, int sm_count) {
-  const Tuning t = choose(p);
-  return with_config(p, [&](auto* cfg) {
+size_t bf16_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_count) {
+  return with_config(p, t, [&](auto* cfg) {
     return config_workspace_bytes<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t);
   });
 }
 
-cudaError_t run_bf16(const GroupedGemmParams& p, int sm_count, cudaStream_t stream) {
-  const Tuning t = choose(p);
-  return with_config(p, [&](auto* cfg) {
+LaunchStatus run_bf16(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream) {
+  return with_config(p, t, [&](auto* cfg) {
     return run_config<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t, stream);
   });
 }

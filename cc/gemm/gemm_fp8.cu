@@ -34,15 +34,13 @@ auto with_out(const GroupedGemmParams& p, const Tuning& t, Fn&& fn) {
 
 }  // namespace
 
-size_t fp8_workspace_bytes(const GroupedGemmParams& p, int sm_count) {
-  const Tuning t = choose(p);
+size_t fp8_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_count) {
   return with_out(p, t, [&](auto* cfg) {
     return config_workspace_bytes<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t);
   });
 }
 
-cudaError_t run_fp8(const GroupedGemmParams& p, int sm_count, cudaStream_t stream) {
-  const Tuning t = choose(p);
+LaunchStatus run_fp8(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream) {
   return with_out(p, t, [&](auto* cfg) {
     return run_config<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t, stream);
   });

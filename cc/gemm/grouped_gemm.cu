@@ -30,17 +30,18 @@ const char* unsupported_reason(const GroupedGemmParams& p) {
   if (p.num_groups < 0 || p.rows < 0 || p.n <= 0 || p.k <= 0) return "empty or negative N or K";
   if (p.num_groups * p.rows > (int64_t{1} << 31) - 1) return "more than 2^31 rows";
   if (p.n > (int64_t{1} << 31) - 1 || p.k > (int64_t{1} << 31) - 1) return "N or K over 2^31";
-  if (p.wgrad) {
-    if (p.in != InType::kBF16 || p.out != OutType::kF32 || p.transpose_w) return "wgrad is built for bf16 in, f32 out";
+  const bool transpose_w = p.mode == Mode::kTransposeW;
+  if (p.mode == Mode::kWgrad) {
+    if (p.in != InType::kBF16 || p.out != OutType::kF32) return "wgrad is built for bf16 in, f32 out";
     if (p.k % 8 != 0 || p.n % 8 != 0) return "wgrad needs K % 8 == 0 and N % 8 == 0 (16-byte rows)";
     return nullptr;
   }
   if (p.in == InType::kFp8) {
-    if (p.transpose_w) return "fp8 with transpose_w is not implemented natively";
+    if (transpose_w) return "fp8 with transpose_w is not implemented natively";
     if (p.k % 128 != 0 || p.n % 128 != 0) return "fp8 needs K % 128 == 0 and N % 128 == 0 (128x128 weight blocks)";
   } else {
     if (p.k % 8 != 0 || p.n % 8 != 0) return "bf16 needs K % 8 == 0 and N % 8 == 0 (16-byte rows)";
-    if (p.transpose_w && p.out != OutType::kBF16) return "transpose_w is built for bf16 out only";
+    if (transpose_w && p.out != OutType::kBF16) return "transpose_w is built for bf16 out only";
   }
   if (p.out == OutType::kF32 && p.n % 4 != 0) return "f32 out needs N % 4 == 0";
   return nullptr;
@@ -48,13 +49,14 @@ const char* unsupported_reason(const GroupedGemmParams& p) {
 
 size_t workspace_bytes(const GroupedGemmParams& p, int device_sm_count) {
   const int sm = device_sm_count > 0 ? device_sm_count : sm_count_of_current_device();
-  return p.in == InType::kFp8 ? detail::fp8_workspace_bytes(p, sm) : detail::bf16_workspace_bytes(p, sm);
+  const detail::Tuning t = detail::choose(p);
+  return p.in == InType::kFp8 ? detail::fp8_workspace_bytes(p, t, sm) : detail::bf16_workspace_bytes(p, t, sm);
 }
 
-cudaError_t launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
-  if (unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
+LaunchStatus launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   const int sm = sm_count_of_current_device();
-  return p.in == InType::kFp8 ? detail::run_fp8(p, sm, stream) : detail::run_bf16(p, sm, stream);
+  const detail::Tuning t = detail::choose(p);
+  return p.in == InType::kFp8 ? detail::run_fp8(p, t, sm, stream) : detail::run_bf16(p, t, sm, stream);
 }
 
 namespace {
