@@ -341,4 +341,23 @@ LaunchStatus run_config(const GroupedGemmParams& p, int sm_count, const Tuning& 
   return st;
 }
 
+// What a dtype file's with_config hands the configuration it picks (as a null Cfg*): its workspace
+// size, or its launch.
+struct WorkspaceOf {
+  const GroupedGemmParams& p;
+  int sm_count;
+  const Tuning& tune;
+  template <class Cfg>
+  size_t operator()(Cfg*) const { return config_workspace_bytes<Cfg>(p, sm_count, tune); }
+};
+
+struct LaunchOf {
+  const GroupedGemmParams& p;
+  int sm_count;
+  const Tuning& tune;
+  cudaStream_t stream;
+  template <class Cfg>
+  LaunchStatus operator()(Cfg*) const { return run_config<Cfg>(p, sm_count, tune, stream); }
+};
+
 }  // namespace a2a::gemm::detail

@@ -40,15 +40,11 @@ auto with_config(const GroupedGemmParams& p, const Tuning& t, Fn&& fn) {
 }  // namespace
 
 size_t bf16_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_count) {
-  return with_config(p, t, [&](auto* cfg) {
-    return config_workspace_bytes<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t);
-  });
+  return with_config(p, t, WorkspaceOf{p, sm_count, t});
 }
 
 LaunchStatus run_bf16(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream) {
-  return with_config(p, t, [&](auto* cfg) {
-    return run_config<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t, stream);
-  });
+  return with_config(p, t, LaunchOf{p, sm_count, t, stream});
 }
 
 }  // namespace a2a::gemm::detail

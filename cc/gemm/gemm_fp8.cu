@@ -35,15 +35,11 @@ auto with_out(const GroupedGemmParams& p, const Tuning& t, Fn&& fn) {
 }  // namespace
 
 size_t fp8_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_count) {
-  return with_out(p, t, [&](auto* cfg) {
-    return config_workspace_bytes<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t);
-  });
+  return with_out(p, t, WorkspaceOf{p, sm_count, t});
 }
 
 LaunchStatus run_fp8(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream) {
-  return with_out(p, t, [&](auto* cfg) {
-    return run_config<std::remove_pointer_t<decltype(cfg)>>(p, sm_count, t, stream);
-  });
+  return with_out(p, t, LaunchOf{p, sm_count, t, stream});
 }
 
 }  // namespace a2a::gemm::detail
