@@ -43,20 +43,23 @@ def _inputs(spec, n, mesh, count):
     return ins, args
 
 
-def _check(spec, n, ins, outs):
-    for inp, out in zip(ins, outs):
+def _check(spec, ins, outs):
+    for inp, out in zip(ins, outs, strict=True):
         want = oracle.combine(spec, inp, T.expert_fn_np, jnp.float32)
         for r, got in T.local_ranks_of(out).items():
             T.check_combine(spec, r, want[r], got)
 
 
-def _run(comm, mesh, per_rank, args, count, steps=3):
+def _run_and_check(comm, spec, mesh, per_rank, ins, args, steps=3):
+    """`steps` runs of per_rank, each from poisoned memory and checked against the oracle; closes comm."""
     f = jax.jit(T.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"),) * len(args),
-                            out_specs=tuple(P("ep") for _ in range(count))))
-    for _ in range(steps):  # every step from poisoned memory
-        T.poison_devices(mesh)
-        outs = jax.block_until_ready(f(*args))
-    return outs
+                            out_specs=tuple(P("ep") for _ in ins)))
+    try:
+        for _ in range(steps):
+            T.poison_devices(mesh)
+            _check(spec, ins, jax.block_until_ready(f(*args)))
+    finally:
+        comm.close()
 
 
 def _layer(comm, spec, n, x, i, w, nt, **kw):
@@ -76,9 +79,7 @@ def test_independent_layers_on_one_slot(variant, mesh):
     def per_rank(*a):
         return tuple(_layer(comm, spec, n, *a[4 * j:4 * j + 4], slot=0) for j in range(3))
 
-    outs = _run(comm, mesh, per_rank, args, 3)
-    comm.close()
-    _check(spec, n, ins, outs)
+    _run_and_check(comm, spec, mesh, per_rank, ins, args)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -99,6 +100,4 @@ def test_independent_uses_after_a_combine_on_another_slot(variant, mesh):
         ob = _layer(comm, spec, n, xb, ib, wb, nb, slot=1)
         return oa, ob, oc
 
-    outs = _run(comm, mesh, per_rank, args, 3)
-    comm.close()
-    _check(spec, n, ins, outs)
+    _run_and_check(comm, spec, mesh, per_rank, ins, args)
