@@ -388,13 +388,14 @@ class Communicator:
         Returns: a CombineHandle for `combine_recv`.
         """
         y, slot = self._check_combine(y, got, slot)
-        if slot != got.slot:  # the dispatch's slot is done once its rows are read back here; the
+        moved = slot != got.slot
+        if moved:  # the dispatch's slot is done once its rows are read back here; the
             self._slots.move(got.slot, slot, self.spec.slots)  # combine's, busy until combine_recv
             after = self._chain.follow(slot, after)  # after that slot's last exchange in this trace
         if self.spec.is_fp8:  # one rule on every backend: no gradient through an fp8 dispatch's combine
             y = autodiff.fp8_guard(y, "combine")
         handle = self._combine_send(y, got, slot, after=after)
-        if slot != got.slot:  # the dispatch's slot's next use follows this send
+        if moved:  # the dispatch's slot's next use follows this send
             self._chain.record(got.slot, handle.wire)
         return handle
 

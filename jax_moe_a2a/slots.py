@@ -24,16 +24,21 @@ def _trace_state():
         return None
 
 
+def _trace_of(state):
+    """The trace of `state` while it lives, else None (also where JAX does not say)."""
+    ref = getattr(state, "_trace_ref", None)
+    return ref() if callable(ref) else None
+
+
 def _alive(state) -> bool:
     ref = getattr(state, "_trace_ref", None)
-    return ref is None or not callable(ref) or ref() is not None
+    return not callable(ref) or ref() is not None  # where JAX does not say: taken as alive
 
 
 def _enclosing(state) -> list:
     """The traces enclosing the one of `state`, nearest first (`parent_trace`, jax 0.10, 0.11), or
     [] where JAX does not say."""
-    ref = getattr(state, "_trace_ref", None)
-    trace = ref() if callable(ref) else None
+    trace = _trace_of(state)
     out = []
     while trace is not None and len(out) < 1000:
         trace = getattr(trace, "parent_trace", None)
@@ -147,9 +152,10 @@ class SlotTracker:
         # enclosing trace that holds it; where none does (JAX does not say which traces
         # enclose this one, or the cycle began in a trace apart from them), in every trace
         # that holds it, rather than refuse the next dispatch there.
+        holding = [(_trace_of(t), d) for t, d in self._tables.traces if slot in d]
         for trace in _enclosing(state):
-            for t, d in self._tables.traces:
-                if getattr(t, "_trace_ref", lambda: None)() is trace and slot in d:
+            for tr, d in holding:
+                if tr is trace:
                     d.pop(slot)
                     return
         for _, d in self._tables.traces:
