@@ -34,7 +34,9 @@ ffi::Error run(const char* op, int64_t comm_id, ffi::Buffer<ffi::S32> rank_buf, 
     comm->check_usable();
     a2a::host::RankComm& rc = comm->rank(rank);
     // A write to a peer that takes none (its process is gone) fails within the op's timeout and
-    // names that peer, as a wait for it does (not after the engine's 30 s post timeout).
+    // names that peer, as a wait for it does (not after the engine's 30 s post timeout). The bound
+    // is this thread's: in proxied mode the proxy thread posts the rows and keeps post_timeout_s
+    // (its own timeout names the missing peers).
     a2a::transfer::PostTimeout bound(rc.timeout_s());
     f(rc);
     return ffi::Error::Success();
