@@ -57,7 +57,10 @@ __global__ void __launch_bounds__(gpu::kThreads) dispatch_send_kernel(gpu::Dispa
     stage_meta[(i / g.L) * words + i % g.L] = cnt[i];
   for (int d = ix.gtid; d < g.N; d += ix.gstride) stage_meta[d * words + g.L] = s.c_off[int64_t(member) * g.N + d];
   const int64_t body = g.payload + 4 * int64_t(g.S);  // payload then fp8 scales
-  for (int64_t q = ix.gwarp; q < int64_t(g.T) * g.K; q += ix.nwarps) {  // warp per pair of our member
+  // Warp per pair of our member, dealt across blocks first (gpu::warp_across_blocks): at decode
+  // (1,024 pairs, 132 x 16 warps) every SM puts about 8 rows instead of 64 SMs putting 16 each
+  // while the other 68 idle; each put is a warp copy plus a system fence and a signal.
+  for (int64_t q = gpu::warp_across_blocks(); q < int64_t(g.T) * g.K; q += ix.nwarps) {
     const int e = s.pair_expert[q];
     const int t = q / g.K;
     if (e < 0 || t % g.tp != member) continue;
