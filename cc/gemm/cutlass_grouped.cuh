@@ -167,26 +167,30 @@ __device__ void zero_uncovered_rows(const GroupedGemmParams& p, int64_t first_bl
     }
     return;
   }
-  __shared__ int64_t valid_total;
+  // Ragged: the rows below sum(group_sizes) are the GEMM's; only the rows past it are visited (the
+  // sum over the groups in parallel: one thread's serial loop over them cost ~20 us at prefill).
+  __shared__ unsigned long long valid_sum;
+  int64_t first_row = first_block;
   if (p.layout == Layout::kRagged) {
-    if (threadIdx.x == 0) {
-      int64_t t = 0;
-      for (int64_t l = 0; l < p.num_groups; ++l) t += p.group_sizes[l] > 0 ? p.group_sizes[l] : 0;
-      valid_total = t < p.rows ? t : p.rows;
-    }
+    if (threadIdx.x == 0) valid_sum = 0;
     __syncthreads();
+    unsigned long long t = 0;
+    for (int64_t l = threadIdx.x; l < p.num_groups; l += blockDim.x)
+      t += p.group_sizes[l] > 0 ? static_cast<unsigned long long>(p.group_sizes[l]) : 0ull;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) t += __shfl_down_sync(0xffffffffu, t, off);
+    if ((threadIdx.x & 31) == 0 && t != 0) atomicAdd(&valid_sum, t);
+    __syncthreads();
+    const int64_t valid_total = valid_sum < static_cast<unsigned long long>(p.rows) ? static_cast<int64_t>(valid_sum) : p.rows;
+    first_row = valid_total + first_block;
   }
   const int64_t vec_per_row = p.n * static_cast<int64_t>(sizeof(ElemD)) / 16;
   const int64_t total_rows = p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
-  for (int64_t row = first_block; row < total_rows; row += blocks) {
-    bool zero;
-    if (p.layout == Layout::kRagged) {
-      zero = row >= valid_total;
-    } else {
+  for (int64_t row = first_row; row < total_rows; row += blocks) {
+    if (p.layout == Layout::kExpertMajor) {  // ragged rows from first_row on are all past the groups
       const int64_t l = row / p.rows, c = row % p.rows;
-      zero = c >= static_cast<int64_t>(p.group_sizes[l]);
+      if (c < static_cast<int64_t>(p.group_sizes[l])) continue;
     }
-    if (!zero) continue;
     uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.y) + row * p.n * sizeof(ElemD));
     for (int64_t i = threadIdx.x; i < vec_per_row; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
   }
@@ -315,7 +319,10 @@ cudaError_t enqueue_config(const GroupedGemmParams& p, int sm_count, const Tunin
   auto g = GroupArrays<Cfg>::carve(ws + cutlass_bytes, p.num_groups);
   const int64_t total_rows = p.mode == Mode::kWgrad ? p.num_groups * p.n
                              : p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
-  const int zero_blocks = static_cast<int>(total_rows < 1024 ? total_rows : 1024);
+  // Zeroing blocks: two per SM, each striding over rows (1,024 of them, most with nothing to do,
+  // cost ~6 us at decode).
+  const int64_t max_zero_blocks = 2 * static_cast<int64_t>(sm_count > 0 ? sm_count : 132);
+  const int zero_blocks = static_cast<int>(total_rows < max_zero_blocks ? total_rows : max_zero_blocks);
   prepare_groups<Cfg><<<1 + zero_blocks, kSetupThreads, 0, stream>>>(p, g);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (p.num_groups == 0 || p.n == 0) return cudaSuccess;

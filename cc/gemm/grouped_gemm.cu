@@ -110,6 +110,63 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, 
   }
 }
 
+// The common case, vectorised (block == 128, f % 128 == 0, 16-byte aligned gu and h: profiled at
+// 28 % of DRAM bandwidth in the scalar kernel above at prefill, 448 us for 604 MB): one warp per
+// kVecItems consecutive (row, block) items, every load issued before any math, lane i holding
+// columns 4i..4i+3 of each block (two float4 loads, one 4-byte fp8 or 8-byte bf16 store). The
+// same arithmetic per value as swiglu_kernel, so both give identical bits.
+constexpr int kVecItems = 4;
+
+template <bool kQuant>
+__global__ void __launch_bounds__(kSwigluThreads) swiglu_vec_kernel(SwigluParams p, int64_t total) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w0 =
+      (static_cast<int64_t>(blockIdx.x) * (kSwigluThreads / 32) + (threadIdx.x >> 5)) * kVecItems;
+  if (w0 >= total) return;
+  const int64_t nb = p.f / 128;
+  float4 g[kVecItems], u[kVecItems];
+#pragma unroll
+  for (int j = 0; j < kVecItems; ++j) {
+    const int64_t w = w0 + j < total ? w0 + j : total - 1;  // warp-uniform; the tail's repeats are not stored
+    const float* gate = p.gu + (w / nb) * 2 * p.f + (w % nb) * 128 + lane * 4;
+    g[j] = __ldcs(reinterpret_cast<const float4*>(gate));  // read once: streaming loads
+    u[j] = __ldcs(reinterpret_cast<const float4*>(gate + p.f));
+  }
+#pragma unroll
+  for (int j = 0; j < kVecItems; ++j) {
+    const int64_t w = w0 + j;
+    if (w >= total) break;  // warp-uniform
+    const int64_t row = w / nb, b = w % nb;
+    const float gv[4] = {g[j].x, g[j].y, g[j].z, g[j].w}, uv[4] = {u[j].x, u[j].y, u[j].z, u[j].w};
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = gv[i] / (1.0f + expf(-gv[i])) * uv[i];
+    const int64_t out = row * p.f + b * 128 + lane * 4;
+    if constexpr (!kQuant) {
+      __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
+      uint2 bits;
+      bits.x = *reinterpret_cast<uint32_t*>(&lo);
+      bits.y = *reinterpret_cast<uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.h) + out) = bits;
+    } else {
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fp8_amax_term(v[i]));  // NaN, Inf count as 0
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+      const float s = fp8_block_scale(amax, false);
+      const float inv = __frcp_rn(s);
+      if (lane == 0) p.h_scale[row * nb + b] = s;
+      uint32_t q = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) q |= static_cast<uint32_t>(a2a::gpu::fp8_quantize_value(v[i], inv)) << (8 * i);
+      *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(p.h) + out) = q;
+    }
+  }
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
 }  // namespace
 
 cudaError_t launch_swiglu(const SwigluParams& p, cudaStream_t stream) {
@@ -117,6 +174,16 @@ cudaError_t launch_swiglu(const SwigluParams& p, cudaStream_t stream) {
   const int64_t total = p.rows * fp8_num_blocks(p.f, p.block);
   if (total == 0) return cudaSuccess;
   const int warps = kSwigluThreads / 32;
+  if (p.block == 128 && p.f % 128 == 0 && aligned16(p.gu) && aligned16(p.h)) {
+    const int64_t per_block = warps * kVecItems;
+    const unsigned grid = static_cast<unsigned>((total + per_block - 1) / per_block);
+    if (p.h_scale != nullptr) {
+      swiglu_vec_kernel<true><<<grid, kSwigluThreads, 0, stream>>>(p, total);
+    } else {
+      swiglu_vec_kernel<false><<<grid, kSwigluThreads, 0, stream>>>(p, total);
+    }
+    return cudaGetLastError();
+  }
   const unsigned grid = static_cast<unsigned>((total + warps - 1) / warps);
   if (p.h_scale != nullptr) {
     swiglu_kernel<true><<<grid, kSwigluThreads, 0, stream>>>(p, total);
