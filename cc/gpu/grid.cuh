@@ -26,6 +26,14 @@ struct GridIdx {
         gstride(int64_t(gridDim.x) * blockDim.x) {}
 };
 
+// The calling warp's index when work items are dealt warp w of every block before warp w + 1 of
+// any (a bijection onto [0, nwarps)): a grid with more warps than items then leaves a few warps of
+// every SM idle rather than whole SMs (with GridIdx::gwarp, 1,024 items on 132 x 16 warps load 64
+// SMs with 16 items each and leave 68 idle).
+__device__ __forceinline__ int64_t warp_across_blocks() {
+  return int64_t(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
+}
+
 // Launches `kernel` on `stream` as `blocks` x kThreads with `smem` bytes of dynamic shared memory
 // and the given parameter structs: cooperatively (every block co-resident, for kernels that call
 // grid.sync) or as a plain launch (kernels whose blocks never wait for each other).

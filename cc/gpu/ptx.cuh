@@ -1,5 +1,5 @@
-// The one header of PTX wrappers: system-scope acquire/release flags, the global timer, and
-// non-caching loads. Everything that crosses GPUs or processes goes through these.
+// The one header of PTX wrappers: system-scope acquire/release flags, the global timer,
+// non-caching loads and an L2 discard. Everything that crosses GPUs or processes goes through these.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +38,13 @@ __device__ __forceinline__ uint64_t globaltimer() {
 // Brings the line holding p into L1 without waiting for it (data of ours, ready at kernel entry,
 // that a later load will read after a wait on peers).
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
+// Drops the 128-byte line at p (128-byte aligned) from L2 without writing it back: its contents
+// become undefined. Only for lines of our own scratch that nothing will read again (a staging
+// row whose puts returned), so that they neither take L2 from live data nor cost a write-back.
+__device__ __forceinline__ void discard_l2_line(const void* p) {
+  asm volatile("discard.global.L2 [%0], 128;" ::"l"(p) : "memory");
+}
 
 // 16-byte load that bypasses L1 (data written by another GPU or process).
 __device__ __forceinline__ int4 ld_nc_v4(const int4* p) {

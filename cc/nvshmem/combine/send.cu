@@ -8,8 +8,10 @@
 // Remote peers (NvSlot::remote): y is XLA's buffer, not symmetric, so a row for a remote member
 // is first copied into the warp's bounce row (private, symmetric) and put from there with the
 // blocking put (the bounce row is free again when it returns); node-local members get it from y.
-// A dropped row needs no bounce: the zero row is symmetric already.
+// A dropped row needs no bounce: the zero row is symmetric already. Once a bounce row's puts
+// returned, its L2 lines are discarded (discard_bounce).
 #include <algorithm>
+#include <cstdint>
 
 #include "gpu/arrange.cuh"
 #include "gpu/copy.cuh"
@@ -17,11 +19,24 @@
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/kernel.cuh"
+#include "gpu/ptx.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
 
 namespace a2a::nvshmem {
 namespace {
+
+// A bounce row's puts have returned (blocking puts: the row may be reused), so its L2 lines are
+// dead: drop them without a write-back (only lines wholly inside the row; a neighbour's row may
+// share the others). Up to kBounceWarps rows of c_row bytes per slot (14.7 MB at decode) would
+// otherwise stay dirty in L2 next to the rows the peers put into our combine region, which our
+// combine_recv reads next, and be written back to memory for nothing.
+__device__ __forceinline__ void discard_bounce(uint8_t* row, int64_t bytes, int lane) {
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(row) + 127) & ~uintptr_t(127);
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(bytes)) & ~uintptr_t(127);
+  for (uintptr_t a = lo + uintptr_t(lane) * 128; a < hi; a += 32 * 128)
+    gpu::ptx::discard_l2_line(reinterpret_cast<const void*>(a));
+}
 
 __global__ void __launch_bounds__(gpu::kThreads) combine_send_kernel(gpu::CombineSendParams P, NvSlot nv) {
   extern __shared__ int32_t smem[];
@@ -48,14 +63,14 @@ __global__ void __launch_bounds__(gpu::kThreads) combine_send_kernel(gpu::Combin
     // What remote members' puts read: src itself when it is symmetric (the zero row of a dropped
     // row), else the row copied into this warp's bounce row, when some remote member needs it.
     const uint8_t* remote_src = src;
-    bool bounced = false;  // our bounce row holds this row: free it (__syncwarp) before the next
+    uint8_t* bounced = nullptr;  // our bounce row, when it holds this row: free it before the next
     if (r.pos >= 0 && (nv.remote & group & ~out)) {
       uint8_t* b = nv.bounce + P.p.slot * nv.lay.bounce_slot_bytes + int64_t(ix.gwarp) * stride;  // gwarp < kBounceWarps
       gpu::warp_copy(b, src, stride, ix.lane);
       __syncwarp();
       __threadfence();  // the row is in GPU memory before a transport (or its NIC) reads it
       remote_src = b;
-      bounced = true;
+      bounced = b;
     }
     for (int m = g0; m < g0 + g.tp; ++m) {
       if (left_out(out, m)) continue;  // elastic EP: a masked member of the source's group
@@ -67,7 +82,10 @@ __global__ void __launch_bounds__(gpu::kThreads) combine_send_kernel(gpu::Combin
       else
         put_row_signal(dst, src, stride, &signals_at(P.p, m)->c_rows[me], nv.pe[m]);
     }
-    if (bounced) __syncwarp();  // every lane's put returned before the next row overwrites it
+    if (bounced) {
+      __syncwarp();  // every lane's put returned before the next row overwrites it
+      discard_bounce(bounced, stride, ix.lane);
+    }
   }
   if (!gpu::last_block_done(ep->done_of(Half::kCombineSend))) return;
   gpu::owe_free(g, P.p, Half::kCombineSend, due, out);  // every live rank frees this epoch for us

@@ -57,7 +57,10 @@ __global__ void __launch_bounds__(gpu::kThreads) dispatch_send_kernel(gpu::Dispa
     stage_meta[(i / g.L) * words + i % g.L] = cnt[i];
   for (int d = ix.gtid; d < g.N; d += ix.gstride) stage_meta[d * words + g.L] = s.c_off[int64_t(member) * g.N + d];
   const int64_t body = g.payload + 4 * int64_t(g.S);  // payload then fp8 scales
-  for (int64_t q = ix.gwarp; q < int64_t(g.T) * g.K; q += ix.nwarps) {  // warp per pair of our member
+  // Warp per pair of our member, dealt across blocks first (gpu::warp_across_blocks): at decode
+  // (1,024 pairs, 132 x 16 warps) every SM puts about 8 rows instead of 64 SMs putting 16 each
+  // while the other 68 idle; each put is a warp copy plus a system fence and a signal.
+  for (int64_t q = gpu::warp_across_blocks(); q < int64_t(g.T) * g.K; q += ix.nwarps) {
     const int e = s.pair_expert[q];
     const int t = q / g.K;
     if (e < 0 || t % g.tp != member) continue;
@@ -69,8 +72,10 @@ __global__ void __launch_bounds__(gpu::kThreads) dispatch_send_kernel(gpu::Dispa
       m[0] = t;
       m[1] = __float_as_int(P.weights[q]);
     }
-    put_row_signal(P.p.peer_shared[d] + nv.lay.off_rows + (int64_t(me) * g.P + j) * g.row,
-                   P.p.priv + g.off_staging + int64_t(t) * g.row, body, &signals_at(P.p, d)->d_rows[me], nv.pe[d]);
+    const uint8_t* staged = P.p.priv + g.off_staging + int64_t(t) * g.row;  // staged before the grid sync
+    prefetch_source_l1(staged, body, ix.lane);
+    put_row_signal(P.p.peer_shared[d] + nv.lay.off_rows + (int64_t(me) * g.P + j) * g.row, staged, body,
+                   &signals_at(P.p, d)->d_rows[me], nv.pe[d]);
   }
   // The last block to finish: one meta block per destination (warp per destination), epoch, handle.
   if (!gpu::last_block_done(ep->done_of(Half::kDispatchSend))) return;
@@ -80,9 +85,10 @@ __global__ void __launch_bounds__(gpu::kThreads) dispatch_send_kernel(gpu::Dispa
     int rows = 0;
     for (int l = ix.lane; l < g.L; l += 32) rows += cnt[int64_t(d) * g.L + l];
     for (int off = 16; off > 0; off >>= 1) rows += __shfl_xor_sync(0xffffffffu, rows, off);
-    nvshmemx_putmem_signal_nbi_warp(meta_at(P.p, nv.lay, d, me), stage_meta + d * words,
-                                    4 * static_cast<size_t>(meta_head_words(g) + 2 * int64_t(rows)), &signals_at(P.p, d)->d_meta[me],
-                                    epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[d]);
+    const int64_t meta_bytes = 4 * (meta_head_words(g) + 2 * int64_t(rows));
+    prefetch_source_l1(stage_meta + d * words, meta_bytes, ix.lane);  // written by every block before last_block_done
+    nvshmemx_putmem_signal_nbi_warp(meta_at(P.p, nv.lay, d, me), stage_meta + d * words, static_cast<size_t>(meta_bytes),
+                                    &signals_at(P.p, d)->d_meta[me], epoch + 1, NVSHMEM_SIGNAL_SET, nv.pe[d]);
   }
   gpu::owe_free(g, P.p, Half::kDispatchSend, due, out);  // every live rank frees this epoch for us
   if (threadIdx.x == 0) {
