@@ -46,8 +46,7 @@ _MODE_FORWARD, _MODE_TRANSPOSE_W, _MODE_WGRAD = 0, 1, 2
 @dataclasses.dataclass(frozen=True)
 class Tuning:
     """The kernel configuration a call asks for (gemm::TuningRequest, cc/gemm/grouped_gemm.h):
-    tile_m 0 (auto: 64-row tiles when the mean rows per expert is <= 128, else 128), 64 or 128, or
-    -160 / -128: the fp8 forward's swap-AB tiles (128 weight rows x 160 / 128 tokens; bf16 takes 64);
+    tile_m 0 (auto: 64-row tiles when the mean rows per expert is <= 128, else 128), 64 or 128;
     raster 0 (along M), 1 (along N) or 2 (CUTLASS's heuristic); swizzle 1, 2, 4 or 8 (maximum)."""
     tile_m: int = 0
     raster: int = 0
@@ -59,17 +58,15 @@ class Tuning:
 
 
 # JAX_MOE_A2A_GEMM_TILE_M's words and the field each sets
-_TUNING_WORDS = {"64": ("tile_m", 64), "128": ("tile_m", 128), "swap160": ("tile_m", -160),
-                 "swap128": ("tile_m", -128), "rasterM": ("raster", 0), "rasterN": ("raster", 1),
+_TUNING_WORDS = {"64": ("tile_m", 64), "128": ("tile_m", 128), "rasterM": ("raster", 0), "rasterN": ("raster", 1),
                  "rasterH": ("raster", 2), "s1": ("swizzle", 1), "s2": ("swizzle", 2), "s4": ("swizzle", 4),
                  "s8": ("swizzle", 8)}
 
 
 def parse_tuning(text: str | None) -> Tuning:
     """JAX_MOE_A2A_GEMM_TILE_M's value -> Tuning: None, '' or 'auto' are the defaults; otherwise a
-    comma list of 64 | 128 (the tile's rows) | swap160 | swap128 (fp8 swap-AB tiles of 160 / 128
-    tokens), rasterM | rasterN | rasterH (the scheduler's order), s1 | s2 | s4 | s8 (its maximum
-    swizzle); a later word wins. Any other word raises ValueError
+    comma list of 64 | 128 (the tile's rows), rasterM | rasterN | rasterH (the scheduler's order),
+    s1 | s2 | s4 | s8 (its maximum swizzle); a later word wins. Any other word raises ValueError
     naming the accepted ones (a misspelt setting would otherwise measure the default)."""
     t = Tuning()
     if text is None or text.strip() in ("", "auto"):

@@ -154,19 +154,15 @@ def test_wgrad_asks_the_exact_workspace_of_its_mode(monkeypatch, expert_major):
     ("rasterM,s8,", gemm_ffi.Tuning(raster=0, swizzle=8)),
     ("s1, 128", gemm_ffi.Tuning(tile_m=128)),
     ("64,128", gemm_ffi.Tuning(tile_m=128)),   # a later word wins
-    ("swap160", gemm_ffi.Tuning(tile_m=-160)),
-    ("swap128,rasterN,s2", gemm_ffi.Tuning(tile_m=-128, raster=1, swizzle=2)),
-    ("swap160,64", gemm_ffi.Tuning(tile_m=64)),
 ])
 def test_parse_tuning(text, want):
     assert gemm_ffi.parse_tuning(text) == want
 
 
-@pytest.mark.parametrize("text", ["32", "rastern", "s3", "64x", "auto,64", "tile64", "64;s2", "swap64", "swap32",
-                                  "swap", "swap144", "Swap160", "-160"])
+@pytest.mark.parametrize("text", ["32", "rastern", "s3", "64x", "auto,64", "tile64", "64;s2"])
 def test_parse_tuning_refuses_unknown_words(text):
     with pytest.raises(ValueError, match=r"JAX_MOE_A2A_GEMM_TILE_M=.*unknown word.*accepted words.*64, 128, "
-                                         r"swap160, swap128, rasterM, rasterN, rasterH, s1, s2, s4, s8"):
+                                         r"rasterM, rasterN, rasterH, s1, s2, s4, s8"):
         gemm_ffi.parse_tuning(text)
 
 
@@ -201,10 +197,6 @@ def test_tuning_reaches_the_workspace_and_the_call(monkeypatch):
 def test_workspace_bytes_refuses_a_tuning_out_of_its_set():
     g = _built_gemm()
     assert g.workspace_bytes(False, False, 0, 8, 300, 384, 512, False, tile_m=64, raster=2, swizzle=8) > 0
-    for tile_m in (-160, -128):  # the fp8 swap-AB tiles; bf16 takes the 64-row tile for them
-        assert g.workspace_bytes(True, False, 0, 8, 300, 384, 512, False, tile_m=tile_m) > 0
-        assert g.workspace_bytes(False, False, 0, 8, 300, 384, 512, False, tile_m=tile_m) == \
-            g.workspace_bytes(False, False, 0, 8, 300, 384, 512, False, tile_m=64)
-    for kw in (dict(tile_m=32), dict(tile_m=160), dict(tile_m=-64), dict(raster=3), dict(swizzle=3), dict(swizzle=0)):
-        with pytest.raises(ValueError, match="tile_m must be 0 \\(auto\\), 64, 128, -160 or -128"):
+    for kw in (dict(tile_m=32), dict(raster=3), dict(swizzle=3), dict(swizzle=0)):
+        with pytest.raises(ValueError, match="tile_m must be 0 \\(auto\\), 64 or 128"):
             g.workspace_bytes(False, False, 0, 8, 300, 384, 512, False, **kw)

@@ -30,17 +30,15 @@ using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>
 // How a configuration maps the grouped problem onto CUTLASS's (M, N, K) per group (l):
 //   kFwd:    M = the group's rows, N = n, K = k. A = x rows [m, K] (K-major), B = w[l] [N, K]
 //            (ColumnMajor: K-major) or [K, N] (Mode::kTransposeW: RowMajor), D = y rows [m, N] row-major.
-//   kSwapAB: (fp8 forward) M = n (weights), N = the group's rows (tokens), K = k: A = w[l] [N_out, K]
-//            (K-major), B = x rows [m, K] (K-major), D = y^T written column-major with ld = n, i.e. y
-//            rows [m, n] row-major. Scales: A's 128x128 (w_scale), B's 1x128 (x_scale).
 //   kWgrad:  dW[l] = dY_l^T X_l: M = n (dY's columns), N = k (X's columns), K = the group's rows.
 //            A = dY rows viewed [n, m] (ColumnMajor: M contiguous), B = X rows viewed [k, m]
 //            (RowMajor in CUTLASS's [K, N] sense: N contiguous), D = dW[l] [n, k] row-major.
-enum class Op : int { kFwd = 0, kSwapAB = 1, kWgrad = 2 };
+// (A swap-AB fp8 forward, weights on M and 32 or 64 tokens on N, was measured slower than the
+// 64-row ping-pong tiles at decode and removed: notes/benchmarks.md, 2026-12-04, commit 4ca7ec4.)
+enum class Op : int { kFwd = 0, kWgrad = 2 };
 
 // The configuration: element types, layouts of A, B and D, blockwise fp8 scaling (1x128 on the
-// rows, 128x128 on the weights, both K-major; kSwapAB swaps the granularities with the operands),
-// tile, cluster and schedules.
+// rows, 128x128 on the weights, both K-major), tile, cluster and schedules.
 template <class ElemAB_, class ElemD_, class LayoutA_, class LayoutB_, class LayoutD_, Op kOp_, bool kBlockwise_,
           class Tile_, class Cluster_, class KernelSchedule_, class EpilogueSchedule_>
 struct GroupedConfig {
@@ -55,10 +53,8 @@ struct GroupedConfig {
   static constexpr int kAlignAB = 128 / cutlass::sizeof_bits<ElemAB>::value;
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElemD>::value;
 
-  using ScaleConfig = std::conditional_t<
-      kOp == Op::kSwapAB,
-      cutlass::detail::Sm90BlockwiseScaleConfig<128, 1, 128, cute::GMMA::Major::K, cute::GMMA::Major::K>,
-      cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K, cute::GMMA::Major::K>>;
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K,
+                                                                cute::GMMA::Major::K>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
@@ -91,9 +87,6 @@ using RowMajor = cutlass::layout::RowMajor;
 using ColumnMajor = cutlass::layout::ColumnMajor;
 template <class ElemAB, class ElemD, class LayoutB, bool kBlockwise, class Tile, class Cluster, class KS, class ES>
 using FwdConfig = GroupedConfig<ElemAB, ElemD, RowMajor, LayoutB, RowMajor, Op::kFwd, kBlockwise, Tile, Cluster, KS, ES>;
-template <class ElemAB, class ElemD, bool kBlockwise, class Tile, class Cluster, class KS, class ES>
-using SwapABConfig = GroupedConfig<ElemAB, ElemD, RowMajor, ColumnMajor, ColumnMajor, Op::kSwapAB, kBlockwise, Tile,
-                                   Cluster, KS, ES>;
 template <class ElemD, class Tile, class Cluster, class KS, class ES>
 using WgradConfig = GroupedConfig<cutlass::bfloat16_t, ElemD, ColumnMajor, RowMajor, RowMajor, Op::kWgrad, false,
                                   Tile, Cluster, KS, ES>;
@@ -259,14 +252,6 @@ __global__ void __launch_bounds__(kSetupThreads) prepare_groups(GroupedGemmParam
       g.stride_a[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideA{}, make_shape(M, K, 1));
       g.stride_b[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideB{}, make_shape(N, K, 1));
       g.stride_d[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideD{}, make_shape(M, N, 1));
-    } else if constexpr (Cfg::kOp == Op::kSwapAB) {
-      g.shapes[l] = make_shape(N, M, K);  // weights on CUTLASS's M, tokens on its N (M == 0: no tiles)
-      g.a[l] = w + l * p.n * p.k;
-      g.b[l] = x + row0 * p.k;
-      g.d[l] = y + row0 * p.n;  // column-major [N, m] with ld N: y's rows [m, N] row-major
-      g.stride_a[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideA{}, make_shape(N, K, 1));
-      g.stride_b[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideB{}, make_shape(M, K, 1));
-      g.stride_d[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideD{}, make_shape(N, M, 1));
     } else {  // kWgrad: x = X rows [.., K], w = dY rows [.., N], y = dW [L, N, K]
       g.shapes[l] = make_shape(M == 0 ? 0 : N, K, M);  // no tiles for an empty group (zeroed above)
       g.a[l] = w + row0 * p.n;
@@ -276,16 +261,12 @@ __global__ void __launch_bounds__(kSetupThreads) prepare_groups(GroupedGemmParam
       g.stride_b[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideB{}, make_shape(K, M, 1));
       g.stride_d[l] = cutlass::make_cute_packed_stride(typename Cfg::StrideD{}, make_shape(N, K, 1));
     }
-    if constexpr (Cfg::kBlockwise) {  // kFwd and kSwapAB (wgrad is bf16)
+    if constexpr (Cfg::kBlockwise) {  // kFwd only (wgrad is bf16)
       const int64_t kb = p.k / 128;
-      const float* xs = p.x_scale + row0 * kb;
-      const float* ws = p.w_scale + l * (p.n / 128) * kb;
-      constexpr bool swap = Cfg::kOp == Op::kSwapAB;
-      const auto shape = swap ? make_shape(N, M, K, 1) : make_shape(M, N, K, 1);  // CUTLASS's (M, N, K, L)
-      g.sfa[l] = swap ? ws : xs;
-      g.sfb[l] = swap ? xs : ws;
-      g.layout_sfa[l] = Cfg::ScaleConfig::tile_atom_to_shape_SFA(shape);
-      g.layout_sfb[l] = Cfg::ScaleConfig::tile_atom_to_shape_SFB(shape);
+      g.sfa[l] = p.x_scale + row0 * kb;
+      g.sfb[l] = p.w_scale + l * (p.n / 128) * kb;
+      g.layout_sfa[l] = Cfg::ScaleConfig::tile_atom_to_shape_SFA(make_shape(M, N, K, 1));
+      g.layout_sfb[l] = Cfg::ScaleConfig::tile_atom_to_shape_SFB(make_shape(M, N, K, 1));
     }
   }
 }

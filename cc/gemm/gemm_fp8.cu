@@ -1,6 +1,5 @@
 // fp8 e4m3 x fp8 e4m3 grouped GEMMs with block scales (1x128 on the rows, 128x128 on the weights),
-// f32 accumulation, bf16 or f32 out. Which configuration runs: kernels.h, choose(); the swap-AB tiles
-// are in gemm_fp8_swap.cu.
+// f32 accumulation, bf16 or f32 out. Which configuration runs: kernels.h, choose().
 #include "gemm/cutlass_grouped.cuh"
 #include "gemm/kernels.h"
 
@@ -36,12 +35,10 @@ auto with_out(const GroupedGemmParams& p, const Tuning& t, Fn&& fn) {
 }  // namespace
 
 size_t fp8_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_count) {
-  if (is_swap(t.tile)) return fp8_swap_workspace_bytes(p, t, sm_count);
   return with_out(p, t, WorkspaceOf{p, sm_count, t});
 }
 
 LaunchStatus run_fp8(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream) {
-  if (is_swap(t.tile)) return run_fp8_swap(p, t, sm_count, stream);
   return with_out(p, t, LaunchOf{p, sm_count, t, stream});
 }
 

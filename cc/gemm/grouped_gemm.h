@@ -47,9 +47,7 @@ inline bool mode_from_int(int64_t v, Mode& m) {
 // once when it traces the call (the one parser of its words; the same values size the workspace
 // through _C.gemm.workspace_bytes, so the size and the launch agree). The defaults are what
 // unset means; kernels.h's choose() turns kAuto into a tile from the static shapes.
-// kSwap160 / kSwap128 (negative: not a row tile): the fp8 forward's swap-AB tiles, 128 weight rows
-// on CUTLASS's M by 160 / 128 tokens on its N (bf16 takes the 64-row tile instead).
-enum class TileM : int32_t { kAuto = 0, k64 = 64, k128 = 128, kSwap128 = -128, kSwap160 = -160 };
+enum class TileM : int32_t { kAuto = 0, k64 = 64, k128 = 128 };
 enum class Raster : int32_t { kAlongM = 0, kAlongN = 1, kHeuristic = 2 };  // CUTLASS's group scheduler order
 struct TuningRequest {
   TileM tile_m = TileM::kAuto;
@@ -60,7 +58,7 @@ struct TuningRequest {
 // The request of the attributes' values, or false when one is out of its set (what the message of
 // kTuningValues says).
 inline bool tuning_from_ints(int64_t tile_m, int64_t raster, int64_t swizzle, TuningRequest& t) {
-  if (tile_m != 0 && tile_m != 64 && tile_m != 128 && tile_m != -128 && tile_m != -160) return false;
+  if (tile_m != 0 && tile_m != 64 && tile_m != 128) return false;
   if (raster < 0 || raster > 2) return false;
   if (swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) return false;
   t.tile_m = static_cast<TileM>(tile_m);
@@ -69,8 +67,7 @@ inline bool tuning_from_ints(int64_t tile_m, int64_t raster, int64_t swizzle, Tu
   return true;
 }
 inline constexpr const char kTuningValues[] =
-    "tile_m must be 0 (auto), 64, 128, -160 or -128 (swap-AB: 160 or 128 tokens per tile); "
-    "raster 0 (along M), 1 (along N) or 2 (heuristic); swizzle 1, 2, 4 or 8";
+    "tile_m must be 0 (auto), 64 or 128; raster 0 (along M), 1 (along N) or 2 (heuristic); swizzle 1, 2, 4 or 8";
 
 struct GroupedGemmParams {
   Layout layout = Layout::kRagged;

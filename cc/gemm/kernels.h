@@ -15,25 +15,16 @@ namespace a2a::gemm::detail {
 //   fp8 forward:  kTile128   128x128x128 cooperative (many rows per expert: prefill)
 //                 kTile64    64x128x128 ping-pong (few rows: each weight byte costs half the
 //                            tensor-core work of a 128-row tile)
-//                 kSwap160 / kSwap128: swap-AB, 128 weight rows (CUTLASS's M, 64 per consumer
-//                            warpgroup) x 160 / 128 tokens (its N) x 128, cooperative. Measurement
-//                            configurations for decode with few local experts (tuning words swap160 /
-//                            swap128; gemm_fp8_swap.cu): one token tile covers an expert's ~128 rows,
-//                            so each weight tile is read once, and the two warpgroups share a tile, so
-//                            one's FFMA promotion of the block-scaled accumulators overlaps the other's
-//                            WGMMAs (the ping-pong kTile64 idles the tensor cores there; profiled at
-//                            L = 8, 1,024 rows: latency-bound at 50 % DRAM).
 //   bf16 forward: kTile128 (128x256x64 cooperative) / kTile64 (64x128x64 ping-pong)
 //   bf16 wgrad:   128x128x64 cooperative (dW tiles; K = the group's rows)
 // raster / swizzle (gemm::Raster, grouped_gemm.h): CUTLASS's group scheduler. Its default, AlongM,
 // already runs the row tiles of one weight tile one after another (on neighbouring SMs at once);
 // swizzle 1 = none.
-// Measured and removed (notes/benchmarks.md, 2026-12-04): 2x1x1 clusters for the 128-row fp8
-// tiles, and swap-AB fp8 tiles with 32 or 64 tokens (slower: an expert of ~128 rows took 2-4 token
-// tiles, each re-reading the weight tile). The swap-AB machinery is back with token tiles wide
-// enough for one expert's rows (kSwap160 / kSwap128), for measurement; the default is unchanged.
-enum class Tile : int { kTile64 = 0, kTile128 = 1, kSwap160 = 2, kSwap128 = 3 };
-inline bool is_swap(Tile t) { return t == Tile::kSwap160 || t == Tile::kSwap128; }
+// Measured and removed (notes/benchmarks.md, 2026-12-04): swap-AB fp8 tiles (128 weight rows x 32,
+// 64, 128 or 160 tokens, cooperative) and 2x1x1 clusters for the 128-row fp8 tiles; all slower. The
+// 160-token tile (one tile per expert at L = 8) gained 2 % on gate+up and lost 14 % on down there,
+// and 70 % at L = 32: the decode GEMMs wait on the block-scaled mainloop's promotion, not the tile.
+enum class Tile : int { kTile64 = 0, kTile128 = 1 };
 struct Tuning {
   Tile tile = Tile::kTile128;
   Raster raster = Raster::kAlongM;
@@ -47,8 +38,7 @@ struct Tuning {
 // p.tuning (the call's request: JAX_MOE_A2A_GEMM_TILE_M, parsed by jax_moe_a2a/gemm_ffi.py when the
 // call is traced; for measurements) forces the tile, the raster order and the maximum swizzle.
 // The tile applies to the forward kernels; the transpose_w and wgrad kernels have one tile each
-// (gemm_bf16.cu) and take the raster order and swizzle only. The swap-AB tiles are fp8 only: a
-// bf16 call that asks for one gets kTile64.
+// (gemm_bf16.cu) and take the raster order and swizzle only.
 inline Tuning choose(const GroupedGemmParams& p) {
   Tuning t;
   if (p.tuning.tile_m == TileM::kAuto) {
@@ -56,13 +46,7 @@ inline Tuning choose(const GroupedGemmParams& p) {
     const bool few = p.num_groups > 0 && rows_total <= 128 * p.num_groups;
     t.tile = few ? Tile::kTile64 : Tile::kTile128;
   } else {
-    switch (p.tuning.tile_m) {
-      case TileM::k64: t.tile = Tile::kTile64; break;
-      case TileM::kSwap160: t.tile = Tile::kSwap160; break;
-      case TileM::kSwap128: t.tile = Tile::kSwap128; break;
-      default: t.tile = Tile::kTile128; break;
-    }
-    if (p.in != InType::kFp8 && is_swap(t.tile)) t.tile = Tile::kTile64;
+    t.tile = p.tuning.tile_m == TileM::k64 ? Tile::kTile64 : Tile::kTile128;
   }
   t.raster = p.tuning.raster;
   t.swizzle = p.tuning.swizzle;
@@ -72,10 +56,6 @@ inline Tuning choose(const GroupedGemmParams& p) {
 // One family's workspace size and launch, in the configuration `t` (choose(p), made by the caller).
 size_t fp8_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_count);
 LaunchStatus run_fp8(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream);
-// The swap-AB fp8 tiles (is_swap(t.tile)), in their own translation unit (gemm_fp8_swap.cu) so the
-// build compiles them beside gemm_fp8.cu; run_fp8 and fp8_workspace_bytes hand them over.
-size_t fp8_swap_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_count);
-LaunchStatus run_fp8_swap(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream);
 size_t bf16_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_count);
 LaunchStatus run_bf16(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream);
 

@@ -63,7 +63,7 @@ void bind_gemm(nb::module_& m) {
       "fp8"_a, "out_f32"_a, "mode"_a, "num_groups"_a, "rows"_a, "n"_a, "k"_a, "expert_major"_a, "tile_m"_a = 0,
       "raster"_a = 0, "swizzle"_a = 1,
       "Device workspace bytes of one grouped_gemm call in `mode` (0 forward, 1 transpose_w, 2 wgrad) with the "
-      "kernel configuration tile_m (0 auto, 64, 128; -160, -128 the fp8 swap-AB tiles), raster (0 along M, 1 along N, 2 heuristic), swizzle (1, 2, 4, "
+      "kernel configuration tile_m (0 auto, 64, 128), raster (0 along M, 1 along N, 2 heuristic), swizzle (1, 2, 4, "
       "8): the custom call's attributes. On the current CUDA device: exactly what the handler checks.");
 }
 
