@@ -23,8 +23,9 @@
 # thread's stack says which flag or arrival it waits for). Limits: build 140 s, benchmark 45 / 55 s,
 # tests 45 / 55 s (N = 2 / 4): 340 s at most, with the daemon's start and stop under 6 minutes.
 # Env: OUT, STAGES (default "build bench tests"), BENCH_NS (default "2 4"), TEST_RUNS (default
-# "2:1 4:2"), PROXY_PIPELINE_MODES (default "peer,series"), TEST_K (a pytest -k expression for the tests), TEST_LIMIT (seconds per test run, default 45 / 55 for
-# N = 2 / 4; above the communicators' 60 s timeout_s a stuck op ends in its own TimeoutError, naming its flags).
+# "2:1 4:2"), PROXY_PIPELINE_MODES (default "peer,series"), TEST_K (a pytest -k expression for the
+# tests), TEST_LIMIT (seconds per test run, default 45 / 55 for N = 2 / 4; above the communicators'
+# 60 s timeout_s a stuck op ends in its own TimeoutError, naming its flags).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD

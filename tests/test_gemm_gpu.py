@@ -199,8 +199,12 @@ def test_swiglu_vector_and_scalar_paths(R, F, block, quantize):
     the scalar one the rest) against the oracle: item counts that leave a partial last warp, a partial
     last block, another block size."""
     rng = np.random.default_rng()
-    gu = rng.normal(size=(R, 2 * F)).astype(np.float32) * 3
-    h, hs = jax.jit(lambda g: gemm_ffi.swiglu(g, quantize_hidden=quantize, block=block))(jnp.asarray(gu))
+    gu = jnp.asarray(rng.normal(size=(R, 2 * F)).astype(np.float32) * 3)
+    if quantize:
+        _poison((R, -(-F // block)), jnp.float32)
+    _poison((R, F), FP8 if quantize else BF16)
+    h, hs = jax.jit(lambda g: gemm_ffi.swiglu(g, quantize_hidden=quantize, block=block))(gu)
+    gu = np.asarray(gu)
     g, u = gu[:, :F].astype(np.float64), gu[:, F:].astype(np.float64)
     ref = g / (1 + np.exp(-g)) * u
     if not quantize:

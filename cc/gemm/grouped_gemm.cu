@@ -173,23 +173,17 @@ cudaError_t launch_swiglu(const SwigluParams& p, cudaStream_t stream) {
   if (p.block <= 0 || p.block > 256) return cudaErrorInvalidValue;
   const int64_t total = p.rows * fp8_num_blocks(p.f, p.block);
   if (total == 0) return cudaSuccess;
+  // One kernel pair (h_scale: the fp8 one) and the items each block takes.
+  using Kernel = void (*)(SwigluParams, int64_t);
+  const auto launch = [&](Kernel quant, Kernel plain, int64_t items_per_block) {
+    const unsigned grid = static_cast<unsigned>((total + items_per_block - 1) / items_per_block);
+    (p.h_scale != nullptr ? quant : plain)<<<grid, kSwigluThreads, 0, stream>>>(p, total);
+  };
   const int warps = kSwigluThreads / 32;
-  if (p.block == 128 && p.f % 128 == 0 && aligned16(p.gu) && aligned16(p.h)) {
-    const int64_t per_block = warps * kVecItems;
-    const unsigned grid = static_cast<unsigned>((total + per_block - 1) / per_block);
-    if (p.h_scale != nullptr) {
-      swiglu_vec_kernel<true><<<grid, kSwigluThreads, 0, stream>>>(p, total);
-    } else {
-      swiglu_vec_kernel<false><<<grid, kSwigluThreads, 0, stream>>>(p, total);
-    }
-    return cudaGetLastError();
-  }
-  const unsigned grid = static_cast<unsigned>((total + warps - 1) / warps);
-  if (p.h_scale != nullptr) {
-    swiglu_kernel<true><<<grid, kSwigluThreads, 0, stream>>>(p, total);
-  } else {
-    swiglu_kernel<false><<<grid, kSwigluThreads, 0, stream>>>(p, total);
-  }
+  if (p.block == 128 && p.f % 128 == 0 && aligned16(p.gu) && aligned16(p.h))
+    launch(swiglu_vec_kernel<true>, swiglu_vec_kernel<false>, warps * kVecItems);
+  else
+    launch(swiglu_kernel<true>, swiglu_kernel<false>, warps);
   return cudaGetLastError();
 }
 

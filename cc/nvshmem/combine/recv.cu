@@ -1,10 +1,11 @@
 // nvshmem combine recv: every block counts the rows each expert rank owes us (our routed pairs;
 // the whole tp group's, since every member gets every row), waits until c_rows reaches them (a
-// first load at entry; polling only when it fell short) and reduces its share of each token's pairs in f32 with the router weights (plus `out`); the last
-// block to finish frees our combine region. No grid-wide barrier. Elastic EP: masked expert
-// ranks are not waited for (our pairs to them were stopped: none owe us rows), their `seen`
-// counter stays, and they get no FREE; when we are masked ourselves we wait for nobody and the
-// communicator replaces our output (nvshmem/device.cuh).
+// first load at entry; polling only when it fell short) and reduces its share of each token's
+// pairs in f32 with the router weights (plus `out`); the last block to finish frees our combine
+// region. No grid-wide barrier. Elastic EP: masked expert ranks are not waited for (our pairs to
+// them were stopped: none owe us rows), their `seen` counter stays, and they get no FREE; when we
+// are masked ourselves we wait for nobody and the communicator replaces our output
+// (nvshmem/device.cuh).
 #include "gpu/elems.cuh"
 #include "gpu/failure.cuh"
 #include "gpu/grid.cuh"
