@@ -148,9 +148,11 @@ def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False, fp8_only
         xs_em = jnp.asarray(to_expert_major(np.asarray(xs), sizes, C))
         res["native_fp8_expert_major"] = timeit(native_fp8, xq_em, wgu8, wd8, gs, xs_em, wgus, wds, trials=trials)
         del xq_em, xs_em
-    # where the MLP's time goes: the gate+up GEMM (f32 out), the SwiGLU epilogue, the down GEMM
-    gate_up = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2, out_dtype=jnp.float32))
-    res["native_fp8_gate_up_f32"] = timeit(gate_up, xq, wgu8, gs, xs, wgus, trials=trials)
+    # where the MLP's time goes: the gate+up GEMM (gu as the MLP writes it: gemm_ffi.gu_dtype), the
+    # SwiGLU epilogue, the down GEMM
+    gu_dt = gemm_ffi.gu_dtype(True)
+    gate_up = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2, out_dtype=gu_dt))
+    res["native_fp8_gate_up"] = timeit(gate_up, xq, wgu8, gs, xs, wgus, trials=trials)
     gu = gate_up(xq, wgu8, gs, xs, wgus)
     sw = jax.jit(lambda g: gemm_ffi.swiglu(g, quantize_hidden=True))
     res["native_swiglu_fp8"] = timeit(sw, gu, trials=trials)
@@ -240,7 +242,7 @@ def report(out):
             lines.append(f"  native fp8 expert_major  {_fmt(n8e)}   x{n8e['p50_us'] / hb8:.2f}")
         if "native_fp8_down" in d:
             sw = f" swiglu {_fmt(d['native_swiglu_fp8'])}," if "native_swiglu_fp8" in d else ""
-            lines.append(f"    parts: gate+up f32 {_fmt(d['native_fp8_gate_up_f32'])} (floor {hb8 * 2 / 3:.1f}),"
+            lines.append(f"    parts: gate+up {_fmt(d['native_fp8_gate_up'])} (floor {hb8 * 2 / 3:.1f}),"
                          f"{sw} down {_fmt(d['native_fp8_down'])} (floor {hb8 / 3:.1f})")
         if "native_bf16_ragged" not in d:  # a configuration sweep (--fp8-only)
             continue

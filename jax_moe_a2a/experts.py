@@ -452,11 +452,15 @@ class _Mlp:
 
 
 def _mlp_hidden(x, w_gate_up, group_sizes, x_scale, w_scale, m: _Mlp):
-    """First GEMM + SwiGLU: h [.., F] bf16 (h_scale None), or fp8 with h_scale [.., F/block]."""
+    """First GEMM + SwiGLU: h [.., F] bf16 (h_scale None), or fp8 with h_scale [.., F/block]. With
+    quantize_hidden the gate+up output is rounded to bf16 before the SwiGLU (gemm_ffi.gu_dtype), on
+    both paths."""
     if m.native:
         return _gemm_ffi.grouped_gemm_swiglu(x, w_gate_up, group_sizes, x_scale=x_scale, w_scale=w_scale,
                                              quantize_hidden=m.quantize_hidden, block=m.block or 128)
-    h = swiglu(_gemm(x, w_gate_up, group_sizes, x_scale, w_scale, m.up, jnp.float32, False))
+    # gate+up rounded to the native MLP's gu dtype (bf16 when h is re-quantised), then SwiGLU in f32
+    gu = _gemm(x, w_gate_up, group_sizes, x_scale, w_scale, m.up, _gemm_ffi.gu_dtype(m.quantize_hidden), False)
+    h = swiglu(gu.astype(jnp.float32))
     if m.quantize_hidden:
         return quantize_rows_fp8(h, m.block)
     return h.astype(jnp.bfloat16), None

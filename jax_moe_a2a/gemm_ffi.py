@@ -232,9 +232,10 @@ def grouped_gemm(x, w, group_sizes, *, x_scale=None, w_scale=None, out_dtype=jnp
 
 
 def swiglu(gu, *, quantize_hidden: bool = False, block: int = _BLOCK):
-    """gu f32 [..., 2F] (gate columns 0..F-1, up F..2F-1) -> h = silu(gate) * up computed in f32:
-    (h bf16 [..., F], None), or with quantize_hidden (h float8_e4m3fn [..., F], h_scale f32
-    [..., ceil(F/block)]) by the library's quantiser rule (jax_moe_a2a.quant)."""
+    """gu f32 or bf16 [..., 2F] (gate columns 0..F-1, up F..2F-1; other floats are cast to f32) ->
+    h = silu(gate) * up computed in f32: (h bf16 [..., F], None), or with quantize_hidden (h
+    float8_e4m3fn [..., F], h_scale f32 [..., ceil(F/block)]) by the library's quantiser rule
+    (jax_moe_a2a.quant)."""
     why = native_reason()
     if why is not None:
         raise ValueError(f"jax_moe_a2a.gemm_ffi.swiglu: {why}")
@@ -252,9 +253,16 @@ def swiglu(gu, *, quantize_hidden: bool = False, block: int = _BLOCK):
         "jax_moe_a2a_swiglu",
         (jax.ShapeDtypeStruct(lead + (f,), h_dtype), jax.ShapeDtypeStruct(scale_shape, jnp.float32)),
     )
-    h, hs = call(gu.astype(jnp.float32), block=np.int64(block))
+    gu_in = gu if _dtype(gu) == np.dtype(BF16) else gu.astype(jnp.float32)
+    h, hs = call(gu_in, block=np.int64(block))
     h, hs = _typed_like(h, gu), _typed_like(hs, gu)
     return (h, hs) if quantize_hidden else (h, None)
+
+
+def gu_dtype(quantize_hidden: bool):
+    """The dtype the expert MLP's gate+up GEMM writes before the SwiGLU: bf16 when h is re-quantised
+    to fp8 (the same rounding in the native and the plain-JAX MLP, jax_moe_a2a.experts), else f32."""
+    return jnp.bfloat16 if quantize_hidden else jnp.float32
 
 
 def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None,
@@ -262,11 +270,13 @@ def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None
     """The first expert-MLP GEMM with the SwiGLU epilogue.
 
     x as in grouped_gemm; w_gate_up [L, 2F, H] (rows 0..F-1 gate, F..2F-1 up). The GEMM
-    accumulates in f32 and writes f32 [.., 2F]; the epilogue kernel computes h = silu(gate) * up
-    in f32 and returns (h bf16 [.., F], None), or (h float8_e4m3fn [.., F], h_scale f32
-    [.., F/block]) with quantize_hidden. Rows outside the groups give h = 0 (and, quantised, the
-    scale of an all-zero block)."""
-    gu = grouped_gemm(x, w_gate_up, group_sizes, x_scale=x_scale, w_scale=w_scale, out_dtype=jnp.float32)
+    accumulates in f32 and writes gu [.., 2F]: f32, or bf16 with quantize_hidden (GU_DTYPE: half
+    the bytes written and read back; h's e4m3 rounding, 2^-4, dwarfs bf16's 2^-9); the epilogue
+    kernel computes h = silu(gate) * up in f32 and returns (h bf16 [.., F], None), or (h
+    float8_e4m3fn [.., F], h_scale f32 [.., F/block]) with quantize_hidden. Rows outside the groups
+    give h = 0 (and, quantised, the scale of an all-zero block)."""
+    gu = grouped_gemm(x, w_gate_up, group_sizes, x_scale=x_scale, w_scale=w_scale,
+                      out_dtype=gu_dtype(quantize_hidden))
     return swiglu(gu, quantize_hidden=quantize_hidden, block=block)
 
 

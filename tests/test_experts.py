@@ -240,17 +240,24 @@ def _silu(v):
     return v / (1.0 + np.exp(-v))
 
 
+def _round_bf16(a):
+    return np.asarray(jnp.asarray(a.astype(np.float32)).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
 def oracle_mlp(xd, wgu, wdn, gs, layout, *, quantize=None, wdn_scale_block=None):
     """float64 SwiGLU MLP per group: h = silu(x Wg^T) * (x Wu^T); optionally h re-quantised to fp8 with
-    1 x block scales (the library's rule, from h in f32); y = h Wd^T. Returns (y, bound |h| |Wd|^T)."""
+    1 x block scales (the library's rule, from h in f32; the gate+up output rounded to bf16 first, as
+    the library does then: gemm_ffi.gu_dtype); y = h Wd^T. Returns (y, bound |h| |Wd|^T)."""
     a = oracle_gemm(xd, wgu, gs, layout)
+    if quantize:
+        a = _round_bf16(a)
     f = a.shape[-1] // 2
     h = _silu(a[..., :f]) * a[..., f:]
     if quantize:
         q, s = oracle.quantize_fp8(h.reshape(-1, f).astype(np.float32), quantize)
         h = oracle.dequantize_fp8(q, s, quantize).reshape(h.shape).astype(np.float64)
     else:
-        h = np.asarray(jnp.asarray(h.astype(np.float32)).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+        h = _round_bf16(h)
     return oracle_gemm(h, wdn, gs, layout), oracle_gemm(np.abs(h), np.abs(wdn), gs, layout)
 
 
@@ -660,8 +667,9 @@ class FakeGemmFfi:
     def grouped_gemm_swiglu(self, x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None, quantize_hidden=False,
                             block=128):
         self.calls.append(("grouped_gemm_swiglu", x.dtype, quantize_hidden, block))
-        h = experts.swiglu(self.grouped_gemm(x, w_gate_up, group_sizes, x_scale=x_scale, w_scale=w_scale,
-                                             out_dtype=jnp.float32))
+        gu = self.grouped_gemm(x, w_gate_up, group_sizes, x_scale=x_scale, w_scale=w_scale,
+                               out_dtype=jnp.bfloat16 if quantize_hidden else jnp.float32)
+        h = experts.swiglu(gu.astype(jnp.float32))
         return experts.quantize_rows_fp8(h, block) if quantize_hidden else (h.astype(jnp.bfloat16), None)
 
 

@@ -146,6 +146,10 @@ def _silu(g):
     return g / (1.0 + np.exp(-g))
 
 
+def _round_bf16(a):
+    return np.asarray(jnp.asarray(np.asarray(a, np.float32)).astype(BF16).astype(jnp.float32), np.float64)
+
+
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("quantize", [False, True], ids=["h_bf16", "h_fp8"])
 def test_swiglu(fp8, quantize):
@@ -157,14 +161,17 @@ def test_swiglu(fp8, quantize):
                                                              quantize_hidden=quantize))(
         x, w, jnp.asarray(sizes), xs, wsc)
     gu, valid = _oracle_ragged(xf, wf, sizes)
+    if quantize:  # the GEMM writes gu in bf16 when h is re-quantised (gemm_ffi.gu_dtype)
+        gu = _round_bf16(gu)
     ref = _silu(gu[:, :F]) * gu[:, F:]
     if quantize:
         assert h.dtype == FP8 and hs.shape == (R, F // 128)
         hf = np.asarray(h.astype(jnp.float32), np.float64) * np.repeat(np.asarray(hs), 128, axis=-1)
         amax = np.abs(ref).reshape(R, F // 128, 128).max(-1)
         want_s = np.maximum(amax, 1e-12) * np.float32(1 / 448)
-        # the kernel's f32 accumulation vs the f64 oracle: amax agrees to ~1e-3
-        np.testing.assert_allclose(np.asarray(hs)[:valid], want_s[:valid], rtol=5e-3)
+        # the kernel's f32 accumulation vs the f64 oracle, then gu's bf16 rounding on both sides
+        # (one bf16 step apart where they straddle a boundary): amax agrees to ~1e-2
+        np.testing.assert_allclose(np.asarray(hs)[:valid], want_s[:valid], rtol=1e-2)
         tol = 4e-2  # e4m3 rounding of h
     else:
         assert h.dtype == BF16 and hs is None
@@ -194,17 +201,18 @@ def test_swiglu_matches_library_quantiser():
 @pytest.mark.parametrize("R,F,block", [(7, 384, 128), (33, 2048, 128), (5, 320, 128), (6, 256, 64)],
                          ids=["vec-tail", "vec-dsv3", "scalar-partial-block", "scalar-block64"])
 @pytest.mark.parametrize("quantize", [False, True], ids=["h_bf16", "h_fp8"])
-def test_swiglu_vector_and_scalar_paths(R, F, block, quantize):
+@pytest.mark.parametrize("gu_dtype", [jnp.float32, BF16], ids=["gu_f32", "gu_bf16"])
+def test_swiglu_vector_and_scalar_paths(R, F, block, quantize, gu_dtype):
     """Both SwiGLU kernels (cc/gemm/grouped_gemm.cu: the vectorised one takes block 128 with F % 128 == 0,
-    the scalar one the rest) against the oracle: item counts that leave a partial last warp, a partial
-    last block, another block size."""
+    the scalar one the rest), each reading f32 or bf16 gu, against the oracle: item counts that leave a
+    partial last warp, a partial last block, another block size."""
     rng = np.random.default_rng()
-    gu = jnp.asarray(rng.normal(size=(R, 2 * F)).astype(np.float32) * 3)
+    gu = jnp.asarray(rng.normal(size=(R, 2 * F)).astype(np.float32) * 3).astype(gu_dtype)
     if quantize:
         _poison((R, -(-F // block)), jnp.float32)
     _poison((R, F), FP8 if quantize else BF16)
     h, hs = jax.jit(lambda g: gemm_ffi.swiglu(g, quantize_hidden=quantize, block=block))(gu)
-    gu = np.asarray(gu)
+    gu = np.asarray(gu.astype(jnp.float32))
     g, u = gu[:, :F].astype(np.float64), gu[:, F:].astype(np.float64)
     ref = g / (1 + np.exp(-g)) * u
     if not quantize:

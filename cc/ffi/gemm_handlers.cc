@@ -131,8 +131,8 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
   return ffi::Error::Success();
 }
 
-// gu f32 [rows, 2F] -> h [rows, F] bf16, or f8e4m3fn with h_scale f32 [rows, F/block].
-ffi::Error SwigluImpl(cudaStream_t stream, ffi::Buffer<ffi::F32> gu, ffi::Result<ffi::AnyBuffer> h,
+// gu f32 or bf16 [rows, 2F] -> h [rows, F] bf16, or f8e4m3fn with h_scale f32 [rows, F/block].
+ffi::Error SwigluImpl(cudaStream_t stream, ffi::AnyBuffer gu, ffi::Result<ffi::AnyBuffer> h,
                       ffi::Result<ffi::Buffer<ffi::F32>> h_scale, int64_t block) {
   auto d = gu.dimensions();
   if (d.size() < 1 || d[d.size() - 1] % 2 != 0) return invalid("swiglu: gu must be [..., 2F]");
@@ -142,7 +142,10 @@ ffi::Error SwigluImpl(cudaStream_t stream, ffi::Buffer<ffi::F32> gu, ffi::Result
   p.block = block;
   if (block <= 0 || block > 256) return invalid("swiglu: block must be in 1..256");
   if (h->element_count() != static_cast<size_t>(p.rows * p.f)) return invalid("swiglu: h must be [..., F]");
-  p.gu = gu.typed_data();
+  if (gu.element_type() != ffi::DataType::F32 && gu.element_type() != ffi::DataType::BF16)
+    return invalid("swiglu: gu must be f32 or bf16");
+  p.gu = gu.untyped_data();
+  p.gu_bf16 = gu.element_type() == ffi::DataType::BF16;
   p.h = h->untyped_data();
   if (h->element_type() == ffi::DataType::F8E4M3FN) {
     const int64_t nb = (p.f + block - 1) / block;
@@ -176,7 +179,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aGroupedGemmCuda, GroupedGemmImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aSwigluCuda, SwigluImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("block"),

@@ -63,9 +63,13 @@ namespace {
 
 constexpr int kSwigluThreads = 128;  // 4 warps, one (row, 128-column block) per warp
 
-// One warp per (row, block of `block` columns of h): h = silu(gate) * up in f32, then bf16, or
-// e4m3 with the block's scale by the library's quantiser rule (core/fp8.h, gpu/fp8_code.cuh).
-template <bool kQuant>
+__device__ inline float to_f32(float v) { return v; }
+__device__ inline float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// One warp per (row, block of `block` columns of h): h = silu(gate) * up in f32 (gu of type G: f32
+// or bf16), then bf16, or e4m3 with the block's scale by the library's quantiser rule
+// (core/fp8.h, gpu/fp8_code.cuh).
+template <bool kQuant, class G>
 __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, int64_t total) {
   const int lane = threadIdx.x & 31;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * (kSwigluThreads / 32) + (threadIdx.x >> 5);
@@ -73,14 +77,14 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, 
   const int64_t nb = fp8_num_blocks(p.f, p.block);
   const int64_t row = w / nb, b = w % nb;
   const int64_t len = fp8_block_len(p.f, p.block, b);
-  const float* gate = p.gu + row * 2 * p.f + b * p.block;
-  const float* up = gate + p.f;
+  const G* gate = static_cast<const G*>(p.gu) + row * 2 * p.f + b * p.block;
+  const G* up = gate + p.f;
   const int64_t out0 = row * p.f + b * p.block;
   if constexpr (!kQuant) {
     __nv_bfloat16* h = static_cast<__nv_bfloat16*>(p.h) + out0;
     for (int64_t i = lane; i < len; i += 32) {
-      const float g = gate[i];
-      h[i] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * up[i]);
+      const float g = to_f32(gate[i]);
+      h[i] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * to_f32(up[i]));
     }
   } else {
     constexpr int kMaxPerLane = 8;  // block <= 256 (checked by the caller)
@@ -91,8 +95,8 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, 
       const int64_t i = lane + 32 * j;
       v[j] = 0.0f;
       if (i < len) {
-        const float g = gate[i];
-        v[j] = g / (1.0f + expf(-g)) * up[i];
+        const float g = to_f32(gate[i]);
+        v[j] = g / (1.0f + expf(-g)) * to_f32(up[i]);
         amax = fmaxf(amax, fp8_amax_term(v[j]));  // the library's rule: NaN, Inf count as 0
       }
     }
@@ -113,11 +117,21 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, 
 // The common case, vectorised (block == 128, f % 128 == 0, 16-byte aligned gu and h: profiled at
 // 28 % of DRAM bandwidth in the scalar kernel above at prefill, 448 us for 604 MB): one warp per
 // kVecItems consecutive (row, block) items, every load issued before any math, lane i holding
-// columns 4i..4i+3 of each block (two float4 loads, one 4-byte fp8 or 8-byte bf16 store). The
-// same arithmetic per value as swiglu_kernel, so both give identical bits.
+// columns 4i..4i+3 of each block (two 16-byte f32 or 8-byte bf16 loads, one 4-byte fp8 or 8-byte
+// bf16 store). The same arithmetic per value as swiglu_kernel, so both give identical bits.
 constexpr int kVecItems = 4;
 
-template <bool kQuant>
+// Four consecutive values of gu from `at` (16-byte aligned for f32, 8-byte for bf16), read once
+// (streaming loads).
+__device__ inline float4 load4(const float* at) { return __ldcs(reinterpret_cast<const float4*>(at)); }
+__device__ inline float4 load4(const __nv_bfloat16* at) {
+  const uint2 bits = __ldcs(reinterpret_cast<const uint2*>(at));
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+template <bool kQuant, class G>
 __global__ void __launch_bounds__(kSwigluThreads) swiglu_vec_kernel(SwigluParams p, int64_t total) {
   const int lane = threadIdx.x & 31;
   const int64_t w0 =
@@ -128,9 +142,9 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_vec_kernel(SwigluParams
 #pragma unroll
   for (int j = 0; j < kVecItems; ++j) {
     const int64_t w = w0 + j < total ? w0 + j : total - 1;  // warp-uniform; the tail's repeats are not stored
-    const float* gate = p.gu + (w / nb) * 2 * p.f + (w % nb) * 128 + lane * 4;
-    g[j] = __ldcs(reinterpret_cast<const float4*>(gate));  // read once: streaming loads
-    u[j] = __ldcs(reinterpret_cast<const float4*>(gate + p.f));
+    const G* gate = static_cast<const G*>(p.gu) + (w / nb) * 2 * p.f + (w % nb) * 128 + lane * 4;
+    g[j] = load4(gate);
+    u[j] = load4(gate + p.f);
   }
 #pragma unroll
   for (int j = 0; j < kVecItems; ++j) {
@@ -173,17 +187,22 @@ cudaError_t launch_swiglu(const SwigluParams& p, cudaStream_t stream) {
   if (p.block <= 0 || p.block > 256) return cudaErrorInvalidValue;
   const int64_t total = p.rows * fp8_num_blocks(p.f, p.block);
   if (total == 0) return cudaSuccess;
-  // One kernel pair (h_scale: the fp8 one) and the items each block takes.
+  // One kernel family (the fp8 h or the bf16 h one, for f32 or bf16 gu) and the items each block
+  // takes.
   using Kernel = void (*)(SwigluParams, int64_t);
-  const auto launch = [&](Kernel quant, Kernel plain, int64_t items_per_block) {
+  const auto launch = [&](Kernel q_f32, Kernel plain_f32, Kernel q_bf16, Kernel plain_bf16, int64_t items_per_block) {
     const unsigned grid = static_cast<unsigned>((total + items_per_block - 1) / items_per_block);
-    (p.h_scale != nullptr ? quant : plain)<<<grid, kSwigluThreads, 0, stream>>>(p, total);
+    const Kernel k = p.h_scale != nullptr ? (p.gu_bf16 ? q_bf16 : q_f32) : (p.gu_bf16 ? plain_bf16 : plain_f32);
+    k<<<grid, kSwigluThreads, 0, stream>>>(p, total);
   };
   const int warps = kSwigluThreads / 32;
+  using BF16 = __nv_bfloat16;
   if (p.block == 128 && p.f % 128 == 0 && aligned16(p.gu) && aligned16(p.h))
-    launch(swiglu_vec_kernel<true>, swiglu_vec_kernel<false>, warps * kVecItems);
+    launch(swiglu_vec_kernel<true, float>, swiglu_vec_kernel<false, float>, swiglu_vec_kernel<true, BF16>,
+           swiglu_vec_kernel<false, BF16>, warps * kVecItems);
   else
-    launch(swiglu_kernel<true>, swiglu_kernel<false>, warps);
+    launch(swiglu_kernel<true, float>, swiglu_kernel<false, float>, swiglu_kernel<true, BF16>,
+           swiglu_kernel<false, BF16>, warps);
   return cudaGetLastError();
 }
 

@@ -112,11 +112,13 @@ struct LaunchStatus {
 // launch itself.
 LaunchStatus launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream);
 
-// SwiGLU epilogue over the gate+up accumulators: gu f32 [rows, 2F] (gate columns 0..F-1, up
+// SwiGLU epilogue over the gate+up GEMM's output: gu [rows, 2F] f32, or bf16 (gu_bf16; what the
+// fp8 MLP writes: half the bytes, and h's e4m3 rounding dwarfs bf16's) (gate columns 0..F-1, up
 // F..2F-1) -> h = silu(gate) * up in f32, written as bf16 [rows, F] (h_scale == nullptr), or as
 // e4m3fn [rows, F] with h_scale f32 [rows, F/block] by the library's block quantiser rule.
 struct SwigluParams {
-  const float* gu = nullptr;
+  const void* gu = nullptr;
+  bool gu_bf16 = false;
   int64_t rows = 0;
   int64_t f = 0;
   int64_t block = 128;
