@@ -212,8 +212,7 @@ struct Handlers {
 
   // dispatch_send's dest_counts (its result, combine_recv's operand): [N], or empty (null: the
   // cuda backend's kernels neither write nor read it; the nvshmem backend's launches require it).
-  template <typename T>
-  static T* per_rank_or_null(T* data, size_t count, const gpu::Geometry& g) {
+  static int32_t* per_rank_or_null(int32_t* data, size_t count, const gpu::Geometry& g) {
     if (count == 0) return nullptr;
     if (count != size_t(g.N))
       throw std::invalid_argument("dest_counts of " + std::to_string(count) + " entries for " + std::to_string(g.N) +
