@@ -154,14 +154,14 @@ if stage nvshmem; then  # the nvshmem backend on the oracle: every case, the pro
   for n in ${NVSHMEM_NPROCS:-1 2 4}; do
     if [ "$n" = 1 ]; then  # one process, one rank (N = 1): every test of these files
       env "${NV_ENV[@]}" XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 JAX_MOE_A2A_SOAK_STEPS=1000 timeout $(cap 500) \
-        python3 -m pytest -q -p no:cacheprovider ${NVSHMEM_TESTS:-test_ops.py test_grad.py test_protocol.py test_slot_pairings.py test_errors.py test_nvshmem_remote.py test_quant.py::test_gpu_send_kernels_non_finite} 2>&1 \
+        python3 -m pytest -q -p no:cacheprovider ${NVSHMEM_TESTS:-test_ops.py test_grad.py test_protocol.py test_slot_pairings.py test_errors.py test_nvshmem_remote.py test_nvshmem_counts.py test_quant.py::test_gpu_send_kernels_non_finite} 2>&1 \
         | tee "$OUT/nvshmem1.full" | tail -30 | tee "$OUT/nvshmem1.log"
       continue
     fi
     env "${NV_ENV[@]}" JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_MPI_ALL_CASES=${NVSHMEM_ALL_CASES:-1} \
       XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.5/$n, 3))") \
       JAX_MOE_A2A_SOAK_STEPS=$([ "$n" = 2 ] && echo 1000 || echo 200) timeout $(cap 560) "${MPIRUN[@]}" -n "$n" \
-      python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x ${NVSHMEM_TESTS:-test_ops.py test_grad.py test_protocol.py test_slot_pairings.py test_nvshmem_remote.py} 2>&1 \
+      python3 -m pytest -q --color=no -p no:cacheprovider -m mpi -x ${NVSHMEM_TESTS:-test_ops.py test_grad.py test_protocol.py test_slot_pairings.py test_nvshmem_remote.py test_nvshmem_counts.py} 2>&1 \
       | quiet | tee "$OUT/nvshmem-mpi$n.full" | tail -30 | tee "$OUT/nvshmem-mpi$n.log"
   done
 fi

@@ -103,13 +103,15 @@ struct Handlers {
   using Out = ffi::Result<T>;
 
   // x [T, H] f32/bf16/f16 (or fp8 with x_scale [T, S] f32; else x_scale is empty), ids [T, K],
-  // weights [T, K], num_tokens [] -> handle [2], dest [T, K], pair_slot [T, K], dropped []. `after`
-  // operands only order a call after earlier work (jax_moe_a2a/backends/ffi.py). Every half's last
-  // operand `alive` is the elastic EP rank mask, [N] (nonzero = alive), or empty: no mask.
+  // weights [T, K], num_tokens [] -> handle [2], dest [T, K], pair_slot [T, K], dropped [],
+  // dest_counts [N] (nvshmem) or empty (cuda: not written). `after` operands only order a call
+  // after earlier work (jax_moe_a2a/backends/ffi.py). Every half's last operand `alive` is the
+  // elastic EP rank mask, [N] (nonzero = alive), or empty: no mask.
   static ffi::Error dispatch_send(Stream stream, Device dev, Any x, F32 x_scale, S32 ids, F32 weights, S32 num_tokens,
                                   Any /*after*/, S32 alive, Out<S32> handle, Out<S32> dest, Out<S32> pair_slot,
-                                  Out<S32> dropped, SendAttrs a) {
+                                  Out<S32> dropped, Out<S32> dest_counts, SendAttrs a) {
     return run<gpu::DispatchSendParams>("dispatch_send", Half::kDispatchSend, stream, dev, a.comm_id, a.slot, [&](auto* p) {
+      p->dest_counts = per_rank_or_null(dest_counts->typed_data(), dest_counts->element_count(), p->g);
       return set_alive(&p->p, p->g, alive) &&
              fill_send(p, x, x_scale, ids, weights, num_tokens, handle, dest, pair_slot, dropped);
     });
@@ -143,13 +145,15 @@ struct Handlers {
     });
   }
 
-  // handle [2], dest/pair_slot [T, K], weights [T, K], num_tokens [], out_in [T, H] or empty ->
-  // out [T, H] combine dtype, pairs [T, K, H] f32 or empty.
-  static ffi::Error combine_recv(Stream stream, Device dev, S32 handle, S32 dest, S32 pair_slot, F32 weights,
-                                 S32 num_tokens, Any out_in, S32 alive, Out<Any> out, Out<F32> pairs,
+  // handle [2], dest_counts [N] or empty (dispatch_send's), dest/pair_slot [T, K], weights
+  // [T, K], num_tokens [], out_in [T, H] or empty -> out [T, H] combine dtype, pairs [T, K, H]
+  // f32 or empty.
+  static ffi::Error combine_recv(Stream stream, Device dev, S32 handle, S32 dest_counts, S32 dest, S32 pair_slot,
+                                 F32 weights, S32 num_tokens, Any out_in, S32 alive, Out<Any> out, Out<F32> pairs,
                                  CombineRecvAttrs a) {
     return run<gpu::CombineRecvParams>("combine_recv", Half::kCombineRecv, stream, dev, a.comm_id, a.slot, [&](auto* p) {
       p->handle = handle.typed_data();
+      p->dest_counts = per_rank_or_null(dest_counts.typed_data(), dest_counts.element_count(), p->g);
       return set_alive(&p->p, p->g, alive) && fill_combine_recv(p, a.y_kind, dest, pair_slot, weights, num_tokens, out_in, out, pairs);
     });
   }
@@ -204,6 +208,16 @@ struct Handlers {
     if (p->remote.mask != 0) throw std::invalid_argument("a rank mask with peers on other nodes (node_size < N)");
     p->alive = alive.typed_data();
     return true;
+  }
+
+  // dispatch_send's dest_counts (its result, combine_recv's operand): [N], or empty (null: the
+  // cuda backend's kernels neither write nor read it; the nvshmem backend's launches require it).
+  static int32_t* per_rank_or_null(int32_t* data, size_t count, const gpu::Geometry& g) {
+    if (count == 0) return nullptr;
+    if (count != size_t(g.N))
+      throw std::invalid_argument("dest_counts of " + std::to_string(count) + " entries for " + std::to_string(g.N) +
+                                  " ranks");
+    return data;
   }
 
   // The operands of each half into its parameter struct (shared by the halves and the EP = 1

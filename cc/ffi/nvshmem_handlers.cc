@@ -1,10 +1,13 @@
 // FFI handlers of the `nvshmem` backend: the GPU handlers of cc/ffi/gpu_handlers.h over this
-// process's one rank (the communicator) and this backend's launches. The elastic EP rank mask
-// reaches the kernels as there (Handlers::set_alive: SlotPtrs::alive, null without a mask; this
-// backend's slots have no remote peers, so it is never refused here).
+// process's one rank (the communicator) and this backend's launches. Unlike the cuda backend's,
+// its dispatch_send writes dest_counts [N] and its combine_recv requires it (the rows each expert
+// rank owes us). The elastic EP rank mask reaches the kernels as there (Handlers::set_alive:
+// SlotPtrs::alive, null without a mask; this backend's slots have no remote peers, so it is never
+// refused here).
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "ffi/gpu_handlers.h"
@@ -55,6 +58,8 @@ struct NvshmemBackend {
     return nv::launch_combine_send(p, c.nv(), c.blocks(), s);
   }
   static cudaError_t launch_kernel(Rank& c, cudaStream_t s, const cu::CombineRecvParams& p) {
+    // it waits for the rows dispatch_send counted (which only the EP = 1 path, not here, leaves out)
+    if (!p.dest_counts) throw std::invalid_argument("combine_recv needs dispatch_send's dest_counts [N]");
     return nv::launch_combine_recv(p, c.nv(), c.blocks(), s);
   }
   // EP = 1 (gpu/local/local.h): no NVSHMEM memory involved

@@ -59,13 +59,15 @@ __device__ inline void record_timeout(const SlotPtrs& p, Half op, uint64_t missi
 }
 
 // dispatch_send's outputs when the op failed (grid-wide): nothing routed, nothing dropped (the
-// drop count feeds stats and debug checks, which must not see garbage).
+// drop count feeds stats and debug checks, which must not see garbage), no rows owed.
 __device__ inline void abandon_dispatch_send(const DispatchSendParams& P, const GridIdx& ix) {
   const Geometry& g = P.g;
   for (int64_t q = ix.gtid; q < int64_t(g.T) * g.K; q += ix.gstride) {
     P.dest[q] = -1;
     P.pair_slot[q] = 0;
   }
+  if (P.dest_counts)
+    for (int64_t r = ix.gtid; r < g.N; r += ix.gstride) P.dest_counts[r] = 0;
   if (ix.gtid == 0) *P.dropped = 0;
 }
 

@@ -131,6 +131,10 @@ struct DispatchSendParams {
   int32_t* dest;            // [T, K] out
   int32_t* pair_slot;       // [T, K] out: the pair's row in the combine region's part of its member
   int32_t* dropped;         // [] out
+  int32_t* dest_counts;     // [N] out, or null: routed pairs of the whole tp group per destination
+                            // rank (pairs of tokens < num_tokens with dest == r), the rows each
+                            // expert rank owes our combine_recv. Written by the nvshmem kernel
+                            // (its combine_recv waits for them); null on the cuda backend.
 };
 
 struct DispatchRecvParams {
@@ -166,6 +170,8 @@ struct CombineRecvParams {
   const int32_t* handle;    // [2]
   ElemKind y_kind;
   const int32_t* dest;      // [T, K]
+  const int32_t* dest_counts;  // [N] from dispatch_send (nvshmem: the rows each expert rank owes
+                               // us); null on the cuda backend and on the EP = 1 path
   const int32_t* pair_slot; // [T, K]: row in c_rows[t % tp]
   const float* weights;     // [T, K]
   const int32_t* num_tokens;  // []

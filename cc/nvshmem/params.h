@@ -1,6 +1,8 @@
 // The nvshmem backend's per-slot memory layout and kernel parameters. The kernels reuse the cuda
-// backend's Geometry (shapes, wire row, private staging/scratch offsets) and parameter structs;
-// this adds what differs: NVSHMEM signals, per-source metadata blocks, PE numbers.
+// backend's Geometry (shapes, wire row, private staging/scratch offsets) and parameter structs
+// (of which only these kernels use dest_counts: dispatch_send writes the rows each expert rank
+// owes our combine, and combine_recv waits for them; they travel with the dispatch's data, not
+// in a slot); this adds what differs: NVSHMEM signals, per-source metadata blocks, PE numbers.
 //
 // Per rank, one block of the NVSHMEM symmetric heap; per slot (all symmetric: peers write the
 // shared part, puts read the private part):

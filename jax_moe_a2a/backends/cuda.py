@@ -199,3 +199,6 @@ class CudaBackend(FfiBackend):
 
     def _combine_send_routing(self, p):
         return (p.recv_counts,)
+
+    def _dest_counts_shape(self, n):
+        return (0,)  # the GPU handlers' dest_counts (cc/ffi/gpu_handlers.h), empty: not counted here

@@ -32,11 +32,14 @@ class FfiDispatchWire:
 @pytree
 class FfiPlacement:
     """Where each pair went: dest [T, K] int32 (its expert's rank, N if not routed), slot [T, K]
-    int32 (its row among the rows to dest); after dispatch_recv also where each received row came
-    from: recv_src [R', 2], recv_slot [R'] and recv_counts (per source; `_counts_shape`)."""
+    int32 (its row among the rows to dest), dest_counts (`_dest_counts_shape`: the nvshmem
+    backend's [N] int32, the pairs of the tp group with dest == r, which combine_recv waits for;
+    [0] on cuda; None on host and at EP = 1); after dispatch_recv also where each received row
+    came from: recv_src [R', 2], recv_slot [R'] and recv_counts (per source; `_counts_shape`)."""
 
     dest: Any
     slot: Any
+    dest_counts: Optional[Any] = None
     recv_src: Optional[Any] = None
     recv_slot: Optional[Any] = None
     recv_counts: Optional[Any] = None
@@ -136,6 +139,11 @@ class FfiBackend(Backend):
         """Shape of dispatch_recv's per-source counts (`FfiPlacement.recv_counts`)."""
         raise NotImplementedError
 
+    def _dest_counts_shape(self, n) -> Optional[tuple]:
+        """Shape of dispatch_send's last result dest_counts, which combine_recv takes after the
+        handle (`FfiPlacement.dest_counts`), or None: the handlers have neither."""
+        return None
+
     def _combine_send_routing(self, placement: FfiPlacement) -> tuple:
         """Routing operands of combine_send, from the placement dispatch_recv completed."""
         raise NotImplementedError
@@ -174,15 +182,18 @@ class FfiBackend(Backend):
                 jax.ShapeDtypeStruct((t, k), i32), jax.ShapeDtypeStruct((), i32))
         xs = x_scale if x_scale is not None else jnp.zeros((0,), jnp.float32)
         local = self.uses_local_path(ctx.num_ranks)
+        counts = None if local else self._dest_counts_shape(ctx.num_ranks)
         if local:  # dispatch_recv's results too, from the same call
             outs += recv_result_shapes(ctx.spec, 1, self._counts_shape(ctx.spec, 1), self.dequantizes_on_recv)
+        elif counts is not None:
+            outs += (jax.ShapeDtypeStruct(counts, i32),)
         res = self._call(
             "local_dispatch" if local else "dispatch_send", outs, ctx, x, xs, topk_ids,
             topk_weights.astype(jnp.float32), num_tokens.reshape(()), after_operand(after),
             *self._mask_operands(ctx, rank_mask), slot=np.int32(slot), call_id=np.int64(ctx.call_id))
         handle, dest, pair_slot, dropped = res[:4]
         wire = FfiDispatchWire(handle, tuple(res[4:]) if local else None)
-        return Sent(wire, FfiPlacement(dest, pair_slot), dropped)
+        return Sent(wire, FfiPlacement(dest, pair_slot, res[4] if counts is not None else None), dropped)
 
     def dispatch_recv(self, ctx: Ctx, wire: FfiDispatchWire, placement: FfiPlacement, slot, rank_mask=None):
         spec, n = ctx.spec, ctx.num_ranks
@@ -216,6 +227,7 @@ class FfiBackend(Backend):
             res, rows = self._call("local_combine", outs, ctx, wire.y, p.recv_counts, *routing,
                                    slot=np.int32(slot), call_id=np.int64(ctx.call_id))
         else:
-            res, rows = self._call("combine_recv", outs, ctx, wire.handle, *routing, slot=np.int32(slot),
+            counts = () if p.dest_counts is None else (p.dest_counts,)
+            res, rows = self._call("combine_recv", outs, ctx, wire.handle, *counts, *routing, slot=np.int32(slot),
                                    y_kind=np.int32(Dtype.of(wire.y_dtype)))
         return (res, rows) if pairs else res

@@ -121,6 +121,12 @@ class NvshmemBackend(CudaBackend):
         table = runtime.exchange(f"jax_moe_a2a/nvshmem/{self._group_key(group)}", mine, n, config.timeout_s)
         c.nvshmem.connect(comm_id, [table[i] for i in range(n)])
 
+    def _dest_counts_shape(self, n):
+        # dispatch_send counts the rows each expert rank owes our combine_recv (its dest_counts,
+        # cc/nvshmem/dispatch/send.cu); they travel in the placement, so a combine on another slot
+        # than its dispatch has them too
+        return (n,)
+
     def rank_mask_unsupported(self):
         # The kernels leave masked ranks out of every wait and put (cc/nvshmem/device.cuh; the mask
         # is every half's last operand, CudaBackend._mask_operands). The per-source row counters

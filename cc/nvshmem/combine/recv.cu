@@ -1,10 +1,13 @@
-// nvshmem combine recv: every block counts the rows each expert rank owes us (our routed pairs;
-// the whole tp group's, since every member gets every row), waits until c_rows reaches them (a
-// first load at entry; polling only when it fell short) and reduces its share of each token's
-// pairs in f32 with the router weights (plus `out`); the last block to finish frees our combine
-// region. No grid-wide barrier. Elastic EP: masked expert ranks are not waited for (our pairs to
-// them were stopped: none owe us rows), their `seen` counter stays, and they get no FREE; when we
-// are masked ourselves we wait for nobody and the communicator replaces our output
+// nvshmem combine recv: every block waits until each expert rank's c_rows counter reaches the
+// rows it owes us (dispatch_send counted them: its dest_counts output, our routed pairs of the
+// whole tp group, since every member gets every row; one load per rank at entry, beside the first
+// load of c_rows and the token count; polling only when that first load fell short) and reduces
+// its share of each token's pairs in f32 with the router weights (plus `out`); the last block to
+// finish frees our combine region. No grid-wide barrier. The counts come with dest and pair_slot
+// (the dispatch's placement), not from the slot, so a combine on another slot than its dispatch
+// waits for the same rows. Elastic EP: masked expert ranks are not waited for (our pairs to them
+// were stopped: none owe us rows), their `seen` counter stays, and they get no FREE; when we are
+// masked ourselves we wait for nobody and the communicator replaces our output
 // (nvshmem/device.cuh).
 #include "gpu/elems.cuh"
 #include "gpu/failure.cuh"
@@ -19,50 +22,36 @@ namespace {
 
 __global__ void __launch_bounds__(gpu::kThreads) combine_recv_kernel(gpu::CombineRecvParams P, NvSlot nv) {
   A2A_KERNEL_START(P);
-  // Our pairs' dest (the count below) and the reduction's dest / slot / weight into L1 while the
-  // token count and the failure word load, so that the count's loads do not add a third latency.
-  for (int64_t q = threadIdx.x, i = 0; i < 4 && q < int64_t(g.T) * g.K; ++i, q += blockDim.x)
-    gpu::ptx::prefetch_l1(P.dest + q);
-  gpu::prefetch_reduce_meta(P, ix);
+  gpu::prefetch_reduce_meta(P, ix);  // the reduction's dest / slot / weight into L1 during the wait
   const int32_t num_tokens = *P.num_tokens;
-  // Threads r < N read c_rows[r] once at entry (acquire, issued beside the token count): when the
-  // rows landed before the launch (every expert rank's combine_send done) that load is the whole
-  // wait, and its latency overlaps the count instead of following it. Only a rank found short is
-  // polled again (wait_signals). The threads that hold these loads do not count (their later
-  // loads stay behind the acquire).
+  // Threads r < N: the rows expert rank r owes us in all (those consumed from it over earlier
+  // epochs, plus this combine's from dest_counts), then c_rows[r] once (acquire), all issued beside
+  // the token count: when the rows landed before the launch (every expert rank's combine_send
+  // done) that load is the whole wait. Only a rank found short is polled again (wait_signals).
+  // The plain loads come first: a load after the acquire would wait for it.
   Signals* mine = signals_at(P.p, me);
+  uint64_t* consumed = seen(P.p, nv.lay, 1, g);  // advanced by the last block, after all waited
+  __shared__ uint64_t due[kMaxRanks];              // consumed[r] + this combine's rows from rank r
   uint64_t first = 0;
-  if (threadIdx.x < g.N) first = gpu::ptx::ld_acquire_sys(&mine->c_rows[threadIdx.x]);
+  if (threadIdx.x < g.N) {
+    const int r = threadIdx.x;
+    const uint64_t before = consumed[r];
+    const int32_t now = P.dest_counts[r];
+    first = gpu::ptx::ld_acquire_sys(&mine->c_rows[r]);
+    due[r] = before + static_cast<uint64_t>(now);
+  }
   const int n = max(0, min(num_tokens, g.T));
 
   if (gpu::slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
     gpu::poison_combine_recv(P, ix);
     return;
   }
-  // Every block counts the rows each expert rank owes us (warps past those of threads < N; one
-  // shared atomic per rank and 32 pairs, not per pair) and waits for them.
-  __shared__ int expect[kMaxRanks];
-  __shared__ int fell_short;  // some rank's entry load of c_rows was below its due
-  if (threadIdx.x < g.N) expect[threadIdx.x] = 0;
-  if (threadIdx.x == 0) fell_short = 0;
-  __syncthreads();
-  const int counters = (g.N + 31) / 32 * 32;  // first counting thread (warp-aligned; blockDim > 2 * 32)
-  if (static_cast<int>(threadIdx.x) >= counters) {
-    const int64_t pairs = int64_t(n) * g.K;
-    for (int64_t q0 = threadIdx.x - ix.lane - counters; q0 < pairs; q0 += blockDim.x - counters) {  // warp-uniform
-      const int64_t q = q0 + ix.lane;
-      const int d = q < pairs ? P.dest[q] : -1;
-      const bool ok = d >= 0 && d < g.N;
-      const unsigned same = __match_any_sync(0xffffffffu, ok ? d : -1);
-      if (ok && ix.lane == __ffs(same) - 1) atomicAdd(&expect[d], __popc(same));
-    }
-  }
-  __syncthreads();
-  uint64_t* consumed = seen(P.p, nv.lay, 1, g);  // advanced by the last block, after every block waited
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: owe us nothing
-  const auto rows_due = [&](int r) { return consumed[r] + static_cast<uint64_t>(expect[r]); };
-  if (threadIdx.x < g.N && !left_out(out, threadIdx.x) && first < rows_due(threadIdx.x)) fell_short = 1;
-  __syncthreads();  // also orders every thread's row loads after the entry acquires that sufficed
+  const auto rows_due = [&](int r) { return due[r]; };
+  // One barrier: due[] visible to the block, whether some rank's entry load fell short of its due,
+  // and every thread's row loads ordered after the entry acquires that sufficed.
+  const bool fell_short =
+      __syncthreads_or(threadIdx.x < g.N && !left_out(out, threadIdx.x) && first < rows_due(threadIdx.x));
   if (fell_short && !wait_signals(P.p, g, Half::kCombineRecv, [&](int r) { return &mine->c_rows[r]; },
                                   [&](int r) { return left_out(out, r) ? 0 : rows_due(r); }, blockIdx.x == 0)) {
     gpu::poison_combine_recv(P, ix);

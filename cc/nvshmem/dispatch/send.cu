@@ -1,9 +1,11 @@
 // nvshmem dispatch send: route and stage (the cuda backend's helpers), then put every routed
 // pair's row into its private slot at the destination (put-with-signal, +1 on d_rows[me] there),
 // then one meta block per destination (counts per local expert, our combine offset for it, token
-// and weight per row) whose
-// signal d_meta[me] = epoch + 1 tells the receiver how many rows to wait for. Elastic EP: masked
-// ranks get no meta block and no row (the communicator already stopped every pair to them) and
+// and weight per row) whose signal d_meta[me] = epoch + 1 tells the receiver how many rows to wait
+// for. The dest_counts output [N] tells our combine_recv how many rows each expert rank owes us
+// (the tp group's routed pairs per destination); it travels with dest and pair_slot in the
+// placement, so a combine on another slot reads it too. Elastic EP: masked ranks get no meta
+// block and no row (the communicator already stopped every pair to them, so they count 0) and
 // their FREE is not awaited; a live rank's is awaited for the last dispatch it took part in
 // (FreeDue, gpu/mask.cuh, as the cuda backend's).
 #include "gpu/arrange.cuh"
@@ -53,6 +55,20 @@ __global__ void __launch_bounds__(gpu::kThreads) dispatch_send_kernel(gpu::Dispa
     ep->dropped = 0;
   }
   gpu::write_pair_slots(P, s, ix);
+  // The rows each expert rank d owes our combine_recv (the dest_counts output): the whole tp
+  // group's routed pairs to d (every member gets every row back), the sum of cnt over the group's
+  // members and d's local experts, which is the number of pairs with dest == d (route_pairs and
+  // scan_experts apply the same validity, dedup and t < n). A warp per destination, dealt from the
+  // grid's last warps (the puts below fill every block's first warps). Null only under the EP = 1
+  // dispatch's fallback to the exchange kernels, whose combine (gpu/local) reads no counts.
+  if (P.dest_counts) {
+    for (int64_t d = ix.nwarps - 1 - gpu::warp_across_blocks(); d < g.N; d += ix.nwarps) {
+      int rows = 0;
+      for (int i = ix.lane; i < g.tp * g.L; i += 32) rows += s.cnt[int64_t(i / g.L) * g.E + d * g.L + i % g.L];
+      for (int off = 16; off > 0; off >>= 1) rows += __shfl_xor_sync(0xffffffffu, rows, off);
+      if (ix.lane == 0) P.dest_counts[d] = rows;
+    }
+  }
   for (int64_t i = ix.gtid; i < int64_t(g.N) * g.L; i += ix.gstride)
     stage_meta[(i / g.L) * words + i % g.L] = cnt[i];
   for (int d = ix.gtid; d < g.N; d += ix.gstride) stage_meta[d * words + g.L] = s.c_off[int64_t(member) * g.N + d];
