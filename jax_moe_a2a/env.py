@@ -132,6 +132,9 @@ VARS = (
         _TEST),
     Var("TEST_TIMEOUT", "bool", "0", "tests/test_protocol.py",
         "run the never-calls timeout test on the GPU backends", _TEST),
+    Var("TEST_WATCHDOG_S", "float", "0", "tests/watchdog.py, tests/conftest.py",
+        "tests: S seconds (and 2 S) into a test still running, print every live communicator's "
+        "last error and proxy counters; print a failure's report at once (0: off)", _TEST),
     Var("TEST_WORKERS", "int", "2", "scripts/test.sh",
         "pytest-xdist workers of the single-process suite (0: none)", _TEST),
     Var("RAGGED_EMULATE", "bool", "0", "tests/conftest.py, tests/ragged_emulation.py",

@@ -309,7 +309,7 @@ def run_ops(comm: Communicator, inputs: List[oracle.RankInputs], *, y_dtype=jnp.
         return None
     if poison:
         poison_devices(mesh)
-    res = f(*args)
+    res = jax.block_until_ready(f(*args))  # waits without the GIL (np.asarray below would hold it)
     per = {k: local_ranks_of(v) for k, v in res.items()}
     ranks = sorted(per["out"])
     return {r: {k: per[k][r] for k in per} for r in ranks}

@@ -37,6 +37,7 @@ say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/mps.log"; }
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 quiet() { grep -vE "^\s*$" | grep -vE "grpc|UNAVAIL|WatchTasks|Source Loc|CANCELLED|external/xla|^E[0-9]{4} [0-9:.]+ "; }
 export CUDA_VISIBLE_DEVICES=${GPU_CHECK_VISIBLE:-0} PYTHONUNBUFFERED=1
+export JAX_MOE_A2A_TEST_WATCHDOG_S=${JAX_MOE_A2A_TEST_WATCHDOG_S:-25}  # a stuck test prints its communicators (tests/watchdog.py)
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
 
 # ---- 1. build: gpu_check.sh's stage (it installs the package, or copies a carried prebuilt _C) ----

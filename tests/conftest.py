@@ -23,6 +23,8 @@ if os.environ["JAX_PLATFORMS"] == "cpu" and "xla_backend_optimization_level" not
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+import watchdog  # noqa: E402  (JAX_MOE_A2A_TEST_WATCHDOG_S: a hanging test's communicators, printed)
+
 if os.environ.get("JAX_MOE_A2A_RAGGED_EMULATE") == "1":  # XLA:CPU lacks ragged-all-to-all
     from ragged_emulation import install  # noqa: E402
     install()
@@ -84,6 +86,16 @@ def subprocess_env(*, drop=(), keep_xla_flags: bool = False, **set_vars) -> dict
 def pytest_sessionfinish(session, exitstatus):
     if _MPI_SIZE > 1:  # leave together: a process exiting early aborts the others' coordination
         jax.distributed.shutdown()
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if watchdog.enabled():
+        watchdog.started(nodeid)
+
+
+def pytest_runtest_logreport(report):
+    if watchdog.enabled():
+        watchdog.finished(report)
 
 
 def pytest_collection_modifyitems(config, items):
