@@ -29,14 +29,19 @@ def _say(text: str):
 def _dump(nodeid: str, after: float):
     if _running["id"] != nodeid:  # that test ended
         return
-    from jax_moe_a2a.comm import Communicator
-    comms = [o for o in gc.get_objects() if isinstance(o, Communicator)]
-    _say(f"{nodeid} still running after {after:g} s; {len(comms)} live communicator(s)")
+    _say(f"{nodeid} still running after {after:g} s")  # first: what follows may block
+    try:
+        from jax_moe_a2a.comm import Communicator
+        comms = [o for o in gc.get_objects() if type(o) is Communicator or isinstance(o, Communicator)]
+    except Exception as e:  # noqa: BLE001: a report, whatever the state
+        _say(f"  the live communicators could not be listed: {type(e).__name__}: {e}")
+        return
+    _say(f"  {len(comms)} live communicator(s)")
     for c in comms:
         for name in ("last_error", "proxy_stats"):
             try:
                 value = getattr(c, name)()
-            except Exception as e:  # noqa: BLE001: a report, whatever the state
+            except Exception as e:  # noqa: BLE001
                 value = f"{type(e).__name__}: {e}"
             _say(f"  communicator {id(c):x} {name}: {value}")
 
