@@ -181,28 +181,29 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_vec_kernel(SwigluParams
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
+// The SwiGLU kernel for gu of type G: the vectorised one where it applies, else the scalar one;
+// its fp8-h instance when h_scale is set.
+template <class G>
+void launch_swiglu_of(const SwigluParams& p, int64_t total, cudaStream_t stream) {
+  const bool vec = p.block == 128 && p.f % 128 == 0 && aligned16(p.gu) && aligned16(p.h);
+  const bool quant = p.h_scale != nullptr;
+  void (*kernel)(SwigluParams, int64_t) = vec ? (quant ? swiglu_vec_kernel<true, G> : swiglu_vec_kernel<false, G>)
+                                              : (quant ? swiglu_kernel<true, G> : swiglu_kernel<false, G>);
+  const int64_t items_per_block = (kSwigluThreads / 32) * (vec ? kVecItems : 1);
+  const unsigned grid = static_cast<unsigned>((total + items_per_block - 1) / items_per_block);
+  kernel<<<grid, kSwigluThreads, 0, stream>>>(p, total);
+}
+
 }  // namespace
 
 cudaError_t launch_swiglu(const SwigluParams& p, cudaStream_t stream) {
   if (p.block <= 0 || p.block > 256) return cudaErrorInvalidValue;
   const int64_t total = p.rows * fp8_num_blocks(p.f, p.block);
   if (total == 0) return cudaSuccess;
-  // One kernel family (the fp8 h or the bf16 h one, for f32 or bf16 gu) and the items each block
-  // takes.
-  using Kernel = void (*)(SwigluParams, int64_t);
-  const auto launch = [&](Kernel q_f32, Kernel plain_f32, Kernel q_bf16, Kernel plain_bf16, int64_t items_per_block) {
-    const unsigned grid = static_cast<unsigned>((total + items_per_block - 1) / items_per_block);
-    const Kernel k = p.h_scale != nullptr ? (p.gu_bf16 ? q_bf16 : q_f32) : (p.gu_bf16 ? plain_bf16 : plain_f32);
-    k<<<grid, kSwigluThreads, 0, stream>>>(p, total);
-  };
-  const int warps = kSwigluThreads / 32;
-  using BF16 = __nv_bfloat16;
-  if (p.block == 128 && p.f % 128 == 0 && aligned16(p.gu) && aligned16(p.h))
-    launch(swiglu_vec_kernel<true, float>, swiglu_vec_kernel<false, float>, swiglu_vec_kernel<true, BF16>,
-           swiglu_vec_kernel<false, BF16>, warps * kVecItems);
+  if (p.gu_bf16)
+    launch_swiglu_of<__nv_bfloat16>(p, total, stream);
   else
-    launch(swiglu_kernel<true, float>, swiglu_kernel<false, float>, swiglu_kernel<true, BF16>,
-           swiglu_kernel<false, BF16>, warps);
+    launch_swiglu_of<float>(p, total, stream);
   return cudaGetLastError();
 }
 
