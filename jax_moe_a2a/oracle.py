@@ -30,6 +30,11 @@ FP8 = ml_dtypes.float8_e4m3fn
 _INV_448 = np.float32(1.0) / np.float32(448.0)
 
 
+def round_bf16(a) -> np.ndarray:
+    """a (any float array) rounded to bfloat16 through f32 (nearest, ties to even), as float64."""
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
 def num_blocks(h: int, block: int) -> int:
     """Scales per row: ceil(h / block) (the last block is partial when block does not divide h)."""
     if block <= 0:

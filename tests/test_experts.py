@@ -240,24 +240,20 @@ def _silu(v):
     return v / (1.0 + np.exp(-v))
 
 
-def _round_bf16(a):
-    return np.asarray(jnp.asarray(a.astype(np.float32)).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
-
-
 def oracle_mlp(xd, wgu, wdn, gs, layout, *, quantize=None, wdn_scale_block=None):
     """float64 SwiGLU MLP per group: h = silu(x Wg^T) * (x Wu^T); optionally h re-quantised to fp8 with
     1 x block scales (the library's rule, from h in f32; the gate+up output rounded to bf16 first, as
     the library does then: gemm_ffi.gu_dtype); y = h Wd^T. Returns (y, bound |h| |Wd|^T)."""
     a = oracle_gemm(xd, wgu, gs, layout)
     if quantize:
-        a = _round_bf16(a)
+        a = oracle.round_bf16(a)
     f = a.shape[-1] // 2
     h = _silu(a[..., :f]) * a[..., f:]
     if quantize:
         q, s = oracle.quantize_fp8(h.reshape(-1, f).astype(np.float32), quantize)
         h = oracle.dequantize_fp8(q, s, quantize).reshape(h.shape).astype(np.float64)
     else:
-        h = _round_bf16(h)
+        h = oracle.round_bf16(h)
     return oracle_gemm(h, wdn, gs, layout), oracle_gemm(np.abs(h), np.abs(wdn), gs, layout)
 
 
@@ -591,7 +587,7 @@ def test_moe_layer_with_grouped_experts(backend, layout, mesh):
                 if routed[tok, j]:
                     ex = int(inp.topk_ids[tok, j])
                     y, b = oracle_mlp(xd[tok][None], wgu[ex][None], wdn[ex][None], [1], "ragged", quantize=128)
-                    y = np.asarray(jnp.asarray(y.astype(np.float32)).astype(jnp.bfloat16).astype(jnp.float32))
+                    y = oracle.round_bf16(y)
                     want[tok] += inp.topk_weights[tok, j] * y[0]
                     bound[tok] += inp.topk_weights[tok, j] * (b[0] + np.abs(y[0]))
         _assert_mlp_close(out[r], want, bound, True, seed, f"{backend}/{layout} rank {r}")

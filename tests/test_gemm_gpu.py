@@ -15,7 +15,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from jax_moe_a2a import gemm_ffi
+from jax_moe_a2a import gemm_ffi, oracle
 
 pytestmark = pytest.mark.skipif(gemm_ffi.native_reason() is not None,
                                 reason=f"native grouped GEMMs unavailable: {gemm_ffi.native_reason()}")
@@ -146,10 +146,6 @@ def _silu(g):
     return g / (1.0 + np.exp(-g))
 
 
-def _round_bf16(a):
-    return np.asarray(jnp.asarray(np.asarray(a, np.float32)).astype(BF16).astype(jnp.float32), np.float64)
-
-
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("quantize", [False, True], ids=["h_bf16", "h_fp8"])
 def test_swiglu(fp8, quantize):
@@ -162,7 +158,7 @@ def test_swiglu(fp8, quantize):
         x, w, jnp.asarray(sizes), xs, wsc)
     gu, valid = _oracle_ragged(xf, wf, sizes)
     if quantize:  # the GEMM writes gu in bf16 when h is re-quantised (gemm_ffi.gu_dtype)
-        gu = _round_bf16(gu)
+        gu = oracle.round_bf16(gu)
     ref = _silu(gu[:, :F]) * gu[:, F:]
     if quantize:
         assert h.dtype == FP8 and hs.shape == (R, F // 128)

@@ -32,7 +32,7 @@ def _dump(nodeid: str, after: float):
     _say(f"{nodeid} still running after {after:g} s")  # first: what follows may block
     try:
         from jax_moe_a2a.comm import Communicator
-        comms = [o for o in gc.get_objects() if type(o) is Communicator or isinstance(o, Communicator)]
+        comms = [o for o in gc.get_objects() if isinstance(o, Communicator)]
     except Exception as e:  # noqa: BLE001: a report, whatever the state
         _say(f"  the live communicators could not be listed: {type(e).__name__}: {e}")
         return
