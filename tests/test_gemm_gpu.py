@@ -165,9 +165,9 @@ def test_swiglu(fp8, quantize):
         hf = np.asarray(h.astype(jnp.float32), np.float64) * np.repeat(np.asarray(hs), 128, axis=-1)
         amax = np.abs(ref).reshape(R, F // 128, 128).max(-1)
         want_s = np.maximum(amax, 1e-12) * np.float32(1 / 448)
-        # the kernel's f32 accumulation vs the f64 oracle, then gu's bf16 rounding on both sides
-        # (one bf16 step apart where they straddle a boundary): amax agrees to ~1e-2
-        np.testing.assert_allclose(np.asarray(hs)[:valid], want_s[:valid], rtol=1e-2)
+        # the kernel's f32 accumulation vs the f64 oracle, both rounded to bf16 (gu_dtype): amax
+        # agrees to ~1e-3 (an f32 sum landing across a bf16 boundary from the f64 one is ~1e-4 rare)
+        np.testing.assert_allclose(np.asarray(hs)[:valid], want_s[:valid], rtol=5e-3)
         tol = 4e-2  # e4m3 rounding of h
     else:
         assert h.dtype == BF16 and hs is None
