@@ -73,6 +73,12 @@ iteration taken on the process whose wall was longest:
                and on a small machine the threads time-slicing its cores
   ratio        wall / (raw wire + pack + unpack): the issue's measure, the packer's compute standing
                for the NVLink path's kernel time
+  run-queue    per thread group (benchlib/sched.py: the calling thread, the proxy thread a2a-proxy, the
+               engine's progress thread a2a-progress), the time it sat runnable without a CPU during the
+               calls (Linux schedstat), per iteration the most any process saw: where the processes'
+               threads outnumber the cores this names the unexplained wait's cause; a spinning
+               thread is runnable all along, so its figure bounds (does not measure) what was on the
+               transfer's path
 Modes `peer` / `series` (and `-spin`) set JAX_MOE_A2A_PROXY_PIPELINE; "PRIV writes posted before the
 whole pack" is proxy_stats' priv_early per dispatch.
 """
@@ -176,23 +182,40 @@ class CallRecorder:
     """Records every call of halves.bench_one's halves (warm-up and timed), as its `hooks`: a
     snapshot of comm.proxy_stats() before each call's barrier (= after the previous call) and
     `clock` after it (= just before the call). names[k], stamps[k] (ns) and snaps[k] belong to call
-    k; close() takes one more snapshot (after the last call)."""
+    k; close() takes one more snapshot (after the last call). With a `sched` reader
+    (benchlib/sched.py), also the threads' scheduler statistics right before each call (sched_in[k],
+    read before its clock) and right after it (sched_out[k + 1], read after the clock): call k's run
+    and run-queue times are sched_out[k + 1] - sched_in[k]."""
 
-    def __init__(self, comm, clock):
-        self.comm, self.clock = comm, clock
+    def __init__(self, comm, clock, sched=None):
+        self.comm, self.clock, self.sched = comm, clock, sched
         self.names, self.stamps, self.snaps, self.pre = [], [], [], []
+        self.sched_in, self.sched_out = [], []
 
     def before_barrier(self, name):
         self.pre.append(self.clock())  # pre[k + 1] - stamps[k]: call k's wall (its end, as seen from here)
+        if self.sched:
+            self.sched_out.append(self.sched.snapshot())
         self.snaps.append(self.comm.proxy_stats())
 
     def after_barrier(self, name):
+        if self.sched:
+            self.sched_in.append(self.sched.snapshot())
         self.stamps.append(self.clock())
         self.names.append(name)
 
     def close(self):
         self.pre.append(self.clock())
+        if self.sched:
+            self.sched_out.append(self.sched.snapshot())
         self.snaps.append(self.comm.proxy_stats())
+
+    def sched_deltas(self):
+        """[calls] of {group: (run µs, run-queue wait µs)} (benchlib/sched.py), or None without a
+        reader or where Linux gives no schedstat."""
+        if not self.sched or not self.sched.available or len(self.sched_out) != len(self.names) + 1:
+            return None
+        return [self.sched.delta(self.sched_in[k], self.sched_out[k + 1]) for k in range(len(self.names))]
 
 
 class LandedWaiter:
@@ -252,6 +275,7 @@ def packer_samples(calls, iters):
     calls took longest, of the process whose wall was longest."""
     from benchlib import timing
     walls = [(calls.pre[k + 1] - calls.stamps[k]) / 1e3 for k in range(len(calls.names))]
+    sched = calls.sched_deltas()
     out = {}
     for i, (group, (names, send, recv)) in enumerate(pb.PACKER_GROUPS.items()):
         per_call = [pb.packer_deltas(calls.snaps[k], calls.snaps[k + 1], send, recv) if calls.names[k] in names
@@ -264,11 +288,18 @@ def packer_samples(calls, iters):
         table = np.asarray(timing.gather([[float(v) for v in mine[k]] for k in ["wall_us", *pb.PACKER_PARTS]],
                                          f"packer{i}"), np.float64)  # [processes, 1 + parts, iters]
         oks = timing.gather(bool(ok), f"packer-ok{i}")
+        # The threads' run-queue waits during the group's calls; per iteration the most any process saw.
+        runq = {k: pb.per_iteration(calls.names, [d[g][1] if d and g in d else 0.0 for d in sched], names, iters)
+                for g, k in pb.SCHED_PARTS.items()} if sched else {}
+        runq_all = timing.gather({k: [float(v) for v in a] for k, a in runq.items()}, f"packer-runq{i}")
         if not all(oks):
             continue
         worst = np.argmax(table[:, 0, :], axis=0)  # per iteration, the slowest process
         cols = np.arange(table.shape[2])
         out[group] = {k: table[worst, j, cols].tolist() for j, k in enumerate(["wall_us", *pb.PACKER_PARTS])}
+        if all(runq_all):
+            for k in pb.SCHED_PARTS.values():
+                out[group][k] = np.max(np.asarray([r[k] for r in runq_all], np.float64), axis=0).tolist()
     return out
 
 
@@ -343,7 +374,8 @@ def run_mode(jax, spec, mesh, args, clock, mode):
         if not before:  # the same on every process: all leave here
             raise SystemExit(f"benchmarks/proxy.py: no proxy thread (node_size {comm.diagnostics().get('node_size')} "
                              f"of {comm.num_ranks} ranks): set JAX_MOE_A2A_NODE_SIZE below the number of ranks")
-        calls = CallRecorder(comm, clock)
+        from benchlib.sched import SchedReader
+        calls = CallRecorder(comm, clock, SchedReader())
         rec = bench_one(jax, comm, args.shape, argparse.Namespace(seed=args.seed, no_check=False, x_dtype="f32"),
                         args.iters, args.warmup, Progress(1 + args.iters + args.warmup, False), hooks=calls)
         calls.close()

@@ -3,6 +3,7 @@ Nothing here asserts a speed."""
 
 import json
 import os
+import time
 import sys
 
 import pytest
@@ -425,6 +426,42 @@ def test_proxy_program_records_calls_and_parses_modes(capsys):
     assert np.all(np.asarray(samples["dispatch"]["skew_us"]) == 0)
 
 
+def test_sched_reader_sees_this_thread_run_and_the_library_threads_by_name():
+    """benchlib/sched.py: the calling thread is "main"; a busy loop shows as run time in its delta;
+    threads named as the library names its own (cc/core/thread_name.h) are found by name."""
+    import ctypes
+    import threading
+
+    from benchlib.sched import GROUPS, SchedReader
+    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"):
+        pytest.skip("no per-thread schedstat on this kernel")
+    started, stop = threading.Event(), threading.Event()
+
+    def named():
+        libc = ctypes.CDLL(None)
+        libc.pthread_self.restype = ctypes.c_ulong
+        libc.pthread_setname_np.argtypes = (ctypes.c_ulong, ctypes.c_char_p)
+        libc.pthread_setname_np(libc.pthread_self(), b"a2a-proxy")
+        started.set()
+        stop.wait()
+    t = threading.Thread(target=named)
+    t.start()
+    started.wait()
+    try:
+        r = SchedReader()
+        assert r.available and sorted(set(r.tids.values())) == ["main", "proxy"]
+        a = r.snapshot()
+        x, end = 0, time.perf_counter() + 0.05
+        while time.perf_counter() < end:
+            x += 1
+        d = r.delta(a, r.snapshot())
+        assert set(d) == set(GROUPS) and d["main"][0] > 10_000  # ran > 10 ms of the 50 ms loop
+        assert d["progress"] == (0.0, 0.0)  # no such thread here
+    finally:
+        stop.set()
+        t.join()
+
+
 def test_packer_breakdown_arithmetic():
     """The host backend's end-to-end parts (benchlib/proxy_breakdown.py): per call the rank whose
     calls took longest, pack / unpack = call - wait, the rest and the unexplained wait add up."""
@@ -443,6 +480,12 @@ def test_packer_breakdown_arithmetic():
     assert out["rest_us"] == 50.0 and out["skew_us"] == 5.0
     assert out["beyond_wire_us"] == 45.0  # recv wait 70 - skew 5 - raw wire 20
     assert out["ratio"] == 200.0 / (20.0 + 40.0 + 30.0)
+    assert out["beyond_runq_us"] is None and "runq_proxy_us" not in out  # no run-queue samples: no such column
+    runq = dict(parts, runq_main=[1.0] * 3, runq_proxy=[8.0] * 3, runq_progress=[2.0] * 3)
+    out = pb.packer_breakdown([200.0] * 3, runq, raw_wire_us=20.0, skew_us=[5.0] * 3)
+    assert out["runq_proxy_us"] == 8.0 and out["runq_main_us"] == 1.0
+    assert out["beyond_runq_us"] == 35.0  # unexplained 45 - the proxy's 8 - the progress thread's 2
+    assert any("run-queue waits" in line for line in pb.format_packer("dispatch (one call)", out, 1024, 1))
     assert pb.raw_at({"latency": [{"size": 1024, "raw_half_rtt_us": 3.0}]}, 1024) == 3.0
     assert pb.raw_at({"latency": [{"size": 1024}]}, 1024) is None
     assert "peer" in pb.PROXY_MODES and pb.PROXY_MODES["series"]["JAX_MOE_A2A_PROXY_PIPELINE"] == "off"

@@ -278,6 +278,9 @@ PACKER_GROUPS = {
     "combine (halves)": (("combine_send", "combine_recv"), "combine_send", "combine_recv"),
 }
 PACKER_PARTS = ("pack", "send_wait", "unpack", "recv_wait")
+# benchlib/sched.py's thread groups -> the packer samples' run-queue columns (µs a group's threads sat
+# runnable without a CPU during the calls; per iteration the most any process saw)
+SCHED_PARTS = {"main": "runq_main", "proxy": "runq_proxy", "progress": "runq_progress"}
 
 
 def packer_deltas(a: dict, b: dict, send: str, recv: str) -> Optional[Dict[str, float]]:
@@ -323,6 +326,14 @@ def packer_breakdown(walls_us, parts: Dict[str, Sequence[float]], raw_wire_us: O
         out["ratio"] = p50(w / (raw_wire_us + p["pack"] + p["unpack"]))
     else:
         out["beyond_wire_us"] = out["ratio"] = None
+    # Run-queue waits (when the samples carry them): the proxy's and progress thread's share of the
+    # unexplained wait is named; what remains past them is beyond_runq.
+    runq = {k: np.asarray(parts[k], np.float64) for k in SCHED_PARTS.values() if k in parts}
+    for k, v in runq.items():
+        out[f"{k}_us"] = p50(v)
+    out["beyond_runq_us"] = None
+    if len(runq) == len(SCHED_PARTS) and raw_wire_us is not None and w.size:
+        out["beyond_runq_us"] = p50(p["recv_wait"] - sk - raw_wire_us - runq["runq_proxy"] - runq["runq_progress"])
     return out
 
 
@@ -346,4 +357,9 @@ def format_packer(name: str, b: dict, block: float, peers: int) -> List[str]:
                      f"(per iteration); wall / (raw wire + pack + unpack) = {b['ratio']:.2f}x")
     else:
         lines.append("    raw wire n/a (no raw point at the block size)")
+    if b.get("runq_proxy_us") is not None:
+        lines.append(f"    run-queue waits (runnable, no CPU; Linux schedstat, the most any process saw): proxy thread "
+                     f"{_us(b['runq_proxy_us'])}, progress thread {_us(b['runq_progress_us'])}, main thread "
+                     f"{_us(b['runq_main_us'])}; unexplained less the proxy's and progress thread's: "
+                     f"{_us(b['beyond_runq_us'])}")
     return lines

@@ -15,6 +15,7 @@
 #include "proxy/topology.h"
 #include "transfer/errors.h"
 #include "core/env.h"
+#include "core/thread_name.h"
 
 namespace a2a::proxy {
 
@@ -74,6 +75,7 @@ Proxy::Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath
   auto prepared = std::make_shared<std::promise<void>>();
   std::future<void> ready = prepared->get_future();
   thread_ = std::thread([this, prepared] {
+    set_thread_name(kProxyThreadName);
     try {
       if (staging_) staging_->prepare();
       prepared->set_value();

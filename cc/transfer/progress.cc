@@ -9,6 +9,7 @@
 
 #include "transfer/errors.h"
 #include "core/env.h"
+#include "core/thread_name.h"
 
 namespace a2a::transfer {
 namespace {
@@ -48,7 +49,10 @@ void Backoff::pause() {
 ProgressThread::ProgressThread(ProgressOptions opts, std::function<int()> poll,
                                std::function<bool()> busy, const std::atomic<uint64_t>* waiters)
     : opts_(opts), poll_(std::move(poll)), busy_(std::move(busy)), waiters_(waiters) {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    set_thread_name(kProgressThreadName);
+    run();
+  });
 }
 
 void ProgressThread::stop() {
