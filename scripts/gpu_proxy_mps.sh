@@ -86,7 +86,7 @@ nvidia-smi --query-gpu=name,compute_mode,memory.used --format=csv 2>&1 | tee -a 
 dump_hung() {  # $1 = seconds, $2 = pgrep pattern, $3 = output prefix
   sleep "$1"
   for pid in $(pgrep -f "$2"); do
-    timeout 25 cuda-gdb -q -batch -p "$pid" -ex "info cuda kernels" -ex "thread apply all bt 12" > "$3.$pid" 2>&1 &
+    timeout 25 cuda-gdb -q -batch -p "$pid" -ex "info cuda kernels" -ex "thread apply all bt 24" > "$3.$pid" 2>&1 &
   done
   wait
 }
