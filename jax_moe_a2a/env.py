@@ -55,9 +55,9 @@ VARS = (
     Var("LOCAL_DEVICE_IDS", "str", "JAX decides", "jax_moe_a2a/runtime.py (examples/serve.py, tests/conftest.py)",
         "`local_device_ids` for jax.distributed.initialize: `0`, `0,1` (every process takes those) or "
         "`local_rank` (the Open MPI / Slurm node-local rank)"),
-    Var("GEMM_TILE_M", "auto or 64,128,rasterM/N/H,s1/2/4/8", "auto", "jax_moe_a2a/gemm_ffi.py, at trace",
-        "grouped GEMMs, measurements (benchmarks/gemm.py): tile rows (`auto`: 64 when the mean rows per "
-        "expert is <= 128, else 128), raster order, max swizzle; else ValueError"),
+    Var("GEMM_TILE_M", "auto or a comma list", "auto", "jax_moe_a2a/gemm_ffi.py, at trace",
+        "grouped GEMMs, measurements: tile rows, raster order, max swizzle, fp8 forward kernel (docs/api.md, "
+        "Grouped expert GEMMs: native kernels); else ValueError"),
     # ---- read by the extension (C++) -----------------------------------------------------------
     Var("IFACE", "str", "any", "cc/transfer/engine.cc, cc/transfer/fabric.cc",
         "libfabric domain names to open, comma-separated (e.g. `lo`)", _NATIVE),

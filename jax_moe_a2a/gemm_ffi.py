@@ -47,10 +47,12 @@ _MODE_FORWARD, _MODE_TRANSPOSE_W, _MODE_WGRAD = 0, 1, 2
 class Tuning:
     """The kernel configuration a call asks for (gemm::TuningRequest, cc/gemm/grouped_gemm.h):
     tile_m 0 (auto: 64-row tiles when the mean rows per expert is <= 128, else 128), 64 or 128;
-    raster 0 (along M), 1 (along N) or 2 (CUTLASS's heuristic); swizzle 1, 2, 4 or 8 (maximum)."""
+    raster 0 (along M), 1 (along N) or 2 (CUTLASS's heuristic); swizzle 1, 2, 4 or 8 (maximum);
+    kernel 0 (auto: CUTLASS), 1 (CUTLASS) or 2 (wgmma: our own fp8 kernel, fp8 forward calls only)."""
     tile_m: int = 0
     raster: int = 0
     swizzle: int = 1
+    kernel: int = 0
 
     def attrs(self) -> dict:
         """The custom call's attributes."""
@@ -60,13 +62,14 @@ class Tuning:
 # JAX_MOE_A2A_GEMM_TILE_M's words and the field each sets
 _TUNING_WORDS = {"64": ("tile_m", 64), "128": ("tile_m", 128), "rasterM": ("raster", 0), "rasterN": ("raster", 1),
                  "rasterH": ("raster", 2), "s1": ("swizzle", 1), "s2": ("swizzle", 2), "s4": ("swizzle", 4),
-                 "s8": ("swizzle", 8)}
+                 "s8": ("swizzle", 8), "cutlass": ("kernel", 1), "wgmma": ("kernel", 2)}
 
 
 def parse_tuning(text: str | None) -> Tuning:
     """JAX_MOE_A2A_GEMM_TILE_M's value -> Tuning: None, '' or 'auto' are the defaults; otherwise a
     comma list of 64 | 128 (the tile's rows), rasterM | rasterN | rasterH (the scheduler's order),
-    s1 | s2 | s4 | s8 (its maximum swizzle); a later word wins. Any other word raises ValueError
+    s1 | s2 | s4 | s8 (its maximum swizzle), cutlass | wgmma (the fp8 forward kernel: CUTLASS's, or
+    our own, cc/gemm/fp8_wgmma.cuh); a later word wins. Any other word raises ValueError
     naming the accepted ones (a misspelt setting would otherwise measure the default)."""
     t = Tuning()
     if text is None or text.strip() in ("", "auto"):

@@ -3,7 +3,8 @@
 # Several processes share the one GPU, each one JAX rank (XLA's own collectives refuse that, so
 # the multi-process runs use the cuda backend and the NumPy oracle only).
 # Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench";
-# also: serve timeout nocmdbuf sanitizer mpibench mpsbench nvshmem nvshmem-timeout proxy proxybench,
+# also: probe (benchmarks/gemm_probe.cu: our own fp8 GEMM checked and timed without Python; PROBE_ARGS
+#      check | time), serve timeout nocmdbuf sanitizer mpibench mpsbench nvshmem nvshmem-timeout proxy proxybench,
 #      layers (the MoE layer benchmark, command buffers on and off), anchor (pplx-kernels from
 #      .devdeps/pplx_anchor at N = ANCHOR_NPROCS, default "2 4", processes on GPU 0) and anchorbench
 #      (our cuda and nvshmem halves the same way, one table next to pplx's; run after anchor),
@@ -69,6 +70,20 @@ if stage build; then
     echo "gpu_check: the build failed (no _C to import); its errors:" | tee -a "$OUT/build.log"
     grep -B2 -A6 -E "error|FAILED" "$OUT/build.full" 2>/dev/null | head -60 | tee -a "$OUT/build.log"
     exit 1  # every later stage would fail on the missing extension
+  fi
+fi
+if stage probe; then
+  # Our own fp8 grouped GEMM without Python or the build (benchmarks/gemm_probe.cu, ~20 s to compile):
+  # its checks against a CUDA-core reference, then its timings next to the HBM floor. The CUTLASS
+  # headers come from the nvidia-cutlass wheel (carried in .devdeps/whl where the machine is offline).
+  ls .devdeps/whl/nvidia_cutlass-*.whl > /dev/null 2>&1 && \
+    python3 -m pip install -q --no-deps --no-index .devdeps/whl/nvidia_cutlass-*.whl > "$OUT/cutlass.log" 2>&1
+  CUTLASS_INC=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))")
+  if nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Icc -I"$CUTLASS_INC" benchmarks/gemm_probe.cu \
+       cc/gemm/gemm_fp8_wgmma.cu -o "$RUNDIR/gemm_probe" > "$OUT/probe-build.log" 2>&1; then
+    timeout -k 5 "$(cap 180)" "$RUNDIR/gemm_probe" ${PROBE_ARGS:-} 2>&1 | tee "$OUT/probe.log"
+  else
+    echo "gpu_check: the probe did not compile" | tee -a "$OUT/probe-build.log"; tail -20 "$OUT/probe-build.log"
   fi
 fi
 cd tests

@@ -138,7 +138,7 @@ def test_wgrad_asks_the_exact_workspace_of_its_mode(monkeypatch, expert_major):
     jaxpr = jax.make_jaxpr(gemm_ffi.grouped_gemm_wgrad)(S(lead + (k,), BF16), S(lead + (n,), BF16),
                                                          S((L,), jnp.int32))
     assert rec.calls == [((False, True, gemm_ffi._MODE_WGRAD, L, rows, n, k, expert_major),
-                          dict(tile_m=0, raster=0, swizzle=1))]
+                          dict(tile_m=0, raster=0, swizzle=1, kernel=0))]
     want = rec.g.workspace_bytes(*rec.calls[0][0], **rec.calls[0][1])
     assert f"u8[{want}]" in str(jaxpr), "the wgrad's workspace output must be exactly the size asked"
 
@@ -154,15 +154,18 @@ def test_wgrad_asks_the_exact_workspace_of_its_mode(monkeypatch, expert_major):
     ("rasterM,s8,", gemm_ffi.Tuning(raster=0, swizzle=8)),
     ("s1, 128", gemm_ffi.Tuning(tile_m=128)),
     ("64,128", gemm_ffi.Tuning(tile_m=128)),   # a later word wins
+    ("wgmma", gemm_ffi.Tuning(kernel=2)),
+    ("64,cutlass", gemm_ffi.Tuning(tile_m=64, kernel=1)),
+    ("wgmma,cutlass,s2", gemm_ffi.Tuning(kernel=1, swizzle=2)),
 ])
 def test_parse_tuning(text, want):
     assert gemm_ffi.parse_tuning(text) == want
 
 
-@pytest.mark.parametrize("text", ["32", "rastern", "s3", "64x", "auto,64", "tile64", "64;s2"])
+@pytest.mark.parametrize("text", ["32", "rastern", "s3", "64x", "auto,64", "tile64", "64;s2", "WGMMA", "cutlas"])
 def test_parse_tuning_refuses_unknown_words(text):
     with pytest.raises(ValueError, match=r"JAX_MOE_A2A_GEMM_TILE_M=.*unknown word.*accepted words.*64, 128, "
-                                         r"rasterM, rasterN, rasterH, s1, s2, s4, s8"):
+                                         r"rasterM, rasterN, rasterH, s1, s2, s4, s8, cutlass, wgmma"):
         gemm_ffi.parse_tuning(text)
 
 
@@ -179,7 +182,7 @@ def test_tuning_reaches_the_workspace_and_the_call(monkeypatch):
     rec = _traced_natively(monkeypatch)
     x, w, gs = S((100, 512), BF16), S((4, 256, 512), BF16), S((4,), jnp.int32)
     monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "64,rasterN,s4")
-    want = dict(tile_m=64, raster=1, swizzle=4)
+    want = dict(tile_m=64, raster=1, swizzle=4, kernel=0)
     attrs = _call_attrs(jax.make_jaxpr(lambda *a: gemm_ffi.grouped_gemm(*a))(x, w, gs))
     assert rec.calls[-1][1] == want and attrs == dict(mode=gemm_ffi._MODE_FORWARD, **want)
     attrs = _call_attrs(jax.make_jaxpr(lambda *a: gemm_ffi.grouped_gemm_wgrad(*a))(x, S((100, 256), BF16), gs))
@@ -187,8 +190,12 @@ def test_tuning_reaches_the_workspace_and_the_call(monkeypatch):
     monkeypatch.delenv("JAX_MOE_A2A_GEMM_TILE_M")
     attrs = _call_attrs(jax.make_jaxpr(lambda *a: gemm_ffi.grouped_gemm(*a, transpose_w=True))(
         x, S((4, 512, 256), BF16), gs))
-    assert rec.calls[-1][1] == dict(tile_m=0, raster=0, swizzle=1)
-    assert attrs == dict(mode=gemm_ffi._MODE_TRANSPOSE_W, tile_m=0, raster=0, swizzle=1)
+    assert rec.calls[-1][1] == dict(tile_m=0, raster=0, swizzle=1, kernel=0)
+    assert attrs == dict(mode=gemm_ffi._MODE_TRANSPOSE_W, tile_m=0, raster=0, swizzle=1, kernel=0)
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "wgmma")
+    attrs = _call_attrs(jax.make_jaxpr(lambda *a: gemm_ffi.grouped_gemm(*a))(x, w, gs))
+    assert rec.calls[-1][1] == dict(tile_m=0, raster=0, swizzle=1, kernel=2)
+    assert attrs == dict(mode=gemm_ffi._MODE_FORWARD, tile_m=0, raster=0, swizzle=1, kernel=2)
     monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "64,rasterX")
     with pytest.raises(ValueError, match="unknown word 'rasterX'"):   # a fresh function: jax caches traces
         jax.make_jaxpr(lambda *a: gemm_ffi.grouped_gemm(*a))(x, w, gs)
@@ -197,6 +204,6 @@ def test_tuning_reaches_the_workspace_and_the_call(monkeypatch):
 def test_workspace_bytes_refuses_a_tuning_out_of_its_set():
     g = _built_gemm()
     assert g.workspace_bytes(False, False, 0, 8, 300, 384, 512, False, tile_m=64, raster=2, swizzle=8) > 0
-    for kw in (dict(tile_m=32), dict(raster=3), dict(swizzle=3), dict(swizzle=0)):
+    for kw in (dict(tile_m=32), dict(raster=3), dict(swizzle=3), dict(swizzle=0), dict(kernel=3), dict(kernel=-1)):
         with pytest.raises(ValueError, match="tile_m must be 0 \\(auto\\), 64 or 128"):
             g.workspace_bytes(False, False, 0, 8, 300, 384, 512, False, **kw)

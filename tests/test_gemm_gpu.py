@@ -261,7 +261,7 @@ def test_swiglu_non_finite_follows_the_library_rule():
 
 
 # --- every kernel configuration the choice (cc/gemm/kernels.h) or the measurement knob can pick ----------
-TUNINGS = ["64", "128", "64,rasterN,s4", "128,rasterH,s2"]
+TUNINGS = ["64", "128", "64,rasterN,s4", "128,rasterH,s2", "wgmma"]
 
 
 @pytest.mark.parametrize("tune", TUNINGS)
@@ -317,7 +317,7 @@ def test_misspelt_tuning_fails_the_trace(monkeypatch):
         jax.jit(lambda a, b, c: gemm_ffi.grouped_gemm(a, b, c))(x, w, jnp.zeros((2,), jnp.int32))
 
 
-@pytest.mark.parametrize("tune", ["64,rasterN", "128,s4"])
+@pytest.mark.parametrize("tune", ["64,rasterN", "128,s4", "wgmma"])
 def test_expert_major_fp8_every_config(tune, monkeypatch):
     monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
     rng = np.random.default_rng()
@@ -461,8 +461,79 @@ def test_wgrad_many_groups_exact_workspace(expert_major):
             assert _rel(dw[l], ref[l]) < TOL, (l, sizes[l])
 
 
+# --- our own fp8 kernel (cc/gemm/fp8_wgmma.cuh), element by element --------------------------------------
+def _fp8_elementwise(y, x8, w8, xs, wsc, rows_of_group, out):
+    """Each element of y against the f64 oracle within 2^-10 of the sum of its terms' absolute values
+    (the tensor cores' fp8 accumulation inside a 128-k block) plus the output's rounding; a missing or
+    repeated k-block, a wrong scale or a wrong row is far outside it."""
+    xf = np.asarray(x8.astype(jnp.float32), np.float64).reshape(-1, x8.shape[-1])
+    xsf = np.repeat(np.asarray(xs, np.float64).reshape(xf.shape[0], -1), 128, axis=-1)
+    wf = np.asarray(w8.astype(jnp.float32), np.float64)
+    wsf = np.repeat(np.repeat(np.asarray(wsc, np.float64), 128, 1), 128, 2)
+    y = np.asarray(y.astype(jnp.float32), np.float64).reshape(xf.shape[0], -1)
+    covered = np.zeros(xf.shape[0], bool)
+    for l, rows in enumerate(rows_of_group):
+        if len(rows) == 0:
+            continue
+        covered[rows] = True
+        a, b = xf[rows] * xsf[rows], wf[l] * wsf[l]
+        ref, absref = a @ b.T, np.abs(a) @ np.abs(b).T
+        rnd = 2.0**-8 if out == BF16 else 2.0**-20
+        bad = np.abs(y[rows] - ref) > 2.0**-10 * absref + rnd * np.abs(ref) + 1e-30
+        assert not bad.any(), f"group {l}: {int(bad.sum())} of {bad.size} elements off, first at {np.argwhere(bad)[0]}"
+    assert (y[~covered] == 0).all(), "rows outside every group must be zero"
+
+
+@pytest.mark.parametrize("out", [BF16, jnp.float32], ids=["bf16out", "f32out"])
+@pytest.mark.parametrize("case", ["tile-edges", "past-R", "one-group", "odd-kblocks", "all-empty"])
+def test_wgmma_fp8_ragged_elementwise(case, out, monkeypatch):
+    """Our own fp8 kernel on the ragged layout: groups at the 64- and 128-row edges of its tiles (a
+    warpgroup with no rows of its own skips its WGMMAs), sizes summing past R, one group, an odd
+    number of 128-k blocks (its two-accumulator loop ends on either), no rows at all."""
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "wgmma")
+    rng = np.random.default_rng()
+    n, k = 384, 512
+    if case == "tile-edges":
+        sizes = np.array([64, 65, 0, 127, 128, 129, 1, 200], np.int32)
+    elif case == "past-R":
+        sizes = np.array([150, 0, 120, 90], np.int32)
+    elif case == "one-group":
+        sizes = np.array([257], np.int32)
+    elif case == "odd-kblocks":
+        sizes, k = np.array([100, 37, 140], np.int32), 640
+    else:
+        sizes = np.zeros(3, np.int32)
+    R = {"past-R": 300, "one-group": 260}.get(case, int(sizes.sum()) + 13)
+    L = len(sizes)
+    x, w, xs, wsc, _, _ = _data(rng, L, (R,), n, k, True)
+    _poison((R, n), out)
+    y = jax.jit(lambda *a: gemm_ffi.grouped_gemm(a[0], a[1], a[2], x_scale=a[3], w_scale=a[4], out_dtype=out))(
+        x, w, jnp.asarray(sizes), xs, wsc)
+    rows, off = [], 0
+    for s in sizes:
+        s0 = min(off, R)
+        rows.append(np.arange(s0, min(off + int(s), R)))
+        off += int(s)
+    _fp8_elementwise(y, x, w, xs, wsc, rows, out)
+
+
+@pytest.mark.parametrize("C", [96, 200])
+def test_wgmma_fp8_expert_major_elementwise(C, monkeypatch):
+    """Our own fp8 kernel on the expert_major layout: C not a multiple of its 128-row tile, counts of
+    0, 1, 64, 65, C and past C."""
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "wgmma")
+    rng = np.random.default_rng()
+    counts = np.array([0, 1, 64, 65, C, C + 50], np.int32)
+    L, n, k = len(counts), 256, 384
+    x, w, xs, wsc, _, _ = _data(rng, L, (L, C), n, k, True)
+    _poison((L, C, n), jnp.float32)
+    y = gemm_ffi.grouped_gemm(x, w, jnp.asarray(counts), x_scale=xs, w_scale=wsc, out_dtype=jnp.float32)
+    rows = [l * C + np.arange(min(int(c), C)) for l, c in enumerate(counts)]
+    _fp8_elementwise(y, x, w, xs, wsc, rows, jnp.float32)
+
+
 # --- the custom call itself: its mode attribute (gemm::Mode) and the workspace it checks -------------------
-def _raw_call(x, w, sizes, ws_bytes, mode, y_shape, y_dtype, tile_m=0, raster=0, swizzle=1):
+def _raw_call(x, w, sizes, ws_bytes, mode, y_shape, y_dtype, tile_m=0, raster=0, swizzle=1, kernel=0):
     """jax_moe_a2a_grouped_gemm with a workspace of ws_bytes, the given mode and tuning attributes, past
     gemm_ffi's checks."""
     from jax_moe_a2a import _ffi
@@ -471,7 +542,7 @@ def _raw_call(x, w, sizes, ws_bytes, mode, y_shape, y_dtype, tile_m=0, raster=0,
                                                          jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)))
     empty = jnp.zeros((0,), jnp.float32)
     y, _ = call(x, w, sizes, empty, empty, mode=np.int32(mode), tile_m=np.int32(tile_m), raster=np.int32(raster),
-                swizzle=np.int32(swizzle))
+                swizzle=np.int32(swizzle), kernel=np.int32(kernel))
     return jax.block_until_ready(y)
 
 
@@ -504,17 +575,20 @@ def test_handler_takes_the_exact_workspace_and_refuses_one_byte_less(mode):
         _raw_call(x, w, gs, ws - 1, mode, y_shape, y_dtype)
     with pytest.raises(Exception, match="mode must be"):
         _raw_call(x, w, gs, ws, 3, y_shape, y_dtype)
-    for bad in (dict(tile_m=32), dict(raster=3), dict(swizzle=3)):
+    for bad in (dict(tile_m=32), dict(raster=3), dict(swizzle=3), dict(kernel=3)):
         with pytest.raises(Exception, match="tile_m must be 0"):
             _raw_call(x, w, gs, ws, mode, y_shape, y_dtype, **bad)
 
 
 # --- inside an XLA command buffer (CUDA graph): group sizes must come from the device every call ------------
-def test_in_command_buffer_with_changing_group_sizes():
+@pytest.mark.parametrize("tune", ["auto", "wgmma"])
+def test_in_command_buffer_with_changing_group_sizes(tune, monkeypatch):
     """One jitted step with the fp8 MLP, a bf16 GEMM, the dgrad and the wgrad (more custom calls than
     XLA's minimum graph size); XLA's default flags capture it in a command buffer (checked in the
     compiled HLO). Several calls with other group_sizes must each match the oracle: nothing about
-    the sizes may be baked in at capture."""
+    the sizes may be baked in at capture (wgmma: our own fp8 kernel, whose TMA descriptors are made
+    on the host from the buffers' addresses at each launch)."""
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
     rng = np.random.default_rng()
     L, R, F, H = 4, 200, 256, 384
     x8, wgu8, xs, wgus, xf, wguf = _data(rng, L, (R,), 2 * F, H, True)

@@ -104,15 +104,15 @@ ffi::Error DecodeForward(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const
 
 // mode: g::Mode's value: 0 forward, 1 transpose_w (the bf16 dgrad), 2 wgrad (w is then dY). workspace u8,
 // exactly _C.gemm.workspace_bytes(...) of the same mode and tuning (checked by the launch).
-// tile_m, raster, swizzle: g::TuningRequest (0, 0, 1 unless JAX_MOE_A2A_GEMM_TILE_M forces them).
+// tile_m, raster, swizzle, kernel: g::TuningRequest (0, 0, 1, 0 unless JAX_MOE_A2A_GEMM_TILE_M forces them).
 ffi::Error GroupedGemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> group_sizes,
                            ffi::Buffer<ffi::F32> x_scale, ffi::Buffer<ffi::F32> w_scale, ffi::Result<ffi::AnyBuffer> y,
                            ffi::Result<ffi::Buffer<ffi::U8>> workspace, int32_t mode, int32_t tile_m, int32_t raster,
-                           int32_t swizzle) {
+                           int32_t swizzle, int32_t kernel) {
   g::GroupedGemmParams p;
   g::Mode m;
   if (!g::mode_from_int(mode, m)) return invalid("grouped_gemm: mode must be 0 (forward), 1 (transpose_w) or 2 (wgrad)");
-  if (!g::tuning_from_ints(tile_m, raster, swizzle, p.tuning)) return invalid(std::string("grouped_gemm: ") + g::kTuningValues);
+  if (!g::tuning_from_ints(tile_m, raster, swizzle, kernel, p.tuning)) return invalid(std::string("grouped_gemm: ") + g::kTuningValues);
   ffi::Error decoded = m == g::Mode::kWgrad ? DecodeWgrad(x, w, group_sizes, y, p)
                                             : DecodeForward(x, w, group_sizes, x_scale, w_scale, y, m, p);
   if (decoded.failure()) return decoded;
@@ -173,7 +173,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aGroupedGemmCuda, GroupedGemmImpl,
                                   .Attr<int32_t>("mode")
                                   .Attr<int32_t>("tile_m")
                                   .Attr<int32_t>("raster")
-                                  .Attr<int32_t>("swizzle"),
+                                  .Attr<int32_t>("swizzle")
+                                  .Attr<int32_t>("kernel"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aSwigluCuda, SwigluImpl,

@@ -22,6 +22,7 @@
 
 #include "gemm/grouped_gemm.h"
 #include "gemm/kernels.h"
+#include "gemm/zero_rows.cuh"
 
 namespace a2a::gemm::detail {
 
@@ -134,67 +135,6 @@ struct GroupArrays {
 };
 
 constexpr int kSetupThreads = 1024;
-
-// Output rows no group writes get zeros (blocks 1.. of the prepare grid, 16-byte stores: n *
-// sizeof(ElemD) is a multiple of 16, checked by unsupported_reason). Forward: ragged rows >=
-// min(sum(group_sizes), R); expert_major rows (l, c) with c >= min(counts[l], C). Wgrad: all of
-// dW[l] [n, k] for the groups with no rows (the GEMM gets no tiles there).
-template <class ElemD>
-__device__ void zero_uncovered_rows(const GroupedGemmParams& p, int64_t first_block, int64_t blocks) {
-  if (p.mode == Mode::kWgrad) {
-    // Group l has no rows (prepare_groups' m_l == 0) iff group_sizes[l] <= 0 or l >= first_full:
-    // ragged, the first group whose earlier groups' sizes (clamped at 0) already reach R (their sum
-    // only grows with l, so later groups start at R too); expert_major, L, or 0 when C == 0.
-    __shared__ int64_t first_full;
-    if (threadIdx.x == 0) {
-      int64_t l = 0;
-      if (p.layout == Layout::kRagged) {
-        for (int64_t before = 0; l < p.num_groups && before < p.rows; ++l)
-          before += p.group_sizes[l] > 0 ? p.group_sizes[l] : 0;
-      } else {
-        l = p.rows > 0 ? p.num_groups : 0;
-      }
-      first_full = l;
-    }
-    __syncthreads();
-    const int64_t vec_per_row = p.k * static_cast<int64_t>(sizeof(ElemD)) / 16;
-    for (int64_t row = first_block; row < p.num_groups * p.n; row += blocks) {
-      const int64_t l = row / p.n;
-      const bool empty = p.group_sizes[l] <= 0 || l >= first_full;
-      if (!empty) continue;
-      uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.y) + row * p.k * sizeof(ElemD));
-      for (int64_t i = threadIdx.x; i < vec_per_row; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
-    }
-    return;
-  }
-  // Ragged: the rows below sum(group_sizes) are the GEMM's; only the rows past it are visited (the
-  // sum over the groups in parallel: one thread's serial loop over them cost ~20 us at prefill).
-  __shared__ unsigned long long valid_sum;
-  int64_t first_row = first_block;
-  if (p.layout == Layout::kRagged) {
-    if (threadIdx.x == 0) valid_sum = 0;
-    __syncthreads();
-    unsigned long long t = 0;
-    for (int64_t l = threadIdx.x; l < p.num_groups; l += blockDim.x)
-      t += p.group_sizes[l] > 0 ? static_cast<unsigned long long>(p.group_sizes[l]) : 0ull;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) t += __shfl_down_sync(0xffffffffu, t, off);
-    if ((threadIdx.x & 31) == 0 && t != 0) atomicAdd(&valid_sum, t);
-    __syncthreads();
-    const int64_t valid_total = valid_sum < static_cast<unsigned long long>(p.rows) ? static_cast<int64_t>(valid_sum) : p.rows;
-    first_row = valid_total + first_block;
-  }
-  const int64_t vec_per_row = p.n * static_cast<int64_t>(sizeof(ElemD)) / 16;
-  const int64_t total_rows = p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
-  for (int64_t row = first_row; row < total_rows; row += blocks) {
-    if (p.layout == Layout::kExpertMajor) {  // ragged rows from first_row on are all past the groups
-      const int64_t l = row / p.rows, c = row % p.rows;
-      if (c < static_cast<int64_t>(p.group_sizes[l])) continue;
-    }
-    uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.y) + row * p.n * sizeof(ElemD));
-    for (int64_t i = threadIdx.x; i < vec_per_row; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
-  }
-}
 
 // Block 0 (kSetupThreads threads): row offsets of the groups (a block scan over chunks of
 // kSetupThreads groups), then each group's problem shape, pointers and strides (Op above). Ragged:

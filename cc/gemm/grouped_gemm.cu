@@ -50,12 +50,14 @@ const char* unsupported_reason(const GroupedGemmParams& p) {
 size_t workspace_bytes(const GroupedGemmParams& p, int device_sm_count) {
   const int sm = device_sm_count > 0 ? device_sm_count : sm_count_of_current_device();
   const detail::Tuning t = detail::choose(p);
+  if (t.wgmma) return 0;
   return p.in == InType::kFp8 ? detail::fp8_workspace_bytes(p, t, sm) : detail::bf16_workspace_bytes(p, t, sm);
 }
 
 LaunchStatus launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   const int sm = sm_count_of_current_device();
   const detail::Tuning t = detail::choose(p);
+  if (t.wgmma) return detail::run_fp8_wgmma(p, sm, stream);
   return p.in == InType::kFp8 ? detail::run_fp8(p, t, sm, stream) : detail::run_bf16(p, t, sm, stream);
 }
 

@@ -43,31 +43,40 @@ inline bool mode_from_int(int64_t v, Mode& m) {
 }
 
 // The kernel configuration a call asks for, for measurements: the custom call's attributes
-// tile_m, raster and swizzle, which jax_moe_a2a/gemm_ffi.py sets from JAX_MOE_A2A_GEMM_TILE_M
+// tile_m, raster, swizzle and kernel, which jax_moe_a2a/gemm_ffi.py sets from JAX_MOE_A2A_GEMM_TILE_M
 // once when it traces the call (the one parser of its words; the same values size the workspace
 // through _C.gemm.workspace_bytes, so the size and the launch agree). The defaults are what
 // unset means; kernels.h's choose() turns kAuto into a tile from the static shapes.
 enum class TileM : int32_t { kAuto = 0, k64 = 64, k128 = 128 };
 enum class Raster : int32_t { kAlongM = 0, kAlongN = 1, kHeuristic = 2 };  // CUTLASS's group scheduler order
+// Which implementation runs an fp8 forward call: kAuto (CUTLASS's blockwise kernels, the measured
+// default), kCutlass, or kWgmma (our own kernel, fp8_wgmma.cuh: two temporary accumulators so the
+// scale promotion overlaps the next k-block's WGMMAs; L <= 1024 groups, else CUTLASS). The other
+// modes and bf16 always run CUTLASS.
+enum class KernelChoice : int32_t { kAuto = 0, kCutlass = 1, kWgmma = 2 };
 struct TuningRequest {
   TileM tile_m = TileM::kAuto;
   Raster raster = Raster::kAlongM;
   int32_t swizzle = 1;  // the scheduler's maximum swizzle: 1 (none), 2, 4 or 8
+  KernelChoice kernel = KernelChoice::kAuto;
 };
 
 // The request of the attributes' values, or false when one is out of its set (what the message of
 // kTuningValues says).
-inline bool tuning_from_ints(int64_t tile_m, int64_t raster, int64_t swizzle, TuningRequest& t) {
+inline bool tuning_from_ints(int64_t tile_m, int64_t raster, int64_t swizzle, int64_t kernel, TuningRequest& t) {
   if (tile_m != 0 && tile_m != 64 && tile_m != 128) return false;
   if (raster < 0 || raster > 2) return false;
   if (swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) return false;
+  if (kernel < 0 || kernel > 2) return false;
   t.tile_m = static_cast<TileM>(tile_m);
   t.raster = static_cast<Raster>(raster);
   t.swizzle = static_cast<int32_t>(swizzle);
+  t.kernel = static_cast<KernelChoice>(kernel);
   return true;
 }
 inline constexpr const char kTuningValues[] =
-    "tile_m must be 0 (auto), 64 or 128; raster 0 (along M), 1 (along N) or 2 (heuristic); swizzle 1, 2, 4 or 8";
+    "tile_m must be 0 (auto), 64 or 128; raster 0 (along M), 1 (along N) or 2 (heuristic); swizzle 1, 2, 4 or 8; "
+    "kernel 0 (auto), 1 (cutlass) or 2 (wgmma)";
 
 struct GroupedGemmParams {
   Layout layout = Layout::kRagged;

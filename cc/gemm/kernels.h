@@ -29,7 +29,14 @@ struct Tuning {
   Tile tile = Tile::kTile128;
   Raster raster = Raster::kAlongM;
   int swizzle = 1;
+  bool wgmma = false;  // our own fp8 kernel (fp8_wgmma.cuh) instead of CUTLASS's; fp8 forward only
 };
+
+// True when our own fp8 kernel takes this call (fp8 forward, 1..1024 groups; N, K multiples of 128
+// are every fp8 call's limits already).
+inline bool wgmma_takes(const GroupedGemmParams& p) {
+  return p.in == InType::kFp8 && p.mode == Mode::kForward && p.num_groups >= 1 && p.num_groups <= 1024;
+}
 
 // The choice, from static shapes only (the workspace size and the launch agree), made once per
 // call by workspace_bytes and launch_grouped_gemm and handed down:
@@ -50,6 +57,9 @@ inline Tuning choose(const GroupedGemmParams& p) {
   }
   t.raster = p.tuning.raster;
   t.swizzle = p.tuning.swizzle;
+  // kAuto stays on CUTLASS until our kernel is measured against it on a GPU (benchmarks/gemm.py
+  // --variants "cutlass;wgmma"); a kWgmma request it cannot take runs CUTLASS.
+  t.wgmma = p.tuning.kernel == KernelChoice::kWgmma && wgmma_takes(p);
   return t;
 }
 
@@ -58,5 +68,7 @@ size_t fp8_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_c
 LaunchStatus run_fp8(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream);
 size_t bf16_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_count);
 LaunchStatus run_bf16(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream);
+// Our own fp8 kernel (gemm_fp8_wgmma.cu): no workspace; zeroes the uncovered rows, then the GEMM.
+LaunchStatus run_fp8_wgmma(const GroupedGemmParams& p, int sm_count, cudaStream_t stream);
 
 }  // namespace a2a::gemm::detail

@@ -38,14 +38,14 @@ void bind_gemm(nb::module_& m) {
   g.def(
       "workspace_bytes",
       [](bool fp8, bool out_f32, int mode, int64_t num_groups, int64_t rows, int64_t n, int64_t k,
-         bool expert_major, int tile_m, int raster, int swizzle) -> int64_t {
+         bool expert_major, int tile_m, int raster, int swizzle, int kernel) -> int64_t {
         // mode: gemm::Mode's value, as the custom call's `mode` attribute: 0 forward, 1 transpose_w
         // (the bf16 dgrad), 2 wgrad (bf16 in, f32 out; n = dY's columns, k = X's).
 #if defined(JAX_MOE_A2A_WITH_GEMM)
         gemm::GroupedGemmParams p;
         if (!gemm::mode_from_int(mode, p.mode))
           throw std::invalid_argument("mode must be 0 (forward), 1 (transpose_w) or 2 (wgrad)");
-        if (!gemm::tuning_from_ints(tile_m, raster, swizzle, p.tuning)) throw std::invalid_argument(gemm::kTuningValues);
+        if (!gemm::tuning_from_ints(tile_m, raster, swizzle, kernel, p.tuning)) throw std::invalid_argument(gemm::kTuningValues);
         p.in = fp8 ? gemm::InType::kFp8 : gemm::InType::kBF16;
         p.out = out_f32 ? gemm::OutType::kF32 : gemm::OutType::kBF16;
         p.layout = expert_major ? gemm::Layout::kExpertMajor : gemm::Layout::kRagged;
@@ -56,15 +56,15 @@ void bind_gemm(nb::module_& m) {
         if (const char* why = gemm::unsupported_reason(p)) throw std::invalid_argument(why);
         return static_cast<int64_t>(gemm::workspace_bytes(p, 0));
 #else
-        (void)fp8, (void)out_f32, (void)mode, (void)num_groups, (void)rows, (void)n, (void)k, (void)expert_major, (void)tile_m, (void)raster, (void)swizzle;
+        (void)fp8, (void)out_f32, (void)mode, (void)num_groups, (void)rows, (void)n, (void)k, (void)expert_major, (void)tile_m, (void)raster, (void)swizzle, (void)kernel;
         throw std::runtime_error(JAX_MOE_A2A_GEMM_REASON);
 #endif
       },
       "fp8"_a, "out_f32"_a, "mode"_a, "num_groups"_a, "rows"_a, "n"_a, "k"_a, "expert_major"_a, "tile_m"_a = 0,
-      "raster"_a = 0, "swizzle"_a = 1,
+      "raster"_a = 0, "swizzle"_a = 1, "kernel"_a = 0,
       "Device workspace bytes of one grouped_gemm call in `mode` (0 forward, 1 transpose_w, 2 wgrad) with the "
       "kernel configuration tile_m (0 auto, 64, 128), raster (0 along M, 1 along N, 2 heuristic), swizzle (1, 2, 4, "
-      "8): the custom call's attributes. On the current CUDA device: exactly what the handler checks.");
+      "8), kernel (0 auto, 1 cutlass, 2 wgmma): the custom call's attributes. On the current CUDA device: exactly what the handler checks.");
 }
 
 }  // namespace a2a::python

@@ -1,0 +1,312 @@
+// A standalone probe of our own fp8 block-scaled grouped GEMM (cc/gemm/fp8_wgmma.cuh): checks it
+// against a plain CUDA-core reference on fresh random inputs with the output poisoned, then times it
+// next to the HBM floor measured in the same process (a device copy of the weights' bytes / 2).
+// No Python, no JAX: it builds on a CPU machine with nvcc and runs on the GPU machine in seconds,
+// which is how the kernel is developed (the library's own tests and benchmarks/gemm.py judge it
+// afterwards).
+//
+//   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Icc -I<cutlass>/include \
+//     benchmarks/gemm_probe.cu cc/gemm/gemm_fp8_wgmma.cu -o gemm_probe
+//   ./gemm_probe            # every check, then the timings
+//   ./gemm_probe check      # the checks only
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime_api.h>
+
+#include "gemm/fp8_wgmma.h"
+
+namespace {
+
+#define CK(x)                                                                                   \
+  do {                                                                                          \
+    cudaError_t e_ = (x);                                                                       \
+    if (e_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+// Reference: y[r, n] = sum_kb (sum_{k in kb} x[r,k] w[l,n,k]) * xs[r,kb] * ws[l,n/128,kb] in f32, and
+// the same over absolute values (the error bound's scale). One thread per output, rows r with
+// r % row_step == 0 only; group of each row from the row_group table (-1: no group).
+__global__ void reference(const uint8_t* x, const float* xs, const uint8_t* w, const float* ws, const int* row_group,
+                          int64_t rows, int n, int k, int row_step, float* ref, float* refabs) {
+  const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t nrows = (rows + row_step - 1) / row_step;
+  if (idx >= nrows * n) return;
+  const int64_t r = (idx / n) * row_step;
+  const int c = static_cast<int>(idx % n);
+  const int l = row_group[r];
+  if (l < 0) return;
+  const int kb = k / 128;
+  const uint8_t* xr = x + r * k;
+  const uint8_t* wr = w + (static_cast<int64_t>(l) * n + c) * k;
+  float acc = 0.f, acca = 0.f;
+  for (int b = 0; b < kb; ++b) {
+    float p = 0.f, pa = 0.f;
+    for (int i = 0; i < 128; ++i) {
+      __nv_fp8_e4m3 xv, wv;
+      xv.__x = xr[b * 128 + i];
+      wv.__x = wr[b * 128 + i];
+      const float t = static_cast<float>(xv) * static_cast<float>(wv);
+      p += t;
+      pa += fabsf(t);
+    }
+    const float sc = xs[r * kb + b] * ws[(static_cast<int64_t>(l) * (n / 128) + c / 128) * kb + b];
+    acc += p * sc;
+    acca += pa * fabsf(sc);
+  }
+  ref[idx] = acc;
+  refabs[idx] = acca;
+}
+
+struct Case {
+  std::string name;
+  int L;
+  int64_t rows;  // R (ragged) or C (expert_major)
+  int n, k;
+  bool expert_major, y_f32;
+  std::vector<int> sizes;  // group_sizes
+};
+
+uint8_t random_e4m3(std::mt19937& g) {
+  std::normal_distribution<float> d(0.f, 1.5f);
+  return __nv_fp8_e4m3(d(g)).__x;
+}
+
+std::vector<int> uniform_sizes(int L, int64_t R, std::mt19937& g) {
+  std::vector<int> s(L, 0);
+  std::uniform_int_distribution<int> d(0, L - 1);
+  for (int64_t i = 0; i < R; ++i) s[d(g)]++;
+  return s;
+}
+
+struct Buffers {
+  uint8_t *x = nullptr, *w = nullptr;
+  float *xs = nullptr, *ws = nullptr;
+  int* gs = nullptr;
+  void* y = nullptr;
+  int64_t total_rows = 0;
+};
+
+Buffers make_buffers(const Case& c, std::mt19937& g, bool fill) {
+  Buffers b;
+  b.total_rows = c.expert_major ? c.rows * c.L : c.rows;
+  const size_t xb = static_cast<size_t>(b.total_rows) * c.k, wb = static_cast<size_t>(c.L) * c.n * c.k;
+  const size_t xsn = static_cast<size_t>(b.total_rows) * (c.k / 128), wsn = static_cast<size_t>(c.L) * (c.n / 128) * (c.k / 128);
+  CK(cudaMalloc(&b.x, std::max<size_t>(xb, 1)));
+  CK(cudaMalloc(&b.w, wb));
+  CK(cudaMalloc(&b.xs, std::max<size_t>(xsn, 1) * 4));
+  CK(cudaMalloc(&b.ws, wsn * 4));
+  CK(cudaMalloc(&b.gs, c.L * 4));
+  CK(cudaMalloc(&b.y, std::max<size_t>(static_cast<size_t>(b.total_rows) * c.n * (c.y_f32 ? 4 : 2), 1)));
+  if (fill) {
+    std::vector<uint8_t> hx(xb), hw(wb);
+    for (auto& v : hx) v = random_e4m3(g);
+    for (auto& v : hw) v = random_e4m3(g);
+    std::uniform_real_distribution<float> ux(0.25f, 2.f), uw(0.0005f, 0.002f);
+    std::vector<float> hxs(xsn), hws(wsn);
+    for (auto& v : hxs) v = ux(g);
+    for (auto& v : hws) v = uw(g);
+    CK(cudaMemcpy(b.x, hx.data(), xb, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b.w, hw.data(), wb, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b.xs, hxs.data(), xsn * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b.ws, hws.data(), wsn * 4, cudaMemcpyHostToDevice));
+  } else {  // timing only: any finite bytes
+    CK(cudaMemset(b.x, 0x38, std::max<size_t>(xb, 1)));
+    CK(cudaMemset(b.w, 0x38, wb));
+    CK(cudaMemset(b.xs, 0, std::max<size_t>(xsn, 1) * 4));
+    CK(cudaMemset(b.ws, 0, wsn * 4));
+  }
+  CK(cudaMemcpy(b.gs, c.sizes.data(), c.L * 4, cudaMemcpyHostToDevice));
+  return b;
+}
+
+void free_buffers(Buffers& b) {
+  cudaFree(b.x); cudaFree(b.w); cudaFree(b.xs); cudaFree(b.ws); cudaFree(b.gs); cudaFree(b.y);
+}
+
+a2a::gemm::wgmma::Fp8LaunchParams params_of(const Case& c, const Buffers& b) {
+  a2a::gemm::wgmma::Fp8LaunchParams p;
+  p.x = b.x; p.x_scale = b.xs; p.w = b.w; p.w_scale = b.ws; p.group_sizes = b.gs; p.y = b.y;
+  p.y_f32 = c.y_f32; p.expert_major = c.expert_major; p.rows = b.total_rows;
+  p.per_group_rows = c.expert_major ? c.rows : 0; p.num_groups = c.L; p.n = c.n; p.k = c.k;
+  return p;
+}
+
+// Each row's group as the kernel must see it (cutlass_grouped.cuh's prepare_groups rule).
+std::vector<int> row_groups(const Case& c, int64_t total_rows) {
+  std::vector<int> g(total_rows, -1);
+  int64_t off = 0;
+  for (int l = 0; l < c.L; ++l) {
+    int64_t s = std::max(c.sizes[l], 0);
+    if (c.expert_major) {
+      s = std::min<int64_t>(s, c.rows);
+      for (int64_t i = 0; i < s; ++i) g[l * c.rows + i] = l;
+    } else {
+      const int64_t r0 = std::min(off, c.rows), m = std::min(s, c.rows - r0);
+      for (int64_t i = 0; i < m; ++i) g[r0 + i] = l;
+      off += s;
+    }
+  }
+  return g;
+}
+
+bool check(const Case& c, std::mt19937& gen, int row_step) {
+  Buffers b = make_buffers(c, gen, true);
+  const auto groups = row_groups(c, b.total_rows);
+  const size_t ybytes = static_cast<size_t>(b.total_rows) * c.n * (c.y_f32 ? 4 : 2);
+  CK(cudaMemset(b.y, 0xFF, std::max<size_t>(ybytes, 1)));  // NaN in bf16 and f32
+  auto p = params_of(c, b);
+  if (const char* why = a2a::gemm::wgmma::fp8_unsupported_reason(p)) {
+    std::printf("%-22s UNSUPPORTED: %s\n", c.name.c_str(), why);
+    free_buffers(b);
+    return false;
+  }
+  CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));
+  CK(cudaDeviceSynchronize());
+  int* dgroups = nullptr;
+  float *ref = nullptr, *refabs = nullptr;
+  const int64_t nrows = (b.total_rows + row_step - 1) / row_step;
+  CK(cudaMalloc(&dgroups, std::max<size_t>(groups.size(), 1) * 4));
+  CK(cudaMemcpy(dgroups, groups.data(), groups.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&ref, std::max<int64_t>(nrows * c.n, 1) * 4));
+  CK(cudaMalloc(&refabs, std::max<int64_t>(nrows * c.n, 1) * 4));
+  CK(cudaMemset(ref, 0, std::max<int64_t>(nrows * c.n, 1) * 4));
+  const int64_t threads = nrows * c.n;
+  if (threads > 0)
+    reference<<<static_cast<unsigned>((threads + 255) / 256), 256>>>(b.x, b.xs, b.w, b.ws, dgroups, b.total_rows, c.n,
+                                                                     c.k, row_step, ref, refabs);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> href(nrows * c.n), habs(nrows * c.n);
+  std::vector<uint8_t> hy(ybytes);
+  CK(cudaMemcpy(href.data(), ref, href.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(habs.data(), refabs, habs.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hy.data(), b.y, ybytes, cudaMemcpyDeviceToHost));
+  int64_t bad = 0, untouched_wrong = 0, checked = 0;
+  double worst = 0.0;
+  for (int64_t i = 0; i < nrows; ++i) {
+    const int64_t r = i * row_step;
+    for (int cc = 0; cc < c.n; ++cc) {
+      const size_t at = static_cast<size_t>(r) * c.n + cc;
+      float v;
+      if (c.y_f32) {
+        std::memcpy(&v, &hy[at * 4], 4);
+      } else {
+        __nv_bfloat16 h;
+        std::memcpy(&h, &hy[at * 2], 2);
+        v = __bfloat162float(h);
+      }
+      if (groups[r] < 0) {  // rows outside every group stay poisoned
+        if (!std::isnan(v)) ++untouched_wrong;
+        continue;
+      }
+      ++checked;
+      const float rv = href[i * c.n + cc], ra = habs[i * c.n + cc];
+      const double tol = ra * std::ldexp(1.0, -12) + (c.y_f32 ? 0.0 : std::fabs(rv) * std::ldexp(1.0, -8)) + 1e-30;
+      const double err = std::fabs(static_cast<double>(v) - rv);
+      if (!(err <= tol)) {
+        if (bad < 5)
+          std::printf("   mismatch row %lld col %d: got %g want %g (abs-sum %g)\n", static_cast<long long>(r), cc, v, rv, ra);
+        ++bad;
+      }
+      if (ra > 0) worst = std::max(worst, err / ra);
+    }
+  }
+  const bool ok = bad == 0 && untouched_wrong == 0;
+  std::printf("%-22s %s  checked %lld, bad %lld, rows outside groups written %lld, max err / abs-sum %.2e\n",
+              c.name.c_str(), ok ? "PASS" : "FAIL", static_cast<long long>(checked), static_cast<long long>(bad),
+              static_cast<long long>(untouched_wrong), worst);
+  cudaFree(dgroups); cudaFree(ref); cudaFree(refabs);
+  free_buffers(b);
+  return ok;
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void time_case(const Case& c, std::mt19937& gen, int iters) {
+  Buffers b = make_buffers(c, gen, false);
+  auto p = params_of(c, b);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  std::vector<float> tk, tc;
+  const size_t wbytes = static_cast<size_t>(c.L) * c.n * c.k;
+  void* dst = nullptr;
+  CK(cudaMalloc(&dst, wbytes));
+  for (int i = 0; i < 3; ++i) CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));
+  for (int i = 0; i < iters; ++i) {
+    float ms;
+    CK(cudaEventRecord(e0));
+    CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    tk.push_back(ms * 1000.f);
+    CK(cudaEventRecord(e0));
+    CK(cudaMemcpyAsync(dst, b.w, wbytes, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    tc.push_back(ms * 1000.f / 2.f);
+  }
+  int64_t rows = 0;
+  for (int s : c.sizes) rows += std::max(s, 0);
+  if (!c.expert_major) rows = std::min<int64_t>(rows, c.rows);
+  const double flop = 2.0 * rows * c.n * c.k;
+  const float k50 = median(tk), c50 = median(tc);
+  std::printf("%-22s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
+              c.name.c_str(), k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
+  cudaFree(dst);
+  free_buffers(b);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string what = argc > 1 ? argv[1] : "all";
+  std::mt19937 gen(12345);
+  int dev = 0;
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, dev));
+  std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  bool ok = true;
+  if (what == "all" || what == "check") {
+    std::vector<Case> cs = {
+        {"ragged-small-bf16", 4, 300, 256, 512, false, false, {100, 0, 150, 37}},
+        {"ragged-past-R-f32", 3, 200, 128, 384, false, true, {150, 120, 50}},
+        {"ragged-one-row", 2, 5, 128, 128, false, false, {0, 1}},
+        {"ragged-all-empty", 3, 64, 256, 256, false, true, {0, 0, 0}},
+        {"expert-major-f32", 4, 96, 384, 256, true, true, {96, 0, 33, 200}},
+        {"expert-major-bf16", 3, 200, 256, 640, true, false, {130, 64, 65}},
+        {"one-hot-L8", 8, 1024, 4096, 7168, false, false, {0, 0, 0, 0, 0, 1024, 0, 0}},
+    };
+    cs.push_back({"decode-L8-gateup-bf16", 8, 1024, 4096, 7168, false, false, uniform_sizes(8, 1024, gen)});
+    cs.push_back({"decode-L8-down-f32", 8, 1024, 7168, 2048, false, true, uniform_sizes(8, 1024, gen)});
+    cs.push_back({"decode-L32-gateup", 32, 1024, 4096, 7168, false, false, uniform_sizes(32, 1024, gen)});
+    for (const auto& c : cs) ok = check(c, gen, 1) && ok;
+    Case pre{"prefill-L32-sampled", 32, 32768, 4096, 7168, false, false, uniform_sizes(32, 32768, gen)};
+    ok = check(pre, gen, 61) && ok;
+  }
+  if (what == "all" || what == "time") {
+    for (int L : {8, 32, 256}) {
+      time_case({"decode-L" + std::to_string(L) + "-gate+up", L, 1024, 4096, 7168, false, false, uniform_sizes(L, 1024, gen)}, gen, 30);
+      time_case({"decode-L" + std::to_string(L) + "-down", L, 1024, 7168, 2048, false, false, uniform_sizes(L, 1024, gen)}, gen, 30);
+    }
+    time_case({"prefill-L32-gate+up", 32, 32768, 4096, 7168, false, false, uniform_sizes(32, 32768, gen)}, gen, 10);
+    time_case({"prefill-L32-down", 32, 32768, 7168, 2048, false, false, uniform_sizes(32, 32768, gen)}, gen, 10);
+  }
+  std::printf("%s\n", ok ? "ALL CHECKS PASSED" : "SOME CHECKS FAILED");
+  return ok ? 0 : 1;
+}

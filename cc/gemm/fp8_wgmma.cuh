@@ -1,0 +1,346 @@
+// Our own fp8 block-scaled grouped GEMM for Hopper (sm_90a): y = x @ w[l]^T per group, x e4m3 rows
+// with 1x128 scales, w e4m3 [L, N, K] with 128x128 block scales, f32 accumulation, bf16 or f32 out.
+//
+// Why not CUTLASS's blockwise kernel (cutlass_grouped.cuh) here: its mainloop waits for each
+// k-block's WGMMAs to finish before promoting them into the f32 accumulator with the k-block's
+// scales (FFMA), so the tensor cores idle during every promotion; at decode (L = 8 experts,
+// ~128 rows each) the GEMMs ran at ~40 % tensor and ~50 % DRAM throughput (notes/open_items.md
+// 13). This kernel keeps two temporary accumulators per math warpgroup: k-block kb+1's WGMMAs are
+// issued before kb's are waited for, so the promotion of kb overlaps the tensor work of kb+1.
+//
+// Structure (one persistent CTA per SM, 384 threads):
+//   warpgroup 0   producer: one thread issues the TMA loads of each k-block (x tile [128, 128] and
+//                 w tile [128, 128], 128-byte swizzled) into a ring of kStages shared-memory stages
+//                 (full / empty mbarriers); its registers are given to the math warpgroups.
+//   warpgroups 1-2  math: each owns 64 rows of the 128-row tile (m64n128k32 WGMMAs, 4 per k-block),
+//                 promotes kb's product with x_scale[row, kb] * w_scale[l, n-block, kb], then
+//                 stores its rows (bf16x2 or float2) straight from registers, rows past the group
+//                 masked. A warpgroup whose 64 rows are all past the group skips its WGMMAs.
+// Tiles: (group l, m-tile, n-tile) numbered group by group, n-tile major and m-tile minor (the
+// m-tiles of one weight tile are neighbours: they run together and share it through L2); CTA b
+// takes tiles b, b + grid, ... . The group table (row starts, rows, tile prefix) is computed from
+// group_sizes on the device by every CTA, so nothing syncs with the host (command-buffer safe).
+//
+// Shapes: x [rows, K] e4m3 (ragged: rows = R, groups back to back from row 0; expert_major: rows =
+// L*C, group l from row l*C), x_scale f32 [rows, K/128], w [L, N, K] e4m3, w_scale f32
+// [L, N/128, K/128], group_sizes int32 [L], y [rows, N]. N and K multiples of 128, L <=
+// kMaxGroups. Rows of y no group covers are not written (the launcher zeroes them).
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is fetched at run time)
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include "cute/arch/copy_sm90_desc.hpp"
+#include "cute/arch/copy_sm90_tma.hpp"
+#include "cute/arch/mma_sm90_gmma.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+
+namespace a2a::gemm::wgmma {
+
+constexpr int kBM = 128;          // rows per tile (two math warpgroups x 64)
+constexpr int kBN = 128;          // columns per tile (one weight-scale block)
+constexpr int kBK = 128;          // k per stage (one scale block)
+constexpr int kThreads = 384;     // producer warpgroup + two math warpgroups
+constexpr int kMaxGroups = 1024;  // the group table lives in shared memory
+constexpr int kStages = 6;
+constexpr uint32_t kStageBytes = (kBM + kBN) * kBK;  // e4m3: one byte per element
+
+// What the kernel reads besides the two TMA descriptors (x and w).
+struct Fp8Args {
+  const float* x_scale = nullptr;        // [rows, K/128]
+  const float* w_scale = nullptr;        // [L, N/128, K/128]
+  const int32_t* group_sizes = nullptr;  // [L], on the device
+  void* y = nullptr;                     // [rows, N], bf16 or f32 (the kernel's OutT)
+  int64_t rows = 0;                      // R (ragged) or L*C (expert_major)
+  int32_t num_groups = 0;                // L, 1..kMaxGroups
+  int32_t n = 0, k = 0;                  // multiples of 128
+  int32_t per_group_rows = 0;            // expert_major: C; ragged: 0
+  bool expert_major = false;
+};
+
+struct alignas(1024) SharedStorage {
+  uint8_t a[kStages][kBM * kBK];  // 1024-byte aligned: the 128-byte swizzle repeats every 8 rows
+  uint8_t b[kStages][kBN * kBK];
+  uint64_t full[kStages];   // the stage's bytes landed (TMA transaction count)
+  uint64_t empty[kStages];  // the stage's WGMMAs are done (one arrival per math warp)
+  int64_t row_start[kMaxGroups];
+  int32_t m_rows[kMaxGroups];
+  int32_t tile_end[kMaxGroups];  // inclusive prefix of the groups' tile counts
+};
+constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + the base's alignment slack
+
+// A K-major WGMMA operand in shared memory with the 128-byte swizzle (8 rows x 128 bytes per core
+// group: stride byte offset 1024, the leading offset unused and 1).
+__device__ __forceinline__ uint64_t smem_desc(const void* p) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+using Mma = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+
+template <int... I>
+__device__ __forceinline__ void mma_64x128x32(uint64_t da, uint64_t db, float (&d)[64], cute::SM90::GMMA::ScaleOut sc,
+                                              std::integer_sequence<int, I...>) {
+  Mma::fma(da, db, d[I]..., sc);
+}
+
+__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(d[i]);
+}
+
+// The group table from group_sizes (warp 0 of the CTA; __syncthreads after): group l covers rows
+// [row_start[l], row_start[l] + m_rows[l]); ragged: row_start = min(sum of the earlier groups'
+// sizes clamped at 0, R), m = clamp(size, 0, R - row_start); expert_major: l*C, min(max(size, 0), C).
+// tile_end[l]: the tiles of groups 0..l (ceil(m / 128) x N/128 each).
+__device__ __forceinline__ void build_group_table(const Fp8Args& a, SharedStorage& s) {
+  const int lane = threadIdx.x & 31;
+  const int tiles_n = a.n / kBN;
+  int64_t carry_rows = 0;
+  int32_t carry_tiles = 0;
+  for (int base = 0; base < a.num_groups; base += 32) {
+    const int l = base + lane;
+    int64_t size = l < a.num_groups ? a.group_sizes[l] : 0;
+    size = size < 0 ? 0 : size;
+    if (a.expert_major && size > a.per_group_rows) size = a.per_group_rows;
+    int64_t incl = size;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int64_t v = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += v;
+    }
+    int64_t row0, m;
+    if (a.expert_major) {
+      row0 = static_cast<int64_t>(l) * a.per_group_rows;
+      m = size;
+    } else {
+      const int64_t excl = carry_rows + incl - size;
+      row0 = excl < a.rows ? excl : a.rows;
+      m = carry_rows + incl < a.rows ? size : a.rows - row0;
+    }
+    carry_rows += __shfl_sync(0xffffffffu, incl, 31);
+    int32_t tiles = static_cast<int32_t>((m + kBM - 1) / kBM) * tiles_n;
+    int32_t tincl = tiles;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int32_t v = __shfl_up_sync(0xffffffffu, tincl, off);
+      if (lane >= off) tincl += v;
+    }
+    if (l < a.num_groups) {
+      s.row_start[l] = row0;
+      s.m_rows[l] = static_cast<int32_t>(m);
+      s.tile_end[l] = carry_tiles + tincl;
+    }
+    carry_tiles += __shfl_sync(0xffffffffu, tincl, 31);
+  }
+}
+
+struct Tile {
+  int l, mt, nt;
+};
+
+// Tile t (< the last tile_end) -> its group (the first l with tile_end[l] > t), m-tile and n-tile.
+__device__ __forceinline__ Tile decode_tile(const SharedStorage& s, int num_groups, int tiles_n, int t) {
+  int lo = 0, hi = num_groups - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (s.tile_end[mid] > t) hi = mid; else lo = mid + 1;
+  }
+  const int before = lo > 0 ? s.tile_end[lo - 1] : 0;
+  const int local = t - before;
+  const int mtiles = (s.m_rows[lo] + kBM - 1) / kBM;
+  return Tile{lo, local % mtiles, local / mtiles};
+}
+
+__device__ __forceinline__ void promote(float (&acc)[64], const float (&d)[64], float s_lo, float s_hi) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    acc[4 * j + 0] = fmaf(d[4 * j + 0], s_lo, acc[4 * j + 0]);
+    acc[4 * j + 1] = fmaf(d[4 * j + 1], s_lo, acc[4 * j + 1]);
+    acc[4 * j + 2] = fmaf(d[4 * j + 2], s_hi, acc[4 * j + 2]);
+    acc[4 * j + 3] = fmaf(d[4 * j + 3], s_hi, acc[4 * j + 3]);
+  }
+}
+
+// One arrival on a CTA-local mbarrier by the threads with pred set, predicated rather than branched
+// (a branch between a WGMMA's issue and its wait makes ptxas serialise the WGMMAs).
+__device__ __forceinline__ void arrive_if(uint64_t* bar, bool pred) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %1, 0;\n @p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(addr),
+      "r"(static_cast<uint32_t>(pred))
+      : "memory");
+}
+
+template <class OutT>
+__device__ __forceinline__ void store_pair(OutT* p, float v0, float v1);
+template <>
+__device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloat16* p, float v0, float v1) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+}
+template <>
+__device__ __forceinline__ void store_pair<float>(float* p, float v0, float v1) {
+  *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+}
+
+template <class OutT>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_grouped_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
+                       const Fp8Args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage& s =
+      *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  // Broadcast from lane 0 so the compiler knows them warp-uniform (a role branch it thinks divergent
+  // makes ptxas serialise the WGMMAs).
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  const int lane = threadIdx.x & 31;
+  const int tiles_n = a.n / kBN, kblocks = a.k / kBK;
+
+  if (threadIdx.x == 32) {
+    for (int i = 0; i < kStages; ++i) {
+      cutlass::arch::ClusterTransactionBarrier::init(&s.full[i], 1);
+      cutlass::arch::ClusterBarrier::init(&s.empty[i], 8);  // the 8 math warps
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  if (threadIdx.x == 64) {
+    cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_x));
+    cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_w));
+  }
+  if (warp == 0) build_group_table(a, s);
+  __syncthreads();
+  const int total_tiles = s.tile_end[a.num_groups - 1];
+
+  if (wg == 0) {  // producer
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x == 0) {
+      uint32_t it = 0;
+      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+        const Tile tile = decode_tile(s, a.num_groups, tiles_n, t);
+        const int32_t xrow = static_cast<int32_t>(s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kBM);
+        const int32_t wrow = tile.l * a.n + tile.nt * kBN;
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const int st = static_cast<int>(it % kStages);
+          const uint32_t ph = (it / kStages) & 1;
+          cutlass::arch::ClusterBarrier::wait(&s.empty[st], ph ^ 1);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full[st], kStageBytes);
+          cute::SM90_TMA_LOAD_2D::copy(&tma_x, &s.full[st], static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST),
+                                       s.a[st], kb * kBK, xrow);
+          cute::SM90_TMA_LOAD_2D::copy(&tma_w, &s.full[st], static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+                                       s.b[st], kb * kBK, wrow);
+        }
+      }
+    }
+    return;
+  }
+
+  // math warpgroups
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int mwg = wg - 1;          // which 64 rows of the tile
+  const int wl = warp & 3;         // warp within the warpgroup
+  const int r_lo = mwg * 64 + wl * 16 + (lane >> 2);  // this thread's rows in the tile: r_lo, r_lo + 8
+  const int c0 = (lane & 3) * 2;   // and columns c0 + 8j, +1
+  auto* y = static_cast<OutT*>(a.y);
+  constexpr auto kSeq = std::make_integer_sequence<int, 64>{};
+  uint32_t it = 0;
+
+  for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+    const Tile tile = decode_tile(s, a.num_groups, tiles_n, t);
+    const int tile_rows = min(kBM, s.m_rows[tile.l] - tile.mt * kBM);
+    const int64_t row_base = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kBM;
+
+    if (tile_rows <= mwg * 64) {  // all of this warpgroup's rows are past the group: keep the ring going
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        const int st = static_cast<int>(it % kStages);
+        cutlass::arch::ClusterBarrier::wait(&s.full[st], (it / kStages) & 1);
+        if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&s.empty[st]);
+      }
+      continue;
+    }
+
+    // Scale rows (clamped into the tensor: rows past the group are computed but never stored).
+    const int64_t last = a.rows - 1;
+    const int64_t ra = row_base + r_lo < last ? row_base + r_lo : last;
+    const int64_t rb = row_base + r_lo + 8 < last ? row_base + r_lo + 8 : last;
+    const float* sxa = a.x_scale + ra * kblocks;
+    const float* sxb = a.x_scale + rb * kblocks;
+    const float* sw = a.w_scale + (static_cast<int64_t>(tile.l) * tiles_n + tile.nt) * kblocks;
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    float t0[64], t1[64];
+
+    auto issue = [&](float (&d)[64], uint32_t i) {
+      const int st = static_cast<int>(i % kStages);
+      cutlass::arch::ClusterBarrier::wait(&s.full[st], (i / kStages) & 1);
+      const uint64_t da = smem_desc(s.a[st] + mwg * 64 * kBK), db = smem_desc(s.b[st]);
+      fence_acc(d);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int j = 0; j < kBK / 32; ++j)  // 32 bytes of k per WGMMA: +2 in the descriptor's address field
+        mma_64x128x32(da + 2 * j, db + 2 * j, d, j == 0 ? cute::SM90::GMMA::ScaleOut::Zero : cute::SM90::GMMA::ScaleOut::One, kSeq);
+      cute::warpgroup_commit_batch();
+      fence_acc(d);
+    };
+    auto release = [&](uint32_t i) { arrive_if(&s.empty[i % kStages], lane == 0); };
+
+    // k-block kb's scales, loaded when its WGMMAs are issued (used one k-block later).
+    float w0 = __ldg(sw), a0 = __ldg(sxa), b0 = __ldg(sxb);
+    float w1 = 0.f, a1 = 0.f, b1 = 0.f;
+    issue(t0, it);
+    for (int kb = 0;; kb += 2) {  // explicit exits only: every path out has waited for all WGMMAs
+      if (kb + 1 < kblocks) {
+        issue(t1, it + 1);
+        w1 = __ldg(sw + kb + 1); a1 = __ldg(sxa + kb + 1); b1 = __ldg(sxb + kb + 1);
+        cute::warpgroup_wait<1>();
+      } else {
+        cute::warpgroup_wait<0>();
+      }
+      fence_acc(t0);
+      release(it);
+      promote(acc, t0, a0 * w0, b0 * w0);
+      ++it;
+      if (kb + 1 >= kblocks) {
+        cute::warpgroup_wait<0>();  // a no-op (this path waited above); tells ptxas nothing is in flight
+        break;
+      }
+      if (kb + 2 < kblocks) {
+        issue(t0, it + 1);
+        w0 = __ldg(sw + kb + 2); a0 = __ldg(sxa + kb + 2); b0 = __ldg(sxb + kb + 2);
+        cute::warpgroup_wait<1>();
+      } else {
+        cute::warpgroup_wait<0>();
+      }
+      fence_acc(t1);
+      release(it);
+      promote(acc, t1, a1 * w1, b1 * w1);
+      ++it;
+      if (kb + 2 >= kblocks) {
+        cute::warpgroup_wait<0>();
+        break;
+      }
+    }
+
+    // Epilogue: rows r_lo and r_lo + 8 of the tile, columns n0 + 8j + c0 (+1).
+    const int n0 = tile.nt * kBN;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r_lo + 8 * h;
+      if (r >= tile_rows) continue;
+      OutT* yrow = y + (row_base + r) * a.n + n0 + c0;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) store_pair<OutT>(yrow + 8 * j, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+  }
+#endif
+}
+
+}  // namespace a2a::gemm::wgmma

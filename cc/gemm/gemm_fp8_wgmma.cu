@@ -1,0 +1,132 @@
+// Host side of our own fp8 block-scaled grouped GEMM: the TMA descriptors (cuTensorMapEncodeTiled,
+// fetched from the driver at run time: the library never links libcuda) and the launch.
+#include "gemm/fp8_wgmma.h"
+
+#include <mutex>
+
+#include <cudaTypedefs.h>
+
+#include "gemm/fp8_wgmma.cuh"
+#include "gemm/kernels.h"
+#include "gemm/zero_rows.cuh"
+
+namespace a2a::gemm::wgmma {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A [rows, k] e4m3 row-major tensor read as [128 rows, 128 k] boxes, 128-byte swizzled (the WGMMA
+// operand layout of fp8_wgmma.cuh); rows past the tensor read as zeros.
+bool encode_rows(CUtensorMap* map, const void* base, uint64_t rows, uint64_t k) {
+  auto fn = encoder();
+  if (fn == nullptr) return false;
+  const cuuint64_t dims[2] = {k, rows};
+  const cuuint64_t strides[1] = {k};  // bytes between rows
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(kBM)};
+  const cuuint32_t elem[2] = {1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <class OutT>
+cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, int grid, cudaStream_t stream) {
+  static std::once_flag once;
+  static cudaError_t attr = cudaSuccess;
+  std::call_once(once, [] {
+    attr = cudaFuncSetAttribute(fp8_grouped_kernel<OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kSmemBytes));
+  });
+  if (attr != cudaSuccess) return attr;
+  fp8_grouped_kernel<OutT><<<grid, kThreads, kSmemBytes, stream>>>(tx, tw, a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+const char* fp8_unsupported_reason(const Fp8LaunchParams& p) {
+  if (p.n <= 0 || p.k <= 0 || p.n % kBN != 0 || p.k % kBK != 0) return "N and K must be positive multiples of 128";
+  if (p.num_groups < 1 || p.num_groups > kMaxGroups) return "the number of groups must be 1..1024";
+  if (p.rows >= (int64_t{1} << 31) || p.num_groups * p.n >= (int64_t{1} << 31)) return "rows or L*N reach 2^31";
+  if (p.k >= (int64_t{1} << 31)) return "K reaches 2^31";
+  if (encoder() == nullptr) return "the driver has no cuTensorMapEncodeTiled";
+  return nullptr;
+}
+
+cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  CUtensorMap tx, tw;
+  if (!encode_rows(&tx, p.x, static_cast<uint64_t>(p.rows), static_cast<uint64_t>(p.k)) ||
+      !encode_rows(&tw, p.w, static_cast<uint64_t>(p.num_groups * p.n), static_cast<uint64_t>(p.k)))
+    return cudaErrorInvalidValue;
+  Fp8Args a;
+  a.x_scale = p.x_scale;
+  a.w_scale = p.w_scale;
+  a.group_sizes = p.group_sizes;
+  a.y = p.y;
+  a.rows = p.rows;
+  a.num_groups = static_cast<int32_t>(p.num_groups);
+  a.n = static_cast<int32_t>(p.n);
+  a.k = static_cast<int32_t>(p.k);
+  a.per_group_rows = static_cast<int32_t>(p.per_group_rows);
+  a.expert_major = p.expert_major;
+  int sms = p.sm_count;
+  if (sms <= 0) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms <= 0)
+      sms = 132;
+  }
+  return p.y_f32 ? launch_typed<float>(tx, tw, a, sms, stream) : launch_typed<__nv_bfloat16>(tx, tw, a, sms, stream);
+}
+
+}  // namespace a2a::gemm::wgmma
+
+namespace a2a::gemm::detail {
+
+LaunchStatus run_fp8_wgmma(const GroupedGemmParams& p, int sm_count, cudaStream_t stream) {
+  LaunchStatus st;  // no workspace
+  const int64_t total_rows = p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
+  if (total_rows == 0) return st;
+  // The rows past the groups: two zeroing blocks per SM at most (as the CUTLASS path's setup grid).
+  const int64_t max_blocks = 2 * static_cast<int64_t>(sm_count > 0 ? sm_count : 132);
+  const unsigned zero_blocks = static_cast<unsigned>(total_rows < max_blocks ? total_rows : max_blocks);
+  if (p.out == OutType::kF32)
+    zero_rows_kernel<float><<<zero_blocks, 1024, 0, stream>>>(p);
+  else
+    zero_rows_kernel<__nv_bfloat16><<<zero_blocks, 1024, 0, stream>>>(p);
+  if ((st.error = cudaGetLastError()) != cudaSuccess) return st;
+  wgmma::Fp8LaunchParams q;
+  q.x = p.x;
+  q.x_scale = p.x_scale;
+  q.w = p.w;
+  q.w_scale = p.w_scale;
+  q.group_sizes = p.group_sizes;
+  q.y = p.y;
+  q.y_f32 = p.out == OutType::kF32;
+  q.expert_major = p.layout == Layout::kExpertMajor;
+  q.rows = total_rows;
+  q.per_group_rows = q.expert_major ? p.rows : 0;
+  q.num_groups = p.num_groups;
+  q.n = p.n;
+  q.k = p.k;
+  q.sm_count = sm_count;
+  if (wgmma::fp8_unsupported_reason(q) != nullptr) {
+    st.error = cudaErrorNotSupported;
+    return st;
+  }
+  st.error = wgmma::launch_fp8_grouped(q, stream);
+  return st;
+}
+
+}  // namespace a2a::gemm::detail
