@@ -23,7 +23,8 @@
 # (mpirun --output-filename), the MPS server and control logs, `get_server_list`, and, for a test
 # still running 15 s before its limit, every rank's GPU kernels and host stacks (cuda-gdb; the proxy
 # thread's stack says which flag or arrival it waits for). Limits: build 140 s, benchmark 45 / 55 s,
-# tests 45 / 55 s (N = 2 / 4): 340 s at most, with the daemon's start and stop under 6 minutes.
+# tests 45 / 55 s (N = 2 / 4): 340 s at most, with the daemon's start and stop under 6 minutes;
+# `pair` 55 + 45 + 45 s (its default variants): with the build, under 5 minutes.
 # Env: OUT, STAGES (default "build bench tests"; also pair), PAIR_VARIANTS, PAIR_LIMIT (stage 5),
 # BENCH_NS (default "2 4"), TEST_RUNS (default "2:1 4:2"), PROXY_PIPELINE_MODES (default "peer,series"), TEST_K (a pytest -k expression for the
 # tests), TEST_LIMIT (seconds per test run, default 45 / 55 for N = 2 / 4; above the communicators'
@@ -178,8 +179,10 @@ fi
 # proxy's stall report: `waiting [0 ...` with `COUNTS ... came from ranks [0]`: its dispatch_send
 # never started (its stack: a launch or a module load); `waiting [1 ...` with d_counts 0: its
 # block 0 passed the d_send_ok wait and the grid never met in grid.sync (blocks not co-resident:
-# see the cooperative kernel's occupancy line). preload hangs too: not a load; then atp100 and
-# nocmdbuf say whether the SM limit or command buffers matter.
+# see the cooperative kernel's occupancy line). preload hangs but eager passes: a load of XLA's
+# kernels (not preloaded by us) did it. preload and eager hang too: not a load; then atp100 and
+# nocmdbuf say whether the SM limit or command buffers matter. lazy passes: the hang did not
+# reproduce (it did in every MPS test run of 2026-12-04): the run decides nothing; run it again.
 if has pair; then
   PAIR_K="against_oracle and (minus-one or tp2-fp8-expert-major)"
   for v in ${PAIR_VARIANTS:-lazy preload eager}; do
