@@ -1,6 +1,7 @@
 // A standalone probe of our own fp8 block-scaled grouped GEMM (cc/gemm/fp8_wgmma.cuh): checks it
 // against a plain CUDA-core reference on fresh random inputs with the output poisoned, then times it
-// next to the HBM floor measured in the same process (a device copy of the weights' bytes / 2).
+// next to the HBM floor measured in the same process (a device copy of the weights' bytes / 2), in
+// both promotion orders (overlapped with the next k-block's WGMMAs, and serial).
 // No Python, no JAX: it builds on a CPU machine with nvcc and runs on the GPU machine in seconds,
 // which is how the kernel is developed (the library's own tests and benchmarks/gemm.py judge it
 // afterwards).
@@ -161,12 +162,13 @@ std::vector<int> row_groups(const Case& c, int64_t total_rows) {
   return g;
 }
 
-bool check(const Case& c, std::mt19937& gen, int row_step) {
+bool check(const Case& c, std::mt19937& gen, int row_step, bool serial) {
   Buffers b = make_buffers(c, gen, true);
   const auto groups = row_groups(c, b.total_rows);
   const size_t ybytes = static_cast<size_t>(b.total_rows) * c.n * (c.y_f32 ? 4 : 2);
   CK(cudaMemset(b.y, 0xFF, std::max<size_t>(ybytes, 1)));  // NaN in bf16 and f32
   auto p = params_of(c, b);
+  p.serial_promotion = serial;
   if (const char* why = a2a::gemm::wgmma::fp8_unsupported_reason(p)) {
     std::printf("%-22s UNSUPPORTED: %s\n", c.name.c_str(), why);
     free_buffers(b);
@@ -223,8 +225,8 @@ bool check(const Case& c, std::mt19937& gen, int row_step) {
     }
   }
   const bool ok = bad == 0 && untouched_wrong == 0;
-  std::printf("%-22s %s  checked %lld, bad %lld, rows outside groups written %lld, max err / abs-sum %.2e\n",
-              c.name.c_str(), ok ? "PASS" : "FAIL", static_cast<long long>(checked), static_cast<long long>(bad),
+  std::printf("%-22s %-7s %s  checked %lld, bad %lld, rows outside groups written %lld, max err / abs-sum %.2e\n",
+              c.name.c_str(), serial ? "serial" : "overlap", ok ? "PASS" : "FAIL", static_cast<long long>(checked), static_cast<long long>(bad),
               static_cast<long long>(untouched_wrong), worst);
   cudaFree(dgroups); cudaFree(ref); cudaFree(refabs);
   free_buffers(b);
@@ -236,9 +238,10 @@ float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-void time_case(const Case& c, std::mt19937& gen, int iters) {
+void time_case(const Case& c, std::mt19937& gen, int iters, bool serial) {
   Buffers b = make_buffers(c, gen, false);
   auto p = params_of(c, b);
+  p.serial_promotion = serial;
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
   std::vector<float> tk, tc;
@@ -266,8 +269,8 @@ void time_case(const Case& c, std::mt19937& gen, int iters) {
   if (!c.expert_major) rows = std::min<int64_t>(rows, c.rows);
   const double flop = 2.0 * rows * c.n * c.k;
   const float k50 = median(tk), c50 = median(tc);
-  std::printf("%-22s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
-              c.name.c_str(), k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
+  std::printf("%-22s %-7s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
+              c.name.c_str(), serial ? "serial" : "overlap", k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
   cudaFree(dst);
   free_buffers(b);
 }
@@ -295,17 +298,24 @@ int main(int argc, char** argv) {
     cs.push_back({"decode-L8-gateup-bf16", 8, 1024, 4096, 7168, false, false, uniform_sizes(8, 1024, gen)});
     cs.push_back({"decode-L8-down-f32", 8, 1024, 7168, 2048, false, true, uniform_sizes(8, 1024, gen)});
     cs.push_back({"decode-L32-gateup", 32, 1024, 4096, 7168, false, false, uniform_sizes(32, 1024, gen)});
-    for (const auto& c : cs) ok = check(c, gen, 1) && ok;
+    for (bool serial : {false, true}) {
+      for (const auto& c : cs) ok = check(c, gen, 1, serial) && ok;
+    }
     Case pre{"prefill-L32-sampled", 32, 32768, 4096, 7168, false, false, uniform_sizes(32, 32768, gen)};
-    ok = check(pre, gen, 61) && ok;
+    ok = check(pre, gen, 61, false) && ok;
   }
   if (what == "all" || what == "time") {
+    std::vector<std::pair<Case, int>> ts;
     for (int L : {8, 32, 256}) {
-      time_case({"decode-L" + std::to_string(L) + "-gate+up", L, 1024, 4096, 7168, false, false, uniform_sizes(L, 1024, gen)}, gen, 30);
-      time_case({"decode-L" + std::to_string(L) + "-down", L, 1024, 7168, 2048, false, false, uniform_sizes(L, 1024, gen)}, gen, 30);
+      ts.push_back({{"decode-L" + std::to_string(L) + "-gate+up", L, 1024, 4096, 7168, false, false, uniform_sizes(L, 1024, gen)}, 30});
+      ts.push_back({{"decode-L" + std::to_string(L) + "-down", L, 1024, 7168, 2048, false, false, uniform_sizes(L, 1024, gen)}, 30});
     }
-    time_case({"prefill-L32-gate+up", 32, 32768, 4096, 7168, false, false, uniform_sizes(32, 32768, gen)}, gen, 10);
-    time_case({"prefill-L32-down", 32, 32768, 7168, 2048, false, false, uniform_sizes(32, 32768, gen)}, gen, 10);
+    ts.push_back({{"prefill-L32-gate+up", 32, 32768, 4096, 7168, false, false, uniform_sizes(32, 32768, gen)}, 10});
+    ts.push_back({{"prefill-L32-down", 32, 32768, 7168, 2048, false, false, uniform_sizes(32, 32768, gen)}, 10});
+    for (const auto& [c, iters] : ts) {
+      time_case(c, gen, iters, false);
+      time_case(c, gen, iters, true);
+    }
   }
   std::printf("%s\n", ok ? "ALL CHECKS PASSED" : "SOME CHECKS FAILED");
   return ok ? 0 : 1;

@@ -188,7 +188,10 @@ __device__ __forceinline__ void store_pair<float>(float* p, float v0, float v1) 
   *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
 }
 
-template <class OutT>
+// kOverlap: the two-accumulator loop above; false: one temporary accumulator, each k-block's WGMMAs
+// waited for before their promotion (CUTLASS's and DeepGEMM's order), kept to measure what the
+// overlap buys in the same run (benchmarks/gemm_probe.cu).
+template <class OutT, bool kOverlap = true>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_grouped_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                        const Fp8Args a) {
@@ -292,40 +295,52 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto release = [&](uint32_t i) { arrive_if(&s.empty[i % kStages], lane == 0); };
 
-    // k-block kb's scales, loaded when its WGMMAs are issued (used one k-block later).
-    float w0 = __ldg(sw), a0 = __ldg(sxa), b0 = __ldg(sxb);
-    float w1 = 0.f, a1 = 0.f, b1 = 0.f;
-    issue(t0, it);
-    for (int kb = 0;; kb += 2) {  // explicit exits only: every path out has waited for all WGMMAs
-      if (kb + 1 < kblocks) {
-        issue(t1, it + 1);
-        w1 = __ldg(sw + kb + 1); a1 = __ldg(sxa + kb + 1); b1 = __ldg(sxb + kb + 1);
-        cute::warpgroup_wait<1>();
-      } else {
+    if constexpr (!kOverlap) {
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        issue(t0, it);
+        const float sc = __ldg(sw + kb);
+        const float sa = __ldg(sxa + kb) * sc, sb = __ldg(sxb + kb) * sc;
         cute::warpgroup_wait<0>();
+        fence_acc(t0);
+        release(it);
+        promote(acc, t0, sa, sb);
       }
-      fence_acc(t0);
-      release(it);
-      promote(acc, t0, a0 * w0, b0 * w0);
-      ++it;
-      if (kb + 1 >= kblocks) {
-        cute::warpgroup_wait<0>();  // a no-op (this path waited above); tells ptxas nothing is in flight
-        break;
-      }
-      if (kb + 2 < kblocks) {
-        issue(t0, it + 1);
-        w0 = __ldg(sw + kb + 2); a0 = __ldg(sxa + kb + 2); b0 = __ldg(sxb + kb + 2);
-        cute::warpgroup_wait<1>();
-      } else {
-        cute::warpgroup_wait<0>();
-      }
-      fence_acc(t1);
-      release(it);
-      promote(acc, t1, a1 * w1, b1 * w1);
-      ++it;
-      if (kb + 2 >= kblocks) {
-        cute::warpgroup_wait<0>();
-        break;
+    } else {
+      // k-block kb's scales, loaded when its WGMMAs are issued (used one k-block later).
+      float w0 = __ldg(sw), a0 = __ldg(sxa), b0 = __ldg(sxb);
+      float w1 = 0.f, a1 = 0.f, b1 = 0.f;
+      issue(t0, it);
+      for (int kb = 0;; kb += 2) {  // explicit exits only: every path out has waited for all WGMMAs
+        if (kb + 1 < kblocks) {
+          issue(t1, it + 1);
+          w1 = __ldg(sw + kb + 1); a1 = __ldg(sxa + kb + 1); b1 = __ldg(sxb + kb + 1);
+          cute::warpgroup_wait<1>();
+        } else {
+          cute::warpgroup_wait<0>();
+        }
+        fence_acc(t0);
+        release(it);
+        promote(acc, t0, a0 * w0, b0 * w0);
+        ++it;
+        if (kb + 1 >= kblocks) {
+          cute::warpgroup_wait<0>();  // a no-op (this path waited above); tells ptxas nothing is in flight
+          break;
+        }
+        if (kb + 2 < kblocks) {
+          issue(t0, it + 1);
+          w0 = __ldg(sw + kb + 2); a0 = __ldg(sxa + kb + 2); b0 = __ldg(sxb + kb + 2);
+          cute::warpgroup_wait<1>();
+        } else {
+          cute::warpgroup_wait<0>();
+        }
+        fence_acc(t1);
+        release(it);
+        promote(acc, t1, a1 * w1, b1 * w1);
+        ++it;
+        if (kb + 2 >= kblocks) {
+          cute::warpgroup_wait<0>();
+          break;
+        }
       }
     }
 

@@ -25,6 +25,7 @@ struct Fp8LaunchParams {
   int64_t num_groups = 0;
   int64_t n = 0, k = 0;
   int sm_count = 0;       // 0: the current device's
+  bool serial_promotion = false;  // measurements: each k-block waited for before its promotion
 };
 
 // Why these parameters cannot run on this kernel (nullptr when they can): N and K multiples of 128,

@@ -2,8 +2,6 @@
 // fetched from the driver at run time: the library never links libcuda) and the launch.
 #include "gemm/fp8_wgmma.h"
 
-#include <mutex>
-
 #include <cudaTypedefs.h>
 
 #include "gemm/fp8_wgmma.cuh"
@@ -39,16 +37,15 @@ bool encode_rows(CUtensorMap* map, const void* base, uint64_t rows, uint64_t k) 
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <class OutT>
+template <class OutT, bool kOverlap>
 cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, int grid, cudaStream_t stream) {
-  static std::once_flag once;
-  static cudaError_t attr = cudaSuccess;
-  std::call_once(once, [] {
-    attr = cudaFuncSetAttribute(fp8_grouped_kernel<OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(kSmemBytes));
-  });
-  if (attr != cudaSuccess) return attr;
-  fp8_grouped_kernel<OutT><<<grid, kThreads, kSmemBytes, stream>>>(tx, tw, a);
+  // Set at every launch (as CUTLASS's adapter does): the attribute belongs to the current device's
+  // context, and one process may drive several GPUs.
+  if (cudaError_t e = cudaFuncSetAttribute(fp8_grouped_kernel<OutT, kOverlap>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(kSmemBytes));
+      e != cudaSuccess)
+    return e;
+  fp8_grouped_kernel<OutT, kOverlap><<<grid, kThreads, kSmemBytes, stream>>>(tx, tw, a);
   return cudaGetLastError();
 }
 
@@ -87,7 +84,10 @@ cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
         sms <= 0)
       sms = 132;
   }
-  return p.y_f32 ? launch_typed<float>(tx, tw, a, sms, stream) : launch_typed<__nv_bfloat16>(tx, tw, a, sms, stream);
+  if (p.serial_promotion)
+    return p.y_f32 ? launch_typed<float, false>(tx, tw, a, sms, stream)
+                   : launch_typed<__nv_bfloat16, false>(tx, tw, a, sms, stream);
+  return p.y_f32 ? launch_typed<float, true>(tx, tw, a, sms, stream) : launch_typed<__nv_bfloat16, true>(tx, tw, a, sms, stream);
 }
 
 }  // namespace a2a::gemm::wgmma
