@@ -90,10 +90,19 @@ VARS = (
     Var("PROXY_IDLE_MS", "float", "20", "cc/proxy/proxy.cc", "proxy: after this long without progress ...",
         _NATIVE),
     Var("PROXY_IDLE_SLEEP_US", "float", "2000", "cc/proxy/proxy.cc", "... sleeps grow up to this", _NATIVE),
+    Var("PROXY_REPORT_S", "float", "the communicator's timeout_s", "cc/proxy/proxy.cc",
+        "proxy: a slot with an op in flight and no step for this many seconds prints its flags and the proxy's "
+        "steps to stderr, once per stall (a report, not an error); `0`: never", _NATIVE),
     Var("KERNEL_TIMING", "0|1|nosync", "0", "cc/gpu/kernel_timer.h (cuda, nvshmem: at communicator creation)",
         "GPU backends: CUDA events around each launch (`comm.kernel_seconds`); `1` with a GPU-side "
         "barrier of the EP group before each, `nosync` without",
         _NATIVE),
+    Var("PRELOAD_KERNELS", "bool", "1", "cc/cuda/preload.cc (at communicator creation)",
+        "cuda: load every kernel at communicator creation, not at its first launch in a step "
+        "(docs/gpu_kernels.md); `0` leaves them to CUDA_MODULE_LOADING", _NATIVE),
+    Var("LAUNCH_INFO", "bool", "0", "cc/cuda/preload.cc (at communicator creation)",
+        "cuda: print the device's SM count, the context's SM limit, module loading and every kernel's grid, "
+        "registers and occupancy to stderr", _NATIVE),
     Var("DISPATCH_SEND", "auto|grid|block", "auto", "cc/cuda/dispatch/send.cu (once per process)",
         "cuda: the dispatch_send kernel; `auto` the block-routed one where it applies, `block` "
         "with shared-memory staging, `grid` the grid-routed one (docs/gpu_kernels.md)",

@@ -128,6 +128,46 @@ def test_proxied_rank_that_never_calls(num_ranks, mesh):
     check_never_calls(proxied(spec, mesh, priv=1, timeout_s=2.0), mesh, "host")
 
 
+def _stderr_until(capfd, text, seconds):
+    """stderr (fd 2, C++ threads' writes included) read until it holds `text` or `seconds` passed."""
+    err, deadline = "", time.monotonic() + seconds
+    while text not in err and time.monotonic() < deadline:
+        time.sleep(0.2)
+        err += capfd.readouterr().err
+    return err
+
+
+@pytest.mark.mpi
+def test_proxy_reports_a_stall(num_ranks, mesh, capfd, monkeypatch):
+    """A slot with an op in flight and no proxy step for JAX_MOE_A2A_PROXY_REPORT_S seconds prints
+    its flags and the proxy's steps to stderr once (cc/proxy/proxy.cc, report_stalls), with no GIL
+    and no waiting packer needed. The last process compiles the step but never runs it: its proxy
+    sees its peers' route counts come while its own packer never publishes (open item 5's hung rank,
+    which no timeout names: nothing of it waits on the proxy); the others' proxies wait for its
+    counts, and report before their timeout."""
+    from jax_moe_a2a.runtime import forget_failed_effects, kv_client
+    if jax.process_count() < 2:
+        pytest.skip("needs several processes (a rank that never calls cannot be made in one program)")
+    monkeypatch.setenv("JAX_MOE_A2A_PROXY_REPORT_S", "0.5")  # read when the proxy starts
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    comm = proxied(spec, mesh, priv=1, timeout_s=4.0)
+    inputs = T.make_inputs(spec, num_ranks, 5, num_tokens=spec.max_tokens_per_rank)
+    silent = jax.process_count() - 1
+    if jax.process_index() == silent:
+        T.run_ops(comm, inputs, compile_only=True)
+        err = _stderr_until(capfd, "raised no d_counts", 20)
+        assert "no step for" in err and "COUNTS of dispatch epoch 0 came from ranks [" in err, err
+        assert "raised no d_counts" in err and "proxy at dispatch step 1 (waits: our d_counts) epoch 0" in err, err
+    else:
+        with pytest.raises(Exception, match="did not arrive"):
+            T.run_ops(comm, inputs)
+        forget_failed_effects()
+        err = capfd.readouterr().err
+        assert "no step for" in err and "dispatch epoch 0 at step 4 (waits: COUNTS in)" in err and "slot flags: d_counts 1" in err, err
+    assert err.count("no step for") <= jax.local_device_count(), f"once per stall and rank: {err}"
+    kv_client().wait_at_barrier(f"jax_moe_a2a_stall_report_{comm.comm_id}", 60_000)
+
+
 def test_proxy_threads_end_at_close(mesh, num_ranks):
     """close() stops and joins every proxy thread (and the engines), leaving no thread behind."""
     def threads():

@@ -10,6 +10,7 @@
 
 #include "core/registry.h"
 #include "cuda/kernels.h"
+#include "cuda/preload.h"
 #include "gpu/check.h"
 #ifdef JAX_MOE_A2A_WITH_LIBFABRIC
 #include "cuda/remote_path.h"
@@ -100,6 +101,11 @@ RankState::RankState(const GpuOptions& o, int rank, int device, int local_index)
   check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&err_dev_), err_, 0), "cudaHostGetDevicePointer");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   blocks_ = grid_blocks(device_);
+  // Every kernel loaded now, not at its first launch inside a step (cuda/preload.h: a lazy load
+  // there can wait for a peer's spinning kernel, which waits for us).
+  const bool preloaded = preload_kernels(device_, o_.g);
+  const std::string report = launch_report(device_, rank_, blocks_, o_.g, preloaded);
+  if (!report.empty()) std::fprintf(stderr, "%s", report.c_str());
   peers_.assign(o_.g.N, nullptr);
   if (timer_.init("jax_moe_a2a cuda")) {
     // Benchmarks record the launch geometry next to the kernel times.

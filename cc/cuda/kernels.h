@@ -6,6 +6,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+#include <vector>
+
 #include "gpu/chunk_kind.h"
 #include "gpu/params.h"
 
@@ -30,6 +33,24 @@ cudaError_t launch_dispatch_send_regs(const DispatchSendParams& p, ChunkKind kin
 cudaError_t launch_dispatch_recv(const DispatchRecvParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_combine_send(const CombineSendParams& p, int blocks, cudaStream_t stream);
 cudaError_t launch_combine_recv(const CombineRecvParams& p, int blocks, cudaStream_t stream);
+// A kernel of this backend as its launcher launches it for geometry g: for loading it ahead of
+// its first launch and for the launch report (cuda/preload.h). fn is what cudaFuncGetAttributes
+// and the occupancy calculator take; smem the dynamic shared memory of its launches.
+struct KernelRef {
+  const char* name;
+  const void* fn;
+  size_t smem;
+  int threads;       // per block
+  bool cooperative;  // launched with cudaLaunchCooperativeKernel (its blocks meet in grid.sync)
+};
+// Each launcher's file appends the kernels it may launch (every template instance).
+void dispatch_send_kernels(const Geometry& g, std::vector<KernelRef>* out);
+void dispatch_send_block_kernels(const Geometry& g, std::vector<KernelRef>* out);
+void dispatch_send_regs_kernels(const Geometry& g, std::vector<KernelRef>* out);
+void dispatch_recv_kernels(const Geometry& g, std::vector<KernelRef>* out);
+void combine_send_kernels(const Geometry& g, std::vector<KernelRef>* out);
+void combine_recv_kernels(const Geometry& g, std::vector<KernelRef>* out);
+void timing_barrier_kernels(std::vector<KernelRef>* out);
 // Kernel timing only (cuda/timing_barrier.cu): a barrier of the node-local ranks on `stream`,
 // the count-th one (every rank passes the same count).
 cudaError_t launch_timing_barrier(const SlotPtrs& slot0, int num_ranks, uint64_t count, cudaStream_t stream);

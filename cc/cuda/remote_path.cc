@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "cuda/preload.h"
 #include "gpu/check.h"
 #include "transfer/connect_order.h"
 #include "core/env.h"
@@ -34,30 +35,10 @@ RemotePath::RowPath row_path_from_env() {
 // tcp: cudaMemcpy on the thread that progresses the engine) stalled on one H200 with a CUDA-enabled
 // libfabric 1.22 over shm (2026-12-03): the proxy thread blocked inside the provider while the
 // receive kernels, one block on every SM, spun waiting for those very rows, until their timeout
-// (most likely the lazy-loading lock of lazy_loading() below; over shm / tcp take `copy` instead).
+// (most likely the lazy-loading lock described below; over shm / tcp take `copy` instead).
 bool moves_gpu_memory_without_the_gpu(const std::string& provider) {
   const std::string first = provider.substr(0, provider.find(';'));
   return first == "efa" || first == "verbs";
-}
-
-// Rows in GPU memory put CUDA calls on the proxy's thread (copy: its own copies; device: a
-// provider's). Under lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) the first
-// launch of any kernel in the process (XLA's or ours) loads it while holding a driver lock and
-// waiting for the context's running kernels; a receive kernel of ours may be running, spinning
-// until the proxy's next copy, which waits for that lock. One H200, 2026-12-03: test_ops' first op
-// under copy stalled so (cuda-gdb: the proxy in cuMemcpyHtoDAsync on a rwlock, the main thread in
-// cuLaunchKernel, dispatch_recv spinning). Returns "" under eager loading, else why not.
-std::string lazy_loading() {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult status{};
-  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault, &status) != cudaSuccess ||
-      status != cudaDriverEntryPointSuccess || !fn) {
-    cudaGetLastError();
-    return "the driver does not say whether it loads kernels lazily (cuModuleGetLoadingMode)";
-  }
-  int mode = 0;  // CUmoduleLoadingMode: 1 eager, 2 lazy
-  if (reinterpret_cast<int (*)(int*)>(fn)(&mode) != 0) return "cuModuleGetLoadingMode failed";
-  return mode == 1 ? "" : "the driver loads kernels lazily (CUDA_MODULE_LOADING=LAZY, the default)";
 }
 
 }  // namespace
@@ -97,6 +78,14 @@ void RemotePath::open_engine(transfer::EngineOptions eo, int device_id) {
                               why + "; JAX_MOE_A2A_STAGING=host (the default) keeps them in pinned host memory");
   };
   if (row_path_ != RowPath::kHost) {
+    // Rows in GPU memory put CUDA calls on the proxy's thread (copy: its own copies; device: a
+    // provider's). Under lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) the first
+    // launch of any kernel in the process (XLA's or ours) loads it while holding a driver lock and
+    // waiting for the context's running kernels; a receive kernel of ours may be running, spinning
+    // until the proxy's next copy, which waits for that lock. One H200, 2026-12-03: test_ops' first op
+    // under copy stalled so (cuda-gdb: the proxy in cuMemcpyHtoDAsync on a rwlock, the main thread in
+    // cuLaunchKernel, dispatch_recv spinning). Our own kernels are loaded at creation
+    // (cuda/preload.h), but XLA's are not: lazy_loading() (cuda/preload.h) says whether CUDA is eager.
     const std::string lazy = lazy_loading();
     if (!lazy.empty())
       throw refuse(lazy + ": the proxy's CUDA calls could wait behind a kernel launch that waits for our spinning "

@@ -38,4 +38,8 @@ cudaError_t launch_timing_barrier(const SlotPtrs& slot0, int num_ranks, uint64_t
   return cudaGetLastError();
 }
 
+void timing_barrier_kernels(std::vector<KernelRef>* out) {
+  out->push_back({"timing_barrier", reinterpret_cast<const void*>(&timing_barrier_kernel), 0, 64, false});
+}
+
 }  // namespace a2a::cuda

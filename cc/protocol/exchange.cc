@@ -226,6 +226,15 @@ void Exchange::forget_owed(int z) {
   std::fill(owed_c_[z].begin(), owed_c_[z].end(), 0);
 }
 
+uint64_t Exchange::counts_waiting(int z, uint32_t e) const {
+  uint64_t bits = 0;
+  for (int r : all_)
+    if (r < 64 && engine_->count(transfer::pack_imm(tag_of(kCounts, z), e & transfer::kImmMaxEpoch,
+                                                    static_cast<uint32_t>(r))) > 0)
+      bits |= 1ull << r;
+  return bits;
+}
+
 bool Exchange::poll(Arrivals& a) {
   bool all = true;
   for (Arrivals::Part& p : a.parts)

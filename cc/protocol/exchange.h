@@ -174,6 +174,10 @@ class Exchange {
   Arrivals expect_comb(int z, uint32_t c) const;    // COMB(c) for every tp member from remote ranks
   // Non-blocking: true when everything arrived (arrivals are consumed as they are seen).
   bool poll(Arrivals& a);
+  // Bit r: rank r's COUNTS(e) of slot z arrived and nobody consumed it yet (nothing is consumed
+  // or polled here: what the engine's progress has counted). For reports: a peer already in
+  // epoch e's dispatch while we have not started it.
+  uint64_t counts_waiting(int z, uint32_t e) const;
   // Blocking, up to timeout_s; throws transfer::TimeoutError naming op, slot and missing ranks.
   void wait(Arrivals a, int op, int z, const char* what);
   // Throws TimeoutError with the message the inline and the proxied paths share.

@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -27,6 +28,12 @@ using protocol::kDispatchSend;
 
 namespace {
 
+// What each step waits for (DStage / CStage order), for timeouts and reports.
+constexpr const char* kDStepWaits[] = {"FREE_D in",   "our d_counts", "our d_packed", "d_send copy",
+                                       "COUNTS in",   "PRIV+OVER in", "d_recv copy",  "our d_consumed"};
+constexpr const char* kCStepWaits[] = {"FREE_C in", "our c_packed", "c_send copy", "COMB in", "c_recv copy",
+                                       "our c_consumed"};
+
 uint64_t ns_since(Clock::time_point t0) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
@@ -48,6 +55,7 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
       throw std::invalid_argument("JAX_MOE_A2A_PROXY_PIPELINE=" + v + ": expected `peer` or `off`");
     o.pipeline = v == "peer";
   }
+  o.report_s = env::get_double("JAX_MOE_A2A_PROXY_REPORT_S", o.report_s);
   const char* cpus = env::get("JAX_MOE_A2A_PROXY_CPUS");
   if (cpus && *cpus) {  // "3,7": CPU of local rank 0, 1; "none": no pinning
     std::stringstream ss(cpus);
@@ -264,25 +272,78 @@ void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint6
   }
 }
 
+std::string Proxy::slot_state(int z) const {
+  const SlotCtrl& c = ctrl_->slot[z];
+  const SlotState& st = slots_[z];
+  auto f = [](const uint64_t& v) { return static_cast<unsigned long long>(load_acquire(&v)); };
+  return transfer::format("slot flags: d_counts %llu d_packed %llu d_consumed %llu c_packed %llu c_consumed %llu "
+                          "waiting [%llu %llu %llu %llu] d_send_ok %llu d_landed %llu c_send_ok %llu c_landed %llu; "
+                          "proxy at dispatch step %d (waits: %s) epoch %u, combine step %d (waits: %s) epoch %u, "
+                          "pipeline %s",
+                          f(c.d_counts), f(c.d_packed), f(c.d_consumed), f(c.c_packed), f(c.c_consumed),
+                          f(c.waiting[0]), f(c.waiting[1]), f(c.waiting[2]), f(c.waiting[3]), f(c.d_send_ok),
+                          f(c.d_landed), f(c.c_send_ok), f(c.c_landed), static_cast<int>(st.d), kDStepWaits[st.d], st.de,
+                          static_cast<int>(st.c), kCStepWaits[st.c], st.ce, o_.pipeline ? "peer" : "off");
+}
+
 void Proxy::check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what, Clock::time_point& since) {
   if (load_acquire(&ctrl_->slot[z].waiting[op]) < uint64_t(e) + 1) return;  // nobody waits yet
   const auto now = Clock::now();
   if (since == Clock::time_point{}) since = now;
-  if (std::chrono::duration<double>(now - since).count() > ex_.options().timeout_s) {
-    // The slot's flags as the proxy sees them, and its own states: enough to tell a packer that
-    // never raised a flag from an arrival that never came (a kernel stuck under MPS, a transport).
-    const SlotCtrl& c = ctrl_->slot[z];
-    const SlotState& st = slots_[z];
-    auto f = [](const uint64_t& v) { return static_cast<unsigned long long>(load_acquire(&v)); };
-    ex_.timed_out(a, op, z, what,
-                  transfer::format("(the proxy thread gave up; slot flags: d_counts %llu d_packed %llu d_consumed %llu "
-                                   "c_packed %llu c_consumed %llu waiting [%llu %llu %llu %llu] d_send_ok %llu "
-                                   "d_landed %llu c_send_ok %llu c_landed %llu; proxy at dispatch step %d epoch %u, "
-                                   "combine step %d epoch %u, pipeline %s)",
-                                   f(c.d_counts), f(c.d_packed), f(c.d_consumed), f(c.c_packed), f(c.c_consumed),
-                                   f(c.waiting[0]), f(c.waiting[1]), f(c.waiting[2]), f(c.waiting[3]), f(c.d_send_ok),
-                                   f(c.d_landed), f(c.c_send_ok), f(c.c_landed), static_cast<int>(st.d), st.de,
-                                   static_cast<int>(st.c), st.ce, o_.pipeline ? "peer" : "off"));
+  if (std::chrono::duration<double>(now - since).count() > ex_.options().timeout_s)
+    ex_.timed_out(a, op, z, what, "(the proxy thread gave up; " + slot_state(z) + ")");
+}
+
+std::string Proxy::in_flight(int z) const {
+  const SlotCtrl& c = ctrl_->slot[z];
+  const SlotState& s = slots_[z];
+  std::string why;
+  auto add = [&why](const std::string& w) { why += (why.empty() ? "" : "; ") + w; };
+  if (s.d != kDCounts)
+    add(transfer::format("dispatch epoch %u at step %d (waits: %s)", s.de, static_cast<int>(s.d), kDStepWaits[s.d]));
+  if (s.c != kCPacked)
+    add(transfer::format("combine epoch %u at step %d (waits: %s)", s.ce, static_cast<int>(s.c), kCStepWaits[s.c]));
+  if (s.d == kDCounts && load_acquire(&c.waiting[kDispatchSend]) >= uint64_t(s.de) + 1)
+    add(transfer::format("our dispatch_send of epoch %u waited on the proxy (waiting[0]) but raised no d_counts", s.de));
+  if (s.c == kCPacked && load_acquire(&c.waiting[kCombineSend]) >= uint64_t(s.ce) + 1)
+    add(transfer::format("our combine_send of epoch %u waited on the proxy (waiting[2]) but raised no c_packed", s.ce));
+  if (s.d == kDCounts) {
+    std::vector<int> ahead;
+    const uint64_t bits = ex_.counts_waiting(z, s.de);
+    for (int r = 0; r < 64; ++r)
+      if (bits >> r & 1) ahead.push_back(r);
+    if (!ahead.empty())
+      add(transfer::format("COUNTS of dispatch epoch %u came from ranks [%s] but our packer raised no d_counts", s.de,
+                           transfer::join_ranks(ahead).c_str()));
+  }
+  return why;
+}
+
+void Proxy::report_stalls() {
+  const double after = o_.report_s < 0 ? ex_.options().timeout_s : o_.report_s;
+  if (after <= 0 || failed()) return;
+  const auto now = Clock::now();
+  for (int z = 0; z < int(slots_.size()); ++z) {
+    SlotState& s = slots_[z];
+    if (s.d != s.seen_d || s.c != s.seen_c || s.de != s.seen_de || s.ce != s.seen_ce) {
+      s.seen_d = s.d, s.seen_c = s.c, s.seen_de = s.de, s.seen_ce = s.ce;
+      s.steps_since = now;
+      s.stall_reported = false;
+      continue;
+    }
+    const double stalled = std::chrono::duration<double>(now - s.steps_since).count();
+    // At most one look a second per slot past the threshold (in_flight takes the engine's lock).
+    if (s.stall_reported || stalled < after || std::chrono::duration<double>(now - s.stall_checked).count() < 1.0)
+      continue;
+    s.stall_checked = now;
+    const std::string why = in_flight(z);
+    if (why.empty()) continue;
+    s.stall_reported = true;
+    std::fprintf(stderr,
+                 "jax_moe_a2a proxy (rank %d, slot %d): no step for %.1f s with an op in flight (%s); %s "
+                 "(a report, not an error; printed once per stall)\n",
+                 ex_.rank(), z, stalled, why.c_str(), slot_state(z).c_str());
+    std::fflush(stderr);
   }
 }
 
@@ -543,6 +604,7 @@ void Proxy::run() {
       sleep_us = 1;
       continue;
     }
+    report_stalls();
     const double idle_us = std::chrono::duration<double, std::micro>(Clock::now() - last_progress).count();
     // A packer waiting on us keeps us polling: a sleep would delay its flag by up to max_sleep_us.
     // Bounded at 10 s (or twice the timeout) without progress: a waiting[] left behind by a kernel

@@ -61,6 +61,10 @@ struct ProxyOptions {
   // waits for d_packed and posts every peer's write together, and raises only d_landed (the series
   // behaviour before).
   bool pipeline = true;
+  // JAX_MOE_A2A_PROXY_REPORT_S: a slot with an op in flight whose steps have not moved for this
+  // many seconds prints its flags and our steps once to stderr (a report, not an error: see
+  // Proxy::report_stalls); negative (unset): the exchange's timeout_s; 0: never.
+  double report_s = -1;
   // Not from the environment: the packer opts in when its receiver reads the per-source landing
   // flags (the host backend's does; the cuda kernels read only d_landed and c_landed).
   bool source_flags = false;
@@ -145,6 +149,12 @@ class Proxy {
     uint64_t comb_landed = 0;  // bit d: c_landed_from[d] raised for this combine epoch
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
     uint64_t copy_bytes[kRowBuffers]{};
+    // Stall reports (report_stalls): the steps as last seen, since when, and whether this stall
+    // was reported (once per stall; a step re-arms it).
+    int seen_d = -1, seen_c = -1;
+    uint32_t seen_de = 0, seen_ce = 0;
+    std::chrono::steady_clock::time_point steps_since{}, stall_checked{};
+    bool stall_reported = false;
     // The dispatch (combine) of this epoch is done (its FREE signal sent): the next epoch starts
     // at kDFree (kCFree) with that pipeline's per-epoch bits clear.
     void next_dispatch();
@@ -158,6 +168,17 @@ class Proxy {
   void check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what,
                   std::chrono::steady_clock::time_point& since);
   void fail(int code, int op, int z, const std::vector<int>& missing, const std::string& text);
+  // Slot z's flags as the proxy sees them and our steps: what a timeout and a stall report print,
+  // enough to tell a packer that never raised a flag from an arrival that never came.
+  std::string slot_state(int z) const;
+  // Why slot z has an op in flight, "" when it rests. Resting: the dispatch waits for our packer's
+  // d_counts (kDCounts) and the combine for its c_packed (kCPacked), with no sign of an op: no
+  // kernel of ours waits on that half (Ctrl::waiting) and no peer's COUNTS of that epoch came.
+  std::string in_flight(int z) const;
+  // Every slot whose steps have not moved for report_s while in_flight: prints slot_state once to
+  // stderr (no GIL, no kernel needed: the report of a rank whose packer never came, which no
+  // timeout of ours names, as its kernel never waited). From run()'s idle path.
+  void report_stalls();
   // Raises slot z's proxy-written flag `field` to v (release) in ctrl_ and, with a mirror, there
   // after a store fence (earlier mirror stores land first), followed by one (sent now).
   void raise(int z, uint64_t SlotCtrl::*field, uint64_t v);

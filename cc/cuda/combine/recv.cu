@@ -47,4 +47,8 @@ cudaError_t launch_combine_recv(const CombineRecvParams& p, int blocks, cudaStre
   return launch_plain(combine_recv_kernel, blocks, 0, stream, p);
 }
 
+void combine_recv_kernels(const Geometry&, std::vector<KernelRef>* out) {
+  out->push_back({"combine_recv", reinterpret_cast<const void*>(&combine_recv_kernel), 0, kThreads, false});
+}
+
 }  // namespace a2a::cuda

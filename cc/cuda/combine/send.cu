@@ -83,4 +83,9 @@ cudaError_t launch_combine_send(const CombineSendParams& p, int blocks, cudaStre
   return launch_plain(combine_send_kernel, blocks, arrangement_smem_bytes(p.g.N, p.g.L), stream, p);
 }
 
+void combine_send_kernels(const Geometry& g, std::vector<KernelRef>* out) {
+  out->push_back({"combine_send", reinterpret_cast<const void*>(&combine_send_kernel),
+                  static_cast<size_t>(arrangement_smem_bytes(g.N, g.L)), kThreads, false});
+}
+
 }  // namespace a2a::cuda

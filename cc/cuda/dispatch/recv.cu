@@ -50,4 +50,9 @@ cudaError_t launch_dispatch_recv(const DispatchRecvParams& p, int blocks, cudaSt
   return launch_plain(dispatch_recv_kernel, blocks, arrangement_smem_bytes(p.g.N, p.g.L), stream, p);
 }
 
+void dispatch_recv_kernels(const Geometry& g, std::vector<KernelRef>* out) {
+  out->push_back({"dispatch_recv", reinterpret_cast<const void*>(&dispatch_recv_kernel),
+                  static_cast<size_t>(arrangement_smem_bytes(g.N, g.L)), kThreads, false});
+}
+
 }  // namespace a2a::cuda

@@ -122,4 +122,10 @@ cudaError_t launch_dispatch_send(const DispatchSendParams& p, int blocks, cudaSt
   return launch_cooperative(dispatch_send_kernel, blocks, 0, stream, p);
 }
 
+void dispatch_send_kernels(const Geometry& g, std::vector<KernelRef>* out) {
+  out->push_back({"dispatch_send (grid-routed)", reinterpret_cast<const void*>(&dispatch_send_kernel), 0, kThreads, true});
+  dispatch_send_block_kernels(g, out);
+  dispatch_send_regs_kernels(g, out);
+}
+
 }  // namespace a2a::cuda

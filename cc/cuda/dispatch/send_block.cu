@@ -88,4 +88,10 @@ cudaError_t launch_dispatch_send_block(const DispatchSendParams& p, int blocks, 
   return launch_plain(dispatch_send_block_kernel, blocks, static_cast<size_t>(block_routing_smem_bytes(p.g)), stream, p);
 }
 
+void dispatch_send_block_kernels(const Geometry& g, std::vector<KernelRef>* out) {
+  out->push_back({"dispatch_send (block-routed, shared-memory staging)",
+                  reinterpret_cast<const void*>(&dispatch_send_block_kernel),
+                  static_cast<size_t>(block_routing_smem_bytes(g)), kThreads, false});
+}
+
 }  // namespace a2a::cuda

@@ -113,4 +113,20 @@ cudaError_t launch_dispatch_send_regs(const DispatchSendParams& p, ChunkKind kin
   });
 }
 
+void dispatch_send_regs_kernels(const Geometry& g, std::vector<KernelRef>* out) {
+  const size_t smem = static_cast<size_t>(block_routing_smem_bytes_regs(g));
+  using How = ChunkKind::How;
+  const ChunkKind kinds[] = {{How::kQuantize, ElemKind::kF32}, {How::kQuantize, ElemKind::kBF16},
+                             {How::kQuantize, ElemKind::kF16}, {How::kCopy, ElemKind::kF32}};
+  const char* names[] = {"dispatch_send (block-routed, registers: f32 to fp8)",
+                         "dispatch_send (block-routed, registers: bf16 to fp8)",
+                         "dispatch_send (block-routed, registers: f16 to fp8)",
+                         "dispatch_send (block-routed, registers: copy)"};
+  for (int i = 0; i < 4; ++i)
+    with_chunk_kind(kinds[i], [&](auto chunks) {
+      out->push_back({names[i], reinterpret_cast<const void*>(&dispatch_send_regs_kernel<decltype(chunks)>), smem, kThreads, false});
+      return 0;
+    });
+}
+
 }  // namespace a2a::cuda
