@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is fetched at run time)
@@ -39,6 +40,9 @@
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
+
+#include "core/fp8.h"
+#include "gpu/fp8_code.cuh"
 
 namespace a2a::gemm::wgmma {
 
@@ -61,7 +65,21 @@ struct Fp8Args {
   int32_t n = 0, k = 0;                  // multiples of 128
   int32_t per_group_rows = 0;            // expert_major: C; ragged: 0
   bool expert_major = false;
+  // Epi::kSwigluFp8 only (y unused): n = 2F (w rows 0..F-1 gate, F..2F-1 up), h e4m3 [rows, F],
+  // h_scale f32 [rows, F/128].
+  uint8_t* h = nullptr;
+  float* h_scale = nullptr;
 };
+
+// What a tile's epilogue writes.
+//   kStore      y [rows, N] (bf16 or f32) = the accumulators
+//   kSwigluFp8  h = silu(gate) * up, quantised to e4m3 with one f32 scale per row and 128 columns
+//               by the library's rule (core/fp8.h), gate and up rounded to bf16 first: the same
+//               values as the gate+up GEMM writing bf16 gu followed by the SwiGLU kernel
+//               (grouped_gemm.h, launch_swiglu). A tile covers 128 columns of h: its gate block
+//               (w rows F/128-block j) in a first pass over k, then its up block (F + ...) in a
+//               second, the gate held as bf16 meanwhile (x's tile is read twice).
+enum class Epi : int { kStore = 0, kSwigluFp8 = 1 };
 
 struct alignas(1024) SharedStorage {
   uint8_t a[kStages][kBM * kBK];  // 1024-byte aligned: the 128-byte swizzle repeats every 8 rows
@@ -97,10 +115,9 @@ __device__ __forceinline__ void fence_acc(float (&d)[64]) {
 // The group table from group_sizes (warp 0 of the CTA; __syncthreads after): group l covers rows
 // [row_start[l], row_start[l] + m_rows[l]); ragged: row_start = min(sum of the earlier groups'
 // sizes clamped at 0, R), m = clamp(size, 0, R - row_start); expert_major: l*C, min(max(size, 0), C).
-// tile_end[l]: the tiles of groups 0..l (ceil(m / 128) x N/128 each).
-__device__ __forceinline__ void build_group_table(const Fp8Args& a, SharedStorage& s) {
+// tile_end[l]: the tiles of groups 0..l (ceil(m / 128) x tiles_n each).
+__device__ __forceinline__ void build_group_table(const Fp8Args& a, int tiles_n, SharedStorage& s) {
   const int lane = threadIdx.x & 31;
-  const int tiles_n = a.n / kBN;
   int64_t carry_rows = 0;
   int32_t carry_tiles = 0;
   for (int base = 0; base < a.num_groups; base += 32) {
@@ -188,10 +205,56 @@ __device__ __forceinline__ void store_pair<float>(float* p, float v0, float v1) 
   *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
 }
 
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Epi::kSwigluFp8's epilogue: up in acc (f32), gate in bf16 pairs; rows r_lo and r_lo + 8 of the
+// tile (those below tile_rows stored), columns 8j + c0 (+1) of h-block nt. A row's 128 columns
+// are spread over the 4 lanes of a quad (lane >> 2 equal): its amax is a shuffle over them (every
+// lane takes part, stored or not).
+__device__ __forceinline__ void swiglu_fp8_store(const float (&up)[64], const uint32_t (&gate)[32], const Fp8Args& a,
+                                                 int64_t row_base, int tile_rows, int nt, int r_lo, int c0, int f) {
+  const int64_t nb = f / kBN;  // h_scale's columns
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float v[32];
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int q = 4 * j + 2 * h + e;
+        const __nv_bfloat162 g2 = *reinterpret_cast<const __nv_bfloat162*>(&gate[q / 2]);
+        const float g = e == 0 ? __low2float(g2) : __high2float(g2);
+        const float u = __bfloat162float(__float2bfloat16_rn(up[q]));
+        v[2 * j + e] = g / (1.0f + expf(-g)) * u;  // the SwiGLU kernel's arithmetic (grouped_gemm.cu)
+        amax = fmaxf(amax, fp8_amax_term(v[2 * j + e]));
+      }
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float sc = fp8_block_scale(amax, false);
+    const float inv = __frcp_rn(sc);
+    const int r = r_lo + 8 * h;
+    if (r >= tile_rows) continue;
+    const int64_t row = row_base + r;
+    uint8_t* hrow = a.h + row * f + static_cast<int64_t>(nt) * kBN + c0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint16_t two = static_cast<uint16_t>(gpu::fp8_quantize_value(v[2 * j], inv)) |
+                           static_cast<uint16_t>(gpu::fp8_quantize_value(v[2 * j + 1], inv)) << 8;
+      *reinterpret_cast<uint16_t*>(hrow + 8 * j) = two;
+    }
+    if (c0 == 0) a.h_scale[row * nb + nt] = sc;
+  }
+}
+
 // kOverlap: the two-accumulator loop above; false: one temporary accumulator, each k-block's WGMMAs
 // waited for before their promotion (CUTLASS's and DeepGEMM's order), kept to measure what the
 // overlap buys in the same run (benchmarks/gemm_probe.cu).
-template <class OutT, bool kOverlap = true>
+template <class OutT, bool kOverlap = true, Epi kEpi = Epi::kStore>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_grouped_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                        const Fp8Args a) {
@@ -204,7 +267,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   const int lane = threadIdx.x & 31;
-  const int tiles_n = a.n / kBN, kblocks = a.k / kBK;
+  constexpr int kPasses = kEpi == Epi::kSwigluFp8 ? 2 : 1;  // B blocks per tile (gate, up)
+  const int n_out = kEpi == Epi::kSwigluFp8 ? a.n / 2 : a.n;  // output columns (F, or N)
+  const int tiles_n = n_out / kBN, kblocks = a.k / kBK;
 
   if (threadIdx.x == 32) {
     for (int i = 0; i < kStages; ++i) {
@@ -217,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_x));
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_w));
   }
-  if (warp == 0) build_group_table(a, s);
+  if (warp == 0) build_group_table(a, tiles_n, s);
   __syncthreads();
   const int total_tiles = s.tile_end[a.num_groups - 1];
 
@@ -228,16 +293,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
         const Tile tile = decode_tile(s, a.num_groups, tiles_n, t);
         const int32_t xrow = static_cast<int32_t>(s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kBM);
-        const int32_t wrow = tile.l * a.n + tile.nt * kBN;
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
-          const int st = static_cast<int>(it % kStages);
-          const uint32_t ph = (it / kStages) & 1;
-          cutlass::arch::ClusterBarrier::wait(&s.empty[st], ph ^ 1);
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full[st], kStageBytes);
-          cute::SM90_TMA_LOAD_2D::copy(&tma_x, &s.full[st], static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST),
-                                       s.a[st], kb * kBK, xrow);
-          cute::SM90_TMA_LOAD_2D::copy(&tma_w, &s.full[st], static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-                                       s.b[st], kb * kBK, wrow);
+        for (int pass = 0; pass < kPasses; ++pass) {
+          const int32_t wrow = tile.l * a.n + pass * n_out + tile.nt * kBN;  // pass 1: the up block
+          for (int kb = 0; kb < kblocks; ++kb, ++it) {
+            const int st = static_cast<int>(it % kStages);
+            const uint32_t ph = (it / kStages) & 1;
+            cutlass::arch::ClusterBarrier::wait(&s.empty[st], ph ^ 1);
+            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full[st], kStageBytes);
+            cute::SM90_TMA_LOAD_2D::copy(&tma_x, &s.full[st],
+                                         static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST), s.a[st], kb * kBK, xrow);
+            cute::SM90_TMA_LOAD_2D::copy(&tma_w, &s.full[st],
+                                         static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), s.b[st], kb * kBK, wrow);
+          }
         }
       }
     }
@@ -260,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t row_base = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kBM;
 
     if (tile_rows <= mwg * 64) {  // all of this warpgroup's rows are past the group: keep the ring going
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      for (int kb = 0; kb < kPasses * kblocks; ++kb, ++it) {
         const int st = static_cast<int>(it % kStages);
         cutlass::arch::ClusterBarrier::wait(&s.full[st], (it / kStages) & 1);
         if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&s.empty[st]);
@@ -274,12 +341,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t rb = row_base + r_lo + 8 < last ? row_base + r_lo + 8 : last;
     const float* sxa = a.x_scale + ra * kblocks;
     const float* sxb = a.x_scale + rb * kblocks;
-    const float* sw = a.w_scale + (static_cast<int64_t>(tile.l) * tiles_n + tile.nt) * kblocks;
+    // pass p's weight scales: block row (l, p * F/128 + nt) of w_scale [L, N/128, K/128]
+    const float* sw0 = a.w_scale + (static_cast<int64_t>(tile.l) * (a.n / kBN) + tile.nt) * kblocks;
 
     float acc[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-    float t0[64], t1[64];
 
     auto issue = [&](float (&d)[64], uint32_t i) {
       const int st = static_cast<int>(i % kStages);
@@ -295,53 +360,76 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto release = [&](uint32_t i) { arrive_if(&s.empty[i % kStages], lane == 0); };
 
-    if constexpr (!kOverlap) {
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+    // One pass over k into acc with the weight scales at sw (zeroed first); overlap: the
+    // two-accumulator order (std::true_type) or the serial one (std::false_type).
+    auto run_k = [&](auto overlap, const float* sw) {
+      // The temporaries live in one pass only: declared outside, the WGMMAs' read-write operands
+      // would keep them live across the tile loop (a held gate then spilled).
+      float t0[64], t1[64];
+#pragma unroll
+      for (int q = 0; q < 64; ++q) acc[q] = 0.f;
+      if constexpr (!decltype(overlap)::value) {
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          issue(t0, it);
+          const float sc = __ldg(sw + kb);
+          const float sa = __ldg(sxa + kb) * sc, sb = __ldg(sxb + kb) * sc;
+          cute::warpgroup_wait<0>();
+          fence_acc(t0);
+          release(it);
+          promote(acc, t0, sa, sb);
+        }
+      } else {
+        // k-block kb's scales, loaded when its WGMMAs are issued (used one k-block later).
+        float w0 = __ldg(sw), a0 = __ldg(sxa), b0 = __ldg(sxb);
+        float w1 = 0.f, a1 = 0.f, b1 = 0.f;
         issue(t0, it);
-        const float sc = __ldg(sw + kb);
-        const float sa = __ldg(sxa + kb) * sc, sb = __ldg(sxb + kb) * sc;
-        cute::warpgroup_wait<0>();
-        fence_acc(t0);
-        release(it);
-        promote(acc, t0, sa, sb);
-      }
-    } else {
-      // k-block kb's scales, loaded when its WGMMAs are issued (used one k-block later).
-      float w0 = __ldg(sw), a0 = __ldg(sxa), b0 = __ldg(sxb);
-      float w1 = 0.f, a1 = 0.f, b1 = 0.f;
-      issue(t0, it);
-      for (int kb = 0;; kb += 2) {  // explicit exits only: every path out has waited for all WGMMAs
-        if (kb + 1 < kblocks) {
-          issue(t1, it + 1);
-          w1 = __ldg(sw + kb + 1); a1 = __ldg(sxa + kb + 1); b1 = __ldg(sxb + kb + 1);
-          cute::warpgroup_wait<1>();
-        } else {
-          cute::warpgroup_wait<0>();
-        }
-        fence_acc(t0);
-        release(it);
-        promote(acc, t0, a0 * w0, b0 * w0);
-        ++it;
-        if (kb + 1 >= kblocks) {
-          cute::warpgroup_wait<0>();  // a no-op (this path waited above); tells ptxas nothing is in flight
-          break;
-        }
-        if (kb + 2 < kblocks) {
-          issue(t0, it + 1);
-          w0 = __ldg(sw + kb + 2); a0 = __ldg(sxa + kb + 2); b0 = __ldg(sxb + kb + 2);
-          cute::warpgroup_wait<1>();
-        } else {
-          cute::warpgroup_wait<0>();
-        }
-        fence_acc(t1);
-        release(it);
-        promote(acc, t1, a1 * w1, b1 * w1);
-        ++it;
-        if (kb + 2 >= kblocks) {
-          cute::warpgroup_wait<0>();
-          break;
+        for (int kb = 0;; kb += 2) {  // explicit exits only: every path out has waited for all WGMMAs
+          if (kb + 1 < kblocks) {
+            issue(t1, it + 1);
+            w1 = __ldg(sw + kb + 1); a1 = __ldg(sxa + kb + 1); b1 = __ldg(sxb + kb + 1);
+            cute::warpgroup_wait<1>();
+          } else {
+            cute::warpgroup_wait<0>();
+          }
+          fence_acc(t0);
+          release(it);
+          promote(acc, t0, a0 * w0, b0 * w0);
+          ++it;
+          if (kb + 1 >= kblocks) {
+            cute::warpgroup_wait<0>();  // a no-op (this path waited above); tells ptxas nothing is in flight
+            break;
+          }
+          if (kb + 2 < kblocks) {
+            issue(t0, it + 1);
+            w0 = __ldg(sw + kb + 2); a0 = __ldg(sxa + kb + 2); b0 = __ldg(sxb + kb + 2);
+            cute::warpgroup_wait<1>();
+          } else {
+            cute::warpgroup_wait<0>();
+          }
+          fence_acc(t1);
+          release(it);
+          promote(acc, t1, a1 * w1, b1 * w1);
+          ++it;
+          if (kb + 2 >= kblocks) {
+            cute::warpgroup_wait<0>();
+            break;
+          }
         }
       }
+    };
+
+    run_k(std::bool_constant<kOverlap>{}, sw0);
+    if constexpr (kEpi == Epi::kSwigluFp8) {
+      uint32_t gate[32];  // the gate block, rounded to bf16 as the unfused path's gu is: pairs (4j + 2h, +1)
+#pragma unroll
+      for (int q = 0; q < 32; ++q) gate[q] = pack_bf16x2(acc[2 * q], acc[2 * q + 1]);
+      // The up pass in the serial order: with the held gate, a second temporary accumulator spilled
+      // inside the k loop. As it is, ptxas still spills ~110 bytes, at the hand-over between the
+      // passes and in the epilogue (the division's slow-path call), none inside a k loop (SASS
+      // read with cuobjdump: no LDL/STL between the QGMMAs).
+      run_k(std::false_type{}, sw0 + static_cast<int64_t>(n_out / kBN) * kblocks);
+      swiglu_fp8_store(acc, gate, a, row_base, tile_rows, tile.nt, r_lo, c0, n_out);
+      continue;
     }
 
     // Epilogue: rows r_lo and r_lo + 8 of the tile, columns n0 + 8j + c0 (+1).

@@ -26,9 +26,16 @@ struct Fp8LaunchParams {
   int64_t n = 0, k = 0;
   int sm_count = 0;       // 0: the current device's
   bool serial_promotion = false;  // measurements: each k-block waited for before its promotion
+  // The gate+up GEMM with the SwiGLU epilogue (fp8_wgmma.cuh, Epi::kSwigluFp8): w [L, 2F, K] (n =
+  // 2F, F % 128 == 0), writes h e4m3 [rows, F] and h_scale f32 [rows, F/128] instead of y. Rows
+  // outside every group are left as they are.
+  bool swiglu_fp8 = false;
+  uint8_t* h = nullptr;
+  float* h_scale = nullptr;
 };
 
-// Why these parameters cannot run on this kernel (nullptr when they can): N and K multiples of 128,
+// Why these parameters cannot run on this kernel (nullptr when they can): N and K multiples of 128
+// (swiglu_fp8: N of 256),
 // 1 <= L <= its group table, sizes within int32 where the TMA coordinates need them.
 const char* fp8_unsupported_reason(const Fp8LaunchParams& p);
 

@@ -37,15 +37,15 @@ bool encode_rows(CUtensorMap* map, const void* base, uint64_t rows, uint64_t k) 
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <class OutT, bool kOverlap>
+template <class OutT, bool kOverlap, Epi kEpi = Epi::kStore>
 cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, int grid, cudaStream_t stream) {
   // Set at every launch (as CUTLASS's adapter does): the attribute belongs to the current device's
   // context, and one process may drive several GPUs.
-  if (cudaError_t e = cudaFuncSetAttribute(fp8_grouped_kernel<OutT, kOverlap>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (cudaError_t e = cudaFuncSetAttribute(fp8_grouped_kernel<OutT, kOverlap, kEpi>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(kSmemBytes));
       e != cudaSuccess)
     return e;
-  fp8_grouped_kernel<OutT, kOverlap><<<grid, kThreads, kSmemBytes, stream>>>(tx, tw, a);
+  fp8_grouped_kernel<OutT, kOverlap, kEpi><<<grid, kThreads, kSmemBytes, stream>>>(tx, tw, a);
   return cudaGetLastError();
 }
 
@@ -53,6 +53,8 @@ cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8
 
 const char* fp8_unsupported_reason(const Fp8LaunchParams& p) {
   if (p.n <= 0 || p.k <= 0 || p.n % kBN != 0 || p.k % kBK != 0) return "N and K must be positive multiples of 128";
+  if (p.swiglu_fp8 && (p.n % (2 * kBN) != 0 || p.h == nullptr || p.h_scale == nullptr))
+    return "the SwiGLU epilogue needs N = 2F with F % 128 == 0, h and h_scale";
   if (p.num_groups < 1 || p.num_groups > kMaxGroups) return "the number of groups must be 1..1024";
   if (p.rows >= (int64_t{1} << 31) || p.num_groups * p.n >= (int64_t{1} << 31)) return "rows or L*N reach 2^31";
   if (p.k >= (int64_t{1} << 31)) return "K reaches 2^31";
@@ -77,6 +79,8 @@ cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
   a.k = static_cast<int32_t>(p.k);
   a.per_group_rows = static_cast<int32_t>(p.per_group_rows);
   a.expert_major = p.expert_major;
+  a.h = p.h;
+  a.h_scale = p.h_scale;
   int sms = p.sm_count;
   if (sms <= 0) {
     int dev = 0;
@@ -84,6 +88,9 @@ cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
         sms <= 0)
       sms = 132;
   }
+  if (p.swiglu_fp8)  // y unused: the bf16 instance's epilogue type is never reached
+    return p.serial_promotion ? launch_typed<__nv_bfloat16, false, Epi::kSwigluFp8>(tx, tw, a, sms, stream)
+                              : launch_typed<__nv_bfloat16, true, Epi::kSwigluFp8>(tx, tw, a, sms, stream);
   if (p.serial_promotion)
     return p.y_f32 ? launch_typed<float, false>(tx, tw, a, sms, stream)
                    : launch_typed<__nv_bfloat16, false>(tx, tw, a, sms, stream);
