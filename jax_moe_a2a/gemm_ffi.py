@@ -277,10 +277,54 @@ def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None
     the bytes written and read back; h's e4m3 rounding, 2^-4, dwarfs bf16's 2^-9); the epilogue
     kernel computes h = silu(gate) * up in f32 and returns (h bf16 [.., F], None), or (h
     float8_e4m3fn [.., F], h_scale f32 [.., F/block]) with quantize_hidden. Rows outside the groups
-    give h = 0 (and, quantised, the scale of an all-zero block)."""
+    give h = 0 (and, quantised, the scale of an all-zero block). Where fused_swiglu_reason says
+    None (our own kernel, JAX_MOE_A2A_GEMM_TILE_M=wgmma) the GEMM and the SwiGLU run as one kernel
+    with the same values."""
+    tune = tuning()
+    if quantize_hidden and fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block, tune) is None:
+        return _grouped_gemm_swiglu_fused(x, w_gate_up, group_sizes, x_scale, w_scale, tune)
     gu = grouped_gemm(x, w_gate_up, group_sizes, x_scale=x_scale, w_scale=w_scale,
                       out_dtype=gu_dtype(quantize_hidden))
     return swiglu(gu, quantize_hidden=quantize_hidden, block=block)
+
+
+def fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block: int = _BLOCK, tune: Tuning | None = None) -> str | None:
+    """None when grouped_gemm_swiglu(..., quantize_hidden=True) runs as ONE kernel (our own fp8
+    kernel with the SwiGLU epilogue: JAX_MOE_A2A_GEMM_TILE_M=wgmma, fp8 x and w [L, 2F, K] with
+    F % 128 == 0, block 128, 1 to 1,024 local experts), else why not (then the GEMM writes bf16 gu
+    and the SwiGLU kernel reads it back; the values are the same)."""
+    tune = tuning() if tune is None else tune
+    if tune.kernel != 2:
+        return "the fused SwiGLU GEMM runs only with our own fp8 kernel (JAX_MOE_A2A_GEMM_TILE_M=wgmma)"
+    why = native_reason() or native_supported(x, w_gate_up, x_scale, w_scale)
+    if why is not None:
+        return why
+    if _dtype(x) != np.dtype(FP8):
+        return "the fused SwiGLU GEMM is fp8 only"
+    if int(block) != _BLOCK:
+        return f"the fused SwiGLU GEMM quantises h in 128-column blocks, asked {block}"
+    L, n2 = w_gate_up.shape[0], w_gate_up.shape[1]
+    if n2 % (2 * _BLOCK):
+        return f"the fused SwiGLU GEMM needs w [L, 2F, K] with F % 128 == 0, got 2F = {n2}"
+    if not 1 <= L <= 1024:
+        return f"our own fp8 kernel takes 1 to 1,024 local experts, got {L}"
+    return None
+
+
+def _grouped_gemm_swiglu_fused(x, w_gate_up, group_sizes, x_scale, w_scale, tune: Tuning):
+    """(h float8_e4m3fn [.., F], h_scale f32 [.., F/128]) from one custom call (fused_swiglu_reason
+    said None)."""
+    _ffi.register_targets()
+    f = w_gate_up.shape[1] // 2
+    lead = tuple(x.shape[:-1])
+    call = jax.ffi.ffi_call(
+        "jax_moe_a2a_grouped_gemm_swiglu",
+        (jax.ShapeDtypeStruct(lead + (f,), FP8), jax.ShapeDtypeStruct(lead + (f // _BLOCK,), jnp.float32)),
+    )
+    h, hs = call(x, w_gate_up, group_sizes.astype(jnp.int32), x_scale.astype(jnp.float32), w_scale.astype(jnp.float32),
+                 **tune.attrs())
+    args = (x, w_gate_up, group_sizes, x_scale, w_scale)
+    return _typed_like(h, *args), _typed_like(hs, *args)
 
 
 def wgrad_supported(x, dy, group_sizes) -> str | None:

@@ -148,7 +148,10 @@ def _silu(g):
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("quantize", [False, True], ids=["h_bf16", "h_fp8"])
-def test_swiglu(fp8, quantize):
+@pytest.mark.parametrize("tune", ["auto", "wgmma"])
+def test_swiglu(fp8, quantize, tune, monkeypatch):
+    """The gate+up GEMM and the SwiGLU against the oracle (wgmma with fp8 and quantize: one fused kernel)."""
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
     rng = np.random.default_rng()
     L, R, F, H = 4, 257, 256, 384
     x, w, xs, wsc, xf, wf = _data(rng, L, (R,), 2 * F, H, fp8)
@@ -175,6 +178,51 @@ def test_swiglu(fp8, quantize):
         tol = TOL
     assert (hf[valid:] == 0).all()
     assert _rel(hf[:valid], ref[:valid]) < tol
+
+
+@pytest.mark.parametrize("layout", ["ragged", "expert_major"])
+def test_fused_swiglu_matches_the_two_kernels(layout, monkeypatch):
+    """JAX_MOE_A2A_GEMM_TILE_M=wgmma runs the fp8 gate+up GEMM and the SwiGLU as one kernel
+    (gemm_ffi.fused_swiglu_reason None): the same values as CUTLASS's GEMM writing bf16 gu and the
+    SwiGLU kernel. Scales within 1 % (f32 sums in another order can cross a bf16 boundary), h within
+    one e4m3 step, and every row outside the groups h = 0 with an all-zero block's scale on both."""
+    rng = np.random.default_rng()
+    L, F, H = 5, 384, 512
+    if layout == "ragged":
+        R = 420
+        x, w, xs, wsc, _, _ = _data(rng, L, (R,), 2 * F, H, True)
+        sizes = np.array([130, 0, 64, 65, 100], np.int32)  # 359 of 420 rows
+    else:
+        C = 100
+        x, w, xs, wsc, _, _ = _data(rng, L, (L, C), 2 * F, H, True)
+        sizes = np.array([100, 0, 1, 64, 150], np.int32)
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "wgmma")
+    assert gemm_ffi.fused_swiglu_reason(x, w, xs, wsc) is None
+    _poison(x.shape[:-1] + (F,), FP8)
+    hf, sf = jax.jit(lambda *a: gemm_ffi.grouped_gemm_swiglu(*a[:3], x_scale=a[3], w_scale=a[4], quantize_hidden=True))(
+        x, w, jnp.asarray(sizes), xs, wsc)
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "cutlass")
+    assert gemm_ffi.fused_swiglu_reason(x, w, xs, wsc) is not None
+    _poison(x.shape[:-1] + (F,), FP8)
+    hu, su = jax.jit(lambda *a: gemm_ffi.grouped_gemm_swiglu(*a[:3], x_scale=a[3], w_scale=a[4], quantize_hidden=True))(
+        x, w, jnp.asarray(sizes), xs, wsc)
+    sf, su = np.asarray(sf).reshape(-1, F // 128), np.asarray(su).reshape(-1, F // 128)
+    hf = np.asarray(hf.astype(jnp.float32)).reshape(-1, F)
+    hu = np.asarray(hu.astype(jnp.float32)).reshape(-1, F)
+    covered = np.zeros(hf.shape[0], bool)
+    if layout == "ragged":
+        covered[:int(sizes.sum())] = True
+    else:
+        for l, c in enumerate(sizes):
+            covered[l * C:l * C + min(int(c), C)] = True
+    np.testing.assert_allclose(sf[covered], su[covered], rtol=1e-2)
+    assert (hf[~covered] == 0).all() and (hu[~covered] == 0).all()
+    np.testing.assert_array_equal(sf[~covered], su[~covered])  # an all-zero block's scale on both
+    deq_f = hf * np.repeat(sf, 128, axis=-1)
+    deq_u = hu * np.repeat(su, 128, axis=-1)
+    step = np.abs(deq_u[covered]) * 0.135 + np.repeat(su[covered], 128, axis=-1) * 2.0**-8
+    assert (np.abs(deq_f[covered] - deq_u[covered]) <= step).all()
+    assert (hf[covered] != hu[covered]).mean() < 0.02  # the same codes but for rare boundary cases
 
 
 def test_swiglu_matches_library_quantiser():

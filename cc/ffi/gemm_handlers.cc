@@ -51,9 +51,10 @@ ffi::Error DecodeWgrad(const ffi::AnyBuffer& x, const ffi::AnyBuffer& dy, const 
 // The forward form (kForward, or kTransposeW): x [R, K] (ragged) or [L, C, K] (expert_major)
 // bf16 / f8e4m3fn; w [L, N, K] (or [L, K, N] in kTransposeW); x_scale f32 [rows, K/128] and
 // w_scale f32 [L, N/128, K/128] (fp8; empty for bf16); y [rows, N] / [L, C, N] bf16 or f32.
-ffi::Error DecodeForward(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const ffi::Buffer<ffi::S32>& group_sizes,
-                         ffi::Buffer<ffi::F32>& x_scale, ffi::Buffer<ffi::F32>& w_scale,
-                         ffi::Result<ffi::AnyBuffer>& y, g::Mode mode, g::GroupedGemmParams& p) {
+// The inputs of the forward form (DecodeForward's part without y).
+ffi::Error DecodeForwardInputs(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const ffi::Buffer<ffi::S32>& group_sizes,
+                               ffi::Buffer<ffi::F32>& x_scale, ffi::Buffer<ffi::F32>& w_scale, g::Mode mode,
+                               g::GroupedGemmParams& p) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   if (wd.size() != 3) return invalid("grouped_gemm: w must be 3-D");
@@ -91,6 +92,14 @@ ffi::Error DecodeForward(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const
   } else {
     return invalid("grouped_gemm: x and w must be bf16 or float8_e4m3fn");
   }
+  return ffi::Error::Success();
+}
+
+ffi::Error DecodeForward(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w, const ffi::Buffer<ffi::S32>& group_sizes,
+                         ffi::Buffer<ffi::F32>& x_scale, ffi::Buffer<ffi::F32>& w_scale,
+                         ffi::Result<ffi::AnyBuffer>& y, g::Mode mode, g::GroupedGemmParams& p) {
+  if (ffi::Error e = DecodeForwardInputs(x, w, group_sizes, x_scale, w_scale, mode, p); e.failure()) return e;
+  const int64_t rows_total = p.layout == g::Layout::kRagged ? p.rows : p.rows * p.num_groups;
   if (y->element_type() == ffi::DataType::BF16) {
     p.out = g::OutType::kBF16;
   } else if (y->element_type() == ffi::DataType::F32) {
@@ -158,7 +167,51 @@ ffi::Error SwigluImpl(cudaStream_t stream, ffi::AnyBuffer gu, ffi::Result<ffi::A
   return ffi::Error::Success();
 }
 
+// The fp8 gate+up GEMM with the SwiGLU epilogue (g::launch_grouped_gemm_swiglu, our own kernel):
+// x and scales as the forward form, w [L, 2F, K]; h f8e4m3fn [rows, F] (or [L, C, F]), h_scale f32
+// [rows, F/128]. tile_m, raster, swizzle, kernel: as grouped_gemm's (kernel must be 2, wgmma).
+ffi::Error GroupedGemmSwigluImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                                 ffi::Buffer<ffi::S32> group_sizes, ffi::Buffer<ffi::F32> x_scale,
+                                 ffi::Buffer<ffi::F32> w_scale, ffi::Result<ffi::AnyBuffer> h,
+                                 ffi::Result<ffi::Buffer<ffi::F32>> h_scale, int32_t tile_m, int32_t raster, int32_t swizzle,
+                                 int32_t kernel) {
+  g::GroupedGemmParams p;
+  if (!g::tuning_from_ints(tile_m, raster, swizzle, kernel, p.tuning))
+    return invalid(std::string("grouped_gemm_swiglu: ") + g::kTuningValues);
+  if (ffi::Error e = DecodeForwardInputs(x, w, group_sizes, x_scale, w_scale, g::Mode::kForward, p); e.failure()) return e;
+  p.out = g::OutType::kBF16;  // not written: h is
+  if (const char* why = g::swiglu_gemm_unsupported_reason(p)) return invalid(std::string("grouped_gemm_swiglu: ") + why);
+  const int64_t rows_total = p.layout == g::Layout::kRagged ? p.rows : p.rows * p.num_groups;
+  const int64_t f = p.n / 2;
+  if (h->element_type() != ffi::DataType::F8E4M3FN || h->element_count() != static_cast<size_t>(rows_total * f))
+    return invalid("grouped_gemm_swiglu: h must be float8_e4m3fn [rows, F]");
+  if (h_scale->element_count() != static_cast<size_t>(rows_total * (f / 128)))
+    return invalid("grouped_gemm_swiglu: h_scale must be f32 [rows, F/128]");
+  p.x = x.untyped_data();
+  p.w = w.untyped_data();
+  p.group_sizes = group_sizes.typed_data();
+  if (cudaError_t rc = g::launch_grouped_gemm_swiglu(p, h->untyped_data(), h_scale->typed_data(), stream); rc != cudaSuccess)
+    return launch_failed("grouped_gemm_swiglu", rc);
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aGroupedGemmSwigluCuda, GroupedGemmSwigluImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("tile_m")
+                                  .Attr<int32_t>("raster")
+                                  .Attr<int32_t>("swizzle")
+                                  .Attr<int32_t>("kernel"),
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(A2aGroupedGemmCuda, GroupedGemmImpl,
                               ffi::Ffi::Bind()

@@ -28,6 +28,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aCudaLocalCombine);
 // grouped expert GEMMs (cc/gemm): y = x @ w^T per local expert; the SwiGLU epilogue.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aGroupedGemmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aSwigluCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(A2aGroupedGemmSwigluCuda);
 #endif
 #if defined(JAX_MOE_A2A_WITH_NVSHMEM)
 // nvshmem backend (cc/nvshmem): the four halves on NVIDIA GPUs, peers over NVSHMEM puts and signals.

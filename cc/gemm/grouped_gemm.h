@@ -136,6 +136,15 @@ struct SwigluParams {
 };
 cudaError_t launch_swiglu(const SwigluParams& p, cudaStream_t stream);
 
+// The fp8 gate+up GEMM with the SwiGLU epilogue in one kernel (our own, fp8_wgmma.cuh: only with
+// p.tuning.kernel == kWgmma): p as a kForward fp8 call with w [L, 2F, K] (gate rows 0..F-1, up
+// F..2F-1), F % 128 == 0; writes h e4m3 [rows, F] and h_scale f32 [rows, F/128] (rows = R or L*C)
+// by the library's quantiser, gate and up rounded to bf16 first: the values of launch_grouped_gemm
+// with bf16 out followed by launch_swiglu (block 128). Rows outside the groups: h = 0 and the
+// scale of an all-zero block. swiglu_gemm_unsupported_reason: why p cannot (nullptr: it can).
+const char* swiglu_gemm_unsupported_reason(const GroupedGemmParams& p);
+cudaError_t launch_grouped_gemm_swiglu(const GroupedGemmParams& p, void* h, float* h_scale, cudaStream_t stream);
+
 // True when the grouped-GEMM kernels were compiled (CUTLASS headers found at build time).
 bool kernels_built();
 

@@ -66,6 +66,7 @@ NB_MODULE(_C, m) {
 #if defined(JAX_MOE_A2A_WITH_GEMM)
     d["jax_moe_a2a_grouped_gemm"] = capsule(A2aGroupedGemmCuda);
     d["jax_moe_a2a_swiglu"] = capsule(A2aSwigluCuda);
+    d["jax_moe_a2a_grouped_gemm_swiglu"] = capsule(A2aGroupedGemmSwigluCuda);
 #endif
 #if defined(JAX_MOE_A2A_WITH_NVSHMEM)
     d["jax_moe_a2a_nvshmem_dispatch_send"] = capsule(A2aNvshmemDispatchSend);
