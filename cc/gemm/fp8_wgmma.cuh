@@ -258,7 +258,8 @@ template <class OutT, bool kOverlap = true, Epi kEpi = Epi::kStore>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_grouped_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w,
                        const Fp8Args a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& s =
       *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -443,6 +444,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int j = 0; j < 16; ++j) store_pair<OutT>(yrow + 8 * j, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     }
   }
+#else
+  __trap();  // compiled for a GPU without sm_90a's WGMMA and setmaxnreg: never return nothing silently
+#endif
 #endif
 }
 
