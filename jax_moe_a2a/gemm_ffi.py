@@ -41,6 +41,8 @@ _BLOCK = 128  # the native fp8 kernels' scale block (1x128 rows, 128x128 weights
 _MAX_ROWS = 2**31 - 1
 # the custom call's `mode` attribute (gemm::Mode, cc/gemm/grouped_gemm.h)
 _MODE_FORWARD, _MODE_TRANSPOSE_W, _MODE_WGRAD = 0, 1, 2
+# the custom call's `kernel` attribute (gemm::KernelChoice): who runs an fp8 forward call
+_KERNEL_AUTO, _KERNEL_CUTLASS, _KERNEL_WGMMA = 0, 1, 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +54,7 @@ class Tuning:
     tile_m: int = 0
     raster: int = 0
     swizzle: int = 1
-    kernel: int = 0
+    kernel: int = _KERNEL_AUTO
 
     def attrs(self) -> dict:
         """The custom call's attributes."""
@@ -62,7 +64,7 @@ class Tuning:
 # JAX_MOE_A2A_GEMM_TILE_M's words and the field each sets
 _TUNING_WORDS = {"64": ("tile_m", 64), "128": ("tile_m", 128), "rasterM": ("raster", 0), "rasterN": ("raster", 1),
                  "rasterH": ("raster", 2), "s1": ("swizzle", 1), "s2": ("swizzle", 2), "s4": ("swizzle", 4),
-                 "s8": ("swizzle", 8), "cutlass": ("kernel", 1), "wgmma": ("kernel", 2)}
+                 "s8": ("swizzle", 8), "cutlass": ("kernel", _KERNEL_CUTLASS), "wgmma": ("kernel", _KERNEL_WGMMA)}
 
 
 def parse_tuning(text: str | None) -> Tuning:
@@ -294,7 +296,7 @@ def fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block: int = _BLOCK, tun
     F % 128 == 0, block 128, 1 to 1,024 local experts), else why not (then the GEMM writes bf16 gu
     and the SwiGLU kernel reads it back; the values are the same)."""
     tune = tuning() if tune is None else tune
-    if tune.kernel != 2:
+    if tune.kernel != _KERNEL_WGMMA:
         return "the fused SwiGLU GEMM runs only with our own fp8 kernel (JAX_MOE_A2A_GEMM_TILE_M=wgmma)"
     why = native_reason() or native_supported(x, w_gate_up, x_scale, w_scale)
     if why is not None:

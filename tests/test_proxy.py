@@ -12,6 +12,7 @@ libfabric shm / tcp;ofi_rxm under mpirun). Every result is checked against the N
 
 import gc
 import os
+import re
 import time
 
 import jax
@@ -164,7 +165,10 @@ def test_proxy_reports_a_stall(num_ranks, mesh, capfd, monkeypatch):
         forget_failed_effects()
         err = capfd.readouterr().err
         assert "no step for" in err and "dispatch epoch 0 at step 4 (waits: COUNTS in)" in err and "slot flags: d_counts 1" in err, err
-    assert err.count("no step for") <= jax.local_device_count(), f"once per stall and rank: {err}"
+    # Once per stall: a rank may report two stalls (on a loaded machine its own packer can be later
+    # than the threshold, then its peers' counts), never the same one twice.
+    stalls = [re.sub(r"no step for [0-9.]+ s", "", line) for line in err.splitlines() if "no step for" in line]
+    assert len(stalls) == len(set(stalls)), f"once per stall and rank: {err}"
     kv_client().wait_at_barrier(f"jax_moe_a2a_stall_report_{comm.comm_id}", 60_000)
 
 
