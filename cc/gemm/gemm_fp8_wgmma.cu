@@ -8,6 +8,7 @@
 #include "gemm/kernels.h"
 #include "gemm/zero_rows.cuh"
 #include "core/fp8.h"
+#include "gpu/warp.cuh"
 
 namespace a2a::gemm::wgmma {
 namespace {
@@ -115,7 +116,8 @@ __global__ void __launch_bounds__(256) fill_uncovered_scales(GroupedGemmParams p
     unsigned long long t = 0;
     for (int64_t l = threadIdx.x; l < p.num_groups; l += blockDim.x)
       t += p.group_sizes[l] > 0 ? static_cast<unsigned long long>(p.group_sizes[l]) : 0ull;
-    if (t != 0) atomicAdd(&valid_sum, t);
+    t = gpu::warp_sum(t);
+    if ((threadIdx.x & 31) == 0 && t != 0) atomicAdd(&valid_sum, t);
     __syncthreads();
     valid = valid_sum < static_cast<unsigned long long>(p.rows) ? static_cast<int64_t>(valid_sum) : p.rows;
   }

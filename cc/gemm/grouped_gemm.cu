@@ -6,6 +6,7 @@
 #include "core/fp8.h"
 #include "gemm/grouped_gemm.h"
 #include "gpu/fp8_code.cuh"
+#include "gpu/warp.cuh"
 #include "gemm/kernels.h"
 
 namespace a2a::gemm {
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, 
       }
     }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    amax = gpu::warp_max(amax);
     const float s = fp8_block_scale(amax, false);
     const float inv = __frcp_rn(s);
     if (lane == 0) p.h_scale[row * nb + b] = s;
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_vec_kernel(SwigluParams
 #pragma unroll
       for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fp8_amax_term(v[i]));  // NaN, Inf count as 0
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+      amax = gpu::warp_max(amax);
       const float s = fp8_block_scale(amax, false);
       const float inv = __frcp_rn(s);
       if (lane == 0) p.h_scale[row * nb + b] = s;

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gemm/grouped_gemm.h"
+#include "gpu/warp.cuh"
 
 namespace a2a::gemm::detail {
 
@@ -53,7 +54,7 @@ __device__ void zero_uncovered_rows(const GroupedGemmParams& p, int64_t first_bl
     for (int64_t l = threadIdx.x; l < p.num_groups; l += blockDim.x)
       t += p.group_sizes[l] > 0 ? static_cast<unsigned long long>(p.group_sizes[l]) : 0ull;
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) t += __shfl_down_sync(0xffffffffu, t, off);
+    t = gpu::warp_sum(t);
     if ((threadIdx.x & 31) == 0 && t != 0) atomicAdd(&valid_sum, t);
     __syncthreads();
     const int64_t valid_total = valid_sum < static_cast<unsigned long long>(p.rows) ? static_cast<int64_t>(valid_sum) : p.rows;

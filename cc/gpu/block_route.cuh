@@ -17,6 +17,7 @@
 
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
+#include "gpu/warp.cuh"
 
 namespace a2a::gpu {
 
@@ -137,7 +138,7 @@ __device__ inline BlockRouteResult block_route(const DispatchSendParams& P, int 
       mine_bad += !routed && t < n && id[k] != -1;
     }
   }
-  for (int off = 16; off > 0; off >>= 1) mine_bad += __shfl_xor_sync(0xffffffffu, mine_bad, off);
+  mine_bad = warp_sum(mine_bad);
   if (lane == 0 && mine_bad) atomicAdd(&bad, mine_bad);
   __syncthreads();
   // counts of this thread's experts [e0, e1), their sum, its exclusive prefix over the block

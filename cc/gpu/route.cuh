@@ -11,6 +11,7 @@
 #include "gpu/fp8_code.cuh"
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
+#include "gpu/warp.cuh"
 
 namespace a2a::gpu {
 
@@ -62,7 +63,7 @@ __device__ inline void route_pairs(const DispatchSendParams& P, const SendScratc
     P.dest[q] = routed ? id / g.L : g.N;
     bad += !routed && t < n && id != -1 && t % g.tp == member;
   }
-  for (int off = 16; off > 0; off >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, off);
+  bad = warp_sum(bad);
   if ((threadIdx.x & 31) == 0 && bad) atomicAdd(dropped, bad);
 }
 
@@ -97,10 +98,8 @@ __device__ inline void scan_experts(const DispatchSendParams& P, const SendScrat
       if (hit_k >= 0) s.pos_in[int64_t(t) * g.K + hit_k] = running + __popc(ballot & ((1u << lane) - 1));
       running += __popc(ballot);
     }
-    for (int off = 16; off > 0; off >>= 1) {
-      before += __shfl_xor_sync(0xffffffffu, before, off);
-      below += __shfl_xor_sync(0xffffffffu, below, off);
-    }
+    before = warp_sum(before);
+    below = warp_sum(below);
     if (lane == 0) {
       s.cnt[me_e] = running;
       s.start[me_e] = before;
@@ -240,7 +239,7 @@ __device__ inline void stage_rows(const DispatchSendParams& P, int64_t nm, Token
       const int len = static_cast<int>(fp8_block_len(g.H, g.scale_block, b));  // the last block may be partial
       float amax = 0.f;
       for (int i = lane; i < len; i += 32) amax = fmaxf(amax, fp8_amax_term(load_elem(P.x, base + i, P.x_kind)));
-      for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+      amax = warp_max(amax);
       const float sc = fp8_block_scale(amax, g.pow2 != 0);
       const float inv = __frcp_rn(sc);
       if (lane == 0) store_f32(row_of(t) + g.payload + 4 * b, sc);

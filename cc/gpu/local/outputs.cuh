@@ -14,6 +14,7 @@
 #include "gpu/grid.cuh"
 #include "gpu/params.h"
 #include "gpu/token_chunks.cuh"
+#include "gpu/warp.cuh"
 
 namespace a2a::gpu {
 
@@ -63,7 +64,7 @@ __device__ void local_small_outputs(const LocalDispatchParams& P, const Tables& 
       R.group_sizes[l] = kept;
       mine += rt.cnt[l] - kept;
     }
-    for (int off = 16; off > 0; off >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, off);
+    mine = warp_sum(mine);
     if ((threadIdx.x & 31) == 0 && mine) atomicAdd(&over, mine);
     __syncthreads();
     if (threadIdx.x == 0) {

@@ -5,6 +5,7 @@
 #include "core/fp8.h"
 #include "gpu/fp8_code.cuh"
 #include "gpu/quantize/quantize_fp8.h"
+#include "gpu/warp.cuh"
 
 namespace a2a::gpu {
 namespace {
@@ -37,7 +38,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
   float amax = 0.0f;
   for (int64_t i = lane; i < len; i += 32) amax = fmaxf(amax, fp8_amax_term(to_f32(src[i])));  // NaN, Inf: 0
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  amax = warp_max(amax);
   const float s = fp8_block_scale(amax, pow2);
   const float inv = __frcp_rn(s);
   if (lane == 0) scale[blk] = s;

@@ -13,6 +13,7 @@
 #include "gpu/grid.cuh"
 #include "gpu/kernel.cuh"
 #include "gpu/route.cuh"
+#include "gpu/warp.cuh"
 #include "nvshmem/device.cuh"
 #include "nvshmem/kernels.h"
 
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(gpu::kThreads) dispatch_send_kernel(gpu::Dispa
     for (int64_t d = ix.nwarps - 1 - gpu::warp_across_blocks(); d < g.N; d += ix.nwarps) {
       int rows = 0;
       for (int i = ix.lane; i < g.tp * g.L; i += 32) rows += s.cnt[int64_t(i / g.L) * g.E + d * g.L + i % g.L];
-      for (int off = 16; off > 0; off >>= 1) rows += __shfl_xor_sync(0xffffffffu, rows, off);
+      rows = gpu::warp_sum(rows);
       if (ix.lane == 0) P.dest_counts[d] = rows;
     }
   }
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(gpu::kThreads) dispatch_send_kernel(gpu::Dispa
     if (left_out(out, d)) continue;  // elastic EP: it does not wait for our meta (every d when we are masked)
     int rows = 0;
     for (int l = ix.lane; l < g.L; l += 32) rows += cnt[int64_t(d) * g.L + l];
-    for (int off = 16; off > 0; off >>= 1) rows += __shfl_xor_sync(0xffffffffu, rows, off);
+    rows = gpu::warp_sum(rows);
     const int64_t meta_bytes = 4 * (meta_head_words(g) + 2 * int64_t(rows));
     prefetch_source_l1(stage_meta + d * words, meta_bytes, ix.lane);  // written by every block before last_block_done
     nvshmemx_putmem_signal_nbi_warp(meta_at(P.p, nv.lay, d, me), stage_meta + d * words, static_cast<size_t>(meta_bytes),
