@@ -68,3 +68,26 @@ def test_benchmark_module_compiled_beside_the_library():
         == _c().built_with_libfabric()
     names = set(dir(_c())) | {n for m in ("cuda", "transfer") if hasattr(_c(), m) for n in dir(getattr(_c(), m))}
     assert not {n for n in names if "bench" in n or n in ("signal_roundtrip", "RawPingPong")}
+
+
+def _cutlass_include():
+    import importlib.util
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    inc = os.path.join(list(spec.submodule_search_locations)[0], "source", "include")
+    return inc if os.path.isdir(inc) else None
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or _cutlass_include() is None,
+                    reason="needs nvcc and the nvidia-cutlass wheel's headers")
+def test_gemm_probe_compiles(tmp_path):
+    """benchmarks/gemm_probe.cu (our own fp8 GEMM checked and timed without Python, the first thing
+    a GPU call runs: scripts/gpu_check.sh stage probe) still compiles against cc/gemm, as that stage
+    compiles it (sm_90a; CPU machines compile, they cannot run it)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = ["nvcc", "-std=c++17", "-O1", "-arch=sm_90a", "--expt-relaxed-constexpr", f"-I{repo}/cc",
+           f"-I{_cutlass_include()}", f"{repo}/benchmarks/gemm_probe.cu", f"{repo}/cc/gemm/gemm_fp8_wgmma.cu",
+           "-o", str(tmp_path / "gemm_probe")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]

@@ -103,7 +103,6 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, 
         amax = fmaxf(amax, fp8_amax_term(v[j]));  // the library's rule: NaN, Inf count as 0
       }
     }
-#pragma unroll
     amax = gpu::warp_max(amax);
     const float s = fp8_block_scale(amax, false);
     const float inv = __frcp_rn(s);
@@ -169,7 +168,6 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_vec_kernel(SwigluParams
       float amax = 0.0f;
 #pragma unroll
       for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fp8_amax_term(v[i]));  // NaN, Inf count as 0
-#pragma unroll
       amax = gpu::warp_max(amax);
       const float s = fp8_block_scale(amax, false);
       const float inv = __frcp_rn(s);

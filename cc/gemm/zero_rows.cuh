@@ -53,7 +53,6 @@ __device__ void zero_uncovered_rows(const GroupedGemmParams& p, int64_t first_bl
     unsigned long long t = 0;
     for (int64_t l = threadIdx.x; l < p.num_groups; l += blockDim.x)
       t += p.group_sizes[l] > 0 ? static_cast<unsigned long long>(p.group_sizes[l]) : 0ull;
-#pragma unroll
     t = gpu::warp_sum(t);
     if ((threadIdx.x & 31) == 0 && t != 0) atomicAdd(&valid_sum, t);
     __syncthreads();

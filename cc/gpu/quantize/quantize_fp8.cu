@@ -37,7 +37,6 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
   const T* src = x + off;
   float amax = 0.0f;
   for (int64_t i = lane; i < len; i += 32) amax = fmaxf(amax, fp8_amax_term(to_f32(src[i])));  // NaN, Inf: 0
-#pragma unroll
   amax = warp_max(amax);
   const float s = fp8_block_scale(amax, pow2);
   const float inv = __frcp_rn(s);
