@@ -4,7 +4,8 @@
 # the multi-process runs use the cuda backend and the NumPy oracle only).
 # Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench";
 # also: probe (benchmarks/gemm_probe.cu: our own fp8 GEMM checked and timed without Python; PROBE_ARGS
-#      check | time), serve timeout nocmdbuf sanitizer mpibench mpsbench nvshmem nvshmem-timeout proxy proxybench,
+#      check | time), gemmbench (benchmarks/gemm.py, default: CUTLASS against wgmma, fp8, decode
+#      L = 8 / 32 / 256 and prefill; GEMM_BENCH_ARGS replaces its arguments), serve timeout nocmdbuf sanitizer mpibench mpsbench nvshmem nvshmem-timeout proxy proxybench,
 #      layers (the MoE layer benchmark, command buffers on and off), anchor (pplx-kernels from
 #      .devdeps/pplx_anchor at N = ANCHOR_NPROCS, default "2 4", processes on GPU 0) and anchorbench
 #      (our cuda and nvshmem halves the same way, one table next to pplx's; run after anchor),
@@ -244,6 +245,11 @@ if stage gpusbench; then  # NVLink numbers: EP=$NGPU, every backend side by side
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout $(cap 400) "${MPIRUN[@]}" -n "$NGPU" python3 "$BENCH/halves.py" \
     --backend ${GPUS_BENCH_BACKENDS:-cuda,nvshmem,reference,ragged} --out "$OUT/gpus-benchmpi" ${BENCH_ARGS:-} 2>&1 \
     | grep -v "step/s" | quiet | tee "$OUT/gpus-benchmpi.log"
+fi
+if stage gemmbench; then  # the grouped GEMMs alone (benchmarks/gemm.py), CUTLASS next to our own kernel
+  timeout $(cap 400) python3 "$BENCH/gemm.py" --out "$OUT/gemm.json" \
+    ${GEMM_BENCH_ARGS:---variants "cutlass;wgmma" --cases decode,prefill --experts 8,32,256 --fp8-only --trials 3} \
+    2>&1 | tee "$OUT/gemm.log"
 fi
 if stage bench; then  # one process, one rank: cuda next to reference, decode and prefill
   JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" timeout $(cap 300) python3 "$BENCH/halves.py" --out "$OUT/bench1" ${BENCH_ARGS:-} 2>&1 \
