@@ -184,6 +184,28 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&d)[64], 
   }
 }
 
+// Waits for phase `parity` of a CTA-local mbarrier, and traps (the launch fails, the caller sees an
+// error) after ~2^35 cycles (~17 s at 2 GHz) without it: a stage that never fills is a bug, and the
+// library's kernels never hang. The clock is read once per 1,024 polls.
+__device__ __forceinline__ void wait_or_trap(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  long long start = 0;
+  for (uint32_t polls = 0;; ++polls) {
+    uint32_t done;
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (polls == 0) {
+      start = clock64();
+    } else if ((polls & 1023u) == 0 && clock64() - start > (1ll << 35)) {
+      __trap();
+    }
+  }
+}
+
 // One arrival on a CTA-local mbarrier by the threads with pred set, predicated rather than branched
 // (a branch between a WGMMA's issue and its wait makes ptxas serialise the WGMMAs).
 __device__ __forceinline__ void arrive_if(uint64_t* bar, bool pred) {
@@ -299,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int kb = 0; kb < kblocks; ++kb, ++it) {
             const int st = static_cast<int>(it % kStages);
             const uint32_t ph = (it / kStages) & 1;
-            cutlass::arch::ClusterBarrier::wait(&s.empty[st], ph ^ 1);
+            wait_or_trap(&s.empty[st], ph ^ 1);
             cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full[st], kStageBytes);
             cute::SM90_TMA_LOAD_2D::copy(&tma_x, &s.full[st],
                                          static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST), s.a[st], kb * kBK, xrow);
@@ -330,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tile_rows <= mwg * 64) {  // all of this warpgroup's rows are past the group: keep the ring going
       for (int kb = 0; kb < kPasses * kblocks; ++kb, ++it) {
         const int st = static_cast<int>(it % kStages);
-        cutlass::arch::ClusterBarrier::wait(&s.full[st], (it / kStages) & 1);
+        wait_or_trap(&s.full[st], (it / kStages) & 1);
         if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&s.empty[st]);
       }
       continue;
@@ -349,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     auto issue = [&](float (&d)[64], uint32_t i) {
       const int st = static_cast<int>(i % kStages);
-      cutlass::arch::ClusterBarrier::wait(&s.full[st], (i / kStages) & 1);
+      wait_or_trap(&s.full[st], (i / kStages) & 1);
       const uint64_t da = smem_desc(s.a[st] + mwg * 64 * kBK), db = smem_desc(s.b[st]);
       fence_acc(d);
       cute::warpgroup_arrive();
