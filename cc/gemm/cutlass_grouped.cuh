@@ -257,12 +257,9 @@ cudaError_t enqueue_config(const GroupedGemmParams& p, int sm_count, const Tunin
                            cudaStream_t stream) {
   char* ws = static_cast<char*>(p.workspace);
   auto g = GroupArrays<Cfg>::carve(ws + cutlass_bytes, p.num_groups);
-  const int64_t total_rows = p.mode == Mode::kWgrad ? p.num_groups * p.n
-                             : p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
-  // Zeroing blocks: two per SM, each striding over rows (1,024 of them, most with nothing to do,
-  // cost ~6 us at decode).
-  const int64_t max_zero_blocks = 2 * static_cast<int64_t>(sm_count > 0 ? sm_count : 132);
-  const int zero_blocks = static_cast<int>(total_rows < max_zero_blocks ? total_rows : max_zero_blocks);
+  const int64_t total_rows = p.mode == Mode::kWgrad ? p.num_groups * p.n : output_rows(p);
+  // Zeroing blocks (1,024 rows at decode, most with nothing to do, cost ~6 us).
+  const unsigned zero_blocks = zeroing_blocks(total_rows, sm_count);
   prepare_groups<Cfg><<<1 + zero_blocks, kSetupThreads, 0, stream>>>(p, g);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (p.num_groups == 0 || p.n == 0) return cudaSuccess;

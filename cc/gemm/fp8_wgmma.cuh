@@ -43,6 +43,7 @@
 
 #include "core/fp8.h"
 #include "gpu/fp8_code.cuh"
+#include "gemm/fp8_wgmma.h"  // kMaxGroups
 
 namespace a2a::gemm::wgmma {
 
@@ -50,7 +51,6 @@ constexpr int kBM = 128;          // rows per tile (two math warpgroups x 64)
 constexpr int kBN = 128;          // columns per tile (one weight-scale block)
 constexpr int kBK = 128;          // k per stage (one scale block)
 constexpr int kThreads = 384;     // producer warpgroup + two math warpgroups
-constexpr int kMaxGroups = 1024;  // the group table lives in shared memory
 constexpr int kStages = 6;
 constexpr uint32_t kStageBytes = (kBM + kBN) * kBK;  // e4m3: one byte per element
 
@@ -402,41 +402,32 @@ __global__ void __launch_bounds__(kThreads, 1)
           promote(acc, t0, sa, sb);
         }
       } else {
-        // k-block kb's scales, loaded when its WGMMAs are issued (used one k-block later).
-        float w0 = __ldg(sw), a0 = __ldg(sxa), b0 = __ldg(sxb);
-        float w1 = 0.f, a1 = 0.f, b1 = 0.f;
-        issue(t0, it);
-        for (int kb = 0;; kb += 2) {  // explicit exits only: every path out has waited for all WGMMAs
+        // Scales (w, x row a, x row b) of the k-block each temporary holds, loaded when its WGMMAs
+        // are issued (used one k-block later).
+        float s0[3] = {__ldg(sw), __ldg(sxa), __ldg(sxb)}, s1[3] = {0.f, 0.f, 0.f};
+        // One k-block kb (in cur, scales sc): issue kb + 1 into nxt (scales sn) unless kb is the
+        // last, wait for kb, promote it. False after the last k-block, with nothing in flight.
+        auto step = [&](float (&cur)[64], float (&nxt)[64], const float (&sc)[3], float (&sn)[3], int kb) {
           if (kb + 1 < kblocks) {
-            issue(t1, it + 1);
-            w1 = __ldg(sw + kb + 1); a1 = __ldg(sxa + kb + 1); b1 = __ldg(sxb + kb + 1);
+            issue(nxt, it + 1);
+            sn[0] = __ldg(sw + kb + 1), sn[1] = __ldg(sxa + kb + 1), sn[2] = __ldg(sxb + kb + 1);
             cute::warpgroup_wait<1>();
           } else {
             cute::warpgroup_wait<0>();
           }
-          fence_acc(t0);
+          fence_acc(cur);
           release(it);
-          promote(acc, t0, a0 * w0, b0 * w0);
+          promote(acc, cur, sc[1] * sc[0], sc[2] * sc[0]);
           ++it;
           if (kb + 1 >= kblocks) {
             cute::warpgroup_wait<0>();  // a no-op (this path waited above); tells ptxas nothing is in flight
-            break;
+            return false;
           }
-          if (kb + 2 < kblocks) {
-            issue(t0, it + 1);
-            w0 = __ldg(sw + kb + 2); a0 = __ldg(sxa + kb + 2); b0 = __ldg(sxb + kb + 2);
-            cute::warpgroup_wait<1>();
-          } else {
-            cute::warpgroup_wait<0>();
-          }
-          fence_acc(t1);
-          release(it);
-          promote(acc, t1, a1 * w1, b1 * w1);
-          ++it;
-          if (kb + 2 >= kblocks) {
-            cute::warpgroup_wait<0>();
-            break;
-          }
+          return true;
+        };
+        issue(t0, it);
+        // Unrolled by two so each temporary stays a fixed register array; explicit exits only.
+        for (int kb = 0; step(t0, t1, s0, s1, kb) && step(t1, t0, s1, s0, kb + 1); kb += 2) {
         }
       }
     };

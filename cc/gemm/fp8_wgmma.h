@@ -11,6 +11,9 @@
 
 namespace a2a::gemm::wgmma {
 
+// The most groups (local experts) the kernel takes: its group table lives in shared memory.
+inline constexpr int kMaxGroups = 1024;
+
 struct Fp8LaunchParams {
   const void* x = nullptr;
   const float* x_scale = nullptr;

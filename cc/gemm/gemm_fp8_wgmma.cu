@@ -4,12 +4,16 @@
 // it are in wgmma_calls.cu.
 #include "gemm/fp8_wgmma.h"
 
+#include <atomic>
+
 #include <cudaTypedefs.h>
 
 #include "gemm/fp8_wgmma.cuh"
 
 namespace a2a::gemm::wgmma {
 namespace {
+
+constexpr int kMaxDevices = 64;  // devices a process keeps per-device launch state for (more: set each launch)
 
 PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -39,13 +43,19 @@ bool encode_rows(CUtensorMap* map, const void* base, uint64_t rows, uint64_t k) 
 
 template <class OutT, bool kOverlap, Epi kEpi = Epi::kStore>
 cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, int grid, cudaStream_t stream) {
-  // Set at every launch (as CUTLASS's adapter does): the attribute belongs to the current device's
-  // context, and one process may drive several GPUs.
-  if (cudaError_t e = cudaFuncSetAttribute(fp8_grouped_kernel<OutT, kOverlap, kEpi>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kSmemBytes));
-      e != cudaSuccess)
-    return e;
-  fp8_grouped_kernel<OutT, kOverlap, kEpi><<<grid, kThreads, kSmemBytes, stream>>>(tx, tw, a);
+  auto* kernel = fp8_grouped_kernel<OutT, kOverlap, kEpi>;
+  // The shared-memory limit belongs to each device's context (one process may drive several GPUs):
+  // set once per device and instance, not at every launch.
+  static std::atomic<bool> set[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (dev >= kMaxDevices || !set[dev].load(std::memory_order_acquire)) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+        e != cudaSuccess)
+      return e;
+    if (dev < kMaxDevices) set[dev].store(true, std::memory_order_release);
+  }
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(tx, tw, a);
   return cudaGetLastError();
 }
 
@@ -55,7 +65,7 @@ const char* fp8_unsupported_reason(const Fp8LaunchParams& p) {
   if (p.n <= 0 || p.k <= 0 || p.n % kBN != 0 || p.k % kBK != 0) return "N and K must be positive multiples of 128";
   if (p.swiglu_fp8 && (p.n % (2 * kBN) != 0 || p.h == nullptr || p.h_scale == nullptr))
     return "the SwiGLU epilogue needs N = 2F with F % 128 == 0, h and h_scale";
-  if (p.num_groups < 1 || p.num_groups > kMaxGroups) return "the number of groups must be 1..1024";
+  if (p.num_groups < 1 || p.num_groups > kMaxGroups) return "the number of groups must be 1..1024 (the kernel's group table)";
   if (p.rows >= (int64_t{1} << 31) || p.num_groups * p.n >= (int64_t{1} << 31)) return "rows or L*N reach 2^31";
   if (p.k >= (int64_t{1} << 31)) return "K reaches 2^31";
   if (encoder() == nullptr) return "the driver has no cuTensorMapEncodeTiled";

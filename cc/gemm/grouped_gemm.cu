@@ -55,6 +55,19 @@ size_t workspace_bytes(const GroupedGemmParams& p, int device_sm_count) {
   return p.in == InType::kFp8 ? detail::fp8_workspace_bytes(p, t, sm) : detail::bf16_workspace_bytes(p, t, sm);
 }
 
+const char* swiglu_gemm_unsupported_reason(const GroupedGemmParams& p) {
+  if (const char* why = unsupported_reason(p)) return why;
+  if (p.in != InType::kFp8 || p.mode != Mode::kForward) return "the fused SwiGLU GEMM is fp8 forward only";
+  if (p.tuning.kernel != KernelChoice::kWgmma) return "the fused SwiGLU GEMM runs our own kernel only (kernel = wgmma)";
+  if (!detail::wgmma_takes(p)) return "our own fp8 kernel takes 1 to 1,024 groups";
+  if (p.n % 256 != 0) return "the fused SwiGLU GEMM needs w [L, 2F, K] with F % 128 == 0";
+  return nullptr;
+}
+
+cudaError_t launch_grouped_gemm_swiglu(const GroupedGemmParams& p, void* h, float* h_scale, cudaStream_t stream) {
+  return detail::run_fp8_wgmma_swiglu(p, h, h_scale, sm_count_of_current_device(), stream);
+}
+
 LaunchStatus launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   const int sm = sm_count_of_current_device();
   const detail::Tuning t = detail::choose(p);

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "gemm/fp8_wgmma.h"
 #include "gemm/grouped_gemm.h"
 
 namespace a2a::gemm::detail {
@@ -32,10 +33,10 @@ struct Tuning {
   bool wgmma = false;  // our own fp8 kernel (fp8_wgmma.cuh) instead of CUTLASS's; fp8 forward only
 };
 
-// True when our own fp8 kernel takes this call (fp8 forward, 1..1024 groups; N, K multiples of 128
-// are every fp8 call's limits already).
+// True when our own fp8 kernel takes this call (fp8 forward, 1..wgmma::kMaxGroups groups; N, K
+// multiples of 128 are every fp8 call's limits already).
 inline bool wgmma_takes(const GroupedGemmParams& p) {
-  return p.in == InType::kFp8 && p.mode == Mode::kForward && p.num_groups >= 1 && p.num_groups <= 1024;
+  return p.in == InType::kFp8 && p.mode == Mode::kForward && p.num_groups >= 1 && p.num_groups <= wgmma::kMaxGroups;
 }
 
 // The choice, from static shapes only (the workspace size and the launch agree), made once per
@@ -70,5 +71,8 @@ size_t bf16_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_
 LaunchStatus run_bf16(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream);
 // Our own fp8 kernel (gemm_fp8_wgmma.cu): no workspace; zeroes the uncovered rows, then the GEMM.
 LaunchStatus run_fp8_wgmma(const GroupedGemmParams& p, int sm_count, cudaStream_t stream);
+// The same kernel with the SwiGLU epilogue (launch_grouped_gemm_swiglu, grouped_gemm.h).
+cudaError_t run_fp8_wgmma_swiglu(const GroupedGemmParams& p, void* h, float* h_scale, int sm_count,
+                                 cudaStream_t stream);
 
 }  // namespace a2a::gemm::detail

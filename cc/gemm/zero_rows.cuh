@@ -11,6 +11,41 @@
 
 namespace a2a::gemm::detail {
 
+// Forward output rows: R (ragged) or L*C (expert_major).
+__host__ __device__ inline int64_t output_rows(const GroupedGemmParams& p) {
+  return p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
+}
+
+// Ragged: how many rows the groups cover, min(sum of the sizes clamped at 0, R), the sum over the
+// groups in parallel (one thread's serial loop over them cost ~20 us at prefill). Block-collective
+// (every thread calls it, every thread gets it); 0 for expert_major.
+__device__ inline int64_t ragged_covered_rows(const GroupedGemmParams& p) {
+  if (p.layout != Layout::kRagged) return 0;
+  __shared__ unsigned long long sum;
+  if (threadIdx.x == 0) sum = 0;
+  __syncthreads();
+  unsigned long long t = 0;
+  for (int64_t l = threadIdx.x; l < p.num_groups; l += blockDim.x)
+    t += p.group_sizes[l] > 0 ? static_cast<unsigned long long>(p.group_sizes[l]) : 0ull;
+  t = gpu::warp_sum(t);
+  if ((threadIdx.x & 31) == 0 && t != 0) atomicAdd(&sum, t);
+  __syncthreads();
+  return sum < static_cast<unsigned long long>(p.rows) ? static_cast<int64_t>(sum) : p.rows;
+}
+
+// Whether forward output row `row` belongs to a group: ragged, row < covered (ragged_covered_rows);
+// expert_major, row (l, c) with c < counts[l] (a count past C covers all C rows).
+__device__ inline bool row_covered(const GroupedGemmParams& p, int64_t row, int64_t covered) {
+  if (p.layout == Layout::kRagged) return row < covered;
+  return row % p.rows < static_cast<int64_t>(p.group_sizes[row / p.rows]);
+}
+
+// Blocks of a zeroing grid over `rows` output rows: two per SM at most (most have nothing to do).
+inline unsigned zeroing_blocks(int64_t rows, int sm_count) {
+  const int64_t most = 2 * static_cast<int64_t>(sm_count > 0 ? sm_count : 132);
+  return static_cast<unsigned>(rows < most ? rows : most);
+}
+
 // Output rows no group writes get zeros (blocks 1.. of the prepare grid, 16-byte stores: n *
 // sizeof(ElemD) is a multiple of 16, checked by unsupported_reason). Forward: ragged rows >=
 // min(sum(group_sizes), R); expert_major rows (l, c) with c >= min(counts[l], C). Wgrad: all of
@@ -43,29 +78,12 @@ __device__ void zero_uncovered_rows(const GroupedGemmParams& p, int64_t first_bl
     }
     return;
   }
-  // Ragged: the rows below sum(group_sizes) are the GEMM's; only the rows past it are visited (the
-  // sum over the groups in parallel: one thread's serial loop over them cost ~20 us at prefill).
-  __shared__ unsigned long long valid_sum;
-  int64_t first_row = first_block;
-  if (p.layout == Layout::kRagged) {
-    if (threadIdx.x == 0) valid_sum = 0;
-    __syncthreads();
-    unsigned long long t = 0;
-    for (int64_t l = threadIdx.x; l < p.num_groups; l += blockDim.x)
-      t += p.group_sizes[l] > 0 ? static_cast<unsigned long long>(p.group_sizes[l]) : 0ull;
-    t = gpu::warp_sum(t);
-    if ((threadIdx.x & 31) == 0 && t != 0) atomicAdd(&valid_sum, t);
-    __syncthreads();
-    const int64_t valid_total = valid_sum < static_cast<unsigned long long>(p.rows) ? static_cast<int64_t>(valid_sum) : p.rows;
-    first_row = valid_total + first_block;
-  }
+  // Ragged: the rows below the covered count are the GEMM's; only the rows past it are visited.
+  const int64_t covered = ragged_covered_rows(p);
+  const int64_t first_row = (p.layout == Layout::kRagged ? covered : 0) + first_block;
   const int64_t vec_per_row = p.n * static_cast<int64_t>(sizeof(ElemD)) / 16;
-  const int64_t total_rows = p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
-  for (int64_t row = first_row; row < total_rows; row += blocks) {
-    if (p.layout == Layout::kExpertMajor) {  // ragged rows from first_row on are all past the groups
-      const int64_t l = row / p.rows, c = row % p.rows;
-      if (c < static_cast<int64_t>(p.group_sizes[l])) continue;
-    }
+  for (int64_t row = first_row; row < output_rows(p); row += blocks) {
+    if (row_covered(p, row, covered)) continue;  // expert_major's rows below a group's count
     uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.y) + row * p.n * sizeof(ElemD));
     for (int64_t i = threadIdx.x; i < vec_per_row; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
   }
