@@ -146,16 +146,22 @@ def _silu(g):
     return g / (1.0 + np.exp(-g))
 
 
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-@pytest.mark.parametrize("quantize", [False, True], ids=["h_bf16", "h_fp8"])
-@pytest.mark.parametrize("tune", ["auto", "wgmma"])
+# wgmma changes only fp8 calls (bf16 would repeat auto): with quantize, the fused kernel
+@pytest.mark.parametrize("fp8, quantize, tune", [
+    (False, False, "auto"), (False, True, "auto"), (True, False, "auto"), (True, True, "auto"),
+    (True, False, "wgmma"), (True, True, "wgmma")],
+    ids=["bf16-h_bf16", "bf16-h_fp8", "fp8-h_bf16", "fp8-h_fp8", "fp8-h_bf16-wgmma", "fp8-h_fp8-wgmma-fused"])
 def test_swiglu(fp8, quantize, tune, monkeypatch):
-    """The gate+up GEMM and the SwiGLU against the oracle (wgmma with fp8 and quantize: one fused kernel)."""
+    """The gate+up GEMM and the SwiGLU against the oracle, outputs poisoned (wgmma with fp8 and
+    quantize: one fused kernel)."""
     monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
     rng = np.random.default_rng()
     L, R, F, H = 4, 257, 256, 384
     x, w, xs, wsc, xf, wf = _data(rng, L, (R,), 2 * F, H, fp8)
     sizes = _sizes(rng, L, R - 3, "random")
+    if quantize:
+        _poison((R, F // 128), jnp.float32)
+    _poison((R, F), FP8 if quantize else BF16)
     h, hs = jax.jit(lambda *a: gemm_ffi.grouped_gemm_swiglu(a[0], a[1], a[2], x_scale=a[3], w_scale=a[4],
                                                              quantize_hidden=quantize))(
         x, w, jnp.asarray(sizes), xs, wsc)
@@ -198,11 +204,13 @@ def test_fused_swiglu_matches_the_two_kernels(layout, monkeypatch):
         sizes = np.array([100, 0, 1, 64, 150], np.int32)
     monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "wgmma")
     assert gemm_ffi.fused_swiglu_reason(x, w, xs, wsc) is None
+    _poison(x.shape[:-1] + (F // 128,), jnp.float32)  # both outputs: scales, then h
     _poison(x.shape[:-1] + (F,), FP8)
     hf, sf = jax.jit(lambda *a: gemm_ffi.grouped_gemm_swiglu(*a[:3], x_scale=a[3], w_scale=a[4], quantize_hidden=True))(
         x, w, jnp.asarray(sizes), xs, wsc)
     monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "cutlass")
     assert gemm_ffi.fused_swiglu_reason(x, w, xs, wsc) is not None
+    _poison(x.shape[:-1] + (F // 128,), jnp.float32)
     _poison(x.shape[:-1] + (F,), FP8)
     hu, su = jax.jit(lambda *a: gemm_ffi.grouped_gemm_swiglu(*a[:3], x_scale=a[3], w_scale=a[4], quantize_hidden=True))(
         x, w, jnp.asarray(sizes), xs, wsc)
