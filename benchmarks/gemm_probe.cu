@@ -170,6 +170,34 @@ std::vector<int> row_groups(const Case& c, int64_t total_rows) {
   return g;
 }
 
+// The reference (kernel `reference`) of rows r % row_step == 0, copied to the host: ref and its
+// absolute-value sums, [ceil(rows / row_step), c.n] each.
+struct HostReference {
+  std::vector<float> ref, abs;
+};
+HostReference run_reference(const Case& c, const Buffers& b, const std::vector<int>& groups, int row_step) {
+  const int64_t nrows = (b.total_rows + row_step - 1) / row_step, outs = nrows * c.n;
+  int* dgroups = nullptr;
+  float *ref = nullptr, *refabs = nullptr;
+  CK(cudaMalloc(&dgroups, std::max<size_t>(groups.size(), 1) * 4));
+  CK(cudaMemcpy(dgroups, groups.data(), groups.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&ref, std::max<int64_t>(outs, 1) * 4));
+  CK(cudaMalloc(&refabs, std::max<int64_t>(outs, 1) * 4));
+  CK(cudaMemset(ref, 0, std::max<int64_t>(outs, 1) * 4));
+  CK(cudaMemset(refabs, 0, std::max<int64_t>(outs, 1) * 4));
+  if (outs > 0)
+    reference<<<static_cast<unsigned>((outs + 255) / 256), 256>>>(b.x, b.xs, b.w, b.ws, dgroups, b.total_rows, c.n,
+                                                                  c.k, row_step, ref, refabs);
+  CK(cudaDeviceSynchronize());
+  HostReference out{std::vector<float>(outs), std::vector<float>(outs)};
+  CK(cudaMemcpy(out.ref.data(), ref, outs * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(out.abs.data(), refabs, outs * 4, cudaMemcpyDeviceToHost));
+  cudaFree(dgroups);
+  cudaFree(ref);
+  cudaFree(refabs);
+  return out;
+}
+
 bool check(const Case& c, std::mt19937& gen, int row_step, bool serial) {
   Buffers b = make_buffers(c, gen, true);
   const auto groups = row_groups(c, b.total_rows);
@@ -184,23 +212,11 @@ bool check(const Case& c, std::mt19937& gen, int row_step, bool serial) {
   }
   CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));
   CK(cudaDeviceSynchronize());
-  int* dgroups = nullptr;
-  float *ref = nullptr, *refabs = nullptr;
   const int64_t nrows = (b.total_rows + row_step - 1) / row_step;
-  CK(cudaMalloc(&dgroups, std::max<size_t>(groups.size(), 1) * 4));
-  CK(cudaMemcpy(dgroups, groups.data(), groups.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&ref, std::max<int64_t>(nrows * c.n, 1) * 4));
-  CK(cudaMalloc(&refabs, std::max<int64_t>(nrows * c.n, 1) * 4));
-  CK(cudaMemset(ref, 0, std::max<int64_t>(nrows * c.n, 1) * 4));
-  const int64_t threads = nrows * c.n;
-  if (threads > 0)
-    reference<<<static_cast<unsigned>((threads + 255) / 256), 256>>>(b.x, b.xs, b.w, b.ws, dgroups, b.total_rows, c.n,
-                                                                     c.k, row_step, ref, refabs);
-  CK(cudaDeviceSynchronize());
-  std::vector<float> href(nrows * c.n), habs(nrows * c.n);
+  const HostReference rf = run_reference(c, b, groups, row_step);
+  const std::vector<float>& href = rf.ref;
+  const std::vector<float>& habs = rf.abs;
   std::vector<uint8_t> hy(ybytes);
-  CK(cudaMemcpy(href.data(), ref, href.size() * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(habs.data(), refabs, habs.size() * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(hy.data(), b.y, ybytes, cudaMemcpyDeviceToHost));
   int64_t bad = 0, untouched_wrong = 0, checked = 0;
   double worst = 0.0;
@@ -236,7 +252,6 @@ bool check(const Case& c, std::mt19937& gen, int row_step, bool serial) {
   std::printf("%-22s %-7s %s  checked %lld, bad %lld, rows outside groups written %lld, max err / abs-sum %.2e\n",
               c.name.c_str(), serial ? "serial" : "overlap", ok ? "PASS" : "FAIL", static_cast<long long>(checked), static_cast<long long>(bad),
               static_cast<long long>(untouched_wrong), worst);
-  cudaFree(dgroups); cudaFree(ref); cudaFree(refabs);
   free_buffers(b);
   return ok;
 }
@@ -267,20 +282,9 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial) {
   }
   CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));
   CK(cudaDeviceSynchronize());
-  int* dgroups = nullptr;
-  float *ref = nullptr, *refabs = nullptr;
-  const int64_t outs = b.total_rows * c.n;
-  CK(cudaMalloc(&dgroups, std::max<size_t>(groups.size(), 1) * 4));
-  CK(cudaMemcpy(dgroups, groups.data(), groups.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&ref, std::max<int64_t>(outs, 1) * 4));
-  CK(cudaMalloc(&refabs, std::max<int64_t>(outs, 1) * 4));
-  if (outs > 0)
-    reference<<<static_cast<unsigned>((outs + 255) / 256), 256>>>(b.x, b.xs, b.w, b.ws, dgroups, b.total_rows, c.n,
-                                                                  c.k, 1, ref, refabs);
-  CK(cudaDeviceSynchronize());
-  std::vector<float> href(outs), hsc(static_cast<size_t>(b.total_rows) * nb);
+  const std::vector<float> href = run_reference(c, b, groups, 1).ref;
+  std::vector<float> hsc(static_cast<size_t>(b.total_rows) * nb);
   std::vector<uint8_t> hh(static_cast<size_t>(b.total_rows) * f);
-  CK(cudaMemcpy(href.data(), ref, href.size() * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(hh.data(), h, hh.size(), cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(hsc.data(), hs, hsc.size() * 4, cudaMemcpyDeviceToHost));
   auto bf16 = [](float v) { return __bfloat162float(__float2bfloat16_rn(v)); };
@@ -314,7 +318,8 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial) {
   std::printf("%-22s %-7s %s  swiglu: checked %lld, bad h %lld, bad scales %lld\n", c.name.c_str(),
               serial ? "serial" : "overlap", ok ? "PASS" : "FAIL", static_cast<long long>(checked),
               static_cast<long long>(bad), static_cast<long long>(bad_scale));
-  cudaFree(dgroups); cudaFree(ref); cudaFree(refabs); cudaFree(h); cudaFree(hs);
+  cudaFree(h);
+  cudaFree(hs);
   free_buffers(b);
   return ok;
 }
