@@ -172,6 +172,30 @@ def test_proxy_reports_a_stall(num_ranks, mesh, capfd, monkeypatch):
     kv_client().wait_at_barrier(f"jax_moe_a2a_stall_report_{comm.comm_id}", 60_000)
 
 
+@pytest.mark.mpi
+def test_proxy_wakes_on_the_packers_flags(num_ranks, mesh, monkeypatch):
+    """A flag the packer raises ends the proxy's idle sleep (Proxy::wake), so a step after a pause
+    does not wait for the back-off: with the back-off capped at 60 s from the first idle
+    microsecond (the proxies sleep about as long as they have been idle), a step after 1.5 s of
+    pause passes the oracle and every local proxy counts a sleep its packer cut short
+    (proxy_stats' woken; without the wake it waits out its sleep and woken stays 0)."""
+    for var, value in (("JAX_MOE_A2A_PROXY_IDLE_MS", "0"), ("JAX_MOE_A2A_PROXY_IDLE_SLEEP_US", "60e6")):
+        monkeypatch.setenv(var, value)  # read when the proxies start
+    monkeypatch.delenv("JAX_MOE_A2A_PROXY", raising=False)  # not `spin`: the proxies must sleep
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    comm = proxied(spec, mesh, priv=1, timeout_s=30.0)
+    for step in range(2):
+        if step:
+            time.sleep(1.5)
+            before = comm.proxy_stats()
+        inputs = T.make_inputs(spec, num_ranks, 11 + step)
+        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+    after = comm.proxy_stats()
+    woken = {r: after[r]["woken"] - before[r]["woken"] for r in after}
+    assert woken and all(w >= 1 for w in woken.values()), woken
+    comm.close()
+
+
 def test_proxy_threads_end_at_close(mesh, num_ranks):
     """close() stops and joins every proxy thread (and the engines), leaving no thread behind."""
     def threads():

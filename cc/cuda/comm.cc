@@ -127,6 +127,9 @@ cudaError_t RankState::launch_timed(Half op, cudaStream_t stream, cudaError_t (*
   const bool timed = timer_.begin(op, stream, [this](cudaStream_t s) {
     return launch_timing_barrier(slot(0), o_.g.N, ++timing_barriers_, s);
   });
+#ifdef JAX_MOE_A2A_WITH_LIBFABRIC
+  if (remote_) remote_->wake();  // the proxy polls from now on rather than after its idle sleep
+#endif
   cudaError_t rc = launch(params, blocks_, stream);
   while (rc == cudaErrorCooperativeLaunchTooLarge && blocks_ > 1) {
     // Fewer SMs than the device reports (an MPS client limited by CUDA_MPS_ACTIVE_THREAD_PERCENTAGE):

@@ -46,6 +46,11 @@ class RemotePath {
   RemotePtrs ptrs(int z) const { return ptrs_[z]; }
   // The proxy's failure ("" while healthy) and counters.
   std::string error_text() const { return proxy_ ? proxy_->error_text() : ""; }
+  // A half is being enqueued: the proxy polls again (proxy::Proxy::wake). Not called when XLA
+  // replays a command buffer, which launches without our handlers.
+  void wake() {
+    if (proxy_) proxy_->wake();
+  }
   proxy::ProxyStats stats() const;
   // "gdrcopy" or "mapped-host: <why not>" (chosen at construction, JAX_MOE_A2A_GDRCOPY).
   const std::string& flag_path() const { return flags_.name; }

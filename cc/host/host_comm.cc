@@ -245,7 +245,10 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
   connected_ = true;
 }
 
-void RankComm::raise(uint64_t* flag, uint64_t value) { proxy::store_release(flag, value); }
+void RankComm::raise(uint64_t* flag, uint64_t value) {
+  proxy::store_release(flag, value);
+  if (proxy_) proxy_->wake();  // the proxy sees the flag now, not after its idle sleep
+}
 
 std::vector<uint8_t> RankComm::use_mask(int z, const int32_t* alive, int op) {
   const int N = o_.shape.N;

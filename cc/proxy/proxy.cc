@@ -111,7 +111,25 @@ Proxy::~Proxy() { stop(); }
 
 void Proxy::stop() {
   stop_.store(true, std::memory_order_release);
+  wake();
   if (thread_.joinable()) thread_.join();
+}
+
+void Proxy::wake() {
+  wakes_.fetch_add(1);  // seq_cst, as sleeping_'s load below and its store in sleep_unless_woken
+  if (sleeping_.load()) {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    wake_cv_.notify_one();
+  }
+}
+
+bool Proxy::sleep_unless_woken(double us, uint64_t seen) {
+  std::unique_lock<std::mutex> lock(wake_mu_);
+  sleeping_.store(true);
+  const bool woken = wake_cv_.wait_for(lock, std::chrono::duration<double, std::micro>(us),
+                                       [&] { return wakes_.load() != seen; });
+  sleeping_.store(false);
+  return woken;
 }
 
 std::string Proxy::error_text() const {
@@ -579,9 +597,14 @@ bool Proxy::packer_waiting() const {
 void Proxy::run() {
   auto last_progress = Clock::now();
   double sleep_us = 1;
-  uint64_t polls = 0, sleeps = 0;
+  uint64_t polls = 0, sleeps = 0, woken = 0;
+  uint64_t wakes_seen = wakes_.load();
   while (!stop_.load(std::memory_order_acquire)) {
-    bool progressed = false;
+    // Read before this round's polls: a packer's flag raised after them comes with a wake that
+    // the sleep below sees.
+    const uint64_t wakes = wakes_.load();
+    bool progressed = wakes != wakes_seen;  // a packer announced work: as good as progress
+    wakes_seen = wakes;
     if (!failed()) {
       for (int z = 0; z < int(slots_.size()); ++z) {
         cur_slot_ = z;
@@ -615,18 +638,24 @@ void Proxy::run() {
       continue;
     }
     ++sleeps;
-    std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(sleep_us));
+    if (sleep_unless_woken(sleep_us, wakes_seen)) {
+      std::lock_guard<std::mutex> lock(stats_mu_);  // at once: it follows a sleep, so it is rare
+      stats_.woken = ++woken;
+      continue;  // the next round counts the wake as progress
+    }
     const double cap = failed() || idle_us > o_.idle_ms * 1e3 ? o_.idle_sleep_us : o_.max_sleep_us;
     sleep_us = std::min(sleep_us * 2, cap);
     if ((polls & 1023) == 0) {
       std::lock_guard<std::mutex> lock(stats_mu_);
       stats_.polls = polls;
       stats_.sleeps = sleeps;
+      stats_.woken = woken;
     }
   }
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.polls = polls;
   stats_.sleeps = sleeps;
+  stats_.woken = woken;
 }
 
 }  // namespace a2a::proxy

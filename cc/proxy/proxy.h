@@ -20,11 +20,13 @@
 // the error code. Idle: polls for spin_us after the last progress and while a packer waits for a
 // flag not yet raised (Ctrl::waiting; at most 10 s without progress), then sleeps from 1 us
 // growing to max_sleep_us, and after idle_ms up to idle_sleep_us (a communicator nobody uses costs
-// ~nothing); never spins forever. Shutdown: stop() (idempotent) joins the thread.
+// ~nothing); never spins forever; a packer's wake() ends a sleep and counts as progress.
+// Shutdown: stop() (idempotent) joins the thread.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <functional>
@@ -94,6 +96,7 @@ struct ProxyStats {
   uint64_t dispatches = 0, combines = 0;              // steps finished (the FREE signal sent)
   uint64_t dispatches_landed = 0, combines_landed = 0;  // d_landed / c_landed raised (rows readable)
   uint64_t polls = 0, sleeps = 0;
+  uint64_t woken = 0;  // sleeps a packer's wake() cut short
   uint64_t counts_to_landed_ns = 0;  // from our COUNTS out to d_landed raised, per dispatch
   uint64_t comb_to_landed_ns = 0;    // from our COMB out to c_landed raised, per combine
   int cpu = -1;                      // the CPU the thread was pinned to (-1: not pinned)
@@ -123,7 +126,13 @@ class Proxy {
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
 
-  void stop();  // idempotent; joins the thread
+  void stop();  // idempotent; joins the thread (a sleep in progress is cut short)
+  // Called by a packer after it raised a flag the proxy reads (or when it is about to: the cuda
+  // backend's launches): a sleep of the idle back-off ends now, and the thread treats the call as
+  // progress (it polls for spin_us, then sleeps at most max_sleep_us for idle_ms) instead of
+  // noticing the flag after up to idle_sleep_us. Cheap when the thread is awake (one atomic
+  // increment and load); any thread may call it at any time.
+  void wake();
   bool failed() const { return error_code(ctrl_) != 0; }
   std::string error_text() const;  // "" while healthy
   ProxyStats stats() const;
@@ -218,6 +227,15 @@ class Proxy {
   bool source_flags_ = false, source_flags_early_ = false;
   std::vector<SlotState> slots_;
   std::atomic<bool> stop_{false};
+  // wake(): wakes_ counts the calls; the thread sleeps on wake_cv_ (under wake_mu_) with
+  // sleeping_ set, and wake() takes the lock and notifies only then (seq_cst on both sides: a
+  // wake between the thread's last poll and its wait is never lost).
+  std::atomic<uint64_t> wakes_{0};
+  std::atomic<bool> sleeping_{false};
+  std::mutex wake_mu_;
+  std::condition_variable wake_cv_;
+  // Sleeps up to `us` or until wake() / stop() after `seen` wakes: true when a wake ended it.
+  bool sleep_unless_woken(double us, uint64_t seen);
   std::thread thread_;
   int pinned_ = -1;  // the CPU the thread runs on, when pinning succeeded
   mutable std::mutex stats_mu_;

@@ -1,5 +1,5 @@
 // A proxy thread's counters as the Python dict both bindings return (cuda inter-node path, host
-// backend's proxied mode): dispatches, combines, dispatches_landed, combines_landed, polls, sleeps, counts_to_landed_ns,
+// backend's proxied mode): dispatches, combines, dispatches_landed, combines_landed, polls, sleeps, woken, counts_to_landed_ns,
 // comb_to_landed_ns, staged_bytes, staging_ns, cpu, flag_path, row_path, pipeline, priv_early,
 // counts_to_priv_ns, recv_early, and per op (host backend's proxied mode) call_ns_<op>, wait_ns_<op>.
 #pragma once
@@ -22,6 +22,7 @@ inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
   d["combines_landed"] = s.combines_landed;
   d["polls"] = s.polls;
   d["sleeps"] = s.sleeps;
+  d["woken"] = s.woken;
   d["counts_to_landed_ns"] = s.counts_to_landed_ns;
   d["comb_to_landed_ns"] = s.comb_to_landed_ns;
   d["staged_bytes"] = s.staged_bytes;
