@@ -404,6 +404,11 @@ def run_mode(jax, spec, mesh, args, clock, mode):
             [max((after[r].get("priv_early", 0) - before[r].get("priv_early", 0)) / n
                  for r, n in zip(after, steps))], "proxy priv early")))
         rec["proxy"]["pipeline"] = [bool(after[r].get("pipeline")) for r in after]
+        # Idle sleeps the packer cut short (Proxy::wake), and sleeps, per dispatch: the busiest rank.
+        for key in ("woken", "sleeps"):
+            rec["proxy"][f"{key}_per_dispatch"] = float(np.max(timing.max_over_processes(
+                [max((after[r].get(key, 0) - before[r].get(key, 0)) / n for r, n in zip(after, steps))],
+                f"proxy {key}")))
         rec["kernel_turns_why_none"] = turns_refused(args, rec)
         if rec["kernel_turns_why_none"] is None:
             glob, fns = jitted_halves(jax, comm, *bench_inputs(comm, argparse.Namespace(seed=args.seed, x_dtype="f32")))
@@ -493,6 +498,9 @@ def print_mode(rec, nbytes, wires, nvlink=None):
     if "priv_early_per_dispatch" in rec["proxy"]:
         print(f"  pipeline {rec['proxy']['pipeline']}: PRIV writes posted before the whole pack, per dispatch "
               f"(busiest rank): {rec['proxy']['priv_early_per_dispatch']:.2f}")
+    if "woken_per_dispatch" in rec["proxy"]:
+        print(f"  proxy idle sleeps per dispatch + combine (busiest rank): {rec['proxy']['sleeps_per_dispatch']:.1f}, "
+              f"of which a packer's flag cut short: {rec['proxy']['woken_per_dispatch']:.2f}")
     if rec["proxy"].get("row_copies_mb"):
         print(f"  row copies per dispatch + combine (slowest rank): {rec['proxy']['row_copies_mb']:.2f} MB in "
               f"{rec['proxy']['row_copies_us']:.1f} µs (start to the proxy's poll that saw them done)")
