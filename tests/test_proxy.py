@@ -173,6 +173,31 @@ def test_proxy_reports_a_stall(num_ranks, mesh, capfd, monkeypatch):
 
 
 @pytest.mark.mpi
+def test_proxy_reports_no_stall_after_a_pause(num_ranks, mesh, capfd, monkeypatch):
+    """A stall is an op in flight without a step for JAX_MOE_A2A_PROXY_REPORT_S, not a pause of
+    that length followed by a shorter wait: after 3 s of pause (no op in flight, so the proxies'
+    steps did not move) the last process starts each step 1.1 s after the others, whose COUNTS
+    then wait at its proxy and whose proxies wait for its COUNTS for ~1.1 s, under the 2 s
+    threshold: no report (a look at most once a second lands in that second)."""
+    if jax.process_count() < 2:
+        pytest.skip("needs several processes (one program's ranks start their steps together)")
+    monkeypatch.setenv("JAX_MOE_A2A_PROXY_REPORT_S", "2")  # read when the proxy starts
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    comm = proxied(spec, mesh, priv=1, timeout_s=30.0)
+    late = jax.process_index() == jax.process_count() - 1
+    for step in range(3):
+        if step:
+            time.sleep(3.0 + (1.1 if late else 0.0))
+        inputs = T.make_inputs(spec, num_ranks, 21 + step)
+        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+        if step == 0:  # the first step compiles, one process later than another: a real stall
+            capfd.readouterr()
+    err = capfd.readouterr().err
+    assert "no step for" not in err, err
+    comm.close()
+
+
+@pytest.mark.mpi
 def test_proxy_wakes_on_the_packers_flags(num_ranks, mesh, monkeypatch):
     """A flag the packer raises ends the proxy's idle sleep (Proxy::wake), so a step after a pause
     does not wait for the back-off: with the back-off capped at 60 s from the first idle

@@ -346,21 +346,32 @@ void Proxy::report_stalls() {
     if (s.d != s.seen_d || s.c != s.seen_c || s.de != s.seen_de || s.ce != s.seen_ce) {
       s.seen_d = s.d, s.seen_c = s.c, s.seen_de = s.de, s.seen_ce = s.ce;
       s.steps_since = now;
+      s.busy_since = {};
       s.stall_reported = false;
       continue;
     }
     const double stalled = std::chrono::duration<double>(now - s.steps_since).count();
-    // At most one look a second per slot past the threshold (in_flight takes the engine's lock).
-    if (s.stall_reported || stalled < after || std::chrono::duration<double>(now - s.stall_checked).count() < 1.0)
+    // At most one look per slot every min(1 s, after) past the threshold (in_flight takes the
+    // engine's lock).
+    if (s.stall_reported || stalled < after ||
+        std::chrono::duration<double>(now - s.stall_checked).count() < std::min(1.0, after))
       continue;
     s.stall_checked = now;
     const std::string why = in_flight(z);
-    if (why.empty()) continue;
+    // A slot that rested (no op in flight) for long has an old steps_since: its stall starts when
+    // a look first finds an op in flight, so the first step after a pause is not reported at once.
+    if (why.empty()) {
+      s.busy_since = {};
+      continue;
+    }
+    if (s.busy_since == Clock::time_point{}) s.busy_since = now;
+    const double busy = std::chrono::duration<double>(now - s.busy_since).count();
+    if (busy < after) continue;
     s.stall_reported = true;
     std::fprintf(stderr,
                  "jax_moe_a2a proxy (rank %d, slot %d): no step for %.1f s with an op in flight (%s); %s "
                  "(a report, not an error; printed once per stall)\n",
-                 ex_.rank(), z, stalled, why.c_str(), slot_state(z).c_str());
+                 ex_.rank(), z, std::min(stalled, busy), why.c_str(), slot_state(z).c_str());
     std::fflush(stderr);
   }
 }

@@ -163,6 +163,7 @@ class Proxy {
     int seen_d = -1, seen_c = -1;
     uint32_t seen_de = 0, seen_ce = 0;
     std::chrono::steady_clock::time_point steps_since{}, stall_checked{};
+    std::chrono::steady_clock::time_point busy_since{};  // first look that found an op in flight (0: none yet)
     bool stall_reported = false;
     // The dispatch (combine) of this epoch is done (its FREE signal sent): the next epoch starts
     // at kDFree (kCFree) with that pipeline's per-epoch bits clear.
