@@ -87,9 +87,43 @@ struct Case {
   std::vector<int> sizes;  // group_sizes
 };
 
-uint8_t random_e4m3(std::mt19937& g) {
-  std::normal_distribution<float> d(0.f, 1.5f);
-  return __nv_fp8_e4m3(d(g)).__x;
+// Random inputs made on the device (the host's generator took minutes for the ~5 G values of the
+// checks): element i of a buffer from splitmix64(seed + i), so a buffer is a function of its seed.
+__device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ float unit(uint64_t bits) {  // uniform in (0, 1]
+  return (static_cast<float>(bits >> 40) + 1.f) * (1.f / 16777216.f);
+}
+
+// e4m3 codes of normal(0, 1.5) values (Box-Muller), rounded to nearest and saturated as
+// __nv_fp8_e4m3 does: finite, never NaN.
+__global__ void fill_e4m3(uint8_t* out, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint64_t h = splitmix64(seed + i);
+    const float u1 = unit(h), u2 = unit(h << 24);
+    const float v = 1.5f * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+    out[i] = __nv_fp8_e4m3(v).__x;
+  }
+}
+
+__global__ void fill_uniform(float* out, size_t n, uint64_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    out[i] = lo + (hi - lo) * unit(splitmix64(seed + i));
+}
+
+void random_e4m3(uint8_t* d, size_t n, std::mt19937& g) {
+  if (n) fill_e4m3<<<1024, 256>>>(d, n, (static_cast<uint64_t>(g()) << 32) | g());
+  CK(cudaGetLastError());
+}
+
+void random_uniform(float* d, size_t n, float lo, float hi, std::mt19937& g) {
+  if (n) fill_uniform<<<256, 256>>>(d, n, (static_cast<uint64_t>(g()) << 32) | g(), lo, hi);
+  CK(cudaGetLastError());
 }
 
 std::vector<int> uniform_sizes(int L, int64_t R, std::mt19937& g) {
@@ -119,17 +153,11 @@ Buffers make_buffers(const Case& c, std::mt19937& g, bool fill) {
   CK(cudaMalloc(&b.gs, c.L * 4));
   CK(cudaMalloc(&b.y, std::max<size_t>(static_cast<size_t>(b.total_rows) * c.n * (c.y_f32 ? 4 : 2), 1)));
   if (fill) {
-    std::vector<uint8_t> hx(xb), hw(wb);
-    for (auto& v : hx) v = random_e4m3(g);
-    for (auto& v : hw) v = random_e4m3(g);
-    std::uniform_real_distribution<float> ux(0.25f, 2.f), uw(0.0005f, 0.002f);
-    std::vector<float> hxs(xsn), hws(wsn);
-    for (auto& v : hxs) v = ux(g);
-    for (auto& v : hws) v = uw(g);
-    CK(cudaMemcpy(b.x, hx.data(), xb, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(b.w, hw.data(), wb, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(b.xs, hxs.data(), xsn * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(b.ws, hws.data(), wsn * 4, cudaMemcpyHostToDevice));
+    random_e4m3(b.x, xb, g);
+    random_e4m3(b.w, wb, g);
+    random_uniform(b.xs, xsn, 0.25f, 2.f, g);
+    random_uniform(b.ws, wsn, 0.0005f, 0.002f, g);
+    CK(cudaDeviceSynchronize());
   } else {  // timing only: any finite bytes
     CK(cudaMemset(b.x, 0x38, std::max<size_t>(xb, 1)));
     CK(cudaMemset(b.w, 0x38, wb));
@@ -260,7 +288,9 @@ bool check(const Case& c, std::mt19937& gen, int row_step, bool serial) {
 // gate and up (f32 sums), rounded to bf16, h = silu(g) * u in f32, and the library's quantiser on
 // the host (core/fp8.h): each dequantised h within 8 % of the reference (e4m3's half step is 1/16;
 // the rest: gate and up rounded to bf16 from sums in another order) plus 2^-6 of its block's
-// scale, each scale within 1 %.
+// scale, each scale within 2.5 % (gate and up are each rounded to bf16, 2^-8 relative apiece, and
+// may both move v the same way: a block's amax, so its scale, up to ~1.6 % off); rows outside
+// every group keep their poison.
 bool check_swiglu(const Case& c, std::mt19937& gen, bool serial) {
   Buffers b = make_buffers(c, gen, true);
   const int f = c.n / 2, nb = f / 128;
@@ -278,6 +308,9 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial) {
   p.h_scale = hs;
   if (const char* why = a2a::gemm::wgmma::fp8_unsupported_reason(p)) {
     std::printf("%-22s UNSUPPORTED: %s\n", c.name.c_str(), why);
+    cudaFree(h);
+    cudaFree(hs);
+    free_buffers(b);
     return false;
   }
   CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));
@@ -288,9 +321,17 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial) {
   CK(cudaMemcpy(hh.data(), h, hh.size(), cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(hsc.data(), hs, hsc.size() * 4, cudaMemcpyDeviceToHost));
   auto bf16 = [](float v) { return __bfloat162float(__float2bfloat16_rn(v)); };
-  int64_t bad = 0, bad_scale = 0, checked = 0;
+  int64_t bad = 0, bad_scale = 0, checked = 0, untouched_wrong = 0;
   for (int64_t r = 0; r < b.total_rows; ++r) {
-    if (groups[r] < 0) continue;
+    if (groups[r] < 0) {  // rows outside every group keep their poison (the launcher's to fill)
+      for (int i = 0; i < f; ++i) untouched_wrong += hh[r * f + i] != 0x7F;
+      for (int blk = 0; blk < nb; ++blk) {
+        uint32_t bits;
+        std::memcpy(&bits, &hsc[r * nb + blk], 4);
+        untouched_wrong += bits != 0xFFFFFFFFu;
+      }
+      continue;
+    }
     for (int blk = 0; blk < nb; ++blk) {
       float v[128], amax = 0.f;
       for (int i = 0; i < 128; ++i) {
@@ -300,7 +341,7 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial) {
         amax = std::max(amax, a2a::fp8_amax_term(v[i]));
       }
       const float want_s = a2a::fp8_block_scale(amax, false), got_s = hsc[r * nb + blk];
-      if (!(std::fabs(got_s - want_s) <= 0.01f * want_s)) {
+      if (!(std::fabs(got_s - want_s) <= 0.025f * want_s)) {
         if (bad_scale < 3) std::printf("   scale row %lld block %d: got %g want %g\n", static_cast<long long>(r), blk, got_s, want_s);
         ++bad_scale;
       }
@@ -314,10 +355,10 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial) {
       }
     }
   }
-  const bool ok = bad == 0 && bad_scale == 0;
-  std::printf("%-22s %-7s %s  swiglu: checked %lld, bad h %lld, bad scales %lld\n", c.name.c_str(),
-              serial ? "serial" : "overlap", ok ? "PASS" : "FAIL", static_cast<long long>(checked),
-              static_cast<long long>(bad), static_cast<long long>(bad_scale));
+  const bool ok = bad == 0 && bad_scale == 0 && untouched_wrong == 0;
+  std::printf("%-22s %-7s %s  swiglu: checked %lld, bad h %lld, bad scales %lld, outside groups written %lld\n",
+              c.name.c_str(), serial ? "serial" : "overlap", ok ? "PASS" : "FAIL", static_cast<long long>(checked),
+              static_cast<long long>(bad), static_cast<long long>(bad_scale), static_cast<long long>(untouched_wrong));
   cudaFree(h);
   cudaFree(hs);
   free_buffers(b);
@@ -397,6 +438,15 @@ int main(int argc, char** argv) {
         {"expert-major-bf16", 3, 200, 256, 640, true, false, {130, 64, 65}},
         {"one-hot-L8", 8, 1024, 4096, 7168, false, false, {0, 0, 0, 0, 0, 1024, 0, 0}},
     };
+    {  // more than one 32-lane chunk of the group table (its carry), zeros and negative sizes
+      std::vector<int> s100(100), s40(40);
+      std::uniform_int_distribution<int> d(-3, 30);
+      for (auto& v : s100) v = d(gen);
+      for (auto& v : s40) v = d(gen) * 2;
+      s100[0] = 0, s100[31] = -5, s100[32] = 140, s100[63] = 0, s100[99] = 7;
+      cs.push_back({"ragged-L100-negatives", 100, 1200, 256, 256, false, false, s100});
+      cs.push_back({"expert-major-L40", 40, 50, 256, 384, true, true, s40});
+    }
     cs.push_back({"decode-L8-gateup-bf16", 8, 1024, 4096, 7168, false, false, uniform_sizes(8, 1024, gen)});
     cs.push_back({"decode-L8-down-f32", 8, 1024, 7168, 2048, false, true, uniform_sizes(8, 1024, gen)});
     cs.push_back({"decode-L32-gateup", 32, 1024, 4096, 7168, false, false, uniform_sizes(32, 1024, gen)});

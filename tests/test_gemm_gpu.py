@@ -190,7 +190,8 @@ def test_swiglu(fp8, quantize, tune, monkeypatch):
 def test_fused_swiglu_matches_the_two_kernels(layout, monkeypatch):
     """JAX_MOE_A2A_GEMM_TILE_M=wgmma runs the fp8 gate+up GEMM and the SwiGLU as one kernel
     (gemm_ffi.fused_swiglu_reason None): the same values as CUTLASS's GEMM writing bf16 gu and the
-    SwiGLU kernel. Scales within 1 % (f32 sums in another order can cross a bf16 boundary), h within
+    SwiGLU kernel. Scales within 2.5 % (f32 sums in another order can put gate and up each across a
+    bf16 boundary, 2^-8 relative apiece, both moving a block's amax the same way), h within
     one e4m3 step, and every row outside the groups h = 0 with an all-zero block's scale on both."""
     rng = np.random.default_rng()
     L, F, H = 5, 384, 512
@@ -223,7 +224,7 @@ def test_fused_swiglu_matches_the_two_kernels(layout, monkeypatch):
     else:
         for l, c in enumerate(sizes):
             covered[l * C:l * C + min(int(c), C)] = True
-    np.testing.assert_allclose(sf[covered], su[covered], rtol=1e-2)
+    np.testing.assert_allclose(sf[covered], su[covered], rtol=2.5e-2)
     assert (hf[~covered] == 0).all() and (hu[~covered] == 0).all()
     np.testing.assert_array_equal(sf[~covered], su[~covered])  # an all-zero block's scale on both
     deq_f = hf * np.repeat(sf, 128, axis=-1)
@@ -541,11 +542,12 @@ def _fp8_elementwise(y, x8, w8, xs, wsc, rows_of_group, out):
 
 
 @pytest.mark.parametrize("out", [BF16, jnp.float32], ids=["bf16out", "f32out"])
-@pytest.mark.parametrize("case", ["tile-edges", "past-R", "one-group", "odd-kblocks", "all-empty"])
+@pytest.mark.parametrize("case", ["tile-edges", "past-R", "one-group", "odd-kblocks", "all-empty", "many-groups"])
 def test_wgmma_fp8_ragged_elementwise(case, out, monkeypatch):
     """Our own fp8 kernel on the ragged layout: groups at the 64- and 128-row edges of its tiles (a
     warpgroup with no rows of its own skips its WGMMAs), sizes summing past R, one group, an odd
-    number of 128-k blocks (its two-accumulator loop ends on either), no rows at all."""
+    number of 128-k blocks (its two-accumulator loop ends on either), no rows at all, and 100 groups
+    (its group table's prefix sums run in chunks of 32) with zeros and negative sizes (rows: 0)."""
     monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "wgmma")
     rng = np.random.default_rng()
     n, k = 384, 512
@@ -557,16 +559,19 @@ def test_wgmma_fp8_ragged_elementwise(case, out, monkeypatch):
         sizes = np.array([257], np.int32)
     elif case == "odd-kblocks":
         sizes, k = np.array([100, 37, 140], np.int32), 640
+    elif case == "many-groups":
+        sizes = rng.integers(-3, 20, 100).astype(np.int32)
+        sizes[[0, 31, 32, 63, 64]] = [0, -5, 140, 0, 1]
     else:
         sizes = np.zeros(3, np.int32)
-    R = {"past-R": 300, "one-group": 260}.get(case, int(sizes.sum()) + 13)
+    R = {"past-R": 300, "one-group": 260}.get(case, int(np.maximum(sizes, 0).sum()) + 13)
     L = len(sizes)
     x, w, xs, wsc, _, _ = _data(rng, L, (R,), n, k, True)
     _poison((R, n), out)
     y = jax.jit(lambda *a: gemm_ffi.grouped_gemm(a[0], a[1], a[2], x_scale=a[3], w_scale=a[4], out_dtype=out))(
         x, w, jnp.asarray(sizes), xs, wsc)
     rows, off = [], 0
-    for s in sizes:
+    for s in np.maximum(sizes, 0):  # a negative size counts as 0
         s0 = min(off, R)
         rows.append(np.arange(s0, min(off + int(s), R)))
         off += int(s)
