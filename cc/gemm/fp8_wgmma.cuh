@@ -372,6 +372,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto issue = [&](float (&d)[64], uint32_t i) {
       const int st = static_cast<int>(i % kStages);
       wait_or_trap(&s.full[st], (i / kStages) & 1);
+      // The lanes may leave the polling loop on different polls: reconverge before the
+      // .sync.aligned WGMMA instructions (the producer's single thread never gets here).
+      __syncwarp();
       const uint64_t da = smem_desc(s.a[st] + mwg * 64 * kBK), db = smem_desc(s.b[st]);
       fence_acc(d);
       cute::warpgroup_arrive();
