@@ -114,6 +114,9 @@ def parse_args(argv):
     p.add_argument("--backend", default="cuda", choices=("cuda", "host"),
                    help="cuda, or host: the host backend's proxied mode (same proxy thread, C++ packing), "
                         "which runs this program without GPUs")
+    p.add_argument("--pause-ms", type=float, default=0.0,
+                   help="every process sleeps this long before each call's barrier: idle gaps, as a serving loop "
+                        "has them (the proxy thread's idle back-off, and what wakes it)")
     p.add_argument("--no-engine", action="store_true", help="skip the engine benchmark (no wire time)")
     p.add_argument("--engine-iters", type=int, default=5000,
                    help="engine benchmark: ping-pong iterations at small sizes")
@@ -185,10 +188,11 @@ class CallRecorder:
     k; close() takes one more snapshot (after the last call). With a `sched` reader
     (benchlib/sched.py), also the threads' scheduler statistics right before each call (sched_in[k],
     read before its clock) and right after it (sched_out[k + 1], read after the clock): call k's run
-    and run-queue times are sched_out[k + 1] - sched_in[k]."""
+    and run-queue times are sched_out[k + 1] - sched_in[k]. `pause_s`: every process sleeps this
+    long before each call's barrier (a serving loop's idle gaps: the proxy's idle back-off)."""
 
-    def __init__(self, comm, clock, sched=None):
-        self.comm, self.clock, self.sched = comm, clock, sched
+    def __init__(self, comm, clock, sched=None, pause_s=0.0):
+        self.comm, self.clock, self.sched, self.pause_s = comm, clock, sched, pause_s
         self.names, self.stamps, self.snaps, self.pre = [], [], [], []
         self.sched_in, self.sched_out = [], []
 
@@ -197,6 +201,8 @@ class CallRecorder:
         if self.sched:
             self.sched_out.append(self.sched.snapshot())
         self.snaps.append(self.comm.proxy_stats())
+        if self.pause_s:
+            time.sleep(self.pause_s)
 
     def after_barrier(self, name):
         if self.sched:
@@ -375,7 +381,7 @@ def run_mode(jax, spec, mesh, args, clock, mode):
             raise SystemExit(f"benchmarks/proxy.py: no proxy thread (node_size {comm.diagnostics().get('node_size')} "
                              f"of {comm.num_ranks} ranks): set JAX_MOE_A2A_NODE_SIZE below the number of ranks")
         from benchlib.sched import SchedReader
-        calls = CallRecorder(comm, clock, SchedReader())
+        calls = CallRecorder(comm, clock, SchedReader(), args.pause_ms / 1e3)
         rec = bench_one(jax, comm, args.shape, argparse.Namespace(seed=args.seed, no_check=False, x_dtype="f32"),
                         args.iters, args.warmup, Progress(1 + args.iters + args.warmup, False), hooks=calls)
         calls.close()
