@@ -293,7 +293,7 @@ def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None
 def fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block: int = _BLOCK, tune: Tuning | None = None) -> str | None:
     """None when grouped_gemm_swiglu(..., quantize_hidden=True) runs as ONE kernel (our own fp8
     kernel with the SwiGLU epilogue: JAX_MOE_A2A_GEMM_TILE_M=wgmma, fp8 x and w [L, 2F, K] with
-    F % 128 == 0, block 128, 1 to 1,024 local experts), else why not (then the GEMM writes bf16 gu
+    F % 128 == 0, block 128, 1 to 1,024 local experts, L * 2F below 2^31), else why not (then the GEMM writes bf16 gu
     and the SwiGLU kernel reads it back; the values are the same)."""
     tune = tuning() if tune is None else tune
     if tune.kernel != _KERNEL_WGMMA:
@@ -310,6 +310,8 @@ def fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block: int = _BLOCK, tun
         return f"the fused SwiGLU GEMM needs w [L, 2F, K] with F % 128 == 0, got 2F = {n2}"
     if not 1 <= L <= 1024:
         return f"our own fp8 kernel takes 1 to 1,024 local experts, got {L}"
+    if L * n2 > _MAX_ROWS:  # its weights' TMA rows (cc/gemm/fp8_wgmma.h, fp8_shape_reason)
+        return f"our own fp8 kernel takes L * 2F below 2^31, got {L} x {n2}"
     return None
 
 

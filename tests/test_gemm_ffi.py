@@ -207,3 +207,24 @@ def test_workspace_bytes_refuses_a_tuning_out_of_its_set():
     for kw in (dict(tile_m=32), dict(raster=3), dict(swizzle=3), dict(swizzle=0), dict(kernel=3), dict(kernel=-1)):
         with pytest.raises(ValueError, match="tile_m must be 0 \\(auto\\), 64 or 128"):
             g.workspace_bytes(False, False, 0, 8, 300, 384, 512, False, **kw)
+
+
+@pytest.mark.parametrize("L, f, block, tune, words", [
+    (8, 256, 128, "wgmma", None),
+    (8, 256, 128, "cutlass", "only with our own fp8 kernel"),
+    (8, 192, 128, "wgmma", "F % 128 == 0"),
+    (8, 256, 64, "wgmma", "128-column blocks"),
+    (1025, 256, 128, "wgmma", "1 to 1,024 local experts"),
+    (1024, 2**20, 128, "wgmma", "L * 2F below 2^31"),
+])
+def test_fused_swiglu_reason(monkeypatch, L, f, block, tune, words):
+    """When grouped_gemm_swiglu runs as one kernel (checked from shapes only; the native build
+    stubbed in so the CPU reaches every branch), and why not otherwise."""
+    monkeypatch.setattr(gemm_ffi, "native_reason", lambda: None)
+    k = 256
+    x = jax.ShapeDtypeStruct((64, k), jnp.float8_e4m3fn)
+    w = jax.ShapeDtypeStruct((L, 2 * f, k), jnp.float8_e4m3fn)
+    xs = jax.ShapeDtypeStruct((64, k // 128), jnp.float32)
+    ws = jax.ShapeDtypeStruct((L, 2 * f // 128, k // 128), jnp.float32)
+    why = gemm_ffi.fused_swiglu_reason(x, w, xs, ws, block=block, tune=gemm_ffi.parse_tuning(tune))
+    assert why is None if words is None else words in why, why

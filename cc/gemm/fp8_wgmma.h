@@ -14,6 +14,19 @@ namespace a2a::gemm::wgmma {
 // The most groups (local experts) the kernel takes: its group table lives in shared memory.
 inline constexpr int kMaxGroups = 1024;
 
+// Why the kernel cannot take these shapes (nullptr when it can): N and K positive multiples of its
+// 128-wide tiles and scale blocks, 1 <= L <= kMaxGroups, and rows (R or L*C), L*N and K below 2^31
+// (its TMA coordinates are int32). The shape part of fp8_unsupported_reason, which the library's
+// kernel choice (gemm/kernels.h wgmma_takes) applies before any buffer exists.
+inline const char* fp8_shape_reason(int64_t rows, int64_t num_groups, int64_t n, int64_t k) {
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  if (n <= 0 || k <= 0 || n % 128 != 0 || k % 128 != 0) return "N and K must be positive multiples of 128";
+  if (num_groups < 1 || num_groups > kMaxGroups) return "the number of groups must be 1..1024 (the kernel's group table)";
+  if (rows >= kLimit || num_groups * n >= kLimit) return "rows or L*N reach 2^31";
+  if (k >= kLimit) return "K reaches 2^31";
+  return nullptr;
+}
+
 struct Fp8LaunchParams {
   const void* x = nullptr;
   const float* x_scale = nullptr;
@@ -37,9 +50,8 @@ struct Fp8LaunchParams {
   float* h_scale = nullptr;
 };
 
-// Why these parameters cannot run on this kernel (nullptr when they can): N and K multiples of 128
-// (swiglu_fp8: N of 256),
-// 1 <= L <= its group table, sizes within int32 where the TMA coordinates need them.
+// Why these parameters cannot run on this kernel (nullptr when they can): fp8_shape_reason, the
+// SwiGLU epilogue's N (a multiple of 256) and outputs, and a driver with cuTensorMapEncodeTiled.
 const char* fp8_unsupported_reason(const Fp8LaunchParams& p);
 
 // Enqueues the kernel on `stream` (nothing when rows == 0). p must have passed fp8_unsupported_reason.

@@ -62,12 +62,10 @@ cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8
 }  // namespace
 
 const char* fp8_unsupported_reason(const Fp8LaunchParams& p) {
-  if (p.n <= 0 || p.k <= 0 || p.n % kBN != 0 || p.k % kBK != 0) return "N and K must be positive multiples of 128";
+  static_assert(kBN == 128 && kBK == 128, "fp8_shape_reason's tile and scale-block width");
+  if (const char* why = fp8_shape_reason(p.rows, p.num_groups, p.n, p.k)) return why;
   if (p.swiglu_fp8 && (p.n % (2 * kBN) != 0 || p.h == nullptr || p.h_scale == nullptr))
     return "the SwiGLU epilogue needs N = 2F with F % 128 == 0, h and h_scale";
-  if (p.num_groups < 1 || p.num_groups > kMaxGroups) return "the number of groups must be 1..1024 (the kernel's group table)";
-  if (p.rows >= (int64_t{1} << 31) || p.num_groups * p.n >= (int64_t{1} << 31)) return "rows or L*N reach 2^31";
-  if (p.k >= (int64_t{1} << 31)) return "K reaches 2^31";
   if (encoder() == nullptr) return "the driver has no cuTensorMapEncodeTiled";
   return nullptr;
 }

@@ -33,16 +33,17 @@ struct Tuning {
   bool wgmma = false;  // our own fp8 kernel (fp8_wgmma.cuh) instead of CUTLASS's; fp8 forward only
 };
 
-// True when our own fp8 kernel takes this call: fp8 forward, 1..wgmma::kMaxGroups groups, and the
-// shape limits of wgmma::fp8_unsupported_reason (rows, L*N and K below 2^31: its TMA coordinates);
-// N, K multiples of 128 are every fp8 call's limits already. Shapes only, so the workspace size
-// and the launch choose alike; a call this lets through never fails that check at launch (but
-// for a driver without cuTensorMapEncodeTiled).
+// Forward output rows: R (ragged) or L*C (expert_major).
+__host__ __device__ inline int64_t output_rows(const GroupedGemmParams& p) {
+  return p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
+}
+
+// True when our own fp8 kernel takes this call: fp8 forward within wgmma::fp8_shape_reason's
+// limits. Shapes only, so the workspace size and the launch choose alike; a call this lets through
+// fails the launch's check only on a driver without cuTensorMapEncodeTiled.
 inline bool wgmma_takes(const GroupedGemmParams& p) {
-  constexpr int64_t kLimit = int64_t{1} << 31;
-  const int64_t rows = p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
-  return p.in == InType::kFp8 && p.mode == Mode::kForward && p.num_groups >= 1 && p.num_groups <= wgmma::kMaxGroups &&
-         rows < kLimit && p.num_groups * p.n < kLimit && p.k < kLimit;
+  return p.in == InType::kFp8 && p.mode == Mode::kForward &&
+         wgmma::fp8_shape_reason(output_rows(p), p.num_groups, p.n, p.k) == nullptr;
 }
 
 // The choice, from static shapes only (the workspace size and the launch agree), made once per

@@ -7,14 +7,10 @@
 #include <cuda_runtime_api.h>
 
 #include "gemm/grouped_gemm.h"
+#include "gemm/kernels.h"  // output_rows
 #include "gpu/warp.cuh"
 
 namespace a2a::gemm::detail {
-
-// Forward output rows: R (ragged) or L*C (expert_major).
-__host__ __device__ inline int64_t output_rows(const GroupedGemmParams& p) {
-  return p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;
-}
 
 // Ragged: how many rows the groups cover, min(sum of the sizes clamped at 0, R), the sum over the
 // groups in parallel (one thread's serial loop over them cost ~20 us at prefill). Block-collective
