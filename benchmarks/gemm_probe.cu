@@ -116,13 +116,15 @@ __global__ void fill_uniform(float* out, size_t n, uint64_t seed, float lo, floa
     out[i] = lo + (hi - lo) * unit(splitmix64(seed + i));
 }
 
+uint64_t seed64(std::mt19937& g) { return (static_cast<uint64_t>(g()) << 32) | g(); }
+
 void random_e4m3(uint8_t* d, size_t n, std::mt19937& g) {
-  if (n) fill_e4m3<<<1024, 256>>>(d, n, (static_cast<uint64_t>(g()) << 32) | g());
+  if (n) fill_e4m3<<<1024, 256>>>(d, n, seed64(g));
   CK(cudaGetLastError());
 }
 
 void random_uniform(float* d, size_t n, float lo, float hi, std::mt19937& g) {
-  if (n) fill_uniform<<<256, 256>>>(d, n, (static_cast<uint64_t>(g()) << 32) | g(), lo, hi);
+  if (n) fill_uniform<<<256, 256>>>(d, n, seed64(g), lo, hi);
   CK(cudaGetLastError());
 }
 

@@ -608,7 +608,7 @@ bool Proxy::packer_waiting() const {
 void Proxy::run() {
   auto last_progress = Clock::now();
   double sleep_us = 1;
-  uint64_t polls = 0, sleeps = 0, woken = 0;
+  uint64_t polls = 0, sleeps = 0;
   uint64_t wakes_seen = wakes_.load();
   while (!stop_.load(std::memory_order_acquire)) {
     // Read before this round's polls: a packer's flag raised after them comes with a wake that
@@ -650,8 +650,8 @@ void Proxy::run() {
     }
     ++sleeps;
     if (sleep_unless_woken(sleep_us, wakes_seen)) {
-      std::lock_guard<std::mutex> lock(stats_mu_);  // at once: it follows a sleep, so it is rare
-      stats_.woken = ++woken;
+      std::lock_guard<std::mutex> lock(stats_mu_);  // counted at once: it follows a sleep, so it is rare
+      ++stats_.woken;
       continue;  // the next round counts the wake as progress
     }
     const double cap = failed() || idle_us > o_.idle_ms * 1e3 ? o_.idle_sleep_us : o_.max_sleep_us;
@@ -660,13 +660,11 @@ void Proxy::run() {
       std::lock_guard<std::mutex> lock(stats_mu_);
       stats_.polls = polls;
       stats_.sleeps = sleeps;
-      stats_.woken = woken;
     }
   }
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.polls = polls;
   stats_.sleeps = sleeps;
-  stats_.woken = woken;
 }
 
 }  // namespace a2a::proxy
