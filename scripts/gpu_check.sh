@@ -46,6 +46,12 @@ rank_logs() {  # $1 = an mpirun --output-filename folder, $2 = lines kept per fi
 if [ -d .devdeps/libfabric/lib/pkgconfig ] && [ -z "${PKG_CONFIG_PATH:-}" ]; then
   export PKG_CONFIG_PATH=$PWD/.devdeps/libfabric/lib/pkgconfig LD_LIBRARY_PATH=$PWD/.devdeps/libfabric/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+# The CUTLASS headers (grouped GEMMs: the build and the probe) come from the nvidia-cutlass wheel,
+# carried in .devdeps/whl where the machine is offline; installed once, before any stage needs it.
+if { has build || has probe; } && ls .devdeps/whl/nvidia_cutlass-*.whl > /dev/null 2>&1 \
+   && ! python3 -c "import cutlass_library" 2> /dev/null; then
+  python3 -m pip install -q --no-deps --no-index .devdeps/whl/nvidia_cutlass-*.whl > "$OUT/cutlass.log" 2>&1
+fi
 if stage build; then
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())"; } 2>&1 | tee "$OUT/env.log"
@@ -76,10 +82,7 @@ if stage build; then
 fi
 if stage probe; then
   # Our own fp8 grouped GEMM without Python or the build (benchmarks/gemm_probe.cu, ~20 s to compile):
-  # its checks against a CUDA-core reference, then its timings next to the HBM floor. The CUTLASS
-  # headers come from the nvidia-cutlass wheel (carried in .devdeps/whl where the machine is offline).
-  ls .devdeps/whl/nvidia_cutlass-*.whl > /dev/null 2>&1 && \
-    python3 -m pip install -q --no-deps --no-index .devdeps/whl/nvidia_cutlass-*.whl > "$OUT/cutlass.log" 2>&1
+  # its checks against a CUDA-core reference, then its timings next to the HBM floor.
   CUTLASS_INC=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))")
   if nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Icc -I"$CUTLASS_INC" benchmarks/gemm_probe.cu \
        cc/gemm/gemm_fp8_wgmma.cu -o "$RUNDIR/gemm_probe" > "$OUT/probe-build.log" 2>&1; then
