@@ -268,7 +268,7 @@ bool check(const Case& c, std::mt19937& gen, int row_step, bool serial) {
       }
       ++checked;
       const float rv = href[i * c.n + cc], ra = habs[i * c.n + cc];
-      const double tol = ra * std::ldexp(1.0, -12) + (c.y_f32 ? 0.0 : std::fabs(rv) * std::ldexp(1.0, -8)) + 1e-30;
+      const double tol = ra * std::ldexp(1.0, -10) + (c.y_f32 ? 0.0 : std::fabs(rv) * std::ldexp(1.0, -8)) + 1e-30;
       const double err = std::fabs(static_cast<double>(v) - rv);
       if (!(err <= tol)) {
         if (bad < 5)
@@ -317,7 +317,9 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial) {
   }
   CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));
   CK(cudaDeviceSynchronize());
-  const std::vector<float> href = run_reference(c, b, groups, 1).ref;
+  const HostReference rf = run_reference(c, b, groups, 1);
+  const std::vector<float>& href = rf.ref;
+  const std::vector<float>& habs = rf.abs;
   std::vector<float> hsc(static_cast<size_t>(b.total_rows) * nb);
   std::vector<uint8_t> hh(static_cast<size_t>(b.total_rows) * f);
   CK(cudaMemcpy(hh.data(), h, hh.size(), cudaMemcpyDeviceToHost));
@@ -335,11 +337,17 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial) {
       continue;
     }
     for (int blk = 0; blk < nb; ++blk) {
-      float v[128], amax = 0.f;
+      float v[128], e[128], amax = 0.f;
       for (int i = 0; i < 128; ++i) {
         const int col = blk * 128 + i;
         const float g = bf16(href[r * c.n + col]), u = bf16(href[r * c.n + f + col]);
-        v[i] = g / (1.0f + std::exp(-g)) * u;
+        const float sg = g / (1.0f + std::exp(-g));
+        v[i] = sg * u;
+        // what gate's and up's sums in another order may move h by: each within the GEMM check's
+        // 2^-10 of its terms' absolute sum plus one bf16 step, through silu (slope below 1.1)
+        const float eg = habs[r * c.n + col] * 0x1p-10f + std::fabs(g) * 0x1p-8f;
+        const float eu = habs[r * c.n + f + col] * 0x1p-10f + std::fabs(u) * 0x1p-8f;
+        e[i] = 1.1f * std::fabs(u) * eg + std::fabs(sg) * eu;
         amax = std::max(amax, a2a::fp8_amax_term(v[i]));
       }
       const float want_s = a2a::fp8_block_scale(amax, false), got_s = hsc[r * nb + blk];
@@ -350,7 +358,7 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial) {
       for (int i = 0; i < 128; ++i) {
         ++checked;
         const float got = a2a::e4m3fn_to_f32(hh[r * f + blk * 128 + i]) * got_s;
-        if (!(std::fabs(got - v[i]) <= 0.08f * std::fabs(v[i]) + want_s * 0.015625f)) {
+        if (!(std::fabs(got - v[i]) <= 0.08f * std::fabs(v[i]) + want_s * 0.015625f + e[i])) {
           if (bad < 3) std::printf("   h row %lld col %d: got %g want %g\n", static_cast<long long>(r), blk * 128 + i, got, v[i]);
           ++bad;
         }
