@@ -10,6 +10,7 @@
 //     benchmarks/gemm_probe.cu cc/gemm/gemm_fp8_wgmma.cu -o gemm_probe
 //   ./gemm_probe            # every check, then the timings
 //   ./gemm_probe check      # the checks only
+//   ./gemm_probe time [S]   # the timings only; of the cases whose name contains S (e.g. under ncu)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -432,6 +433,7 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
 
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "all";
+  const std::string only = argc > 2 ? argv[2] : "";  // time: the cases whose name contains it
   std::mt19937 gen(12345);
   int dev = 0;
   cudaDeviceProp prop{};
@@ -483,6 +485,7 @@ int main(int argc, char** argv) {
     ts.push_back({{"prefill-L32-gate+up", 32, 32768, 4096, 7168, false, false, uniform_sizes(32, 32768, gen)}, 10});
     ts.push_back({{"prefill-L32-down", 32, 32768, 7168, 2048, false, false, uniform_sizes(32, 32768, gen)}, 10});
     for (const auto& [c, iters] : ts) {
+      if (c.name.find(only) == std::string::npos) continue;
       time_case(c, gen, iters, false);
       time_case(c, gen, iters, true);
       if (c.name.find("gate+up") != std::string::npos) time_case(c, gen, iters, false, true);  // fused SwiGLU
