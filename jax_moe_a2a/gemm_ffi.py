@@ -50,28 +50,37 @@ class Tuning:
     """The kernel configuration a call asks for (gemm::TuningRequest, cc/gemm/grouped_gemm.h):
     tile_m 0 (auto: 64-row tiles when the mean rows per expert is <= 128, else 128), 64 or 128;
     raster 0 (along M), 1 (along N) or 2 (CUTLASS's heuristic); swizzle 1, 2, 4 or 8 (maximum);
-    kernel 0 (auto: CUTLASS), 1 (CUTLASS) or 2 (wgmma: our own fp8 kernel, fp8 forward calls only)."""
+    kernel 0 (auto: CUTLASS), 1 (CUTLASS) or 2 (wgmma: our own fp8 kernel, fp8 forward calls only).
+    fuse_swiglu (Python only, not an attribute): with wgmma, the fp8 MLP's gate+up GEMM and its
+    SwiGLU as one kernel (fused_swiglu_reason)."""
     tile_m: int = 0
     raster: int = 0
     swizzle: int = 1
     kernel: int = _KERNEL_AUTO
+    fuse_swiglu: bool = False
+
+    def native_kwargs(self) -> dict:
+        """gemm::TuningRequest's fields as ints (workspace_bytes' keyword arguments)."""
+        return {f: int(getattr(self, f)) for f in ("tile_m", "raster", "swizzle", "kernel")}
 
     def attrs(self) -> dict:
-        """The custom call's attributes."""
-        return {f.name: np.int32(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """The custom call's attributes (gemm::TuningRequest's fields)."""
+        return {f: np.int32(v) for f, v in self.native_kwargs().items()}
 
 
 # JAX_MOE_A2A_GEMM_TILE_M's words and the field each sets
 _TUNING_WORDS = {"64": ("tile_m", 64), "128": ("tile_m", 128), "rasterM": ("raster", 0), "rasterN": ("raster", 1),
                  "rasterH": ("raster", 2), "s1": ("swizzle", 1), "s2": ("swizzle", 2), "s4": ("swizzle", 4),
-                 "s8": ("swizzle", 8), "cutlass": ("kernel", _KERNEL_CUTLASS), "wgmma": ("kernel", _KERNEL_WGMMA)}
+                 "s8": ("swizzle", 8), "cutlass": ("kernel", _KERNEL_CUTLASS), "wgmma": ("kernel", _KERNEL_WGMMA),
+                 "fused": ("fuse_swiglu", True)}
 
 
 def parse_tuning(text: str | None) -> Tuning:
     """JAX_MOE_A2A_GEMM_TILE_M's value -> Tuning: None, '' or 'auto' are the defaults; otherwise a
     comma list of 64 | 128 (the tile's rows), rasterM | rasterN | rasterH (the scheduler's order),
     s1 | s2 | s4 | s8 (its maximum swizzle), cutlass | wgmma (the fp8 forward kernel: CUTLASS's, or
-    our own, cc/gemm/fp8_wgmma.cuh); a later word wins. Any other word raises ValueError
+    our own, cc/gemm/fp8_wgmma.cuh), fused (with wgmma: the gate+up GEMM and the SwiGLU as one
+    kernel); a later word wins. Any other word raises ValueError
     naming the accepted ones (a misspelt setting would otherwise measure the default)."""
     t = Tuning()
     if text is None or text.strip() in ("", "auto"):
@@ -223,7 +232,7 @@ def grouped_gemm(x, w, group_sizes, *, x_scale=None, w_scale=None, out_dtype=jnp
     mode = _MODE_TRANSPOSE_W if transpose_w else _MODE_FORWARD
     tune = tuning()
     ws_bytes = int(_gemm_module().workspace_bytes(fp8, out_dtype == np.dtype(np.float32), mode,
-                                                  L, rows, n, k, expert_major, **dataclasses.asdict(tune)))
+                                                  L, rows, n, k, expert_major, **tune.native_kwargs()))
     empty = jnp.zeros((0,), jnp.float32)
     xs = empty if x_scale is None else x_scale.astype(jnp.float32)
     wsc = empty if w_scale is None else w_scale.astype(jnp.float32)
@@ -280,8 +289,8 @@ def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None
     kernel computes h = silu(gate) * up in f32 and returns (h bf16 [.., F], None), or (h
     float8_e4m3fn [.., F], h_scale f32 [.., F/block]) with quantize_hidden. Rows outside the groups
     give h = 0 (and, quantised, the scale of an all-zero block). Where fused_swiglu_reason says
-    None (our own kernel, JAX_MOE_A2A_GEMM_TILE_M=wgmma) the GEMM and the SwiGLU run as one kernel
-    with the same values."""
+    None (our own kernel, JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused) the GEMM and the SwiGLU run as one
+    kernel with the same values."""
     tune = tuning()
     if quantize_hidden and fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block, tune) is None:
         return _grouped_gemm_swiglu_fused(x, w_gate_up, group_sizes, x_scale, w_scale, tune)
@@ -292,12 +301,15 @@ def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None
 
 def fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block: int = _BLOCK, tune: Tuning | None = None) -> str | None:
     """None when grouped_gemm_swiglu(..., quantize_hidden=True) runs as ONE kernel (our own fp8
-    kernel with the SwiGLU epilogue: JAX_MOE_A2A_GEMM_TILE_M=wgmma, fp8 x and w [L, 2F, K] with
-    F % 128 == 0, block 128, 1 to 1,024 local experts, L * 2F below 2^31), else why not (then the GEMM writes bf16 gu
-    and the SwiGLU kernel reads it back; the values are the same)."""
+    kernel with the SwiGLU epilogue: JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused, fp8 x and w [L, 2F, K]
+    with F % 128 == 0, block 128, 1 to 1,024 local experts, L * 2F below 2^31), else why not (then
+    the GEMM writes bf16 gu and the SwiGLU kernel reads it back; the values are the same). Opt-in:
+    on an H200 the fused kernel took 1.3-1.9x the time of the unfused GEMM + SwiGLU."""
     tune = tuning() if tune is None else tune
     if tune.kernel != _KERNEL_WGMMA:
-        return "the fused SwiGLU GEMM runs only with our own fp8 kernel (JAX_MOE_A2A_GEMM_TILE_M=wgmma)"
+        return "the fused SwiGLU GEMM runs only with our own fp8 kernel (JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused)"
+    if not tune.fuse_swiglu:
+        return "the fused SwiGLU GEMM runs only when asked (JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused): it is slower"
     why = native_reason() or native_supported(x, w_gate_up, x_scale, w_scale)
     if why is not None:
         return why
@@ -376,7 +388,7 @@ def grouped_gemm_wgrad(x, dy, group_sizes, *, out_dtype=jnp.float32):
     # the exact size of the wgrad kernel's workspace (the handler refuses a shorter one)
     tune = tuning()
     ws_bytes = int(_gemm_module().workspace_bytes(False, True, _MODE_WGRAD, L, rows, n, k, expert_major,
-                                                  **dataclasses.asdict(tune)))
+                                                  **tune.native_kwargs()))
     empty = jnp.zeros((0,), jnp.float32)
     call = jax.ffi.ffi_call(
         "jax_moe_a2a_grouped_gemm",

@@ -252,7 +252,7 @@ if stage gpusbench; then  # NVLink numbers: EP=$NGPU, every backend side by side
 fi
 if stage gemmbench; then  # the grouped GEMMs alone (benchmarks/gemm.py), CUTLASS next to our own kernel
   timeout $(cap 400) python3 "$BENCH/gemm.py" --out "$OUT/gemm.json" \
-    ${GEMM_BENCH_ARGS:---variants "cutlass;wgmma" --cases decode,prefill --experts 8,32,256 --fp8-only --trials 3} \
+    ${GEMM_BENCH_ARGS:---variants "cutlass;wgmma;wgmma,fused" --cases decode,prefill --experts 8,32,256 --fp8-only --trials 3} \
     2>&1 | tee "$OUT/gemm.log"
 fi
 if stage bench; then  # one process, one rank: cuda next to reference, decode and prefill

@@ -157,6 +157,7 @@ def test_wgrad_asks_the_exact_workspace_of_its_mode(monkeypatch, expert_major):
     ("wgmma", gemm_ffi.Tuning(kernel=2)),
     ("64,cutlass", gemm_ffi.Tuning(tile_m=64, kernel=1)),
     ("wgmma,cutlass,s2", gemm_ffi.Tuning(kernel=1, swizzle=2)),
+    ("wgmma,fused", gemm_ffi.Tuning(kernel=2, fuse_swiglu=True)),
 ])
 def test_parse_tuning(text, want):
     assert gemm_ffi.parse_tuning(text) == want
@@ -210,12 +211,14 @@ def test_workspace_bytes_refuses_a_tuning_out_of_its_set():
 
 
 @pytest.mark.parametrize("L, f, block, tune, words", [
-    (8, 256, 128, "wgmma", None),
-    (8, 256, 128, "cutlass", "only with our own fp8 kernel"),
-    (8, 192, 128, "wgmma", "F % 128 == 0"),
-    (8, 256, 64, "wgmma", "128-column blocks"),
-    (1025, 256, 128, "wgmma", "1 to 1,024 local experts"),
-    (1024, 2**20, 128, "wgmma", "L * 2F below 2^31"),
+    (8, 256, 128, "wgmma,fused", None),
+    (8, 256, 128, "fused,wgmma", None),
+    (8, 256, 128, "wgmma", "only when asked"),
+    (8, 256, 128, "cutlass,fused", "only with our own fp8 kernel"),
+    (8, 192, 128, "wgmma,fused", "F % 128 == 0"),
+    (8, 256, 64, "wgmma,fused", "128-column blocks"),
+    (1025, 256, 128, "wgmma,fused", "1 to 1,024 local experts"),
+    (1024, 2**20, 128, "wgmma,fused", "L * 2F below 2^31"),
 ])
 def test_fused_swiglu_reason(monkeypatch, L, f, block, tune, words):
     """When grouped_gemm_swiglu runs as one kernel (checked from shapes only; the native build

@@ -146,14 +146,15 @@ def _silu(g):
     return g / (1.0 + np.exp(-g))
 
 
-# wgmma changes only fp8 calls (bf16 would repeat auto): with quantize, the fused kernel
+# wgmma changes only fp8 calls (bf16 would repeat auto); wgmma,fused with quantize: the fused kernel
 @pytest.mark.parametrize("fp8, quantize, tune", [
     (False, False, "auto"), (False, True, "auto"), (True, False, "auto"), (True, True, "auto"),
-    (True, False, "wgmma"), (True, True, "wgmma")],
-    ids=["bf16-h_bf16", "bf16-h_fp8", "fp8-h_bf16", "fp8-h_fp8", "fp8-h_bf16-wgmma", "fp8-h_fp8-wgmma-fused"])
+    (True, False, "wgmma"), (True, True, "wgmma"), (True, True, "wgmma,fused")],
+    ids=["bf16-h_bf16", "bf16-h_fp8", "fp8-h_bf16", "fp8-h_fp8", "fp8-h_bf16-wgmma", "fp8-h_fp8-wgmma",
+         "fp8-h_fp8-wgmma-fused"])
 def test_swiglu(fp8, quantize, tune, monkeypatch):
-    """The gate+up GEMM and the SwiGLU against the oracle, outputs poisoned (wgmma with fp8 and
-    quantize: one fused kernel)."""
+    """The gate+up GEMM and the SwiGLU against the oracle, outputs poisoned (wgmma,fused with fp8
+    and quantize: one fused kernel)."""
     monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
     rng = np.random.default_rng()
     L, R, F, H = 4, 257, 256, 384
@@ -174,9 +175,11 @@ def test_swiglu(fp8, quantize, tune, monkeypatch):
         hf = np.asarray(h.astype(jnp.float32), np.float64) * np.repeat(np.asarray(hs), 128, axis=-1)
         amax = np.abs(ref).reshape(R, F // 128, 128).max(-1)
         want_s = np.maximum(amax, 1e-12) * np.float32(1 / 448)
-        # the kernel's f32 accumulation vs the f64 oracle, both rounded to bf16 (gu_dtype): amax
-        # agrees to ~1e-3 (an f32 sum landing across a bf16 boundary from the f64 one is ~1e-4 rare)
-        np.testing.assert_allclose(np.asarray(hs)[:valid], want_s[:valid], rtol=5e-3)
+        # the kernel's sums vs the f64 oracle, both rounded to bf16 (gu_dtype): the fp8 tensor
+        # cores' sums differ by up to 2^-10 of the terms' absolute sum, so gate and up each land
+        # across a bf16 boundary often (one step: 2^-8 relative), and both can move a block's amax
+        # the same way: up to ~0.8 % (0.76 % seen on an H200, 2026-12-05)
+        np.testing.assert_allclose(np.asarray(hs)[:valid], want_s[:valid], rtol=1e-2)
         tol = 4e-2  # e4m3 rounding of h
     else:
         assert h.dtype == BF16 and hs is None
@@ -188,7 +191,7 @@ def test_swiglu(fp8, quantize, tune, monkeypatch):
 
 @pytest.mark.parametrize("layout", ["ragged", "expert_major"])
 def test_fused_swiglu_matches_the_two_kernels(layout, monkeypatch):
-    """JAX_MOE_A2A_GEMM_TILE_M=wgmma runs the fp8 gate+up GEMM and the SwiGLU as one kernel
+    """JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused runs the fp8 gate+up GEMM and the SwiGLU as one kernel
     (gemm_ffi.fused_swiglu_reason None): the same values as CUTLASS's GEMM writing bf16 gu and the
     SwiGLU kernel. Scales within 2.5 % (f32 sums in another order can put gate and up each across a
     bf16 boundary, 2^-8 relative apiece, both moving a block's amax the same way), h within
@@ -204,7 +207,7 @@ def test_fused_swiglu_matches_the_two_kernels(layout, monkeypatch):
         C = 100
         x, w, xs, wsc, xf, wf = _data(rng, L, (L, C), 2 * F, H, True)
         sizes = np.array([100, 0, 1, 64, 150], np.int32)
-    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "wgmma")
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "wgmma,fused")
     assert gemm_ffi.fused_swiglu_reason(x, w, xs, wsc) is None
     _poison(x.shape[:-1] + (F // 128,), jnp.float32)  # both outputs: scales, then h
     _poison(x.shape[:-1] + (F,), FP8)
