@@ -83,3 +83,34 @@ def test_halves_call_the_local_targets_at_ep1(n, monkeypatch):
         assert b.calls[0][2] == b.calls[1][2] == ["call_id", "slot"]  # SendAttrs (comm_id: added by _call)
     else:
         assert halves == ["dispatch_send", "dispatch_recv", "combine_send", "combine_recv"]
+
+
+@pytest.mark.parametrize("cls, carried", [(CudaBackend, None), (NvshmemBackend, (2,))])
+def test_dest_counts_travel_only_when_not_empty(cls, carried):
+    """dispatch_send's dest_counts rides in the placement on nvshmem ([N]); cuda's handlers return
+    an empty one, which is not carried (a jitted half taking a zero-size array from a handle
+    crashed XLA's Shardy pass on jax 0.11.2, GPU) and combine_recv passes a fresh [0] operand in
+    its place, so both handlers see the operands they declare."""
+
+    class Rec(cls):
+        def __init__(self):
+            self.calls = []
+
+        def _call(self, half, outs, ctx, *operands, **attrs):
+            self.calls.append((half, [tuple(np.shape(o)) for o in operands]))
+            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), outs)
+
+    b, ctx = Rec(), _ctx(2)
+    t, k, h = SPEC.max_tokens_per_rank, SPEC.experts_per_token, SPEC.hidden
+    ids, w = jnp.zeros((t, k), jnp.int32), jnp.ones((t, k), jnp.float32)
+    sent = b.dispatch_send(ctx, jnp.zeros((t, h), jnp.float32), None, ids, w, jnp.int32(t), 0)
+    dc = sent.placement.dest_counts
+    assert (dc is None) if carried is None else (dc.shape == carried)
+    assert all(np.size(leaf) > 0 or np.ndim(leaf) == 0 for leaf in jax.tree.leaves(sent)), \
+        [np.shape(leaf) for leaf in jax.tree.leaves(sent)]
+    got = b.dispatch_recv(ctx, sent.wire, sent.placement, 0)
+    route = Route(w, jnp.int32(t), ids, got.placement)
+    b.combine_recv(ctx, b.combine_send(ctx, jnp.zeros((SPEC.recv_rows(2), h), jnp.bfloat16), route, 0), route, 0, None)
+    half, shapes = b.calls[-1]
+    assert half == "combine_recv" and shapes[0] == (2,)  # the handle, then dest_counts
+    assert shapes[1] == ((0,) if carried is None else carried)

@@ -6,6 +6,7 @@ says which extra operands its handlers take."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Optional
 
 import jax
@@ -34,7 +35,9 @@ class FfiPlacement:
     """Where each pair went: dest [T, K] int32 (its expert's rank, N if not routed), slot [T, K]
     int32 (its row among the rows to dest), dest_counts (`_dest_counts_shape`: the nvshmem
     backend's [N] int32, the pairs of the tp group with dest == r, which combine_recv waits for;
-    [0] on cuda; None on host and at EP = 1); after dispatch_recv also where each received row
+    None on host, on cuda (its handlers' dest_counts is empty: combine_recv passes a fresh [0]
+    operand, so no zero-size array travels in a handle; a jitted half taking one crashed XLA's
+    Shardy pass on jax 0.11.2, GPU) and at EP = 1); after dispatch_recv also where each received row
     came from: recv_src [R', 2], recv_slot [R'] and recv_counts (per source; `_counts_shape`)."""
 
     dest: Any
@@ -144,6 +147,14 @@ class FfiBackend(Backend):
         handle (`FfiPlacement.dest_counts`), or None: the handlers have neither."""
         return None
 
+    def _dest_counts_operand(self, ctx: Ctx, placement: FfiPlacement) -> tuple:
+        """combine_recv's dest_counts operand after the handle: the placement's, a fresh empty
+        array where the handlers' is empty (dispatch_send does not carry it), or none."""
+        if placement.dest_counts is not None:
+            return (placement.dest_counts,)
+        shape = self._dest_counts_shape(ctx.num_ranks)
+        return () if shape is None else (jnp.zeros(shape, jnp.int32),)
+
     def _combine_send_routing(self, placement: FfiPlacement) -> tuple:
         """Routing operands of combine_send, from the placement dispatch_recv completed."""
         raise NotImplementedError
@@ -193,7 +204,8 @@ class FfiBackend(Backend):
             *self._mask_operands(ctx, rank_mask), slot=np.int32(slot), call_id=np.int64(ctx.call_id))
         handle, dest, pair_slot, dropped = res[:4]
         wire = FfiDispatchWire(handle, tuple(res[4:]) if local else None)
-        return Sent(wire, FfiPlacement(dest, pair_slot, res[4] if counts is not None else None), dropped)
+        carried = res[4] if counts is not None and math.prod(counts) > 0 else None
+        return Sent(wire, FfiPlacement(dest, pair_slot, carried), dropped)
 
     def dispatch_recv(self, ctx: Ctx, wire: FfiDispatchWire, placement: FfiPlacement, slot, rank_mask=None):
         spec, n = ctx.spec, ctx.num_ranks
@@ -227,7 +239,7 @@ class FfiBackend(Backend):
             res, rows = self._call("local_combine", outs, ctx, wire.y, p.recv_counts, *routing,
                                    slot=np.int32(slot), call_id=np.int64(ctx.call_id))
         else:
-            counts = () if p.dest_counts is None else (p.dest_counts,)
+            counts = self._dest_counts_operand(ctx, p)
             res, rows = self._call("combine_recv", outs, ctx, wire.handle, *counts, *routing, slot=np.int32(slot),
                                    y_kind=np.int32(Dtype.of(wire.y_dtype)))
         return (res, rows) if pairs else res
