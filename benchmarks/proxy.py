@@ -362,6 +362,28 @@ def wire_parts(nbytes, engine_result):
 
 # ---- one mode ---------------------------------------------------------------------------------
 
+def framework_floor(jax, comm, glob, iters, warmup=3):
+    """JAX's per-call floor in these processes, µs: p50 (each iteration the slowest process, each
+    call after a barrier, as the ops are timed) of a jitted shard_map over the dispatch's operands
+    `glob` that returns one element per rank and calls no FFI target. The part of the breakdown's
+    `rest` that any jitted call of these operands pays, so not the library's."""
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from benchlib import timing
+    from jax_moe_a2a import testing
+
+    fn = jax.jit(testing.shard_map(lambda *a: a[0].reshape(-1)[:1].astype(jnp.float32), mesh=comm.mesh,
+                                   in_specs=(P(comm.axis),) * len(glob), out_specs=P(comm.axis)))
+    samples = []
+    for i in range(warmup + iters):
+        timing.barrier("floor")
+        _, t = timing.time_once(fn, *glob)
+        if i >= warmup:
+            samples.append(t)
+    return float(np.percentile(timing.max_over_processes(samples, "floor"), 50) * 1e6)
+
+
 def run_mode(jax, spec, mesh, args, clock, mode):
     """Creates the communicator under the mode's environment, runs halves.bench_one recording its
     calls, and returns the record with "samples" (per part, per iteration; collective)."""
@@ -414,8 +436,9 @@ def run_mode(jax, spec, mesh, args, clock, mode):
                 f"proxy {key}")))
         rec["proxy"]["pipeline"] = [bool(after[r].get("pipeline")) for r in after]
         rec["kernel_turns_why_none"] = turns_refused(args, rec)
+        glob, fns = jitted_halves(jax, comm, *bench_inputs(comm, argparse.Namespace(seed=args.seed, x_dtype="f32")))
+        rec["framework_floor_us"] = framework_floor(jax, comm, glob, args.iters)
         if rec["kernel_turns_why_none"] is None:
-            glob, fns = jitted_halves(jax, comm, *bench_inputs(comm, argparse.Namespace(seed=args.seed, x_dtype="f32")))
             rec["kernel_turns"] = time_turns(jax, comm, glob, fns, args.iters, args.warmup, LandedWaiter(comm))
     finally:
         comm.close()
@@ -446,14 +469,17 @@ def nvlink_turns(path):
 
 def add_packer_breakdown(rec, nbytes, engine_result):
     """rec["packer_breakdown"] = {group: pb.packer_breakdown(...)} (host backend's proxied mode), the
-    raw wire of each group the raw fi_writedata half round trip at its per-peer message size."""
+    raw wire of each group the raw fi_writedata half round trip at its per-peer message size, and
+    rest_less_floor_us: its rest less JAX's call floor (framework_floor) per jitted call."""
     rec["packer_breakdown"] = {}
     for group, smp in rec.get("packer_samples", {}).items():
         b = nbytes[group.split(" ")[0]]
         raw = pb.raw_at(engine_result, message_size(b)) if b["peers"] else 0.0
         part = {"dispatch (halves)": "dispatch", "combine (halves)": "combine"}.get(group, group)
         skew = rec["samples"][part]["skew_us"] if part in rec.get("samples", {}) else None
-        rec["packer_breakdown"][group] = pb.packer_breakdown(smp["wall_us"], smp, raw, skew)
+        b = rec["packer_breakdown"][group] = pb.packer_breakdown(smp["wall_us"], smp, raw, skew)
+        if rec.get("framework_floor_us") is not None:  # the split op's two jitted calls pay it twice
+            b["rest_less_floor_us"] = b["rest_us"] - (2 if "halves" in group else 1) * rec["framework_floor_us"]
 
 
 def message_size(b):
@@ -495,6 +521,10 @@ def print_mode(rec, nbytes, wires, nvlink=None):
     for part, b in rec["breakdown"].items():
         for line in pb.format_half(part, b, nbytes[part.split(" ")[0]], wires[part][0]):
             print(line)
+    floor = rec.get("framework_floor_us")
+    if floor is not None:
+        print(f"  JAX's call floor: {floor:.1f} µs per jitted call (a shard_map of the dispatch's operands returning one "
+              f"element per rank, no FFI call, timed as the ops are); a split op pays it twice")
     for group, b in rec.get("packer_breakdown", {}).items():
         nb = nbytes[group.split(" ")[0]]
         for line in pb.format_packer(group, b, message_size(nb), nb["peers"]):

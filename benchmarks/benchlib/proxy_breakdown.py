@@ -350,7 +350,9 @@ def format_packer(name: str, b: dict, block: float, peers: int) -> List[str]:
     """Two lines: wall = pack + send_wait + unpack + recv_wait + rest, then the wait against the raw wire."""
     lines = [f"  end to end {name}: wall {_us(b['wall_us'])} (p99 {_us(b['wall_p99_us'])}) = pack {_us(b['pack_us'])} + "
              f"send wait {_us(b['send_wait_us'])} + unpack {_us(b['unpack_us'])} + recv wait {_us(b['recv_wait_us'])}"
-             f" + rest {_us(b['rest_us'])} (framework: JAX, FFI, Python)"]
+             f" + rest {_us(b['rest_us'])} (framework: JAX, FFI, Python"
+             + (f"; {_us(b['rest_less_floor_us'])} past JAX's call floor)" if b.get("rest_less_floor_us") is not None
+                else ")")]
     if b.get("raw_wire_us") is not None:
         lines.append(f"    recv wait = skew {_us(b['skew_us'])} + raw wire {_us(b['raw_wire_us'])} (raw fi_writedata, one "
                      f"{fmt_size(block)} message, {peers} peer(s) in parallel) + unexplained {_us(b['beyond_wire_us'])} "
