@@ -486,6 +486,9 @@ def test_packer_breakdown_arithmetic():
     assert out["runq_proxy_us"] == 8.0 and out["runq_main_us"] == 1.0
     assert out["beyond_runq_us"] == 35.0  # unexplained 45 - the proxy's 8 - the progress thread's 2
     assert any("run-queue waits" in line for line in pb.format_packer("dispatch (one call)", out, 1024, 1))
+    assert "past JAX's call floor" not in pb.format_packer("dispatch (one call)", out, 1024, 1)[0]
+    out["rest_less_floor_us"] = 12.5  # proxy.add_packer_breakdown: rest less JAX's floor per jitted call
+    assert "12.5 µs past JAX's call floor" in pb.format_packer("dispatch (one call)", out, 1024, 1)[0]
     assert pb.raw_at({"latency": [{"size": 1024, "raw_half_rtt_us": 3.0}]}, 1024) == 3.0
     assert pb.raw_at({"latency": [{"size": 1024}]}, 1024) is None
     assert "peer" in pb.PROXY_MODES and pb.PROXY_MODES["series"]["JAX_MOE_A2A_PROXY_PIPELINE"] == "off"
