@@ -274,12 +274,14 @@ def make_mlp(rng, layout, kind, *, groups, h, f, rows, gs, block):
 
 
 def _assert_mlp_close(y, want, bound, fp8_hidden, seed, what):
-    """bf16 h: bf16 output rounding plus f32 error; fp8 h: the oracle's h (f64) and ours (f32) may land on
-    different sides of an fp8 rounding boundary in a few places, one e4m3 step (2^-3 relative) each."""
+    """bf16 h: bf16 output rounding, plus the oracle's h (f64) and ours (f32) landing on different sides
+    of a bf16 boundary in places, one bf16 step (2^-8 relative) each, so at most 2^-8 of the bound
+    (seed 366544323 of the fp8-in case: 2^-10.4 of it, past the former 1e-4); fp8 h: the same at an
+    fp8 boundary, one e4m3 step (2^-3 relative) each, rare."""
     y = np.asarray(jnp.asarray(y).astype(jnp.float32), np.float64)
     assert y.shape == want.shape and np.isfinite(y).all(), (seed, what, y.shape, want.shape)
     err = np.abs(y - want)
-    lim = 2.0**-8 * np.abs(want) + (2e-2 if fp8_hidden else max(1e-4, _ACC_TOL)) * bound + 1e-30
+    lim = 2.0**-8 * np.abs(want) + (2e-2 if fp8_hidden else max(2.0**-8, _ACC_TOL)) * bound + 1e-30
     bad = err > lim
     assert not bad.any(), f"seed {seed} {what}: {bad.sum()} of {bad.size} off; got {y[bad][:4]} want {want[bad][:4]}"
 
