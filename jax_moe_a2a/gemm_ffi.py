@@ -301,9 +301,10 @@ def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None
 
 def fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block: int = _BLOCK, tune: Tuning | None = None) -> str | None:
     """None when grouped_gemm_swiglu(..., quantize_hidden=True) runs as ONE kernel (our own fp8
-    kernel with the SwiGLU epilogue: JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused, fp8 x and w [L, 2F, K]
-    with F % 128 == 0, block 128, 1 to 1,024 local experts, L * 2F below 2^31), else why not (then
-    the GEMM writes bf16 gu and the SwiGLU kernel reads it back; the values are the same). Opt-in:
+    kernel with the SwiGLU epilogue: JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused, fp8 x and w [L, 2F, K],
+    block 128, and the kernel's own shape rule, _C.gemm.swiglu_reason: F % 128 == 0, 1 to 1,024
+    local experts, rows and L * 2F below 2^31), else why not (then the GEMM writes bf16 gu and the
+    SwiGLU kernel reads it back; the values are the same). Opt-in:
     on an H200 the fused kernel took 1.3-1.9x the time of the unfused GEMM + SwiGLU."""
     tune = tuning() if tune is None else tune
     if tune.kernel != _KERNEL_WGMMA:
@@ -317,14 +318,11 @@ def fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block: int = _BLOCK, tun
         return "the fused SwiGLU GEMM is fp8 only"
     if int(block) != _BLOCK:
         return f"the fused SwiGLU GEMM quantises h in 128-column blocks, asked {block}"
-    L, n2 = w_gate_up.shape[0], w_gate_up.shape[1]
-    if n2 % (2 * _BLOCK):
-        return f"the fused SwiGLU GEMM needs w [L, 2F, K] with F % 128 == 0, got 2F = {n2}"
-    if not 1 <= L <= 1024:
-        return f"our own fp8 kernel takes 1 to 1,024 local experts, got {L}"
-    if L * n2 > _MAX_ROWS:  # its weights' TMA rows (cc/gemm/fp8_wgmma.h, fp8_shape_reason)
-        return f"our own fp8 kernel takes L * 2F below 2^31, got {L} x {n2}"
-    return None
+    L, n2, k = w_gate_up.shape
+    expert_major = x.ndim == 3
+    why = _gemm_module().swiglu_reason(L, x.shape[1] if expert_major else x.shape[0], n2, k, expert_major,
+                                       **tune.native_kwargs())
+    return why or None
 
 
 def _grouped_gemm_swiglu_fused(x, w_gate_up, group_sizes, x_scale, w_scale, tune: Tuning):

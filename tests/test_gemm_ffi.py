@@ -217,12 +217,14 @@ def test_workspace_bytes_refuses_a_tuning_out_of_its_set():
     (8, 256, 128, "cutlass,fused", "only with our own fp8 kernel"),
     (8, 192, 128, "wgmma,fused", "F % 128 == 0"),
     (8, 256, 64, "wgmma,fused", "128-column blocks"),
-    (1025, 256, 128, "wgmma,fused", "1 to 1,024 local experts"),
-    (1024, 2**20, 128, "wgmma,fused", "L * 2F below 2^31"),
+    (1025, 256, 128, "wgmma,fused", "groups must be 1..1024"),
+    (1024, 2**20, 128, "wgmma,fused", "L*N reach 2^31"),
 ])
 def test_fused_swiglu_reason(monkeypatch, L, f, block, tune, words):
-    """When grouped_gemm_swiglu runs as one kernel (checked from shapes only; the native build
-    stubbed in so the CPU reaches every branch), and why not otherwise."""
+    """When grouped_gemm_swiglu runs as one kernel (checked from shapes only: the Python wrapper's
+    own conditions, then the kernel's rule from _C.gemm.swiglu_reason; native_reason stubbed so a
+    CPU reaches every branch), and why not otherwise."""
+    _built_gemm()
     monkeypatch.setattr(gemm_ffi, "native_reason", lambda: None)
     k = 256
     x = jax.ShapeDtypeStruct((64, k), jnp.float8_e4m3fn)

@@ -65,6 +65,34 @@ void bind_gemm(nb::module_& m) {
       "Device workspace bytes of one grouped_gemm call in `mode` (0 forward, 1 transpose_w, 2 wgrad) with the "
       "kernel configuration tile_m (0 auto, 64, 128), raster (0 along M, 1 along N, 2 heuristic), swizzle (1, 2, 4, "
       "8), kernel (0 auto, 1 cutlass, 2 wgmma): the custom call's attributes. On the current CUDA device: exactly what the handler checks.");
+  g.def(
+      "swiglu_reason",
+      [](int64_t num_groups, int64_t rows, int64_t n, int64_t k, bool expert_major, int tile_m, int raster,
+         int swizzle, int kernel) -> std::string {
+        // The fused SwiGLU custom call's own rule (gemm::swiglu_gemm_unsupported_reason, which its
+        // handler applies), so the Python wrapper never restates the kernel's limits.
+#if defined(JAX_MOE_A2A_WITH_GEMM)
+        gemm::GroupedGemmParams p;
+        if (!gemm::tuning_from_ints(tile_m, raster, swizzle, kernel, p.tuning)) return gemm::kTuningValues;
+        p.in = gemm::InType::kFp8;
+        p.out = gemm::OutType::kBF16;
+        p.layout = expert_major ? gemm::Layout::kExpertMajor : gemm::Layout::kRagged;
+        p.num_groups = num_groups;
+        p.rows = rows;
+        p.n = n;
+        p.k = k;
+        const char* why = gemm::swiglu_gemm_unsupported_reason(p);
+        return why ? why : "";
+#else
+        (void)num_groups, (void)rows, (void)n, (void)k, (void)expert_major, (void)tile_m, (void)raster, (void)swizzle, (void)kernel;
+        return JAX_MOE_A2A_GEMM_REASON;
+#endif
+      },
+      "num_groups"_a, "rows"_a, "n"_a, "k"_a, "expert_major"_a, "tile_m"_a = 0, "raster"_a = 0, "swizzle"_a = 1,
+      "kernel"_a = 0,
+      "Why the fused SwiGLU GEMM (jax_moe_a2a_grouped_gemm_swiglu) cannot take an fp8 call with L = num_groups, "
+      "rows (R, or C when expert_major), n = 2F and k, in the kernel configuration given ('' when it can): the "
+      "rule its handler applies.");
 }
 
 }  // namespace a2a::python
