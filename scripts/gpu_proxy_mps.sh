@@ -46,9 +46,6 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
 # ---- 1. build: gpu_check.sh's stage (it installs the package, or copies a carried prebuilt _C) ----
 if has build; then
   say "build"
-  # the CUTLASS headers' wheel, carried in .devdeps/whl (the device machine cannot download)
-  ls .devdeps/whl/nvidia_cutlass-*.whl > /dev/null 2>&1 && \
-    python3 -m pip install -q --no-deps --no-index .devdeps/whl/nvidia_cutlass-*.whl > "$OUT/cutlass.log" 2>&1
   OUT="$OUT/build" STAGES=build timeout -k 5 140 bash scripts/gpu_check.sh > "$OUT/build-stage.log" 2>&1
   tail -5 "$OUT/build/build.log" 2>/dev/null | tee -a "$OUT/mps.log"
 fi
