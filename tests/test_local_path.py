@@ -38,15 +38,19 @@ def test_host_backend_never_does():
     assert HostBackend().uses_local_path(1) is False
 
 
-class _Recorder(CudaBackend):
-    """CudaBackend whose FFI calls are recorded and answered with zeros of the declared shapes."""
+def _recorder(cls):
+    """A backend of class cls whose FFI calls are recorded (half, operand shapes, attribute names)
+    and answered with zeros of the declared shapes."""
 
-    def __init__(self):
-        self.calls = []
+    class Recorder(cls):
+        def __init__(self):
+            self.calls = []
 
-    def _call(self, half, outs, ctx, *operands, **attrs):
-        self.calls.append((half, [tuple(np.shape(o)) for o in operands], sorted(attrs)))
-        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), outs)
+        def _call(self, half, outs, ctx, *operands, **attrs):
+            self.calls.append((half, [tuple(np.shape(o)) for o in operands], sorted(attrs)))
+            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), outs)
+
+    return Recorder()
 
 
 def _ctx(n):
@@ -56,7 +60,7 @@ def _ctx(n):
 @pytest.mark.parametrize("n", [1, 2])
 def test_halves_call_the_local_targets_at_ep1(n, monkeypatch):
     monkeypatch.delenv("JAX_MOE_A2A_LOCAL_PATH", raising=False)
-    b = _Recorder()
+    b = _recorder(CudaBackend)
     ctx = _ctx(n)
     t, k, h = SPEC.max_tokens_per_rank, SPEC.experts_per_token, SPEC.hidden
     x = jnp.zeros((t, h), jnp.float32)
@@ -91,16 +95,7 @@ def test_dest_counts_travel_only_when_not_empty(cls, carried):
     an empty one, which is not carried (a jitted half taking a zero-size array from a handle
     crashed XLA's Shardy pass on jax 0.11.2, GPU) and combine_recv passes a fresh [0] operand in
     its place, so both handlers see the operands they declare."""
-
-    class Rec(cls):
-        def __init__(self):
-            self.calls = []
-
-        def _call(self, half, outs, ctx, *operands, **attrs):
-            self.calls.append((half, [tuple(np.shape(o)) for o in operands]))
-            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), outs)
-
-    b, ctx = Rec(), _ctx(2)
+    b, ctx = _recorder(cls), _ctx(2)
     t, k, h = SPEC.max_tokens_per_rank, SPEC.experts_per_token, SPEC.hidden
     ids, w = jnp.zeros((t, k), jnp.int32), jnp.ones((t, k), jnp.float32)
     sent = b.dispatch_send(ctx, jnp.zeros((t, h), jnp.float32), None, ids, w, jnp.int32(t), 0)
@@ -111,6 +106,6 @@ def test_dest_counts_travel_only_when_not_empty(cls, carried):
     got = b.dispatch_recv(ctx, sent.wire, sent.placement, 0)
     route = Route(w, jnp.int32(t), ids, got.placement)
     b.combine_recv(ctx, b.combine_send(ctx, jnp.zeros((SPEC.recv_rows(2), h), jnp.bfloat16), route, 0), route, 0, None)
-    half, shapes = b.calls[-1]
+    half, shapes, _ = b.calls[-1]
     assert half == "combine_recv" and shapes[0] == (2,)  # the handle, then dest_counts
     assert shapes[1] == ((0,) if carried is None else carried)
