@@ -381,7 +381,7 @@ def framework_floor(jax, comm, glob, iters, warmup=3):
         _, t = timing.time_once(fn, *glob)
         if i >= warmup:
             samples.append(t)
-    return float(np.percentile(timing.max_over_processes(samples, "floor"), 50) * 1e6)
+    return timing.summarize(timing.max_over_processes(samples, "floor"))["p50_us"]
 
 
 def run_mode(jax, spec, mesh, args, clock, mode):
