@@ -64,6 +64,8 @@ iteration taken on the process whose wall was longest:
   unpack       the receive op's C++ time less its waits: unpacking rows / the weighted reduction
   recv wait    the receive op's waits for d_placed / d_landed_from / d_landed (or c_landed)
   rest         wall - (pack + send wait + unpack + recv wait): JAX's dispatch, the FFI call, Python
+  call floor   a jitted shard_map of the dispatch's operands that calls no FFI target, timed as the
+               ops are: JAX's own share of rest (the report gives rest past it; the halves pay it twice)
   raw wire     raw fi_writedata (cc/bench/raw_pingpong.h: own endpoint and CQ, busy polling) half
                round trip at exactly one peer's message size in the half (the engine benchmark's extra
                latency points, measured in these processes, interleaved with the engine's ping-pong
