@@ -1,7 +1,8 @@
 // A standalone probe of our own fp8 block-scaled grouped GEMM (cc/gemm/fp8_wgmma.cuh): checks it
 // against a plain CUDA-core reference on fresh random inputs with the output poisoned, then times it
 // next to the HBM floor measured in the same process (a device copy of the weights' bytes / 2), in
-// both promotion orders (overlapped with the next k-block's WGMMAs, and serial).
+// both promotion orders (overlapped with the next k-block's WGMMAs, and serial), and the swap-AB
+// kernel (fp8_wgmma_swap.cuh: tokens as the WGMMA's N) at each token-tile height.
 // No Python, no JAX: it builds on a CPU machine with nvcc and runs on the GPU machine in seconds,
 // which is how the kernel is developed (the library's own tests and benchmarks/gemm.py judge it
 // afterwards).
@@ -229,13 +230,21 @@ HostReference run_reference(const Case& c, const Buffers& b, const std::vector<i
   return out;
 }
 
-bool check(const Case& c, std::mt19937& gen, int row_step, bool serial) {
+// A variant's label: the promotion order, and swapN for the swap-AB kernel with N-token tiles.
+std::string label(bool serial, int swap, int cluster = 1) {
+  if (swap) return "swap" + std::to_string(swap) + (cluster > 1 ? " x2" : "");
+  return serial ? "serial" : "overlap";
+}
+
+bool check(const Case& c, std::mt19937& gen, int row_step, bool serial, int swap = 0, int cluster = 1) {
   Buffers b = make_buffers(c, gen, true);
   const auto groups = row_groups(c, b.total_rows);
   const size_t ybytes = static_cast<size_t>(b.total_rows) * c.n * (c.y_f32 ? 4 : 2);
   CK(cudaMemset(b.y, 0xFF, std::max<size_t>(ybytes, 1)));  // NaN in bf16 and f32
   auto p = params_of(c, b);
   p.serial_promotion = serial;
+  p.swap_tokens = swap;
+  p.swap_cluster = cluster;
   if (const char* why = a2a::gemm::wgmma::fp8_unsupported_reason(p)) {
     std::printf("%-22s UNSUPPORTED: %s\n", c.name.c_str(), why);
     free_buffers(b);
@@ -280,8 +289,8 @@ bool check(const Case& c, std::mt19937& gen, int row_step, bool serial) {
     }
   }
   const bool ok = bad == 0 && untouched_wrong == 0;
-  std::printf("%-22s %-7s %s  checked %lld, bad %lld, rows outside groups written %lld, max err / abs-sum %.2e\n",
-              c.name.c_str(), serial ? "serial" : "overlap", ok ? "PASS" : "FAIL", static_cast<long long>(checked), static_cast<long long>(bad),
+  std::printf("%-22s %-11s %s  checked %lld, bad %lld, rows outside groups written %lld, max err / abs-sum %.2e\n",
+              c.name.c_str(), label(serial, swap, cluster).c_str(), ok ? "PASS" : "FAIL", static_cast<long long>(checked), static_cast<long long>(bad),
               static_cast<long long>(untouched_wrong), worst);
   free_buffers(b);
   return ok;
@@ -381,10 +390,12 @@ float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool swiglu = false) {
+void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool swiglu = false, int swap = 0, int cluster = 1) {
   Buffers b = make_buffers(c, gen, false);
   auto p = params_of(c, b);
   p.serial_promotion = serial;
+  p.swap_tokens = swap;
+  p.swap_cluster = cluster;
   uint8_t* h = nullptr;
   float* hs = nullptr;
   if (swiglu) {
@@ -421,8 +432,8 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
   if (!c.expert_major) rows = std::min<int64_t>(rows, c.rows);
   const double flop = 2.0 * rows * c.n * c.k;
   const float k50 = median(tk), c50 = median(tc);
-  std::printf("%-22s %-7s%s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
-              c.name.c_str(), serial ? "serial" : "overlap", swiglu ? "+swiglu" : "", k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
+  std::printf("%-22s %-11s%s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
+              c.name.c_str(), label(serial, swap, cluster).c_str(), swiglu ? "+swiglu" : "", k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
   cudaFree(dst);
   cudaFree(h);
   cudaFree(hs);
@@ -465,6 +476,14 @@ int main(int argc, char** argv) {
     for (bool serial : {false, true}) {
       for (const auto& c : cs) ok = check(c, gen, 1, serial) && ok;
     }
+    // the swap-AB kernel (tokens as N): every token-tile height, alone and in CTA pairs (N / 128
+    // even: the pairs' cases; odd N / 128 is refused, checked in the library's tests)
+    for (int swap : {32, 64, 128, 160})
+      for (int cluster : {1, 2})
+        for (const auto& c : cs) {
+          if (cluster == 2 && (c.n / 128) % 2) continue;
+          ok = check(c, gen, 1, true, swap, cluster) && ok;
+        }
     Case pre{"prefill-L32-sampled", 32, 32768, 4096, 7168, false, false, uniform_sizes(32, 32768, gen)};
     ok = check(pre, gen, 61, false) && ok;
     // the fused SwiGLU epilogue: gate+up w [L, 2F, K]
@@ -488,6 +507,9 @@ int main(int argc, char** argv) {
       if (c.name.find(only) == std::string::npos) continue;
       time_case(c, gen, iters, false);
       time_case(c, gen, iters, true);
+      if (c.name.find("prefill") == std::string::npos)  // the swap-AB kernel: decode
+        for (int swap : {32, 64, 128, 160})
+          for (int cluster : {1, 2}) time_case(c, gen, iters, true, false, swap, cluster);
       if (c.name.find("gate+up") != std::string::npos) time_case(c, gen, iters, false, true);  // fused SwiGLU
     }
   }

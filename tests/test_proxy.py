@@ -221,6 +221,56 @@ def test_proxy_wakes_on_the_packers_flags(num_ranks, mesh, monkeypatch):
     comm.close()
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["adaptive", "backoff"])
+def test_proxy_polls_while_a_transfer_is_under_way(num_ranks, mesh, monkeypatch, mode):
+    """A transfer under way (our COUNTS out, a peer's not in yet) wakes nobody when the peer's data
+    comes, so the proxy polls through it instead of sleeping by the back-off (cc/proxy/proxy.cc,
+    op_under_way; JAX_MOE_A2A_PROXY=adaptive, the default). Each half is its own jitted call: the
+    last process sends 0.3 s late, and process 0 waits 0.6 s after its send before it receives, so
+    no packer of process 0 waits on its proxies meanwhile. Under `adaptive` they take no sleep mid-
+    transfer (proxy_stats' sleeps_under_way stays 0); under `backoff` (the policy before) they do,
+    which shows the counter sees it. The step must still pass the oracle."""
+    if jax.process_count() < 2:
+        pytest.skip("needs several processes (one process runs every rank's half in one call)")
+    monkeypatch.setenv("JAX_MOE_A2A_PROXY", mode)  # read when the proxies start
+    from jax.sharding import PartitionSpec as P
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    comm = proxied(spec, mesh, priv=1, timeout_s=30.0)
+    add = lambda t: jax.tree.map(lambda a: a[None], t)
+    rm = lambda t: jax.tree.map(lambda a: a[0], t)
+    sm = lambda fn, nin: jax.jit(T.shard_map(fn, mesh=mesh, in_specs=(P("ep"),) * nin, out_specs=P("ep")))
+    send = sm(lambda x, i, w, k: add(comm.dispatch_send(x, i, w, k)), 4)
+    recv = sm(lambda h: add(comm.dispatch_recv(rm(h))), 1)
+    experts = sm(lambda g: add(T.expert_fn_jax(spec, num_ranks, rm(g), jnp.bfloat16)), 1)
+    csend = sm(lambda y, g: add(comm.combine_send(rm(y), rm(g))), 2)
+    crecv = sm(lambda h: add(comm.combine_recv(rm(h))), 1)
+    me, last = jax.process_index(), jax.process_count() - 1
+    for step, seed in enumerate((31, 32)):  # the first step compiles; the second is timed as described
+        inputs = T.make_inputs(spec, num_ranks, seed)
+        glob = T.global_args(mesh, inputs)
+        if step:
+            before = comm.proxy_stats()
+            if me == last:
+                time.sleep(0.3)
+        h = jax.block_until_ready(send(*glob))
+        if step and me == 0:
+            time.sleep(0.6)
+        got = jax.block_until_ready(recv(h))
+        out = jax.block_until_ready(crecv(csend(experts(got), got)))
+    after = comm.proxy_stats()
+    under_way = {r: after[r]["sleeps_under_way"] - before[r]["sleeps_under_way"] for r in after}
+    fields = {"x": got.x, "group_sizes": got.group_sizes, "weights": got.weights, "src": got.src,
+              "num_dropped": got.num_dropped, "num_overflow": got.num_overflow, "out": out}
+    per = {k: T.local_ranks_of(v) for k, v in fields.items()}
+    T.check_all(comm, inputs, {r: {k: per[k][r] for k in per} for r in sorted(per["out"])})
+    if mode == "adaptive":
+        assert all(v == 0 for v in under_way.values()), under_way
+    elif me == 0:
+        assert all(v > 0 for v in under_way.values()), under_way
+    comm.close()
+
+
 def test_proxy_threads_end_at_close(mesh, num_ranks):
     """close() stops and joins every proxy thread (and the engines), leaving no thread behind."""
     def threads():

@@ -29,6 +29,8 @@ KERNEL_LABELS = {"dispatch": ("pack", "unpack"), "combine": ("pack", "reduce")}
 # modes leave JAX_MOE_A2A_STAGING as the environment has it; host-rows / copy-rows set it.
 PROXY_MODES = {
     "default": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None},
+    # the idle policy before the proxy polled while an op is under way (cc/proxy/proxy.h poll_in_flight)
+    "backoff": {"JAX_MOE_A2A_PROXY": "backoff", "JAX_MOE_A2A_PROGRESS": None},
     "spin": {"JAX_MOE_A2A_PROXY": "spin", "JAX_MOE_A2A_PROGRESS": None},
     "spin-all": {"JAX_MOE_A2A_PROXY": "spin", "JAX_MOE_A2A_PROGRESS": "spin"},
     "host-rows": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_STAGING": "host"},

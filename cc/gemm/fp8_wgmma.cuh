@@ -115,8 +115,10 @@ __device__ __forceinline__ void fence_acc(float (&d)[64]) {
 // The group table from group_sizes (warp 0 of the CTA; __syncthreads after): group l covers rows
 // [row_start[l], row_start[l] + m_rows[l]); ragged: row_start = min(sum of the earlier groups'
 // sizes clamped at 0, R), m = clamp(size, 0, R - row_start); expert_major: l*C, min(max(size, 0), C).
-// tile_end[l]: the tiles of groups 0..l (ceil(m / 128) x tiles_n each).
-__device__ __forceinline__ void build_group_table(const Fp8Args& a, int tiles_n, SharedStorage& s) {
+// tile_end[l]: the tiles of groups 0..l (ceil(m / kRows) x tiles_n each). Storage: any struct with
+// row_start / m_rows / tile_end arrays of kMaxGroups (SharedStorage, the swap-AB kernel's).
+template <int kRows = kBM, class Storage = SharedStorage>
+__device__ __forceinline__ void build_group_table(const Fp8Args& a, int tiles_n, Storage& s) {
   const int lane = threadIdx.x & 31;
   int64_t carry_rows = 0;
   int32_t carry_tiles = 0;
@@ -141,7 +143,7 @@ __device__ __forceinline__ void build_group_table(const Fp8Args& a, int tiles_n,
       m = carry_rows + incl < a.rows ? size : a.rows - row0;
     }
     carry_rows += __shfl_sync(0xffffffffu, incl, 31);
-    int32_t tiles = static_cast<int32_t>((m + kBM - 1) / kBM) * tiles_n;
+    int32_t tiles = static_cast<int32_t>((m + kRows - 1) / kRows) * tiles_n;
     int32_t tincl = tiles;
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
@@ -161,8 +163,10 @@ struct Tile {
   int l, mt, nt;
 };
 
-// Tile t (< the last tile_end) -> its group (the first l with tile_end[l] > t), m-tile and n-tile.
-__device__ __forceinline__ Tile decode_tile(const SharedStorage& s, int num_groups, int tiles_n, int t) {
+// Tile t (< the last tile_end) -> its group (the first l with tile_end[l] > t), m-tile (kRows rows)
+// and n-tile.
+template <int kRows = kBM, class Storage = SharedStorage>
+__device__ __forceinline__ Tile decode_tile(const Storage& s, int num_groups, int tiles_n, int t) {
   int lo = 0, hi = num_groups - 1;
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
@@ -170,7 +174,7 @@ __device__ __forceinline__ Tile decode_tile(const SharedStorage& s, int num_grou
   }
   const int before = lo > 0 ? s.tile_end[lo - 1] : 0;
   const int local = t - before;
-  const int mtiles = (s.m_rows[lo] + kBM - 1) / kBM;
+  const int mtiles = (s.m_rows[lo] + kRows - 1) / kRows;
   return Tile{lo, local % mtiles, local / mtiles};
 }
 

@@ -42,6 +42,12 @@ struct Fp8LaunchParams {
   int64_t n = 0, k = 0;
   int sm_count = 0;       // 0: the current device's
   bool serial_promotion = false;  // measurements: each k-block waited for before its promotion
+  // The swap-AB kernel (fp8_wgmma_swap.cuh: tokens as the WGMMA's N, for decode) with token tiles
+  // of this many rows (one of kSwapTokens: 32, 64, 128, 160; its promotion is always serial);
+  // 0: the row-major kernel. Not with swiglu_fp8. swap_cluster 2: CTA pairs share the x tile
+  // (TMA multicast; N / 128 even).
+  int swap_tokens = 0;
+  int swap_cluster = 1;
   // The gate+up GEMM with the SwiGLU epilogue (fp8_wgmma.cuh, Epi::kSwigluFp8): w [L, 2F, K] (n =
   // 2F, F % 128 == 0), writes h e4m3 [rows, F] and h_scale f32 [rows, F/128] instead of y. Rows
   // outside every group are left as they are.

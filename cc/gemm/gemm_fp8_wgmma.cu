@@ -4,11 +4,13 @@
 // it are in wgmma_calls.cu.
 #include "gemm/fp8_wgmma.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include <cudaTypedefs.h>
 
 #include "gemm/fp8_wgmma.cuh"
+#include "gemm/fp8_wgmma_swap.cuh"
 
 namespace a2a::gemm::wgmma {
 namespace {
@@ -27,14 +29,14 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   return fn;
 }
 
-// A [rows, k] e4m3 row-major tensor read as [128 rows, 128 k] boxes, 128-byte swizzled (the WGMMA
+// A [rows, k] e4m3 row-major tensor read as [box_rows, 128 k] boxes, 128-byte swizzled (the WGMMA
 // operand layout of fp8_wgmma.cuh); rows past the tensor read as zeros.
-bool encode_rows(CUtensorMap* map, const void* base, uint64_t rows, uint64_t k) {
+bool encode_rows(CUtensorMap* map, const void* base, uint64_t rows, uint64_t k, int box_rows = kBM) {
   auto fn = encoder();
   if (fn == nullptr) return false;
   const cuuint64_t dims[2] = {k, rows};
   const cuuint64_t strides[1] = {k};  // bytes between rows
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(kBM)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem[2] = {1, 1};
   return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -59,6 +61,61 @@ cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8
   return cudaGetLastError();
 }
 
+template <class OutT, int kTok, int kCluster>
+cudaError_t launch_swap(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, int sms, cudaStream_t stream) {
+  auto* kernel = fp8_swap_kernel<OutT, kTok, kCluster>;
+  static std::atomic<bool> set[kMaxDevices] = {};
+  static std::atomic<int> grid_of[kMaxDevices] = {};  // CTAs that run at once (pairs: 2 x the clusters)
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  constexpr int kBytes = static_cast<int>(swap_smem_bytes<kTok>());
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kBytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int grid = sms;
+  if (dev >= kMaxDevices || !set[dev].load(std::memory_order_acquire)) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes); e != cudaSuccess)
+      return e;
+    if (kCluster > 1) {
+      // As many pairs as can run at once (a GPC with an odd number of free SMs leaves one out).
+      cfg.gridDim = dim3(sms / kCluster * kCluster);
+      int clusters = 0;
+      if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg); e != cudaSuccess) return e;
+      grid = clusters > 0 ? std::min(clusters * kCluster, sms / kCluster * kCluster) : sms / kCluster * kCluster;
+    }
+    if (dev < kMaxDevices) {
+      grid_of[dev].store(grid, std::memory_order_relaxed);
+      set[dev].store(true, std::memory_order_release);
+    }
+  } else {
+    grid = grid_of[dev].load(std::memory_order_relaxed);
+  }
+  cfg.gridDim = dim3(grid);
+  return cudaLaunchKernelEx(&cfg, kernel, tx, tw, a);
+}
+
+template <int kTok>
+cudaError_t launch_swap_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, bool y_f32, int cluster, int sms,
+                              cudaStream_t stream) {
+  if (cluster == 2)
+    return y_f32 ? launch_swap<float, kTok, 2>(tx, tw, a, sms, stream) : launch_swap<__nv_bfloat16, kTok, 2>(tx, tw, a, sms, stream);
+  return y_f32 ? launch_swap<float, kTok, 1>(tx, tw, a, sms, stream) : launch_swap<__nv_bfloat16, kTok, 1>(tx, tw, a, sms, stream);
+}
+
+bool swap_tokens_known(int t) {
+  for (int v : kSwapTokens)
+    if (v == t) return true;
+  return false;
+}
+
 }  // namespace
 
 const char* fp8_unsupported_reason(const Fp8LaunchParams& p) {
@@ -66,6 +123,12 @@ const char* fp8_unsupported_reason(const Fp8LaunchParams& p) {
   if (const char* why = fp8_shape_reason(p.rows, p.num_groups, p.n, p.k)) return why;
   if (p.swiglu_fp8 && (p.n % (2 * kBN) != 0 || p.h == nullptr || p.h_scale == nullptr))
     return "the SwiGLU epilogue needs N = 2F with F % 128 == 0, h and h_scale";
+  if (p.swap_tokens != 0) {
+    if (!swap_tokens_known(p.swap_tokens)) return "swap_tokens must be 0 or one of 32, 64, 128, 160";
+    if (p.swiglu_fp8) return "the swap-AB kernel has no SwiGLU epilogue";
+    if (p.swap_cluster != 1 && p.swap_cluster != 2) return "swap_cluster must be 1 or 2";
+    if (p.swap_cluster == 2 && (p.n / kBN) % 2 != 0) return "CTA pairs (swap_cluster 2) need N / 128 even";
+  }
   if (encoder() == nullptr) return "the driver has no cuTensorMapEncodeTiled";
   return nullptr;
 }
@@ -73,7 +136,8 @@ const char* fp8_unsupported_reason(const Fp8LaunchParams& p) {
 cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   CUtensorMap tx, tw;
-  if (!encode_rows(&tx, p.x, static_cast<uint64_t>(p.rows), static_cast<uint64_t>(p.k)) ||
+  const int x_box = p.swap_tokens != 0 ? p.swap_tokens / p.swap_cluster : kBM;  // a pair's CTAs load half each
+  if (!encode_rows(&tx, p.x, static_cast<uint64_t>(p.rows), static_cast<uint64_t>(p.k), x_box) ||
       !encode_rows(&tw, p.w, static_cast<uint64_t>(p.num_groups * p.n), static_cast<uint64_t>(p.k)))
     return cudaErrorInvalidValue;
   Fp8Args a;
@@ -95,6 +159,14 @@ cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         sms <= 0)
       sms = 132;
+  }
+  switch (p.swap_tokens) {
+    case 0: break;
+    case 32: return launch_swap_typed<32>(tx, tw, a, p.y_f32, p.swap_cluster, sms, stream);
+    case 64: return launch_swap_typed<64>(tx, tw, a, p.y_f32, p.swap_cluster, sms, stream);
+    case 128: return launch_swap_typed<128>(tx, tw, a, p.y_f32, p.swap_cluster, sms, stream);
+    case 160: return launch_swap_typed<160>(tx, tw, a, p.y_f32, p.swap_cluster, sms, stream);
+    default: return cudaErrorInvalidValue;
   }
   if (p.swiglu_fp8)  // y unused: the bf16 instance's epilogue type is never reached
     return p.serial_promotion ? launch_typed<__nv_bfloat16, false, Epi::kSwigluFp8>(tx, tw, a, sms, stream)

@@ -47,7 +47,13 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
   o.idle_ms = env::get_double("JAX_MOE_A2A_PROXY_IDLE_MS", o.idle_ms);
   o.idle_sleep_us = env::get_double("JAX_MOE_A2A_PROXY_IDLE_SLEEP_US", o.idle_sleep_us);
   const char* mode = env::get("JAX_MOE_A2A_PROXY");
-  o.spin = mode && std::string(mode) == "spin";
+  if (mode && *mode) {
+    const std::string v(mode);
+    if (v != "adaptive" && v != "spin" && v != "backoff")
+      throw std::invalid_argument("JAX_MOE_A2A_PROXY=" + v + ": expected `adaptive` (the default), `spin` or `backoff`");
+    o.spin = v == "spin";
+    o.poll_in_flight = v != "backoff";
+  }
   const char* pipe = env::get("JAX_MOE_A2A_PROXY_PIPELINE");
   if (pipe && *pipe) {
     const std::string v(pipe);
@@ -605,8 +611,25 @@ bool Proxy::packer_waiting() const {
   return false;
 }
 
+bool Proxy::op_under_way() const {
+  for (const SlotState& s : slots_) {
+    // The transfer proper: from our packer's d_counts (c_packed) to the landing. Not the steps that
+    // wait on our own packer's next half (kDCounts, kDConsumed, kCPacked, kCConsumed: its enqueue
+    // wakes us) or on the peers' consumption of the op before (kDFree, kCFree: a peer's compute
+    // between its halves, which may be long).
+    if (s.d == kDPriv || s.d == kDSendCopy || s.d == kDCountsIn || s.d == kDRowsIn || s.d == kDRecvCopy) return true;
+    if (s.c == kCSendCopy || s.c == kCLanded || s.c == kCRecvCopy) return true;
+  }
+  return false;
+}
+
 void Proxy::run() {
   auto last_progress = Clock::now();
+  // Set by a wake (a packer enqueued or raised something): poll until an op shows up (a step
+  // moves), for at most idle_ms. The cuda backend wakes us as it enqueues a half; its kernel
+  // raises d_counts / c_packed some 10-300 us later, and a sleep of the back-off then would
+  // delay the op's first step by up to max_sleep_us.
+  auto wake_deadline = Clock::time_point{};
   double sleep_us = 1;
   uint64_t polls = 0, sleeps = 0;
   uint64_t wakes_seen = wakes_.load();
@@ -614,14 +637,15 @@ void Proxy::run() {
     // Read before this round's polls: a packer's flag raised after them comes with a wake that
     // the sleep below sees.
     const uint64_t wakes = wakes_.load();
-    bool progressed = wakes != wakes_seen;  // a packer announced work: as good as progress
+    const bool woken = wakes != wakes_seen;  // a packer announced work: as good as progress
+    bool progressed = woken, moved = false;
     wakes_seen = wakes;
     if (!failed()) {
       for (int z = 0; z < int(slots_.size()); ++z) {
         cur_slot_ = z;
         try {
-          while (step_dispatch(z, slots_[z])) progressed = true;
-          while (step_combine(z, slots_[z])) progressed = true;
+          while (step_dispatch(z, slots_[z])) moved = true;
+          while (step_combine(z, slots_[z])) moved = true;
         } catch (const transfer::TimeoutError& e) {
           fail(1, cur_op_, z, e.missing, e.what());
         } catch (const std::exception& e) {
@@ -633,22 +657,35 @@ void Proxy::run() {
       }
     }
     ++polls;
+    progressed = progressed || moved;
     if (progressed) {
       last_progress = Clock::now();
+      if (moved) wake_deadline = {};  // the op showed up: op_under_way() takes over
+      if (woken && !moved) wake_deadline = last_progress + std::chrono::microseconds(static_cast<int64_t>(o_.idle_ms * 1e3));
       sleep_us = 1;
       continue;
     }
     report_stalls();
-    const double idle_us = std::chrono::duration<double, std::micro>(Clock::now() - last_progress).count();
-    // A packer waiting on us keeps us polling: a sleep would delay its flag by up to max_sleep_us.
-    // Bounded at 10 s (or twice the timeout) without progress: a waiting[] left behind by a kernel
-    // that gave up, or by an op called out of order, must not keep a core busy for long.
+    const auto now = Clock::now();
+    const double idle_us = std::chrono::duration<double, std::micro>(now - last_progress).count();
+    // Polling, not sleeping, while something will come without a wake: a packer waits on us (a
+    // sleep would delay its flag by up to max_sleep_us), an op is under way (its next step waits
+    // on a peer's write or a copy), or a wake announced an op whose first flag is not up yet
+    // (o_.poll_in_flight; JAX_MOE_A2A_PROXY=backoff turns the last two off). Bounded at 10 s (or
+    // twice the timeout) without progress: a waiting[] left behind by a kernel that gave up, or an
+    // op called out of order or whose peer died, must not keep a core busy for long.
+    const bool under_way = op_under_way();
+    const bool busy = packer_waiting() || (o_.poll_in_flight && (under_way || now < wake_deadline));
     if (o_.spin || idle_us < o_.spin_us ||
-        (!failed() && idle_us < 1e6 * std::min(2 * ex_.options().timeout_s, 10.0) && packer_waiting())) {
+        (!failed() && idle_us < 1e6 * std::min(2 * ex_.options().timeout_s, 10.0) && busy)) {
       sched_yield();
       continue;
     }
     ++sleeps;
+    if (under_way) {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.sleeps_under_way;
+    }
     if (sleep_unless_woken(sleep_us, wakes_seen)) {
       std::lock_guard<std::mutex> lock(stats_mu_);  // counted at once: it follows a sleep, so it is rare
       ++stats_.woken;

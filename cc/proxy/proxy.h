@@ -56,6 +56,12 @@ struct ProxyOptions {
   double idle_ms = 20;        // JAX_MOE_A2A_PROXY_IDLE_MS: after this long without progress ...
   double idle_sleep_us = 2000;  // JAX_MOE_A2A_PROXY_IDLE_SLEEP_US: ... sleeps grow up to this
   bool spin = false;          // JAX_MOE_A2A_PROXY=spin: never sleep (a dedicated core)
+  // JAX_MOE_A2A_PROXY=adaptive (the default): also poll, not sleep, while a transfer is under way
+  // (Proxy::op_under_way: its next step waits on a peer or a copy, which wake nobody) and after a
+  // wake until a step moves (at most idle_ms); `backoff`: sleep by the back-off whenever no packer waits on us
+  // (the behaviour before 2026-12-05, twentieth session; measured against `poll` in
+  // benchmarks/proxy.py's modes).
+  bool poll_in_flight = true;
   int cpu = -1;               // pin the thread to this CPU (-1: leave it to the scheduler)
   // JAX_MOE_A2A_PROXY_PIPELINE: `peer` (default) posts each remote peer's PRIV write as soon as the
   // packer raised that peer's d_packed_to (one write per peer still) and, with source_flags, raises
@@ -97,6 +103,10 @@ struct ProxyStats {
   uint64_t dispatches_landed = 0, combines_landed = 0;  // d_landed / c_landed raised (rows readable)
   uint64_t polls = 0, sleeps = 0;
   uint64_t woken = 0;  // sleeps a packer's wake() cut short
+  // Sleeps taken while a transfer was under way (Proxy::op_under_way): 0 under the default
+  // JAX_MOE_A2A_PROXY=adaptive unless 10 s passed without progress; `backoff` takes them whenever
+  // no packer waits, each delaying the step after it by up to the sleep.
+  uint64_t sleeps_under_way = 0;
   uint64_t counts_to_landed_ns = 0;  // from our COUNTS out to d_landed raised, per dispatch
   uint64_t comb_to_landed_ns = 0;    // from our COMB out to c_landed raised, per combine
   int cpu = -1;                      // the CPU the thread was pinned to (-1: not pinned)
@@ -194,6 +204,10 @@ class Proxy {
   void raise(int z, uint64_t SlotCtrl::*field, uint64_t v);
   // Does a packer wait for a flag we have not raised yet (Ctrl::waiting[op] past the flag of op)?
   bool packer_waiting() const;
+  // Has any slot a transfer under way: a dispatch between our packer's d_counts and its landing,
+  // or a combine between c_packed and its landing, whose next step waits on a peer's write or a
+  // copy (neither wakes us) or on our kernel's d_packed, raised right after its d_counts.
+  bool op_under_way() const;
   // Slot z's packed combine takes the combine offsets of its dispatch's slot (c_from_slot), once.
   void adopt(int z, SlotState& s);
   void publish_landing(int z);  // slot z's over_base and c_off (and their mirror), before d_landed

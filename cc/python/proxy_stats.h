@@ -1,6 +1,6 @@
 // A proxy thread's counters as the Python dict both bindings return (cuda inter-node path, host
-// backend's proxied mode): dispatches, combines, dispatches_landed, combines_landed, polls, sleeps, woken, counts_to_landed_ns,
-// comb_to_landed_ns, staged_bytes, staging_ns, cpu, flag_path, row_path, pipeline, priv_early,
+// backend's proxied mode): dispatches, combines, dispatches_landed, combines_landed, polls, sleeps, woken,
+// sleeps_under_way, counts_to_landed_ns, comb_to_landed_ns, staged_bytes, staging_ns, cpu, flag_path, row_path, pipeline, priv_early,
 // counts_to_priv_ns, recv_early, and per op (host backend's proxied mode) call_ns_<op>, wait_ns_<op>.
 #pragma once
 
@@ -23,6 +23,7 @@ inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
   d["polls"] = s.polls;
   d["sleeps"] = s.sleeps;
   d["woken"] = s.woken;
+  d["sleeps_under_way"] = s.sleeps_under_way;
   d["counts_to_landed_ns"] = s.counts_to_landed_ns;
   d["comb_to_landed_ns"] = s.comb_to_landed_ns;
   d["staged_bytes"] = s.staged_bytes;

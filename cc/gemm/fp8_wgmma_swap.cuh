@@ -1,0 +1,294 @@
+// Our own fp8 block-scaled grouped GEMM with the operands swapped ("swap-AB"), for decode: the same
+// product as fp8_wgmma.cuh (y = x @ w[l]^T per group, x e4m3 rows with 1x128 scales, w e4m3 with
+// 128x128 block scales, f32 accumulation, bf16 or f32 out), computed as y^T = w[l] @ x^T: a
+// weight tile's 128 rows are the WGMMA's M (two math warpgroups x 64) and up to kTok of the
+// group's rows (tokens) its N.
+//
+// Why: at decode (L = 8 experts, ~128-150 rows each) the row-major kernel's 128-row tiles split
+// about half the groups into a full tile and a tile of <= 25 rows, and each tile streams the whole
+// weight tile and a full 128-row x box through L2 again: ~380 tiles where 256 would do, every
+// k-block ~1,160 cycles whether a tile holds 128 rows or 8 (ncu, notes/open_items.md 13). With the
+// tokens as N (any multiple of 8 up to 256) one tile takes all of a group's rows: every weight
+// tile is read once, and the x box is as tall as the tile's token count, not 128.
+//
+// Structure (one persistent CTA per SM, 384 threads), as fp8_wgmma.cuh except:
+//   warp 0 (lane 0)  TMA: the weight tile [128, 128] into a, the x tile [kTok, 128] into b, per
+//                    k-block, into a ring of kStages stages;
+//   warp 1           the x scales of the stage's tokens and k-block into the stage's sx[kTok]
+//                    (x_scale [rows, K/128] is read one float per token: strided, from L2; the
+//                    ring hides it). Its 32 lanes arrive on the stage's `full` barrier with the
+//                    TMA bytes, so a math warp that sees the stage full sees its scales;
+//   warpgroups 1-2   math: each owns 64 weight rows (m64 n kTok k32 WGMMAs, 4 per k-block); a
+//                    thread's accumulators are weight rows r, r + 8 x tokens 8j + c0 (+1), so the
+//                    promotion's x scale varies along the registers (sx from shared memory, two
+//                    floats a load) and the weight scale is one per k-block. The stage is released
+//                    after its promotion (sx lives in it).
+//   epilogue         y[token, n] written element by element from the registers (y^T's layout),
+//                    tokens past the tile masked.
+// Tiles: (group l, token tile, n-tile), numbered as fp8_wgmma.cuh's with kTok-row token tiles.
+// The promotion is serial (each k-block's WGMMAs waited for, then promoted): measured no slower
+// than issuing kb + 1 first at every token tile (2026-12-05, benchmarks/gemm_probe.cu), and it
+// leaves room for 160-token tiles (2 x 80 accumulator registers).
+//
+// kCluster = 2: CTA pairs (thread-block clusters) take n-tiles 2j and 2j + 1 of one (group, token
+// tile) together, and each loads half of the x tile with a TMA multicast into both: x crosses L2
+// once per two weight tiles (at L = 8 its reads were more bytes than the weights'). A stage is
+// then free only when both CTAs' math warps released it (16 arrivals, 8 of them remote), and
+// both CTAs meet at a cluster barrier before either exits. Needs N / 128 even.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "cute/arch/cluster_sm90.hpp"
+#include "cute/arch/mma_sm90_gmma_ext.hpp"
+#include "gemm/fp8_wgmma.cuh"
+
+namespace a2a::gemm::wgmma {
+
+// The token-tile heights the swap-AB kernel is compiled for (launch_fp8_grouped picks from them).
+inline constexpr int kSwapTokens[] = {32, 64, 128, 160};
+
+template <int kTok>
+struct SwapConfig {
+  static_assert(kTok % 8 == 0 && kTok >= 8 && kTok <= 256, "WGMMA N: a multiple of 8 up to 256");
+  static constexpr uint32_t kStageBytes = (kBN + kTok) * kBK;  // w tile + x tile, one byte each
+  static constexpr size_t kTableBytes = kMaxGroups * (8 + 4 + 4);
+  // As many stages as fit 227 KB of shared memory (the table and 1 KB of alignment slack aside), at most 8.
+  static constexpr int kStages = [] {
+    const size_t per = kStageBytes + kTok * 4 + 16;
+    const size_t n = (227 * 1024 - kTableBytes - 2048) / per;
+    return static_cast<int>(n > 8 ? 8 : n);
+  }();
+  static_assert(kStages >= 3, "too few stages");
+};
+
+template <int kTok>
+struct alignas(1024) SwapStorage {
+  static_assert(kTok % 16 == 0, "a multicast half of the x tile: whole 8-row swizzle atoms");
+  static constexpr int kStages = SwapConfig<kTok>::kStages;
+  uint8_t a[kStages][kBN * kBK];   // weight tile: 128 rows of w[l] x 128 k (1024-byte aligned)
+  uint8_t b[kStages][kTok * kBK];  // x tile: kTok rows x 128 k (kTok % 8 == 0 keeps 1024-byte alignment)
+  float sx[kStages][kTok];         // x_scale of the tile's tokens at the stage's k-block (0 past the tile)
+  uint64_t full[kStages];          // TMA bytes + warp 1's 32 arrivals
+  uint64_t empty[kStages];         // one arrival per math warp, after the promotion
+  int64_t row_start[kMaxGroups];
+  int32_t m_rows[kMaxGroups];
+  int32_t tile_end[kMaxGroups];
+};
+template <int kTok>
+constexpr size_t swap_smem_bytes() {
+  return sizeof(SwapStorage<kTok>) + 1024;
+}
+
+template <class M, int... I>
+__device__ __forceinline__ void mma_call(uint64_t da, uint64_t db, float (&d)[sizeof...(I)], cute::SM90::GMMA::ScaleOut sc,
+                                         std::integer_sequence<int, I...>) {
+  M::fma(da, db, d[I]..., sc);
+}
+
+template <int kTok> struct SwapMma;
+template <> struct SwapMma<32> { using type = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>; };
+template <> struct SwapMma<64> { using type = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>; };
+template <> struct SwapMma<128> { using type = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>; };
+template <> struct SwapMma<160> { using type = cute::SM90::GMMA::MMA_64x160x32_F32E4M3E4M3_SS_TN<>; };
+
+template <int kN>
+__device__ __forceinline__ void fence_regs(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) cute::warpgroup_fence_operand(d[i]);
+}
+
+// acc += d * w_scale * x_scale[token]: registers 4j + {0, 2} are token 8j + c0, 4j + {1, 3} token
+// 8j + c0 + 1 (weight rows r and r + 8).
+template <int kN>
+__device__ __forceinline__ void promote_swap(float (&acc)[kN], const float (&d)[kN], float sw, const float* sx, int c0) {
+#pragma unroll
+  for (int j = 0; j < kN / 4; ++j) {
+    const float2 s2 = *reinterpret_cast<const float2*>(sx + 8 * j + c0);
+    const float s0 = s2.x * sw, s1 = s2.y * sw;
+    acc[4 * j + 0] = fmaf(d[4 * j + 0], s0, acc[4 * j + 0]);
+    acc[4 * j + 1] = fmaf(d[4 * j + 1], s1, acc[4 * j + 1]);
+    acc[4 * j + 2] = fmaf(d[4 * j + 2], s0, acc[4 * j + 2]);
+    acc[4 * j + 3] = fmaf(d[4 * j + 3], s1, acc[4 * j + 3]);
+  }
+}
+
+template <class OutT>
+__device__ __forceinline__ void store_one(OutT* p, float v);
+template <>
+__device__ __forceinline__ void store_one<__nv_bfloat16>(__nv_bfloat16* p, float v) {
+  *p = __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ void store_one<float>(float* p, float v) {
+  *p = v;
+}
+
+// tma_x: boxes of kTok / kCluster rows (each CTA of a pair loads its half for both).
+template <class OutT, int kTok, int kCluster>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_swap_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w, const Fp8Args a) {
+#if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(kCluster == 1 || kCluster == 2, "pairs at most");
+  using Storage = SwapStorage<kTok>;
+  constexpr int kSt = Storage::kStages;
+  constexpr int kAcc = kTok / 2;  // accumulator registers per thread (m64 x kTok over 128 threads)
+  using M = typename SwapMma<kTok>::type;
+  extern __shared__ uint8_t smem_raw[];
+  Storage& s = *reinterpret_cast<Storage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  const int lane = threadIdx.x & 31;
+  const int tiles_n = a.n / kBN, kblocks = a.k / kBK;
+  const int tiles_nc = tiles_n / kCluster;  // n-tile groups a cluster takes (pairs: N / 256)
+  const uint32_t crank = kCluster > 1 ? cute::block_rank_in_cluster() : 0;
+  const int cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
+
+  if (threadIdx.x == 32) {
+    for (int i = 0; i < kSt; ++i) {
+      cutlass::arch::ClusterTransactionBarrier::init(&s.full[i], 1 + 32);  // TMA thread + warp 1's lanes
+      cutlass::arch::ClusterBarrier::init(&s.empty[i], 8 * kCluster);      // the 8 math warps of each CTA
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  if (threadIdx.x == 64) {
+    cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_x));
+    cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_w));
+  }
+  if (warp == 0) build_group_table<kTok>(a, tiles_nc, s);
+  __syncthreads();
+  if constexpr (kCluster > 1) {  // the peer's barriers are initialised before anything of ours reaches them
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  }
+  const int total_tiles = s.tile_end[a.num_groups - 1];  // tiles of a cluster (pairs when kCluster = 2)
+  // Tile t of this cluster -> group, token tile and this CTA's n-tile.
+  auto tile_of = [&](int t) {
+    Tile tile = decode_tile<kTok>(s, a.num_groups, tiles_nc, t);
+    tile.nt = tile.nt * kCluster + static_cast<int>(crank);
+    return tile;
+  };
+
+  if (wg == 0) {  // producers
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (warp == 0 && lane == 0) {  // TMA
+      uint32_t it = 0;
+      constexpr int kHalf = kTok / kCluster;  // rows of x this CTA loads (for both CTAs of a pair)
+      for (int t = cluster_id; t < total_tiles; t += clusters) {
+        const Tile tile = tile_of(t);
+        const int32_t xrow = static_cast<int32_t>(s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok) +
+                             static_cast<int32_t>(crank) * kHalf;
+        const int32_t wrow = tile.l * a.n + tile.nt * kBN;
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const int st = static_cast<int>(it % kSt);
+          wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full[st], SwapConfig<kTok>::kStageBytes);
+          cute::SM90_TMA_LOAD_2D::copy(&tma_w, &s.full[st], static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+                                       s.a[st], kb * kBK, wrow);
+          if constexpr (kCluster > 1) {
+            cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&tma_x, &s.full[st], static_cast<uint16_t>((1u << kCluster) - 1),
+                                                   static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST),
+                                                   s.b[st] + crank * kHalf * kBK, kb * kBK, xrow);
+          } else {
+            cute::SM90_TMA_LOAD_2D::copy(&tma_x, &s.full[st], static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST),
+                                         s.b[st], kb * kBK, xrow);
+          }
+        }
+      }
+    } else if (warp == 1) {  // x scales
+      uint32_t it = 0;
+      for (int t = cluster_id; t < total_tiles; t += clusters) {
+        const Tile tile = tile_of(t);
+        const int64_t row0 = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
+        const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const int st = static_cast<int>(it % kSt);
+          wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
+#pragma unroll
+          for (int i = lane; i < kTok; i += 32) s.sx[st][i] = i < tile_rows ? __ldg(a.x_scale + (row0 + i) * kblocks + kb) : 0.f;
+          cutlass::arch::ClusterBarrier::arrive(&s.full[st]);  // release: the stores above before it
+        }
+      }
+    }
+    __syncwarp();
+    if constexpr (kCluster > 1) {  // neither CTA exits while the other may still arrive on its barriers
+      cute::cluster_arrive();
+      cute::cluster_wait();
+    }
+    return;
+  }
+
+  // math warpgroups
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int mwg = wg - 1;                      // which 64 weight rows of the tile
+  const int wl = warp & 3;
+  const int r_lo = wl * 16 + (lane >> 2);      // this thread's weight rows in its 64: r_lo, r_lo + 8
+  const int c0 = (lane & 3) * 2;               // and tokens c0 + 8j, +1
+  auto* y = static_cast<OutT*>(a.y);
+  constexpr auto kSeq = std::make_integer_sequence<int, kAcc>{};
+  uint32_t it = 0;
+
+  for (int t = cluster_id; t < total_tiles; t += clusters) {
+    const Tile tile = tile_of(t);
+    const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
+    const int64_t row_base = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
+    const float* sw = a.w_scale + (static_cast<int64_t>(tile.l) * tiles_n + tile.nt) * kblocks;
+
+    float acc[kAcc];
+#pragma unroll
+    for (int q = 0; q < kAcc; ++q) acc[q] = 0.f;
+
+    auto issue = [&](float (&d)[kAcc], uint32_t i) {
+      const int st = static_cast<int>(i % kSt);
+      wait_or_trap(&s.full[st], (i / kSt) & 1);
+      __syncwarp();
+      const uint64_t da = smem_desc(s.a[st] + mwg * 64 * kBK), db = smem_desc(s.b[st]);
+      fence_regs(d);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int j = 0; j < kBK / 32; ++j)
+        mma_call<M>(da + 2 * j, db + 2 * j, d, j == 0 ? cute::SM90::GMMA::ScaleOut::Zero : cute::SM90::GMMA::ScaleOut::One, kSeq);
+      cute::warpgroup_commit_batch();
+      fence_regs(d);
+    };
+    float t0[kAcc];
+    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      issue(t0, it);
+      const float wsc = __ldg(sw + kb);
+      cute::warpgroup_wait<0>();
+      fence_regs(t0);
+      const int st = static_cast<int>(it % kSt);
+      promote_swap(acc, t0, wsc, s.sx[st], c0);
+      // the stage is free once this CTA's and (pairs) the peer's math warps released it
+      arrive_if(&s.empty[st], lane == 0);
+      if constexpr (kCluster > 1) cutlass::arch::ClusterBarrier::arrive(&s.empty[st], crank ^ 1u, lane == 0);
+    }
+
+    // Epilogue: y[row_base + token, n0 + r] for tokens 8j + c0 (+1) below tile_rows, weight rows r_lo (+8).
+    OutT* ycol = y + row_base * a.n + static_cast<int64_t>(tile.nt) * kBN + mwg * 64 + r_lo;
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int tok = 8 * j + c0 + e;
+        if (tok >= tile_rows) continue;
+        OutT* p = ycol + static_cast<int64_t>(tok) * a.n;
+        store_one<OutT>(p, acc[4 * j + e]);
+        store_one<OutT>(p + 8, acc[4 * j + 2 + e]);
+      }
+    }
+  }
+  if constexpr (kCluster > 1) {
+    cute::cluster_arrive();
+    cute::cluster_wait();
+  }
+#else
+  __trap();
+#endif
+#endif
+}
+
+}  // namespace a2a::gemm::wgmma
