@@ -14,6 +14,9 @@ namespace a2a::gemm::wgmma {
 // The most groups (local experts) the kernel takes: its group table lives in shared memory.
 inline constexpr int kMaxGroups = 1024;
 
+// The token-tile heights the swap-AB kernel (fp8_wgmma_swap.cuh) is compiled for, ascending.
+inline constexpr int kSwapTokens[] = {32, 64, 128, 160};
+
 // Why the kernel cannot take these shapes (nullptr when it can): N and K positive multiples of its
 // 128-wide tiles and scale blocks, 1 <= L <= kMaxGroups, and rows (R or L*C), L*N and K below 2^31
 // (its TMA coordinates are int32). The shape part of fp8_unsupported_reason, which the library's

@@ -47,9 +47,6 @@
 
 namespace a2a::gemm::wgmma {
 
-// The token-tile heights the swap-AB kernel is compiled for (launch_fp8_grouped picks from them).
-inline constexpr int kSwapTokens[] = {32, 64, 128, 160};
-
 template <int kTok>
 struct SwapConfig {
   static_assert(kTok % 8 == 0 && kTok >= 8 && kTok <= 256, "WGMMA N: a multiple of 8 up to 256");

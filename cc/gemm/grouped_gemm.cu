@@ -71,7 +71,7 @@ cudaError_t launch_grouped_gemm_swiglu(const GroupedGemmParams& p, void* h, floa
 LaunchStatus launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   const int sm = sm_count_of_current_device();
   const detail::Tuning t = detail::choose(p);
-  if (t.wgmma) return detail::run_fp8_wgmma(p, sm, stream);
+  if (t.wgmma) return detail::run_fp8_wgmma(p, t, sm, stream);
   return p.in == InType::kFp8 ? detail::run_fp8(p, t, sm, stream) : detail::run_bf16(p, t, sm, stream);
 }
 

@@ -31,7 +31,30 @@ struct Tuning {
   Raster raster = Raster::kAlongM;
   int swizzle = 1;
   bool wgmma = false;  // our own fp8 kernel (fp8_wgmma.cuh) instead of CUTLASS's; fp8 forward only
+  // With wgmma: its swap-AB form (fp8_wgmma_swap.cuh) with token tiles of this many rows (0: the
+  // row-major kernel), in CTA pairs sharing the x tile when swap_cluster is 2 (swap_of below).
+  int swap_tokens = 0;
+  int swap_cluster = 1;
 };
+
+// The swap-AB form for our fp8 kernel at this call's mean rows per group (static shapes): decode
+// (mean <= 128) takes the smallest token tile of wgmma::kSwapTokens holding 1.25x the mean (a
+// group's rows spread around it: at L = 8 of 1,024 rows, 129-150 in half of them), so nearly every
+// group is one tile and each weight tile is read once; prefill keeps the row-major kernel. Pairs
+// (x multicast) where N / 128 is even. Measured on the H200 (benchmarks/gemm_probe.cu,
+// notes/benchmarks.md 2026-12-05, twentieth session): L = 8 -> 160, L = 32 -> 64, L = 256 -> 32
+// were the fastest single-CTA tiles.
+inline void swap_of(int64_t rows_total, int64_t num_groups, int64_t n, Tuning& t) {
+  t.swap_tokens = 0;
+  t.swap_cluster = 1;
+  if (num_groups <= 0 || rows_total > 128 * num_groups) return;
+  const double want = 1.25 * static_cast<double>(rows_total) / static_cast<double>(num_groups);
+  for (int tok : wgmma::kSwapTokens) {
+    t.swap_tokens = tok;
+    if (tok >= want) break;
+  }
+  t.swap_cluster = (n / 128) % 2 == 0 ? 2 : 1;
+}
 
 // Forward output rows: R (ragged) or L*C (expert_major).
 __host__ __device__ inline int64_t output_rows(const GroupedGemmParams& p) {
@@ -68,6 +91,7 @@ inline Tuning choose(const GroupedGemmParams& p) {
   // kAuto stays on CUTLASS until our kernel is measured against it on a GPU (benchmarks/gemm.py
   // --variants "cutlass;wgmma"); a kWgmma request it cannot take runs CUTLASS.
   t.wgmma = p.tuning.kernel == KernelChoice::kWgmma && wgmma_takes(p);
+  if (t.wgmma) swap_of(output_rows(p), p.num_groups, p.n, t);
   return t;
 }
 
@@ -77,7 +101,7 @@ LaunchStatus run_fp8(const GroupedGemmParams& p, const Tuning& t, int sm_count, 
 size_t bf16_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_count);
 LaunchStatus run_bf16(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream);
 // Our own fp8 kernel (gemm_fp8_wgmma.cu): no workspace; zeroes the uncovered rows, then the GEMM.
-LaunchStatus run_fp8_wgmma(const GroupedGemmParams& p, int sm_count, cudaStream_t stream);
+LaunchStatus run_fp8_wgmma(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream);
 // The same kernel with the SwiGLU epilogue (launch_grouped_gemm_swiglu, grouped_gemm.h).
 cudaError_t run_fp8_wgmma_swiglu(const GroupedGemmParams& p, void* h, float* h_scale, int sm_count,
                                  cudaStream_t stream);

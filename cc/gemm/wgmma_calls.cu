@@ -46,7 +46,7 @@ cudaError_t launch_checked(const wgmma::Fp8LaunchParams& q, cudaStream_t stream)
 
 }  // namespace
 
-LaunchStatus run_fp8_wgmma(const GroupedGemmParams& p, int sm_count, cudaStream_t stream) {
+LaunchStatus run_fp8_wgmma(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream) {
   LaunchStatus st;  // no workspace
   const int64_t rows = output_rows(p);
   if (rows == 0) return st;
@@ -59,6 +59,8 @@ LaunchStatus run_fp8_wgmma(const GroupedGemmParams& p, int sm_count, cudaStream_
   wgmma::Fp8LaunchParams q = fp8_params_of(p, sm_count);
   q.y = p.y;
   q.y_f32 = p.out == OutType::kF32;
+  q.swap_tokens = t.swap_tokens;
+  q.swap_cluster = t.swap_cluster;
   st.error = launch_checked(q, stream);
   return st;
 }
