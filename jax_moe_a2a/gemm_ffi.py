@@ -50,7 +50,8 @@ class Tuning:
     """The kernel configuration a call asks for (gemm::TuningRequest, cc/gemm/grouped_gemm.h):
     tile_m 0 (auto: 64-row tiles when the mean rows per expert is <= 128, else 128), 64 or 128;
     raster 0 (along M), 1 (along N) or 2 (CUTLASS's heuristic); swizzle 1, 2, 4 or 8 (maximum);
-    kernel 0 (auto: CUTLASS), 1 (CUTLASS) or 2 (wgmma: our own fp8 kernel, fp8 forward calls only).
+    kernel 0 (auto: our own fp8 kernel at decode shapes, CUTLASS otherwise), 1 (CUTLASS) or 2 (wgmma:
+    our own fp8 kernel, fp8 forward calls only).
     fuse_swiglu (Python only, not an attribute): with wgmma, the fp8 MLP's gate+up GEMM and its
     SwiGLU as one kernel (fused_swiglu_reason)."""
     tile_m: int = 0

@@ -49,10 +49,11 @@ inline bool mode_from_int(int64_t v, Mode& m) {
 // unset means; kernels.h's choose() turns kAuto into a tile from the static shapes.
 enum class TileM : int32_t { kAuto = 0, k64 = 64, k128 = 128 };
 enum class Raster : int32_t { kAlongM = 0, kAlongN = 1, kHeuristic = 2 };  // CUTLASS's group scheduler order
-// Which implementation runs an fp8 forward call: kAuto (CUTLASS's blockwise kernels, the measured
-// default), kCutlass, or kWgmma (our own kernel, fp8_wgmma.cuh: two temporary accumulators so the
-// scale promotion overlaps the next k-block's WGMMAs; L <= 1024 groups, else CUTLASS). The other
-// modes and bf16 always run CUTLASS.
+// Which implementation runs an fp8 forward call: kAuto (the measured default: our own swap-AB
+// kernel at decode shapes, CUTLASS's blockwise kernels at prefill; kernels.h choose()), kCutlass,
+// or kWgmma (our own kernel everywhere: fp8_wgmma_swap.cuh at decode, fp8_wgmma.cuh's row-major
+// one with two temporary accumulators otherwise; L <= 1024 groups, else CUTLASS). The other modes
+// and bf16 always run CUTLASS.
 enum class KernelChoice : int32_t { kAuto = 0, kCutlass = 1, kWgmma = 2 };
 struct TuningRequest {
   TileM tile_m = TileM::kAuto;

@@ -53,7 +53,10 @@ inline void swap_of(int64_t rows_total, int64_t num_groups, int64_t n, Tuning& t
     t.swap_tokens = tok;
     if (tok >= want) break;
   }
-  t.swap_cluster = (n / 128) % 2 == 0 ? 2 : 1;
+  // CTA pairs sharing the x tile (swap_cluster 2) measured no faster (H100, same run: L = 8
+  // gate+up 116.8 against 114.2 us, down 81.6 against 78.6): L2 stayed at ~80 %. Kept for
+  // measurements (benchmarks/gemm_probe.cu), off here.
+  (void)n;
 }
 
 // Forward output rows: R (ragged) or L*C (expert_major).
@@ -88,9 +91,15 @@ inline Tuning choose(const GroupedGemmParams& p) {
   }
   t.raster = p.tuning.raster;
   t.swizzle = p.tuning.swizzle;
-  // kAuto stays on CUTLASS until our kernel is measured against it on a GPU (benchmarks/gemm.py
-  // --variants "cutlass;wgmma"); a kWgmma request it cannot take runs CUTLASS.
-  t.wgmma = p.tuning.kernel == KernelChoice::kWgmma && wgmma_takes(p);
+  // kAuto: decode shapes (mean rows per group <= 128) run our swap-AB kernel, prefill CUTLASS's:
+  // measured in one run (benchmarks/gemm.py --variants "cutlass;wgmma", H100, 2026-12-05,
+  // twentieth session) the fp8 MLP at L = 8 / 32 / 256 took 0.92 / 0.97 / 0.96x CUTLASS's time,
+  // and at prefill our row-major kernel is slower (nineteenth session). An explicit tile (64 /
+  // 128) asks for CUTLASS's tiles; a kWgmma request our kernel cannot take runs CUTLASS.
+  const int64_t rows_total = output_rows(p);
+  const bool decode = p.num_groups > 0 && rows_total <= 128 * p.num_groups;
+  const bool auto_wgmma = p.tuning.kernel == KernelChoice::kAuto && p.tuning.tile_m == TileM::kAuto && decode;
+  t.wgmma = (p.tuning.kernel == KernelChoice::kWgmma || auto_wgmma) && wgmma_takes(p);
   if (t.wgmma) swap_of(output_rows(p), p.num_groups, p.n, t);
   return t;
 }
