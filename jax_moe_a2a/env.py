@@ -77,9 +77,8 @@ VARS = (
     Var("WAIT_YIELD_US", "float", "20000", "cc/transfer/progress.cc",
         "waiters: yield this long, then sleep 20 us per poll", _NATIVE),
     Var("PROXY", "adaptive|spin|backoff", "adaptive", "cc/proxy/proxy.cc",
-        "proxy thread (cuda inter-node path, host `proxied`): `adaptive` polls while an op is under way "
-        "and sleeps by a back-off between ops, `spin` never sleeps, `backoff` sleeps whenever no packer "
-        "waits on it", _NATIVE),
+        "proxy thread (cuda inter-node path, host `proxied`): `adaptive` polls through transfers, "
+        "`spin` never sleeps, `backoff` sleeps unless a packer waits", _NATIVE),
     Var("PROXY_CPUS", "str", "a CPU of the GPU's NUMA node; no GPU: not pinned", "cc/proxy/proxy.cc",
         "CPUs of the proxy threads, one per local rank (`3,7`), or `none`", _NATIVE),
     Var("PROXY_SPIN_US", "float", "20", "cc/proxy/proxy.cc", "proxy: keep polling this long after progress",
