@@ -233,3 +233,32 @@ def test_fused_swiglu_reason(monkeypatch, L, f, block, tune, words):
     ws = jax.ShapeDtypeStruct((L, 2 * f // 128, k // 128), jnp.float32)
     why = gemm_ffi.fused_swiglu_reason(x, w, xs, ws, block=block, tune=gemm_ffi.parse_tuning(tune))
     assert why is None if words is None else words in why, why
+
+
+@pytest.mark.parametrize("L, rows, n, expert_major, tune, want", [
+    # decode (mean rows per expert <= 128): the default runs our swap-AB kernel, its token tile the
+    # smallest of 32 / 64 / 128 / 160 holding 1.25x the mean, single CTAs
+    (8, 1024, 4096, False, "auto", ("wgmma", 64, 160, 1)),
+    (32, 1024, 4096, False, "auto", ("wgmma", 64, 64, 1)),
+    (256, 1024, 7168, False, "auto", ("wgmma", 64, 32, 1)),
+    (8, 900, 4096, False, "auto", ("wgmma", 64, 160, 1)),      # mean 112.5: 140.6 -> 160
+    (8, 800, 4096, False, "auto", ("wgmma", 64, 128, 1)),      # mean 100: 125 -> 128
+    (4, 96, 384, True, "auto", ("wgmma", 64, 128, 1)),         # expert_major: the mean is C
+    # prefill: CUTLASS's 128-row tiles
+    (32, 32768, 4096, False, "auto", ("cutlass", 128, 0, 1)),
+    (4, 200, 256, True, "auto", ("cutlass", 128, 0, 1)),
+    # an explicit request wins
+    (8, 1024, 4096, False, "cutlass", ("cutlass", 64, 0, 1)),
+    (8, 1024, 4096, False, "64", ("cutlass", 64, 0, 1)),
+    (32, 32768, 4096, False, "wgmma", ("wgmma", 128, 0, 1)),  # ours, row-major, at prefill
+    (8, 1024, 4096, False, "wgmma", ("wgmma", 64, 160, 1)),
+])
+def test_kernel_choice(L, rows, n, expert_major, tune, want):
+    """Which kernel an fp8 forward call runs, from static shapes only (_C.gemm.choice: the handler's
+    own gemm::detail::choose): the measured default (docs/api.md, "Grouped expert GEMMs") and the
+    JAX_MOE_A2A_GEMM_TILE_M requests over it. Host-side: no GPU needed."""
+    g = _built_gemm()
+    t = gemm_ffi.parse_tuning(tune)
+    got = g.choice(L, rows, n, 256, expert_major, tile_m=t.tile_m, raster=t.raster, swizzle=t.swizzle,
+                   kernel=t.kernel)
+    assert tuple(got) == want, got

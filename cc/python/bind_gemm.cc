@@ -2,12 +2,14 @@
 // workspace a call needs (the Python wrapper allocates it as an output of the FFI call).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 
 #include <stdexcept>
 #include <string>
 
 #if defined(JAX_MOE_A2A_WITH_GEMM)
 #include "gemm/grouped_gemm.h"
+#include "gemm/kernels.h"
 #endif
 
 namespace nb = nanobind;
@@ -93,6 +95,36 @@ void bind_gemm(nb::module_& m) {
       "Why the fused SwiGLU GEMM (jax_moe_a2a_grouped_gemm_swiglu) cannot take an fp8 call with L = num_groups, "
       "rows (R, or C when expert_major), n = 2F and k, in the kernel configuration given ('' when it can): the "
       "rule its handler applies.");
+  g.def(
+      "choice",
+      [](int64_t num_groups, int64_t rows, int64_t n, int64_t k, bool expert_major, int tile_m, int raster,
+         int swizzle, int kernel) -> std::tuple<std::string, int, int, int> {
+        // The kernel an fp8 forward call runs (gemm::detail::choose, from static shapes only), so
+        // tests and benchmarks read the rule instead of restating it.
+#if defined(JAX_MOE_A2A_WITH_GEMM)
+        gemm::GroupedGemmParams p;
+        if (!gemm::tuning_from_ints(tile_m, raster, swizzle, kernel, p.tuning)) throw std::invalid_argument(gemm::kTuningValues);
+        p.in = gemm::InType::kFp8;
+        p.out = gemm::OutType::kBF16;
+        p.layout = expert_major ? gemm::Layout::kExpertMajor : gemm::Layout::kRagged;
+        p.num_groups = num_groups;
+        p.rows = rows;
+        p.n = n;
+        p.k = k;
+        if (const char* why = gemm::unsupported_reason(p)) throw std::invalid_argument(why);
+        const gemm::detail::Tuning t = gemm::detail::choose(p);
+        return {t.wgmma ? "wgmma" : "cutlass", t.tile == gemm::detail::Tile::kTile64 ? 64 : 128, t.swap_tokens,
+                t.swap_cluster};
+#else
+        (void)num_groups, (void)rows, (void)n, (void)k, (void)expert_major, (void)tile_m, (void)raster, (void)swizzle, (void)kernel;
+        throw std::runtime_error(JAX_MOE_A2A_GEMM_REASON);
+#endif
+      },
+      "num_groups"_a, "rows"_a, "n"_a, "k"_a, "expert_major"_a, "tile_m"_a = 0, "raster"_a = 0, "swizzle"_a = 1,
+      "kernel"_a = 0,
+      "The kernel an fp8 forward call with L = num_groups, rows (R, or C when expert_major), n and k runs in the "
+      "configuration given: (kernel 'cutlass' or 'wgmma', CUTLASS's tile rows 64 or 128, the swap-AB token tile "
+      "(0: row-major), the swap-AB cluster size). Static shapes only, as the handler chooses.");
 }
 
 }  // namespace a2a::python
