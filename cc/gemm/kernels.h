@@ -21,10 +21,10 @@ namespace a2a::gemm::detail {
 // raster / swizzle (gemm::Raster, grouped_gemm.h): CUTLASS's group scheduler. Its default, AlongM,
 // already runs the row tiles of one weight tile one after another (on neighbouring SMs at once);
 // swizzle 1 = none.
-// Measured and removed (notes/benchmarks.md, 2026-12-04): swap-AB fp8 tiles (128 weight rows x 32,
-// 64, 128 or 160 tokens, cooperative) and 2x1x1 clusters for the 128-row fp8 tiles; all slower. The
-// 160-token tile (one tile per expert at L = 8) gained 2 % on gate+up and lost 14 % on down there,
-// and 70 % at L = 32: the decode GEMMs wait on the block-scaled mainloop's promotion, not the tile.
+// Measured and removed (notes/benchmarks.md, 2026-12-04): CUTLASS's swap-AB fp8 tiles (128 weight
+// rows x 32, 64, 128 or 160 tokens, cooperative) and 2x1x1 clusters for its 128-row fp8 tiles; all
+// slower (its 160-token tile: +2 % on gate+up, -14 % on down at L = 8). Our own swap-AB kernel
+// (fp8_wgmma_swap.cuh, below), with the token tile matched to the shape, did win (2026-12-05).
 enum class Tile : int { kTile64 = 0, kTile128 = 1 };
 struct Tuning {
   Tile tile = Tile::kTile128;
@@ -32,7 +32,7 @@ struct Tuning {
   int swizzle = 1;
   bool wgmma = false;  // our own fp8 kernel (fp8_wgmma.cuh) instead of CUTLASS's; fp8 forward only
   // With wgmma: its swap-AB form (fp8_wgmma_swap.cuh) with token tiles of this many rows (0: the
-  // row-major kernel), in CTA pairs sharing the x tile when swap_cluster is 2 (swap_of below).
+  // row-major kernel); swap_cluster 2 (CTA pairs sharing the x tile) only in measurements.
   int swap_tokens = 0;
   int swap_cluster = 1;
 };
@@ -40,11 +40,10 @@ struct Tuning {
 // The swap-AB form for our fp8 kernel at this call's mean rows per group (static shapes): decode
 // (mean <= 128) takes the smallest token tile of wgmma::kSwapTokens holding 1.25x the mean (a
 // group's rows spread around it: at L = 8 of 1,024 rows, 129-150 in half of them), so nearly every
-// group is one tile and each weight tile is read once; prefill keeps the row-major kernel. Pairs
-// (x multicast) where N / 128 is even. Measured on the H200 (benchmarks/gemm_probe.cu,
-// notes/benchmarks.md 2026-12-05, twentieth session): L = 8 -> 160, L = 32 -> 64, L = 256 -> 32
-// were the fastest single-CTA tiles.
-inline void swap_of(int64_t rows_total, int64_t num_groups, int64_t n, Tuning& t) {
+// group is one tile and each weight tile is read once; prefill keeps the row-major kernel. Single
+// CTAs. Measured on the H200 (benchmarks/gemm_probe.cu, notes/benchmarks.md 2026-12-05,
+// twentieth session): L = 8 -> 160, L = 32 -> 64, L = 256 -> 32 were the fastest tiles.
+inline void swap_of(int64_t rows_total, int64_t num_groups, Tuning& t) {
   t.swap_tokens = 0;
   t.swap_cluster = 1;
   if (num_groups <= 0 || rows_total > 128 * num_groups) return;
@@ -56,7 +55,6 @@ inline void swap_of(int64_t rows_total, int64_t num_groups, int64_t n, Tuning& t
   // CTA pairs sharing the x tile (swap_cluster 2) measured no faster (H100, same run: L = 8
   // gate+up 116.8 against 114.2 us, down 81.6 against 78.6): L2 stayed at ~80 %. Kept for
   // measurements (benchmarks/gemm_probe.cu), off here.
-  (void)n;
 }
 
 // Forward output rows: R (ragged) or L*C (expert_major).
@@ -100,7 +98,7 @@ inline Tuning choose(const GroupedGemmParams& p) {
   const bool decode = p.num_groups > 0 && rows_total <= 128 * p.num_groups;
   const bool auto_wgmma = p.tuning.kernel == KernelChoice::kAuto && p.tuning.tile_m == TileM::kAuto && decode;
   t.wgmma = (p.tuning.kernel == KernelChoice::kWgmma || auto_wgmma) && wgmma_takes(p);
-  if (t.wgmma) swap_of(output_rows(p), p.num_groups, p.n, t);
+  if (t.wgmma) swap_of(rows_total, p.num_groups, t);
   return t;
 }
 
