@@ -37,8 +37,10 @@ Breakdown per half (µs, p50 over the timed iterations; benchlib/proxy_breakdown
                the same difference per iteration: the proxy's reaction to flags and the engine's
                progress thread (their idle policies), GPU time-slicing, and for dispatch the part of
                our own pack kernel after the counts went out (at most `pack`)
-  idle policy  the transfer per proxy mode: `default` (the adaptive back-off: poll 20 µs after
-               progress, then sleep 1 µs doubling to 100 µs, after 20 ms idle up to 2 ms), `spin`
+  idle policy  the transfer per proxy mode: `default` (JAX_MOE_A2A_PROXY=adaptive: poll while a
+               transfer is under way, between ops poll 20 µs after progress, then sleep 1 µs
+               doubling to 100 µs, after 20 ms idle up to 2 ms), `backoff` (the back-off also
+               mid-transfer whenever no packer waits: the policy before 2026-12-05), `spin`
                (JAX_MOE_A2A_PROXY=spin: the proxy never sleeps), `spin-all` (also
                JAX_MOE_A2A_PROGRESS=spin: the engine's progress thread too); `default - spin` is what
                sleeping cost
@@ -113,6 +115,10 @@ def parse_args(argv):
     p.add_argument("--proxy-modes", default="default,spin",
                    help=f"the timed loop once per mode, comma-separated: {', '.join(pb.PROXY_MODES)} "
                         "(default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the modes in this many interleaved rounds (A, B, A, B, ...: a drift of the shared "
+                        "machine then hits every mode alike); the idle policy compares each mode's median over "
+                        "the rounds of its transfer p50s, and the record keeps every round ('MODE (round R)')")
     p.add_argument("--backend", default="cuda", choices=("cuda", "host"),
                    help="cuda, or host: the host backend's proxied mode (same proxy thread, C++ packing), "
                         "which runs this program without GPUs")
@@ -130,6 +136,8 @@ def parse_args(argv):
                         "NVLink path, one node): prints each half's (turns) p50 against it")
     p.add_argument("--json", default=None, help="write the record here (process 0)")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     try:
         args.modes = pb.parse_modes(args.proxy_modes)
     except ValueError as e:
@@ -577,7 +585,8 @@ def halves(args):
     nvlink = nvlink_turns(args.nvlink_json) if args.nvlink_json else None
     if nvlink:
         out["nvlink_turns_p50_us"] = nvlink
-    for mode in args.modes:
+    transfers = {m: [] for m in args.modes}  # mode -> each round's {part: transfer p50}
+    for rnd, mode in ((r, m) for r in range(args.rounds) for m in args.modes):
         rec = run_mode(jax, spec, mesh, args, clock, mode)
         if nbytes is None:  # routing and placement are the same in every mode
             nbytes = wire_bytes(spec, rec["num_ranks"], args.seed, rec["node_size"] or 0)
@@ -586,11 +595,13 @@ def halves(args):
             out["engine"]["figures"] = {p: fig for p, (fig, _) in wires.items()}
         add_breakdown(rec, wires)
         add_packer_breakdown(rec, nbytes, engine_result)
-        out["modes"][mode] = rec
+        out["modes"][mode if args.rounds == 1 else f"{mode} (round {rnd + 1})"] = rec
+        transfers[mode].append({p: b["transfer_us"] for p, b in rec["breakdown"].items()})
         if lead:
+            if args.rounds > 1:
+                print(f"\n-- round {rnd + 1} of {args.rounds}", flush=True)
             print_mode(rec, nbytes, wires, nvlink)
-    out["idle_policy"] = pb.idle_policy({m: {p: b["transfer_us"] for p, b in r["breakdown"].items()}
-                                         for m, r in out["modes"].items()})
+    out["idle_policy"] = pb.idle_policy({m: pb.median_parts(rounds) for m, rounds in transfers.items()})
     if lead:
         print()
         for line in pb.format_idle(out["idle_policy"], args.modes):

@@ -26,7 +26,8 @@
 # tests 45 / 55 s (N = 2 / 4): 340 s at most, with the daemon's start and stop under 6 minutes;
 # `pair` 55 + 45 + 45 s (its default variants): with the build, under 5 minutes.
 # Env: OUT, STAGES (default "build bench tests"; also pair), PAIR_VARIANTS, PAIR_LIMIT (stage 5),
-# BENCH_NS (default "2 4"), TEST_RUNS (default "2:1 4:2"), PROXY_PIPELINE_MODES (default "peer,series"), TEST_K (a pytest -k expression for the
+# BENCH_NS (default "2 4"), TEST_RUNS (default "2:1 4:2"), PROXY_PIPELINE_MODES (default "peer,series"),
+# PROXY_ROUNDS (the modes in that many interleaved rounds, benchmarks/proxy.py --rounds; default 1), TEST_K (a pytest -k expression for the
 # tests), TEST_LIMIT (seconds per test run, default 45 / 55 for N = 2 / 4; above the communicators'
 # 60 s timeout_s a stuck op ends in its own TimeoutError, naming its flags).
 set -uo pipefail
@@ -102,12 +103,13 @@ if has bench; then
   for n in ${BENCH_NS:-2 4}; do
     name=bench-n$n; rm -rf "$RUNDIR/$name"
     say "proxy benchmark N=$n under MPS ($(mps_env "$n"))"
-    limit=$((n == 2 ? 45 : 55))
+    limit=$(( (n == 2 ? 45 : 55) * ${PROXY_ROUNDS:-1} ))
     dump_hung $((limit - 15)) "python3 $REPO/benchmarks/proxy.py" "$OUT/$name-hung" & DUMPER=$!
     (cd "$RUNDIR" && env $(mps_env "$n") JAX_MOE_A2A_KERNEL_TIMING=1 XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
       timeout -k 5 "$limit" "${MPIRUN[@]}" -n "$n" --output-filename "$RUNDIR/$name" \
       python3 "$REPO/benchmarks/proxy.py" --shape decode --iters 30 --warmup 5 --no-turns --engine-iters 1000 \
-      --engine-stream-mib 16 --proxy-modes "${PROXY_PIPELINE_MODES:-peer,series}" --json "$OUT/$name.json" \
+      --engine-stream-mib 16 --proxy-modes "${PROXY_PIPELINE_MODES:-peer,series}" --rounds "${PROXY_ROUNDS:-1}" \
+      --json "$OUT/$name.json" \
       > "$OUT/$name.full" 2>&1)
     rc=$?
     kill $DUMPER 2>/dev/null  # by its own id; its sleep ends on its own

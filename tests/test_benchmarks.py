@@ -583,9 +583,20 @@ def test_proxy_program_help_runs_as_a_script():
     assert "unexplained" in out.stdout and "--proxy-modes" in out.stdout
 
 
+def test_median_parts():
+    """The idle policy's per-mode figure over interleaved rounds (proxy.py --rounds): each part's
+    median over the rounds, a round without the part (or with None) left out of it."""
+    from benchlib import proxy_breakdown as pb
+    assert pb.median_parts([{"dispatch": 3.0, "combine": 5.0}, {"dispatch": 1.0}, {"dispatch": 2.0, "combine": None}]) \
+        == {"dispatch": 2.0, "combine": 5.0}
+    assert pb.median_parts([{"dispatch": 1.0}, {"dispatch": 4.0}]) == {"dispatch": 2.5}
+    assert pb.median_parts([]) == {}
+
+
 def test_proxy_program_under_mpirun_on_cpus(tmp_path):
     """The whole program on CPUs (the host backend's proxied mode: the same proxy thread) under its
-    own `mpirun -n 2`: engine benchmark, both proxy modes, breakdown lines and the JSON record."""
+    own `mpirun -n 2`: engine benchmark, both proxy modes in two interleaved rounds, breakdown lines
+    and the JSON record (every round's record; the idle policy over the rounds' medians)."""
     import shutil
     import signal
     import subprocess
@@ -598,7 +609,7 @@ def test_proxy_program_under_mpirun_on_cpus(tmp_path):
     out_json = tmp_path / "proxy.json"
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "2", sys.executable,
            os.path.join(BENCH_DIR, "proxy.py"), "--backend", "host", "--tokens", "8", "--hidden", "128",
-           "--iters", "3", "--warmup", "1", "--engine-iters", "300", "--engine-stream-mib", "2",
+           "--iters", "3", "--warmup", "1", "--engine-iters", "300", "--engine-stream-mib", "2", "--rounds", "2",
            "--json", str(out_json)]
     proc = subprocess.Popen(cmd, env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
@@ -610,9 +621,10 @@ def test_proxy_program_under_mpirun_on_cpus(tmp_path):
         pytest.fail(f"proxy.py did not finish within 240 s:\n{text[-6000:]}")
     assert proc.returncode == 0, text[-6000:]
     assert "half round trip (µs)" in text and "idle policy, transfer p50" in text, text[-6000:]
-    assert text.count("breakdown dispatch:") == 2 and "unexplained" in text, text[-6000:]
+    assert text.count("breakdown dispatch:") == 4 and "unexplained" in text, text[-6000:]
+    assert "-- round 2 of 2" in text, text[-6000:]
     rec = json.loads(out_json.read_text())
-    assert list(rec["modes"]) == ["default", "spin"]
+    assert list(rec["modes"]) == ["default (round 1)", "spin (round 1)", "default (round 2)", "spin (round 2)"]
     for mode in rec["modes"].values():
         assert mode["check"] == "ok"
         for part in ("dispatch", "combine", "dispatch (one call)", "combine (one call)"):

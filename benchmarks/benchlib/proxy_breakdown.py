@@ -193,6 +193,18 @@ def breakdown(transfer_us, skew: np.ndarray, wire: Optional[float], kernels: Opt
     return out
 
 
+def median_parts(rounds: List[Dict[str, float]]) -> Dict[str, float]:
+    """{part: median over the rounds} of [{part: value}, ...] (a part missing from a round is left
+    out of that round's median; None values are skipped). [{"dispatch": 3}, {"dispatch": 1},
+    {"dispatch": 2}] -> {"dispatch": 2}."""
+    parts: Dict[str, List[float]] = {}
+    for r in rounds:
+        for p, v in r.items():
+            if v is not None:
+                parts.setdefault(p, []).append(float(v))
+    return {p: float(np.median(v)) for p, v in parts.items()}
+
+
 def idle_policy(transfers: Dict[str, Dict[str, float]]) -> Dict[str, dict]:
     """{mode: {half: transfer p50 µs}} -> {half: {mode: µs, ..., "default - <mode>": µs}} (the
     differences only when "default" ran)."""
