@@ -237,21 +237,21 @@ def test_fused_swiglu_reason(monkeypatch, L, f, block, tune, words):
 
 @pytest.mark.parametrize("L, rows, n, expert_major, tune, want", [
     # decode (mean rows per expert <= 128): the default runs our swap-AB kernel, its token tile the
-    # smallest of 32 / 64 / 128 / 160 holding 1.25x the mean, single CTAs
-    (8, 1024, 4096, False, "auto", ("wgmma", 64, 160, 1)),
-    (32, 1024, 4096, False, "auto", ("wgmma", 64, 64, 1)),
-    (256, 1024, 7168, False, "auto", ("wgmma", 64, 32, 1)),
-    (8, 900, 4096, False, "auto", ("wgmma", 64, 160, 1)),      # mean 112.5: 140.6 -> 160
-    (8, 800, 4096, False, "auto", ("wgmma", 64, 128, 1)),      # mean 100: 125 -> 128
-    (4, 96, 384, True, "auto", ("wgmma", 64, 128, 1)),         # expert_major: the mean is C
+    # smallest of 32 / 64 / 128 / 160 holding 1.25x the mean
+    (8, 1024, 4096, False, "auto", ("wgmma", 64, 160)),
+    (32, 1024, 4096, False, "auto", ("wgmma", 64, 64)),
+    (256, 1024, 7168, False, "auto", ("wgmma", 64, 32)),
+    (8, 900, 4096, False, "auto", ("wgmma", 64, 160)),      # mean 112.5: 140.6 -> 160
+    (8, 800, 4096, False, "auto", ("wgmma", 64, 128)),      # mean 100: 125 -> 128
+    (4, 96, 384, True, "auto", ("wgmma", 64, 128)),         # expert_major: the mean is C
     # prefill: CUTLASS's 128-row tiles
-    (32, 32768, 4096, False, "auto", ("cutlass", 128, 0, 1)),
-    (4, 200, 256, True, "auto", ("cutlass", 128, 0, 1)),
+    (32, 32768, 4096, False, "auto", ("cutlass", 128, 0)),
+    (4, 200, 256, True, "auto", ("cutlass", 128, 0)),
     # an explicit request wins
-    (8, 1024, 4096, False, "cutlass", ("cutlass", 64, 0, 1)),
-    (8, 1024, 4096, False, "64", ("cutlass", 64, 0, 1)),
-    (32, 32768, 4096, False, "wgmma", ("wgmma", 128, 0, 1)),  # ours, row-major, at prefill
-    (8, 1024, 4096, False, "wgmma", ("wgmma", 64, 160, 1)),
+    (8, 1024, 4096, False, "cutlass", ("cutlass", 64, 0)),
+    (8, 1024, 4096, False, "64", ("cutlass", 64, 0)),
+    (32, 32768, 4096, False, "wgmma", ("wgmma", 128, 0)),  # ours, row-major, at prefill
+    (8, 1024, 4096, False, "wgmma", ("wgmma", 64, 160)),
 ])
 def test_kernel_choice(L, rows, n, expert_major, tune, want):
     """Which kernel an fp8 forward call runs, from static shapes only (_C.gemm.choice: the handler's

@@ -32,9 +32,8 @@ struct Tuning {
   int swizzle = 1;
   bool wgmma = false;  // our own fp8 kernel (fp8_wgmma.cuh) instead of CUTLASS's; fp8 forward only
   // With wgmma: its swap-AB form (fp8_wgmma_swap.cuh) with token tiles of this many rows (0: the
-  // row-major kernel); swap_cluster 2 (CTA pairs sharing the x tile) only in measurements.
+  // row-major kernel), single CTAs (its CTA pairs run only in benchmarks/gemm_probe.cu).
   int swap_tokens = 0;
-  int swap_cluster = 1;
 };
 
 // The swap-AB form for our fp8 kernel at this call's mean rows per group (static shapes): decode
@@ -45,16 +44,14 @@ struct Tuning {
 // twentieth session): L = 8 -> 160, L = 32 -> 64, L = 256 -> 32 were the fastest tiles.
 inline void swap_of(int64_t rows_total, int64_t num_groups, Tuning& t) {
   t.swap_tokens = 0;
-  t.swap_cluster = 1;
   if (num_groups <= 0 || rows_total > 128 * num_groups) return;
   const double want = 1.25 * static_cast<double>(rows_total) / static_cast<double>(num_groups);
   for (int tok : wgmma::kSwapTokens) {
     t.swap_tokens = tok;
     if (tok >= want) break;
   }
-  // CTA pairs sharing the x tile (swap_cluster 2) measured no faster (H100, same run: L = 8
-  // gate+up 116.8 against 114.2 us, down 81.6 against 78.6): L2 stayed at ~80 %. Kept for
-  // measurements (benchmarks/gemm_probe.cu), off here.
+  // CTA pairs sharing the x tile (Fp8LaunchParams::swap_cluster 2) measured no faster (H100, same
+  // run: L = 8 gate+up 116.8 against 114.2 us, down 81.6 against 78.6): L2 stayed at ~80 %.
 }
 
 // Forward output rows: R (ragged) or L*C (expert_major).

@@ -60,7 +60,6 @@ LaunchStatus run_fp8_wgmma(const GroupedGemmParams& p, const Tuning& t, int sm_c
   q.y = p.y;
   q.y_f32 = p.out == OutType::kF32;
   q.swap_tokens = t.swap_tokens;
-  q.swap_cluster = t.swap_cluster;
   st.error = launch_checked(q, stream);
   return st;
 }

@@ -21,6 +21,24 @@ using namespace nb::literals;
 
 namespace a2a::python {
 
+#if defined(JAX_MOE_A2A_WITH_GEMM)
+namespace {
+// A call's shapes as the handlers see them (its tuning and mode left at their defaults).
+gemm::GroupedGemmParams params_of(bool fp8, bool out_f32, int64_t num_groups, int64_t rows, int64_t n, int64_t k,
+                                  bool expert_major) {
+  gemm::GroupedGemmParams p;
+  p.in = fp8 ? gemm::InType::kFp8 : gemm::InType::kBF16;
+  p.out = out_f32 ? gemm::OutType::kF32 : gemm::OutType::kBF16;
+  p.layout = expert_major ? gemm::Layout::kExpertMajor : gemm::Layout::kRagged;
+  p.num_groups = num_groups;
+  p.rows = rows;
+  p.n = n;
+  p.k = k;
+  return p;
+}
+}  // namespace
+#endif
+
 void bind_gemm(nb::module_& m) {
   nb::module_ g = m.def_submodule("gemm", "grouped expert GEMMs (cc/gemm)");
   g.def("built", []() {
@@ -44,17 +62,10 @@ void bind_gemm(nb::module_& m) {
         // mode: gemm::Mode's value, as the custom call's `mode` attribute: 0 forward, 1 transpose_w
         // (the bf16 dgrad), 2 wgrad (bf16 in, f32 out; n = dY's columns, k = X's).
 #if defined(JAX_MOE_A2A_WITH_GEMM)
-        gemm::GroupedGemmParams p;
+        gemm::GroupedGemmParams p = params_of(fp8, out_f32, num_groups, rows, n, k, expert_major);
         if (!gemm::mode_from_int(mode, p.mode))
           throw std::invalid_argument("mode must be 0 (forward), 1 (transpose_w) or 2 (wgrad)");
         if (!gemm::tuning_from_ints(tile_m, raster, swizzle, kernel, p.tuning)) throw std::invalid_argument(gemm::kTuningValues);
-        p.in = fp8 ? gemm::InType::kFp8 : gemm::InType::kBF16;
-        p.out = out_f32 ? gemm::OutType::kF32 : gemm::OutType::kBF16;
-        p.layout = expert_major ? gemm::Layout::kExpertMajor : gemm::Layout::kRagged;
-        p.num_groups = num_groups;
-        p.rows = rows;
-        p.n = n;
-        p.k = k;
         if (const char* why = gemm::unsupported_reason(p)) throw std::invalid_argument(why);
         return static_cast<int64_t>(gemm::workspace_bytes(p, 0));
 #else
@@ -74,15 +85,8 @@ void bind_gemm(nb::module_& m) {
         // The fused SwiGLU custom call's own rule (gemm::swiglu_gemm_unsupported_reason, which its
         // handler applies), so the Python wrapper never restates the kernel's limits.
 #if defined(JAX_MOE_A2A_WITH_GEMM)
-        gemm::GroupedGemmParams p;
+        gemm::GroupedGemmParams p = params_of(true, false, num_groups, rows, n, k, expert_major);
         if (!gemm::tuning_from_ints(tile_m, raster, swizzle, kernel, p.tuning)) return gemm::kTuningValues;
-        p.in = gemm::InType::kFp8;
-        p.out = gemm::OutType::kBF16;
-        p.layout = expert_major ? gemm::Layout::kExpertMajor : gemm::Layout::kRagged;
-        p.num_groups = num_groups;
-        p.rows = rows;
-        p.n = n;
-        p.k = k;
         const char* why = gemm::swiglu_gemm_unsupported_reason(p);
         return why ? why : "";
 #else
@@ -98,23 +102,15 @@ void bind_gemm(nb::module_& m) {
   g.def(
       "choice",
       [](int64_t num_groups, int64_t rows, int64_t n, int64_t k, bool expert_major, int tile_m, int raster,
-         int swizzle, int kernel) -> std::tuple<std::string, int, int, int> {
+         int swizzle, int kernel) -> std::tuple<std::string, int, int> {
         // The kernel an fp8 forward call runs (gemm::detail::choose, from static shapes only), so
         // tests and benchmarks read the rule instead of restating it.
 #if defined(JAX_MOE_A2A_WITH_GEMM)
-        gemm::GroupedGemmParams p;
+        gemm::GroupedGemmParams p = params_of(true, false, num_groups, rows, n, k, expert_major);
         if (!gemm::tuning_from_ints(tile_m, raster, swizzle, kernel, p.tuning)) throw std::invalid_argument(gemm::kTuningValues);
-        p.in = gemm::InType::kFp8;
-        p.out = gemm::OutType::kBF16;
-        p.layout = expert_major ? gemm::Layout::kExpertMajor : gemm::Layout::kRagged;
-        p.num_groups = num_groups;
-        p.rows = rows;
-        p.n = n;
-        p.k = k;
         if (const char* why = gemm::unsupported_reason(p)) throw std::invalid_argument(why);
         const gemm::detail::Tuning t = gemm::detail::choose(p);
-        return {t.wgmma ? "wgmma" : "cutlass", t.tile == gemm::detail::Tile::kTile64 ? 64 : 128, t.swap_tokens,
-                t.swap_cluster};
+        return {t.wgmma ? "wgmma" : "cutlass", t.tile == gemm::detail::Tile::kTile64 ? 64 : 128, t.swap_tokens};
 #else
         (void)num_groups, (void)rows, (void)n, (void)k, (void)expert_major, (void)tile_m, (void)raster, (void)swizzle, (void)kernel;
         throw std::runtime_error(JAX_MOE_A2A_GEMM_REASON);
@@ -124,7 +120,7 @@ void bind_gemm(nb::module_& m) {
       "kernel"_a = 0,
       "The kernel an fp8 forward call with L = num_groups, rows (R, or C when expert_major), n and k runs in the "
       "configuration given: (kernel 'cutlass' or 'wgmma', CUTLASS's tile rows 64 or 128, the swap-AB token tile "
-      "(0: row-major), the swap-AB cluster size). Static shapes only, as the handler chooses.");
+      "(0: row-major)). Static shapes only, as the handler chooses.");
 }
 
 }  // namespace a2a::python
