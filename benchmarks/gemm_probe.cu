@@ -7,11 +7,15 @@
 // which is how the kernel is developed (the library's own tests and benchmarks/gemm.py judge it
 // afterwards).
 //
-//   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Icc -I<cutlass>/include \
+//   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -DA2A_GEMM_ABLATIONS -Icc -I<cutlass>/include \
 //     benchmarks/gemm_probe.cu cc/gemm/gemm_fp8_wgmma.cu -o gemm_probe
+//   (A2A_GEMM_ABLATIONS, in both files alike: the swap-AB kernel's ablations and per-tile trace,
+//   the `ablate` and `swap` modes; the library is built without them)
 //   ./gemm_probe            # every check, then the timings
 //   ./gemm_probe check      # the checks only
 //   ./gemm_probe time [S]   # the timings only; of the cases whose name contains S (e.g. under ncu)
+//   ./gemm_probe ablate [S] # the swap-AB kernel without each part of its work (-DA2A_GEMM_ABLATIONS)
+//   ./gemm_probe swap [S]   # the swap-AB kernel at the library's decode tiles, whole and without its math
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +23,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -231,6 +236,9 @@ HostReference run_reference(const Case& c, const Buffers& b, const std::vector<i
 }
 
 // A variant's label: the promotion order, and swapN for the swap-AB kernel with N-token tiles.
+// Fp8LaunchParams::ablate 0..3 (fp8_wgmma_swap.cuh, Ablate)
+const char* const kAblations[] = {"", " no-math", " no-x", " no-promote"};
+
 std::string label(bool serial, int swap, int cluster = 1) {
   if (swap) return "swap" + std::to_string(swap) + (cluster > 1 ? " x2" : "");
   return serial ? "serial" : "overlap";
@@ -390,12 +398,19 @@ float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool swiglu = false, int swap = 0, int cluster = 1) {
+void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool swiglu = false, int swap = 0, int cluster = 1,
+               int ablate = 0) {
   Buffers b = make_buffers(c, gen, false);
   auto p = params_of(c, b);
   p.serial_promotion = serial;
   p.swap_tokens = swap;
   p.swap_cluster = cluster;
+  p.ablate = ablate;
+  if (const char* why = a2a::gemm::wgmma::fp8_unsupported_reason(p)) {
+    std::printf("%-22s %s: refused: %s\n", c.name.c_str(), label(serial, swap, cluster).c_str(), why);
+    free_buffers(b);
+    return;
+  }
   uint8_t* h = nullptr;
   float* hs = nullptr;
   if (swiglu) {
@@ -412,32 +427,94 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
   void* dst = nullptr;
   CK(cudaMalloc(&dst, wbytes));
   for (int i = 0; i < 3; ++i) CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));
+  // kBatch launches between two events: one launch's host cost (its two TMA descriptors encoded,
+  // the launch itself, ~10 us) hides behind the previous kernel, as in a stream that has work
+  // queued (the library's case); a single launch after an idle stream measured that cost too.
+  constexpr int kBatch = 10;
   for (int i = 0; i < iters; ++i) {
     float ms;
     CK(cudaEventRecord(e0));
-    CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));
+    for (int j = 0; j < kBatch; ++j) CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     CK(cudaEventElapsedTime(&ms, e0, e1));
-    tk.push_back(ms * 1000.f);
+    tk.push_back(ms * 1000.f / kBatch);
     CK(cudaEventRecord(e0));
-    CK(cudaMemcpyAsync(dst, b.w, wbytes, cudaMemcpyDeviceToDevice));
+    for (int j = 0; j < kBatch; ++j) CK(cudaMemcpyAsync(dst, b.w, wbytes, cudaMemcpyDeviceToDevice));
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     CK(cudaEventElapsedTime(&ms, e0, e1));
-    tc.push_back(ms * 1000.f / 2.f);
+    tc.push_back(ms * 1000.f / 2.f / kBatch);
   }
   int64_t rows = 0;
   for (int s : c.sizes) rows += std::max(s, 0);
   if (!c.expert_major) rows = std::min<int64_t>(rows, c.rows);
   const double flop = 2.0 * rows * c.n * c.k;
   const float k50 = median(tk), c50 = median(tc);
-  std::printf("%-22s %-11s%s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
-              c.name.c_str(), label(serial, swap, cluster).c_str(), swiglu ? "+swiglu" : "", k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
+  std::printf("%-22s %-11s%s%s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
+              c.name.c_str(), label(serial, swap, cluster).c_str(), swiglu ? "+swiglu" : "", kAblations[ablate], k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
   cudaFree(dst);
   cudaFree(h);
   cudaFree(hs);
   free_buffers(b);
+}
+
+// One launch with the per-tile trace (Fp8Args::trace): when each CTA's tiles started and ended, in
+// us from the first start: the kernel's span, the spread of the CTAs' last ends (the tail), and
+// the tile durations by their round (the i-th tile of a CTA).
+void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate) {
+#ifndef A2A_GEMM_ABLATIONS
+  std::printf("%-22s trace: compile with -DA2A_GEMM_ABLATIONS\n", c.name.c_str());
+  (void)gen, (void)swap, (void)ablate;
+#else
+  Buffers b = make_buffers(c, gen, false);
+  auto p = params_of(c, b);
+  p.serial_promotion = true;
+  p.swap_tokens = swap;
+  p.ablate = ablate;
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  constexpr int kPer = 64;
+  const size_t n = static_cast<size_t>(sms) * kPer * 2;
+  unsigned long long* tr = nullptr;
+  CK(cudaMalloc(&tr, n * 8));
+  for (int i = 0; i < 3; ++i) CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));  // warm
+  CK(cudaMemset(tr, 0, n * 8));
+  p.trace = tr;
+  p.trace_per_cta = kPer;
+  CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));
+  CK(cudaDeviceSynchronize());
+  std::vector<unsigned long long> h(n);
+  CK(cudaMemcpy(h.data(), tr, n * 8, cudaMemcpyDeviceToHost));
+  unsigned long long t0 = ~0ull, t1 = 0;
+  for (size_t i = 0; i < n; i += 2)
+    if (h[i]) t0 = std::min(t0, h[i]), t1 = std::max(t1, h[i + 1]);
+  std::vector<float> ends, firsts;
+  std::vector<std::vector<float>> dur(kPer);
+  for (int cta = 0; cta < sms; ++cta) {
+    float last = -1.f;
+    for (int i = 0; i < kPer; ++i) {
+      const unsigned long long s0 = h[(static_cast<size_t>(cta) * kPer + i) * 2], s1 = h[(static_cast<size_t>(cta) * kPer + i) * 2 + 1];
+      if (!s0) break;
+      dur[i].push_back((s1 - s0) * 1e-3f);
+      if (i == 0) firsts.push_back((s0 - t0) * 1e-3f);
+      last = (s1 - t0) * 1e-3f;
+    }
+    if (last >= 0.f) ends.push_back(last);
+  }
+  std::sort(ends.begin(), ends.end());
+  std::sort(firsts.begin(), firsts.end());
+  auto q = [](const std::vector<float>& v, double f) { return v.empty() ? 0.f : v[static_cast<size_t>(f * (v.size() - 1))]; };
+  std::printf("%-22s swap%d%s trace: span %.1f us; first tile starts p50 %.1f max %.1f; CTA ends min %.1f p10 %.1f p50 %.1f p90 %.1f max %.1f (%zu CTAs)\n",
+              c.name.c_str(), swap, kAblations[ablate], (t1 - t0) * 1e-3, q(firsts, .5), q(firsts, 1), q(ends, 0), q(ends, .1), q(ends, .5),
+              q(ends, .9), q(ends, 1), ends.size());
+  for (int i = 0; i < kPer && !dur[i].empty(); ++i) {
+    std::sort(dur[i].begin(), dur[i].end());
+    std::printf("    round %d: %3zu tiles, duration min %.1f p50 %.1f max %.1f us\n", i, dur[i].size(), q(dur[i], 0), q(dur[i], .5), q(dur[i], 1));
+  }
+  cudaFree(tr);
+  free_buffers(b);
+#endif
 }
 
 }  // namespace
@@ -494,6 +571,34 @@ int main(int argc, char** argv) {
     };
     for (bool serial : {false, true})
       for (const auto& c : sw) ok = check_swiglu(c, gen, serial) && ok;
+  }
+  if (what == "swap") {  // the swap-AB kernel at the library's token tile, decode shapes, and without its math
+    for (int L : {8, 32}) {
+      const int tok = L == 8 ? 160 : 64;
+      for (const auto& [name, n, k] : {std::tuple<const char*, int, int>{"-gate+up", 4096, 7168}, {"-down", 7168, 2048}}) {
+        Case c{"decode-L" + std::to_string(L) + name, L, 1024, n, k, false, false, uniform_sizes(L, 1024, gen)};
+        if (c.name.find(only) == std::string::npos) continue;
+        time_case(c, gen, 30, true, false, tok, 1, 0);
+        time_case(c, gen, 30, true, false, tok, 1, 1);
+      }
+    }
+    Case c2{"decode-L8-down-f32", 8, 1024, 7168, 2048, false, true, uniform_sizes(8, 1024, gen)};
+    Case c3{"expert-major-f32", 4, 96, 384, 256, true, true, {96, 0, 33, 200}};
+    for (const Case& c : {c2, c3}) ok = check(c, gen, 1, true, 160) && ok;
+  }
+  if (what == "ablate") {
+    // The swap-AB kernel at the library's token tile for each decode shape (gemm/kernels.h
+    // swap_of), whole and without each part of its work (fp8_wgmma_swap.cuh, Ablate): which part
+    // bounds it. Needs -DA2A_GEMM_ABLATIONS.
+    for (int L : {8, 32, 256}) {
+      const int tok = L == 8 ? 160 : L == 32 ? 64 : 32;
+      for (const auto& [name, n, k] : {std::tuple<const char*, int, int>{"-gate+up", 4096, 7168}, {"-down", 7168, 2048}}) {
+        Case c{"decode-L" + std::to_string(L) + name, L, 1024, n, k, false, false, uniform_sizes(L, 1024, gen)};
+        if (c.name.find(only) == std::string::npos) continue;
+        for (int ab = 0; ab < 4; ++ab) time_case(c, gen, 30, true, false, tok, 1, ab);
+        if (L <= 32) trace_case(c, gen, tok, 0);
+      }
+    }
   }
   if (what == "all" || what == "time") {
     std::vector<std::pair<Case, int>> ts;

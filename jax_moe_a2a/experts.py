@@ -425,6 +425,19 @@ def _silu(v):
     return v * jax.lax.logistic(v)
 
 
+def _round_bf16(v):
+    """v rounded to bf16's precision (nearest even), kept f32. XLA may drop a bf16 round trip
+    (astype(bf16).astype(f32)) inside a fusion ("excess precision", XLA:GPU's default); a
+    reduce_precision it keeps, so the plain-JAX MLP rounds where the native one stores bf16
+    (XLA:GPU without it: 11 of 2,048 outputs past the oracle's bound, test_experts, 2026-12-05)."""
+    return jax.lax.reduce_precision(v.astype(jnp.float32), exponent_bits=8, mantissa_bits=7)
+
+
+def _to_bf16(v):
+    """v as bf16, rounded even where XLA would otherwise keep the f32 value (_round_bf16)."""
+    return _round_bf16(v).astype(jnp.bfloat16)
+
+
 def swiglu(a):
     """a [..., 2F] f32 (gate = a[..., :F], up = a[..., F:]) -> silu(gate) * up [..., F] f32."""
     f = a.shape[-1] // 2
@@ -459,11 +472,13 @@ def _mlp_hidden(x, w_gate_up, group_sizes, x_scale, w_scale, m: _Mlp):
         return _gemm_ffi.grouped_gemm_swiglu(x, w_gate_up, group_sizes, x_scale=x_scale, w_scale=w_scale,
                                              quantize_hidden=m.quantize_hidden, block=m.block or 128)
     # gate+up rounded to the native MLP's gu dtype (bf16 when h is re-quantised), then SwiGLU in f32
-    gu = _gemm(x, w_gate_up, group_sizes, x_scale, w_scale, m.up, _gemm_ffi.gu_dtype(m.quantize_hidden), False)
-    h = swiglu(gu.astype(jnp.float32))
+    gu = _gemm(x, w_gate_up, group_sizes, x_scale, w_scale, m.up, jnp.float32, False)
+    if np.dtype(_gemm_ffi.gu_dtype(m.quantize_hidden)) == np.dtype(jnp.bfloat16):
+        gu = _round_bf16(gu)
+    h = swiglu(gu)
     if m.quantize_hidden:
         return quantize_rows_fp8(h, m.block)
-    return h.astype(jnp.bfloat16), None
+    return _to_bf16(h), None
 
 
 def _mlp_forward(x, w_gate_up, w_down, group_sizes, x_scale, w_gate_up_scale, w_down_scale, m: _Mlp, out_dtype):
@@ -479,7 +494,7 @@ def _mlp_float(x, w_gate_up, w_down, group_sizes, m, out_dtype):
 def _mlp_float_fwd(x, w_gate_up, w_down, group_sizes, m, out_dtype):
     # unfused: the pre-activations a [.., 2F] f32 are the backward's residual
     a = _gemm(x, w_gate_up, group_sizes, None, None, m.up, jnp.float32, m.native)
-    h = swiglu(a).astype(jnp.bfloat16)
+    h = _to_bf16(swiglu(a))
     y = _gemm(h, w_down, group_sizes, None, None, m.down, out_dtype, m.native)
     return y, (x, w_gate_up, w_down, group_sizes, a, h)
 
@@ -488,7 +503,7 @@ def _mlp_float_bwd(m, out_dtype, res, dy):
     x, w_gate_up, w_down, group_sizes, a, h = res
     dh = _dgrad(dy, w_down, group_sizes, m.down, m.native, jnp.float32)
     dw_down = _wgrad(h, dy, group_sizes, m.down, m.native, w_down.dtype)
-    dh = dh.astype(jnp.bfloat16).astype(jnp.float32)   # h's cotangent in h's dtype, as autodiff has it
+    dh = _round_bf16(dh)   # h's cotangent in h's dtype, as autodiff has it
     f = a.shape[-1] // 2
     gate, up = a[..., :f], a[..., f:]
     sig = jax.lax.logistic(gate)

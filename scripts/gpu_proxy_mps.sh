@@ -22,7 +22,7 @@
 # Every stage is bounded by `timeout`. A stage that fails or hangs leaves, in $OUT: the per-rank logs
 # (mpirun --output-filename), the MPS server and control logs, `get_server_list`, and, for a test
 # still running 15 s before its limit, every rank's GPU kernels and host stacks (cuda-gdb; the proxy
-# thread's stack says which flag or arrival it waits for). Limits: build 140 s, benchmark 45 / 55 s,
+# thread's stack says which flag or arrival it waits for). Limits: build 240 s (BUILD_LIMIT; 140 s cut off a 2026-12-05 build with libfabric), benchmark 45 / 55 s,
 # tests 45 / 55 s (N = 2 / 4): 340 s at most, with the daemon's start and stop under 6 minutes;
 # `pair` 55 + 45 + 45 s (its default variants): with the build, under 5 minutes.
 # Env: OUT, STAGES (default "build bench tests"; also pair), PAIR_VARIANTS, PAIR_LIMIT (stage 5),
@@ -47,7 +47,7 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
 # ---- 1. build: gpu_check.sh's stage (it installs the package, or copies a carried prebuilt _C) ----
 if has build; then
   say "build"
-  OUT="$OUT/build" STAGES=build timeout -k 5 140 bash scripts/gpu_check.sh > "$OUT/build-stage.log" 2>&1
+  OUT="$OUT/build" STAGES=build timeout -k 5 "${BUILD_LIMIT:-240}" bash scripts/gpu_check.sh > "$OUT/build-stage.log" 2>&1
   tail -5 "$OUT/build/build.log" 2>/dev/null | tee -a "$OUT/mps.log"
 fi
 # gpu_check.sh's prebuilt path puts _C into the source tree (PYTHONPATH=$REPO there); the same here.

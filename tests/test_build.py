@@ -86,7 +86,9 @@ def test_gemm_probe_compiles(tmp_path):
     a GPU call runs: scripts/gpu_check.sh stage probe) still compiles against cc/gemm, as that stage
     compiles it (sm_90a; CPU machines compile, they cannot run it)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = ["nvcc", "-std=c++17", "-O1", "-arch=sm_90a", "--expt-relaxed-constexpr", f"-I{repo}/cc",
+    # with the measurement parts (the swap-AB kernel's ablations and trace) that the probe stage
+    # compiles in; the library's own build compiles the kernels without them
+    cmd = ["nvcc", "-std=c++17", "-O1", "-arch=sm_90a", "--expt-relaxed-constexpr", "-DA2A_GEMM_ABLATIONS", f"-I{repo}/cc",
            f"-I{_cutlass_include()}", f"{repo}/benchmarks/gemm_probe.cu", f"{repo}/cc/gemm/gemm_fp8_wgmma.cu",
            "-o", str(tmp_path / "gemm_probe")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -69,6 +69,13 @@ struct Fp8Args {
   // h_scale f32 [rows, F/128].
   uint8_t* h = nullptr;
   float* h_scale = nullptr;
+#ifdef A2A_GEMM_ABLATIONS
+  // Measurements (benchmarks/gemm_probe.cu): the swap-AB kernel's math thread 128 writes each of its
+  // CTA's tiles' global-timer start and end, trace[(blockIdx.x * trace_per_cta + i) * 2 + {0, 1}]
+  // for its i-th tile (i < trace_per_cta).
+  unsigned long long* trace = nullptr;
+  int trace_per_cta = 0;
+#endif
 };
 
 // What a tile's epilogue writes.

@@ -51,6 +51,13 @@ struct Fp8LaunchParams {
   // (TMA multicast; N / 128 even).
   int swap_tokens = 0;
   int swap_cluster = 1;
+  // Measurements only: one of the swap-AB kernel's ablations (fp8_wgmma_swap.cuh, Ablate; single
+  // CTAs; wrong outputs by design). Refused unless compiled with A2A_GEMM_ABLATIONS (the probe).
+  int ablate = 0;
+#ifdef A2A_GEMM_ABLATIONS
+  unsigned long long* trace = nullptr;  // Fp8Args::trace (fp8_wgmma.cuh): per-tile timestamps
+  int trace_per_cta = 0;
+#endif
   // The gate+up GEMM with the SwiGLU epilogue (fp8_wgmma.cuh, Epi::kSwigluFp8): w [L, 2F, K] (n =
   // 2F, F % 128 == 0), writes h e4m3 [rows, F] and h_scale f32 [rows, F/128] instead of y. Rows
   // outside every group are left as they are.

@@ -123,8 +123,18 @@ __device__ __forceinline__ void store_one<float>(float* p, float v) {
   *p = v;
 }
 
+// Ablations, for measurements only (benchmarks/gemm_probe.cu compiles them with
+// A2A_GEMM_ABLATIONS; the library instantiates kFull alone). Each removes one part of the work to
+// show which part bounds the kernel; their outputs are wrong by design.
+enum class Ablate : int {
+  kFull = 0,       // the kernel
+  kNoMath = 1,     // the math warps release each stage as soon as it is full: the loads alone
+  kNoX = 2,        // the x tile is not loaded (the WGMMAs read the stage's stale bytes): weights alone
+  kNoPromote = 3,  // the WGMMAs accumulate straight into acc, one k-block in flight: no promotion
+};
+
 // tma_x: boxes of kTok / kCluster rows (each CTA of a pair loads its half for both).
-template <class OutT, int kTok, int kCluster>
+template <class OutT, int kTok, int kCluster, Ablate kAblate = Ablate::kFull>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_swap_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w, const Fp8Args a) {
 #if defined(__CUDA_ARCH__)
@@ -182,10 +192,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int st = static_cast<int>(it % kSt);
           wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full[st], SwapConfig<kTok>::kStageBytes);
+          constexpr uint32_t kBytes = kAblate == Ablate::kNoX ? kBN * kBK : SwapConfig<kTok>::kStageBytes;
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full[st], kBytes);
           cute::SM90_TMA_LOAD_2D::copy(&tma_w, &s.full[st], static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
                                        s.a[st], kb * kBK, wrow);
-          if constexpr (kCluster > 1) {
+          if constexpr (kAblate == Ablate::kNoX) {
+          } else if constexpr (kCluster > 1) {
             cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&tma_x, &s.full[st], static_cast<uint16_t>((1u << kCluster) - 1),
                                                    static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST),
                                                    s.b[st] + crank * kHalf * kBK, kb * kBK, xrow);
@@ -227,8 +239,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* y = static_cast<OutT*>(a.y);
   constexpr auto kSeq = std::make_integer_sequence<int, kAcc>{};
   uint32_t it = 0;
+#ifdef A2A_GEMM_ABLATIONS
+  int traced = 0;
+  auto stamp = [&](int which) {
+    if (a.trace != nullptr && threadIdx.x == 128 && traced < a.trace_per_cta) {
+      unsigned long long ns;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+      a.trace[(static_cast<int64_t>(blockIdx.x) * a.trace_per_cta + traced) * 2 + which] = ns;
+    }
+  };
+#endif
 
   for (int t = cluster_id; t < total_tiles; t += clusters) {
+#ifdef A2A_GEMM_ABLATIONS
+    stamp(0);
+#endif
     const Tile tile = tile_of(t);
     const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
     const int64_t row_base = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
@@ -238,7 +263,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int q = 0; q < kAcc; ++q) acc[q] = 0.f;
 
-    auto issue = [&](float (&d)[kAcc], uint32_t i) {
+    // kb's WGMMAs into d: d = (x w^T over the k-block) + (accumulate ? d : 0)
+    auto issue = [&](float (&d)[kAcc], uint32_t i, bool accumulate = false) {
       const int st = static_cast<int>(i % kSt);
       wait_or_trap(&s.full[st], (i / kSt) & 1);
       __syncwarp();
@@ -247,21 +273,44 @@ __global__ void __launch_bounds__(kThreads, 1)
       cute::warpgroup_arrive();
 #pragma unroll
       for (int j = 0; j < kBK / 32; ++j)
-        mma_call<M>(da + 2 * j, db + 2 * j, d, j == 0 ? cute::SM90::GMMA::ScaleOut::Zero : cute::SM90::GMMA::ScaleOut::One, kSeq);
+        mma_call<M>(da + 2 * j, db + 2 * j, d,
+                    j == 0 && !accumulate ? cute::SM90::GMMA::ScaleOut::Zero : cute::SM90::GMMA::ScaleOut::One, kSeq);
       cute::warpgroup_commit_batch();
       fence_regs(d);
     };
-    float t0[kAcc];
-    for (int kb = 0; kb < kblocks; ++kb, ++it) {
-      issue(t0, it);
-      const float wsc = __ldg(sw + kb);
-      cute::warpgroup_wait<0>();
-      fence_regs(t0);
-      const int st = static_cast<int>(it % kSt);
-      promote_swap(acc, t0, wsc, s.sx[st], c0);
-      // the stage is free once this CTA's and (pairs) the peer's math warps released it
+    auto release = [&](uint32_t i) {  // this CTA's and (pairs) the peer's math warps are done with stage i
+      const int st = static_cast<int>(i % kSt);
       arrive_if(&s.empty[st], lane == 0);
       if constexpr (kCluster > 1) cutlass::arch::ClusterBarrier::arrive(&s.empty[st], crank ^ 1u, lane == 0);
+    };
+    if constexpr (kAblate == Ablate::kNoMath) {
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        wait_or_trap(&s.full[it % kSt], (it / kSt) & 1);
+        __syncwarp();
+        release(it);
+      }
+    } else if constexpr (kAblate == Ablate::kNoPromote) {
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        issue(acc, it, kb > 0);
+        if (kb > 0) {
+          cute::warpgroup_wait<1>();
+          release(it - 1);
+        }
+      }
+      cute::warpgroup_wait<0>();
+      fence_regs(acc);
+      if (kblocks > 0) release(it - 1);
+    } else {
+      float t0[kAcc];
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        issue(t0, it);
+        const float wsc = __ldg(sw + kb);
+        cute::warpgroup_wait<0>();
+        fence_regs(t0);
+        const int st = static_cast<int>(it % kSt);
+        promote_swap(acc, t0, wsc, s.sx[st], c0);
+        release(it);  // sx lives in the stage: released after the promotion
+      }
     }
 
     // Epilogue: y[row_base + token, n0 + r] for tokens 8j + c0 (+1) below tile_rows, weight rows r_lo (+8).
@@ -277,6 +326,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         store_one<OutT>(p + 8, acc[4 * j + 2 + e]);
       }
     }
+#ifdef A2A_GEMM_ABLATIONS
+    stamp(1);
+    ++traced;
+#endif
   }
   if constexpr (kCluster > 1) {
     cute::cluster_arrive();

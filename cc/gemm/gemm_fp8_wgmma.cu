@@ -61,9 +61,9 @@ cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8
   return cudaGetLastError();
 }
 
-template <class OutT, int kTok, int kCluster>
+template <class OutT, int kTok, int kCluster, Ablate kAblate = Ablate::kFull>
 cudaError_t launch_swap(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, int sms, cudaStream_t stream) {
-  auto* kernel = fp8_swap_kernel<OutT, kTok, kCluster>;
+  auto* kernel = fp8_swap_kernel<OutT, kTok, kCluster, kAblate>;
   static std::atomic<bool> set[kMaxDevices] = {};
   static std::atomic<int> grid_of[kMaxDevices] = {};  // CTAs that run at once (pairs: 2 x the clusters)
   int dev = 0;
@@ -104,7 +104,17 @@ cudaError_t launch_swap(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8A
 
 template <int kTok>
 cudaError_t launch_swap_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, bool y_f32, int cluster, int sms,
-                              cudaStream_t stream) {
+                              int ablate, cudaStream_t stream) {
+#ifdef A2A_GEMM_ABLATIONS
+  switch (ablate) {  // bf16 out, single CTAs
+    case 1: return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kNoMath>(tx, tw, a, sms, stream);
+    case 2: return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kNoX>(tx, tw, a, sms, stream);
+    case 3: return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kNoPromote>(tx, tw, a, sms, stream);
+    default: break;
+  }
+#else
+  (void)ablate;
+#endif
   if (cluster == 2)
     return y_f32 ? launch_swap<float, kTok, 2>(tx, tw, a, sms, stream) : launch_swap<__nv_bfloat16, kTok, 2>(tx, tw, a, sms, stream);
   return y_f32 ? launch_swap<float, kTok, 1>(tx, tw, a, sms, stream) : launch_swap<__nv_bfloat16, kTok, 1>(tx, tw, a, sms, stream);
@@ -129,6 +139,12 @@ const char* fp8_unsupported_reason(const Fp8LaunchParams& p) {
     if (p.swap_cluster != 1 && p.swap_cluster != 2) return "swap_cluster must be 1 or 2";
     if (p.swap_cluster == 2 && (p.n / kBN) % 2 != 0) return "CTA pairs (swap_cluster 2) need N / 128 even";
   }
+#ifdef A2A_GEMM_ABLATIONS
+  if (p.ablate != 0 && (p.swap_tokens == 0 || p.swap_cluster != 1 || p.ablate < 0 || p.ablate > 3))
+    return "ablations: 1..3, on the swap-AB kernel's single CTAs";
+#else
+  if (p.ablate != 0) return "ablations are compiled into benchmarks/gemm_probe.cu only (A2A_GEMM_ABLATIONS)";
+#endif
   if (encoder() == nullptr) return "the driver has no cuTensorMapEncodeTiled";
   return nullptr;
 }
@@ -153,6 +169,10 @@ cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
   a.expert_major = p.expert_major;
   a.h = p.h;
   a.h_scale = p.h_scale;
+#ifdef A2A_GEMM_ABLATIONS
+  a.trace = p.trace;
+  a.trace_per_cta = p.trace_per_cta;
+#endif
   int sms = p.sm_count;
   if (sms <= 0) {
     int dev = 0;
@@ -162,10 +182,10 @@ cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
   }
   switch (p.swap_tokens) {
     case 0: break;
-    case 32: return launch_swap_typed<32>(tx, tw, a, p.y_f32, p.swap_cluster, sms, stream);
-    case 64: return launch_swap_typed<64>(tx, tw, a, p.y_f32, p.swap_cluster, sms, stream);
-    case 128: return launch_swap_typed<128>(tx, tw, a, p.y_f32, p.swap_cluster, sms, stream);
-    case 160: return launch_swap_typed<160>(tx, tw, a, p.y_f32, p.swap_cluster, sms, stream);
+    case 32: return launch_swap_typed<32>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, stream);
+    case 64: return launch_swap_typed<64>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, stream);
+    case 128: return launch_swap_typed<128>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, stream);
+    case 160: return launch_swap_typed<160>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, stream);
     default: return cudaErrorInvalidValue;
   }
   if (p.swiglu_fp8)  // y unused: the bf16 instance's epilogue type is never reached
