@@ -131,6 +131,11 @@ enum class Ablate : int {
   kNoMath = 1,     // the math warps release each stage as soon as it is full: the loads alone
   kNoX = 2,        // the x tile is not loaded (the WGMMAs read the stage's stale bytes): weights alone
   kNoPromote = 3,  // the WGMMAs accumulate straight into acc, one k-block in flight: no promotion
+  // a variant with correct outputs (Fp8Args::split_ws / split_flags; single CTAs): stream-K for the
+  // last, partial round. Its tiles are split along K into `split` pieces (as many as the idle CTAs
+  // allow, at most one per k-block), spread over the CTAs; pieces 0..split-2 leave f32 partial sums
+  // in split_ws and raise their flag, the last piece adds them in piece order and stores the tile.
+  kSplitTail = 4,
 };
 
 // tma_x: boxes of kTok / kCluster rows (each CTA of a pair loads its half for both).
@@ -178,18 +183,42 @@ __global__ void __launch_bounds__(kThreads, 1)
     tile.nt = tile.nt * kCluster + static_cast<int>(crank);
     return tile;
   };
+  // The CTA's units of work, w = cluster_id, + clusters, ...: whole tiles below full_tiles; with
+  // kSplitTail, then piece v % split of tail tile full_tiles + v / split (v = w - full_tiles <
+  // tail * split: one piece at most per CTA, full_tiles being a multiple of the clusters).
+  int full_tiles = total_tiles, split = 1;
+  if constexpr (kAblate == Ablate::kSplitTail) {
+    const int tail = total_tiles % clusters;
+    const int sp = tail > 0 ? min(clusters / tail, kblocks) : 1;
+    if (sp > 1) full_tiles = total_tiles - tail, split = sp;
+  }
+  struct Unit {
+    int t, kb0, kb1, piece;  // tile, its k-blocks [kb0, kb1), piece (-1: the whole tile)
+  };
+  auto unit_of = [&](int w, Unit& u) {
+    if (w < full_tiles) {
+      u = Unit{w, 0, kblocks, -1};
+      return true;
+    }
+    const int v = w - full_tiles;
+    if (split == 1 || v >= (total_tiles - full_tiles) * split) return false;
+    const int piece = v % split;
+    u = Unit{full_tiles + v / split, piece * kblocks / split, (piece + 1) * kblocks / split, piece};
+    return true;
+  };
 
   if (wg == 0) {  // producers
     cutlass::arch::warpgroup_reg_dealloc<40>();
     if (warp == 0 && lane == 0) {  // TMA
       uint32_t it = 0;
       constexpr int kHalf = kTok / kCluster;  // rows of x this CTA loads (for both CTAs of a pair)
-      for (int t = cluster_id; t < total_tiles; t += clusters) {
-        const Tile tile = tile_of(t);
+      Unit u;
+      for (int w = cluster_id; unit_of(w, u); w += clusters) {
+        const Tile tile = tile_of(u.t);
         const int32_t xrow = static_cast<int32_t>(s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok) +
                              static_cast<int32_t>(crank) * kHalf;
         const int32_t wrow = tile.l * a.n + tile.nt * kBN;
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        for (int kb = u.kb0; kb < u.kb1; ++kb, ++it) {
           const int st = static_cast<int>(it % kSt);
           wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
           constexpr uint32_t kBytes = kAblate == Ablate::kNoX ? kBN * kBK : SwapConfig<kTok>::kStageBytes;
@@ -209,11 +238,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else if (warp == 1) {  // x scales
       uint32_t it = 0;
-      for (int t = cluster_id; t < total_tiles; t += clusters) {
-        const Tile tile = tile_of(t);
+      Unit u;
+      for (int w = cluster_id; unit_of(w, u); w += clusters) {
+        const Tile tile = tile_of(u.t);
         const int64_t row0 = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
         const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        for (int kb = u.kb0; kb < u.kb1; ++kb, ++it) {
           const int st = static_cast<int>(it % kSt);
           wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
 #pragma unroll
@@ -250,11 +280,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 #endif
 
-  for (int t = cluster_id; t < total_tiles; t += clusters) {
+  Unit u;
+  for (int w = cluster_id; unit_of(w, u); w += clusters) {
 #ifdef A2A_GEMM_ABLATIONS
     stamp(0);
 #endif
-    const Tile tile = tile_of(t);
+    const Tile tile = tile_of(u.t);
     const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
     const int64_t row_base = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
     const float* sw = a.w_scale + (static_cast<int64_t>(tile.l) * tiles_n + tile.nt) * kblocks;
@@ -284,25 +315,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kCluster > 1) cutlass::arch::ClusterBarrier::arrive(&s.empty[st], crank ^ 1u, lane == 0);
     };
     if constexpr (kAblate == Ablate::kNoMath) {
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      for (int kb = u.kb0; kb < u.kb1; ++kb, ++it) {
         wait_or_trap(&s.full[it % kSt], (it / kSt) & 1);
         __syncwarp();
         release(it);
       }
     } else if constexpr (kAblate == Ablate::kNoPromote) {
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
-        issue(acc, it, kb > 0);
-        if (kb > 0) {
+      for (int kb = u.kb0; kb < u.kb1; ++kb, ++it) {
+        issue(acc, it, kb > u.kb0);
+        if (kb > u.kb0) {
           cute::warpgroup_wait<1>();
           release(it - 1);
         }
       }
       cute::warpgroup_wait<0>();
       fence_regs(acc);
-      if (kblocks > 0) release(it - 1);
+      if (u.kb1 > u.kb0) release(it - 1);
     } else {
       float t0[kAcc];
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      for (int kb = u.kb0; kb < u.kb1; ++kb, ++it) {
         issue(t0, it);
         const float wsc = __ldg(sw + kb);
         cute::warpgroup_wait<0>();
@@ -312,6 +343,43 @@ __global__ void __launch_bounds__(kThreads, 1)
         release(it);  // sx lives in the stage: released after the promotion
       }
     }
+#ifdef A2A_GEMM_ABLATIONS
+    if constexpr (kAblate == Ablate::kSplitTail) {
+      if (u.piece >= 0) {  // a piece of a tail tile: partial sums through split_ws
+        const int mt = static_cast<int>(threadIdx.x) - 128;  // 0..255, the math threads
+        const int j = u.t - full_tiles;
+        float* ws = a.split_ws + static_cast<int64_t>(j) * (split - 1) * 256 * kAcc;
+        int* flags = a.split_flags + j * (split - 1);
+        if (u.piece < split - 1) {
+          float* mine = ws + static_cast<int64_t>(u.piece) * 256 * kAcc;
+#pragma unroll
+          for (int q = 0; q < kAcc; ++q) __stcg(mine + q * 256 + mt, acc[q]);
+          asm volatile("bar.sync 1, 256;" ::: "memory");  // every math thread's partials stored
+          if (mt == 0) {
+            __threadfence();
+            atomicExch(flags + u.piece, 1);
+          }
+          continue;  // the last piece stores the tile
+        }
+        if (mt == 0) {
+          for (int p = 0; p < split - 1; ++p) {
+            const long long start = clock64();
+            while (atomicAdd(flags + p, 0) == 0)
+              if (clock64() - start > (1ll << 35)) __trap();
+          }
+          __threadfence();
+        }
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+        for (int p = 0; p < split - 1; ++p) {  // in piece order: the same sums every run
+          const float* part = ws + static_cast<int64_t>(p) * 256 * kAcc;
+#pragma unroll
+          for (int q = 0; q < kAcc; ++q) acc[q] += __ldcg(part + q * 256 + mt);
+        }
+        if (mt == 0)
+          for (int p = 0; p < split - 1; ++p) flags[p] = 0;  // ready for the next launch
+      }
+    }
+#endif
 
     // Epilogue: y[row_base + token, n0 + r] for tokens 8j + c0 (+1) below tile_rows, weight rows r_lo (+8).
     OutT* ycol = y + row_base * a.n + static_cast<int64_t>(tile.nt) * kBN + mwg * 64 + r_lo;
