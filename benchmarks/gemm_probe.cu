@@ -235,7 +235,6 @@ HostReference run_reference(const Case& c, const Buffers& b, const std::vector<i
   return out;
 }
 
-// A variant's label: the promotion order, and swapN for the swap-AB kernel with N-token tiles.
 // Fp8LaunchParams::ablate 0..4 (fp8_wgmma_swap.cuh, Ablate; 4 is a variant with correct outputs)
 const char* const kAblations[] = {"", " no-math", " no-x", " no-promote", " split-tail"};
 
@@ -259,6 +258,7 @@ void set_split(a2a::gemm::wgmma::Fp8LaunchParams& p) {
 #endif
 }
 
+// A variant's label: the promotion order, and swapN for the swap-AB kernel with N-token tiles.
 std::string label(bool serial, int swap, int cluster = 1) {
   if (swap) return "swap" + std::to_string(swap) + (cluster > 1 ? " x2" : "");
   return serial ? "serial" : "overlap";

@@ -138,6 +138,48 @@ enum class Ablate : int {
   kSplitTail = 4,
 };
 
+#ifdef A2A_GEMM_ABLATIONS
+// Ablate::kSplitTail: piece `piece` of tail tile j (of `split` pieces) hands its partial sums over.
+// Pieces 0..split-2 store acc in split_ws and raise their flag (false: this CTA stores nothing);
+// the last waits for those flags, adds the partials to acc in piece order (the same sums every
+// run), clears the flags for the next launch, and returns true (it stores the tile). Called by
+// the 256 math threads together (named barrier 1).
+template <int kAcc>
+__device__ bool split_tail_combine(float (&acc)[kAcc], const Fp8Args& a, int j, int piece, int split) {
+  const int mt = static_cast<int>(threadIdx.x) - 128;  // 0..255, the math threads
+  float* ws = a.split_ws + static_cast<int64_t>(j) * (split - 1) * 256 * kAcc;
+  int* flags = a.split_flags + j * (split - 1);
+  if (piece < split - 1) {
+    float* mine = ws + static_cast<int64_t>(piece) * 256 * kAcc;
+#pragma unroll
+    for (int q = 0; q < kAcc; ++q) __stcg(mine + q * 256 + mt, acc[q]);
+    asm volatile("bar.sync 1, 256;" ::: "memory");  // every math thread's partials stored
+    if (mt == 0) {
+      __threadfence();
+      atomicExch(flags + piece, 1);
+    }
+    return false;
+  }
+  if (mt == 0) {
+    for (int p = 0; p < split - 1; ++p) {
+      const long long start = clock64();
+      while (atomicAdd(flags + p, 0) == 0)
+        if (clock64() - start > (1ll << 35)) __trap();
+    }
+    __threadfence();
+  }
+  asm volatile("bar.sync 1, 256;" ::: "memory");
+  for (int p = 0; p < split - 1; ++p) {
+    const float* part = ws + static_cast<int64_t>(p) * 256 * kAcc;
+#pragma unroll
+    for (int q = 0; q < kAcc; ++q) acc[q] += __ldcg(part + q * 256 + mt);
+  }
+  if (mt == 0)
+    for (int p = 0; p < split - 1; ++p) flags[p] = 0;
+  return true;
+}
+#endif
+
 // tma_x: boxes of kTok / kCluster rows (each CTA of a pair loads its half for both).
 template <class OutT, int kTok, int kCluster, Ablate kAblate = Ablate::kFull>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -345,39 +387,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 #ifdef A2A_GEMM_ABLATIONS
     if constexpr (kAblate == Ablate::kSplitTail) {
-      if (u.piece >= 0) {  // a piece of a tail tile: partial sums through split_ws
-        const int mt = static_cast<int>(threadIdx.x) - 128;  // 0..255, the math threads
-        const int j = u.t - full_tiles;
-        float* ws = a.split_ws + static_cast<int64_t>(j) * (split - 1) * 256 * kAcc;
-        int* flags = a.split_flags + j * (split - 1);
-        if (u.piece < split - 1) {
-          float* mine = ws + static_cast<int64_t>(u.piece) * 256 * kAcc;
-#pragma unroll
-          for (int q = 0; q < kAcc; ++q) __stcg(mine + q * 256 + mt, acc[q]);
-          asm volatile("bar.sync 1, 256;" ::: "memory");  // every math thread's partials stored
-          if (mt == 0) {
-            __threadfence();
-            atomicExch(flags + u.piece, 1);
-          }
-          continue;  // the last piece stores the tile
-        }
-        if (mt == 0) {
-          for (int p = 0; p < split - 1; ++p) {
-            const long long start = clock64();
-            while (atomicAdd(flags + p, 0) == 0)
-              if (clock64() - start > (1ll << 35)) __trap();
-          }
-          __threadfence();
-        }
-        asm volatile("bar.sync 1, 256;" ::: "memory");
-        for (int p = 0; p < split - 1; ++p) {  // in piece order: the same sums every run
-          const float* part = ws + static_cast<int64_t>(p) * 256 * kAcc;
-#pragma unroll
-          for (int q = 0; q < kAcc; ++q) acc[q] += __ldcg(part + q * 256 + mt);
-        }
-        if (mt == 0)
-          for (int p = 0; p < split - 1; ++p) flags[p] = 0;  // ready for the next launch
-      }
+      if (u.piece >= 0 && !split_tail_combine(acc, a, u.t - full_tiles, u.piece, split)) continue;
     }
 #endif
 

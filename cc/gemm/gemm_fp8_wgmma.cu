@@ -144,6 +144,7 @@ const char* fp8_unsupported_reason(const Fp8LaunchParams& p) {
 #ifdef A2A_GEMM_ABLATIONS
   if (p.ablate != 0 && (p.swap_tokens == 0 || p.swap_cluster != 1 || p.ablate < 0 || p.ablate > 4))
     return "ablations: 1..4, on the swap-AB kernel's single CTAs";
+  if (p.ablate >= 1 && p.ablate <= 3 && p.y_f32) return "ablations 1..3 are compiled with bf16 out only";
   if (p.ablate == 4 && (p.split_ws == nullptr || p.split_flags == nullptr))
     return "the split tail (ablate 4) needs split_ws and split_flags";
 #else
