@@ -235,28 +235,8 @@ HostReference run_reference(const Case& c, const Buffers& b, const std::vector<i
   return out;
 }
 
-// Fp8LaunchParams::ablate 0..4 (fp8_wgmma_swap.cuh, Ablate; 4 is a variant with correct outputs)
-const char* const kAblations[] = {"", " no-math", " no-x", " no-promote", " split-tail"};
-
-// The split tail's workspace (ablate 4): a CTA's f32 partials (256 threads x 80 floats at most)
-// and a flag per CTA, zeroed once (the kernel leaves the flags zero).
-void set_split(a2a::gemm::wgmma::Fp8LaunchParams& p) {
-#ifdef A2A_GEMM_ABLATIONS
-  static float* ws = nullptr;
-  static int* flags = nullptr;
-  if (ws == nullptr) {
-    int sms = 0;
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    CK(cudaMalloc(&ws, static_cast<size_t>(sms) * 256 * 80 * 4));
-    CK(cudaMalloc(&flags, static_cast<size_t>(sms) * 4));
-    CK(cudaMemset(flags, 0, static_cast<size_t>(sms) * 4));
-  }
-  p.split_ws = ws;
-  p.split_flags = flags;
-#else
-  (void)p;
-#endif
-}
+// Fp8LaunchParams::ablate 0..3 (fp8_wgmma_swap.cuh, Ablate)
+const char* const kAblations[] = {"", " no-math", " no-x", " no-promote"};
 
 // A variant's label: the promotion order, and swapN for the swap-AB kernel with N-token tiles.
 std::string label(bool serial, int swap, int cluster = 1) {
@@ -264,7 +244,7 @@ std::string label(bool serial, int swap, int cluster = 1) {
   return serial ? "serial" : "overlap";
 }
 
-bool check(const Case& c, std::mt19937& gen, int row_step, bool serial, int swap = 0, int cluster = 1, int ablate = 0) {
+bool check(const Case& c, std::mt19937& gen, int row_step, bool serial, int swap = 0, int cluster = 1) {
   Buffers b = make_buffers(c, gen, true);
   const auto groups = row_groups(c, b.total_rows);
   const size_t ybytes = static_cast<size_t>(b.total_rows) * c.n * (c.y_f32 ? 4 : 2);
@@ -273,8 +253,6 @@ bool check(const Case& c, std::mt19937& gen, int row_step, bool serial, int swap
   p.serial_promotion = serial;
   p.swap_tokens = swap;
   p.swap_cluster = cluster;
-  p.ablate = ablate;
-  if (ablate == 4) set_split(p);
   if (const char* why = a2a::gemm::wgmma::fp8_unsupported_reason(p)) {
     std::printf("%-22s UNSUPPORTED: %s\n", c.name.c_str(), why);
     free_buffers(b);
@@ -320,7 +298,7 @@ bool check(const Case& c, std::mt19937& gen, int row_step, bool serial, int swap
   }
   const bool ok = bad == 0 && untouched_wrong == 0;
   std::printf("%-22s %-11s %s  checked %lld, bad %lld, rows outside groups written %lld, max err / abs-sum %.2e\n",
-              c.name.c_str(), (label(serial, swap, cluster) + kAblations[ablate]).c_str(), ok ? "PASS" : "FAIL", static_cast<long long>(checked), static_cast<long long>(bad),
+              c.name.c_str(), label(serial, swap, cluster).c_str(), ok ? "PASS" : "FAIL", static_cast<long long>(checked), static_cast<long long>(bad),
               static_cast<long long>(untouched_wrong), worst);
   free_buffers(b);
   return ok;
@@ -428,7 +406,6 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
   p.swap_tokens = swap;
   p.swap_cluster = cluster;
   p.ablate = ablate;
-  if (ablate == 4) set_split(p);
   if (const char* why = a2a::gemm::wgmma::fp8_unsupported_reason(p)) {
     std::printf("%-22s %s: refused: %s\n", c.name.c_str(), label(serial, swap, cluster).c_str(), why);
     free_buffers(b);
@@ -495,7 +472,6 @@ void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate) {
   p.serial_promotion = true;
   p.swap_tokens = swap;
   p.ablate = ablate;
-  if (ablate == 4) set_split(p);
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   constexpr int kPer = 64;
@@ -619,21 +595,10 @@ int main(int argc, char** argv) {
       for (const auto& [name, n, k] : {std::tuple<const char*, int, int>{"-gate+up", 4096, 7168}, {"-down", 7168, 2048}}) {
         Case c{"decode-L" + std::to_string(L) + name, L, 1024, n, k, false, false, uniform_sizes(L, 1024, gen)};
         if (c.name.find(only) == std::string::npos) continue;
-        for (int ab = 0; ab < 5; ++ab) time_case(c, gen, 30, true, false, tok, 1, ab);
-        if (L <= 32)
-          for (int ab : {0, 4}) trace_case(c, gen, tok, ab);
+        for (int ab = 0; ab < 4; ++ab) time_case(c, gen, 30, true, false, tok, 1, ab);
+        if (L <= 32) trace_case(c, gen, tok, 0);
       }
     }
-    // the split tail's outputs (its tail tiles split at L = 8 down: 448 tiles, 52 in the last round)
-    std::vector<Case> cs = {
-        {"decode-L8-down-f32", 8, 1024, 7168, 2048, false, true, uniform_sizes(8, 1024, gen)},
-        {"decode-L8-down-bf16", 8, 1024, 7168, 2048, false, false, uniform_sizes(8, 1024, gen)},
-        {"expert-major-f32", 4, 96, 384, 256, true, true, {96, 0, 33, 200}},
-        {"ragged-L100-negatives", 100, 1200, 256, 256, false, false, std::vector<int>(100, 12)},
-        {"ragged-small-bf16", 4, 300, 256, 512, false, false, {100, 0, 150, 37}},
-    };
-    for (const auto& c : cs)
-      for (int tok : {32, 160}) ok = check(c, gen, 1, true, tok, 1, 4) && ok;
   }
   if (what == "all" || what == "time") {
     std::vector<std::pair<Case, int>> ts;

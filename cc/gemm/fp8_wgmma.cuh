@@ -75,10 +75,6 @@ struct Fp8Args {
   // for its i-th tile (i < trace_per_cta).
   unsigned long long* trace = nullptr;
   int trace_per_cta = 0;
-  // Ablate::kSplitTail (fp8_wgmma_swap.cuh): f32 partial sums, (CTAs) x 256 x kTok / 2 floats at
-  // most, and one int flag per CTA, zero before the first launch (the kernel leaves them zero).
-  float* split_ws = nullptr;
-  int* split_flags = nullptr;
 #endif
 };
 

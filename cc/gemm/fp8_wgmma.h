@@ -57,8 +57,6 @@ struct Fp8LaunchParams {
 #ifdef A2A_GEMM_ABLATIONS
   unsigned long long* trace = nullptr;  // Fp8Args::trace (fp8_wgmma.cuh): per-tile timestamps
   int trace_per_cta = 0;
-  float* split_ws = nullptr;  // ablate 4 (stream-K for the last round): Fp8Args::split_ws / split_flags
-  int* split_flags = nullptr;
 #endif
   // The gate+up GEMM with the SwiGLU epilogue (fp8_wgmma.cuh, Epi::kSwigluFp8): w [L, 2F, K] (n =
   // 2F, F % 128 == 0), writes h e4m3 [rows, F] and h_scale f32 [rows, F/128] instead of y. Rows

@@ -15,9 +15,12 @@
 //   warp 0 (lane 0)  TMA: the weight tile [128, 128] into a, the x tile [kTok, 128] into b, per
 //                    k-block, into a ring of kStages stages;
 //   warp 1           the x scales of the stage's tokens and k-block into the stage's sx[kTok]
-//                    (x_scale [rows, K/128] is read one float per token: strided, from L2; the
-//                    ring hides it). Its 32 lanes arrive on the stage's `full` barrier with the
-//                    TMA bytes, so a math warp that sees the stage full sees its scales;
+//                    (x_scale [rows, K/128] is read one float per token: strided, from L2) with
+//                    cp.async, each lane's arrival on the stage's `full` barrier made when its
+//                    copies land (cp.async.mbarrier.arrive.noinc), so a math warp that sees the
+//                    stage full sees its scales, and the warp moves on to the next stage at once:
+//                    loading and waiting a stage at a time (one L2 round trip per k-block) cost
+//                    ~3 us per GEMM at L = 8 (notes/benchmarks.md, 2026-12-05);
 //   warpgroups 1-2   math: each owns 64 weight rows (m64 n kTok k32 WGMMAs, 4 per k-block); a
 //                    thread's accumulators are weight rows r, r + 8 x tokens 8j + c0 (+1), so the
 //                    promotion's x scale varies along the registers (sx from shared memory, two
@@ -112,6 +115,19 @@ __device__ __forceinline__ void promote_swap(float (&acc)[kN], const float (&d)[
   }
 }
 
+// One float global -> shared without registers (cp.async, L1-cached: a token's x_scale row serves
+// 8 k-blocks per 32-byte sector); valid false writes 0.
+__device__ __forceinline__ void cp_async_f32(float* dst, const float* src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+// The barrier receives one of its expected arrivals once every cp.async this thread issued before
+// has landed (.noinc: the arrival is one of the barrier's count, not an extra one).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(addr) : "memory");
+}
+
 template <class OutT>
 __device__ __forceinline__ void store_one(OutT* p, float v);
 template <>
@@ -131,54 +147,7 @@ enum class Ablate : int {
   kNoMath = 1,     // the math warps release each stage as soon as it is full: the loads alone
   kNoX = 2,        // the x tile is not loaded (the WGMMAs read the stage's stale bytes): weights alone
   kNoPromote = 3,  // the WGMMAs accumulate straight into acc, one k-block in flight: no promotion
-  // a variant with correct outputs (Fp8Args::split_ws / split_flags; single CTAs): stream-K for the
-  // last, partial round. Its tiles are split along K into `split` pieces (as many as the idle CTAs
-  // allow, at most one per k-block), spread over the CTAs; pieces 0..split-2 leave f32 partial sums
-  // in split_ws and raise their flag, the last piece adds them in piece order and stores the tile.
-  kSplitTail = 4,
 };
-
-#ifdef A2A_GEMM_ABLATIONS
-// Ablate::kSplitTail: piece `piece` of tail tile j (of `split` pieces) hands its partial sums over.
-// Pieces 0..split-2 store acc in split_ws and raise their flag (false: this CTA stores nothing);
-// the last waits for those flags, adds the partials to acc in piece order (the same sums every
-// run), clears the flags for the next launch, and returns true (it stores the tile). Called by
-// the 256 math threads together (named barrier 1).
-template <int kAcc>
-__device__ bool split_tail_combine(float (&acc)[kAcc], const Fp8Args& a, int j, int piece, int split) {
-  const int mt = static_cast<int>(threadIdx.x) - 128;  // 0..255, the math threads
-  float* ws = a.split_ws + static_cast<int64_t>(j) * (split - 1) * 256 * kAcc;
-  int* flags = a.split_flags + j * (split - 1);
-  if (piece < split - 1) {
-    float* mine = ws + static_cast<int64_t>(piece) * 256 * kAcc;
-#pragma unroll
-    for (int q = 0; q < kAcc; ++q) __stcg(mine + q * 256 + mt, acc[q]);
-    asm volatile("bar.sync 1, 256;" ::: "memory");  // every math thread's partials stored
-    if (mt == 0) {
-      __threadfence();
-      atomicExch(flags + piece, 1);
-    }
-    return false;
-  }
-  if (mt == 0) {
-    for (int p = 0; p < split - 1; ++p) {
-      const long long start = clock64();
-      while (atomicAdd(flags + p, 0) == 0)
-        if (clock64() - start > (1ll << 35)) __trap();
-    }
-    __threadfence();
-  }
-  asm volatile("bar.sync 1, 256;" ::: "memory");
-  for (int p = 0; p < split - 1; ++p) {
-    const float* part = ws + static_cast<int64_t>(p) * 256 * kAcc;
-#pragma unroll
-    for (int q = 0; q < kAcc; ++q) acc[q] += __ldcg(part + q * 256 + mt);
-  }
-  if (mt == 0)
-    for (int p = 0; p < split - 1; ++p) flags[p] = 0;
-  return true;
-}
-#endif
 
 // tma_x: boxes of kTok / kCluster rows (each CTA of a pair loads its half for both).
 template <class OutT, int kTok, int kCluster, Ablate kAblate = Ablate::kFull>
@@ -225,42 +194,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     tile.nt = tile.nt * kCluster + static_cast<int>(crank);
     return tile;
   };
-  // The CTA's units of work, w = cluster_id, + clusters, ...: whole tiles below full_tiles; with
-  // kSplitTail, then piece v % split of tail tile full_tiles + v / split (v = w - full_tiles <
-  // tail * split: one piece at most per CTA, full_tiles being a multiple of the clusters).
-  int full_tiles = total_tiles, split = 1;
-  if constexpr (kAblate == Ablate::kSplitTail) {
-    const int tail = total_tiles % clusters;
-    const int sp = tail > 0 ? min(clusters / tail, kblocks) : 1;
-    if (sp > 1) full_tiles = total_tiles - tail, split = sp;
-  }
-  struct Unit {
-    int t, kb0, kb1, piece;  // tile, its k-blocks [kb0, kb1), piece (-1: the whole tile)
-  };
-  auto unit_of = [&](int w, Unit& u) {
-    if (w < full_tiles) {
-      u = Unit{w, 0, kblocks, -1};
-      return true;
-    }
-    const int v = w - full_tiles;
-    if (split == 1 || v >= (total_tiles - full_tiles) * split) return false;
-    const int piece = v % split;
-    u = Unit{full_tiles + v / split, piece * kblocks / split, (piece + 1) * kblocks / split, piece};
-    return true;
-  };
 
   if (wg == 0) {  // producers
     cutlass::arch::warpgroup_reg_dealloc<40>();
     if (warp == 0 && lane == 0) {  // TMA
       uint32_t it = 0;
       constexpr int kHalf = kTok / kCluster;  // rows of x this CTA loads (for both CTAs of a pair)
-      Unit u;
-      for (int w = cluster_id; unit_of(w, u); w += clusters) {
-        const Tile tile = tile_of(u.t);
+      for (int t = cluster_id; t < total_tiles; t += clusters) {
+        const Tile tile = tile_of(t);
         const int32_t xrow = static_cast<int32_t>(s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok) +
                              static_cast<int32_t>(crank) * kHalf;
         const int32_t wrow = tile.l * a.n + tile.nt * kBN;
-        for (int kb = u.kb0; kb < u.kb1; ++kb, ++it) {
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int st = static_cast<int>(it % kSt);
           wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
           constexpr uint32_t kBytes = kAblate == Ablate::kNoX ? kBN * kBK : SwapConfig<kTok>::kStageBytes;
@@ -280,19 +225,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else if (warp == 1) {  // x scales
       uint32_t it = 0;
-      Unit u;
-      for (int w = cluster_id; unit_of(w, u); w += clusters) {
-        const Tile tile = tile_of(u.t);
+      for (int t = cluster_id; t < total_tiles; t += clusters) {
+        const Tile tile = tile_of(t);
         const int64_t row0 = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
         const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
-        for (int kb = u.kb0; kb < u.kb1; ++kb, ++it) {
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int st = static_cast<int>(it % kSt);
           wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
 #pragma unroll
-          for (int i = lane; i < kTok; i += 32) s.sx[st][i] = i < tile_rows ? __ldg(a.x_scale + (row0 + i) * kblocks + kb) : 0.f;
-          cutlass::arch::ClusterBarrier::arrive(&s.full[st]);  // release: the stores above before it
+          for (int i = lane; i < kTok; i += 32)
+            cp_async_f32(&s.sx[st][i], i < tile_rows ? a.x_scale + (row0 + i) * kblocks + kb : a.x_scale, i < tile_rows);
+          cp_async_arrive_noinc(&s.full[st]);  // arrives once this lane's copies have landed
         }
       }
+      asm volatile("cp.async.wait_all;" ::: "memory");
     }
     __syncwarp();
     if constexpr (kCluster > 1) {  // neither CTA exits while the other may still arrive on its barriers
@@ -322,12 +268,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 #endif
 
-  Unit u;
-  for (int w = cluster_id; unit_of(w, u); w += clusters) {
+  for (int t = cluster_id; t < total_tiles; t += clusters) {
 #ifdef A2A_GEMM_ABLATIONS
     stamp(0);
 #endif
-    const Tile tile = tile_of(u.t);
+    const Tile tile = tile_of(t);
     const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
     const int64_t row_base = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
     const float* sw = a.w_scale + (static_cast<int64_t>(tile.l) * tiles_n + tile.nt) * kblocks;
@@ -357,25 +302,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kCluster > 1) cutlass::arch::ClusterBarrier::arrive(&s.empty[st], crank ^ 1u, lane == 0);
     };
     if constexpr (kAblate == Ablate::kNoMath) {
-      for (int kb = u.kb0; kb < u.kb1; ++kb, ++it) {
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
         wait_or_trap(&s.full[it % kSt], (it / kSt) & 1);
         __syncwarp();
         release(it);
       }
     } else if constexpr (kAblate == Ablate::kNoPromote) {
-      for (int kb = u.kb0; kb < u.kb1; ++kb, ++it) {
-        issue(acc, it, kb > u.kb0);
-        if (kb > u.kb0) {
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        issue(acc, it, kb > 0);
+        if (kb > 0) {
           cute::warpgroup_wait<1>();
           release(it - 1);
         }
       }
       cute::warpgroup_wait<0>();
       fence_regs(acc);
-      if (u.kb1 > u.kb0) release(it - 1);
+      if (kblocks > 0) release(it - 1);
     } else {
       float t0[kAcc];
-      for (int kb = u.kb0; kb < u.kb1; ++kb, ++it) {
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
         issue(t0, it);
         const float wsc = __ldg(sw + kb);
         cute::warpgroup_wait<0>();
@@ -385,11 +330,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         release(it);  // sx lives in the stage: released after the promotion
       }
     }
-#ifdef A2A_GEMM_ABLATIONS
-    if constexpr (kAblate == Ablate::kSplitTail) {
-      if (u.piece >= 0 && !split_tail_combine(acc, a, u.t - full_tiles, u.piece, split)) continue;
-    }
-#endif
 
     // Epilogue: y[row_base + token, n0 + r] for tokens 8j + c0 (+1) below tile_rows, weight rows r_lo (+8).
     OutT* ycol = y + row_base * a.n + static_cast<int64_t>(tile.nt) * kBN + mwg * 64 + r_lo;

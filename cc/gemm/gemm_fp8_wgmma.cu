@@ -110,8 +110,6 @@ cudaError_t launch_swap_typed(const CUtensorMap& tx, const CUtensorMap& tw, cons
     case 1: return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kNoMath>(tx, tw, a, sms, stream);
     case 2: return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kNoX>(tx, tw, a, sms, stream);
     case 3: return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kNoPromote>(tx, tw, a, sms, stream);
-    case 4: return y_f32 ? launch_swap<float, kTok, 1, Ablate::kSplitTail>(tx, tw, a, sms, stream)
-                         : launch_swap<__nv_bfloat16, kTok, 1, Ablate::kSplitTail>(tx, tw, a, sms, stream);
     default: break;
   }
 #else
@@ -142,11 +140,9 @@ const char* fp8_unsupported_reason(const Fp8LaunchParams& p) {
     if (p.swap_cluster == 2 && (p.n / kBN) % 2 != 0) return "CTA pairs (swap_cluster 2) need N / 128 even";
   }
 #ifdef A2A_GEMM_ABLATIONS
-  if (p.ablate != 0 && (p.swap_tokens == 0 || p.swap_cluster != 1 || p.ablate < 0 || p.ablate > 4))
-    return "ablations: 1..4, on the swap-AB kernel's single CTAs";
-  if (p.ablate >= 1 && p.ablate <= 3 && p.y_f32) return "ablations 1..3 are compiled with bf16 out only";
-  if (p.ablate == 4 && (p.split_ws == nullptr || p.split_flags == nullptr))
-    return "the split tail (ablate 4) needs split_ws and split_flags";
+  if (p.ablate != 0 && (p.swap_tokens == 0 || p.swap_cluster != 1 || p.ablate < 0 || p.ablate > 3))
+    return "ablations: 1..3, on the swap-AB kernel's single CTAs";
+  if (p.ablate != 0 && p.y_f32) return "ablations are compiled with bf16 out only";
 #else
   if (p.ablate != 0) return "ablations are compiled into benchmarks/gemm_probe.cu only (A2A_GEMM_ABLATIONS)";
 #endif
@@ -177,8 +173,6 @@ cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
 #ifdef A2A_GEMM_ABLATIONS
   a.trace = p.trace;
   a.trace_per_cta = p.trace_per_cta;
-  a.split_ws = p.split_ws;
-  a.split_flags = p.split_flags;
 #endif
   int sms = p.sm_count;
   if (sms <= 0) {
