@@ -14,7 +14,9 @@
 // Structure (one persistent CTA per SM, 384 threads), as fp8_wgmma.cuh except:
 //   warp 0 (lane 0)  TMA: the weight tile [128, 128] into a, the x tile [kTok, 128] into b, per
 //                    k-block, into a ring of kStages stages;
-//   warp 1           the x scales of the stage's tokens and k-block into the stage's sx[kTok]
+//   warp 1           the x scales of the stage's tokens and k-block into the stage's sx[kTok],
+//                    and the weight tile's scale into its sw (read by the math warps from shared
+//                    memory: a global load there stalled the promotion, ncu 2026-12-05)
 //                    (x_scale [rows, K/128] is read one float per token: strided, from L2) with
 //                    cp.async, each lane's arrival on the stage's `full` barrier made when its
 //                    copies land (cp.async.mbarrier.arrive.noinc), so a math warp that sees the
@@ -57,7 +59,7 @@ struct SwapConfig {
   static constexpr size_t kTableBytes = kMaxGroups * (8 + 4 + 4);
   // As many stages as fit 227 KB of shared memory (the table and 1 KB of alignment slack aside), at most 8.
   static constexpr int kStages = [] {
-    const size_t per = kStageBytes + kTok * 4 + 16;
+    const size_t per = kStageBytes + kTok * 4 + 4 + 16;
     const size_t n = (227 * 1024 - kTableBytes - 2048) / per;
     return static_cast<int>(n > 8 ? 8 : n);
   }();
@@ -71,6 +73,7 @@ struct alignas(1024) SwapStorage {
   uint8_t a[kStages][kBN * kBK];   // weight tile: 128 rows of w[l] x 128 k (1024-byte aligned)
   uint8_t b[kStages][kTok * kBK];  // x tile: kTok rows x 128 k (kTok % 8 == 0 keeps 1024-byte alignment)
   float sx[kStages][kTok];         // x_scale of the tile's tokens at the stage's k-block (0 past the tile)
+  float sw[kStages];               // w_scale of the tile's 128 weight rows at the stage's k-block
   uint64_t full[kStages];          // TMA bytes + warp 1's 32 arrivals
   uint64_t empty[kStages];         // one arrival per math warp, after the promotion
   int64_t row_start[kMaxGroups];
@@ -161,7 +164,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kAcc = kTok / 2;  // accumulator registers per thread (m64 x kTok over 128 threads)
   using M = typename SwapMma<kTok>::type;
   extern __shared__ uint8_t smem_raw[];
-  Storage& s = *reinterpret_cast<Storage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  // aligned by pointer arithmetic on smem_raw (not through an integer), so the compiler keeps
+  // knowing these are shared-memory addresses (LDS, not generic loads, in the promotion)
+  Storage& s = *reinterpret_cast<Storage*>(smem_raw + ((1024u - (static_cast<uint32_t>(reinterpret_cast<uintptr_t>(smem_raw)) & 1023u)) & 1023u));
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   const int lane = threadIdx.x & 31;
@@ -229,12 +234,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         const Tile tile = tile_of(t);
         const int64_t row0 = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
         const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
+        const float* sw = a.w_scale + (static_cast<int64_t>(tile.l) * tiles_n + tile.nt) * kblocks;
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int st = static_cast<int>(it % kSt);
           wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
 #pragma unroll
           for (int i = lane; i < kTok; i += 32)
             cp_async_f32(&s.sx[st][i], i < tile_rows ? a.x_scale + (row0 + i) * kblocks + kb : a.x_scale, i < tile_rows);
+          if (lane == 0) cp_async_f32(&s.sw[st], sw + kb, true);
           cp_async_arrive_noinc(&s.full[st]);  // arrives once this lane's copies have landed
         }
       }
@@ -275,7 +282,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Tile tile = tile_of(t);
     const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
     const int64_t row_base = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
-    const float* sw = a.w_scale + (static_cast<int64_t>(tile.l) * tiles_n + tile.nt) * kblocks;
 
     float acc[kAcc];
 #pragma unroll
@@ -322,10 +328,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       float t0[kAcc];
       for (int kb = 0; kb < kblocks; ++kb, ++it) {
         issue(t0, it);
-        const float wsc = __ldg(sw + kb);
+        const int st = static_cast<int>(it % kSt);
+        const float wsc = s.sw[st];
         cute::warpgroup_wait<0>();
         fence_regs(t0);
-        const int st = static_cast<int>(it % kSt);
         promote_swap(acc, t0, wsc, s.sx[st], c0);
         release(it);  // sx lives in the stage: released after the promotion
       }
