@@ -14,20 +14,20 @@
 // Structure (one persistent CTA per SM, 384 threads), as fp8_wgmma.cuh except:
 //   warp 0 (lane 0)  TMA: the weight tile [128, 128] into a, the x tile [kTok, 128] into b, per
 //                    k-block, into a ring of kStages stages;
-//   warp 1           the x scales of the stage's tokens and k-block into the stage's sx[kTok],
-//                    and the weight tile's scale into its sw (read by the math warps from shared
-//                    memory: a global load there stalled the promotion, ncu 2026-12-05)
-//                    (x_scale [rows, K/128] is read one float per token: strided, from L2) with
-//                    cp.async, each lane's arrival on the stage's `full` barrier made when its
-//                    copies land (cp.async.mbarrier.arrive.noinc), so a math warp that sees the
-//                    stage full sees its scales, and the warp moves on to the next stage at once:
-//                    loading and waiting a stage at a time (one L2 round trip per k-block) cost
-//                    ~3 us per GEMM at L = 8 (notes/benchmarks.md, 2026-12-05);
+//   warp 1           the stage's scales: the x scales of its tokens at its k-block into sx[kTok]
+//                    (x_scale [rows, K/128], one float per token: strided, from L2) and the
+//                    weight tile's scale into sw, by cp.async. Each lane's arrival on the stage's
+//                    `full` barrier is made when its copies land (cp.async.mbarrier.arrive.noinc),
+//                    so a math warp that sees the stage full sees its scales, and the warp moves
+//                    on to the next stage at once. Loading and waiting a stage at a time (one L2
+//                    round trip per k-block) cost ~3 us per GEMM at L = 8, and the weight scale's
+//                    global load in the promotion stalled the math warps (ncu; notes/benchmarks.md,
+//                    2026-12-05);
 //   warpgroups 1-2   math: each owns 64 weight rows (m64 n kTok k32 WGMMAs, 4 per k-block); a
 //                    thread's accumulators are weight rows r, r + 8 x tokens 8j + c0 (+1), so the
 //                    promotion's x scale varies along the registers (sx from shared memory, two
-//                    floats a load) and the weight scale is one per k-block. The stage is released
-//                    after its promotion (sx lives in it).
+//                    floats a load) and the weight scale is one per k-block (sw). The stage is
+//                    released after its promotion (its scales live in it).
 //   epilogue         y[token, n] written element by element from the registers (y^T's layout),
 //                    tokens past the tile masked.
 // Tiles: (group l, token tile, n-tile), numbered as fp8_wgmma.cuh's with kTok-row token tiles.
