@@ -93,3 +93,37 @@ def test_gemm_probe_compiles(tmp_path):
            "-o", str(tmp_path / "gemm_probe")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or _cutlass_include() is None,
+                    reason="needs nvcc and the nvidia-cutlass wheel's headers")
+def test_swap_kernel_promotion_reads_its_scales_from_shared_memory(tmp_path):
+    """Every instance of the swap-AB fp8 kernel (cc/gemm/fp8_wgmma_swap.cuh, as the library builds
+    it) reads a k-block's scales from the stage in shared memory: the x scales as
+    ld.shared.v2.f32 (at least kTok / 8 of them, promote_swap), the weight scale copied there by
+    warp 1, so no global f32 load and no generic (address-space-less) load is left. Both used to
+    be there (the storage's address went through an integer, so the compiler lost the address
+    space, and the weight scale was loaded from global memory in the promotion) and cost ~8 % at
+    decode L = 8 on an H100 (notes/benchmarks.md, 2026-12-05, twenty-second session)."""
+    import re
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ptx = tmp_path / "gemm_fp8_wgmma.ptx"
+    cmd = ["nvcc", "-std=c++17", "-O3", "-arch=sm_90a", "--expt-relaxed-constexpr", f"-I{repo}/cc",
+           f"-I{_cutlass_include()}", "-ptx", f"{repo}/cc/gemm/gemm_fp8_wgmma.cu", "-o", str(ptx)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = ptx.read_text()
+    starts = [m.start() for m in re.finditer(r"\.entry ", text)] + [len(text)]
+    seen = []
+    for a, b in zip(starts, starts[1:]):
+        body = text[a:b]
+        m = re.search(r"fp8_swap_kernelI(?:13__nv_bfloat16|f)Li(\d+)ELi(\d+)E", body[:400])
+        if m is None:
+            continue
+        tok = int(m.group(1))
+        seen.append((tok, int(m.group(2))))
+        generic = re.findall(r"\bld\.(?!shared|global|param|local|const)[a-z0-9.]*\s", body)
+        assert not generic, f"swap kernel kTok={tok}: generic loads {generic[:4]} (shared memory seen as generic?)"
+        assert not re.findall(r"ld\.global\.nc\.f32", body), f"swap kernel kTok={tok}: a global f32 load (a scale?) left"
+        assert len(re.findall(r"ld\.shared\.v2\.f32", body)) >= tok // 8, f"swap kernel kTok={tok}: promotion not reading sx by LDS"
+    assert sorted(set(seen)) == [(t, c) for t in (32, 64, 128, 160) for c in (1, 2)], seen
