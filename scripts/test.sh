@@ -7,8 +7,9 @@ source scripts/setup.sh
 cd tests   # import the installed package, not the source tree
 # XLA's compiled programs kept on disk for this run only (a fresh directory, removed at exit), so
 # the pytest workers and the tests that build the same program again skip its compile: the
-# single-process stage took 17 min 10 s instead of 20 min 0 s on the 2-core VM (2026-12-05). JAX
-# keeps no entries under mpirun on CPUs (those stages are unchanged). A cache dir set by the caller wins.
+# single-process stage took 17 min 10 s instead of 20 min 0 s on the 2-core VM (2026-12-05). Under
+# mpirun on CPUs JAX wrote almost nothing (6 entries for test_multiaxis.py, the same 48 s), so those
+# stages are unchanged. A cache directory set by the caller wins.
 if [ -z "${JAX_COMPILATION_CACHE_DIR:-}" ]; then
   JAX_COMPILATION_CACHE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/jax-moe-a2a-xla-cache.XXXXXX")
   trap 'rm -rf "$JAX_COMPILATION_CACHE_DIR"' EXIT
