@@ -47,6 +47,7 @@
 #include <utility>
 
 #include "cute/arch/cluster_sm90.hpp"
+#include "cute/arch/copy_sm80.hpp"
 #include "cute/arch/mma_sm90_gmma_ext.hpp"
 #include "gemm/fp8_wgmma.cuh"
 
@@ -116,19 +117,6 @@ __device__ __forceinline__ void promote_swap(float (&acc)[kN], const float (&d)[
     acc[4 * j + 2] = fmaf(d[4 * j + 2], s0, acc[4 * j + 2]);
     acc[4 * j + 3] = fmaf(d[4 * j + 3], s1, acc[4 * j + 3]);
   }
-}
-
-// One float global -> shared without registers (cp.async, L1-cached: a token's x_scale row serves
-// 8 k-blocks per 32-byte sector); valid false writes 0.
-__device__ __forceinline__ void cp_async_f32(float* dst, const float* src, bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(valid ? 4 : 0) : "memory");
-}
-// The barrier receives one of its expected arrivals once every cp.async this thread issued before
-// has landed (.noinc: the arrival is one of the barrier's count, not an extra one).
-__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(addr) : "memory");
 }
 
 template <class OutT>
@@ -240,9 +228,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
 #pragma unroll
           for (int i = lane; i < kTok; i += 32)
-            cp_async_f32(&s.sx[st][i], i < tile_rows ? a.x_scale + (row0 + i) * kblocks + kb : a.x_scale, i < tile_rows);
-          if (lane == 0) cp_async_f32(&s.sw[st], sw + kb, true);
-          cp_async_arrive_noinc(&s.full[st]);  // arrives once this lane's copies have landed
+            cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<float>::copy(  // without registers; zeros past the tile
+                *(i < tile_rows ? a.x_scale + (row0 + i) * kblocks + kb : a.x_scale), s.sx[st][i], i < tile_rows);
+          if (lane == 0) cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<float>::copy(sw[kb], s.sw[st], true);
+          // one of the barrier's expected arrivals (.noinc), made once this lane's copies have landed
+          cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[st]);
         }
       }
       asm volatile("cp.async.wait_all;" ::: "memory");
