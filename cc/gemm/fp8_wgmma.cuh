@@ -24,7 +24,8 @@
 // Shapes: x [rows, K] e4m3 (ragged: rows = R, groups back to back from row 0; expert_major: rows =
 // L*C, group l from row l*C), x_scale f32 [rows, K/128], w [L, N, K] e4m3, w_scale f32
 // [L, N/128, K/128], group_sizes int32 [L], y [rows, N]. N and K multiples of 128, L <=
-// kMaxGroups. Rows of y no group covers are not written (the launcher zeroes them).
+// kMaxGroups. Rows of y no group covers get zeros (zero_rows_outside_groups: the producer warpgroup's
+// idle warps, while the GEMM runs).
 #pragma once
 
 #include <cstdint>
@@ -284,6 +285,35 @@ __device__ __forceinline__ void swiglu_fp8_store(const float (&up)[64], const ui
   }
 }
 
+// The output rows no group covers get zeros (kSwigluFp8: h = 0 and the all-zero block's scale,
+// fp8_block_scale(0)), written by the producer warpgroup's idle warps 2 and 3 of every CTA while the
+// math runs: no zeroing kernel ahead of the GEMM (at decode it had nothing to zero and still cost a
+// launch). worker / workers: this warp's index among all such warps of the grid. Ragged: rows
+// [covered, R) with covered the group table's end (min(sum of the sizes, R)); expert_major: rows
+// l*C + c with c >= m_rows[l]. A warp takes whole rows, 16-byte stores (a row is N * sizeof(OutT),
+// or F, bytes: multiples of 128). After build_group_table (reads s).
+template <class OutT, Epi kEpi, class Storage>
+__device__ __forceinline__ void zero_rows_outside_groups(const Fp8Args& a, const Storage& s, int worker, int workers) {
+  const int lane = threadIdx.x & 31;
+  const int last = a.num_groups - 1;
+  const int64_t first = a.expert_major ? 0 : s.row_start[last] + s.m_rows[last];
+  constexpr bool kH = kEpi == Epi::kSwigluFp8;
+  const int64_t row_vecs = (kH ? a.n / 2 : static_cast<int64_t>(a.n) * static_cast<int64_t>(sizeof(OutT))) / 16;
+  uint4* base = static_cast<uint4*>(kH ? static_cast<void*>(a.h) : a.y);
+  for (int64_t row = first + worker; row < a.rows; row += workers) {
+    if (a.expert_major) {
+      const int64_t l = row / a.per_group_rows;
+      if (row - l * a.per_group_rows < s.m_rows[l]) continue;
+    }
+    uint4* dst = base + row * row_vecs;
+    for (int64_t i = lane; i < row_vecs; i += 32) dst[i] = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kH) {
+      const int nb = a.n / (2 * kBN);
+      for (int i = lane; i < nb; i += 32) a.h_scale[row * nb + i] = fp8_block_scale(0.0f, false);
+    }
+  }
+}
+
 // kOverlap: the two-accumulator loop above; false: one temporary accumulator, each k-block's WGMMAs
 // waited for before their promotion (CUTLASS's and DeepGEMM's order), kept to measure what the
 // overlap buys in the same run (benchmarks/gemm_probe.cu).
@@ -341,6 +371,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+    } else if (warp >= 2) {
+      zero_rows_outside_groups<OutT, kEpi>(a, s, blockIdx.x * 2 + (warp - 2), gridDim.x * 2);
     }
     return;
   }

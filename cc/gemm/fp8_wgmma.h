@@ -2,7 +2,7 @@
 //
 // Layer `gemm` (cc/LAYERS). Shapes as in fp8_wgmma.cuh: x [rows, K] e4m3, x_scale f32 [rows, K/128],
 // w [L, N, K] e4m3, w_scale f32 [L, N/128, K/128], group_sizes int32 [L] (device), y [rows, N] bf16
-// or f32. Rows of y outside every group are left as they are (the caller zeroes them).
+// or f32. Rows of y outside every group get zeros (the kernel writes them).
 #pragma once
 
 #include <cstdint>
@@ -60,7 +60,7 @@ struct Fp8LaunchParams {
 #endif
   // The gate+up GEMM with the SwiGLU epilogue (fp8_wgmma.cuh, Epi::kSwigluFp8): w [L, 2F, K] (n =
   // 2F, F % 128 == 0), writes h e4m3 [rows, F] and h_scale f32 [rows, F/128] instead of y. Rows
-  // outside every group are left as they are.
+  // outside every group get h = 0 and the all-zero block's scale.
   bool swiglu_fp8 = false;
   uint8_t* h = nullptr;
   float* h_scale = nullptr;

@@ -23,6 +23,7 @@
 //                    round trip per k-block) cost ~3 us per GEMM at L = 8, and the weight scale's
 //                    global load in the promotion stalled the math warps (ncu; notes/benchmarks.md,
 //                    2026-12-05);
+//   warps 2-3        the output rows no group covers, zeroed (zero_rows_outside_groups, fp8_wgmma.cuh);
 //   warpgroups 1-2   math: each owns 64 weight rows (m64 n kTok k32 WGMMAs, 4 per k-block); a
 //                    thread's accumulators are weight rows r, r + 8 x tokens 8j + c0 (+1), so the
 //                    promotion's x scale varies along the registers (sx from shared memory, two
@@ -236,6 +237,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       asm volatile("cp.async.wait_all;" ::: "memory");
+    } else if (warp >= 2) {
+      zero_rows_outside_groups<OutT, Epi::kStore>(a, s, blockIdx.x * 2 + (warp - 2), gridDim.x * 2);
     }
     __syncwarp();
     if constexpr (kCluster > 1) {  // neither CTA exits while the other may still arrive on its barriers

@@ -104,7 +104,7 @@ size_t fp8_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_c
 LaunchStatus run_fp8(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream);
 size_t bf16_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_count);
 LaunchStatus run_bf16(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream);
-// Our own fp8 kernel (gemm_fp8_wgmma.cu): no workspace; zeroes the uncovered rows, then the GEMM.
+// Our own fp8 kernel (gemm_fp8_wgmma.cu): no workspace; the kernel also zeroes the uncovered rows.
 LaunchStatus run_fp8_wgmma(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream);
 // The same kernel with the SwiGLU epilogue (launch_grouped_gemm_swiglu, grouped_gemm.h).
 cudaError_t run_fp8_wgmma_swiglu(const GroupedGemmParams& p, void* h, float* h_scale, int sm_count,

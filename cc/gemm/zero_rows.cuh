@@ -1,5 +1,5 @@
-// Zeroing the output rows no group writes (every grouped-GEMM path: the CUTLASS setup kernel's
-// blocks 1.., and zero_rows_kernel ahead of our own fp8 kernel).
+// Zeroing the output rows no group writes, for CUTLASS's grouped GEMMs (the setup kernel's blocks
+// 1..). Our own fp8 kernels zero theirs from inside (fp8_wgmma.cuh, zero_rows_outside_groups).
 #pragma once
 
 #include <cstdint>
@@ -83,12 +83,6 @@ __device__ void zero_uncovered_rows(const GroupedGemmParams& p, int64_t first_bl
     uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.y) + row * p.n * sizeof(ElemD));
     for (int64_t i = threadIdx.x; i < vec_per_row; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
   }
-}
-
-// zero_uncovered_rows on its own grid (every block a zeroing block).
-template <class ElemD>
-__global__ void __launch_bounds__(1024) zero_rows_kernel(GroupedGemmParams p) {
-  zero_uncovered_rows<ElemD>(p, blockIdx.x, gridDim.x);
 }
 
 }  // namespace a2a::gemm::detail
