@@ -16,6 +16,7 @@
 //   ./gemm_probe time [S]   # the timings only; of the cases whose name contains S (e.g. under ncu)
 //   ./gemm_probe ablate [S] # the swap-AB kernel without each part of its work (-DA2A_GEMM_ABLATIONS)
 //   ./gemm_probe swap [S]   # the swap-AB kernel at the library's decode tiles, whole and without its math
+//   ./gemm_probe pdl [S]    # the library's decode tiles with and without programmatic dependent launch
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -396,9 +397,10 @@ float median(std::vector<float> v) {
 }
 
 void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool swiglu = false, int swap = 0, int cluster = 1,
-               int ablate = 0) {
+               int ablate = 0, bool pdl = true) {
   Buffers b = make_buffers(c, gen, false);
   auto p = params_of(c, b);
+  p.pdl = pdl;
   p.serial_promotion = serial;
   p.swap_tokens = swap;
   p.swap_cluster = cluster;
@@ -448,8 +450,8 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
   if (!c.expert_major) rows = std::min<int64_t>(rows, c.rows);
   const double flop = 2.0 * rows * c.n * c.k;
   const float k50 = median(tk), c50 = median(tc);
-  std::printf("%-22s %-11s%s%s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
-              c.name.c_str(), label(serial, swap, cluster).c_str(), swiglu ? "+swiglu" : "", kAblations[ablate], k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
+  std::printf("%-22s %-11s%s%s%s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
+              c.name.c_str(), label(serial, swap, cluster).c_str(), swiglu ? "+swiglu" : "", kAblations[ablate], pdl ? "" : " no-pdl", k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
   cudaFree(dst);
   cudaFree(h);
   cudaFree(hs);
@@ -582,6 +584,20 @@ int main(int argc, char** argv) {
     Case c2{"decode-L8-down-f32", 8, 1024, 7168, 2048, false, true, uniform_sizes(8, 1024, gen)};
     Case c3{"expert-major-f32", 4, 96, 384, 256, true, true, {96, 0, 33, 200}};
     for (const Case& c : {c2, c3}) ok = check(c, gen, 1, true, 160) && ok;
+  }
+  if (what == "pdl") {
+    // The library's decode tiles launched with and without programmatic dependent launch (10
+    // launches back to back per sample, as in time_case: the next launch's prologue overlaps the
+    // previous kernel's tail), alternated twice.
+    for (int L : {8, 32}) {
+      const int tok = L == 8 ? 160 : 64;
+      for (const auto& [name, n, k] : {std::tuple<const char*, int, int>{"-gate+up", 4096, 7168}, {"-down", 7168, 2048}}) {
+        Case c{"decode-L" + std::to_string(L) + name, L, 1024, n, k, false, false, uniform_sizes(L, 1024, gen)};
+        if (c.name.find(only) == std::string::npos) continue;
+        for (int round = 0; round < 2; ++round)
+          for (bool pdl : {true, false}) time_case(c, gen, 30, true, false, tok, 1, 0, pdl);
+      }
+    }
   }
   if (what == "ablate") {
     // The swap-AB kernel at the library's token tile for each decode shape (gemm/kernels.h

@@ -44,6 +44,9 @@ struct Fp8LaunchParams {
   int64_t num_groups = 0;
   int64_t n = 0, k = 0;
   int sm_count = 0;       // 0: the current device's
+  // Programmatic dependent launch: the kernel's prologue may overlap the stream's previous kernel
+  // (it waits for that kernel before touching global memory). Off: plain stream order (measurements).
+  bool pdl = true;
   bool serial_promotion = false;  // measurements: each k-block waited for before its promotion
   // The swap-AB kernel (fp8_wgmma_swap.cuh: tokens as the WGMMA's N, for decode) with token tiles
   // of this many rows (one of kSwapTokens: 32, 64, 128, 160; its promotion is always serial);

@@ -43,8 +43,36 @@ bool encode_rows(CUtensorMap* map, const void* base, uint64_t rows, uint64_t k, 
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// A launch's configuration: grid, block, shared memory and stream, with programmatic stream
+// serialization (the kernel may start while the stream's previous kernel finishes: fp8_wgmma.cuh,
+// wait_for_previous_grid) when pdl is set, and a cluster size above 1. attr: room for both.
+cudaLaunchConfig_t launch_config(int grid, size_t smem, cudaStream_t stream, bool pdl, int cluster,
+                                 cudaLaunchAttribute (&attr)[2]) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 0;
+  if (cluster > 1) {
+    attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attr[cfg.numAttrs].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr[cfg.numAttrs].val.clusterDim.y = 1;
+    attr[cfg.numAttrs].val.clusterDim.z = 1;
+    ++cfg.numAttrs;
+  }
+  if (pdl) {
+    attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+    ++cfg.numAttrs;
+  }
+  return cfg;
+}
+
 template <class OutT, bool kOverlap, Epi kEpi = Epi::kStore>
-cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, int grid, cudaStream_t stream) {
+cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, int grid, bool pdl,
+                         cudaStream_t stream) {
   auto* kernel = fp8_grouped_kernel<OutT, kOverlap, kEpi>;
   // The shared-memory limit belongs to each device's context (one process may drive several GPUs):
   // set once per device and instance, not at every launch.
@@ -57,29 +85,22 @@ cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8
       return e;
     if (dev < kMaxDevices) set[dev].store(true, std::memory_order_release);
   }
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(tx, tw, a);
-  return cudaGetLastError();
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = launch_config(grid, kSmemBytes, stream, pdl, 1, attr);
+  return cudaLaunchKernelEx(&cfg, kernel, tx, tw, a);
 }
 
 template <class OutT, int kTok, int kCluster, Ablate kAblate = Ablate::kFull>
-cudaError_t launch_swap(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, int sms, cudaStream_t stream) {
+cudaError_t launch_swap(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, int sms, bool pdl,
+                        cudaStream_t stream) {
   auto* kernel = fp8_swap_kernel<OutT, kTok, kCluster, kAblate>;
   static std::atomic<bool> set[kMaxDevices] = {};
   static std::atomic<int> grid_of[kMaxDevices] = {};  // CTAs that run at once (pairs: 2 x the clusters)
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   constexpr int kBytes = static_cast<int>(swap_smem_bytes<kTok>());
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kBytes;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr[2];
+  cudaLaunchConfig_t cfg = launch_config(sms, kBytes, stream, pdl, kCluster, attr);
   int grid = sms;
   if (dev >= kMaxDevices || !set[dev].load(std::memory_order_acquire)) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes); e != cudaSuccess)
@@ -104,20 +125,20 @@ cudaError_t launch_swap(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8A
 
 template <int kTok>
 cudaError_t launch_swap_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, bool y_f32, int cluster, int sms,
-                              int ablate, cudaStream_t stream) {
+                              int ablate, bool pdl, cudaStream_t stream) {
 #ifdef A2A_GEMM_ABLATIONS
   switch (ablate) {  // bf16 out, single CTAs
-    case 1: return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kNoMath>(tx, tw, a, sms, stream);
-    case 2: return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kNoX>(tx, tw, a, sms, stream);
-    case 3: return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kNoPromote>(tx, tw, a, sms, stream);
+    case 1: return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kNoMath>(tx, tw, a, sms, pdl, stream);
+    case 2: return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kNoX>(tx, tw, a, sms, pdl, stream);
+    case 3: return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kNoPromote>(tx, tw, a, sms, pdl, stream);
     default: break;
   }
 #else
   (void)ablate;
 #endif
   if (cluster == 2)
-    return y_f32 ? launch_swap<float, kTok, 2>(tx, tw, a, sms, stream) : launch_swap<__nv_bfloat16, kTok, 2>(tx, tw, a, sms, stream);
-  return y_f32 ? launch_swap<float, kTok, 1>(tx, tw, a, sms, stream) : launch_swap<__nv_bfloat16, kTok, 1>(tx, tw, a, sms, stream);
+    return y_f32 ? launch_swap<float, kTok, 2>(tx, tw, a, sms, pdl, stream) : launch_swap<__nv_bfloat16, kTok, 2>(tx, tw, a, sms, pdl, stream);
+  return y_f32 ? launch_swap<float, kTok, 1>(tx, tw, a, sms, pdl, stream) : launch_swap<__nv_bfloat16, kTok, 1>(tx, tw, a, sms, pdl, stream);
 }
 
 bool swap_tokens_known(int t) {
@@ -183,19 +204,19 @@ cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
   }
   switch (p.swap_tokens) {
     case 0: break;
-    case 32: return launch_swap_typed<32>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, stream);
-    case 64: return launch_swap_typed<64>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, stream);
-    case 128: return launch_swap_typed<128>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, stream);
-    case 160: return launch_swap_typed<160>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, stream);
+    case 32: return launch_swap_typed<32>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, p.pdl, stream);
+    case 64: return launch_swap_typed<64>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, p.pdl, stream);
+    case 128: return launch_swap_typed<128>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, p.pdl, stream);
+    case 160: return launch_swap_typed<160>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, p.pdl, stream);
     default: return cudaErrorInvalidValue;
   }
   if (p.swiglu_fp8)  // y unused: the bf16 instance's epilogue type is never reached
-    return p.serial_promotion ? launch_typed<__nv_bfloat16, false, Epi::kSwigluFp8>(tx, tw, a, sms, stream)
-                              : launch_typed<__nv_bfloat16, true, Epi::kSwigluFp8>(tx, tw, a, sms, stream);
+    return p.serial_promotion ? launch_typed<__nv_bfloat16, false, Epi::kSwigluFp8>(tx, tw, a, sms, p.pdl, stream)
+                              : launch_typed<__nv_bfloat16, true, Epi::kSwigluFp8>(tx, tw, a, sms, p.pdl, stream);
   if (p.serial_promotion)
-    return p.y_f32 ? launch_typed<float, false>(tx, tw, a, sms, stream)
-                   : launch_typed<__nv_bfloat16, false>(tx, tw, a, sms, stream);
-  return p.y_f32 ? launch_typed<float, true>(tx, tw, a, sms, stream) : launch_typed<__nv_bfloat16, true>(tx, tw, a, sms, stream);
+    return p.y_f32 ? launch_typed<float, false>(tx, tw, a, sms, p.pdl, stream)
+                   : launch_typed<__nv_bfloat16, false>(tx, tw, a, sms, p.pdl, stream);
+  return p.y_f32 ? launch_typed<float, true>(tx, tw, a, sms, p.pdl, stream) : launch_typed<__nv_bfloat16, true>(tx, tw, a, sms, p.pdl, stream);
 }
 
 }  // namespace a2a::gemm::wgmma

@@ -79,6 +79,16 @@ namespace {
 
 constexpr int kSwigluThreads = 128;  // 4 warps, one (row, 128-column block) per warp
 
+// Programmatic dependent launch (launch_swiglu_of sets the attribute): a SwiGLU kernel may start
+// while the gate+up GEMM finishes, and waits for it here before reading gu; the down GEMM may then
+// start its own prologue at once (it waits for this kernel likewise). Every thread, first thing.
+__device__ __forceinline__ void wait_previous_allow_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ inline float to_f32(float v) { return v; }
 __device__ inline float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 
@@ -87,6 +97,7 @@ __device__ inline float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 // (core/fp8.h, gpu/fp8_code.cuh).
 template <bool kQuant, class G>
 __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, int64_t total) {
+  wait_previous_allow_next();
   const int lane = threadIdx.x & 31;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * (kSwigluThreads / 32) + (threadIdx.x >> 5);
   if (w >= total) return;
@@ -148,6 +159,7 @@ __device__ inline float4 load4(const __nv_bfloat16* at) {
 
 template <bool kQuant, class G>
 __global__ void __launch_bounds__(kSwigluThreads) swiglu_vec_kernel(SwigluParams p, int64_t total) {
+  wait_previous_allow_next();
   const int lane = threadIdx.x & 31;
   const int64_t w0 =
       (static_cast<int64_t>(blockIdx.x) * (kSwigluThreads / 32) + (threadIdx.x >> 5)) * kVecItems;
@@ -198,14 +210,22 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u
 // The SwiGLU kernel for gu of type G: the vectorised one where it applies, else the scalar one;
 // its fp8-h instance when h_scale is set.
 template <class G>
-void launch_swiglu_of(const SwigluParams& p, int64_t total, cudaStream_t stream) {
+cudaError_t launch_swiglu_of(const SwigluParams& p, int64_t total, cudaStream_t stream) {
   const bool vec = p.block == 128 && p.f % 128 == 0 && aligned16(p.gu) && aligned16(p.h);
   const bool quant = p.h_scale != nullptr;
   void (*kernel)(SwigluParams, int64_t) = vec ? (quant ? swiglu_vec_kernel<true, G> : swiglu_vec_kernel<false, G>)
                                               : (quant ? swiglu_kernel<true, G> : swiglu_kernel<false, G>);
   const int64_t items_per_block = (kSwigluThreads / 32) * (vec ? kVecItems : 1);
-  const unsigned grid = static_cast<unsigned>((total + items_per_block - 1) / items_per_block);
-  kernel<<<grid, kSwigluThreads, 0, stream>>>(p, total);
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>((total + items_per_block - 1) / items_per_block));
+  cfg.blockDim = dim3(kSwigluThreads);
+  cfg.stream = stream;
+  cfg.attrs = pdl;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p, total);
 }
 
 }  // namespace
@@ -214,11 +234,7 @@ cudaError_t launch_swiglu(const SwigluParams& p, cudaStream_t stream) {
   if (p.block <= 0 || p.block > 256) return cudaErrorInvalidValue;
   const int64_t total = p.rows * fp8_num_blocks(p.f, p.block);
   if (total == 0) return cudaSuccess;
-  if (p.gu_bf16)
-    launch_swiglu_of<__nv_bfloat16>(p, total, stream);
-  else
-    launch_swiglu_of<float>(p, total, stream);
-  return cudaGetLastError();
+  return p.gu_bf16 ? launch_swiglu_of<__nv_bfloat16>(p, total, stream) : launch_swiglu_of<float>(p, total, stream);
 }
 
 }  // namespace a2a::gemm
