@@ -17,6 +17,7 @@
 //   ./gemm_probe ablate [S] # the swap-AB kernel without each part of its work (-DA2A_GEMM_ABLATIONS)
 //   ./gemm_probe swap [S]   # the swap-AB kernel at the library's decode tiles, whole and without its math
 //   ./gemm_probe pdl [S]    # the library's decode tiles with and without programmatic dependent launch
+//   ./gemm_probe fused [S]  # the decode gate+up GEMM with and without the swap-AB kernel's SwiGLU epilogue
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -312,7 +313,7 @@ bool check(const Case& c, std::mt19937& gen, int row_step, bool serial, int swap
 // scale, each scale within 2.5 % (gate and up are each rounded to bf16, 2^-8 relative apiece, and
 // may both move v the same way: a block's amax, so its scale, up to ~1.6 % off); rows outside
 // every group get h = 0 and the all-zero block's scale over the poison.
-bool check_swiglu(const Case& c, std::mt19937& gen, bool serial) {
+bool check_swiglu(const Case& c, std::mt19937& gen, bool serial, int swap = 0) {
   Buffers b = make_buffers(c, gen, true);
   const int f = c.n / 2, nb = f / 128;
   const auto groups = row_groups(c, b.total_rows);
@@ -324,6 +325,7 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial) {
   CK(cudaMemset(hs, 0xFF, std::max<size_t>(static_cast<size_t>(b.total_rows) * nb, 1) * 4));
   auto p = params_of(c, b);
   p.serial_promotion = serial;
+  p.swap_tokens = swap;
   p.swiglu_fp8 = true;
   p.h = h;
   p.h_scale = hs;
@@ -383,7 +385,7 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial) {
   }
   const bool ok = bad == 0 && bad_scale == 0 && untouched_wrong == 0;
   std::printf("%-22s %-7s %s  swiglu: checked %lld, bad h %lld, bad scales %lld, outside groups not zero %lld\n",
-              c.name.c_str(), serial ? "serial" : "overlap", ok ? "PASS" : "FAIL", static_cast<long long>(checked),
+              c.name.c_str(), label(serial, swap).c_str(), ok ? "PASS" : "FAIL", static_cast<long long>(checked),
               static_cast<long long>(bad), static_cast<long long>(bad_scale), static_cast<long long>(untouched_wrong));
   cudaFree(h);
   cudaFree(hs);
@@ -570,6 +572,22 @@ int main(int argc, char** argv) {
     };
     for (bool serial : {false, true})
       for (const auto& c : sw) ok = check_swiglu(c, gen, serial) && ok;
+    for (int swap : {32, 64, 128, 160})  // the swap-AB kernel's SwiGLU epilogue
+      for (const auto& c : sw) ok = check_swiglu(c, gen, true, swap) && ok;
+    ok = check_swiglu({"swiglu-L100-negatives", 100, 1200, 256, 256, false, false, cs[7].sizes}, gen, true, 32) && ok;
+    ok = check_swiglu({"swiglu-expert-major-L40", 40, 50, 512, 384, true, false, cs[8].sizes}, gen, true, 64) && ok;
+    ok = check_swiglu({"swiglu-one-hot-L8", 8, 1024, 4096, 7168, false, false, cs[6].sizes}, gen, true, 160) && ok;
+  }
+  if (what == "fused") {
+    // The gate+up GEMM at the library's decode tiles: plain (bf16 gu), and with the SwiGLU epilogue
+    // (h e4m3 + scales; the unfused path adds the SwiGLU kernel's read of gu), alternated twice.
+    for (int L : {8, 32, 256}) {
+      const int tok = L == 8 ? 160 : L == 32 ? 64 : 32;
+      Case c{"decode-L" + std::to_string(L) + "-gate+up", L, 1024, 4096, 7168, false, false, uniform_sizes(L, 1024, gen)};
+      if (c.name.find(only) == std::string::npos) continue;
+      for (int round = 0; round < 2; ++round)
+        for (bool swiglu : {false, true}) time_case(c, gen, 30, true, swiglu, tok);
+    }
   }
   if (what == "swap") {  // the swap-AB kernel at the library's token tile, decode shapes, and without its math
     for (int L : {8, 32}) {

@@ -290,8 +290,8 @@ def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None
     kernel computes h = silu(gate) * up in f32 and returns (h bf16 [.., F], None), or (h
     float8_e4m3fn [.., F], h_scale f32 [.., F/block]) with quantize_hidden. Rows outside the groups
     give h = 0 (and, quantised, the scale of an all-zero block). Where fused_swiglu_reason says
-    None (our own kernel, JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused) the GEMM and the SwiGLU run as one
-    kernel with the same values."""
+    None (fp8 at decode shapes by default; JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused anywhere our kernel
+    runs) the GEMM and the SwiGLU run as one kernel with the same values."""
     tune = tuning()
     if quantize_hidden and fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block, tune) is None:
         return _grouped_gemm_swiglu_fused(x, w_gate_up, group_sizes, x_scale, w_scale, tune)
@@ -302,16 +302,19 @@ def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None
 
 def fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block: int = _BLOCK, tune: Tuning | None = None) -> str | None:
     """None when grouped_gemm_swiglu(..., quantize_hidden=True) runs as ONE kernel (our own fp8
-    kernel with the SwiGLU epilogue: JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused, fp8 x and w [L, 2F, K],
-    block 128, and the kernel's own shape rule, _C.gemm.swiglu_reason: F % 128 == 0, 1 to 1,024
-    local experts, rows and L * 2F below 2^31), else why not (then the GEMM writes bf16 gu and the
-    SwiGLU kernel reads it back; the values are the same). Opt-in:
-    on an H200 the fused kernel took 1.3-1.9x the time of the unfused GEMM + SwiGLU."""
+    kernel with the SwiGLU epilogue), else why not (then the GEMM writes bf16 gu and the SwiGLU
+    kernel reads it back; the values are the same). It does for fp8 x and w [L, 2F, K], block 128,
+    and the kernel's own rule, _C.gemm.swiglu_reason (our kernel takes the call: by default at
+    decode shapes, mean rows per expert <= 128, where the swap-AB kernel's epilogue runs; F % 128
+    == 0, 1 to 1,024 local experts, rows and L * 2F below 2^31). JAX_MOE_A2A_GEMM_TILE_M=wgmma
+    keeps the two kernels (to measure them); wgmma,fused fuses wherever our kernel runs, prefill
+    too (the row-major kernel's epilogue, 1.3-1.9x the unfused pair's time on an H200)."""
     tune = tuning() if tune is None else tune
-    if tune.kernel != _KERNEL_WGMMA:
-        return "the fused SwiGLU GEMM runs only with our own fp8 kernel (JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused)"
-    if not tune.fuse_swiglu:
-        return "the fused SwiGLU GEMM runs only when asked (JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused): it is slower"
+    if tune.kernel == _KERNEL_CUTLASS:
+        return "the fused SwiGLU GEMM runs only with our own fp8 kernel (not with JAX_MOE_A2A_GEMM_TILE_M=cutlass)"
+    if tune.kernel == _KERNEL_WGMMA and not tune.fuse_swiglu:
+        return ("with JAX_MOE_A2A_GEMM_TILE_M=wgmma the SwiGLU runs as its own kernel; the fused one runs only "
+                "when asked (wgmma,fused) or by default at decode")
     why = native_reason() or native_supported(x, w_gate_up, x_scale, w_scale)
     if why is not None:
         return why

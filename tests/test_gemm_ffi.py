@@ -235,6 +235,26 @@ def test_fused_swiglu_reason(monkeypatch, L, f, block, tune, words):
     assert why is None if words is None else words in why, why
 
 
+@pytest.mark.parametrize("rows, tune, words", [
+    (64, "auto", None),                           # decode (mean 8 rows per expert): fused by default
+    (8 * 129, "auto", "auto at decode shapes"),   # mean 129: CUTLASS's GEMM, then the SwiGLU kernel
+    (8 * 129, "wgmma,fused", None),               # asked: the row-major kernel's epilogue
+    (64, "64", "our own fp8 kernel only"),        # a CUTLASS tile asked for
+])
+def test_fused_swiglu_by_default_at_decode(monkeypatch, rows, tune, words):
+    """The default fuses the fp8 gate+up GEMM and the SwiGLU where our own kernel takes the call
+    (decode shapes: the swap-AB kernel's epilogue), and nowhere else; the C++ rule decides."""
+    _built_gemm()
+    monkeypatch.setattr(gemm_ffi, "native_reason", lambda: None)
+    L, f, k = 8, 256, 256
+    x = jax.ShapeDtypeStruct((rows, k), jnp.float8_e4m3fn)
+    w = jax.ShapeDtypeStruct((L, 2 * f, k), jnp.float8_e4m3fn)
+    xs = jax.ShapeDtypeStruct((rows, k // 128), jnp.float32)
+    ws = jax.ShapeDtypeStruct((L, 2 * f // 128, k // 128), jnp.float32)
+    why = gemm_ffi.fused_swiglu_reason(x, w, xs, ws, tune=gemm_ffi.parse_tuning(tune))
+    assert why is None if words is None else words in why, why
+
+
 @pytest.mark.parametrize("L, rows, n, expert_major, tune, want", [
     # decode (mean rows per expert <= 128): the default runs our swap-AB kernel, its token tile the
     # smallest of 32 / 64 / 128 / 160 holding 1.25x the mean

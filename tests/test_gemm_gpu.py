@@ -190,23 +190,27 @@ def test_swiglu(fp8, quantize, tune, monkeypatch):
 
 
 @pytest.mark.parametrize("layout", ["ragged", "expert_major"])
-def test_fused_swiglu_matches_the_two_kernels(layout, monkeypatch):
+@pytest.mark.parametrize("kernel", ["swap", "row-major"])
+def test_fused_swiglu_matches_the_two_kernels(layout, kernel, monkeypatch):
     """JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused runs the fp8 gate+up GEMM and the SwiGLU as one kernel
-    (gemm_ffi.fused_swiglu_reason None): the same values as CUTLASS's GEMM writing bf16 gu and the
-    SwiGLU kernel. Scales within 2.5 % (f32 sums in another order can put gate and up each across a
-    bf16 boundary, 2^-8 relative apiece, both moving a block's amax the same way), h within
-    one e4m3 step plus what gate's and up's sums in another order move it by (near h = 0 that is
-    more than a step), and every row outside the groups h = 0 with an all-zero block's scale on both."""
+    (gemm_ffi.fused_swiglu_reason None; at decode shapes, mean rows per expert <= 128, the swap-AB
+    kernel's epilogue, else the row-major kernel's): the same values as CUTLASS's GEMM writing bf16
+    gu and the SwiGLU kernel. Scales within 2.5 % (f32 sums in another order can put gate and up
+    each across a bf16 boundary, 2^-8 relative apiece, both moving a block's amax the same way), h
+    within one e4m3 step plus what gate's and up's sums in another order move it by (near h = 0
+    that is more than a step), and every row outside the groups h = 0 with an all-zero block's
+    scale on both."""
     rng = np.random.default_rng()
-    L, F, H = 5, 384, 512
+    F, H = 384, 512
+    L = 5 if kernel == "swap" else 3  # 420 rows: mean 84 (decode) or 140 per expert
     if layout == "ragged":
         R = 420
         x, w, xs, wsc, xf, wf = _data(rng, L, (R,), 2 * F, H, True)
-        sizes = np.array([130, 0, 64, 65, 100], np.int32)  # 359 of 420 rows
+        sizes = np.array([130, 0, 64, 65, 100] if L == 5 else [130, 0, 250], np.int32)  # 359 / 380 of 420 rows
     else:
-        C = 100
+        C = 100 if L == 5 else 150
         x, w, xs, wsc, xf, wf = _data(rng, L, (L, C), 2 * F, H, True)
-        sizes = np.array([100, 0, 1, 64, 150], np.int32)
+        sizes = np.array([100, 0, 1, 64, 150] if L == 5 else [150, 0, 200], np.int32)
     monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "wgmma,fused")
     assert gemm_ffi.fused_swiglu_reason(x, w, xs, wsc) is None
     _poison(x.shape[:-1] + (F // 128,), jnp.float32)  # both outputs: scales, then h
@@ -244,6 +248,45 @@ def test_fused_swiglu_matches_the_two_kernels(layout, monkeypatch):
     step = np.abs(deq_u[covered]) * 0.135 + np.repeat(su[covered], 128, axis=-1) * 2.0**-8 + slack[covered]
     assert (np.abs(deq_f[covered] - deq_u[covered]) <= step).all()
     assert (hf[covered] != hu[covered]).mean() < 0.02  # the same codes but for rare boundary cases
+
+
+@pytest.mark.parametrize("layout", ["ragged", "expert_major"])
+def test_fused_swiglu_at_decode_gives_the_two_kernels_bits(layout, monkeypatch):
+    """By default an fp8 decode call (mean rows per expert <= 128) runs the gate+up GEMM and the
+    SwiGLU as one kernel, the swap-AB kernel's epilogue; JAX_MOE_A2A_GEMM_TILE_M=wgmma runs the same
+    GEMM writing bf16 gu, then the SwiGLU kernel. The fused epilogue rounds gate and up to bf16 and
+    quantises with the SwiGLU kernel's arithmetic, so h and its scales are the same bits. Groups
+    with zeros, one over the token tile, rows outside every group (h = 0, an all-zero block's
+    scale), outputs poisoned."""
+    rng = np.random.default_rng()
+    L, F, H = 6, 256, 384
+    if layout == "ragged":
+        rows_shape = (600,)
+        sizes = np.array([200, 0, 1, 128, 129, 100], np.int32)  # 558 of 600 rows; tile 128 (mean 100)
+    else:
+        rows_shape = (L, 120)
+        sizes = np.array([120, 0, 1, 64, 200, 77], np.int32)  # 200 past C = 120
+    x, w, xs, wsc, _, _ = _data(rng, L, rows_shape, 2 * F, H, True)
+    out = {}
+    for tune in ("auto", "wgmma"):
+        monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
+        fused = gemm_ffi.fused_swiglu_reason(x, w, xs, wsc) is None
+        assert fused == (tune == "auto")
+        _poison(rows_shape + (F // 128,), jnp.float32)
+        _poison(rows_shape + (F,), FP8)
+        h, hs = jax.jit(lambda *a: gemm_ffi.grouped_gemm_swiglu(*a[:3], x_scale=a[3], w_scale=a[4],
+                                                                 quantize_hidden=True))(x, w, jnp.asarray(sizes), xs, wsc)
+        out[tune] = (np.asarray(jax.lax.bitcast_convert_type(h, jnp.uint8)), np.asarray(hs))
+    np.testing.assert_array_equal(out["auto"][1].view(np.uint32), out["wgmma"][1].view(np.uint32))
+    np.testing.assert_array_equal(out["auto"][0], out["wgmma"][0])
+    covered = np.zeros(rows_shape, bool)
+    if layout == "ragged":
+        covered[:int(sizes.sum())] = True
+    else:
+        for l, c in enumerate(sizes):
+            covered[l, :min(int(c), rows_shape[1])] = True
+    assert (out["auto"][0][~covered] == 0).all() and covered.sum() > 0 and (~covered).sum() > 0
+    assert np.isfinite(out["auto"][1]).all()
 
 
 def test_swiglu_matches_library_quantiser():

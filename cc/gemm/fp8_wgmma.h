@@ -50,8 +50,8 @@ struct Fp8LaunchParams {
   bool serial_promotion = false;  // measurements: each k-block waited for before its promotion
   // The swap-AB kernel (fp8_wgmma_swap.cuh: tokens as the WGMMA's N, for decode) with token tiles
   // of this many rows (one of kSwapTokens: 32, 64, 128, 160; its promotion is always serial);
-  // 0: the row-major kernel. Not with swiglu_fp8. swap_cluster 2: CTA pairs share the x tile
-  // (TMA multicast; N / 128 even).
+  // 0: the row-major kernel. With swiglu_fp8: single CTAs. swap_cluster 2: CTA pairs share the x
+  // tile (TMA multicast; N / 128 even).
   int swap_tokens = 0;
   int swap_cluster = 1;
   // Measurements only: one of the swap-AB kernel's ablations (fp8_wgmma_swap.cuh, Ablate; single

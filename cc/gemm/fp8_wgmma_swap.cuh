@@ -32,6 +32,13 @@
 //   epilogue         y[token, n] written element by element from the registers (y^T's layout),
 //                    tokens past the tile masked.
 // Tiles: (group l, token tile, n-tile), numbered as fp8_wgmma.cuh's with kTok-row token tiles.
+// Epi::kSwigluFp8 (the gate+up GEMM with its SwiGLU, single CTAs): a tile is 128 columns of h for
+// the tile's tokens, two passes over k (the gate block of w, then the up block; x read twice, as
+// the unfused GEMM reads it once per n-tile of gu), the gate held in bf16 registers meanwhile. The
+// epilogue (swap_swiglu_fp8_store) quantises h with one scale per token and 128 columns: exactly
+// the 128 weight rows of the tile, so a token's amax is reduced over the two math warpgroups
+// through shared memory. The values are the unfused pair's (bf16 gu, then the SwiGLU kernel),
+// bit for bit: gate and up rounded to bf16, the same arithmetic and quantiser.
 // The promotion is serial (each k-block's WGMMAs waited for, then promoted): measured no slower
 // than issuing kb + 1 first at every token tile (2026-12-05, benchmarks/gemm_probe.cu), and it
 // leaves room for 160-token tiles (2 x 80 accumulator registers).
@@ -58,11 +65,14 @@ template <int kTok>
 struct SwapConfig {
   static_assert(kTok % 8 == 0 && kTok >= 8 && kTok <= 256, "WGMMA N: a multiple of 8 up to 256");
   static constexpr uint32_t kStageBytes = (kBN + kTok) * kBK;  // w tile + x tile, one byte each
-  static constexpr size_t kTableBytes = kMaxGroups * (8 + 4 + 4);
-  // As many stages as fit 227 KB of shared memory (the table and 1 KB of alignment slack aside), at most 8.
+  // Per stage besides the tiles: sx[kTok] and sw (floats), the full and empty barriers.
+  static constexpr size_t kStageExtra = (kTok + 1) * sizeof(float) + 2 * sizeof(uint64_t);
+  static constexpr size_t kTableBytes = kMaxGroups * (sizeof(int64_t) + 2 * sizeof(int32_t));
+  static constexpr size_t kAmaxBytes = 8 * kTok * sizeof(float);  // SwapStorage::amax
+  // As many stages as fit 227 KB of shared memory (the table, amax and 2 KB of alignment slack aside), at most 8.
   static constexpr int kStages = [] {
-    const size_t per = kStageBytes + kTok * 4 + 4 + 16;
-    const size_t n = (227 * 1024 - kTableBytes - 2048) / per;
+    const size_t per = kStageBytes + kStageExtra;
+    const size_t n = (227 * 1024 - kTableBytes - kAmaxBytes - 2048) / per;
     return static_cast<int>(n > 8 ? 8 : n);
   }();
   static_assert(kStages >= 3, "too few stages");
@@ -75,6 +85,7 @@ struct alignas(1024) SwapStorage {
   uint8_t a[kStages][kBN * kBK];   // weight tile: 128 rows of w[l] x 128 k (1024-byte aligned)
   uint8_t b[kStages][kTok * kBK];  // x tile: kTok rows x 128 k (kTok % 8 == 0 keeps 1024-byte alignment)
   float sx[kStages][kTok];         // x_scale of the tile's tokens at the stage's k-block (0 past the tile)
+  float amax[8][kTok];             // Epi::kSwigluFp8: each math warp's amax of h per token (16 of the 128 columns)
   float sw[kStages];               // w_scale of the tile's 128 weight rows at the stage's k-block
   uint64_t full[kStages];          // TMA bytes + warp 1's 32 arrivals
   uint64_t empty[kStages];         // one arrival per math warp, after the promotion
@@ -131,6 +142,68 @@ __device__ __forceinline__ void store_one<float>(float* p, float v) {
   *p = v;
 }
 
+// The two math warpgroups (256 threads) meet (named barrier 1; 0 is __syncthreads).
+__device__ __forceinline__ void math_warpgroups_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+
+// Epi::kSwigluFp8's epilogue: up in acc (f32), the gate in bf16 pairs (gate[q / 2] holds registers
+// q & ~1, q | 1); h = silu(gate) * up, quantised with one scale per token over the tile's 128 h
+// columns (h-block nt), by the SwiGLU kernel's arithmetic (grouped_gemm.cu) and the library's
+// quantiser. The thread's values: weight rows (h columns) r and r + 8 (registers 4j + {0, 1} and
+// 4j + {2, 3}) of tokens 8j + c0 and 8j + c0 + 1 (4j + {0, 2} and 4j + {1, 3}); mw (0..7) is its
+// warp among the math warps, amax [8][kTok] in shared memory.
+template <int kAcc, int kTok>
+__device__ __forceinline__ void swap_swiglu_fp8_store(float (&acc)[kAcc], const uint32_t (&gate)[kAcc / 2], float (&amax)[8][kTok],
+                                                      const Fp8Args& a, int64_t row_base, int tile_rows, int nt, int col, int c0,
+                                                      int mw) {
+  const int lane = threadIdx.x & 31;
+  const int f = a.n / 2;
+  const int nb = f / kBN;  // h_scale's columns
+#pragma unroll
+  for (int q = 0; q < kAcc; ++q) {
+    const __nv_bfloat162 g2 = *reinterpret_cast<const __nv_bfloat162*>(&gate[q / 2]);
+    const float g = (q & 1) == 0 ? __low2float(g2) : __high2float(g2);
+    const float u = __bfloat162float(__float2bfloat16_rn(acc[q]));
+    acc[q] = g / (1.0f + expf(-g)) * u;
+  }
+  // a token's amax: the thread's two rows, the 8 lanes sharing its tokens (lane >> 2: xor 4, 8, 16),
+  // then the 8 math warps through amax (written by lanes 0-3, which hold every token once)
+#pragma unroll
+  for (int j = 0; j < kAcc / 4; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float m = fmaxf(fp8_amax_term(acc[4 * j + e]), fp8_amax_term(acc[4 * j + 2 + e]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+      if (lane < 4) amax[mw][8 * j + c0 + e] = m;
+    }
+  }
+  math_warpgroups_sync();
+  uint8_t* hcol = a.h + row_base * f + static_cast<int64_t>(nt) * kBN + col;
+#pragma unroll
+  for (int j = 0; j < kAcc / 4; ++j) {
+    float2 m = *reinterpret_cast<const float2*>(&amax[0][8 * j + c0]);
+#pragma unroll
+    for (int w = 1; w < 8; ++w) {
+      const float2 o = *reinterpret_cast<const float2*>(&amax[w][8 * j + c0]);
+      m.x = fmaxf(m.x, o.x);
+      m.y = fmaxf(m.y, o.y);
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int tok = 8 * j + c0 + e;
+      const float sc = fp8_block_scale(e == 0 ? m.x : m.y, false);
+      const float inv = __frcp_rn(sc);
+      if (tok >= tile_rows) continue;
+      uint8_t* p = hcol + static_cast<int64_t>(tok) * f;
+      p[0] = gpu::fp8_quantize_value(acc[4 * j + e], inv);
+      p[8] = gpu::fp8_quantize_value(acc[4 * j + 2 + e], inv);
+      if (mw == 0 && lane < 4) a.h_scale[(row_base + tok) * nb + nt] = sc;
+    }
+  }
+  math_warpgroups_sync();  // amax is the next tile's
+}
+
 // Ablations, for measurements only (benchmarks/gemm_probe.cu compiles them with
 // A2A_GEMM_ABLATIONS; the library instantiates kFull alone). Each removes one part of the work to
 // show which part bounds the kernel; their outputs are wrong by design.
@@ -142,12 +215,13 @@ enum class Ablate : int {
 };
 
 // tma_x: boxes of kTok / kCluster rows (each CTA of a pair loads its half for both).
-template <class OutT, int kTok, int kCluster, Ablate kAblate = Ablate::kFull>
+template <class OutT, int kTok, int kCluster, Ablate kAblate = Ablate::kFull, Epi kEpi = Epi::kStore>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_swap_kernel(const __grid_constant__ CUtensorMap tma_x, const __grid_constant__ CUtensorMap tma_w, const Fp8Args a) {
 #if defined(__CUDA_ARCH__)
 #if __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kCluster == 1 || kCluster == 2, "pairs at most");
+  static_assert(kEpi == Epi::kStore || (kCluster == 1 && kAblate == Ablate::kFull), "the SwiGLU epilogue: single CTAs, whole");
   using Storage = SwapStorage<kTok>;
   constexpr int kSt = Storage::kStages;
   constexpr int kAcc = kTok / 2;  // accumulator registers per thread (m64 x kTok over 128 threads)
@@ -159,7 +233,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   const int lane = threadIdx.x & 31;
-  const int tiles_n = a.n / kBN, kblocks = a.k / kBK;
+  constexpr int kPasses = kEpi == Epi::kSwigluFp8 ? 2 : 1;  // w blocks per tile (gate, up)
+  const int n_out = kEpi == Epi::kSwigluFp8 ? a.n / 2 : a.n;  // output columns (F, or N)
+  const int tiles_n = n_out / kBN, kblocks = a.k / kBK;
+  const int wblocks_n = a.n / kBN;          // w_scale's block rows per group
   const int tiles_nc = tiles_n / kCluster;  // n-tile groups a cluster takes (pairs: N / 256)
   const uint32_t crank = kCluster > 1 ? cute::block_rank_in_cluster() : 0;
   const int cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
@@ -200,7 +277,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const Tile tile = tile_of(t);
         const int32_t xrow = static_cast<int32_t>(s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok) +
                              static_cast<int32_t>(crank) * kHalf;
-        const int32_t wrow = tile.l * a.n + tile.nt * kBN;
+        for (int pass = 0; pass < kPasses; ++pass) {
+        const int32_t wrow = tile.l * a.n + pass * n_out + tile.nt * kBN;  // pass 1: the up block
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int st = static_cast<int>(it % kSt);
           wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
@@ -218,6 +296,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                          s.b[st], kb * kBK, xrow);
           }
         }
+        }
       }
     } else if (warp == 1) {  // x scales
       uint32_t it = 0;
@@ -225,7 +304,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const Tile tile = tile_of(t);
         const int64_t row0 = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
         const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
-        const float* sw = a.w_scale + (static_cast<int64_t>(tile.l) * tiles_n + tile.nt) * kblocks;
+        for (int pass = 0; pass < kPasses; ++pass) {
+        const float* sw = a.w_scale + (static_cast<int64_t>(tile.l) * wblocks_n + pass * tiles_n + tile.nt) * kblocks;
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int st = static_cast<int>(it % kSt);
           wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
@@ -237,10 +317,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           // one of the barrier's expected arrivals (.noinc), made once this lane's copies have landed
           cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[st]);
         }
+        }
       }
       asm volatile("cp.async.wait_all;" ::: "memory");
     } else if (warp >= 2) {
-      zero_rows_outside_groups<OutT, Epi::kStore>(a, s, blockIdx.x * 2 + (warp - 2), gridDim.x * 2);
+      zero_rows_outside_groups<OutT, kEpi>(a, s, blockIdx.x * 2 + (warp - 2), gridDim.x * 2);
     }
     __syncwarp();
     if constexpr (kCluster > 1) {  // neither CTA exits while the other may still arrive on its barriers
@@ -320,15 +401,34 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(acc);
       if (kblocks > 0) release(it - 1);
     } else {
-      float t0[kAcc];
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
-        issue(t0, it);
-        const int st = static_cast<int>(it % kSt);
-        const float wsc = s.sw[st];
-        cute::warpgroup_wait<0>();
-        fence_regs(t0);
-        promote_swap(acc, t0, wsc, s.sx[st], c0);
-        release(it);  // sx lives in the stage: released after the promotion
+      // one pass over k into acc (zeroed first)
+      auto run_k = [&]() {
+        float t0[kAcc];
+#pragma unroll
+        for (int q = 0; q < kAcc; ++q) acc[q] = 0.f;
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          issue(t0, it);
+          const int st = static_cast<int>(it % kSt);
+          const float wsc = s.sw[st];
+          cute::warpgroup_wait<0>();
+          fence_regs(t0);
+          promote_swap(acc, t0, wsc, s.sx[st], c0);
+          release(it);  // sx lives in the stage: released after the promotion
+        }
+      };
+      run_k();
+      if constexpr (kEpi == Epi::kSwigluFp8) {
+        uint32_t gate[kAcc / 2];  // the gate block, rounded to bf16 as the unfused path's gu is
+#pragma unroll
+        for (int q = 0; q < kAcc / 2; ++q) gate[q] = pack_bf16x2(acc[2 * q], acc[2 * q + 1]);
+        run_k();  // the up block
+        swap_swiglu_fp8_store<kAcc, kTok>(acc, gate, s.amax, a, row_base, tile_rows, tile.nt, mwg * 64 + r_lo, c0,
+                                          mwg * 4 + wl);
+#ifdef A2A_GEMM_ABLATIONS
+        stamp(1);
+        ++traced;
+#endif
+        continue;
       }
     }
 

@@ -90,10 +90,10 @@ cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8
   return cudaLaunchKernelEx(&cfg, kernel, tx, tw, a);
 }
 
-template <class OutT, int kTok, int kCluster, Ablate kAblate = Ablate::kFull>
+template <class OutT, int kTok, int kCluster, Ablate kAblate = Ablate::kFull, Epi kEpi = Epi::kStore>
 cudaError_t launch_swap(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, int sms, bool pdl,
                         cudaStream_t stream) {
-  auto* kernel = fp8_swap_kernel<OutT, kTok, kCluster, kAblate>;
+  auto* kernel = fp8_swap_kernel<OutT, kTok, kCluster, kAblate, kEpi>;
   static std::atomic<bool> set[kMaxDevices] = {};
   static std::atomic<int> grid_of[kMaxDevices] = {};  // CTAs that run at once (pairs: 2 x the clusters)
   int dev = 0;
@@ -124,8 +124,10 @@ cudaError_t launch_swap(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8A
 }
 
 template <int kTok>
-cudaError_t launch_swap_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, bool y_f32, int cluster, int sms,
-                              int ablate, bool pdl, cudaStream_t stream) {
+cudaError_t launch_swap_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, bool y_f32, bool swiglu, int cluster,
+                              int sms, int ablate, bool pdl, cudaStream_t stream) {
+  if (swiglu)  // single CTAs (fp8_unsupported_reason); y unused
+    return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kFull, Epi::kSwigluFp8>(tx, tw, a, sms, pdl, stream);
 #ifdef A2A_GEMM_ABLATIONS
   switch (ablate) {  // bf16 out, single CTAs
     case 1: return launch_swap<__nv_bfloat16, kTok, 1, Ablate::kNoMath>(tx, tw, a, sms, pdl, stream);
@@ -156,7 +158,7 @@ const char* fp8_unsupported_reason(const Fp8LaunchParams& p) {
     return "the SwiGLU epilogue needs N = 2F with F % 128 == 0, h and h_scale";
   if (p.swap_tokens != 0) {
     if (!swap_tokens_known(p.swap_tokens)) return "swap_tokens must be 0 or one of 32, 64, 128, 160";
-    if (p.swiglu_fp8) return "the swap-AB kernel has no SwiGLU epilogue";
+    if (p.swiglu_fp8 && (p.swap_cluster != 1 || p.ablate != 0)) return "the swap-AB kernel's SwiGLU epilogue runs in single CTAs, whole";
     if (p.swap_cluster != 1 && p.swap_cluster != 2) return "swap_cluster must be 1 or 2";
     if (p.swap_cluster == 2 && (p.n / kBN) % 2 != 0) return "CTA pairs (swap_cluster 2) need N / 128 even";
   }
@@ -204,10 +206,10 @@ cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
   }
   switch (p.swap_tokens) {
     case 0: break;
-    case 32: return launch_swap_typed<32>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, p.pdl, stream);
-    case 64: return launch_swap_typed<64>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, p.pdl, stream);
-    case 128: return launch_swap_typed<128>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, p.pdl, stream);
-    case 160: return launch_swap_typed<160>(tx, tw, a, p.y_f32, p.swap_cluster, sms, p.ablate, p.pdl, stream);
+    case 32: return launch_swap_typed<32>(tx, tw, a, p.y_f32, p.swiglu_fp8, p.swap_cluster, sms, p.ablate, p.pdl, stream);
+    case 64: return launch_swap_typed<64>(tx, tw, a, p.y_f32, p.swiglu_fp8, p.swap_cluster, sms, p.ablate, p.pdl, stream);
+    case 128: return launch_swap_typed<128>(tx, tw, a, p.y_f32, p.swiglu_fp8, p.swap_cluster, sms, p.ablate, p.pdl, stream);
+    case 160: return launch_swap_typed<160>(tx, tw, a, p.y_f32, p.swiglu_fp8, p.swap_cluster, sms, p.ablate, p.pdl, stream);
     default: return cudaErrorInvalidValue;
   }
   if (p.swiglu_fp8)  // y unused: the bf16 instance's epilogue type is never reached

@@ -58,8 +58,10 @@ size_t workspace_bytes(const GroupedGemmParams& p, int device_sm_count) {
 const char* swiglu_gemm_unsupported_reason(const GroupedGemmParams& p) {
   if (const char* why = unsupported_reason(p)) return why;
   if (p.in != InType::kFp8 || p.mode != Mode::kForward) return "the fused SwiGLU GEMM is fp8 forward only";
-  if (p.tuning.kernel != KernelChoice::kWgmma) return "the fused SwiGLU GEMM runs our own kernel only (kernel = wgmma)";
   if (const char* why = wgmma::fp8_shape_reason(detail::output_rows(p), p.num_groups, p.n, p.k)) return why;
+  if (!detail::choose(p).wgmma)
+    return "the fused SwiGLU GEMM runs our own fp8 kernel only (kernel = wgmma, or auto at decode shapes: rows per "
+           "expert <= 128)";
   if (p.n % 256 != 0) return "the fused SwiGLU GEMM needs w [L, 2F, K] with F % 128 == 0";
   return nullptr;
 }

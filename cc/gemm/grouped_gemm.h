@@ -137,8 +137,9 @@ struct SwigluParams {
 };
 cudaError_t launch_swiglu(const SwigluParams& p, cudaStream_t stream);
 
-// The fp8 gate+up GEMM with the SwiGLU epilogue in one kernel (our own, fp8_wgmma.cuh: only with
-// p.tuning.kernel == kWgmma): p as a kForward fp8 call with w [L, 2F, K] (gate rows 0..F-1, up
+// The fp8 gate+up GEMM with the SwiGLU epilogue in one kernel (our own: wherever choose(p) takes
+// our kernel, i.e. kernel == kWgmma, or kAuto at decode shapes; at decode the swap-AB kernel's
+// epilogue, fp8_wgmma_swap.cuh, else the row-major kernel's): p as a kForward fp8 call with w [L, 2F, K] (gate rows 0..F-1, up
 // F..2F-1), F % 128 == 0; writes h e4m3 [rows, F] and h_scale f32 [rows, F/128] (rows = R or L*C)
 // by the library's quantiser, gate and up rounded to bf16 first: the values of launch_grouped_gemm
 // with bf16 out followed by launch_swiglu (block 128). Rows outside the groups: h = 0 and the

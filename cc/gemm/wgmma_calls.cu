@@ -50,6 +50,7 @@ cudaError_t run_fp8_wgmma_swiglu(const GroupedGemmParams& p, void* h, float* h_s
                                  cudaStream_t stream) {
   if (output_rows(p) == 0) return cudaSuccess;  // the kernel writes h = 0 on rows outside the groups
   wgmma::Fp8LaunchParams q = fp8_params_of(p, sm_count);
+  q.swap_tokens = choose(p).swap_tokens;  // decode: the swap-AB kernel's SwiGLU epilogue
   q.swiglu_fp8 = true;
   q.h = static_cast<uint8_t*>(h);
   q.h_scale = h_scale;
