@@ -52,8 +52,8 @@ class Tuning:
     raster 0 (along M), 1 (along N) or 2 (CUTLASS's heuristic); swizzle 1, 2, 4 or 8 (maximum);
     kernel 0 (auto: our own fp8 kernel at decode shapes, CUTLASS otherwise), 1 (CUTLASS) or 2 (wgmma:
     our own fp8 kernel, fp8 forward calls only).
-    fuse_swiglu (Python only, not an attribute): with wgmma, the fp8 MLP's gate+up GEMM and its
-    SwiGLU as one kernel (fused_swiglu_reason)."""
+    fuse_swiglu (Python only, not an attribute): the fp8 MLP's gate+up GEMM and its SwiGLU as one
+    kernel where our own kernel runs (fused_swiglu_reason)."""
     tile_m: int = 0
     raster: int = 0
     swizzle: int = 1
@@ -80,8 +80,8 @@ def parse_tuning(text: str | None) -> Tuning:
     """JAX_MOE_A2A_GEMM_TILE_M's value -> Tuning: None, '' or 'auto' are the defaults; otherwise a
     comma list of 64 | 128 (the tile's rows), rasterM | rasterN | rasterH (the scheduler's order),
     s1 | s2 | s4 | s8 (its maximum swizzle), cutlass | wgmma (the fp8 forward kernel: CUTLASS's, or
-    our own, cc/gemm/fp8_wgmma.cuh), fused (with wgmma: the gate+up GEMM and the SwiGLU as one
-    kernel); a later word wins. Any other word raises ValueError
+    our own, cc/gemm/fp8_wgmma.cuh), fused (the gate+up GEMM and the SwiGLU as one kernel where our
+    kernel runs: at decode shapes, or everywhere with wgmma); a later word wins. Any other word raises ValueError
     naming the accepted ones (a misspelt setting would otherwise measure the default)."""
     t = Tuning()
     if text is None or text.strip() in ("", "auto"):
@@ -290,8 +290,8 @@ def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None
     kernel computes h = silu(gate) * up in f32 and returns (h bf16 [.., F], None), or (h
     float8_e4m3fn [.., F], h_scale f32 [.., F/block]) with quantize_hidden. Rows outside the groups
     give h = 0 (and, quantised, the scale of an all-zero block). Where fused_swiglu_reason says
-    None (fp8 at decode shapes by default; JAX_MOE_A2A_GEMM_TILE_M=wgmma,fused anywhere our kernel
-    runs) the GEMM and the SwiGLU run as one kernel with the same values."""
+    None (asked for with JAX_MOE_A2A_GEMM_TILE_M=fused or wgmma,fused) the GEMM and the SwiGLU run
+    as one kernel with the same values."""
     tune = tuning()
     if quantize_hidden and fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block, tune) is None:
         return _grouped_gemm_swiglu_fused(x, w_gate_up, group_sizes, x_scale, w_scale, tune)
@@ -303,18 +303,18 @@ def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None
 def fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block: int = _BLOCK, tune: Tuning | None = None) -> str | None:
     """None when grouped_gemm_swiglu(..., quantize_hidden=True) runs as ONE kernel (our own fp8
     kernel with the SwiGLU epilogue), else why not (then the GEMM writes bf16 gu and the SwiGLU
-    kernel reads it back; the values are the same). It does for fp8 x and w [L, 2F, K], block 128,
-    and the kernel's own rule, _C.gemm.swiglu_reason (our kernel takes the call: by default at
-    decode shapes, mean rows per expert <= 128, where the swap-AB kernel's epilogue runs; F % 128
-    == 0, 1 to 1,024 local experts, rows and L * 2F below 2^31). JAX_MOE_A2A_GEMM_TILE_M=wgmma
-    keeps the two kernels (to measure them); wgmma,fused fuses wherever our kernel runs, prefill
-    too (the row-major kernel's epilogue, 1.3-1.9x the unfused pair's time on an H200)."""
+    kernel reads it back; the values are the same). Opt-in (JAX_MOE_A2A_GEMM_TILE_M=fused, or
+    wgmma,fused), for fp8 x and w [L, 2F, K], block 128, where the kernel's own rule,
+    _C.gemm.swiglu_reason, takes the call: our kernel runs it (`fused`: at decode shapes, mean rows
+    per expert <= 128, the swap-AB kernel's epilogue; `wgmma,fused`: there and at prefill, the
+    row-major kernel's, 1.3-1.9x the unfused pair's time on an H200), F % 128 == 0, 1 to 1,024
+    local experts, rows and L * 2F below 2^31. The swap-AB epilogue has not yet run on a GPU
+    (docs/api.md): it becomes the default at decode once measured faster."""
     tune = tuning() if tune is None else tune
     if tune.kernel == _KERNEL_CUTLASS:
         return "the fused SwiGLU GEMM runs only with our own fp8 kernel (not with JAX_MOE_A2A_GEMM_TILE_M=cutlass)"
-    if tune.kernel == _KERNEL_WGMMA and not tune.fuse_swiglu:
-        return ("with JAX_MOE_A2A_GEMM_TILE_M=wgmma the SwiGLU runs as its own kernel; the fused one runs only "
-                "when asked (wgmma,fused) or by default at decode")
+    if not tune.fuse_swiglu:
+        return "the fused SwiGLU GEMM runs only when asked (JAX_MOE_A2A_GEMM_TILE_M=fused or wgmma,fused)"
     why = native_reason() or native_supported(x, w_gate_up, x_scale, w_scale)
     if why is not None:
         return why

@@ -236,14 +236,16 @@ def test_fused_swiglu_reason(monkeypatch, L, f, block, tune, words):
 
 
 @pytest.mark.parametrize("rows, tune, words", [
-    (64, "auto", None),                           # decode (mean 8 rows per expert): fused by default
-    (8 * 129, "auto", "auto at decode shapes"),   # mean 129: CUTLASS's GEMM, then the SwiGLU kernel
-    (8 * 129, "wgmma,fused", None),               # asked: the row-major kernel's epilogue
-    (64, "64", "our own fp8 kernel only"),        # a CUTLASS tile asked for
+    (64, "fused", None),                          # decode (mean 8 rows per expert): the swap-AB epilogue
+    (64, "auto", "only when asked"),              # opt-in until measured on a GPU
+    (8 * 129, "fused", "auto at decode shapes"),  # mean 129: CUTLASS's GEMM, then the SwiGLU kernel
+    (8 * 129, "wgmma,fused", None),               # the row-major kernel's epilogue
+    (64, "64,fused", "our own fp8 kernel only"),  # a CUTLASS tile asked for
 ])
-def test_fused_swiglu_by_default_at_decode(monkeypatch, rows, tune, words):
-    """The default fuses the fp8 gate+up GEMM and the SwiGLU where our own kernel takes the call
-    (decode shapes: the swap-AB kernel's epilogue), and nowhere else; the C++ rule decides."""
+def test_fused_swiglu_where_our_kernel_runs(monkeypatch, rows, tune, words):
+    """`fused` fuses the fp8 gate+up GEMM and the SwiGLU where our own kernel takes the call (with
+    kernel auto: decode shapes, the swap-AB kernel's epilogue), and nowhere else; the C++ rule
+    decides."""
     _built_gemm()
     monkeypatch.setattr(gemm_ffi, "native_reason", lambda: None)
     L, f, k = 8, 256, 256

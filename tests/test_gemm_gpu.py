@@ -146,12 +146,13 @@ def _silu(g):
     return g / (1.0 + np.exp(-g))
 
 
-# wgmma changes only fp8 calls (bf16 would repeat auto); wgmma,fused with quantize: the fused kernel
+# wgmma changes only fp8 calls (bf16 would repeat auto); fused with quantize: one fused kernel (the
+# shapes are decode's, 64 rows per expert: the swap-AB kernel's epilogue)
 @pytest.mark.parametrize("fp8, quantize, tune", [
     (False, False, "auto"), (False, True, "auto"), (True, False, "auto"), (True, True, "auto"),
-    (True, False, "wgmma"), (True, True, "wgmma"), (True, True, "wgmma,fused")],
+    (True, False, "wgmma"), (True, True, "wgmma"), (True, True, "wgmma,fused"), (True, True, "fused")],
     ids=["bf16-h_bf16", "bf16-h_fp8", "fp8-h_bf16", "fp8-h_fp8", "fp8-h_bf16-wgmma", "fp8-h_fp8-wgmma",
-         "fp8-h_fp8-wgmma-fused"])
+         "fp8-h_fp8-wgmma-fused", "fp8-h_fp8-fused"])
 def test_swiglu(fp8, quantize, tune, monkeypatch):
     """The gate+up GEMM and the SwiGLU against the oracle, outputs poisoned (wgmma,fused with fp8
     and quantize: one fused kernel)."""
@@ -252,8 +253,8 @@ def test_fused_swiglu_matches_the_two_kernels(layout, kernel, monkeypatch):
 
 @pytest.mark.parametrize("layout", ["ragged", "expert_major"])
 def test_fused_swiglu_at_decode_gives_the_two_kernels_bits(layout, monkeypatch):
-    """By default an fp8 decode call (mean rows per expert <= 128) runs the gate+up GEMM and the
-    SwiGLU as one kernel, the swap-AB kernel's epilogue; JAX_MOE_A2A_GEMM_TILE_M=wgmma runs the same
+    """With JAX_MOE_A2A_GEMM_TILE_M=fused an fp8 decode call (mean rows per expert <= 128) runs the
+    gate+up GEMM and the SwiGLU as one kernel, the swap-AB kernel's epilogue; wgmma runs the same
     GEMM writing bf16 gu, then the SwiGLU kernel. The fused epilogue rounds gate and up to bf16 and
     quantises with the SwiGLU kernel's arithmetic, so h and its scales are the same bits. Groups
     with zeros, one over the token tile, rows outside every group (h = 0, an all-zero block's
@@ -268,25 +269,25 @@ def test_fused_swiglu_at_decode_gives_the_two_kernels_bits(layout, monkeypatch):
         sizes = np.array([120, 0, 1, 64, 200, 77], np.int32)  # 200 past C = 120
     x, w, xs, wsc, _, _ = _data(rng, L, rows_shape, 2 * F, H, True)
     out = {}
-    for tune in ("auto", "wgmma"):
+    for tune in ("fused", "wgmma"):
         monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
         fused = gemm_ffi.fused_swiglu_reason(x, w, xs, wsc) is None
-        assert fused == (tune == "auto")
+        assert fused == (tune == "fused")
         _poison(rows_shape + (F // 128,), jnp.float32)
         _poison(rows_shape + (F,), FP8)
         h, hs = jax.jit(lambda *a: gemm_ffi.grouped_gemm_swiglu(*a[:3], x_scale=a[3], w_scale=a[4],
                                                                  quantize_hidden=True))(x, w, jnp.asarray(sizes), xs, wsc)
         out[tune] = (np.asarray(jax.lax.bitcast_convert_type(h, jnp.uint8)), np.asarray(hs))
-    np.testing.assert_array_equal(out["auto"][1].view(np.uint32), out["wgmma"][1].view(np.uint32))
-    np.testing.assert_array_equal(out["auto"][0], out["wgmma"][0])
+    np.testing.assert_array_equal(out["fused"][1].view(np.uint32), out["wgmma"][1].view(np.uint32))
+    np.testing.assert_array_equal(out["fused"][0], out["wgmma"][0])
     covered = np.zeros(rows_shape, bool)
     if layout == "ragged":
         covered[:int(sizes.sum())] = True
     else:
         for l, c in enumerate(sizes):
             covered[l, :min(int(c), rows_shape[1])] = True
-    assert (out["auto"][0][~covered] == 0).all() and covered.sum() > 0 and (~covered).sum() > 0
-    assert np.isfinite(out["auto"][1]).all()
+    assert (out["fused"][0][~covered] == 0).all() and covered.sum() > 0 and (~covered).sum() > 0
+    assert np.isfinite(out["fused"][1]).all()
 
 
 def test_swiglu_matches_library_quantiser():
