@@ -104,7 +104,9 @@ def test_swap_kernel_promotion_reads_its_scales_from_shared_memory(tmp_path):
     warp 1, so no global f32 load and no generic (address-space-less) load is left. Both used to
     be there (the storage's address went through an integer, so the compiler lost the address
     space, and the weight scale was loaded from global memory in the promotion) and cost ~8 % at
-    decode L = 8 on an H100 (notes/benchmarks.md, 2026-12-05, twenty-second session)."""
+    decode L = 8 on an H100 (notes/benchmarks.md, 2026-12-05, twenty-second session). The
+    row-major kernel (fp8_wgmma.cuh) shares the storage helper (aligned_storage): no generic
+    load or store in any of its instances either (it had 12 loads and 3 stores)."""
     import re
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ptx = tmp_path / "gemm_fp8_wgmma.ptx"
@@ -114,9 +116,13 @@ def test_swap_kernel_promotion_reads_its_scales_from_shared_memory(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     text = ptx.read_text()
     starts = [m.start() for m in re.finditer(r"\.entry ", text)] + [len(text)]
-    seen = []
+    seen, row_major = [], 0
     for a, b in zip(starts, starts[1:]):
         body = text[a:b]
+        if "fp8_grouped_kernel" in body[:400]:
+            row_major += 1
+            generic = re.findall(r"\b(?:ld|st)\.(?!shared|global|param|local|const)[a-z0-9.]*\s", body)
+            assert not generic, f"row-major kernel: generic accesses {generic[:4]} (shared memory seen as generic?)"
         m = re.search(r"fp8_swap_kernelI(?:13__nv_bfloat16|f)Li(\d+)ELi(\d+)E", body[:400])
         if m is None:
             continue
@@ -127,3 +133,4 @@ def test_swap_kernel_promotion_reads_its_scales_from_shared_memory(tmp_path):
         assert not re.findall(r"ld\.global\.nc\.f32", body), f"swap kernel kTok={tok}: a global f32 load (a scale?) left"
         assert len(re.findall(r"ld\.shared\.v2\.f32", body)) >= tok // 8, f"swap kernel kTok={tok}: promotion not reading sx by LDS"
     assert sorted(set(seen)) == [(t, c) for t in (32, 64, 128, 160) for c in (1, 2)], seen
+    assert row_major == 6, row_major  # {bf16, f32} x {overlap, serial} stores, and the fused SwiGLU's two

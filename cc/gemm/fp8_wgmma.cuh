@@ -100,6 +100,17 @@ struct alignas(1024) SharedStorage {
 };
 constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + the base's alignment slack
 
+// The kernel's shared storage at the first 1024-byte boundary of its dynamic shared memory (the
+// 128-byte swizzle's atoms repeat every 1024 bytes; the launch asks for sizeof(Storage) + 1024).
+// Aligned by pointer arithmetic on the shared array, not through an integer, so the compiler keeps
+// knowing these are shared-memory addresses (LDS / STS, not generic loads: the swap-AB kernel's
+// promotion read its scales with generic loads until 2026-12-05).
+template <class Storage>
+__device__ __forceinline__ Storage& aligned_storage(uint8_t* smem) {
+  const uint32_t misalign = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(smem)) & 1023u;
+  return *reinterpret_cast<Storage*>(smem + ((1024u - misalign) & 1023u));
+}
+
 // A K-major WGMMA operand in shared memory with the 128-byte swizzle (8 rows x 128 bytes per core
 // group: stride byte offset 1024, the leading offset unused and 1).
 __device__ __forceinline__ uint64_t smem_desc(const void* p) {
@@ -333,8 +344,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__)
 #if __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage& s =
-      *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  SharedStorage& s = aligned_storage<SharedStorage>(smem_raw);
   // Broadcast from lane 0 so the compiler knows them warp-uniform (a role branch it thinks divergent
   // makes ptxas serialise the WGMMAs).
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);

@@ -227,9 +227,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kAcc = kTok / 2;  // accumulator registers per thread (m64 x kTok over 128 threads)
   using M = typename SwapMma<kTok>::type;
   extern __shared__ uint8_t smem_raw[];
-  // aligned by pointer arithmetic on smem_raw (not through an integer), so the compiler keeps
-  // knowing these are shared-memory addresses (LDS, not generic loads, in the promotion)
-  Storage& s = *reinterpret_cast<Storage*>(smem_raw + ((1024u - (static_cast<uint32_t>(reinterpret_cast<uintptr_t>(smem_raw)) & 1023u)) & 1023u));
+  Storage& s = aligned_storage<Storage>(smem_raw);  // LDS in the promotion (fp8_wgmma.cuh)
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   const int lane = threadIdx.x & 31;
