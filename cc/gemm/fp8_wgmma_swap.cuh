@@ -275,9 +275,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const Tile tile = tile_of(t);
         const int32_t xrow = static_cast<int32_t>(s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok) +
                              static_cast<int32_t>(crank) * kHalf;
-        for (int pass = 0; pass < kPasses; ++pass) {
-        const int32_t wrow = tile.l * a.n + pass * n_out + tile.nt * kBN;  // pass 1: the up block
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        for (int q = 0; q < kPasses * kblocks; ++q, ++it) {  // k-blocks of the tile's passes
+          const int pass = kPasses == 1 ? 0 : q / kblocks, kb = q - pass * kblocks;
+          const int32_t wrow = tile.l * a.n + pass * n_out + tile.nt * kBN;  // pass 1: the up block
           const int st = static_cast<int>(it % kSt);
           wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
           constexpr uint32_t kBytes = kAblate == Ablate::kNoX ? kBN * kBK : SwapConfig<kTok>::kStageBytes;
@@ -294,7 +294,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                                          s.b[st], kb * kBK, xrow);
           }
         }
-        }
       }
     } else if (warp == 1) {  // x scales
       uint32_t it = 0;
@@ -302,9 +301,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const Tile tile = tile_of(t);
         const int64_t row0 = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
         const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
-        for (int pass = 0; pass < kPasses; ++pass) {
-        const float* sw = a.w_scale + (static_cast<int64_t>(tile.l) * wblocks_n + pass * tiles_n + tile.nt) * kblocks;
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        for (int q = 0; q < kPasses * kblocks; ++q, ++it) {  // k-blocks of the tile's passes
+          const int pass = kPasses == 1 ? 0 : q / kblocks, kb = q - pass * kblocks;
+          const float* sw = a.w_scale + (static_cast<int64_t>(tile.l) * wblocks_n + pass * tiles_n + tile.nt) * kblocks;
           const int st = static_cast<int>(it % kSt);
           wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
 #pragma unroll
@@ -314,7 +313,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (lane == 0) cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<float>::copy(sw[kb], s.sw[st], true);
           // one of the barrier's expected arrivals (.noinc), made once this lane's copies have landed
           cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[st]);
-        }
         }
       }
       asm volatile("cp.async.wait_all;" ::: "memory");
@@ -358,8 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t row_base = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
 
     float acc[kAcc];
-#pragma unroll
-    for (int q = 0; q < kAcc; ++q) acc[q] = 0.f;
+    [[maybe_unused]] uint32_t gate[kEpi == Epi::kSwigluFp8 ? kAcc / 2 : 1];  // kSwigluFp8: the gate block in bf16
 
     // kb's WGMMAs into d: d = (x w^T over the k-block) + (accumulate ? d : 0)
     auto issue = [&](float (&d)[kAcc], uint32_t i, bool accumulate = false) {
@@ -382,6 +379,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kCluster > 1) cutlass::arch::ClusterBarrier::arrive(&s.empty[st], crank ^ 1u, lane == 0);
     };
     if constexpr (kAblate == Ablate::kNoMath) {
+#pragma unroll
+      for (int q = 0; q < kAcc; ++q) acc[q] = 0.f;
       for (int kb = 0; kb < kblocks; ++kb, ++it) {
         wait_or_trap(&s.full[it % kSt], (it / kSt) & 1);
         __syncwarp();
@@ -416,31 +415,27 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       run_k();
       if constexpr (kEpi == Epi::kSwigluFp8) {
-        uint32_t gate[kAcc / 2];  // the gate block, rounded to bf16 as the unfused path's gu is
 #pragma unroll
-        for (int q = 0; q < kAcc / 2; ++q) gate[q] = pack_bf16x2(acc[2 * q], acc[2 * q + 1]);
+        for (int q = 0; q < kAcc / 2; ++q) gate[q] = pack_bf16x2(acc[2 * q], acc[2 * q + 1]);  // as gu's bf16
         run_k();  // the up block
-        swap_swiglu_fp8_store<kAcc, kTok>(acc, gate, s.amax, a, row_base, tile_rows, tile.nt, mwg * 64 + r_lo, c0,
-                                          mwg * 4 + wl);
-#ifdef A2A_GEMM_ABLATIONS
-        stamp(1);
-        ++traced;
-#endif
-        continue;
       }
     }
 
-    // Epilogue: y[row_base + token, n0 + r] for tokens 8j + c0 (+1) below tile_rows, weight rows r_lo (+8).
-    OutT* ycol = y + row_base * a.n + static_cast<int64_t>(tile.nt) * kBN + mwg * 64 + r_lo;
+    if constexpr (kEpi == Epi::kSwigluFp8) {
+      swap_swiglu_fp8_store<kAcc, kTok>(acc, gate, s.amax, a, row_base, tile_rows, tile.nt, mwg * 64 + r_lo, c0, mwg * 4 + wl);
+    } else {
+      // y[row_base + token, n0 + r] for tokens 8j + c0 (+1) below tile_rows, weight rows r_lo (+8).
+      OutT* ycol = y + row_base * a.n + static_cast<int64_t>(tile.nt) * kBN + mwg * 64 + r_lo;
 #pragma unroll
-    for (int j = 0; j < kAcc / 4; ++j) {
+      for (int j = 0; j < kAcc / 4; ++j) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int tok = 8 * j + c0 + e;
-        if (tok >= tile_rows) continue;
-        OutT* p = ycol + static_cast<int64_t>(tok) * a.n;
-        store_one<OutT>(p, acc[4 * j + e]);
-        store_one<OutT>(p + 8, acc[4 * j + 2 + e]);
+        for (int e = 0; e < 2; ++e) {
+          const int tok = 8 * j + c0 + e;
+          if (tok >= tile_rows) continue;
+          OutT* p = ycol + static_cast<int64_t>(tok) * a.n;
+          store_one<OutT>(p, acc[4 * j + e]);
+          store_one<OutT>(p + 8, acc[4 * j + 2 + e]);
+        }
       }
     }
 #ifdef A2A_GEMM_ABLATIONS
