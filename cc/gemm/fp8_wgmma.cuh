@@ -44,6 +44,7 @@
 
 #include "core/fp8.h"
 #include "gpu/fp8_code.cuh"
+#include "gpu/pdl.cuh"
 #include "gemm/fp8_wgmma.h"  // kMaxGroups
 
 namespace a2a::gemm::wgmma {
@@ -229,15 +230,6 @@ __device__ __forceinline__ void wait_or_trap(uint64_t* bar, uint32_t parity) {
   }
 }
 
-// Programmatic dependent launch (the launcher sets cudaLaunchAttributeProgrammaticStreamSerialization):
-// the kernel's CTAs may start while the previous kernel on the stream is still finishing, so its
-// prologue (barrier init, descriptor prefetch) overlaps that kernel's tail and the launch gap.
-// wait_for_previous_grid: every thread, before its first global read or write (the previous grid
-// done and its writes visible; a no-op when the launch was not programmatic). allow_next_grid:
-// the next kernel, if launched the same way, may start its own prologue now (it waits likewise).
-__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
 // One arrival on a CTA-local mbarrier by the threads with pred set, predicated rather than branched
 // (a branch between a WGMMA's issue and its wait makes ptxas serialise the WGMMAs).
 __device__ __forceinline__ void arrive_if(uint64_t* bar, bool pred) {
@@ -365,8 +357,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_x));
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_w));
   }
-  wait_for_previous_grid();  // nothing global before this (group_sizes, x, y may be the previous kernel's)
-  allow_next_grid();         // one CTA per SM: the next kernel's CTAs start only as ours leave
+  // programmatic dependent launch (gpu/pdl.cuh): nothing global before this (group_sizes, x, y may
+  // be the previous kernel's); one CTA per SM, so the next kernel's CTAs start only as ours leave
+  gpu::wait_for_previous_grid();
+  gpu::allow_next_grid();
   if (warp == 0) build_group_table(a, tiles_n, s);
   __syncthreads();
   const int total_tiles = s.tile_end[a.num_groups - 1];

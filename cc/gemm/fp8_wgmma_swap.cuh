@@ -250,8 +250,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_x));
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_w));
   }
-  wait_for_previous_grid();  // programmatic launch (fp8_wgmma.cuh): nothing global before this
-  allow_next_grid();
+  gpu::wait_for_previous_grid();  // programmatic launch (gpu/pdl.cuh): nothing global before this
+  gpu::allow_next_grid();
   if (warp == 0) build_group_table<kTok>(a, tiles_nc, s);
   __syncthreads();
   if constexpr (kCluster > 1) {  // the peer's barriers are initialised before anything of ours reaches them

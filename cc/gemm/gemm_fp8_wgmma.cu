@@ -44,8 +44,8 @@ bool encode_rows(CUtensorMap* map, const void* base, uint64_t rows, uint64_t k, 
 }
 
 // A launch's configuration: grid, block, shared memory and stream, with programmatic stream
-// serialization (the kernel may start while the stream's previous kernel finishes: fp8_wgmma.cuh,
-// wait_for_previous_grid) when pdl is set, and a cluster size above 1. attr: room for both.
+// serialization (the kernel may start while the stream's previous kernel finishes: gpu/pdl.cuh)
+// when pdl is set, and a cluster size above 1. attr: room for both.
 cudaLaunchConfig_t launch_config(int grid, size_t smem, cudaStream_t stream, bool pdl, int cluster,
                                  cudaLaunchAttribute (&attr)[2]) {
   cudaLaunchConfig_t cfg{};
@@ -62,11 +62,7 @@ cudaLaunchConfig_t launch_config(int grid, size_t smem, cudaStream_t stream, boo
     attr[cfg.numAttrs].val.clusterDim.z = 1;
     ++cfg.numAttrs;
   }
-  if (pdl) {
-    attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
-    ++cfg.numAttrs;
-  }
+  if (pdl) attr[cfg.numAttrs++] = gpu::pdl_attribute();
   return cfg;
 }
 

@@ -6,6 +6,7 @@
 #include "core/fp8.h"
 #include "gemm/grouped_gemm.h"
 #include "gpu/fp8_code.cuh"
+#include "gpu/pdl.cuh"
 #include "gpu/warp.cuh"
 #include "gemm/kernels.h"
 
@@ -81,14 +82,12 @@ namespace {
 
 constexpr int kSwigluThreads = 128;  // 4 warps, one (row, 128-column block) per warp
 
-// Programmatic dependent launch (launch_swiglu_of sets the attribute): a SwiGLU kernel may start
-// while the gate+up GEMM finishes, and waits for it here before reading gu; the down GEMM may then
-// start its own prologue at once (it waits for this kernel likewise). Every thread, first thing.
+// Programmatic dependent launch (launch_swiglu_of sets the attribute, gpu/pdl.cuh): a SwiGLU kernel
+// may start while the gate+up GEMM finishes, and waits for it before reading gu; the down GEMM may
+// then start its own prologue at once. Every thread, first thing.
 __device__ __forceinline__ void wait_previous_allow_next() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+  gpu::wait_for_previous_grid();
+  gpu::allow_next_grid();
 }
 
 __device__ inline float to_f32(float v) { return v; }
@@ -218,9 +217,7 @@ cudaError_t launch_swiglu_of(const SwigluParams& p, int64_t total, cudaStream_t 
   void (*kernel)(SwigluParams, int64_t) = vec ? (quant ? swiglu_vec_kernel<true, G> : swiglu_vec_kernel<false, G>)
                                               : (quant ? swiglu_kernel<true, G> : swiglu_kernel<false, G>);
   const int64_t items_per_block = (kSwigluThreads / 32) * (vec ? kVecItems : 1);
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute pdl[1] = {gpu::pdl_attribute()};
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>((total + items_per_block - 1) / items_per_block));
   cfg.blockDim = dim3(kSwigluThreads);
