@@ -169,7 +169,8 @@ ffi::Error SwigluImpl(cudaStream_t stream, ffi::AnyBuffer gu, ffi::Result<ffi::A
 
 // The fp8 gate+up GEMM with the SwiGLU epilogue (g::launch_grouped_gemm_swiglu, our own kernel):
 // x and scales as the forward form, w [L, 2F, K]; h f8e4m3fn [rows, F] (or [L, C, F]), h_scale f32
-// [rows, F/128]. tile_m, raster, swizzle, kernel: as grouped_gemm's (kernel must be 2, wgmma).
+// [rows, F/128]. tile_m, raster, swizzle, kernel: as grouped_gemm's (our kernel must take the call:
+// g::swiglu_gemm_unsupported_reason).
 ffi::Error GroupedGemmSwigluImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w,
                                  ffi::Buffer<ffi::S32> group_sizes, ffi::Buffer<ffi::F32> x_scale,
                                  ffi::Buffer<ffi::F32> w_scale, ffi::Result<ffi::AnyBuffer> h,

@@ -68,7 +68,7 @@ const char* swiglu_gemm_unsupported_reason(const GroupedGemmParams& p) {
 }
 
 cudaError_t launch_grouped_gemm_swiglu(const GroupedGemmParams& p, void* h, float* h_scale, cudaStream_t stream) {
-  return detail::run_fp8_wgmma_swiglu(p, h, h_scale, sm_count_of_current_device(), stream);
+  return detail::run_fp8_wgmma_swiglu(p, detail::choose(p), h, h_scale, sm_count_of_current_device(), stream);
 }
 
 LaunchStatus launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {

@@ -106,8 +106,9 @@ size_t bf16_workspace_bytes(const GroupedGemmParams& p, const Tuning& t, int sm_
 LaunchStatus run_bf16(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream);
 // Our own fp8 kernel (gemm_fp8_wgmma.cu): no workspace; the kernel also zeroes the uncovered rows.
 LaunchStatus run_fp8_wgmma(const GroupedGemmParams& p, const Tuning& t, int sm_count, cudaStream_t stream);
-// The same kernel with the SwiGLU epilogue (launch_grouped_gemm_swiglu, grouped_gemm.h).
-cudaError_t run_fp8_wgmma_swiglu(const GroupedGemmParams& p, void* h, float* h_scale, int sm_count,
+// The same kernel with the SwiGLU epilogue (launch_grouped_gemm_swiglu, grouped_gemm.h): at decode
+// (t.swap_tokens) the swap-AB kernel's.
+cudaError_t run_fp8_wgmma_swiglu(const GroupedGemmParams& p, const Tuning& t, void* h, float* h_scale, int sm_count,
                                  cudaStream_t stream);
 
 }  // namespace a2a::gemm::detail

@@ -46,11 +46,11 @@ LaunchStatus run_fp8_wgmma(const GroupedGemmParams& p, const Tuning& t, int sm_c
   return st;
 }
 
-cudaError_t run_fp8_wgmma_swiglu(const GroupedGemmParams& p, void* h, float* h_scale, int sm_count,
+cudaError_t run_fp8_wgmma_swiglu(const GroupedGemmParams& p, const Tuning& t, void* h, float* h_scale, int sm_count,
                                  cudaStream_t stream) {
   if (output_rows(p) == 0) return cudaSuccess;  // the kernel writes h = 0 on rows outside the groups
   wgmma::Fp8LaunchParams q = fp8_params_of(p, sm_count);
-  q.swap_tokens = choose(p).swap_tokens;  // decode: the swap-AB kernel's SwiGLU epilogue
+  q.swap_tokens = t.swap_tokens;  // decode: the swap-AB kernel's SwiGLU epilogue
   q.swiglu_fp8 = true;
   q.h = static_cast<uint8_t*>(h);
   q.h_scale = h_scale;
