@@ -34,6 +34,7 @@
 
 #include "core/fp8.h"
 #include "gemm/fp8_wgmma.h"
+#include "gemm/kernels.h"  // swap_of: the library's token tile
 
 namespace {
 
@@ -235,6 +236,13 @@ HostReference run_reference(const Case& c, const Buffers& b, const std::vector<i
   cudaFree(ref);
   cudaFree(refabs);
   return out;
+}
+
+// The swap-AB token tile the library picks for L experts over `rows` rows (gemm/kernels.h swap_of).
+int library_tile(int L, int64_t rows = 1024) {
+  a2a::gemm::detail::Tuning t;
+  a2a::gemm::detail::swap_of(rows, L, t);
+  return t.swap_tokens;
 }
 
 // Fp8LaunchParams::ablate 0..3 (fp8_wgmma_swap.cuh, Ablate)
@@ -574,15 +582,21 @@ int main(int argc, char** argv) {
       for (const auto& c : sw) ok = check_swiglu(c, gen, serial) && ok;
     for (int swap : {32, 64, 128, 160})  // the swap-AB kernel's SwiGLU epilogue
       for (const auto& c : sw) ok = check_swiglu(c, gen, true, swap) && ok;
-    ok = check_swiglu({"swiglu-L100-negatives", 100, 1200, 256, 256, false, false, cs[7].sizes}, gen, true, 32) && ok;
-    ok = check_swiglu({"swiglu-expert-major-L40", 40, 50, 512, 384, true, false, cs[8].sizes}, gen, true, 64) && ok;
-    ok = check_swiglu({"swiglu-one-hot-L8", 8, 1024, 4096, 7168, false, false, cs[6].sizes}, gen, true, 160) && ok;
+    auto sizes_of = [&](const std::string& name) {  // a GEMM case's group sizes, for a SwiGLU case
+      for (const auto& c : cs)
+        if (c.name == name) return c.sizes;
+      std::printf("no case %s\n", name.c_str());
+      std::exit(1);
+    };
+    ok = check_swiglu({"swiglu-L100-negatives", 100, 1200, 256, 256, false, false, sizes_of("ragged-L100-negatives")}, gen, true, 32) && ok;
+    ok = check_swiglu({"swiglu-expert-major-L40", 40, 50, 512, 384, true, false, sizes_of("expert-major-L40")}, gen, true, 64) && ok;
+    ok = check_swiglu({"swiglu-one-hot-L8", 8, 1024, 4096, 7168, false, false, sizes_of("one-hot-L8")}, gen, true, 160) && ok;
   }
   if (what == "fused") {
     // The gate+up GEMM at the library's decode tiles: plain (bf16 gu), and with the SwiGLU epilogue
     // (h e4m3 + scales; the unfused path adds the SwiGLU kernel's read of gu), alternated twice.
     for (int L : {8, 32, 256}) {
-      const int tok = L == 8 ? 160 : L == 32 ? 64 : 32;
+      const int tok = library_tile(L);
       Case c{"decode-L" + std::to_string(L) + "-gate+up", L, 1024, 4096, 7168, false, false, uniform_sizes(L, 1024, gen)};
       if (c.name.find(only) == std::string::npos) continue;
       for (int round = 0; round < 2; ++round)
@@ -591,7 +605,7 @@ int main(int argc, char** argv) {
   }
   if (what == "swap") {  // the swap-AB kernel at the library's token tile, decode shapes, and without its math
     for (int L : {8, 32}) {
-      const int tok = L == 8 ? 160 : 64;
+      const int tok = library_tile(L);
       for (const auto& [name, n, k] : {std::tuple<const char*, int, int>{"-gate+up", 4096, 7168}, {"-down", 7168, 2048}}) {
         Case c{"decode-L" + std::to_string(L) + name, L, 1024, n, k, false, false, uniform_sizes(L, 1024, gen)};
         if (c.name.find(only) == std::string::npos) continue;
@@ -608,7 +622,7 @@ int main(int argc, char** argv) {
     // launches back to back per sample, as in time_case: the next launch's prologue overlaps the
     // previous kernel's tail), alternated twice.
     for (int L : {8, 32}) {
-      const int tok = L == 8 ? 160 : 64;
+      const int tok = library_tile(L);
       for (const auto& [name, n, k] : {std::tuple<const char*, int, int>{"-gate+up", 4096, 7168}, {"-down", 7168, 2048}}) {
         Case c{"decode-L" + std::to_string(L) + name, L, 1024, n, k, false, false, uniform_sizes(L, 1024, gen)};
         if (c.name.find(only) == std::string::npos) continue;
@@ -622,7 +636,7 @@ int main(int argc, char** argv) {
     // swap_of), whole and without each part of its work (fp8_wgmma_swap.cuh, Ablate): which part
     // bounds it. Needs -DA2A_GEMM_ABLATIONS.
     for (int L : {8, 32, 256}) {
-      const int tok = L == 8 ? 160 : L == 32 ? 64 : 32;
+      const int tok = library_tile(L);
       for (const auto& [name, n, k] : {std::tuple<const char*, int, int>{"-gate+up", 4096, 7168}, {"-down", 7168, 2048}}) {
         Case c{"decode-L" + std::to_string(L) + name, L, 1024, n, k, false, false, uniform_sizes(L, 1024, gen)};
         if (c.name.find(only) == std::string::npos) continue;
