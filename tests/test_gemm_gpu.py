@@ -142,6 +142,13 @@ def test_empty_groups_and_no_rows():
     assert (np.asarray(y.astype(jnp.float32)) == 0).all()
 
 
+def _swap_tokens(L, rows_shape, n, k, tune):
+    """The swap-AB token tile (0: the row-major kernel) the handler's choose() picks for these static
+    shapes under JAX_MOE_A2A_GEMM_TILE_M=tune (_C.gemm.choice): which kernel a test runs."""
+    t = gemm_ffi.parse_tuning(tune)
+    return gemm_ffi._gemm_module().choice(L, rows_shape[-1], n, k, len(rows_shape) == 2, **t.native_kwargs())[2]
+
+
 def _silu(g):
     return g / (1.0 + np.exp(-g))
 
@@ -214,6 +221,7 @@ def test_fused_swiglu_matches_the_two_kernels(layout, kernel, monkeypatch):
         sizes = np.array([100, 0, 1, 64, 150] if L == 5 else [150, 0, 200], np.int32)
     monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "wgmma,fused")
     assert gemm_ffi.fused_swiglu_reason(x, w, xs, wsc) is None
+    assert (_swap_tokens(L, x.shape[:-1], 2 * F, H, "wgmma,fused") != 0) == (kernel == "swap")
     _poison(x.shape[:-1] + (F // 128,), jnp.float32)  # both outputs: scales, then h
     _poison(x.shape[:-1] + (F,), FP8)
     hf, sf = jax.jit(lambda *a: gemm_ffi.grouped_gemm_swiglu(*a[:3], x_scale=a[3], w_scale=a[4], quantize_hidden=True))(
@@ -268,6 +276,7 @@ def test_fused_swiglu_at_decode_gives_the_two_kernels_bits(layout, monkeypatch):
         rows_shape = (L, 120)
         sizes = np.array([120, 0, 1, 64, 200, 77], np.int32)  # 200 past C = 120
     x, w, xs, wsc, _, _ = _data(rng, L, rows_shape, 2 * F, H, True)
+    assert _swap_tokens(L, rows_shape, 2 * F, H, "fused") == (128 if layout == "ragged" else 160)
     out = {}
     for tune in ("fused", "wgmma"):
         monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
