@@ -406,6 +406,15 @@ float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+// The fused SwiGLU's outputs (h e4m3 [rows, n / 2], its scales [rows, n / 256]) for a gate+up case.
+void attach_swiglu(const Case& c, const Buffers& b, a2a::gemm::wgmma::Fp8LaunchParams& p, uint8_t*& h, float*& hs) {
+  CK(cudaMalloc(&h, static_cast<size_t>(b.total_rows) * (c.n / 2)));
+  CK(cudaMalloc(&hs, static_cast<size_t>(b.total_rows) * (c.n / 256) * 4));
+  p.swiglu_fp8 = true;
+  p.h = h;
+  p.h_scale = hs;
+}
+
 void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool swiglu = false, int swap = 0, int cluster = 1,
                int ablate = 0, bool pdl = true) {
   Buffers b = make_buffers(c, gen, false);
@@ -422,13 +431,7 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
   }
   uint8_t* h = nullptr;
   float* hs = nullptr;
-  if (swiglu) {
-    CK(cudaMalloc(&h, static_cast<size_t>(b.total_rows) * (c.n / 2)));
-    CK(cudaMalloc(&hs, static_cast<size_t>(b.total_rows) * (c.n / 256) * 4));
-    p.swiglu_fp8 = true;
-    p.h = h;
-    p.h_scale = hs;
-  }
+  if (swiglu) attach_swiglu(c, b, p, h, hs);
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
   std::vector<float> tk, tc;
@@ -471,16 +474,19 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
 // One launch with the per-tile trace (Fp8Args::trace): when each CTA's tiles started and ended, in
 // us from the first start: the kernel's span, the spread of the CTAs' last ends (the tail), and
 // the tile durations by their round (the i-th tile of a CTA).
-void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate) {
+void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate, bool swiglu = false) {
 #ifndef A2A_GEMM_ABLATIONS
   std::printf("%-22s trace: compile with -DA2A_GEMM_ABLATIONS\n", c.name.c_str());
-  (void)gen, (void)swap, (void)ablate;
+  (void)gen, (void)swap, (void)ablate, (void)swiglu;
 #else
   Buffers b = make_buffers(c, gen, false);
   auto p = params_of(c, b);
   p.serial_promotion = true;
   p.swap_tokens = swap;
   p.ablate = ablate;
+  uint8_t* hq = nullptr;
+  float* hs = nullptr;
+  if (swiglu) attach_swiglu(c, b, p, hq, hs);
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   constexpr int kPer = 64;
@@ -514,14 +520,16 @@ void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate) {
   std::sort(ends.begin(), ends.end());
   std::sort(firsts.begin(), firsts.end());
   auto q = [](const std::vector<float>& v, double f) { return v.empty() ? 0.f : v[static_cast<size_t>(f * (v.size() - 1))]; };
-  std::printf("%-22s swap%d%s trace: span %.1f us; first tile starts p50 %.1f max %.1f; CTA ends min %.1f p10 %.1f p50 %.1f p90 %.1f max %.1f (%zu CTAs)\n",
-              c.name.c_str(), swap, kAblations[ablate], (t1 - t0) * 1e-3, q(firsts, .5), q(firsts, 1), q(ends, 0), q(ends, .1), q(ends, .5),
+  std::printf("%-22s swap%d%s%s trace: span %.1f us; first tile starts p50 %.1f max %.1f; CTA ends min %.1f p10 %.1f p50 %.1f p90 %.1f max %.1f (%zu CTAs)\n",
+              c.name.c_str(), swap, swiglu ? "+swiglu" : "", kAblations[ablate], (t1 - t0) * 1e-3, q(firsts, .5), q(firsts, 1), q(ends, 0), q(ends, .1), q(ends, .5),
               q(ends, .9), q(ends, 1), ends.size());
   for (int i = 0; i < kPer && !dur[i].empty(); ++i) {
     std::sort(dur[i].begin(), dur[i].end());
     std::printf("    round %d: %3zu tiles, duration min %.1f p50 %.1f max %.1f us\n", i, dur[i].size(), q(dur[i], 0), q(dur[i], .5), q(dur[i], 1));
   }
   cudaFree(tr);
+  cudaFree(hq);
+  cudaFree(hs);
   free_buffers(b);
 #endif
 }
@@ -601,6 +609,11 @@ int main(int argc, char** argv) {
       if (c.name.find(only) == std::string::npos) continue;
       for (int round = 0; round < 2; ++round)
         for (bool swiglu : {false, true}) time_case(c, gen, 30, true, swiglu, tok);
+      if (L == 8)  // the token tile below the library's, and each tile's time (trace)
+        for (bool swiglu : {false, true}) {
+          time_case(c, gen, 30, true, swiglu, 128);
+          trace_case(c, gen, tok, 0, swiglu);
+        }
     }
   }
   if (what == "swap") {  // the swap-AB kernel at the library's token tile, decode shapes, and without its math

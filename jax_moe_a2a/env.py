@@ -56,7 +56,7 @@ VARS = (
         "`local_device_ids` for jax.distributed.initialize: `0`, `0,1` (every process takes those) or "
         "`local_rank` (the Open MPI / Slurm node-local rank)"),
     Var("GEMM_TILE_M", "auto or a comma list", "auto", "jax_moe_a2a/gemm_ffi.py, at trace",
-        "grouped GEMMs, measurements: tile rows, raster order, max swizzle, fp8 forward kernel, fused SwiGLU (docs/api.md, "
+        "grouped GEMMs, measurements: tile rows, raster order, max swizzle, fp8 forward kernel, fused / unfused SwiGLU (docs/api.md, "
         "Grouped expert GEMMs: native kernels); else ValueError"),
     # ---- read by the extension (C++) -----------------------------------------------------------
     Var("IFACE", "str", "any", "cc/transfer/engine.cc, cc/transfer/fabric.cc",

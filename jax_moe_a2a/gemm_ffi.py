@@ -53,12 +53,14 @@ class Tuning:
     kernel 0 (auto: our own fp8 kernel at decode shapes, CUTLASS otherwise), 1 (CUTLASS) or 2 (wgmma:
     our own fp8 kernel, fp8 forward calls only).
     fuse_swiglu (Python only, not an attribute): the fp8 MLP's gate+up GEMM and its SwiGLU as one
-    kernel where our own kernel runs (fused_swiglu_reason)."""
+    kernel where our own kernel runs: None (the default) where it measured faster (the swap-AB
+    kernel's token tiles <= 64: _C.gemm.swiglu_by_default), True wherever our kernel runs, False
+    never (fused_swiglu_reason)."""
     tile_m: int = 0
     raster: int = 0
     swizzle: int = 1
     kernel: int = _KERNEL_AUTO
-    fuse_swiglu: bool = False
+    fuse_swiglu: bool | None = None
 
     def native_kwargs(self) -> dict:
         """gemm::TuningRequest's fields as ints (workspace_bytes' keyword arguments)."""
@@ -73,15 +75,16 @@ class Tuning:
 _TUNING_WORDS = {"64": ("tile_m", 64), "128": ("tile_m", 128), "rasterM": ("raster", 0), "rasterN": ("raster", 1),
                  "rasterH": ("raster", 2), "s1": ("swizzle", 1), "s2": ("swizzle", 2), "s4": ("swizzle", 4),
                  "s8": ("swizzle", 8), "cutlass": ("kernel", _KERNEL_CUTLASS), "wgmma": ("kernel", _KERNEL_WGMMA),
-                 "fused": ("fuse_swiglu", True)}
+                 "fused": ("fuse_swiglu", True), "unfused": ("fuse_swiglu", False)}
 
 
 def parse_tuning(text: str | None) -> Tuning:
     """JAX_MOE_A2A_GEMM_TILE_M's value -> Tuning: None, '' or 'auto' are the defaults; otherwise a
     comma list of 64 | 128 (the tile's rows), rasterM | rasterN | rasterH (the scheduler's order),
     s1 | s2 | s4 | s8 (its maximum swizzle), cutlass | wgmma (the fp8 forward kernel: CUTLASS's, or
-    our own, cc/gemm/fp8_wgmma.cuh), fused (the gate+up GEMM and the SwiGLU as one kernel where our
-    kernel runs: at decode shapes, or everywhere with wgmma); a later word wins. Any other word raises ValueError
+    our own, cc/gemm/fp8_wgmma.cuh), fused | unfused (the gate+up GEMM and the SwiGLU as one kernel
+    wherever our kernel runs: at decode shapes, or everywhere with wgmma; or never; without either,
+    where it measured faster); a later word wins. Any other word raises ValueError
     naming the accepted ones (a misspelt setting would otherwise measure the default)."""
     t = Tuning()
     if text is None or text.strip() in ("", "auto"):
@@ -290,8 +293,9 @@ def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None
     kernel computes h = silu(gate) * up in f32 and returns (h bf16 [.., F], None), or (h
     float8_e4m3fn [.., F], h_scale f32 [.., F/block]) with quantize_hidden. Rows outside the groups
     give h = 0 (and, quantised, the scale of an all-zero block). Where fused_swiglu_reason says
-    None (asked for with JAX_MOE_A2A_GEMM_TILE_M=fused or wgmma,fused) the GEMM and the SwiGLU run
-    as one kernel with the same values."""
+    None (by default at the swap-AB kernel's token tiles <= 64; JAX_MOE_A2A_GEMM_TILE_M=fused or
+    wgmma,fused asks for it wherever our kernel runs, unfused never) the GEMM and the SwiGLU run as
+    one kernel with the same values."""
     tune = tuning()
     if quantize_hidden and fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block, tune) is None:
         return _grouped_gemm_swiglu_fused(x, w_gate_up, group_sizes, x_scale, w_scale, tune)
@@ -303,18 +307,19 @@ def grouped_gemm_swiglu(x, w_gate_up, group_sizes, *, x_scale=None, w_scale=None
 def fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block: int = _BLOCK, tune: Tuning | None = None) -> str | None:
     """None when grouped_gemm_swiglu(..., quantize_hidden=True) runs as ONE kernel (our own fp8
     kernel with the SwiGLU epilogue), else why not (then the GEMM writes bf16 gu and the SwiGLU
-    kernel reads it back; the values are the same). Opt-in (JAX_MOE_A2A_GEMM_TILE_M=fused, or
-    wgmma,fused), for fp8 x and w [L, 2F, K], block 128, where the kernel's own rule,
-    _C.gemm.swiglu_reason, takes the call: our kernel runs it (`fused`: at decode shapes, mean rows
-    per expert <= 128, the swap-AB kernel's epilogue; `wgmma,fused`: there and at prefill, the
-    row-major kernel's, 1.3-1.9x the unfused pair's time on an H200), F % 128 == 0, 1 to 1,024
-    local experts, rows and L * 2F below 2^31. The swap-AB epilogue has not yet run on a GPU
-    (docs/api.md): it becomes the default at decode once measured faster."""
+    kernel reads it back; the values are the same). For fp8 x and w [L, 2F, K], block 128, where
+    the kernel's own rule, _C.gemm.swiglu_reason, takes the call (our kernel runs it: at decode
+    shapes, mean rows per expert <= 128, the swap-AB kernel's epilogue; with `wgmma` also at
+    prefill, the row-major kernel's, 1.3-1.9x the unfused pair's time on an H200), F % 128 == 0,
+    1 to 1,024 local experts, rows and L * 2F below 2^31. By default (tune.fuse_swiglu None) only
+    where it measured faster than the pair: the swap-AB kernel's token tiles <= 64 (mean rows per
+    expert <= 51; _C.gemm.swiglu_by_default; docs/performance.md). JAX_MOE_A2A_GEMM_TILE_M=fused
+    asks for it wherever our kernel runs, unfused never."""
     tune = tuning() if tune is None else tune
+    if tune.fuse_swiglu is False:
+        return "the fused SwiGLU GEMM was turned off (JAX_MOE_A2A_GEMM_TILE_M=unfused)"
     if tune.kernel == _KERNEL_CUTLASS:
         return "the fused SwiGLU GEMM runs only with our own fp8 kernel (not with JAX_MOE_A2A_GEMM_TILE_M=cutlass)"
-    if not tune.fuse_swiglu:
-        return "the fused SwiGLU GEMM runs only when asked (JAX_MOE_A2A_GEMM_TILE_M=fused or wgmma,fused)"
     why = native_reason() or native_supported(x, w_gate_up, x_scale, w_scale)
     if why is not None:
         return why
@@ -324,9 +329,14 @@ def fused_swiglu_reason(x, w_gate_up, x_scale, w_scale, block: int = _BLOCK, tun
         return f"the fused SwiGLU GEMM quantises h in 128-column blocks, asked {block}"
     L, n2, k = w_gate_up.shape
     expert_major = x.ndim == 3
-    why = _gemm_module().swiglu_reason(L, x.shape[1] if expert_major else x.shape[0], n2, k, expert_major,
-                                       **tune.native_kwargs())
-    return why or None
+    shape = (L, x.shape[1] if expert_major else x.shape[0], n2, k, expert_major)
+    why = _gemm_module().swiglu_reason(*shape, **tune.native_kwargs())
+    if why:
+        return why
+    if tune.fuse_swiglu is None and not _gemm_module().swiglu_by_default(*shape, **tune.native_kwargs()):
+        return ("by default the SwiGLU is fused only at the swap-AB kernel's token tiles <= 64, where it measured "
+                "faster than the GEMM and the SwiGLU kernel (JAX_MOE_A2A_GEMM_TILE_M=fused asks for it here)")
+    return None
 
 
 def _grouped_gemm_swiglu_fused(x, w_gate_up, group_sizes, x_scale, w_scale, tune: Tuning):

@@ -158,6 +158,8 @@ def test_wgrad_asks_the_exact_workspace_of_its_mode(monkeypatch, expert_major):
     ("64,cutlass", gemm_ffi.Tuning(tile_m=64, kernel=1)),
     ("wgmma,cutlass,s2", gemm_ffi.Tuning(kernel=1, swizzle=2)),
     ("wgmma,fused", gemm_ffi.Tuning(kernel=2, fuse_swiglu=True)),
+    ("unfused", gemm_ffi.Tuning(fuse_swiglu=False)),
+    ("fused,unfused", gemm_ffi.Tuning(fuse_swiglu=False)),
 ])
 def test_parse_tuning(text, want):
     assert gemm_ffi.parse_tuning(text) == want
@@ -213,7 +215,8 @@ def test_workspace_bytes_refuses_a_tuning_out_of_its_set():
 @pytest.mark.parametrize("L, f, block, tune, words", [
     (8, 256, 128, "wgmma,fused", None),
     (8, 256, 128, "fused,wgmma", None),
-    (8, 256, 128, "wgmma", "only when asked"),
+    (8, 256, 128, "wgmma", None),                  # mean 8 rows: token tile 32, fused by default
+    (8, 256, 128, "wgmma,unfused", "turned off"),
     (8, 256, 128, "cutlass,fused", "only with our own fp8 kernel"),
     (8, 192, 128, "wgmma,fused", "F % 128 == 0"),
     (8, 256, 64, "wgmma,fused", "128-column blocks"),
@@ -237,15 +240,26 @@ def test_fused_swiglu_reason(monkeypatch, L, f, block, tune, words):
 
 @pytest.mark.parametrize("rows, tune, words", [
     (64, "fused", None),                          # decode (mean 8 rows per expert): the swap-AB epilogue
-    (64, "auto", "only when asked"),              # opt-in until measured on a GPU
+    (64, "auto", None),                           # token tile 32: fused by default (measured faster)
+    (8 * 51, "auto", None),                       # mean 51: 63.75 -> token tile 64, the largest fused by default
+    (8 * 52, "auto", "by default"),               # mean 52: 65 -> 128, the pair (the fused epilogue lost at 160)
+    (8 * 100, "auto", "by default"),              # mean 100: 125 -> 128
+    (8 * 100, "fused", None),                     # asked for: fused at any token tile
+    (8 * 100, "wgmma", "by default"),             # our kernel asked for, fusing not: the default rule
+    (64, "unfused", "turned off"),                # never
+    (64, "wgmma,unfused", "turned off"),
     (8 * 129, "fused", "auto at decode shapes"),  # mean 129: CUTLASS's GEMM, then the SwiGLU kernel
+    (8 * 129, "auto", "auto at decode shapes"),
     (8 * 129, "wgmma,fused", None),               # the row-major kernel's epilogue
+    (8 * 129, "wgmma", "by default"),             # the row-major kernel is fused only when asked
     (64, "64,fused", "our own fp8 kernel only"),  # a CUTLASS tile asked for
+    (64, "64", "our own fp8 kernel only"),
 ])
 def test_fused_swiglu_where_our_kernel_runs(monkeypatch, rows, tune, words):
-    """`fused` fuses the fp8 gate+up GEMM and the SwiGLU where our own kernel takes the call (with
-    kernel auto: decode shapes, the swap-AB kernel's epilogue), and nowhere else; the C++ rule
-    decides."""
+    """Where the fp8 gate+up GEMM and the SwiGLU run as one kernel: by default at the swap-AB
+    kernel's token tiles <= 64 (where it measured faster than the pair), with `fused` wherever our
+    own kernel takes the call (kernel auto: decode shapes; wgmma: everywhere), with `unfused`
+    never; the C++ rules decide (_C.gemm.swiglu_reason, swiglu_by_default)."""
     _built_gemm()
     monkeypatch.setattr(gemm_ffi, "native_reason", lambda: None)
     L, f, k = 8, 256, 256

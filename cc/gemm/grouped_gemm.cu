@@ -67,6 +67,10 @@ const char* swiglu_gemm_unsupported_reason(const GroupedGemmParams& p) {
   return nullptr;
 }
 
+bool swiglu_gemm_fused_by_default(const GroupedGemmParams& p) {
+  return swiglu_gemm_unsupported_reason(p) == nullptr && detail::fuses_swiglu_by_default(detail::choose(p));
+}
+
 cudaError_t launch_grouped_gemm_swiglu(const GroupedGemmParams& p, void* h, float* h_scale, cudaStream_t stream) {
   return detail::run_fp8_wgmma_swiglu(p, detail::choose(p), h, h_scale, sm_count_of_current_device(), stream);
 }

@@ -145,6 +145,10 @@ cudaError_t launch_swiglu(const SwigluParams& p, cudaStream_t stream);
 // with bf16 out followed by launch_swiglu (block 128). Rows outside the groups: h = 0 and the
 // scale of an all-zero block. swiglu_gemm_unsupported_reason: why p cannot (nullptr: it can).
 const char* swiglu_gemm_unsupported_reason(const GroupedGemmParams& p);
+// True when a call that does not say whether to fuse (the Python wrapper decides) runs the fused
+// kernel: it can (swiglu_gemm_unsupported_reason) and choose(p) takes the swap-AB kernel at a token
+// tile where the fused epilogue measured faster than the pair (detail::fuses_swiglu_by_default).
+bool swiglu_gemm_fused_by_default(const GroupedGemmParams& p);
 cudaError_t launch_grouped_gemm_swiglu(const GroupedGemmParams& p, void* h, float* h_scale, cudaStream_t stream);
 
 // True when the grouped-GEMM kernels were compiled (CUTLASS headers found at build time).

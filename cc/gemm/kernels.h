@@ -54,6 +54,19 @@ inline void swap_of(int64_t rows_total, int64_t num_groups, Tuning& t) {
   // run: L = 8 gate+up 116.8 against 114.2 us, down 81.6 against 78.6): L2 stayed at ~80 %.
 }
 
+// The swap-AB kernel's token tiles at which a call that does not say (JAX_MOE_A2A_GEMM_TILE_M
+// without `fused` / `unfused`) runs the fp8 gate+up GEMM with its SwiGLU epilogue instead of the
+// GEMM and the SwiGLU kernel. Measured (H100, 2026-12-06, benchmarks/gemm_probe.cu `fused` and
+// benchmarks/gemm.py --variants "fused;auto", one run each): at 64 tokens (L = 32) the fused MLP
+// took 507.2 us against the pair's 516.5, at 32 (L = 256) the fused gate+up GEMM alone was no
+// slower than the plain one (2,463 against 2,467 us); at 160 (L = 8) it lost (gate+up 117.7
+// against 93.2 us, the MLP 190.3 against 172.0).
+inline constexpr int kFusedSwigluMaxTokens = 64;
+
+inline bool fuses_swiglu_by_default(const Tuning& t) {
+  return t.wgmma && t.swap_tokens > 0 && t.swap_tokens <= kFusedSwigluMaxTokens;
+}
+
 // Forward output rows: R (ragged) or L*C (expert_major).
 __host__ __device__ inline int64_t output_rows(const GroupedGemmParams& p) {
   return p.layout == Layout::kRagged ? p.rows : p.rows * p.num_groups;

@@ -100,6 +100,26 @@ void bind_gemm(nb::module_& m) {
       "rows (R, or C when expert_major), n = 2F and k, in the kernel configuration given ('' when it can): the "
       "rule its handler applies.");
   g.def(
+      "swiglu_by_default",
+      [](int64_t num_groups, int64_t rows, int64_t n, int64_t k, bool expert_major, int tile_m, int raster,
+         int swizzle, int kernel) -> bool {
+        // Where a call that does not say runs the fused SwiGLU GEMM (gemm::swiglu_gemm_fused_by_default).
+#if defined(JAX_MOE_A2A_WITH_GEMM)
+        gemm::GroupedGemmParams p = params_of(true, false, num_groups, rows, n, k, expert_major);
+        if (!gemm::tuning_from_ints(tile_m, raster, swizzle, kernel, p.tuning)) throw std::invalid_argument(gemm::kTuningValues);
+        return gemm::swiglu_gemm_fused_by_default(p);
+#else
+        (void)num_groups, (void)rows, (void)n, (void)k, (void)expert_major, (void)tile_m, (void)raster, (void)swizzle, (void)kernel;
+        throw std::runtime_error(JAX_MOE_A2A_GEMM_REASON);
+#endif
+      },
+      "num_groups"_a, "rows"_a, "n"_a, "k"_a, "expert_major"_a, "tile_m"_a = 0, "raster"_a = 0, "swizzle"_a = 1,
+      "kernel"_a = 0,
+      "Whether an fp8 gate+up call with L = num_groups, rows (R, or C when expert_major), n = 2F and k, in the "
+      "kernel configuration given, runs as the fused SwiGLU GEMM when the call does not say (neither `fused` nor "
+      "`unfused` in JAX_MOE_A2A_GEMM_TILE_M): it can, and the swap-AB kernel's token tile is one where the fused "
+      "epilogue measured faster than the GEMM and the SwiGLU kernel.");
+  g.def(
       "choice",
       [](int64_t num_groups, int64_t rows, int64_t n, int64_t k, bool expert_major, int tile_m, int raster,
          int swizzle, int kernel) -> std::tuple<std::string, int, int> {
