@@ -18,6 +18,7 @@
 //   ./gemm_probe swap [S]   # the swap-AB kernel at the library's decode tiles, whole and without its math
 //   ./gemm_probe pdl [S]    # the library's decode tiles with and without programmatic dependent launch
 //   ./gemm_probe fused [S]  # the decode gate+up GEMM with and without the swap-AB kernel's SwiGLU epilogue
+//   ./gemm_probe balance [S]  # the library's decode tiles with the tiles spread evenly, and round-robin
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -416,10 +417,11 @@ void attach_swiglu(const Case& c, const Buffers& b, a2a::gemm::wgmma::Fp8LaunchP
 }
 
 void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool swiglu = false, int swap = 0, int cluster = 1,
-               int ablate = 0, bool pdl = true) {
+               int ablate = 0, bool pdl = true, bool balance = true) {
   Buffers b = make_buffers(c, gen, false);
   auto p = params_of(c, b);
   p.pdl = pdl;
+  p.balance_tiles = balance;
   p.serial_promotion = serial;
   p.swap_tokens = swap;
   p.swap_cluster = cluster;
@@ -463,8 +465,8 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
   if (!c.expert_major) rows = std::min<int64_t>(rows, c.rows);
   const double flop = 2.0 * rows * c.n * c.k;
   const float k50 = median(tk), c50 = median(tc);
-  std::printf("%-22s %-11s%s%s%s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
-              c.name.c_str(), label(serial, swap, cluster).c_str(), swiglu ? "+swiglu" : "", kAblations[ablate], pdl ? "" : " no-pdl", k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
+  std::printf("%-22s %-11s%s%s%s%s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
+              c.name.c_str(), label(serial, swap, cluster).c_str(), swiglu ? "+swiglu" : "", kAblations[ablate], pdl ? "" : " no-pdl", balance ? "" : " unbalanced", k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
   cudaFree(dst);
   cudaFree(h);
   cudaFree(hs);
@@ -474,16 +476,17 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
 // One launch with the per-tile trace (Fp8Args::trace): when each CTA's tiles started and ended, in
 // us from the first start: the kernel's span, the spread of the CTAs' last ends (the tail), and
 // the tile durations by their round (the i-th tile of a CTA).
-void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate, bool swiglu = false) {
+void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate, bool swiglu = false, bool balance = true) {
 #ifndef A2A_GEMM_ABLATIONS
   std::printf("%-22s trace: compile with -DA2A_GEMM_ABLATIONS\n", c.name.c_str());
-  (void)gen, (void)swap, (void)ablate, (void)swiglu;
+  (void)gen, (void)swap, (void)ablate, (void)swiglu, (void)balance;
 #else
   Buffers b = make_buffers(c, gen, false);
   auto p = params_of(c, b);
   p.serial_promotion = true;
   p.swap_tokens = swap;
   p.ablate = ablate;
+  p.balance_tiles = balance;
   uint8_t* hq = nullptr;
   float* hs = nullptr;
   if (swiglu) attach_swiglu(c, b, p, hq, hs);
@@ -520,8 +523,8 @@ void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate, bool swi
   std::sort(ends.begin(), ends.end());
   std::sort(firsts.begin(), firsts.end());
   auto q = [](const std::vector<float>& v, double f) { return v.empty() ? 0.f : v[static_cast<size_t>(f * (v.size() - 1))]; };
-  std::printf("%-22s swap%d%s%s trace: span %.1f us; first tile starts p50 %.1f max %.1f; CTA ends min %.1f p10 %.1f p50 %.1f p90 %.1f max %.1f (%zu CTAs)\n",
-              c.name.c_str(), swap, swiglu ? "+swiglu" : "", kAblations[ablate], (t1 - t0) * 1e-3, q(firsts, .5), q(firsts, 1), q(ends, 0), q(ends, .1), q(ends, .5),
+  std::printf("%-22s swap%d%s%s%s trace: span %.1f us; first tile starts p50 %.1f max %.1f; CTA ends min %.1f p10 %.1f p50 %.1f p90 %.1f max %.1f (%zu CTAs)\n",
+              c.name.c_str(), swap, swiglu ? "+swiglu" : "", kAblations[ablate], balance ? "" : " unbalanced", (t1 - t0) * 1e-3, q(firsts, .5), q(firsts, 1), q(ends, 0), q(ends, .1), q(ends, .5),
               q(ends, .9), q(ends, 1), ends.size());
   for (int i = 0; i < kPer && !dur[i].empty(); ++i) {
     std::sort(dur[i].begin(), dur[i].end());
@@ -629,6 +632,22 @@ int main(int argc, char** argv) {
     Case c2{"decode-L8-down-f32", 8, 1024, 7168, 2048, false, true, uniform_sizes(8, 1024, gen)};
     Case c3{"expert-major-f32", 4, 96, 384, 256, true, true, {96, 0, 33, 200}};
     for (const Case& c : {c2, c3}) ok = check(c, gen, 1, true, 160) && ok;
+  }
+  if (what == "balance") {
+    // The library's decode tiles with the tiles spread evenly over the fewest CTAs that need no
+    // more rounds (Fp8LaunchParams::balance_tiles) and round-robin over every CTA, alternated twice;
+    // then each one's per-tile trace.
+    for (int L : {8, 32}) {
+      const int tok = library_tile(L);
+      for (const auto& [name, n, k] : {std::tuple<const char*, int, int>{"-gate+up", 4096, 7168}, {"-down", 7168, 2048}}) {
+        Case c{"decode-L" + std::to_string(L) + name, L, 1024, n, k, false, false, uniform_sizes(L, 1024, gen)};
+        if (c.name.find(only) == std::string::npos) continue;
+        for (int round = 0; round < 2; ++round)
+          for (bool balance : {true, false}) time_case(c, gen, 30, true, false, tok, 1, 0, true, balance);
+        if (L == 8)
+          for (bool balance : {true, false}) trace_case(c, gen, tok, 0, false, balance);
+      }
+    }
   }
   if (what == "pdl") {
     // The library's decode tiles launched with and without programmatic dependent launch (10

@@ -46,6 +46,7 @@
 #include "gpu/fp8_code.cuh"
 #include "gpu/pdl.cuh"
 #include "gemm/fp8_wgmma.h"  // kMaxGroups
+#include "gemm/silu.cuh"
 
 namespace a2a::gemm::wgmma {
 
@@ -67,6 +68,9 @@ struct Fp8Args {
   int32_t n = 0, k = 0;                  // multiples of 128
   int32_t per_group_rows = 0;            // expert_major: C; ragged: 0
   bool expert_major = false;
+  // The swap-AB kernel: spread the tiles over the fewest clusters that take them in as many rounds
+  // as all would (swap_takers); the rest only zero rows. Off: every cluster takes tiles.
+  bool balance = true;
   // Epi::kSwigluFp8 only (y unused): n = 2F (w rows 0..F-1 gate, F..2F-1 up), h e4m3 [rows, F],
   // h_scale f32 [rows, F/128].
   uint8_t* h = nullptr;
@@ -275,7 +279,7 @@ __device__ __forceinline__ void swiglu_fp8_store(const float (&up)[64], const ui
         const __nv_bfloat162 g2 = *reinterpret_cast<const __nv_bfloat162*>(&gate[q / 2]);
         const float g = e == 0 ? __low2float(g2) : __high2float(g2);
         const float u = __bfloat162float(__float2bfloat16_rn(up[q]));
-        v[2 * j + e] = g / (1.0f + expf(-g)) * u;  // the SwiGLU kernel's arithmetic (grouped_gemm.cu)
+        v[2 * j + e] = silu(g) * u;  // the SwiGLU kernel's arithmetic (gemm/silu.cuh)
         amax = fmaxf(amax, fp8_amax_term(v[2 * j + e]));
       }
     }

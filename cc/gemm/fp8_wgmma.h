@@ -54,6 +54,10 @@ struct Fp8LaunchParams {
   // tile (TMA multicast; N / 128 even).
   int swap_tokens = 0;
   int swap_cluster = 1;
+  // The swap-AB kernel spreads its tiles evenly (Fp8Args::balance): with T tiles and G clusters,
+  // ceil(T / ceil(T / G)) clusters take ceil(T / G) tiles each, so none starts a last round alone.
+  // Off (measurements): tile t goes to cluster t % G.
+  bool balance_tiles = true;
   // Measurements only: one of the swap-AB kernel's ablations (fp8_wgmma_swap.cuh, Ablate; single
   // CTAs; wrong outputs by design). Refused unless compiled with A2A_GEMM_ABLATIONS (the probe).
   int ablate = 0;

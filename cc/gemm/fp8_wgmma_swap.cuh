@@ -98,6 +98,20 @@ constexpr size_t swap_smem_bytes() {
   return sizeof(SwapStorage<kTok>) + 1024;
 }
 
+// How many of `clusters` take the kernel's `tiles` (the rest only zero rows): the fewest that still
+// need no more rounds than all of them would, ceil(tiles / ceil(tiles / clusters)). Each then
+// takes the same number of tiles (the last maybe fewer), so no cluster starts a round while most
+// SMs idle: a CTA of this kernel streams its tile at about its share of HBM bandwidth whether the
+// others run or not (bound by its serial promotion), so a last round of 52 tiles on 132 SMs took a
+// full round's time (the down GEMM at L = 8: 448 tiles, 11.8 us for the fourth round); 112
+// clusters of 4 rounds each leave no such round: 59.8 against 63.5 us (H100, 2026-12-06,
+// gemm_probe balance; L = 32 down 172.4 against 173.5, gate+up level).
+__host__ __device__ inline int swap_takers(int tiles, int clusters) {
+  if (tiles <= 0 || clusters <= 0) return clusters;
+  const int rounds = (tiles + clusters - 1) / clusters;
+  return (tiles + rounds - 1) / rounds;
+}
+
 template <class M, int... I>
 __device__ __forceinline__ void mma_call(uint64_t da, uint64_t db, float (&d)[sizeof...(I)], cute::SM90::GMMA::ScaleOut sc,
                                          std::integer_sequence<int, I...>) {
@@ -163,7 +177,7 @@ __device__ __forceinline__ void swap_swiglu_fp8_store(float (&acc)[kAcc], const 
     const __nv_bfloat162 g2 = *reinterpret_cast<const __nv_bfloat162*>(&gate[q / 2]);
     const float g = (q & 1) == 0 ? __low2float(g2) : __high2float(g2);
     const float u = __bfloat162float(__float2bfloat16_rn(acc[q]));
-    acc[q] = g / (1.0f + expf(-g)) * u;
+    acc[q] = silu(g) * u;
   }
   // a token's amax: the thread's two rows, the 8 lanes sharing its tokens (lane >> 2: xor 4, 8, 16),
   // then the 8 math warps through amax (written by lanes 0-3, which hold every token once)
@@ -259,6 +273,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     cute::cluster_wait();
   }
   const int total_tiles = s.tile_end[a.num_groups - 1];  // tiles of a cluster (pairs when kCluster = 2)
+  // The clusters that take tiles, and this one's first (total_tiles: none).
+  const int takers = a.balance ? swap_takers(total_tiles, clusters) : clusters;
+  const int first_tile = cluster_id < takers ? cluster_id : total_tiles;
   // Tile t of this cluster -> group, token tile and this CTA's n-tile.
   auto tile_of = [&](int t) {
     Tile tile = decode_tile<kTok>(s, a.num_groups, tiles_nc, t);
@@ -271,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp == 0 && lane == 0) {  // TMA
       uint32_t it = 0;
       constexpr int kHalf = kTok / kCluster;  // rows of x this CTA loads (for both CTAs of a pair)
-      for (int t = cluster_id; t < total_tiles; t += clusters) {
+      for (int t = first_tile; t < total_tiles; t += takers) {
         const Tile tile = tile_of(t);
         const int32_t xrow = static_cast<int32_t>(s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok) +
                              static_cast<int32_t>(crank) * kHalf;
@@ -297,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else if (warp == 1) {  // x scales
       uint32_t it = 0;
-      for (int t = cluster_id; t < total_tiles; t += clusters) {
+      for (int t = first_tile; t < total_tiles; t += takers) {
         const Tile tile = tile_of(t);
         const int64_t row0 = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
         const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
@@ -347,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 #endif
 
-  for (int t = cluster_id; t < total_tiles; t += clusters) {
+  for (int t = first_tile; t < total_tiles; t += takers) {
 #ifdef A2A_GEMM_ABLATIONS
     stamp(0);
 #endif

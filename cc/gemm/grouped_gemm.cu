@@ -9,6 +9,7 @@
 #include "gpu/pdl.cuh"
 #include "gpu/warp.cuh"
 #include "gemm/kernels.h"
+#include "gemm/silu.cuh"
 
 namespace a2a::gemm {
 namespace {
@@ -116,7 +117,7 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, 
     __nv_bfloat16* h = static_cast<__nv_bfloat16*>(p.h) + out0;
     for (int64_t i = lane; i < len; i += 32) {
       const float g = to_f32(gate[i]);
-      h[i] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * to_f32(up[i]));
+      h[i] = __float2bfloat16_rn(silu(g) * to_f32(up[i]));
     }
   } else {
     constexpr int kMaxPerLane = 8;  // block <= 256 (checked by the caller)
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, 
       v[j] = 0.0f;
       if (i < len) {
         const float g = to_f32(gate[i]);
-        v[j] = g / (1.0f + expf(-g)) * to_f32(up[i]);
+        v[j] = silu(g) * to_f32(up[i]);
         amax = fmaxf(amax, fp8_amax_term(v[j]));  // the library's rule: NaN, Inf count as 0
       }
     }
@@ -186,7 +187,7 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_vec_kernel(SwigluParams
     const float gv[4] = {g[j].x, g[j].y, g[j].z, g[j].w}, uv[4] = {u[j].x, u[j].y, u[j].z, u[j].w};
     float v[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = gv[i] / (1.0f + expf(-gv[i])) * uv[i];
+    for (int i = 0; i < 4; ++i) v[i] = silu(gv[i]) * uv[i];
     const int64_t out = row * p.f + b * 128 + lane * 4;
     if constexpr (!kQuant) {
       __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);

@@ -56,11 +56,11 @@ inline void swap_of(int64_t rows_total, int64_t num_groups, Tuning& t) {
 
 // The swap-AB kernel's token tiles at which a call that does not say (JAX_MOE_A2A_GEMM_TILE_M
 // without `fused` / `unfused`) runs the fp8 gate+up GEMM with its SwiGLU epilogue instead of the
-// GEMM and the SwiGLU kernel. Measured (H100, 2026-12-06, benchmarks/gemm_probe.cu `fused` and
-// benchmarks/gemm.py --variants "fused;auto", one run each): at 64 tokens (L = 32) the fused MLP
-// took 507.2 us against the pair's 516.5, at 32 (L = 256) the fused gate+up GEMM alone was no
-// slower than the plain one (2,463 against 2,467 us); at 160 (L = 8) it lost (gate+up 117.7
-// against 93.2 us, the MLP 190.3 against 172.0).
+// GEMM and the SwiGLU kernel. Measured (H100, 2026-12-06, benchmarks/gemm.py --variants
+// "unfused;auto" and "fused;unfused", the fp8 MLP at decode, 1,024 rows, DeepSeek-V3 shapes): at 64
+// tokens (L = 32) 496.7 us fused against 510.9 for the pair, at 32 (L = 256) 3,648.6 against
+// 3,682.0; at 160 (L = 8) the fused one lost, 169.3 against 165.5 (its single tile per CTA leaves
+// the epilogue exposed; gemm_probe fused: gate+up 101.4 us with the epilogue, 92.8 without).
 inline constexpr int kFusedSwigluMaxTokens = 64;
 
 inline bool fuses_swiglu_by_default(const Tuning& t) {
