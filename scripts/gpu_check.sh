@@ -4,7 +4,7 @@
 # the multi-process runs use the cuda backend and the NumPy oracle only).
 # Env: OUT (log dir, default gpu-out), NPROCS (default "2 4 8"), STAGES (default "build single mpi bench";
 # also: probe (benchmarks/gemm_probe.cu: our own fp8 GEMM checked and timed without Python; PROBE_ARGS
-#      check | time), gemmbench (benchmarks/gemm.py, default: CUTLASS against wgmma, fp8, decode
+#      check | time), gemmbench (benchmarks/gemm.py, default: CUTLASS, kAuto, kAuto unfused and wgmma,fused, fp8, decode
 #      L = 8 / 32 / 256 and prefill; GEMM_BENCH_ARGS replaces its arguments), serve timeout nocmdbuf sanitizer mpibench mpsbench nvshmem nvshmem-timeout proxy proxybench,
 #      layers (the MoE layer benchmark, command buffers on and off), anchor (pplx-kernels from
 #      .devdeps/pplx_anchor at N = ANCHOR_NPROCS, default "2 4", processes on GPU 0) and anchorbench
@@ -252,7 +252,7 @@ if stage gpusbench; then  # NVLink numbers: EP=$NGPU, every backend side by side
 fi
 if stage gemmbench; then  # the grouped GEMMs alone (benchmarks/gemm.py), CUTLASS next to our own kernel
   timeout $(cap 400) python3 "$BENCH/gemm.py" --out "$OUT/gemm.json" \
-    ${GEMM_BENCH_ARGS:---variants "cutlass;wgmma;wgmma,fused" --cases decode,prefill --experts 8,32,256 --fp8-only --trials 3} \
+    ${GEMM_BENCH_ARGS:---variants "cutlass;auto;unfused;wgmma,fused" --cases decode,prefill --experts 8,32,256 --fp8-only --trials 3} \
     2>&1 | tee "$OUT/gemm.log"
 fi
 if stage bench; then  # one process, one rank: cuda next to reference, decode and prefill
