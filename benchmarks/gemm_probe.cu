@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <tuple>
@@ -244,6 +245,20 @@ int library_tile(int L, int64_t rows = 1024) {
   a2a::gemm::detail::Tuning t;
   a2a::gemm::detail::swap_of(rows, L, t);
   return t.swap_tokens;
+}
+
+// The decode cases of the library's MLP (gate+up, down; 1,024 rows over L experts) whose name
+// contains `only`, each with the library's token tile: fn(case, token tile).
+template <class Fn>
+void for_each_decode_gemm(std::initializer_list<int> Ls, const std::string& only, std::mt19937& gen, Fn fn) {
+  for (int L : Ls) {
+    const int tok = library_tile(L);
+    for (const auto& [name, n, k] : {std::tuple<const char*, int, int>{"-gate+up", 4096, 7168}, {"-down", 7168, 2048}}) {
+      Case c{"decode-L" + std::to_string(L) + name, L, 1024, n, k, false, false, uniform_sizes(L, 1024, gen)};
+      if (c.name.find(only) == std::string::npos) continue;
+      fn(c, tok);
+    }
+  }
 }
 
 // Fp8LaunchParams::ablate 0..3 (fp8_wgmma_swap.cuh, Ablate)
@@ -620,15 +635,10 @@ int main(int argc, char** argv) {
     }
   }
   if (what == "swap") {  // the swap-AB kernel at the library's token tile, decode shapes, and without its math
-    for (int L : {8, 32}) {
-      const int tok = library_tile(L);
-      for (const auto& [name, n, k] : {std::tuple<const char*, int, int>{"-gate+up", 4096, 7168}, {"-down", 7168, 2048}}) {
-        Case c{"decode-L" + std::to_string(L) + name, L, 1024, n, k, false, false, uniform_sizes(L, 1024, gen)};
-        if (c.name.find(only) == std::string::npos) continue;
-        time_case(c, gen, 30, true, false, tok, 1, 0);
-        time_case(c, gen, 30, true, false, tok, 1, 1);
-      }
-    }
+    for_each_decode_gemm({8, 32}, only, gen, [&](const Case& c, int tok) {
+      time_case(c, gen, 30, true, false, tok, 1, 0);
+      time_case(c, gen, 30, true, false, tok, 1, 1);
+    });
     Case c2{"decode-L8-down-f32", 8, 1024, 7168, 2048, false, true, uniform_sizes(8, 1024, gen)};
     Case c3{"expert-major-f32", 4, 96, 384, 256, true, true, {96, 0, 33, 200}};
     for (const Case& c : {c2, c3}) ok = check(c, gen, 1, true, 160) && ok;
@@ -637,45 +647,30 @@ int main(int argc, char** argv) {
     // The library's decode tiles with the tiles spread evenly over the fewest CTAs that need no
     // more rounds (Fp8LaunchParams::balance_tiles) and round-robin over every CTA, alternated twice;
     // then each one's per-tile trace.
-    for (int L : {8, 32}) {
-      const int tok = library_tile(L);
-      for (const auto& [name, n, k] : {std::tuple<const char*, int, int>{"-gate+up", 4096, 7168}, {"-down", 7168, 2048}}) {
-        Case c{"decode-L" + std::to_string(L) + name, L, 1024, n, k, false, false, uniform_sizes(L, 1024, gen)};
-        if (c.name.find(only) == std::string::npos) continue;
-        for (int round = 0; round < 2; ++round)
-          for (bool balance : {true, false}) time_case(c, gen, 30, true, false, tok, 1, 0, true, balance);
-        if (L == 8)
-          for (bool balance : {true, false}) trace_case(c, gen, tok, 0, false, balance);
-      }
-    }
+    for_each_decode_gemm({8, 32}, only, gen, [&](const Case& c, int tok) {
+      for (int round = 0; round < 2; ++round)
+        for (bool balance : {true, false}) time_case(c, gen, 30, true, false, tok, 1, 0, true, balance);
+      if (c.L == 8)
+        for (bool balance : {true, false}) trace_case(c, gen, tok, 0, false, balance);
+    });
   }
   if (what == "pdl") {
     // The library's decode tiles launched with and without programmatic dependent launch (10
     // launches back to back per sample, as in time_case: the next launch's prologue overlaps the
     // previous kernel's tail), alternated twice.
-    for (int L : {8, 32}) {
-      const int tok = library_tile(L);
-      for (const auto& [name, n, k] : {std::tuple<const char*, int, int>{"-gate+up", 4096, 7168}, {"-down", 7168, 2048}}) {
-        Case c{"decode-L" + std::to_string(L) + name, L, 1024, n, k, false, false, uniform_sizes(L, 1024, gen)};
-        if (c.name.find(only) == std::string::npos) continue;
-        for (int round = 0; round < 2; ++round)
-          for (bool pdl : {true, false}) time_case(c, gen, 30, true, false, tok, 1, 0, pdl);
-      }
-    }
+    for_each_decode_gemm({8, 32}, only, gen, [&](const Case& c, int tok) {
+      for (int round = 0; round < 2; ++round)
+        for (bool pdl : {true, false}) time_case(c, gen, 30, true, false, tok, 1, 0, pdl);
+    });
   }
   if (what == "ablate") {
     // The swap-AB kernel at the library's token tile for each decode shape (gemm/kernels.h
     // swap_of), whole and without each part of its work (fp8_wgmma_swap.cuh, Ablate): which part
     // bounds it. Needs -DA2A_GEMM_ABLATIONS.
-    for (int L : {8, 32, 256}) {
-      const int tok = library_tile(L);
-      for (const auto& [name, n, k] : {std::tuple<const char*, int, int>{"-gate+up", 4096, 7168}, {"-down", 7168, 2048}}) {
-        Case c{"decode-L" + std::to_string(L) + name, L, 1024, n, k, false, false, uniform_sizes(L, 1024, gen)};
-        if (c.name.find(only) == std::string::npos) continue;
-        for (int ab = 0; ab < 4; ++ab) time_case(c, gen, 30, true, false, tok, 1, ab);
-        if (L <= 32) trace_case(c, gen, tok, 0);
-      }
-    }
+    for_each_decode_gemm({8, 32, 256}, only, gen, [&](const Case& c, int tok) {
+      for (int ab = 0; ab < 4; ++ab) time_case(c, gen, 30, true, false, tok, 1, ab);
+      if (c.L <= 32) trace_case(c, gen, tok, 0);
+    });
   }
   if (what == "all" || what == "time") {
     std::vector<std::pair<Case, int>> ts;
