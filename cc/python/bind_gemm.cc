@@ -36,6 +36,15 @@ gemm::GroupedGemmParams params_of(bool fp8, bool out_f32, int64_t num_groups, in
   p.k = k;
   return p;
 }
+
+// params_of with the call's kernel configuration (the custom call's attributes); a configuration
+// outside gemm::TuningRequest's set throws ValueError.
+gemm::GroupedGemmParams tuned_params_of(bool fp8, bool out_f32, int64_t num_groups, int64_t rows, int64_t n, int64_t k,
+                                        bool expert_major, int tile_m, int raster, int swizzle, int kernel) {
+  gemm::GroupedGemmParams p = params_of(fp8, out_f32, num_groups, rows, n, k, expert_major);
+  if (!gemm::tuning_from_ints(tile_m, raster, swizzle, kernel, p.tuning)) throw std::invalid_argument(gemm::kTuningValues);
+  return p;
+}
 }  // namespace
 #endif
 
@@ -62,10 +71,10 @@ void bind_gemm(nb::module_& m) {
         // mode: gemm::Mode's value, as the custom call's `mode` attribute: 0 forward, 1 transpose_w
         // (the bf16 dgrad), 2 wgrad (bf16 in, f32 out; n = dY's columns, k = X's).
 #if defined(JAX_MOE_A2A_WITH_GEMM)
-        gemm::GroupedGemmParams p = params_of(fp8, out_f32, num_groups, rows, n, k, expert_major);
+        gemm::GroupedGemmParams p =
+            tuned_params_of(fp8, out_f32, num_groups, rows, n, k, expert_major, tile_m, raster, swizzle, kernel);
         if (!gemm::mode_from_int(mode, p.mode))
           throw std::invalid_argument("mode must be 0 (forward), 1 (transpose_w) or 2 (wgrad)");
-        if (!gemm::tuning_from_ints(tile_m, raster, swizzle, kernel, p.tuning)) throw std::invalid_argument(gemm::kTuningValues);
         if (const char* why = gemm::unsupported_reason(p)) throw std::invalid_argument(why);
         return static_cast<int64_t>(gemm::workspace_bytes(p, 0));
 #else
@@ -105,8 +114,8 @@ void bind_gemm(nb::module_& m) {
          int swizzle, int kernel) -> bool {
         // Where a call that does not say runs the fused SwiGLU GEMM (gemm::swiglu_gemm_fused_by_default).
 #if defined(JAX_MOE_A2A_WITH_GEMM)
-        gemm::GroupedGemmParams p = params_of(true, false, num_groups, rows, n, k, expert_major);
-        if (!gemm::tuning_from_ints(tile_m, raster, swizzle, kernel, p.tuning)) throw std::invalid_argument(gemm::kTuningValues);
+        gemm::GroupedGemmParams p =
+            tuned_params_of(true, false, num_groups, rows, n, k, expert_major, tile_m, raster, swizzle, kernel);
         return gemm::swiglu_gemm_fused_by_default(p);
 #else
         (void)num_groups, (void)rows, (void)n, (void)k, (void)expert_major, (void)tile_m, (void)raster, (void)swizzle, (void)kernel;
@@ -126,8 +135,8 @@ void bind_gemm(nb::module_& m) {
         // The kernel an fp8 forward call runs (gemm::detail::choose, from static shapes only), so
         // tests and benchmarks read the rule instead of restating it.
 #if defined(JAX_MOE_A2A_WITH_GEMM)
-        gemm::GroupedGemmParams p = params_of(true, false, num_groups, rows, n, k, expert_major);
-        if (!gemm::tuning_from_ints(tile_m, raster, swizzle, kernel, p.tuning)) throw std::invalid_argument(gemm::kTuningValues);
+        gemm::GroupedGemmParams p =
+            tuned_params_of(true, false, num_groups, rows, n, k, expert_major, tile_m, raster, swizzle, kernel);
         if (const char* why = gemm::unsupported_reason(p)) throw std::invalid_argument(why);
         const gemm::detail::Tuning t = gemm::detail::choose(p);
         return {t.wgmma ? "wgmma" : "cutlass", t.tile == gemm::detail::Tile::kTile64 ? 64 : 128, t.swap_tokens};
