@@ -19,6 +19,7 @@
 //   ./gemm_probe pdl [S]    # the library's decode tiles with and without programmatic dependent launch
 //   ./gemm_probe fused [S]  # the decode gate+up GEMM with and without the swap-AB kernel's SwiGLU epilogue
 //   ./gemm_probe balance [S]  # the library's decode tiles with the tiles spread evenly, and round-robin
+//   ./gemm_probe trim [S]     # the library's decode tiles with each tile's WGMMA N trimmed to its tokens, and not
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -432,11 +433,12 @@ void attach_swiglu(const Case& c, const Buffers& b, a2a::gemm::wgmma::Fp8LaunchP
 }
 
 void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool swiglu = false, int swap = 0, int cluster = 1,
-               int ablate = 0, bool pdl = true, bool balance = true) {
+               int ablate = 0, bool pdl = true, bool balance = true, bool trim = true) {
   Buffers b = make_buffers(c, gen, false);
   auto p = params_of(c, b);
   p.pdl = pdl;
   p.balance_tiles = balance;
+  p.trim_tokens = trim;
   p.serial_promotion = serial;
   p.swap_tokens = swap;
   p.swap_cluster = cluster;
@@ -480,8 +482,8 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
   if (!c.expert_major) rows = std::min<int64_t>(rows, c.rows);
   const double flop = 2.0 * rows * c.n * c.k;
   const float k50 = median(tk), c50 = median(tc);
-  std::printf("%-22s %-11s%s%s%s%s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
-              c.name.c_str(), label(serial, swap, cluster).c_str(), swiglu ? "+swiglu" : "", kAblations[ablate], pdl ? "" : " no-pdl", balance ? "" : " unbalanced", k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
+  std::printf("%-22s %-11s%s%s%s%s%s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
+              c.name.c_str(), label(serial, swap, cluster).c_str(), swiglu ? "+swiglu" : "", kAblations[ablate], pdl ? "" : " no-pdl", balance ? "" : " unbalanced", trim ? "" : " untrimmed", k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
   cudaFree(dst);
   cudaFree(h);
   cudaFree(hs);
@@ -491,10 +493,10 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
 // One launch with the per-tile trace (Fp8Args::trace): when each CTA's tiles started and ended, in
 // us from the first start: the kernel's span, the spread of the CTAs' last ends (the tail), and
 // the tile durations by their round (the i-th tile of a CTA).
-void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate, bool swiglu = false, bool balance = true) {
+void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate, bool swiglu = false, bool balance = true, bool trim = true) {
 #ifndef A2A_GEMM_ABLATIONS
   std::printf("%-22s trace: compile with -DA2A_GEMM_ABLATIONS\n", c.name.c_str());
-  (void)gen, (void)swap, (void)ablate, (void)swiglu, (void)balance;
+  (void)gen, (void)swap, (void)ablate, (void)swiglu, (void)balance, (void)trim;
 #else
   Buffers b = make_buffers(c, gen, false);
   auto p = params_of(c, b);
@@ -502,6 +504,7 @@ void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate, bool swi
   p.swap_tokens = swap;
   p.ablate = ablate;
   p.balance_tiles = balance;
+  p.trim_tokens = trim;
   uint8_t* hq = nullptr;
   float* hs = nullptr;
   if (swiglu) attach_swiglu(c, b, p, hq, hs);
@@ -538,8 +541,8 @@ void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate, bool swi
   std::sort(ends.begin(), ends.end());
   std::sort(firsts.begin(), firsts.end());
   auto q = [](const std::vector<float>& v, double f) { return v.empty() ? 0.f : v[static_cast<size_t>(f * (v.size() - 1))]; };
-  std::printf("%-22s swap%d%s%s%s trace: span %.1f us; first tile starts p50 %.1f max %.1f; CTA ends min %.1f p10 %.1f p50 %.1f p90 %.1f max %.1f (%zu CTAs)\n",
-              c.name.c_str(), swap, swiglu ? "+swiglu" : "", kAblations[ablate], balance ? "" : " unbalanced", (t1 - t0) * 1e-3, q(firsts, .5), q(firsts, 1), q(ends, 0), q(ends, .1), q(ends, .5),
+  std::printf("%-22s swap%d%s%s%s%s trace: span %.1f us; first tile starts p50 %.1f max %.1f; CTA ends min %.1f p10 %.1f p50 %.1f p90 %.1f max %.1f (%zu CTAs)\n",
+              c.name.c_str(), swap, swiglu ? "+swiglu" : "", kAblations[ablate], balance ? "" : " unbalanced", trim ? "" : " untrimmed", (t1 - t0) * 1e-3, q(firsts, .5), q(firsts, 1), q(ends, 0), q(ends, .1), q(ends, .5),
               q(ends, .9), q(ends, 1), ends.size());
   for (int i = 0; i < kPer && !dur[i].empty(); ++i) {
     std::sort(dur[i].begin(), dur[i].end());
@@ -652,6 +655,21 @@ int main(int argc, char** argv) {
         for (bool balance : {true, false}) time_case(c, gen, 30, true, false, tok, 1, 0, true, balance);
       if (c.L == 8)
         for (bool balance : {true, false}) trace_case(c, gen, tok, 0, false, balance);
+    });
+  }
+  if (what == "trim") {
+    // The library's decode tiles with each tile's WGMMAs over its tokens rounded up to 8
+    // (Fp8LaunchParams::trim_tokens) and over the whole token tile, alternated twice; at L = 8 also
+    // the gate+up GEMM with its SwiGLU epilogue and the per-tile traces.
+    for_each_decode_gemm({8, 32, 256}, only, gen, [&](const Case& c, int tok) {
+      for (int round = 0; round < 2; ++round)
+        for (bool trim : {true, false}) time_case(c, gen, 30, true, false, tok, 1, 0, true, true, trim);
+      if (c.L != 8) return;
+      const bool gate_up = c.name.find("gate+up") != std::string::npos;
+      if (gate_up)
+        for (int round = 0; round < 2; ++round)
+          for (bool trim : {true, false}) time_case(c, gen, 30, true, true, tok, 1, 0, true, true, trim);
+      for (bool trim : {true, false}) trace_case(c, gen, tok, 0, false, true, trim);
     });
   }
   if (what == "pdl") {

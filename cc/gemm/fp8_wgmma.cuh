@@ -71,6 +71,9 @@ struct Fp8Args {
   // The swap-AB kernel: spread the tiles over the fewest clusters that take them in as many rounds
   // as all would (swap_takers); the rest only zero rows. Off: every cluster takes tiles.
   bool balance = true;
+  // The swap-AB kernel: each tile's WGMMAs and promotion span its tokens rounded up to 8, not the
+  // whole token tile (a group of 130 rows in a 160-row tile: N = 136). Off: always the token tile.
+  bool trim = true;
   // Epi::kSwigluFp8 only (y unused): n = 2F (w rows 0..F-1 gate, F..2F-1 up), h e4m3 [rows, F],
   // h_scale f32 [rows, F/128].
   uint8_t* h = nullptr;

@@ -58,6 +58,9 @@ struct Fp8LaunchParams {
   // ceil(T / ceil(T / G)) clusters take ceil(T / G) tiles each, so none starts a last round alone.
   // Off (measurements): tile t goes to cluster t % G.
   bool balance_tiles = true;
+  // The swap-AB kernel runs each tile's WGMMAs over its tokens rounded up to 8, not the whole token
+  // tile (Fp8Args::trim). Off (measurements): N = the token tile always.
+  bool trim_tokens = true;
   // Measurements only: one of the swap-AB kernel's ablations (fp8_wgmma_swap.cuh, Ablate; single
   // CTAs; wrong outputs by design). Refused unless compiled with A2A_GEMM_ABLATIONS (the probe).
   int ablate = 0;

@@ -112,30 +112,91 @@ __host__ __device__ inline int swap_takers(int tiles, int clusters) {
   return (tiles + rounds - 1) / rounds;
 }
 
-template <class M, int... I>
-__device__ __forceinline__ void mma_call(uint64_t da, uint64_t db, float (&d)[sizeof...(I)], cute::SM90::GMMA::ScaleOut sc,
+// M's accumulators are the first sizeof...(I) of d (a WGMMA with N below the tile's kTok writes
+// the registers of its first N tokens: registers 4j.. of tokens 8j.., the same for every N).
+template <class M, int kAcc, int... I>
+__device__ __forceinline__ void mma_call(uint64_t da, uint64_t db, float (&d)[kAcc], cute::SM90::GMMA::ScaleOut sc,
                                          std::integer_sequence<int, I...>) {
+  static_assert(sizeof...(I) <= kAcc, "more accumulators than the tile holds");
   M::fma(da, db, d[I]..., sc);
 }
 
-template <int kTok> struct SwapMma;
-template <> struct SwapMma<32> { using type = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>; };
-template <> struct SwapMma<64> { using type = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>; };
-template <> struct SwapMma<128> { using type = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>; };
-template <> struct SwapMma<160> { using type = cute::SM90::GMMA::MMA_64x160x32_F32E4M3E4M3_SS_TN<>; };
+// m64 nN k32, e4m3 x e4m3 -> f32, both operands from shared memory (K-major), for every N the
+// WGMMA takes (multiples of 8 up to 256).
+template <int kN> struct SwapMma;
+#define A2A_SWAP_MMA(N) \
+  template <> struct SwapMma<N> { using type = cute::SM90::GMMA::MMA_64x##N##x32_F32E4M3E4M3_SS_TN<>; };
+A2A_SWAP_MMA(8) A2A_SWAP_MMA(16) A2A_SWAP_MMA(24) A2A_SWAP_MMA(32) A2A_SWAP_MMA(40) A2A_SWAP_MMA(48)
+A2A_SWAP_MMA(56) A2A_SWAP_MMA(64) A2A_SWAP_MMA(72) A2A_SWAP_MMA(80) A2A_SWAP_MMA(88) A2A_SWAP_MMA(96)
+A2A_SWAP_MMA(104) A2A_SWAP_MMA(112) A2A_SWAP_MMA(120) A2A_SWAP_MMA(128) A2A_SWAP_MMA(136) A2A_SWAP_MMA(144)
+A2A_SWAP_MMA(152) A2A_SWAP_MMA(160) A2A_SWAP_MMA(168) A2A_SWAP_MMA(176) A2A_SWAP_MMA(184) A2A_SWAP_MMA(192)
+A2A_SWAP_MMA(200) A2A_SWAP_MMA(208) A2A_SWAP_MMA(216) A2A_SWAP_MMA(224) A2A_SWAP_MMA(232) A2A_SWAP_MMA(240)
+A2A_SWAP_MMA(248) A2A_SWAP_MMA(256)
+#undef A2A_SWAP_MMA
 
-template <int kN>
-__device__ __forceinline__ void fence_regs(float (&d)[kN]) {
+// A k-block's four WGMMAs (k32 each) over the tile's first kN tokens: d = (w x^T over the k-block)
+// + (accumulate ? d : 0) in d's first kN / 2 registers; the rest untouched.
+template <int kN, int kAcc>
+__device__ __forceinline__ void kblock_mma(uint64_t da, uint64_t db, float (&d)[kAcc], bool accumulate) {
+  using M = typename SwapMma<kN>::type;
 #pragma unroll
-  for (int i = 0; i < kN; ++i) cute::warpgroup_fence_operand(d[i]);
+  for (int j = 0; j < kBK / 32; ++j)
+    mma_call<M>(da + 2 * j, db + 2 * j, d, j == 0 && !accumulate ? cute::SM90::GMMA::ScaleOut::Zero : cute::SM90::GMMA::ScaleOut::One,
+                std::make_integer_sequence<int, kN / 2>{});
+}
+
+// The first kUsed registers of d (all by default) as the WGMMAs' operands: not moved across them.
+template <int kUsed = -1, int kN>
+__device__ __forceinline__ void fence_regs(float (&d)[kN]) {
+  constexpr int kCount = kUsed < 0 ? kN : kUsed;
+  static_assert(kCount <= kN, "more registers than d holds");
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) cute::warpgroup_fence_operand(d[i]);
+}
+
+// kblock_mma as one WGMMA batch: fenced, issued, committed (not waited for).
+// Only d's first kN / 2 registers are fenced (the WGMMAs' operands): fencing registers no WGMMA
+// writes made ptxas serialise the WGMMAs (C7511).
+template <int kN, int kAcc>
+__device__ __forceinline__ void issue_kblock(uint64_t da, uint64_t db, float (&d)[kAcc], bool accumulate) {
+  fence_regs<kN / 2>(d);
+  cute::warpgroup_arrive();
+  kblock_mma<kN>(da, db, d, accumulate);
+  cute::warpgroup_commit_batch();
+  fence_regs<kN / 2>(d);
+}
+
+// f(std::integral_constant<int, N>{}) with N = n, a multiple of 8 in [kLo, kHi], found by halving
+// the range (at most 5 warp-uniform branches for kTok = 160). Chosen once per tile, around a whole
+// k loop: WGMMAs behind a branch inside the loop are serialised by ptxas (C7511).
+template <int kLo, int kHi, class F>
+__device__ __forceinline__ void with_mma_n(int n, F&& f) {
+  if constexpr (kLo == kHi) {
+    f(std::integral_constant<int, kLo>{});
+  } else {
+    constexpr int kMid = (kLo + kHi) / 16 * 8;
+    if (n <= kMid)
+      with_mma_n<kLo, kMid>(n, f);
+    else
+      with_mma_n<kMid + 8, kHi>(n, f);
+  }
+}
+
+// The WGMMA's N for a tile of `rows` tokens (Fp8Args::trim): rows rounded up to 8, in [8, kTok];
+// kTok when trimming is off.
+template <int kTok>
+__device__ __forceinline__ int swap_mma_n(int rows, bool trim) {
+  return trim ? min(kTok, max(8, (rows + 7) & ~7)) : kTok;
 }
 
 // acc += d * w_scale * x_scale[token]: registers 4j + {0, 2} are token 8j + c0, 4j + {1, 3} token
 // 8j + c0 + 1 (weight rows r and r + 8).
-template <int kN>
-__device__ __forceinline__ void promote_swap(float (&acc)[kN], const float (&d)[kN], float sw, const float* sx, int c0) {
+// d holds the first kD / 2 tokens' registers (the WGMMA's N = kD, swap_mma_n); acc's others stay.
+template <int kD, int kN>
+__device__ __forceinline__ void promote_swap(float (&acc)[kN], const float (&d)[kD], float sw, const float* sx, int c0) {
+  static_assert(kD % 4 == 0 && kD <= kN, "d: whole 8-token groups within the tile");
 #pragma unroll
-  for (int j = 0; j < kN / 4; ++j) {
+  for (int j = 0; j < kD / 4; ++j) {
     const float2 s2 = *reinterpret_cast<const float2*>(sx + 8 * j + c0);
     const float s0 = s2.x * sw, s1 = s2.y * sw;
     acc[4 * j + 0] = fmaf(d[4 * j + 0], s0, acc[4 * j + 0]);
@@ -239,7 +300,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Storage = SwapStorage<kTok>;
   constexpr int kSt = Storage::kStages;
   constexpr int kAcc = kTok / 2;  // accumulator registers per thread (m64 x kTok over 128 threads)
-  using M = typename SwapMma<kTok>::type;
   extern __shared__ uint8_t smem_raw[];
   Storage& s = aligned_storage<Storage>(smem_raw);  // LDS in the promotion (fp8_wgmma.cuh)
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
@@ -351,7 +411,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int r_lo = wl * 16 + (lane >> 2);      // this thread's weight rows in its 64: r_lo, r_lo + 8
   const int c0 = (lane & 3) * 2;               // and tokens c0 + 8j, +1
   auto* y = static_cast<OutT*>(a.y);
-  constexpr auto kSeq = std::make_integer_sequence<int, kAcc>{};
   uint32_t it = 0;
 #ifdef A2A_GEMM_ABLATIONS
   int traced = 0;
@@ -371,24 +430,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Tile tile = tile_of(t);
     const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
     const int64_t row_base = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
+    const int mma_n = swap_mma_n<kTok>(tile_rows, a.trim);  // the WGMMAs' N: the tile's tokens, not kTok
 
     float acc[kAcc];
     [[maybe_unused]] uint32_t gate[kEpi == Epi::kSwigluFp8 ? kAcc / 2 : 1];  // kSwigluFp8: the gate block in bf16
 
-    // kb's WGMMAs into d: d = (x w^T over the k-block) + (accumulate ? d : 0)
-    auto issue = [&](float (&d)[kAcc], uint32_t i, bool accumulate = false) {
+    // Waits for stage i to be full; its operands' descriptors (this warpgroup's 64 weight rows, x).
+    auto stage_descs = [&](uint32_t i) {
       const int st = static_cast<int>(i % kSt);
       wait_or_trap(&s.full[st], (i / kSt) & 1);
       __syncwarp();
-      const uint64_t da = smem_desc(s.a[st] + mwg * 64 * kBK), db = smem_desc(s.b[st]);
-      fence_regs(d);
-      cute::warpgroup_arrive();
-#pragma unroll
-      for (int j = 0; j < kBK / 32; ++j)
-        mma_call<M>(da + 2 * j, db + 2 * j, d,
-                    j == 0 && !accumulate ? cute::SM90::GMMA::ScaleOut::Zero : cute::SM90::GMMA::ScaleOut::One, kSeq);
-      cute::warpgroup_commit_batch();
-      fence_regs(d);
+      return std::make_pair(smem_desc(s.a[st] + mwg * 64 * kBK), smem_desc(s.b[st]));
     };
     auto release = [&](uint32_t i) {  // this CTA's and (pairs) the peer's math warps are done with stage i
       const int st = static_cast<int>(i % kSt);
@@ -404,31 +456,37 @@ __global__ void __launch_bounds__(kThreads, 1)
         release(it);
       }
     } else if constexpr (kAblate == Ablate::kNoPromote) {
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
-        issue(acc, it, kb > 0);
-        if (kb > 0) {
-          cute::warpgroup_wait<1>();
-          release(it - 1);
+      with_mma_n<8, kTok>(mma_n, [&](auto kN) {
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const auto [da, db] = stage_descs(it);
+          issue_kblock<kN.value>(da, db, acc, kb > 0);
+          if (kb > 0) {
+            cute::warpgroup_wait<1>();
+            release(it - 1);
+          }
         }
-      }
+      });
       cute::warpgroup_wait<0>();
       fence_regs(acc);
       if (kblocks > 0) release(it - 1);
     } else {
       // one pass over k into acc (zeroed first)
       auto run_k = [&]() {
-        float t0[kAcc];
 #pragma unroll
         for (int q = 0; q < kAcc; ++q) acc[q] = 0.f;
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
-          issue(t0, it);
-          const int st = static_cast<int>(it % kSt);
-          const float wsc = s.sw[st];
-          cute::warpgroup_wait<0>();
-          fence_regs(t0);
-          promote_swap(acc, t0, wsc, s.sx[st], c0);
-          release(it);  // sx lives in the stage: released after the promotion
-        }
+        with_mma_n<8, kTok>(mma_n, [&](auto kN) {
+          float t0[kN.value / 2];  // the k-block's product over the tile's first kN tokens
+          for (int kb = 0; kb < kblocks; ++kb, ++it) {
+            const auto [da, db] = stage_descs(it);
+            issue_kblock<kN.value>(da, db, t0, false);
+            const int st = static_cast<int>(it % kSt);
+            const float wsc = s.sw[st];
+            cute::warpgroup_wait<0>();
+            fence_regs(t0);
+            promote_swap(acc, t0, wsc, s.sx[st], c0);
+            release(it);  // sx lives in the stage: released after the promotion
+          }
+        });
       };
       run_k();
       if constexpr (kEpi == Epi::kSwigluFp8) {

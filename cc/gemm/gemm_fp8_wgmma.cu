@@ -188,6 +188,7 @@ cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
   a.per_group_rows = static_cast<int32_t>(p.per_group_rows);
   a.expert_major = p.expert_major;
   a.balance = p.balance_tiles;
+  a.trim = p.trim_tokens;
   a.h = p.h;
   a.h_scale = p.h_scale;
 #ifdef A2A_GEMM_ABLATIONS
