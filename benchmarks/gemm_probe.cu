@@ -20,6 +20,7 @@
 //   ./gemm_probe fused [S]  # the decode gate+up GEMM with and without the swap-AB kernel's SwiGLU epilogue
 //   ./gemm_probe balance [S]  # the library's decode tiles with the tiles spread evenly, and round-robin
 //   ./gemm_probe trim [S]     # the library's decode tiles with each tile's WGMMA N trimmed to its tokens, and not
+//   ./gemm_probe prefetch [S] # the library's decode tiles with 0, 8, 16 weight k-blocks prefetched before the PDL wait
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -433,10 +434,11 @@ void attach_swiglu(const Case& c, const Buffers& b, a2a::gemm::wgmma::Fp8LaunchP
 }
 
 void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool swiglu = false, int swap = 0, int cluster = 1,
-               int ablate = 0, bool pdl = true, bool balance = true, bool trim = true) {
+               int ablate = 0, bool pdl = true, bool balance = true, bool trim = true, int prefetch = -1) {
   Buffers b = make_buffers(c, gen, false);
   auto p = params_of(c, b);
   p.pdl = pdl;
+  if (prefetch >= 0) p.prefetch_kblocks = prefetch;
   p.balance_tiles = balance;
   p.trim_tokens = trim;
   p.serial_promotion = serial;
@@ -482,8 +484,9 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
   if (!c.expert_major) rows = std::min<int64_t>(rows, c.rows);
   const double flop = 2.0 * rows * c.n * c.k;
   const float k50 = median(tk), c50 = median(tc);
-  std::printf("%-22s %-11s%s%s%s%s%s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
-              c.name.c_str(), label(serial, swap, cluster).c_str(), swiglu ? "+swiglu" : "", kAblations[ablate], pdl ? "" : " no-pdl", balance ? "" : " unbalanced", trim ? "" : " untrimmed", k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
+  const std::string pf = prefetch >= 0 ? " prefetch " + std::to_string(prefetch) : "";
+  std::printf("%-22s %-11s%s%s%s%s%s%s kernel p50 %9.1f us (min %9.1f)  weights' HBM time %8.1f us  x HBM %.2f  %7.0f TFLOP/s\n",
+              c.name.c_str(), label(serial, swap, cluster).c_str(), swiglu ? "+swiglu" : "", kAblations[ablate], pdl ? "" : " no-pdl", balance ? "" : " unbalanced", trim ? "" : " untrimmed", pf.c_str(), k50, *std::min_element(tk.begin(), tk.end()), c50, k50 / c50, flop / (k50 * 1e-6) / 1e12);
   cudaFree(dst);
   cudaFree(h);
   cudaFree(hs);
@@ -670,6 +673,18 @@ int main(int argc, char** argv) {
         for (int round = 0; round < 2; ++round)
           for (bool trim : {true, false}) time_case(c, gen, 30, true, true, tok, 1, 0, true, true, trim);
       for (bool trim : {true, false}) trace_case(c, gen, tok, 0, false, true, trim);
+    });
+  }
+  if (what == "prefetch") {
+    // The library's decode tiles, launched back to back with programmatic dependent launch, each
+    // CTA prefetching 0, 8 or 16 k-blocks of its first weight tile into L2 before it waits for the
+    // previous kernel (Fp8LaunchParams::prefetch_kblocks), alternated twice; the fused gate+up too.
+    for_each_decode_gemm({8, 32}, only, gen, [&](const Case& c, int tok) {
+      for (int round = 0; round < 2; ++round)
+        for (int pf : {0, 8, 16}) time_case(c, gen, 30, true, false, tok, 1, 0, true, true, true, pf);
+      if (c.L == 8 && c.name.find("gate+up") != std::string::npos)
+        for (int round = 0; round < 2; ++round)
+          for (int pf : {0, 8}) time_case(c, gen, 30, true, true, tok, 1, 0, true, true, true, pf);
     });
   }
   if (what == "pdl") {

@@ -74,6 +74,9 @@ struct Fp8Args {
   // The swap-AB kernel: each tile's WGMMAs and promotion span its tokens rounded up to 8, not the
   // whole token tile (a group of 130 rows in a 160-row tile: N = 136). Off: always the token tile.
   bool trim = true;
+  // The swap-AB kernel: before waiting for the stream's previous kernel (programmatic launch), each
+  // CTA prefetches this many k-blocks of its first weight tile into L2; 0: none.
+  int32_t prefetch_kblocks = 0;
   // Epi::kSwigluFp8 only (y unused): n = 2F (w rows 0..F-1 gate, F..2F-1 up), h e4m3 [rows, F],
   // h_scale f32 [rows, F/128].
   uint8_t* h = nullptr;

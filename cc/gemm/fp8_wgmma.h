@@ -61,6 +61,9 @@ struct Fp8LaunchParams {
   // The swap-AB kernel runs each tile's WGMMAs over its tokens rounded up to 8, not the whole token
   // tile (Fp8Args::trim). Off (measurements): N = the token tile always.
   bool trim_tokens = true;
+  // The swap-AB kernel warms L2 with this many k-blocks of each CTA's first weight tile while the
+  // stream's previous kernel finishes (Fp8Args::prefetch_kblocks; with pdl only). 0: none.
+  int prefetch_kblocks = 8;
   // Measurements only: one of the swap-AB kernel's ablations (fp8_wgmma_swap.cuh, Ablate; single
   // CTAs; wrong outputs by design). Refused unless compiled with A2A_GEMM_ABLATIONS (the probe).
   int ablate = 0;

@@ -324,7 +324,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_x));
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_w));
   }
-  gpu::wait_for_previous_grid();  // programmatic launch (gpu/pdl.cuh): nothing global before this
+  // Before the stream's previous kernel is done (programmatic launch, gpu/pdl.cuh): warm L2 with the
+  // first a.prefetch_kblocks k-blocks of this CTA's first weight tile, so that its first round does
+  // not start from an empty pipeline. Only the weights are read (no kernel of the stream writes
+  // them), found through a provisional group table: group_sizes may still be being written by the
+  // previous kernel, and a stale table only prefetches other bytes. The table is built again
+  // after the wait, and nothing else global is touched before it.
+  if (a.prefetch_kblocks > 0 && warp == 0) {
+    build_group_table<kTok>(a, tiles_nc, s);
+    __syncwarp();
+    const int total = s.tile_end[a.num_groups - 1];
+    const int takers = a.balance ? swap_takers(total, clusters) : clusters;
+    if (lane == 0 && cluster_id < takers && cluster_id < total) {
+      const Tile tile = decode_tile<kTok>(s, a.num_groups, tiles_nc, cluster_id);
+      const int32_t wrow = tile.l * a.n + (tile.nt * kCluster + static_cast<int>(crank)) * kBN;  // pass 0's block
+      const int kbs = min(kblocks, a.prefetch_kblocks);
+      for (int kb = 0; kb < kbs; ++kb) cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&tma_w, kb * kBK, wrow);
+    }
+    __syncwarp();
+  }
+  gpu::wait_for_previous_grid();  // nothing global but the prefetch above before this
   gpu::allow_next_grid();
   if (warp == 0) build_group_table<kTok>(a, tiles_nc, s);
   __syncthreads();
@@ -430,7 +449,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Tile tile = tile_of(t);
     const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
     const int64_t row_base = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
-    const int mma_n = swap_mma_n<kTok>(tile_rows, a.trim);  // the WGMMAs' N: the tile's tokens, not kTok
+    // The WGMMAs' N: the tile's tokens, not kTok. Not for the SwiGLU epilogue: its 20 variants of
+    // both passes' k loops cost it more registers and spills than trimming saved (gate+up at L = 8
+    // was not faster trimmed, gemm_probe trim, 2026-12-06).
+    constexpr int kMinN = kEpi == Epi::kSwigluFp8 ? kTok : 8;
+    const int mma_n = kEpi == Epi::kSwigluFp8 ? kTok : swap_mma_n<kTok>(tile_rows, a.trim);
 
     float acc[kAcc];
     [[maybe_unused]] uint32_t gate[kEpi == Epi::kSwigluFp8 ? kAcc / 2 : 1];  // kSwigluFp8: the gate block in bf16
@@ -456,7 +479,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         release(it);
       }
     } else if constexpr (kAblate == Ablate::kNoPromote) {
-      with_mma_n<8, kTok>(mma_n, [&](auto kN) {
+      with_mma_n<kMinN, kTok>(mma_n, [&](auto kN) {
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const auto [da, db] = stage_descs(it);
           issue_kblock<kN.value>(da, db, acc, kb > 0);
@@ -474,7 +497,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto run_k = [&]() {
 #pragma unroll
         for (int q = 0; q < kAcc; ++q) acc[q] = 0.f;
-        with_mma_n<8, kTok>(mma_n, [&](auto kN) {
+        with_mma_n<kMinN, kTok>(mma_n, [&](auto kN) {
           float t0[kN.value / 2];  // the k-block's product over the tile's first kN tokens
           for (int kb = 0; kb < kblocks; ++kb, ++it) {
             const auto [da, db] = stage_descs(it);
