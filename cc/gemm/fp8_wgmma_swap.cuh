@@ -24,13 +24,17 @@
 //                    global load in the promotion stalled the math warps (ncu; notes/benchmarks.md,
 //                    2026-12-05);
 //   warps 2-3        the output rows no group covers, zeroed (zero_rows_outside_groups, fp8_wgmma.cuh);
-//   warpgroups 1-2   math: each owns 64 weight rows (m64 n kTok k32 WGMMAs, 4 per k-block); a
+//   warpgroups 1-2   math: each owns 64 weight rows (m64 nN k32 WGMMAs, 4 per k-block, N the
+//                    tile's tokens rounded up to 8 (Fp8Args::trim; kTok with the SwiGLU epilogue),
+//                    chosen once per tile: with_mma_n); a
 //                    thread's accumulators are weight rows r, r + 8 x tokens 8j + c0 (+1), so the
 //                    promotion's x scale varies along the registers (sx from shared memory, two
 //                    floats a load) and the weight scale is one per k-block (sw). The stage is
 //                    released after its promotion (its scales live in it).
 //   epilogue         y[token, n] written element by element from the registers (y^T's layout),
 //                    tokens past the tile masked.
+// Prologue: with a.prefetch_kblocks, warp 0 prefetches its CTA's first weight k-blocks into L2
+// before waiting for the stream's previous kernel (programmatic launch).
 // Tiles: (group l, token tile, n-tile), numbered as fp8_wgmma.cuh's with kTok-row token tiles.
 // Epi::kSwigluFp8 (the gate+up GEMM with its SwiGLU, single CTAs): a tile is 128 columns of h for
 // the tile's tokens, two passes over k (the gate block of w, then the up block; x read twice, as
