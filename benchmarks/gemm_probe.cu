@@ -21,6 +21,8 @@
 //   ./gemm_probe balance [S]  # the library's decode tiles with the tiles spread evenly, and round-robin
 //   ./gemm_probe trim [S]     # the library's decode tiles with each tile's WGMMA N trimmed to its tokens, and not
 //   ./gemm_probe prefetch [S] # the library's decode tiles with 0, 8, 16 weight k-blocks prefetched before the PDL wait
+//   A2A_PROBE_SIGMA (the e4m3 inputs' normal sigma, default 1.5) and A2A_PROBE_SIZES ("123,113,...": a case's group
+//   sizes when it has that many groups) change the inputs
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -153,10 +155,23 @@ void random_uniform(float* d, size_t n, float lo, float hi, std::mt19937& g) {
   CK(cudaGetLastError());
 }
 
+// R rows routed uniformly at random over L groups. A2A_PROBE_SIZES="123,113,..." with L entries
+// replaces the draw (made all the same, so the other cases keep theirs): a model's or a
+// benchmark's own group sizes in the probe.
 std::vector<int> uniform_sizes(int L, int64_t R, std::mt19937& g) {
   std::vector<int> s(L, 0);
   std::uniform_int_distribution<int> d(0, L - 1);
   for (int64_t i = 0; i < R; ++i) s[d(g)]++;
+  if (const char* e = std::getenv("A2A_PROBE_SIZES"); e != nullptr && *e) {
+    std::vector<int> given;
+    for (const char* p = e; *p;) {
+      char* end = nullptr;
+      given.push_back(static_cast<int>(std::strtol(p, &end, 10)));
+      p = *end == ',' ? end + 1 : end;
+      if (end == p && *p) break;
+    }
+    if (static_cast<int>(given.size()) == L) return given;
+  }
   return s;
 }
 
