@@ -60,6 +60,7 @@
 
 #include "cute/arch/cluster_sm90.hpp"
 #include "cute/arch/copy_sm80.hpp"
+#include "cute/arch/mma_sm90_gmma.hpp"  // before its _ext (which does not include it)
 #include "cute/arch/mma_sm90_gmma_ext.hpp"
 #include "gemm/fp8_wgmma.cuh"
 
@@ -69,8 +70,8 @@ template <int kTok>
 struct SwapConfig {
   static_assert(kTok % 8 == 0 && kTok >= 8 && kTok <= 256, "WGMMA N: a multiple of 8 up to 256");
   static constexpr uint32_t kStageBytes = (kBN + kTok) * kBK;  // w tile + x tile, one byte each
-  // Per stage besides the tiles: sx[kTok] and sw (floats), the full and empty barriers.
-  static constexpr size_t kStageExtra = (kTok + 1) * sizeof(float) + 2 * sizeof(uint64_t);
+  // Per stage besides the tiles: sx[kTok] and sw (floats), the full, empty and issued barriers.
+  static constexpr size_t kStageExtra = (kTok + 1) * sizeof(float) + 3 * sizeof(uint64_t);
   static constexpr size_t kTableBytes = kMaxGroups * (sizeof(int64_t) + 2 * sizeof(int32_t));
   static constexpr size_t kAmaxBytes = 8 * kTok * sizeof(float);  // SwapStorage::amax
   // As many stages as fit 227 KB of shared memory (the table, amax and 2 KB of alignment slack aside), at most 8.
@@ -93,6 +94,7 @@ struct alignas(1024) SwapStorage {
   float sw[kStages];               // w_scale of the tile's 128 weight rows at the stage's k-block
   uint64_t full[kStages];          // TMA bytes + warp 1's 32 arrivals
   uint64_t empty[kStages];         // one arrival per math warp, after the promotion
+  uint64_t issued[kStages];        // Fp8Args::stagger: math warpgroup 0's 4 warps issued the stage's WGMMAs
   int64_t row_start[kMaxGroups];
   int32_t m_rows[kMaxGroups];
   int32_t tile_end[kMaxGroups];
@@ -293,6 +295,245 @@ enum class Ablate : int {
   kNoPromote = 3,  // the WGMMAs accumulate straight into acc, one k-block in flight: no promotion
 };
 
+// Measurements (A2A_GEMM_ABLATIONS: Fp8Args::trace): the global timer at the start (which = 0) or end
+// (1) of this CTA's i-th tile, by math thread 128. Nothing in the library's build.
+__device__ __forceinline__ void trace_stamp([[maybe_unused]] const Fp8Args& a, [[maybe_unused]] int i, [[maybe_unused]] int which) {
+#ifdef A2A_GEMM_ABLATIONS
+  if (a.trace != nullptr && threadIdx.x == 128 && i < a.trace_per_cta) {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    a.trace[(static_cast<int64_t>(blockIdx.x) * a.trace_per_cta + i) * 2 + which] = ns;
+  }
+#endif
+}
+
+// The first tile of cluster `cluster_id` among `clusters` with `total` tiles in all (Fp8Args::balance:
+// swap_takers' clusters take tiles, in steps of `takers`); total when it takes none.
+struct SwapTiles {
+  int first, step;
+};
+__device__ __forceinline__ SwapTiles swap_tiles_of(int total, int clusters, int cluster_id, bool balance) {
+  const int takers = balance ? swap_takers(total, clusters) : clusters;
+  return SwapTiles{cluster_id < takers ? cluster_id : total, takers};
+}
+
+// The row of w ([L * N, K] as TMA sees it) where a tile's weight block of pass `pass` starts: group
+// l's rows, the up block's F rows further on for pass 1 (Epi::kSwigluFp8), n-tile nt.
+__device__ __forceinline__ int32_t swap_weight_row(const Fp8Args& a, const Tile& tile, int pass, int n_out) {
+  return tile.l * a.n + pass * n_out + tile.nt * kBN;
+}
+
+// L2 prefetch of a weight tile's first `count` k-blocks (cp.async.bulk.prefetch.tensor): no shared
+// memory, no barrier. One thread.
+__device__ __forceinline__ void prefetch_weight_kblocks(const CUtensorMap& tma_w, int32_t wrow, int count) {
+  for (int kb = 0; kb < count; ++kb) cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&tma_w, kb * kBK, wrow);
+}
+
+// The ring's barriers (thread 32): `full` expects the TMA thread and warp 1's 32 lanes, `empty` the 8
+// math warps of each CTA of the cluster.
+template <int kTok>
+__device__ __forceinline__ void swap_init_barriers(SwapStorage<kTok>& s, int cluster) {
+  for (int i = 0; i < SwapStorage<kTok>::kStages; ++i) {
+    cutlass::arch::ClusterTransactionBarrier::init(&s.full[i], 1 + 32);  // TMA thread + warp 1's lanes
+    cutlass::arch::ClusterBarrier::init(&s.empty[i], 8 * cluster);        // the 8 math warps of each CTA
+    cutlass::arch::ClusterBarrier::init(&s.issued[i], 4);                  // math warpgroup 0's warps
+  }
+  cutlass::arch::fence_barrier_init();
+}
+
+// One tile's loads by the TMA thread (warp 0, lane 0): each of its passes' k-blocks, the weight
+// block into a and the x block into b of the ring's next stage (`it`, advanced), once the math
+// warps released it. early > 0 (the MLP kernel's down tiles, fp8_wgmma_mlp.cuh): the weight loads
+// of the tile's first `early` k-blocks go first, then before_x() (which waits until x exists), then
+// their x loads; the weights are constant, x is written by other CTAs of the same kernel.
+// a.lookahead_kblocks: with each weight load, the weight block that many k-blocks further on is
+// prefetched into L2, past the tile's end into `next` (the CTA's next tile of the same GEMM; null:
+// none).
+template <int kTok, int kCluster, Ablate kAblate = Ablate::kFull, class BeforeX>
+__device__ __forceinline__ void swap_load_tile(const CUtensorMap& tma_x, const CUtensorMap& tma_w, const Fp8Args& a,
+                                               SwapStorage<kTok>& s, const Tile& tile, const Tile* next, int passes, int n_out,
+                                               int kblocks, uint32_t crank, int early, uint32_t& it, BeforeX&& before_x) {
+  constexpr int kSt = SwapStorage<kTok>::kStages;
+  constexpr int kHalf = kTok / kCluster;  // rows of x this CTA loads (for both CTAs of a pair)
+  const int32_t xrow = static_cast<int32_t>(s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok) +
+                       static_cast<int32_t>(crank) * kHalf;
+  const int total = passes * kblocks;  // k-blocks of the tile's passes
+  auto load_w = [&](int q) {
+    const int pass = q / kblocks, kb = q - pass * kblocks;
+    const uint32_t i = it + static_cast<uint32_t>(q);
+    const int st = static_cast<int>(i % kSt);
+    wait_or_trap(&s.empty[st], ((i / kSt) & 1) ^ 1);
+    constexpr uint32_t kBytes = kAblate == Ablate::kNoX ? kBN * kBK : SwapConfig<kTok>::kStageBytes;
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full[st], kBytes);
+    cute::SM90_TMA_LOAD_2D::copy(&tma_w, &s.full[st], static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), s.a[st],
+                                 kb * kBK, swap_weight_row(a, tile, pass, n_out));
+    if (a.lookahead_kblocks > 0) {  // the weight block lookahead_kblocks further on, into L2
+      int j = q + a.lookahead_kblocks;
+      const Tile* at = &tile;
+      if (j >= total && next != nullptr) j -= total, at = next;
+      if (j < total) {
+        const int jp = j / kblocks;
+        cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&tma_w, (j - jp * kblocks) * kBK, swap_weight_row(a, *at, jp, n_out));
+      }
+    }
+  };
+  auto load_x = [&](int q) {
+    const int kb = q % kblocks;
+    const int st = static_cast<int>((it + static_cast<uint32_t>(q)) % kSt);
+    if constexpr (kAblate == Ablate::kNoX) {
+    } else if constexpr (kCluster > 1) {
+      cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&tma_x, &s.full[st], static_cast<uint16_t>((1u << kCluster) - 1),
+                                             static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST),
+                                             s.b[st] + crank * kHalf * kBK, kb * kBK, xrow);
+    } else {
+      cute::SM90_TMA_LOAD_2D::copy(&tma_x, &s.full[st], static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST), s.b[st],
+                                   kb * kBK, xrow);
+    }
+  };
+  const int pre = min(early, total);
+  for (int q = 0; q < pre; ++q) load_w(q);
+  before_x();
+  for (int q = 0; q < pre; ++q) load_x(q);
+  for (int q = pre; q < total; ++q) {
+    load_w(q);
+    load_x(q);
+  }
+  it += static_cast<uint32_t>(total);
+}
+
+// One tile's scales by warp 1: per k-block of its passes, the x scales of its tokens into sx (zeros
+// past the tile) and the weight block's scale into sw by cp.async, each lane's arrival on the
+// stage's `full` barrier made when its copies land (.noinc). n_out: the output columns (F with
+// two passes: the up block's scales are F / 128 block rows further on).
+template <int kTok>
+__device__ __forceinline__ void swap_load_scales(const Fp8Args& a, SwapStorage<kTok>& s, const Tile& tile, int passes, int n_out,
+                                                 int kblocks, uint32_t& it) {
+  constexpr int kSt = SwapStorage<kTok>::kStages;
+  const int lane = threadIdx.x & 31;
+  const int tiles_n = n_out / kBN, wblocks_n = a.n / kBN;
+  const int64_t row0 = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
+  const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
+  for (int q = 0; q < passes * kblocks; ++q, ++it) {
+    const int pass = q / kblocks, kb = q - pass * kblocks;
+    const float* sw = a.w_scale + (static_cast<int64_t>(tile.l) * wblocks_n + pass * tiles_n + tile.nt) * kblocks;
+    const int st = static_cast<int>(it % kSt);
+    wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
+#pragma unroll
+    for (int i = lane; i < kTok; i += 32)
+      cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<float>::copy(  // without registers; zeros past the tile
+          *(i < tile_rows ? a.x_scale + (row0 + i) * kblocks + kb : a.x_scale), s.sx[st][i], i < tile_rows);
+    if (lane == 0) cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<float>::copy(sw[kb], s.sw[st], true);
+    // one of the barrier's expected arrivals (.noinc), made once this lane's copies have landed
+    cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[st]);
+  }
+}
+
+// One tile's math and epilogue by a math warp (warpgroup 1 + mwg, 0 or 1): over the tile's passes'
+// kblocks k-blocks each (two passes with kSwigluFp8) from the ring (`it`, advanced), each k-block's WGMMAs waited for and promoted into acc,
+// the stage released after its promotion; then y (kStore) or h and its scales (kSwigluFp8).
+template <class OutT, int kTok, int kCluster, Ablate kAblate, Epi kEpi>
+__device__ __forceinline__ void swap_math_tile(const Fp8Args& a, SwapStorage<kTok>& s, const Tile& tile, int kblocks,
+                                               uint32_t crank, int mwg, uint32_t& it) {
+  constexpr int kSt = SwapStorage<kTok>::kStages;
+  constexpr int kAcc = kTok / 2;  // accumulator registers per thread (m64 x kTok over 128 threads)
+  const int lane = threadIdx.x & 31;
+  const int wl = (threadIdx.x / 32) & 3;
+  const int r_lo = wl * 16 + (lane >> 2);  // this thread's weight rows in its 64: r_lo, r_lo + 8
+  const int c0 = (lane & 3) * 2;           // and tokens c0 + 8j, +1
+  const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
+  const int64_t row_base = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
+  // The WGMMAs' N: the tile's tokens, not kTok. Not for the SwiGLU epilogue: its 20 variants of
+  // both passes' k loops cost it more registers and spills than trimming saved (gate+up at L = 8
+  // was not faster trimmed, gemm_probe trim, 2026-12-06).
+  constexpr int kMinN = kEpi == Epi::kSwigluFp8 ? kTok : 8;
+  const int mma_n = kEpi == Epi::kSwigluFp8 ? kTok : swap_mma_n<kTok>(tile_rows, a.trim);
+
+  float acc[kAcc];
+  [[maybe_unused]] uint32_t gate[kEpi == Epi::kSwigluFp8 ? kAcc / 2 : 1];  // kSwigluFp8: the gate block in bf16
+
+  // Waits for stage i to be full; its operands' descriptors (this warpgroup's 64 weight rows, x).
+  auto stage_descs = [&](uint32_t i) {
+    const int st = static_cast<int>(i % kSt);
+    wait_or_trap(&s.full[st], (i / kSt) & 1);
+    __syncwarp();
+    return std::make_pair(smem_desc(s.a[st] + mwg * 64 * kBK), smem_desc(s.b[st]));
+  };
+  auto release = [&](uint32_t i) {  // this CTA's and (pairs) the peer's math warps are done with stage i
+    const int st = static_cast<int>(i % kSt);
+    arrive_if(&s.empty[st], lane == 0);
+    if constexpr (kCluster > 1) cutlass::arch::ClusterBarrier::arrive(&s.empty[st], crank ^ 1u, lane == 0);
+  };
+  if constexpr (kAblate == Ablate::kNoMath) {
+#pragma unroll
+    for (int q = 0; q < kAcc; ++q) acc[q] = 0.f;
+    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      wait_or_trap(&s.full[it % kSt], (it / kSt) & 1);
+      __syncwarp();
+      release(it);
+    }
+  } else if constexpr (kAblate == Ablate::kNoPromote) {
+    with_mma_n<kMinN, kTok>(mma_n, [&](auto kN) {
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        const auto [da, db] = stage_descs(it);
+        issue_kblock<kN.value>(da, db, acc, kb > 0);
+        if (kb > 0) {
+          cute::warpgroup_wait<1>();
+          release(it - 1);
+        }
+      }
+    });
+    cute::warpgroup_wait<0>();
+    fence_regs(acc);
+    if (kblocks > 0) release(it - 1);
+  } else {
+    // one pass over k into acc (zeroed first)
+    auto run_k = [&]() {
+#pragma unroll
+      for (int q = 0; q < kAcc; ++q) acc[q] = 0.f;
+      with_mma_n<kMinN, kTok>(mma_n, [&](auto kN) {
+        float t0[kN.value / 2];  // the k-block's product over the tile's first kN tokens
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const auto [da, db] = stage_descs(it);
+          const int st = static_cast<int>(it % kSt);
+          // Fp8Args::stagger: warpgroup 1 issues after warpgroup 0, so one's WGMMAs run while the other promotes
+          if (a.stagger && mwg == 1) wait_or_trap(&s.issued[st], (it / kSt) & 1);
+          issue_kblock<kN.value>(da, db, t0, false);
+          arrive_if(&s.issued[st], a.stagger && mwg == 0 && lane == 0);
+          const float wsc = s.sw[st];
+          cute::warpgroup_wait<0>();
+          fence_regs(t0);
+          promote_swap(acc, t0, wsc, s.sx[st], c0);
+          release(it);  // sx lives in the stage: released after the promotion
+        }
+      });
+    };
+    run_k();
+    if constexpr (kEpi == Epi::kSwigluFp8) {
+#pragma unroll
+      for (int q = 0; q < kAcc / 2; ++q) gate[q] = pack_bf16x2(acc[2 * q], acc[2 * q + 1]);  // as gu's bf16
+      run_k();  // the up block
+    }
+  }
+
+  if constexpr (kEpi == Epi::kSwigluFp8) {
+    swap_swiglu_fp8_store<kAcc, kTok>(acc, gate, s.amax, a, row_base, tile_rows, tile.nt, mwg * 64 + r_lo, c0, mwg * 4 + wl);
+  } else {
+    // y[row_base + token, n0 + r] for tokens 8j + c0 (+1) below tile_rows, weight rows r_lo (+8).
+    OutT* ycol = static_cast<OutT*>(a.y) + row_base * a.n + static_cast<int64_t>(tile.nt) * kBN + mwg * 64 + r_lo;
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int tok = 8 * j + c0 + e;
+        if (tok >= tile_rows) continue;
+        OutT* p = ycol + static_cast<int64_t>(tok) * a.n;
+        store_one<OutT>(p, acc[4 * j + e]);
+        store_one<OutT>(p + 8, acc[4 * j + 2 + e]);
+      }
+    }
+  }
+}
+
 // tma_x: boxes of kTok / kCluster rows (each CTA of a pair loads its half for both).
 template <class OutT, int kTok, int kCluster, Ablate kAblate = Ablate::kFull, Epi kEpi = Epi::kStore>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -302,8 +543,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(kCluster == 1 || kCluster == 2, "pairs at most");
   static_assert(kEpi == Epi::kStore || (kCluster == 1 && kAblate == Ablate::kFull), "the SwiGLU epilogue: single CTAs, whole");
   using Storage = SwapStorage<kTok>;
-  constexpr int kSt = Storage::kStages;
-  constexpr int kAcc = kTok / 2;  // accumulator registers per thread (m64 x kTok over 128 threads)
   extern __shared__ uint8_t smem_raw[];
   Storage& s = aligned_storage<Storage>(smem_raw);  // LDS in the promotion (fp8_wgmma.cuh)
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
@@ -312,18 +551,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kPasses = kEpi == Epi::kSwigluFp8 ? 2 : 1;  // w blocks per tile (gate, up)
   const int n_out = kEpi == Epi::kSwigluFp8 ? a.n / 2 : a.n;  // output columns (F, or N)
   const int tiles_n = n_out / kBN, kblocks = a.k / kBK;
-  const int wblocks_n = a.n / kBN;          // w_scale's block rows per group
   const int tiles_nc = tiles_n / kCluster;  // n-tile groups a cluster takes (pairs: N / 256)
   const uint32_t crank = kCluster > 1 ? cute::block_rank_in_cluster() : 0;
   const int cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
+  // Tile t of this cluster -> group, token tile and this CTA's n-tile.
+  auto tile_of = [&](int t) {
+    Tile tile = decode_tile<kTok>(s, a.num_groups, tiles_nc, t);
+    tile.nt = tile.nt * kCluster + static_cast<int>(crank);
+    return tile;
+  };
 
-  if (threadIdx.x == 32) {
-    for (int i = 0; i < kSt; ++i) {
-      cutlass::arch::ClusterTransactionBarrier::init(&s.full[i], 1 + 32);  // TMA thread + warp 1's lanes
-      cutlass::arch::ClusterBarrier::init(&s.empty[i], 8 * kCluster);      // the 8 math warps of each CTA
-    }
-    cutlass::arch::fence_barrier_init();
-  }
+  if (threadIdx.x == 32) swap_init_barriers(s, kCluster);
   if (threadIdx.x == 64) {
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_x));
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&tma_w));
@@ -338,13 +576,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     build_group_table<kTok>(a, tiles_nc, s);
     __syncwarp();
     const int total = s.tile_end[a.num_groups - 1];
-    const int takers = a.balance ? swap_takers(total, clusters) : clusters;
-    if (lane == 0 && cluster_id < takers && cluster_id < total) {
-      const Tile tile = decode_tile<kTok>(s, a.num_groups, tiles_nc, cluster_id);
-      const int32_t wrow = tile.l * a.n + (tile.nt * kCluster + static_cast<int>(crank)) * kBN;  // pass 0's block
-      const int kbs = min(kblocks, a.prefetch_kblocks);
-      for (int kb = 0; kb < kbs; ++kb) cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&tma_w, kb * kBK, wrow);
-    }
+    const SwapTiles mine = swap_tiles_of(total, clusters, cluster_id, a.balance);
+    if (lane == 0 && mine.first < total)
+      prefetch_weight_kblocks(tma_w, swap_weight_row(a, tile_of(mine.first), 0, n_out), min(kblocks, a.prefetch_kblocks));
     __syncwarp();
   }
   gpu::wait_for_previous_grid();  // nothing global but the prefetch above before this
@@ -356,65 +590,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     cute::cluster_wait();
   }
   const int total_tiles = s.tile_end[a.num_groups - 1];  // tiles of a cluster (pairs when kCluster = 2)
-  // The clusters that take tiles, and this one's first (total_tiles: none).
-  const int takers = a.balance ? swap_takers(total_tiles, clusters) : clusters;
-  const int first_tile = cluster_id < takers ? cluster_id : total_tiles;
-  // Tile t of this cluster -> group, token tile and this CTA's n-tile.
-  auto tile_of = [&](int t) {
-    Tile tile = decode_tile<kTok>(s, a.num_groups, tiles_nc, t);
-    tile.nt = tile.nt * kCluster + static_cast<int>(crank);
-    return tile;
-  };
+  const SwapTiles mine = swap_tiles_of(total_tiles, clusters, cluster_id, a.balance);
 
   if (wg == 0) {  // producers
     cutlass::arch::warpgroup_reg_dealloc<40>();
+    uint32_t it = 0;
     if (warp == 0 && lane == 0) {  // TMA
-      uint32_t it = 0;
-      constexpr int kHalf = kTok / kCluster;  // rows of x this CTA loads (for both CTAs of a pair)
-      for (int t = first_tile; t < total_tiles; t += takers) {
-        const Tile tile = tile_of(t);
-        const int32_t xrow = static_cast<int32_t>(s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok) +
-                             static_cast<int32_t>(crank) * kHalf;
-        for (int q = 0; q < kPasses * kblocks; ++q, ++it) {  // k-blocks of the tile's passes
-          const int pass = kPasses == 1 ? 0 : q / kblocks, kb = q - pass * kblocks;
-          const int32_t wrow = tile.l * a.n + pass * n_out + tile.nt * kBN;  // pass 1: the up block
-          const int st = static_cast<int>(it % kSt);
-          wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
-          constexpr uint32_t kBytes = kAblate == Ablate::kNoX ? kBN * kBK : SwapConfig<kTok>::kStageBytes;
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full[st], kBytes);
-          cute::SM90_TMA_LOAD_2D::copy(&tma_w, &s.full[st], static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-                                       s.a[st], kb * kBK, wrow);
-          if constexpr (kAblate == Ablate::kNoX) {
-          } else if constexpr (kCluster > 1) {
-            cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&tma_x, &s.full[st], static_cast<uint16_t>((1u << kCluster) - 1),
-                                                   static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST),
-                                                   s.b[st] + crank * kHalf * kBK, kb * kBK, xrow);
-          } else {
-            cute::SM90_TMA_LOAD_2D::copy(&tma_x, &s.full[st], static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST),
-                                         s.b[st], kb * kBK, xrow);
-          }
-        }
+      for (int t = mine.first; t < total_tiles; t += mine.step) {
+        const Tile next = tile_of(t + mine.step < total_tiles ? t + mine.step : t);
+        swap_load_tile<kTok, kCluster, kAblate>(tma_x, tma_w, a, s, tile_of(t), t + mine.step < total_tiles ? &next : nullptr, kPasses,
+                                                n_out, kblocks, crank, 0, it, [] {});
       }
     } else if (warp == 1) {  // x scales
-      uint32_t it = 0;
-      for (int t = first_tile; t < total_tiles; t += takers) {
-        const Tile tile = tile_of(t);
-        const int64_t row0 = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
-        const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
-        for (int q = 0; q < kPasses * kblocks; ++q, ++it) {  // k-blocks of the tile's passes
-          const int pass = kPasses == 1 ? 0 : q / kblocks, kb = q - pass * kblocks;
-          const float* sw = a.w_scale + (static_cast<int64_t>(tile.l) * wblocks_n + pass * tiles_n + tile.nt) * kblocks;
-          const int st = static_cast<int>(it % kSt);
-          wait_or_trap(&s.empty[st], ((it / kSt) & 1) ^ 1);
-#pragma unroll
-          for (int i = lane; i < kTok; i += 32)
-            cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<float>::copy(  // without registers; zeros past the tile
-                *(i < tile_rows ? a.x_scale + (row0 + i) * kblocks + kb : a.x_scale), s.sx[st][i], i < tile_rows);
-          if (lane == 0) cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<float>::copy(sw[kb], s.sw[st], true);
-          // one of the barrier's expected arrivals (.noinc), made once this lane's copies have landed
-          cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[st]);
-        }
-      }
+      for (int t = mine.first; t < total_tiles; t += mine.step) swap_load_scales<kTok>(a, s, tile_of(t), kPasses, n_out, kblocks, it);
       asm volatile("cp.async.wait_all;" ::: "memory");
     } else if (warp >= 2) {
       zero_rows_outside_groups<OutT, kEpi>(a, s, blockIdx.x * 2 + (warp - 2), gridDim.x * 2);
@@ -429,121 +617,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // math warpgroups
   cutlass::arch::warpgroup_reg_alloc<232>();
-  const int mwg = wg - 1;                      // which 64 weight rows of the tile
-  const int wl = warp & 3;
-  const int r_lo = wl * 16 + (lane >> 2);      // this thread's weight rows in its 64: r_lo, r_lo + 8
-  const int c0 = (lane & 3) * 2;               // and tokens c0 + 8j, +1
-  auto* y = static_cast<OutT*>(a.y);
   uint32_t it = 0;
-#ifdef A2A_GEMM_ABLATIONS
-  int traced = 0;
-  auto stamp = [&](int which) {
-    if (a.trace != nullptr && threadIdx.x == 128 && traced < a.trace_per_cta) {
-      unsigned long long ns;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-      a.trace[(static_cast<int64_t>(blockIdx.x) * a.trace_per_cta + traced) * 2 + which] = ns;
-    }
-  };
-#endif
-
-  for (int t = first_tile; t < total_tiles; t += takers) {
-#ifdef A2A_GEMM_ABLATIONS
-    stamp(0);
-#endif
-    const Tile tile = tile_of(t);
-    const int tile_rows = min(kTok, s.m_rows[tile.l] - tile.mt * kTok);
-    const int64_t row_base = s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok;
-    // The WGMMAs' N: the tile's tokens, not kTok. Not for the SwiGLU epilogue: its 20 variants of
-    // both passes' k loops cost it more registers and spills than trimming saved (gate+up at L = 8
-    // was not faster trimmed, gemm_probe trim, 2026-12-06).
-    constexpr int kMinN = kEpi == Epi::kSwigluFp8 ? kTok : 8;
-    const int mma_n = kEpi == Epi::kSwigluFp8 ? kTok : swap_mma_n<kTok>(tile_rows, a.trim);
-
-    float acc[kAcc];
-    [[maybe_unused]] uint32_t gate[kEpi == Epi::kSwigluFp8 ? kAcc / 2 : 1];  // kSwigluFp8: the gate block in bf16
-
-    // Waits for stage i to be full; its operands' descriptors (this warpgroup's 64 weight rows, x).
-    auto stage_descs = [&](uint32_t i) {
-      const int st = static_cast<int>(i % kSt);
-      wait_or_trap(&s.full[st], (i / kSt) & 1);
-      __syncwarp();
-      return std::make_pair(smem_desc(s.a[st] + mwg * 64 * kBK), smem_desc(s.b[st]));
-    };
-    auto release = [&](uint32_t i) {  // this CTA's and (pairs) the peer's math warps are done with stage i
-      const int st = static_cast<int>(i % kSt);
-      arrive_if(&s.empty[st], lane == 0);
-      if constexpr (kCluster > 1) cutlass::arch::ClusterBarrier::arrive(&s.empty[st], crank ^ 1u, lane == 0);
-    };
-    if constexpr (kAblate == Ablate::kNoMath) {
-#pragma unroll
-      for (int q = 0; q < kAcc; ++q) acc[q] = 0.f;
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
-        wait_or_trap(&s.full[it % kSt], (it / kSt) & 1);
-        __syncwarp();
-        release(it);
-      }
-    } else if constexpr (kAblate == Ablate::kNoPromote) {
-      with_mma_n<kMinN, kTok>(mma_n, [&](auto kN) {
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
-          const auto [da, db] = stage_descs(it);
-          issue_kblock<kN.value>(da, db, acc, kb > 0);
-          if (kb > 0) {
-            cute::warpgroup_wait<1>();
-            release(it - 1);
-          }
-        }
-      });
-      cute::warpgroup_wait<0>();
-      fence_regs(acc);
-      if (kblocks > 0) release(it - 1);
-    } else {
-      // one pass over k into acc (zeroed first)
-      auto run_k = [&]() {
-#pragma unroll
-        for (int q = 0; q < kAcc; ++q) acc[q] = 0.f;
-        with_mma_n<kMinN, kTok>(mma_n, [&](auto kN) {
-          float t0[kN.value / 2];  // the k-block's product over the tile's first kN tokens
-          for (int kb = 0; kb < kblocks; ++kb, ++it) {
-            const auto [da, db] = stage_descs(it);
-            issue_kblock<kN.value>(da, db, t0, false);
-            const int st = static_cast<int>(it % kSt);
-            const float wsc = s.sw[st];
-            cute::warpgroup_wait<0>();
-            fence_regs(t0);
-            promote_swap(acc, t0, wsc, s.sx[st], c0);
-            release(it);  // sx lives in the stage: released after the promotion
-          }
-        });
-      };
-      run_k();
-      if constexpr (kEpi == Epi::kSwigluFp8) {
-#pragma unroll
-        for (int q = 0; q < kAcc / 2; ++q) gate[q] = pack_bf16x2(acc[2 * q], acc[2 * q + 1]);  // as gu's bf16
-        run_k();  // the up block
-      }
-    }
-
-    if constexpr (kEpi == Epi::kSwigluFp8) {
-      swap_swiglu_fp8_store<kAcc, kTok>(acc, gate, s.amax, a, row_base, tile_rows, tile.nt, mwg * 64 + r_lo, c0, mwg * 4 + wl);
-    } else {
-      // y[row_base + token, n0 + r] for tokens 8j + c0 (+1) below tile_rows, weight rows r_lo (+8).
-      OutT* ycol = y + row_base * a.n + static_cast<int64_t>(tile.nt) * kBN + mwg * 64 + r_lo;
-#pragma unroll
-      for (int j = 0; j < kAcc / 4; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int tok = 8 * j + c0 + e;
-          if (tok >= tile_rows) continue;
-          OutT* p = ycol + static_cast<int64_t>(tok) * a.n;
-          store_one<OutT>(p, acc[4 * j + e]);
-          store_one<OutT>(p + 8, acc[4 * j + 2 + e]);
-        }
-      }
-    }
-#ifdef A2A_GEMM_ABLATIONS
-    stamp(1);
-    ++traced;
-#endif
+  for (int t = mine.first, traced = 0; t < total_tiles; t += mine.step, ++traced) {
+    trace_stamp(a, traced, 0);
+    swap_math_tile<OutT, kTok, kCluster, kAblate, kEpi>(a, s, tile_of(t), kblocks, crank, wg - 1, it);
+    trace_stamp(a, traced, 1);
   }
   if constexpr (kCluster > 1) {
     cute::cluster_arrive();

@@ -7,64 +7,12 @@
 #include <algorithm>
 #include <atomic>
 
-#include <cudaTypedefs.h>
-
 #include "gemm/fp8_wgmma.cuh"
 #include "gemm/fp8_wgmma_swap.cuh"
+#include "gemm/tma_host.h"
 
 namespace a2a::gemm::wgmma {
 namespace {
-
-constexpr int kMaxDevices = 64;  // devices a process keeps per-device launch state for (more: set each launch)
-
-PFN_cuTensorMapEncodeTiled_v12000 encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// A [rows, k] e4m3 row-major tensor read as [box_rows, 128 k] boxes, 128-byte swizzled (the WGMMA
-// operand layout of fp8_wgmma.cuh); rows past the tensor read as zeros.
-bool encode_rows(CUtensorMap* map, const void* base, uint64_t rows, uint64_t k, int box_rows = kBM) {
-  auto fn = encoder();
-  if (fn == nullptr) return false;
-  const cuuint64_t dims[2] = {k, rows};
-  const cuuint64_t strides[1] = {k};  // bytes between rows
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem[2] = {1, 1};
-  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-// A launch's configuration: grid, block, shared memory and stream, with programmatic stream
-// serialization (the kernel may start while the stream's previous kernel finishes: gpu/pdl.cuh)
-// when pdl is set, and a cluster size above 1. attr: room for both.
-cudaLaunchConfig_t launch_config(int grid, size_t smem, cudaStream_t stream, bool pdl, int cluster,
-                                 cudaLaunchAttribute (&attr)[2]) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 0;
-  if (cluster > 1) {
-    attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    attr[cfg.numAttrs].val.clusterDim.x = static_cast<unsigned>(cluster);
-    attr[cfg.numAttrs].val.clusterDim.y = 1;
-    attr[cfg.numAttrs].val.clusterDim.z = 1;
-    ++cfg.numAttrs;
-  }
-  if (pdl) attr[cfg.numAttrs++] = gpu::pdl_attribute();
-  return cfg;
-}
 
 template <class OutT, bool kOverlap, Epi kEpi = Epi::kStore>
 cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8Args& a, int grid, bool pdl,
@@ -73,14 +21,7 @@ cudaError_t launch_typed(const CUtensorMap& tx, const CUtensorMap& tw, const Fp8
   // The shared-memory limit belongs to each device's context (one process may drive several GPUs):
   // set once per device and instance, not at every launch.
   static std::atomic<bool> set[kMaxDevices] = {};
-  int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  if (dev >= kMaxDevices || !set[dev].load(std::memory_order_acquire)) {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
-        e != cudaSuccess)
-      return e;
-    if (dev < kMaxDevices) set[dev].store(true, std::memory_order_release);
-  }
+  if (cudaError_t e = smem_limit_once(kernel, static_cast<int>(kSmemBytes), set); e != cudaSuccess) return e;
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg = launch_config(grid, kSmemBytes, stream, pdl, 1, attr);
   return cudaLaunchKernelEx(&cfg, kernel, tx, tw, a);
@@ -190,6 +131,8 @@ cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
   a.balance = p.balance_tiles;
   a.trim = p.trim_tokens;
   a.prefetch_kblocks = p.pdl ? p.prefetch_kblocks : 0;
+  a.lookahead_kblocks = p.lookahead_kblocks;
+  a.stagger = p.stagger;
   a.h = p.h;
   a.h_scale = p.h_scale;
 #ifdef A2A_GEMM_ABLATIONS
