@@ -8,7 +8,7 @@
 // afterwards).
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -DA2A_GEMM_ABLATIONS -Icc -I<cutlass>/include \
-//     benchmarks/gemm_probe.cu cc/gemm/gemm_fp8_wgmma.cu cc/gemm/gemm_fp8_mlp.cu -o gemm_probe
+//     benchmarks/gemm_probe.cu cc/gemm/gemm_fp8_wgmma.cu -o gemm_probe
 //   (A2A_GEMM_ABLATIONS, in both files alike: the swap-AB kernel's ablations and per-tile trace,
 //   the `ablate` and `swap` modes; the library is built without them)
 //   ./gemm_probe            # every check, then the timings
@@ -21,12 +21,8 @@
 //   ./gemm_probe balance [S]  # the library's decode tiles with the tiles spread evenly, and round-robin
 //   ./gemm_probe trim [S]     # the library's decode tiles with each tile's WGMMA N trimmed to its tokens, and not
 //   ./gemm_probe prefetch [S] # the library's decode tiles with 0, 8, 16 weight k-blocks prefetched before the PDL wait
-//   ./gemm_probe mlp [S]      # the one-launch MLP (fp8_wgmma_mlp.cuh) checked bit for bit against its two kernels, then
-//                             # timed against them (decode L = 8 / 32 / 256)
-//   ./gemm_probe mlpgap       # decode L = 8: the fused pair's time taken apart (each kernel alone, h copied, no PDL)
-//                             # and the one-launch MLP's per-tile trace
-//   ./gemm_probe stagger [S]  # decode GEMMs with math warpgroup 1's WGMMAs issued after warpgroup 0's, and not
-//   ./gemm_probe lookahead [S] # decode GEMMs with each weight load prefetching 0, 4, 8, 16 k-blocks ahead into L2
+//   ./gemm_probe pairgap      # decode L = 8: the fused SwiGLU pair's time taken apart (each kernel alone, h copied,
+//                             # no PDL) and the fused kernel's per-tile traces after a down GEMM and after itself
 //   A2A_PROBE_SIGMA (the e4m3 inputs' normal sigma, default 1.5) and A2A_PROBE_SIZES ("123,113,...": a case's group
 //   sizes when it has that many groups) change the inputs
 #include <algorithm>
@@ -221,15 +217,8 @@ void free_buffers(Buffers& b) {
   cudaFree(b.x); cudaFree(b.w); cudaFree(b.xs); cudaFree(b.ws); cudaFree(b.gs); cudaFree(b.y);
 }
 
-// Fp8LaunchParams::lookahead_kblocks of every launch the probe makes (the lookahead mode sets it).
-int g_lookahead = 0;
-// Fp8LaunchParams::stagger of every launch (A2A_PROBE_STAGGER=1 at start; the stagger mode sets it).
-bool g_stagger = false;
-
 a2a::gemm::wgmma::Fp8LaunchParams params_of(const Case& c, const Buffers& b) {
   a2a::gemm::wgmma::Fp8LaunchParams p;
-  p.lookahead_kblocks = g_lookahead;
-  p.stagger = g_stagger;
   p.x = b.x; p.x_scale = b.xs; p.w = b.w; p.w_scale = b.ws; p.group_sizes = b.gs; p.y = b.y;
   p.y_f32 = c.y_f32; p.expert_major = c.expert_major; p.rows = b.total_rows;
   p.per_group_rows = c.expert_major ? c.rows : 0; p.num_groups = c.L; p.n = c.n; p.k = c.k;
@@ -615,247 +604,85 @@ void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate, bool swi
 
 }  // namespace
 
-// The one-launch MLP (fp8_wgmma_mlp.cuh) and its two kernels (the swap-AB gate+up GEMM with the
-// SwiGLU epilogue, then the down GEMM over its h): gate+up case g (n = 2F, k = H) and down case d
-// (n = H, k = F) with the same groups. d's buffers hold the MLP's h (its x) and y.
-struct MlpRun {
+// The fp8 MLP's two swap-AB kernels at decode: gate+up case g (n = 2F, k = H) and down case d (n = H,
+// k = F) over the same groups; the pair runs the gate+up GEMM with its SwiGLU epilogue into h, then
+// the down GEMM over h into y.
+struct PairRun {
   Case g, d;
   Buffers bg, bd;
-  uint8_t* h_pair = nullptr;  // the pair's h, h_scale and y
-  float* hs_pair = nullptr;
-  void* y_pair = nullptr;
-  int32_t* sync = nullptr;
+  uint8_t* h = nullptr;
+  float* hs = nullptr;
 };
 
-MlpRun make_mlp(const std::string& name, int L, int64_t rows, int hidden, int ffn, bool expert_major, const std::vector<int>& sizes,
-                std::mt19937& gen, bool fill) {
-  MlpRun r{{name, L, rows, 2 * ffn, hidden, expert_major, false, sizes}, {name, L, rows, hidden, ffn, expert_major, false, sizes}};
-  r.bg = make_buffers(r.g, gen, fill);
-  r.bd = make_buffers(r.d, gen, fill);
-  const size_t hb = static_cast<size_t>(r.bd.total_rows) * ffn, hsn = static_cast<size_t>(r.bd.total_rows) * (ffn / 128);
-  const size_t yb = static_cast<size_t>(r.bd.total_rows) * hidden * 2;
-  CK(cudaMalloc(&r.h_pair, std::max<size_t>(hb, 1)));
-  CK(cudaMalloc(&r.hs_pair, std::max<size_t>(hsn, 1) * 4));
-  CK(cudaMalloc(&r.y_pair, std::max<size_t>(yb, 1)));
-  CK(cudaMalloc(&r.sync, (1 + L) * 4));
-  CK(cudaMemset(r.sync, 0, (1 + L) * 4));
+PairRun make_pair(const std::string& name, int L, int64_t rows, int hidden, int ffn, const std::vector<int>& sizes, std::mt19937& gen) {
+  PairRun r{{name, L, rows, 2 * ffn, hidden, false, false, sizes}, {name, L, rows, hidden, ffn, false, false, sizes}};
+  r.bg = make_buffers(r.g, gen, false);
+  r.bd = make_buffers(r.d, gen, false);
+  CK(cudaMalloc(&r.h, static_cast<size_t>(rows) * ffn));
+  CK(cudaMalloc(&r.hs, static_cast<size_t>(rows) * (ffn / 128) * 4));
   return r;
 }
 
-void free_mlp(MlpRun& r) {
+void free_pair(PairRun& r) {
   free_buffers(r.bg);
   free_buffers(r.bd);
-  cudaFree(r.h_pair); cudaFree(r.hs_pair); cudaFree(r.y_pair); cudaFree(r.sync);
+  cudaFree(r.h);
+  cudaFree(r.hs);
 }
 
-a2a::gemm::wgmma::Fp8MlpLaunchParams mlp_params(const MlpRun& r, int tok) {
-  a2a::gemm::wgmma::Fp8MlpLaunchParams p;
-  p.lookahead_kblocks = g_lookahead;
-  p.stagger = g_stagger;
-  p.x = r.bg.x; p.x_scale = r.bg.xs; p.w1 = r.bg.w; p.w1_scale = r.bg.ws; p.w2 = r.bd.w; p.w2_scale = r.bd.ws;
-  p.group_sizes = r.bg.gs; p.y = r.bd.y; p.h = r.bd.x; p.h_scale = r.bd.xs; p.sync = r.sync;
-  p.expert_major = r.g.expert_major; p.rows = r.bg.total_rows; p.per_group_rows = r.g.expert_major ? r.g.rows : 0;
-  p.num_groups = r.g.L; p.hidden = r.d.n; p.ffn = r.d.k; p.swap_tokens = tok;
-  return p;
-}
-
-// The pair: gate+up with the SwiGLU epilogue into h_pair, then down over it into y_pair.
-void launch_pair(const MlpRun& r, int tok) {
-  auto pg = params_of(r.g, r.bg);
-  pg.swap_tokens = tok;
-  pg.swiglu_fp8 = true;
-  pg.h = r.h_pair;
-  pg.h_scale = r.hs_pair;
-  auto pd = params_of(r.d, r.bd);
-  pd.x = r.h_pair;
-  pd.x_scale = r.hs_pair;
-  pd.y = r.y_pair;
-  pd.swap_tokens = tok;
-  CK(a2a::gemm::wgmma::launch_fp8_grouped(pg, 0));
-  CK(a2a::gemm::wgmma::launch_fp8_grouped(pd, 0));
-}
-
-// The MLP kernel against the pair, bit for bit: y on every row (outputs poisoned first; rows
-// outside the groups zero in both), h on the groups' rows; then again on the same buffers (the
-// kernel left its sync counters at zero).
-bool check_mlp(const std::string& name, int L, int64_t rows, int hidden, int ffn, bool expert_major, const std::vector<int>& sizes,
-               int tok, std::mt19937& gen) {
-  MlpRun r = make_mlp(name, L, rows, hidden, ffn, expert_major, sizes, gen, true);
-  const auto p = mlp_params(r, tok);
-  const std::string tag = name + " tok" + std::to_string(tok);
-  if (const char* why = a2a::gemm::wgmma::fp8_mlp_unsupported_reason(p)) {
-    std::printf("%-28s mlp UNSUPPORTED: %s\n", tag.c_str(), why);
-    free_mlp(r);
-    return false;
-  }
-  const int64_t R = r.bd.total_rows;
-  const size_t yb = static_cast<size_t>(R) * hidden * 2, hb = static_cast<size_t>(R) * ffn;
-  CK(cudaMemset(r.y_pair, 0xFF, std::max<size_t>(yb, 1)));
-  launch_pair(r, tok);
-  CK(cudaDeviceSynchronize());
-  std::vector<uint8_t> y_want(yb), h_want(hb), y_got(yb), h_got(hb);
-  CK(cudaMemcpy(y_want.data(), r.y_pair, yb, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(h_want.data(), r.h_pair, hb, cudaMemcpyDeviceToHost));
-  const auto groups = row_groups(r.g, R);
-  bool ok = true;
-  for (int run = 0; run < 2; ++run) {
-    CK(cudaMemset(r.bd.y, 0xFF, std::max<size_t>(yb, 1)));
-    CK(cudaMemset(r.bd.x, 0x7F, std::max<size_t>(hb, 1)));
-    CK(a2a::gemm::wgmma::launch_fp8_mlp(p, 0));
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(y_got.data(), r.bd.y, yb, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(h_got.data(), r.bd.x, hb, cudaMemcpyDeviceToHost));
-    std::vector<int32_t> sync(1 + L);
-    CK(cudaMemcpy(sync.data(), r.sync, sync.size() * 4, cudaMemcpyDeviceToHost));
-    int64_t bad_y = 0, bad_h = 0, bad_sync = 0;
-    for (int64_t row = 0; row < R; ++row) {
-      bad_y += std::memcmp(&y_got[row * hidden * 2], &y_want[row * hidden * 2], hidden * 2) != 0;
-      if (groups[row] >= 0) bad_h += std::memcmp(&h_got[row * ffn], &h_want[row * ffn], ffn) != 0;
-    }
-    for (int32_t v : sync) bad_sync += v != 0;
-    const bool pass = bad_y == 0 && bad_h == 0 && bad_sync == 0;
-    std::printf("%-28s mlp run %d %s  rows of y unequal %lld, rows of h unequal %lld, sync counters not zero %lld\n", tag.c_str(), run,
-                pass ? "PASS" : "FAIL", static_cast<long long>(bad_y), static_cast<long long>(bad_h), static_cast<long long>(bad_sync));
-    ok = ok && pass;
-  }
-  free_mlp(r);
-  return ok;
-}
-
-// The MLP kernel and the pair, kBatch launches each per sample, alternated, next to the HBM floor of
-// both weights (a device copy of their bytes / 2), at the library's decode token tile.
-void time_mlp(int L, const std::string& only, std::mt19937& gen, int iters) {
-  const std::string name = "decode-L" + std::to_string(L) + "-mlp";
-  if (name.find(only) == std::string::npos) return;
-  const int tok = library_tile(L);
-  MlpRun r = make_mlp(name, L, 1024, 7168, 2048, false, uniform_sizes(L, 1024, gen), gen, false);
-  const auto p = mlp_params(r, tok);
-  if (const char* why = a2a::gemm::wgmma::fp8_mlp_unsupported_reason(p)) {
-    std::printf("%s: refused: %s\n", name.c_str(), why);
-    free_mlp(r);
-    return;
-  }
-  const size_t w1b = static_cast<size_t>(L) * r.g.n * r.g.k, w2b = static_cast<size_t>(L) * r.d.n * r.d.k;
-  void* dst = nullptr;
-  CK(cudaMalloc(&dst, w1b + w2b));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  constexpr int kBatch = 10;
-  auto sample = [&](auto&& launch) {
-    float ms;
-    CK(cudaEventRecord(e0));
-    for (int j = 0; j < kBatch; ++j) launch();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    return ms * 1000.f / kBatch;
-  };
-  auto mlp = [&] { CK(a2a::gemm::wgmma::launch_fp8_mlp(p, 0)); };
-  auto pair = [&] { launch_pair(r, tok); };
-  // the plain gate+up GEMM (bf16 gu) and the down GEMM: the library's unfused path without its
-  // SwiGLU kernel between them
-  auto pg = params_of(r.g, r.bg);
-  pg.swap_tokens = tok;
-  auto pd = params_of(r.d, r.bd);
-  pd.x = r.h_pair;
-  pd.x_scale = r.hs_pair;
-  pd.y = r.y_pair;
-  pd.swap_tokens = tok;
-  auto plain = [&] {
-    CK(a2a::gemm::wgmma::launch_fp8_grouped(pg, 0));
-    CK(a2a::gemm::wgmma::launch_fp8_grouped(pd, 0));
-  };
-  auto copy = [&] {
-    CK(cudaMemcpyAsync(dst, r.bg.w, w1b, cudaMemcpyDeviceToDevice));
-    CK(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + w1b, r.bd.w, w2b, cudaMemcpyDeviceToDevice));
-  };
-  for (int i = 0; i < 3; ++i) { mlp(); pair(); }
-  std::vector<float> tm, tp, tu, tc;
-  for (int i = 0; i < iters; ++i) {
-    tm.push_back(sample(mlp));
-    tp.push_back(sample(pair));
-    tu.push_back(sample(plain));
-    tc.push_back(sample(copy) / 2.f);
-  }
-  const float m50 = median(tm), p50 = median(tp), u50 = median(tu), c50 = median(tc);
-  std::printf("%-20s swap%-3d one launch p50 %7.1f us (min %7.1f)  fused+down %7.1f (min %7.1f)  gate+up+down %7.1f"
-              "  weights' HBM time %7.1f us  x HBM %.2f / %.2f / %.2f\n", name.c_str(), tok, m50, *std::min_element(tm.begin(), tm.end()),
-              p50, *std::min_element(tp.begin(), tp.end()), u50, c50, m50 / c50, p50 / c50, u50 / c50);
-  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
-  cudaFree(dst);
-  free_mlp(r);
-}
-
-// Reads n 16-byte words (into L2), the sum of their first words into *sink.
-__global__ void touch(const uint4* p, size_t n, unsigned* sink) {
-  unsigned acc = 0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    acc += p[i].x;
-  if (acc == 0x12345678u) *sink = acc;
-}
-
-// Where the fused pair's time goes at decode L = 8 (the pair cost ~25 us above its kernels alone):
-// the pair, the pair with down reading a copy of h (not the buffer the fused kernel just wrote),
-// each kernel alone, the plain gate+up then down, the one-launch MLP, the pair without PDL,
-// alternated; then the one-launch MLP's per-tile trace (gate+up tiles, then down tiles).
-void mlp_gap(std::mt19937& gen, int iters) {
+// Where the fused pair's time goes at decode L = 8 (in the jitted MLP it cost ~25 us above its
+// kernels alone): the pair, the pair with down reading a copy of h, each kernel alone and after
+// itself, the plain gate+up then down, and the pair with either kernel launched without PDL,
+// alternated; then the per-tile traces of the fused kernel and of the down GEMM after each of
+// the others (with and without PDL).
+void pair_gap(std::mt19937& gen, int iters) {
   const int L = 8, tok = library_tile(L);
-  MlpRun r = make_mlp("decode-L8-mlp", L, 1024, 7168, 2048, false, uniform_sizes(L, 1024, gen), gen, false);
-  auto p = mlp_params(r, tok);
+  PairRun r = make_pair("decode-L8", L, 1024, 7168, 2048, uniform_sizes(L, 1024, gen), gen);
   const size_t hb = static_cast<size_t>(r.bd.total_rows) * 2048, hsb = static_cast<size_t>(r.bd.total_rows) * 16 * 4;
   uint8_t* h_sep = nullptr;
   float* hs_sep = nullptr;
   CK(cudaMalloc(&h_sep, hb));
   CK(cudaMalloc(&hs_sep, hsb));
-  launch_pair(r, tok);
-  CK(cudaDeviceSynchronize());
-  CK(cudaMemcpy(h_sep, r.h_pair, hb, cudaMemcpyDeviceToDevice));
-  CK(cudaMemcpy(hs_sep, r.hs_pair, hsb, cudaMemcpyDeviceToDevice));
-  auto pf = params_of(r.g, r.bg);
-  pf.swap_tokens = tok;
+  using P = a2a::gemm::wgmma::Fp8LaunchParams;
+  P pf = params_of(r.g, r.bg), pg = params_of(r.g, r.bg), pd = params_of(r.d, r.bd);
+  pf.swap_tokens = pg.swap_tokens = pd.swap_tokens = tok;
   pf.swiglu_fp8 = true;
-  pf.h = r.h_pair;
-  pf.h_scale = r.hs_pair;
-  auto pg = params_of(r.g, r.bg);
-  pg.swap_tokens = tok;
-  auto pd = params_of(r.d, r.bd);
-  pd.x = r.h_pair;
-  pd.x_scale = r.hs_pair;
-  pd.y = r.y_pair;
-  pd.swap_tokens = tok;
-  auto pd_sep = pd;
+  pf.h = r.h;
+  pf.h_scale = r.hs;
+  pd.x = r.h;
+  pd.x_scale = r.hs;
+  P pd_sep = pd, pf_nopdl = pf, pd_nopdl = pd;
   pd_sep.x = h_sep;
   pd_sep.x_scale = hs_sep;
-  auto pf_nopdl = pf, pd_nopdl = pd;
   pf_nopdl.pdl = pd_nopdl.pdl = false;
-  auto pd_pf0 = pd;
-  pd_pf0.prefetch_kblocks = 0;
-  auto p128 = p, p_nopdl = p;
-  p128.sm_count = 128;
-  p_nopdl.pdl = false;
-  using P = a2a::gemm::wgmma::Fp8LaunchParams;
-  auto two = [](const P& a, const P& b) { return [a, b] { CK(a2a::gemm::wgmma::launch_fp8_grouped(a, 0)); CK(a2a::gemm::wgmma::launch_fp8_grouped(b, 0)); }; };
+  CK(a2a::gemm::wgmma::launch_fp8_grouped(pf, 0));
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(h_sep, r.h, hb, cudaMemcpyDeviceToDevice));
+  CK(cudaMemcpy(hs_sep, r.hs, hsb, cudaMemcpyDeviceToDevice));
+  auto two = [](const P& a, const P& b) {
+    return [a, b] {
+      CK(a2a::gemm::wgmma::launch_fp8_grouped(a, 0));
+      CK(a2a::gemm::wgmma::launch_fp8_grouped(b, 0));
+    };
+  };
   auto one = [](const P& a) { return [a] { CK(a2a::gemm::wgmma::launch_fp8_grouped(a, 0)); }; };
   std::vector<std::pair<const char*, std::function<void()>>> vs = {
       {"fused -> down", two(pf, pd)},
       {"fused -> down on a copy of h", two(pf, pd_sep)},
       {"fused alone", one(pf)},
       {"down alone", one(pd)},
+      {"fused -> fused", two(pf, pf)},
+      {"down -> down", two(pd, pd)},
       {"gate+up -> down", two(pg, pd)},
-      {"one launch", [&] { CK(a2a::gemm::wgmma::launch_fp8_mlp(p, 0)); }},
       {"fused -> down, no PDL", two(pf_nopdl, pd_nopdl)},
       {"fused -> down without PDL", two(pf, pd_nopdl)},
       {"fused without PDL -> down", two(pf_nopdl, pd)},
-      {"fused -> down prefetching 0", two(pf, pd_pf0)},
-      {"one launch, 128 CTAs", [&] { CK(a2a::gemm::wgmma::launch_fp8_mlp(p128, 0)); }},
-      {"one launch without PDL", [&] { CK(a2a::gemm::wgmma::launch_fp8_mlp(p_nopdl, 0)); }},
-      {"down -> down", two(pd, pd)},
-      {"fused -> fused", two(pf, pf)},
   };
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
   std::vector<std::vector<float>> t(vs.size());
-  for (auto& v : vs) for (int i = 0; i < 3; ++i) v.second();
+  for (auto& v : vs)
+    for (int i = 0; i < 3; ++i) v.second();
   for (int i = 0; i < iters; ++i)
     for (size_t j = 0; j < vs.size(); ++j) {
       float ms;
@@ -864,80 +691,53 @@ void mlp_gap(std::mt19937& gen, int iters) {
       CK(cudaEventRecord(e1));
       CK(cudaEventSynchronize(e1));
       CK(cudaEventElapsedTime(&ms, e0, e1));
-      t[j].push_back(ms * 100.f);
+      t[j].push_back(ms * 100.f);  // one variant's launches (of 10) in us
     }
   for (size_t j = 0; j < vs.size(); ++j)
     std::printf("decode-L8 %-30s p50 %7.1f us (min %7.1f)\n", vs[j].first, median(t[j]), *std::min_element(t[j].begin(), t[j].end()));
 #ifdef A2A_GEMM_ABLATIONS
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  constexpr int kPer = 16;
+  constexpr int kPer = 4;
   const size_t n = static_cast<size_t>(sms) * kPer * 2;
   unsigned long long* tr = nullptr;
   CK(cudaMalloc(&tr, n * 8));
-  for (int round = 0; round < 2; ++round) {
+  // The traced kernel (second) after the first, both launched as given; the pair run twice before.
+  struct Traced {
+    const char* name;
+    P first, second;
+  };
+  const Traced traced[] = {
+      {"fused after down", pd, pf},         {"fused without PDL after down", pd, pf_nopdl}, {"fused after fused", pf, pf},
+      {"down after fused", pf, pd},         {"down without PDL after fused", pf, pd_nopdl}, {"down after gate+up", pg, pd},
+      {"down after down", pd, pd},
+  };
+  for (const Traced& c : traced) {
     CK(cudaMemset(tr, 0, n * 8));
-    p.trace = tr;
-    p.trace_per_cta = kPer;
-    CK(a2a::gemm::wgmma::launch_fp8_mlp(p, 0));
-    CK(cudaDeviceSynchronize());
-    std::vector<unsigned long long> h(n);
-    CK(cudaMemcpy(h.data(), tr, n * 8, cudaMemcpyDeviceToHost));
-    report_trace("decode-L8 one launch", h, sms, kPer);
-  }
-  // the fused kernel's tiles after a down GEMM, launched with and without PDL, after itself, and
-  // after a down GEMM and a kernel reading x (into L2) or another buffer of x's size
-  unsigned* sink = nullptr;
-  uint8_t* other = nullptr;
-  const size_t xb = static_cast<size_t>(r.bg.total_rows) * 7168;
-  CK(cudaMalloc(&sink, 4));
-  CK(cudaMalloc(&other, xb));
-  CK(cudaMemset(other, 0, xb));
-  for (int mode = 3; mode < 5; ++mode) {
-    CK(cudaMemset(tr, 0, n * 8));
-    auto ft = pf;
-    ft.trace = tr;
-    ft.trace_per_cta = kPer;
+    P ts = c.second;
+    ts.trace = tr;
+    ts.trace_per_cta = kPer;
     for (int i = 0; i < 3; ++i) {
-      CK(a2a::gemm::wgmma::launch_fp8_grouped(pd, 0));
-      touch<<<264, 512>>>(reinterpret_cast<const uint4*>(mode == 3 ? r.bg.x : other), xb / 16, sink);
-      CK(a2a::gemm::wgmma::launch_fp8_grouped(i == 2 ? ft : pf, 0));
+      CK(a2a::gemm::wgmma::launch_fp8_grouped(c.first, 0));
+      CK(a2a::gemm::wgmma::launch_fp8_grouped(i == 2 ? ts : c.second, 0));
     }
     CK(cudaDeviceSynchronize());
     std::vector<unsigned long long> h(n);
     CK(cudaMemcpy(h.data(), tr, n * 8, cudaMemcpyDeviceToHost));
-    report_trace(mode == 3 ? "decode-L8 fused after down, x read" : "decode-L8 fused after down, another 7 MB read", h, sms, kPer);
-  }
-  cudaFree(sink);
-  cudaFree(other);
-  for (int mode = 0; mode < 3; ++mode) {
-    CK(cudaMemset(tr, 0, n * 8));
-    auto ft = mode == 1 ? pf_nopdl : pf;
-    ft.trace = tr;
-    ft.trace_per_cta = kPer;
-    for (int i = 0; i < 3; ++i) {
-      CK(a2a::gemm::wgmma::launch_fp8_grouped(mode == 2 ? pf : pd, 0));
-      CK(a2a::gemm::wgmma::launch_fp8_grouped(i == 2 ? ft : pf, 0));
-    }
-    CK(cudaDeviceSynchronize());
-    std::vector<unsigned long long> h(n);
-    CK(cudaMemcpy(h.data(), tr, n * 8, cudaMemcpyDeviceToHost));
-    report_trace(mode == 0 ? "decode-L8 fused after down" : mode == 1 ? "decode-L8 fused without PDL after down" : "decode-L8 fused after fused",
-                 h, sms, kPer);
+    report_trace(std::string("decode-L8 ") + c.name, h, sms, kPer);
   }
   cudaFree(tr);
 #endif
   CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
   cudaFree(h_sep);
   cudaFree(hs_sep);
-  free_mlp(r);
+  free_pair(r);
 }
 
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "all";
   const std::string only = argc > 2 ? argv[2] : "";  // time: the cases whose name contains it
   std::mt19937 gen(12345);
-  if (const char* e = std::getenv("A2A_PROBE_STAGGER"); e != nullptr && *e == '1') g_stagger = true;
   int dev = 0;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, dev));
@@ -998,57 +798,7 @@ int main(int argc, char** argv) {
     ok = check_swiglu({"swiglu-expert-major-L40", 40, 50, 512, 384, true, false, sizes_of("expert-major-L40")}, gen, true, 64) && ok;
     ok = check_swiglu({"swiglu-one-hot-L8", 8, 1024, 4096, 7168, false, false, sizes_of("one-hot-L8")}, gen, true, 160) && ok;
   }
-  if (what == "all" || what == "check" || what == "mlp") {
-    // the one-launch MLP against its two kernels, bit for bit: every token tile, zeros and empty
-    // groups, sizes past R and negative, > 32 groups, expert_major, one hot expert, decode shapes
-    std::vector<int> s100(100);
-    std::uniform_int_distribution<int> d100(-3, 30);
-    for (auto& v : s100) v = d100(gen);
-    s100[0] = 0, s100[31] = -5, s100[32] = 140, s100[63] = 0, s100[99] = 7;
-    for (int tok : {32, 64, 128, 160}) {
-      ok = check_mlp("mlp-small", 3, 300, 384, 256, false, {100, 0, 190}, tok, gen) && ok;
-      ok = check_mlp("mlp-past-R", 3, 200, 256, 128, false, {150, 120, 50}, tok, gen) && ok;
-      ok = check_mlp("mlp-all-empty", 3, 64, 256, 128, false, {0, 0, 0}, tok, gen) && ok;
-      ok = check_mlp("mlp-expert-major", 3, 96, 256, 256, true, {96, 1, 65}, tok, gen) && ok;
-      ok = check_mlp("mlp-L100-negatives", 100, 1200, 256, 128, false, s100, tok, gen) && ok;
-    }
-    ok = check_mlp("mlp-one-hot-L8", 8, 1024, 7168, 2048, false, {0, 0, 0, 0, 0, 1024, 0, 0}, 160, gen) && ok;
-    for (int L : {8, 32, 256})
-      ok = check_mlp("mlp-decode-L" + std::to_string(L), L, 1024, 7168, 2048, false, uniform_sizes(L, 1024, gen), library_tile(L), gen) && ok;
-  }
-  if (what == "mlp")  // the one-launch MLP against the pair, alternated, decode L = 8 / 32 / 256
-    for (int L : {8, 32, 256}) time_mlp(L, only, gen, 20);
-  if (what == "mlpgap") mlp_gap(gen, 20);
-  if (what == "stagger") {
-    // Math warpgroup 1 issuing each k-block's WGMMAs after warpgroup 0's (Fp8LaunchParams::stagger)
-    // and both at once, alternated twice: the library's decode tiles, the fused gate+up at L = 8,
-    // the MLP pair and one launch.
-    for (int round = 0; round < 2; ++round)
-      for (bool st : {false, true}) {
-        g_stagger = st;
-        std::printf("stagger %d\n", st ? 1 : 0);
-        for_each_decode_gemm({8, 32, 256}, only, gen, [&](const Case& c, int tok) { time_case(c, gen, 20, true, false, tok); });
-        Case c{"decode-L8-gate+up", 8, 1024, 4096, 7168, false, false, uniform_sizes(8, 1024, gen)};
-        if (c.name.find(only) != std::string::npos) time_case(c, gen, 20, true, true, library_tile(8));
-        time_mlp(8, only, gen, 10);
-      }
-    g_stagger = false;
-  }
-  if (what == "lookahead") {
-    // Each weight load also prefetching the block 0, 4, 8 or 16 k-blocks further on into L2
-    // (Fp8LaunchParams::lookahead_kblocks), alternated twice: the library's decode tiles (L = 8, 32),
-    // the fused gate+up at L = 8, the MLP pair and one launch.
-    for (int round = 0; round < 2; ++round)
-      for (int la : {0, 4, 8, 16}) {
-        g_lookahead = la;
-        std::printf("lookahead %d\n", la);
-        for_each_decode_gemm({8, 32}, only, gen, [&](const Case& c, int tok) { time_case(c, gen, 20, true, false, tok); });
-        Case c{"decode-L8-gate+up", 8, 1024, 4096, 7168, false, false, uniform_sizes(8, 1024, gen)};
-        if (c.name.find(only) != std::string::npos) time_case(c, gen, 20, true, true, library_tile(8));
-        time_mlp(8, only, gen, 10);
-      }
-    g_lookahead = 0;
-  }
+  if (what == "pairgap") pair_gap(gen, 20);
   if (what == "fused") {
     // The gate+up GEMM at the library's decode tiles: plain (bf16 gu), and with the SwiGLU epilogue
     // (h e4m3 + scales; the unfused path adds the SwiGLU kernel's read of gu), alternated twice.

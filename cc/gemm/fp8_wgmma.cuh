@@ -77,13 +77,6 @@ struct Fp8Args {
   // The swap-AB kernel: before waiting for the stream's previous kernel (programmatic launch), each
   // CTA prefetches this many k-blocks of its first weight tile into L2; 0: none.
   int32_t prefetch_kblocks = 0;
-  // The swap-AB kernel: with each weight k-block's load, the TMA thread prefetches the block this
-  // many k-blocks further on into L2 (the tile's, then the CTA's next tile's): more weight bytes in
-  // flight than the ring's stages hold. 0: none.
-  int32_t lookahead_kblocks = 0;
-  // The swap-AB kernel: math warpgroup 1 issues each k-block's WGMMAs only after warpgroup 0 issued
-  // its own, so the two take turns on the tensor cores and each promotes while the other's run.
-  bool stagger = false;
   // Epi::kSwigluFp8 only (y unused): n = 2F (w rows 0..F-1 gate, F..2F-1 up), h e4m3 [rows, F],
   // h_scale f32 [rows, F/128].
   uint8_t* h = nullptr;

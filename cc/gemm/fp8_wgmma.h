@@ -64,10 +64,6 @@ struct Fp8LaunchParams {
   // The swap-AB kernel warms L2 with this many k-blocks of each CTA's first weight tile while the
   // stream's previous kernel finishes (Fp8Args::prefetch_kblocks; with pdl only). 0: none.
   int prefetch_kblocks = 8;
-  // The swap-AB kernel prefetches the weight k-block this many k-blocks ahead of each load into L2
-  // (Fp8Args::lookahead_kblocks). 0: none.
-  int lookahead_kblocks = 0;
-  bool stagger = false;  // Fp8Args::stagger
   // Measurements only: one of the swap-AB kernel's ablations (fp8_wgmma_swap.cuh, Ablate; single
   // CTAs; wrong outputs by design). Refused unless compiled with A2A_GEMM_ABLATIONS (the probe).
   int ablate = 0;
@@ -89,50 +85,5 @@ const char* fp8_unsupported_reason(const Fp8LaunchParams& p);
 
 // Enqueues the kernel on `stream` (nothing when rows == 0). p must have passed fp8_unsupported_reason.
 cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream);
-
-// The decode expert MLP in one launch (fp8_wgmma_mlp.cuh): h = SwiGLU(x @ w1[l]^T) re-quantised to
-// e4m3 with 1x128 scales, y = h @ w2[l]^T, over the swap-AB kernel's tiles. x [rows, H] e4m3,
-// x_scale f32 [rows, H/128], w1 [L, 2F, H] e4m3 (gate rows, then up), w1_scale f32 [L, 2F/128,
-// H/128], w2 [L, H, F] e4m3, w2_scale f32 [L, H/128, F/128], group_sizes int32 [L] (device), y
-// [rows, H] bf16 (rows outside every group: zeros). h e4m3 [rows, F] and h_scale f32 [rows, F/128]:
-// scratch the kernel writes and reads. sync: int32 [1 + L], zero before the first launch and left
-// zero by every launch; launches sharing one must be stream-ordered.
-struct Fp8MlpLaunchParams {
-  const void* x = nullptr;
-  const float* x_scale = nullptr;
-  const void* w1 = nullptr;
-  const float* w1_scale = nullptr;
-  const void* w2 = nullptr;
-  const float* w2_scale = nullptr;
-  const int32_t* group_sizes = nullptr;
-  void* y = nullptr;
-  uint8_t* h = nullptr;
-  float* h_scale = nullptr;
-  int32_t* sync = nullptr;
-  bool expert_major = false;
-  int64_t rows = 0;            // R (ragged) or L*C (expert_major)
-  int64_t per_group_rows = 0;  // expert_major: C
-  int64_t num_groups = 0;
-  int64_t hidden = 0;          // H: multiple of 128
-  int64_t ffn = 0;             // F: multiple of 128
-  int swap_tokens = 0;         // the token tile: one of kSwapTokens
-  int sm_count = 0;            // 0: the current device's
-  bool pdl = true;             // programmatic dependent launch, as Fp8LaunchParams::pdl
-  int prefetch_kblocks = 8;    // as Fp8LaunchParams::prefetch_kblocks
-  int lookahead_kblocks = 0;   // as Fp8LaunchParams::lookahead_kblocks
-  bool stagger = false;        // as Fp8LaunchParams::stagger
-#ifdef A2A_GEMM_ABLATIONS
-  unsigned long long* trace = nullptr;  // as Fp8LaunchParams::trace: every tile, gate+up's first
-  int trace_per_cta = 0;
-#endif
-};
-
-// Why these parameters cannot run (nullptr when they can): the shapes of both GEMMs
-// (fp8_shape_reason), a known token tile, the buffers, a driver with cuTensorMapEncodeTiled.
-const char* fp8_mlp_unsupported_reason(const Fp8MlpLaunchParams& p);
-
-// Enqueues the MLP kernel on `stream` (nothing when rows == 0). p must have passed
-// fp8_mlp_unsupported_reason.
-cudaError_t launch_fp8_mlp(const Fp8MlpLaunchParams& p, cudaStream_t stream);
 
 }  // namespace a2a::gemm::wgmma

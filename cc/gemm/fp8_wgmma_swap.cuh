@@ -70,8 +70,8 @@ template <int kTok>
 struct SwapConfig {
   static_assert(kTok % 8 == 0 && kTok >= 8 && kTok <= 256, "WGMMA N: a multiple of 8 up to 256");
   static constexpr uint32_t kStageBytes = (kBN + kTok) * kBK;  // w tile + x tile, one byte each
-  // Per stage besides the tiles: sx[kTok] and sw (floats), the full, empty and issued barriers.
-  static constexpr size_t kStageExtra = (kTok + 1) * sizeof(float) + 3 * sizeof(uint64_t);
+  // Per stage besides the tiles: sx[kTok] and sw (floats), the full and empty barriers.
+  static constexpr size_t kStageExtra = (kTok + 1) * sizeof(float) + 2 * sizeof(uint64_t);
   static constexpr size_t kTableBytes = kMaxGroups * (sizeof(int64_t) + 2 * sizeof(int32_t));
   static constexpr size_t kAmaxBytes = 8 * kTok * sizeof(float);  // SwapStorage::amax
   // As many stages as fit 227 KB of shared memory (the table, amax and 2 KB of alignment slack aside), at most 8.
@@ -94,7 +94,6 @@ struct alignas(1024) SwapStorage {
   float sw[kStages];               // w_scale of the tile's 128 weight rows at the stage's k-block
   uint64_t full[kStages];          // TMA bytes + warp 1's 32 arrivals
   uint64_t empty[kStages];         // one arrival per math warp, after the promotion
-  uint64_t issued[kStages];        // Fp8Args::stagger: math warpgroup 0's 4 warps issued the stage's WGMMAs
   int64_t row_start[kMaxGroups];
   int32_t m_rows[kMaxGroups];
   int32_t tile_end[kMaxGroups];
@@ -336,23 +335,17 @@ __device__ __forceinline__ void swap_init_barriers(SwapStorage<kTok>& s, int clu
   for (int i = 0; i < SwapStorage<kTok>::kStages; ++i) {
     cutlass::arch::ClusterTransactionBarrier::init(&s.full[i], 1 + 32);  // TMA thread + warp 1's lanes
     cutlass::arch::ClusterBarrier::init(&s.empty[i], 8 * cluster);        // the 8 math warps of each CTA
-    cutlass::arch::ClusterBarrier::init(&s.issued[i], 4);                  // math warpgroup 0's warps
   }
   cutlass::arch::fence_barrier_init();
 }
 
 // One tile's loads by the TMA thread (warp 0, lane 0): each of its passes' k-blocks, the weight
 // block into a and the x block into b of the ring's next stage (`it`, advanced), once the math
-// warps released it. early > 0 (the MLP kernel's down tiles, fp8_wgmma_mlp.cuh): the weight loads
-// of the tile's first `early` k-blocks go first, then before_x() (which waits until x exists), then
-// their x loads; the weights are constant, x is written by other CTAs of the same kernel.
-// a.lookahead_kblocks: with each weight load, the weight block that many k-blocks further on is
-// prefetched into L2, past the tile's end into `next` (the CTA's next tile of the same GEMM; null:
-// none).
-template <int kTok, int kCluster, Ablate kAblate = Ablate::kFull, class BeforeX>
+// warps released it.
+template <int kTok, int kCluster, Ablate kAblate = Ablate::kFull>
 __device__ __forceinline__ void swap_load_tile(const CUtensorMap& tma_x, const CUtensorMap& tma_w, const Fp8Args& a,
-                                               SwapStorage<kTok>& s, const Tile& tile, const Tile* next, int passes, int n_out,
-                                               int kblocks, uint32_t crank, int early, uint32_t& it, BeforeX&& before_x) {
+                                               SwapStorage<kTok>& s, const Tile& tile, int passes, int n_out, int kblocks,
+                                               uint32_t crank, uint32_t& it) {
   constexpr int kSt = SwapStorage<kTok>::kStages;
   constexpr int kHalf = kTok / kCluster;  // rows of x this CTA loads (for both CTAs of a pair)
   const int32_t xrow = static_cast<int32_t>(s.row_start[tile.l] + static_cast<int64_t>(tile.mt) * kTok) +
@@ -367,15 +360,6 @@ __device__ __forceinline__ void swap_load_tile(const CUtensorMap& tma_x, const C
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full[st], kBytes);
     cute::SM90_TMA_LOAD_2D::copy(&tma_w, &s.full[st], static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), s.a[st],
                                  kb * kBK, swap_weight_row(a, tile, pass, n_out));
-    if (a.lookahead_kblocks > 0) {  // the weight block lookahead_kblocks further on, into L2
-      int j = q + a.lookahead_kblocks;
-      const Tile* at = &tile;
-      if (j >= total && next != nullptr) j -= total, at = next;
-      if (j < total) {
-        const int jp = j / kblocks;
-        cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&tma_w, (j - jp * kblocks) * kBK, swap_weight_row(a, *at, jp, n_out));
-      }
-    }
   };
   auto load_x = [&](int q) {
     const int kb = q % kblocks;
@@ -390,11 +374,7 @@ __device__ __forceinline__ void swap_load_tile(const CUtensorMap& tma_x, const C
                                    kb * kBK, xrow);
     }
   };
-  const int pre = min(early, total);
-  for (int q = 0; q < pre; ++q) load_w(q);
-  before_x();
-  for (int q = 0; q < pre; ++q) load_x(q);
-  for (int q = pre; q < total; ++q) {
+  for (int q = 0; q < total; ++q) {
     load_w(q);
     load_x(q);
   }
@@ -494,11 +474,8 @@ __device__ __forceinline__ void swap_math_tile(const Fp8Args& a, SwapStorage<kTo
         float t0[kN.value / 2];  // the k-block's product over the tile's first kN tokens
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const auto [da, db] = stage_descs(it);
-          const int st = static_cast<int>(it % kSt);
-          // Fp8Args::stagger: warpgroup 1 issues after warpgroup 0, so one's WGMMAs run while the other promotes
-          if (a.stagger && mwg == 1) wait_or_trap(&s.issued[st], (it / kSt) & 1);
           issue_kblock<kN.value>(da, db, t0, false);
-          arrive_if(&s.issued[st], a.stagger && mwg == 0 && lane == 0);
+          const int st = static_cast<int>(it % kSt);
           const float wsc = s.sw[st];
           cute::warpgroup_wait<0>();
           fence_regs(t0);
@@ -596,11 +573,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<40>();
     uint32_t it = 0;
     if (warp == 0 && lane == 0) {  // TMA
-      for (int t = mine.first; t < total_tiles; t += mine.step) {
-        const Tile next = tile_of(t + mine.step < total_tiles ? t + mine.step : t);
-        swap_load_tile<kTok, kCluster, kAblate>(tma_x, tma_w, a, s, tile_of(t), t + mine.step < total_tiles ? &next : nullptr, kPasses,
-                                                n_out, kblocks, crank, 0, it, [] {});
-      }
+      for (int t = mine.first; t < total_tiles; t += mine.step)
+        swap_load_tile<kTok, kCluster, kAblate>(tma_x, tma_w, a, s, tile_of(t), kPasses, n_out, kblocks, crank, it);
     } else if (warp == 1) {  // x scales
       for (int t = mine.first; t < total_tiles; t += mine.step) swap_load_scales<kTok>(a, s, tile_of(t), kPasses, n_out, kblocks, it);
       asm volatile("cp.async.wait_all;" ::: "memory");

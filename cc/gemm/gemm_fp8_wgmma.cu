@@ -131,8 +131,6 @@ cudaError_t launch_fp8_grouped(const Fp8LaunchParams& p, cudaStream_t stream) {
   a.balance = p.balance_tiles;
   a.trim = p.trim_tokens;
   a.prefetch_kblocks = p.pdl ? p.prefetch_kblocks : 0;
-  a.lookahead_kblocks = p.lookahead_kblocks;
-  a.stagger = p.stagger;
   a.h = p.h;
   a.h_scale = p.h_scale;
 #ifdef A2A_GEMM_ABLATIONS

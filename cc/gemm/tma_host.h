@@ -1,6 +1,6 @@
-// Host side shared by the launchers of our own fp8 kernels (gemm_fp8_wgmma.cu, gemm_fp8_mlp.cu): the
-// TMA descriptors (cuTensorMapEncodeTiled, fetched from the driver at run time: the library never
-// links libcuda), the launch configuration and the per-device shared-memory limit.
+// Host side of our own fp8 kernels' launches (gemm_fp8_wgmma.cu): the TMA descriptors
+// (cuTensorMapEncodeTiled, fetched from the driver at run time: the library never links libcuda),
+// the launch configuration and the per-device shared-memory limit.
 #pragma once
 
 #include <atomic>
