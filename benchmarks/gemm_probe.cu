@@ -8,7 +8,7 @@
 // afterwards).
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -DA2A_GEMM_ABLATIONS -Icc -I<cutlass>/include \
-//     benchmarks/gemm_probe.cu cc/gemm/gemm_fp8_wgmma.cu -o gemm_probe
+//     benchmarks/gemm_probe.cu cc/gemm/gemm_fp8_wgmma.cu cc/gemm/swiglu.cu -o gemm_probe
 //   (A2A_GEMM_ABLATIONS, in both files alike: the swap-AB kernel's ablations and per-tile trace,
 //   the `ablate` and `swap` modes; the library is built without them)
 //   ./gemm_probe            # every check, then the timings
@@ -23,6 +23,9 @@
 //   ./gemm_probe prefetch [S] # the library's decode tiles with 0, 8, 16 weight k-blocks prefetched before the PDL wait
 //   ./gemm_probe pairgap      # decode L = 8: the fused SwiGLU pair's time taken apart (each kernel alone, h copied,
 //                             # no PDL) and the fused kernel's per-tile traces after a down GEMM and after itself
+//   ./gemm_probe swiglugap    # decode L = 8: the unfused MLP as the library runs it (gate+up, SwiGLU kernel, down) and
+//                             # the down GEMM's trace after the SwiGLU kernel
+//   A2A_PROBE_RANDOM=1 (the timings' inputs random, as the checks'; default: constant bytes, scales 0),
 //   A2A_PROBE_SIGMA (the e4m3 inputs' normal sigma, default 1.5) and A2A_PROBE_SIZES ("123,113,...": a case's group
 //   sizes when it has that many groups) change the inputs
 #include <algorithm>
@@ -43,6 +46,7 @@
 
 #include "core/fp8.h"
 #include "gemm/fp8_wgmma.h"
+#include "gemm/grouped_gemm.h"  // launch_swiglu (cc/gemm/swiglu.cu)
 #include "gemm/kernels.h"  // swap_of: the library's token tile
 
 namespace {
@@ -186,7 +190,17 @@ struct Buffers {
   int64_t total_rows = 0;
 };
 
+// A2A_PROBE_RANDOM=1: the timings' inputs random too (as the checks'), not constant bytes.
+bool probe_random() {
+  static const bool on = [] {
+    const char* e = std::getenv("A2A_PROBE_RANDOM");
+    return e != nullptr && *e == '1';
+  }();
+  return on;
+}
+
 Buffers make_buffers(const Case& c, std::mt19937& g, bool fill) {
+  fill = fill || probe_random();
   Buffers b;
   b.total_rows = c.expert_major ? c.rows * c.L : c.rows;
   const size_t xb = static_cast<size_t>(b.total_rows) * c.k, wb = static_cast<size_t>(c.L) * c.n * c.k;
@@ -734,6 +748,74 @@ void pair_gap(std::mt19937& gen, int iters) {
   free_pair(r);
 }
 
+// The library's unfused fp8 MLP at decode L = 8 as it runs (gate+up GEMM with bf16 gu, the SwiGLU
+// kernel, the down GEMM), next to gate+up -> down and the SwiGLU kernel alone, alternated; then the
+// down GEMM's per-tile trace after the SwiGLU kernel.
+void swiglu_gap(std::mt19937& gen, int iters) {
+  const int L = 8, tok = library_tile(L);
+  PairRun r = make_pair("decode-L8", L, 1024, 7168, 2048, uniform_sizes(L, 1024, gen), gen);
+  using P = a2a::gemm::wgmma::Fp8LaunchParams;
+  P pg = params_of(r.g, r.bg), pd = params_of(r.d, r.bd);
+  pg.swap_tokens = pd.swap_tokens = tok;
+  pd.x = r.h;
+  pd.x_scale = r.hs;
+  a2a::gemm::SwigluParams sp;
+  sp.gu = r.bg.y;
+  sp.gu_bf16 = true;
+  sp.rows = r.bg.total_rows;
+  sp.f = 2048;
+  sp.h = r.h;
+  sp.h_scale = r.hs;
+  auto gemm = [](const P& a) { CK(a2a::gemm::wgmma::launch_fp8_grouped(a, 0)); };
+  auto swiglu = [&] { CK(a2a::gemm::launch_swiglu(sp, 0)); };
+  std::vector<std::pair<std::string, std::function<void()>>> vs = {
+      {"gate+up -> swiglu -> down", [&] { gemm(pg); swiglu(); gemm(pd); }},
+      {"gate+up -> down", [&] { gemm(pg); gemm(pd); }},
+      {"swiglu alone", swiglu},
+  };
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  std::vector<std::vector<float>> t(vs.size());
+  for (auto& v : vs)
+    for (int i = 0; i < 3; ++i) v.second();
+  for (int i = 0; i < iters; ++i)
+    for (size_t j = 0; j < vs.size(); ++j) {
+      float ms;
+      CK(cudaEventRecord(e0));
+      for (int b = 0; b < 10; ++b) vs[j].second();
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      t[j].push_back(ms * 100.f);
+    }
+  for (size_t j = 0; j < vs.size(); ++j)
+    std::printf("decode-L8 %-30s p50 %7.1f us (min %7.1f)\n", vs[j].first.c_str(), median(t[j]), *std::min_element(t[j].begin(), t[j].end()));
+#ifdef A2A_GEMM_ABLATIONS
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  constexpr int kPer = 4;
+  const size_t n = static_cast<size_t>(sms) * kPer * 2;
+  unsigned long long* tr = nullptr;
+  CK(cudaMalloc(&tr, n * 8));
+  CK(cudaMemset(tr, 0, n * 8));
+  P ts = pd;
+  ts.trace = tr;
+  ts.trace_per_cta = kPer;
+  for (int i = 0; i < 3; ++i) {
+    gemm(pg);
+    swiglu();
+    gemm(i == 2 ? ts : pd);
+  }
+  CK(cudaDeviceSynchronize());
+  std::vector<unsigned long long> h(n);
+  CK(cudaMemcpy(h.data(), tr, n * 8, cudaMemcpyDeviceToHost));
+  report_trace("decode-L8 down after swiglu", h, sms, kPer);
+  cudaFree(tr);
+#endif
+  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+  free_pair(r);
+}
+
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "all";
   const std::string only = argc > 2 ? argv[2] : "";  // time: the cases whose name contains it
@@ -799,6 +881,7 @@ int main(int argc, char** argv) {
     ok = check_swiglu({"swiglu-one-hot-L8", 8, 1024, 4096, 7168, false, false, sizes_of("one-hot-L8")}, gen, true, 160) && ok;
   }
   if (what == "pairgap") pair_gap(gen, 20);
+  if (what == "swiglugap") swiglu_gap(gen, 20);
   if (what == "fused") {
     // The gate+up GEMM at the library's decode tiles: plain (bf16 gu), and with the SwiGLU epilogue
     // (h e4m3 + scales; the unfused path adds the SwiGLU kernel's read of gu), alternated twice.

@@ -85,7 +85,7 @@ if stage probe; then
   # its checks against a CUDA-core reference, then its timings next to the HBM floor.
   CUTLASS_INC=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))")
   if nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -DA2A_GEMM_ABLATIONS -Icc -I"$CUTLASS_INC" benchmarks/gemm_probe.cu \
-       cc/gemm/gemm_fp8_wgmma.cu -o "$RUNDIR/gemm_probe" > "$OUT/probe-build.log" 2>&1; then
+       cc/gemm/gemm_fp8_wgmma.cu cc/gemm/swiglu.cu -o "$RUNDIR/gemm_probe" > "$OUT/probe-build.log" 2>&1; then
     timeout -k 5 "$(cap 180)" "$RUNDIR/gemm_probe" ${PROBE_ARGS:-} 2>&1 | tee "$OUT/probe.log"
   else
     echo "gpu_check: the probe did not compile" | tee -a "$OUT/probe-build.log"; tail -20 "$OUT/probe-build.log"

@@ -90,7 +90,7 @@ def test_gemm_probe_compiles(tmp_path):
     # compiles in; the library's own build compiles the kernels without them
     cmd = ["nvcc", "-std=c++17", "-O1", "-arch=sm_90a", "--expt-relaxed-constexpr", "-DA2A_GEMM_ABLATIONS", f"-I{repo}/cc",
            f"-I{_cutlass_include()}", f"{repo}/benchmarks/gemm_probe.cu", f"{repo}/cc/gemm/gemm_fp8_wgmma.cu",
-           "-o", str(tmp_path / "gemm_probe")]
+           f"{repo}/cc/gemm/swiglu.cu", "-o", str(tmp_path / "gemm_probe")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
 

@@ -185,9 +185,11 @@ def test_swiglu(fp8, quantize, tune, monkeypatch):
         want_s = np.maximum(amax, 1e-12) * np.float32(1 / 448)
         # the kernel's sums vs the f64 oracle, both rounded to bf16 (gu_dtype): the fp8 tensor
         # cores' sums differ by up to 2^-10 of the terms' absolute sum, so gate and up each land
-        # across a bf16 boundary often (one step: 2^-8 relative), and both can move a block's amax
-        # the same way: up to ~0.8 % (0.76 % seen on an H200, 2026-12-05)
-        np.testing.assert_allclose(np.asarray(hs)[:valid], want_s[:valid], rtol=1e-2)
+        # across a bf16 boundary often (one step: 2^-8 relative), both can move a block's amax the
+        # same way (2 x 2^-8 = 0.78 %), and the sum-order difference adds to it where gate or up
+        # cancels: 0.76 % seen on an H200 (2026-12-05), 1.06 % on an H100 (2026-12-06, 1 of 508
+        # scales, one run of six). 2.5 %, as test_fused_swiglu_matches_the_two_kernels and the probe.
+        np.testing.assert_allclose(np.asarray(hs)[:valid], want_s[:valid], rtol=2.5e-2)
         tol = 4e-2  # e4m3 rounding of h
     else:
         assert h.dtype == BF16 and hs is None
