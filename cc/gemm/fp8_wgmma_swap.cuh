@@ -408,9 +408,10 @@ __device__ __forceinline__ void swap_load_scales(const Fp8Args& a, SwapStorage<k
   }
 }
 
-// One tile's math and epilogue by a math warp (warpgroup 1 + mwg, 0 or 1): over the tile's passes'
-// kblocks k-blocks each (two passes with kSwigluFp8) from the ring (`it`, advanced), each k-block's WGMMAs waited for and promoted into acc,
-// the stage released after its promotion; then y (kStore) or h and its scales (kSwigluFp8).
+// One tile's math and epilogue by a math warp (warpgroup 1 + mwg, 0 or 1): kblocks k-blocks per pass
+// (two passes with kSwigluFp8) from the ring (`it`, advanced), each k-block's WGMMAs waited for and
+// promoted into acc, the stage released after its promotion; then y (kStore) or h and its scales
+// (kSwigluFp8).
 template <class OutT, int kTok, int kCluster, Ablate kAblate, Epi kEpi>
 __device__ __forceinline__ void swap_math_tile(const Fp8Args& a, SwapStorage<kTok>& s, const Tile& tile, int kblocks,
                                                uint32_t crank, int mwg, uint32_t& it) {
