@@ -19,6 +19,10 @@ XLA's fp8 dot through cuBLASLt with no block scales).
 
 Timing: each measurement enqueues `reps` jitted calls back to back (one dispatch per MLP) and
 blocks once; a trial is that wall time / reps; p50 and [min, max] over `trials` trials.
+--chain N (default 4) also times N fp8 MLPs with their own weights in one jit, per MLP (no
+executable boundary, no weights left in L2 by the previous call); --trace adds the JAX profiler's
+device view of the fp8 MLP (single and chained): busy time, idle gaps and each kernel's time with
+the idle just before it, per MLP (GPUs only).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -142,7 +147,41 @@ def chained_fp8(native_fp8, n):
     return jax.jit(f)
 
 
-def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False, fp8_only=False, chain=4):
+def short_kernel_name(name: str) -> str:
+    """A kernel's name without its namespaces, template arguments and parameters (mangled names:
+    the identifier ending in 'kernel', else the longest)."""
+    if name.startswith("_Z"):  # Itanium mangling: identifiers are <length><chars>
+        ids, i = [], 2
+        while i < len(name):
+            m = re.match(r"\d+", name[i:])
+            if m is None:
+                i += 1
+                continue
+            j = i + m.end()
+            ident = name[j:j + int(m.group())]
+            if re.fullmatch(r"[A-Za-z_]\w*", ident):
+                ids.append(ident)
+                i = j + len(ident)
+            else:
+                i = j
+        named = [x for x in ids if x.endswith("kernel")]
+        return named[0] if named else (ids[-1] if ids else name)
+    base = re.split(r"[<(]", name.replace("(anonymous namespace)", ""), maxsplit=1)[0]
+    parts = base.split("::")[-1].split()
+    return parts[-1] if parts else name
+
+
+def traced(run_step, steps, per=1):
+    """The device's busy time, idle gaps and kernels per MLP while run_step runs back to back
+    (benchlib/trace.py: the JAX profiler's GPU stream lines), kernel names shortened."""
+    from benchlib import trace
+    out = trace.device_profile(run_step, steps=steps, per=per)
+    for k in out.get("kernels", []):
+        k["name"] = short_kernel_name(k["name"])
+    return out
+
+
+def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False, fp8_only=False, chain=4, trace=False):
     native_fp8, native_bf16, ragged_mlp, einsum_mlp = mlp_fns(gemm_ffi)
     sizes = sizes_uniform(rng, L, rows)
     C = max(int(4 * rows // L), int(sizes.max()))
@@ -157,6 +196,8 @@ def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False, fp8_only
     fp8_bytes = L * 3 * F * H
     res["fp8_weight_bytes"] = fp8_bytes
     res["native_fp8_ragged"] = timeit(native_fp8, xq, wgu8, wd8, gs, xs, wgus, wds, trials=trials)
+    if trace:
+        res["trace_fp8"] = traced(lambda: native_fp8(xq, wgu8, wd8, gs, xs, wgus, wds), steps=5)
     n = min(chain, CHAIN_BYTES // fp8_bytes)
     if n >= 2:  # the same MLP n times in one jit, each with its own weights: per MLP
         layers = [(wgu8, wd8, wgus, wds)]
@@ -164,8 +205,11 @@ def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False, fp8_only
             kgi, kdi = jax.random.split(jax.random.fold_in(key, i))
             (a, sa), (b, sb) = fp8_weights(kgi, (L, 2 * F, H)), fp8_weights(kdi, (L, H, F))
             layers.append((a, b, sa, sb))
-        r = timeit(chained_fp8(native_fp8, n), xq, gs, xs, layers, trials=trials)
+        chained = chained_fp8(native_fp8, n)
+        r = timeit(chained, xq, gs, xs, layers, trials=trials)
         res["native_fp8_ragged_chained"] = {k: (v / n if k.endswith("_us") else v) for k, v in r.items()} | {"chain": n}
+        if trace:
+            res["trace_fp8_chained"] = traced(lambda: chained(xq, gs, xs, layers), steps=3, per=n)
         del layers
     if not fp8_only:
         xq_em = jnp.asarray(to_expert_major(np.asarray(xq.astype(jnp.float32)), sizes, C)).astype(FP8)
@@ -264,6 +308,17 @@ def report(out):
         if "native_fp8_ragged_chained" in d:
             c8 = d["native_fp8_ragged_chained"]
             lines.append(f"  native fp8, {c8['chain']} in a jit {_fmt(c8)}   x{c8['p50_us'] / hb8:.2f} (per MLP, each with its own weights)")
+        for key, what in (("trace_fp8", "one MLP per call"), ("trace_fp8_chained", "chained")):
+            t = d.get(key)
+            if not t:
+                continue
+            if t.get("busy_us") is None:
+                lines.append(f"    device trace ({what}): {t.get('why')}")
+                continue
+            lines.append(f"    device trace ({what}), per MLP: busy {t['busy_us']:.1f}, span {t['span_us']:.1f}, "
+                         f"idle {t['gap_us']:.1f} us")
+            for k in t["kernels"]:
+                lines.append(f"      {k['name']:<28s} {k['us']:8.1f} us  x{k['calls_per_step']:g}  idle before {k['idle_before_us']:6.1f}")
         if "native_fp8_expert_major" in d:
             n8e = d["native_fp8_expert_major"]
             lines.append(f"  native fp8 expert_major  {_fmt(n8e)}   x{n8e['p50_us'] / hb8:.2f}")
@@ -311,6 +366,9 @@ def main(argv=None):
     ap.add_argument("--chain", type=int, default=4,
                     help="decode: also time this many fp8 MLPs (own weights each) in one jit, per MLP, where their weights "
                          "fit CHAIN_BYTES (1: not)")
+    ap.add_argument("--trace", action="store_true",
+                    help="decode: also trace the fp8 MLP (and the chained ones) with the JAX profiler: per MLP the "
+                         "device's busy time, idle gaps and each kernel's time and the idle before it (GPUs only)")
     ap.add_argument("--fp8-only", action="store_true",
                     help="a configuration sweep: the native fp8 MLP (and its parts) with its floor / XLA's fp8 dot only")
     ap.add_argument("--variants", default="",
@@ -336,7 +394,7 @@ def main(argv=None):
             res = {"decode": []}
             if "decode" in cases:
                 for L in [int(e) for e in a.experts.split(",")]:
-                    res["decode"].append(decode_case(L, a.rows, a.trials, gemm_ffi, rng, key, True, True, a.chain))
+                    res["decode"].append(decode_case(L, a.rows, a.trials, gemm_ffi, rng, key, True, True, a.chain, a.trace))
             if "prefill" in cases:
                 res["prefill"] = prefill_case(a.trials, gemm_ffi, rng, key, fp8_only=True)
             out["variants"][v] = res
@@ -348,7 +406,7 @@ def main(argv=None):
         return 0
     if "decode" in cases:
         for L in [int(v) for v in a.experts.split(",")]:
-            out["decode"].append(decode_case(L, a.rows, a.trials, gemm_ffi, rng, key, a.native_only, a.fp8_only, a.chain))
+            out["decode"].append(decode_case(L, a.rows, a.trials, gemm_ffi, rng, key, a.native_only, a.fp8_only, a.chain, a.trace))
             print(report({"decode": out["decode"][-1:]}), flush=True)
     if "prefill" in cases:
         out["prefill"] = prefill_case(a.trials, gemm_ffi, rng, key, fp8_only=a.fp8_only)

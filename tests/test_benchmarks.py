@@ -170,6 +170,10 @@ def test_trace_summary_counts_overlaps_once_and_gaps():
     assert s["gap_us"] == pytest.approx(s["span_us"] - s["busy_us"])
     assert [k["name"] for k in s["kernels"]] == ["a", "b", "c"]  # by total time: a 20, b 15, c 10
     assert s["kernels"][0]["calls_per_step"] == 1 and s["kernels"][0]["us"] == pytest.approx(20 / 4)
+    # the idle time falls before c (10 us after b's end) and before the second a (10 us after c)
+    idle = {k["name"]: k["idle_before_us"] for k in s["kernels"]}
+    assert idle == pytest.approx({"a": 10 / 4, "b": 0.0, "c": 10 / 4})
+    assert sum(idle.values()) == pytest.approx(s["gap_us"])
     assert trace.summarize_events([], 1)["busy_us"] is None
 
 
@@ -716,3 +720,25 @@ def test_bench_main_runs_the_layers_with_per_layer_routing():
     for argv, want in (([], "per-layer"), (["--routing", "fixed"], "fixed")):
         largs = layers.parse_args(bench.layers_argv(bench.parse_args(["--quick", "--out", "x"] + argv)))
         assert largs.routing == want and largs.quick
+
+
+def test_gemm_trace_names_and_report():
+    """benchmarks/gemm.py --trace: kernel names shortened from either form the profiler gives, and
+    the report's per-MLP busy / idle lines, or the trace's reason on a CPU."""
+    import gemm
+    mangled = ("_ZN3a2a4gemm5wgmma15fp8_swap_kernelI13__nv_bfloat16Li160ELi1ELNS1_6AblateE0ELNS1_3EpiE0EEEv"
+               "14CUtensorMap_stS6_NS1_7Fp8ArgsE")
+    assert gemm.short_kernel_name(mangled) == "fp8_swap_kernel"
+    assert gemm.short_kernel_name("void a2a::gemm::(anonymous namespace)::swiglu_vec_kernel<true, __nv_bfloat16>"
+                                  "(a2a::gemm::SwigluParams, long)") == "swiglu_vec_kernel"
+    assert gemm.short_kernel_name("loop_xor_fusion") == "loop_xor_fusion"
+    timed = {"p50_us": 170.0, "min_us": 169.0, "max_us": 171.0}
+    d = {"L": 8, "rows": 1024, "C": 512, "hbm_fp8": {"read_once_us": 120.0, "copy_GBps": 2960.0},
+         "native_fp8_ragged": timed,
+         "trace_fp8": {"busy_us": 160.0, "span_us": 170.0, "gap_us": 10.0,
+                       "kernels": [{"name": "fp8_swap_kernel", "us": 152.0, "calls_per_step": 2.0, "idle_before_us": 9.0}]},
+         "trace_fp8_chained": {"busy_us": None, "why": "no GPU device events in the trace"}}
+    text = gemm.report({"decode": [d]})
+    assert "device trace (one MLP per call), per MLP: busy 160.0, span 170.0, idle 10.0 us" in text
+    assert "fp8_swap_kernel" in text and "idle before    9.0" in text
+    assert "device trace (chained): no GPU device events" in text

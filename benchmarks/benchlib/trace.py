@@ -12,7 +12,9 @@ and duration in ns. From them, per step (divided by `per`, e.g. the layers in a 
 
 When span ~ the step's wall time and gaps are large, the host sets the pace (launch overhead);
 when busy ~ span, the kernels do. `kernels` lists the kernels by total time (name, calls per
-step, µs per step / per). On CPUs there are no device planes: the summary says so (None values).
+step, µs per step / per, and idle_before_us: the device's idle time just before each of its
+calls, summed per step / per: where the gaps fall). On CPUs there are no device planes: the
+summary says so (None values).
 """
 
 from __future__ import annotations
@@ -64,13 +66,18 @@ def summarize_events(events: List[Tuple[int, int, str]], steps: int, per: int = 
     span = max(e for _, e, _ in events) - events[0][0]
     div = 1e3 * steps * per
     by_name: Dict[str, List[float]] = {}
+    last_end = None
     for s, e, name in events:
-        c = by_name.setdefault(name, [0, 0.0])
+        c = by_name.setdefault(name, [0, 0.0, 0.0])
         c[0] += 1
         c[1] += e - s
+        if last_end is not None and s > last_end:
+            c[2] += s - last_end  # the device idle right before this call
+        last_end = e if last_end is None else max(last_end, e)
     rows = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
     return {"busy_us": busy / div, "span_us": span / div, "gap_us": (span - busy) / div,
-            "kernels": [{"name": n[:80], "calls_per_step": c / steps, "us": t / div} for n, (c, t) in rows]}
+            "kernels": [{"name": n[:80], "calls_per_step": c / steps, "us": t / div, "idle_before_us": g / div}
+                        for n, (c, t, g) in rows]}
 
 
 def device_profile(run_step: Callable[[], object], steps: int = 3, per: int = 1,
