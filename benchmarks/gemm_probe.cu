@@ -573,6 +573,59 @@ void report_trace(const std::string& tag, const std::vector<unsigned long long>&
   }
 }
 
+// Variants of a launch sequence timed alternately: 3 warm-up runs each, then `iters` rounds in
+// which each variant runs 10 times between two events; prints each one's p50 and min per run, in us.
+using Variants = std::vector<std::pair<std::string, std::function<void()>>>;
+void time_alternated(const std::string& prefix, const Variants& vs, int iters) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  std::vector<std::vector<float>> t(vs.size());
+  for (const auto& v : vs)
+    for (int i = 0; i < 3; ++i) v.second();
+  for (int i = 0; i < iters; ++i)
+    for (size_t j = 0; j < vs.size(); ++j) {
+      float ms;
+      CK(cudaEventRecord(e0));
+      for (int b = 0; b < 10; ++b) vs[j].second();
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      t[j].push_back(ms * 100.f);  // one run of 10, in us
+    }
+  for (size_t j = 0; j < vs.size(); ++j)
+    std::printf("%s %-30s p50 %7.1f us (min %7.1f)\n", prefix.c_str(), vs[j].first.c_str(), median(t[j]),
+                *std::min_element(t[j].begin(), t[j].end()));
+  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+}
+
+// The per-tile trace (Fp8Args::trace, the first `per` tiles of each CTA) of kernel p launched after
+// `before`, the pair run twice untraced first; printed by report_trace under `label`. Needs
+// -DA2A_GEMM_ABLATIONS.
+void trace_after(const std::string& label, const std::function<void()>& before, a2a::gemm::wgmma::Fp8LaunchParams p,
+                 int per = 4) {
+#ifdef A2A_GEMM_ABLATIONS
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t n = static_cast<size_t>(sms) * per * 2;
+  unsigned long long* tr = nullptr;
+  CK(cudaMalloc(&tr, n * 8));
+  CK(cudaMemset(tr, 0, n * 8));
+  for (int i = 0; i < 3; ++i) {
+    before();
+    if (i == 2) p.trace = tr, p.trace_per_cta = per;
+    CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));
+  }
+  CK(cudaDeviceSynchronize());
+  std::vector<unsigned long long> h(n);
+  CK(cudaMemcpy(h.data(), tr, n * 8, cudaMemcpyDeviceToHost));
+  report_trace(label, h, sms, per);
+  cudaFree(tr);
+#else
+  (void)before, (void)p, (void)per;
+  std::printf("%s trace: compile with -DA2A_GEMM_ABLATIONS\n", label.c_str());
+#endif
+}
+
 // One launch with the per-tile trace (Fp8Args::trace): when each CTA's tiles started and ended, in
 // us from the first start: the kernel's span, the spread of the CTAs' last ends (the tail), and
 // the tile durations by their round (the i-th tile of a CTA).
@@ -591,32 +644,15 @@ void trace_case(const Case& c, std::mt19937& gen, int swap, int ablate, bool swi
   uint8_t* hq = nullptr;
   float* hs = nullptr;
   if (swiglu) attach_swiglu(c, b, p, hq, hs);
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  constexpr int kPer = 64;
-  const size_t n = static_cast<size_t>(sms) * kPer * 2;
-  unsigned long long* tr = nullptr;
-  CK(cudaMalloc(&tr, n * 8));
-  for (int i = 0; i < 3; ++i) CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));  // warm
-  CK(cudaMemset(tr, 0, n * 8));
-  p.trace = tr;
-  p.trace_per_cta = kPer;
-  CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0));
-  CK(cudaDeviceSynchronize());
-  std::vector<unsigned long long> h(n);
-  CK(cudaMemcpy(h.data(), tr, n * 8, cudaMemcpyDeviceToHost));
   char tag[128];
   std::snprintf(tag, sizeof tag, "%-22s swap%d%s%s%s%s", c.name.c_str(), swap, swiglu ? "+swiglu" : "", kAblations[ablate],
                 balance ? "" : " unbalanced", trim ? "" : " untrimmed");
-  report_trace(tag, h, sms, kPer);
-  cudaFree(tr);
+  trace_after(tag, [&] { CK(a2a::gemm::wgmma::launch_fp8_grouped(p, 0)); }, p, 64);
   cudaFree(hq);
   cudaFree(hs);
   free_buffers(b);
 #endif
 }
-
-}  // namespace
 
 // The fp8 MLP's two swap-AB kernels at decode: gate+up case g (n = 2F, k = H) and down case d (n = H,
 // k = F) over the same groups; the pair runs the gate+up GEMM with its SwiGLU epilogue into h, then
@@ -680,7 +716,7 @@ void pair_gap(std::mt19937& gen, int iters) {
     };
   };
   auto one = [](const P& a) { return [a] { CK(a2a::gemm::wgmma::launch_fp8_grouped(a, 0)); }; };
-  std::vector<std::pair<const char*, std::function<void()>>> vs = {
+  Variants vs = {
       {"fused -> down", two(pf, pd)},
       {"fused -> down on a copy of h", two(pf, pd_sep)},
       {"fused alone", one(pf)},
@@ -692,57 +728,15 @@ void pair_gap(std::mt19937& gen, int iters) {
       {"fused -> down without PDL", two(pf, pd_nopdl)},
       {"fused without PDL -> down", two(pf_nopdl, pd)},
   };
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  std::vector<std::vector<float>> t(vs.size());
-  for (auto& v : vs)
-    for (int i = 0; i < 3; ++i) v.second();
-  for (int i = 0; i < iters; ++i)
-    for (size_t j = 0; j < vs.size(); ++j) {
-      float ms;
-      CK(cudaEventRecord(e0));
-      for (int b = 0; b < 10; ++b) vs[j].second();
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      t[j].push_back(ms * 100.f);  // one variant's launches (of 10) in us
-    }
-  for (size_t j = 0; j < vs.size(); ++j)
-    std::printf("decode-L8 %-30s p50 %7.1f us (min %7.1f)\n", vs[j].first, median(t[j]), *std::min_element(t[j].begin(), t[j].end()));
-#ifdef A2A_GEMM_ABLATIONS
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  constexpr int kPer = 4;
-  const size_t n = static_cast<size_t>(sms) * kPer * 2;
-  unsigned long long* tr = nullptr;
-  CK(cudaMalloc(&tr, n * 8));
-  // The traced kernel (second) after the first, both launched as given; the pair run twice before.
-  struct Traced {
-    const char* name;
-    P first, second;
-  };
-  const Traced traced[] = {
+  time_alternated("decode-L8", vs, iters);
+  // the traced kernel (second) after the first, both launched as given
+  const std::tuple<const char*, P, P> traced[] = {
       {"fused after down", pd, pf},         {"fused without PDL after down", pd, pf_nopdl}, {"fused after fused", pf, pf},
       {"down after fused", pf, pd},         {"down without PDL after fused", pf, pd_nopdl}, {"down after gate+up", pg, pd},
       {"down after down", pd, pd},
   };
-  for (const Traced& c : traced) {
-    CK(cudaMemset(tr, 0, n * 8));
-    P ts = c.second;
-    ts.trace = tr;
-    ts.trace_per_cta = kPer;
-    for (int i = 0; i < 3; ++i) {
-      CK(a2a::gemm::wgmma::launch_fp8_grouped(c.first, 0));
-      CK(a2a::gemm::wgmma::launch_fp8_grouped(i == 2 ? ts : c.second, 0));
-    }
-    CK(cudaDeviceSynchronize());
-    std::vector<unsigned long long> h(n);
-    CK(cudaMemcpy(h.data(), tr, n * 8, cudaMemcpyDeviceToHost));
-    report_trace(std::string("decode-L8 ") + c.name, h, sms, kPer);
-  }
-  cudaFree(tr);
-#endif
-  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+  for (const auto& [name, first, second] : traced)
+    trace_after(std::string("decode-L8 ") + name, one(first), second);
   cudaFree(h_sep);
   cudaFree(hs_sep);
   free_pair(r);
@@ -768,53 +762,17 @@ void swiglu_gap(std::mt19937& gen, int iters) {
   sp.h_scale = r.hs;
   auto gemm = [](const P& a) { CK(a2a::gemm::wgmma::launch_fp8_grouped(a, 0)); };
   auto swiglu = [&] { CK(a2a::gemm::launch_swiglu(sp, 0)); };
-  std::vector<std::pair<std::string, std::function<void()>>> vs = {
+  Variants vs = {
       {"gate+up -> swiglu -> down", [&] { gemm(pg); swiglu(); gemm(pd); }},
       {"gate+up -> down", [&] { gemm(pg); gemm(pd); }},
       {"swiglu alone", swiglu},
   };
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  std::vector<std::vector<float>> t(vs.size());
-  for (auto& v : vs)
-    for (int i = 0; i < 3; ++i) v.second();
-  for (int i = 0; i < iters; ++i)
-    for (size_t j = 0; j < vs.size(); ++j) {
-      float ms;
-      CK(cudaEventRecord(e0));
-      for (int b = 0; b < 10; ++b) vs[j].second();
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      t[j].push_back(ms * 100.f);
-    }
-  for (size_t j = 0; j < vs.size(); ++j)
-    std::printf("decode-L8 %-30s p50 %7.1f us (min %7.1f)\n", vs[j].first.c_str(), median(t[j]), *std::min_element(t[j].begin(), t[j].end()));
-#ifdef A2A_GEMM_ABLATIONS
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  constexpr int kPer = 4;
-  const size_t n = static_cast<size_t>(sms) * kPer * 2;
-  unsigned long long* tr = nullptr;
-  CK(cudaMalloc(&tr, n * 8));
-  CK(cudaMemset(tr, 0, n * 8));
-  P ts = pd;
-  ts.trace = tr;
-  ts.trace_per_cta = kPer;
-  for (int i = 0; i < 3; ++i) {
-    gemm(pg);
-    swiglu();
-    gemm(i == 2 ? ts : pd);
-  }
-  CK(cudaDeviceSynchronize());
-  std::vector<unsigned long long> h(n);
-  CK(cudaMemcpy(h.data(), tr, n * 8, cudaMemcpyDeviceToHost));
-  report_trace("decode-L8 down after swiglu", h, sms, kPer);
-  cudaFree(tr);
-#endif
-  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+  time_alternated("decode-L8", vs, iters);
+  trace_after("decode-L8 down after swiglu", [&] { gemm(pg); swiglu(); }, pd);
   free_pair(r);
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "all";
