@@ -149,7 +149,7 @@ def chained_fp8(native_fp8, n):
 
 def short_kernel_name(name: str) -> str:
     """A kernel's name without its namespaces, template arguments and parameters (mangled names:
-    the identifier ending in 'kernel', else the longest)."""
+    the first identifier ending in 'kernel', else the last identifier)."""
     if name.startswith("_Z"):  # Itanium mangling: identifiers are <length><chars>
         ids, i = [], 2
         while i < len(name):
@@ -173,7 +173,8 @@ def short_kernel_name(name: str) -> str:
 
 def traced(run_step, steps, per=1):
     """The device's busy time, idle gaps and kernels per MLP while run_step runs back to back
-    (benchlib/trace.py: the JAX profiler's GPU stream lines), kernel names shortened."""
+    (benchlib/trace.py: the JAX profiler's GPU stream lines), kernel names shortened. Unfused (L = 8)
+    the MLP's two GEMMs are one kernel instance (the swap-AB kernel, bf16 out): one row, x2 a step."""
     from benchlib import trace
     out = trace.device_profile(run_step, steps=steps, per=per)
     for k in out.get("kernels", []):

@@ -92,9 +92,13 @@ __device__ inline float4 load4(const __nv_bfloat16* at) {
   return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
-// kVecItems consecutive (row, block) items from w0 by one warp (lane `lane`): see swiglu_vec_kernel.
 template <bool kQuant, class G>
-__device__ __forceinline__ void swiglu_vec_items(const SwigluParams& p, int64_t total, int64_t w0, int lane) {
+__global__ void __launch_bounds__(kSwigluThreads) swiglu_vec_kernel(SwigluParams p, int64_t total) {
+  wait_previous_allow_next();
+  const int lane = threadIdx.x & 31;
+  const int64_t w0 =
+      (static_cast<int64_t>(blockIdx.x) * (kSwigluThreads / 32) + (threadIdx.x >> 5)) * kVecItems;
+  if (w0 >= total) return;
   const int64_t nb = p.f / 128;
   float4 g[kVecItems], u[kVecItems];
 #pragma unroll
@@ -136,12 +140,6 @@ __device__ __forceinline__ void swiglu_vec_items(const SwigluParams& p, int64_t 
   }
 }
 
-template <bool kQuant, class G>
-__global__ void __launch_bounds__(kSwigluThreads) swiglu_vec_kernel(SwigluParams p, int64_t total) {
-  wait_previous_allow_next();
-  const int64_t w0 = (static_cast<int64_t>(blockIdx.x) * (kSwigluThreads / 32) + (threadIdx.x >> 5)) * kVecItems;
-  if (w0 < total) swiglu_vec_items<kQuant, G>(p, total, w0, threadIdx.x & 31);
-}
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
 // The SwiGLU kernel for gu of type G: the vectorised one where it applies, else the scalar one;
