@@ -25,6 +25,8 @@
 //                             # no PDL) and the fused kernel's per-tile traces after a down GEMM and after itself
 //   ./gemm_probe swiglugap    # decode L = 8: the unfused MLP as the library runs it (gate+up, SwiGLU kernel, down) and
 //                             # the down GEMM's trace after the SwiGLU kernel
+//   A2A_PROBE_SUSTAIN=1 (time_case: the kernel back to back for the whole case, the copy timed once),
+//   A2A_PROBE_BATCH (launches per timed sample, default 10: short bursts stay at the boost clock),
 //   A2A_PROBE_RANDOM=1 (the timings' inputs random, as the checks'; default: constant bytes, scales 0),
 //   A2A_PROBE_SIGMA (the e4m3 inputs' normal sigma, default 1.5) and A2A_PROBE_SIZES ("123,113,...": a case's group
 //   sizes when it has that many groups) change the inputs
@@ -189,6 +191,29 @@ struct Buffers {
   void* y = nullptr;
   int64_t total_rows = 0;
 };
+
+// A2A_PROBE_BATCH: launches (or runs of a sequence) per timed sample, default 10. A few launches
+// run at the boost clock; hundreds back to back (as benchmarks/gemm.py's timing loop, or a model)
+// can reach the board's power limit and a lower clock: the same kernel then takes longer.
+int probe_batch() {
+  static const int n = [] {
+    const char* e = std::getenv("A2A_PROBE_BATCH");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v > 0 ? v : 10;
+  }();
+  return n;
+}
+
+// A2A_PROBE_SUSTAIN=1: time_case times the weights' copy once, not between every batch of kernels,
+// so the kernel runs back to back for the whole case (iters x batch launches): the sustained power
+// draw of a model's steps, not short bursts between copies that draw less.
+bool probe_sustain() {
+  static const bool on = [] {
+    const char* e = std::getenv("A2A_PROBE_SUSTAIN");
+    return e != nullptr && *e == '1';
+  }();
+  return on;
+}
 
 // A2A_PROBE_RANDOM=1: the timings' inputs random too (as the checks'), not constant bytes.
 bool probe_random() {
@@ -506,7 +531,7 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
   // kBatch launches between two events: one launch's host cost (its two TMA descriptors encoded,
   // the launch itself, ~10 us) hides behind the previous kernel, as in a stream that has work
   // queued (the library's case); a single launch after an idle stream measured that cost too.
-  constexpr int kBatch = 10;
+  const int kBatch = probe_batch();
   for (int i = 0; i < iters; ++i) {
     float ms;
     CK(cudaEventRecord(e0));
@@ -515,6 +540,7 @@ void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool sw
     CK(cudaEventSynchronize(e1));
     CK(cudaEventElapsedTime(&ms, e0, e1));
     tk.push_back(ms * 1000.f / kBatch);
+    if (i > 0 && probe_sustain()) continue;
     CK(cudaEventRecord(e0));
     for (int j = 0; j < kBatch; ++j) CK(cudaMemcpyAsync(dst, b.w, wbytes, cudaMemcpyDeviceToDevice));
     CK(cudaEventRecord(e1));
@@ -574,7 +600,7 @@ void report_trace(const std::string& tag, const std::vector<unsigned long long>&
 }
 
 // Variants of a launch sequence timed alternately: 3 warm-up runs each, then `iters` rounds in
-// which each variant runs 10 times between two events; prints each one's p50 and min per run, in us.
+// which each variant runs probe_batch() times between two events; prints each one's p50 and min per run, in us.
 using Variants = std::vector<std::pair<std::string, std::function<void()>>>;
 void time_alternated(const std::string& prefix, const Variants& vs, int iters) {
   cudaEvent_t e0, e1;
@@ -586,11 +612,12 @@ void time_alternated(const std::string& prefix, const Variants& vs, int iters) {
     for (size_t j = 0; j < vs.size(); ++j) {
       float ms;
       CK(cudaEventRecord(e0));
-      for (int b = 0; b < 10; ++b) vs[j].second();
+      const int batch = probe_batch();
+      for (int b = 0; b < batch; ++b) vs[j].second();
       CK(cudaEventRecord(e1));
       CK(cudaEventSynchronize(e1));
       CK(cudaEventElapsedTime(&ms, e0, e1));
-      t[j].push_back(ms * 100.f);  // one run of 10, in us
+      t[j].push_back(ms * 1000.f / batch);  // one run, in us
     }
   for (size_t j = 0; j < vs.size(); ++j)
     std::printf("%s %-30s p50 %7.1f us (min %7.1f)\n", prefix.c_str(), vs[j].first.c_str(), median(t[j]),
