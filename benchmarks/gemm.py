@@ -22,7 +22,9 @@ blocks once; a trial is that wall time / reps; p50 and [min, max] over `trials` 
 --chain N (default 4) also times N fp8 MLPs with their own weights in one jit, per MLP (no
 executable boundary, no weights left in L2 by the previous call); --trace adds the JAX profiler's
 device view of the fp8 MLP (single and chained): busy time, idle gaps and each kernel's time with
-the idle just before it, per MLP (GPUs only).
+the idle just before it, per MLP (GPUs only). The fp8 MLPs and XLA's dense dots also report the
+board's SM clock and power over their timing (benchlib/gpu_clock.py, nvidia-smi): back to back the
+decode MLP can run at the 700 W limit, below the boost clock.
 """
 
 from __future__ import annotations
@@ -62,6 +64,17 @@ def timeit(fn, *args, trials=7, reps=None, target_s=0.05):
     us = np.asarray(samples) * 1e6
     return {"p50_us": float(np.median(us)), "min_us": float(us.min()), "max_us": float(us.max()),
             "trials": trials, "reps": reps}
+
+
+def timeit_board(fn, *args, trials=7):
+    """timeit, with the GPU's SM clock and power over the measurement (benchlib/gpu_clock.py) in
+    r["board"]: back-to-back decode GEMMs can reach the board's power limit and run below the boost
+    clock, and the ratios of such a run say so."""
+    from benchlib import gpu_clock
+    with gpu_clock.ClockLog() as log:
+        r = timeit(fn, *args, trials=trials)
+    r["board"] = log.summary()
+    return r
 
 
 def fp8_weights(key, shape):
@@ -196,7 +209,7 @@ def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False, fp8_only
     wd8, wds = fp8_weights(kd, (L, H, F))
     fp8_bytes = L * 3 * F * H
     res["fp8_weight_bytes"] = fp8_bytes
-    res["native_fp8_ragged"] = timeit(native_fp8, xq, wgu8, wd8, gs, xs, wgus, wds, trials=trials)
+    res["native_fp8_ragged"] = timeit_board(native_fp8, xq, wgu8, wd8, gs, xs, wgus, wds, trials=trials)
     if trace:
         res["trace_fp8"] = traced(lambda: native_fp8(xq, wgu8, wd8, gs, xs, wgus, wds), steps=5)
     n = min(chain, CHAIN_BYTES // fp8_bytes)
@@ -207,7 +220,7 @@ def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False, fp8_only
             (a, sa), (b, sb) = fp8_weights(kgi, (L, 2 * F, H)), fp8_weights(kdi, (L, H, F))
             layers.append((a, b, sa, sb))
         chained = chained_fp8(native_fp8, n)
-        r = timeit(chained, xq, gs, xs, layers, trials=trials)
+        r = timeit_board(chained, xq, gs, xs, layers, trials=trials)
         res["native_fp8_ragged_chained"] = {k: (v / n if k.endswith("_us") else v) for k, v in r.items()} | {"chain": n}
         if trace:
             res["trace_fp8_chained"] = traced(lambda: chained(xq, gs, xs, layers), steps=3, per=n)
@@ -251,7 +264,7 @@ def dense_dot(M, K, N, dtype, trials):
     b = jax.random.uniform(kb, (K, N), jnp.float32, -1, 1).astype(dtype)
     f = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=BF16))
     try:
-        r = timeit(f, a, b, trials=trials)
+        r = timeit_board(f, a, b, trials=trials)
     except Exception as e:  # XLA may not offer this dtype's dot
         return {"error": f"{type(e).__name__}: {e}"[:300]}
     r["tflops"] = 2 * M * K * N / (r["p50_us"] * 1e-6) / 1e12
@@ -272,7 +285,7 @@ def prefill_case(trials, gemm_ffi, rng, key, tokens=4096, topk=8, L=32, fp8_only
     res = {"L": L, "rows": rows, "flops": flops}
     wgu8, wgus = fp8_weights(kg, (L, 2 * F, H))
     wd8, wds = fp8_weights(kd, (L, H, F))
-    r = timeit(native_fp8, xq, wgu8, wd8, gs, xs, wgus, wds, trials=trials)
+    r = timeit_board(native_fp8, xq, wgu8, wd8, gs, xs, wgus, wds, trials=trials)
     r["tflops"] = flops / (r["p50_us"] * 1e-6) / 1e12
     res["native_fp8_ragged"] = r
     del wgu8, wd8
@@ -299,6 +312,7 @@ def _fmt(r):
 
 
 def report(out):
+    from benchlib import gpu_clock
     lines = []
     for d in out.get("decode", []):
         hb8 = d["hbm_fp8"]["read_once_us"]
@@ -306,9 +320,13 @@ def report(out):
         lines.append(f"decode L={d['L']:3d} rows={d['rows']} C={d['C']} (p50 us [min, max])")
         lines.append(f"  native fp8 ragged        {_fmt(n8)}   x{n8['p50_us'] / hb8:.2f} of fp8 weights' HBM time {hb8:.1f} us"
                      f" (copy {d['hbm_fp8']['copy_GBps']:.0f} GB/s)")
+        if "board" in n8:
+            lines.append(f"    {gpu_clock.describe(n8['board'])}")
         if "native_fp8_ragged_chained" in d:
             c8 = d["native_fp8_ragged_chained"]
             lines.append(f"  native fp8, {c8['chain']} in a jit {_fmt(c8)}   x{c8['p50_us'] / hb8:.2f} (per MLP, each with its own weights)")
+            if "board" in c8:
+                lines.append(f"    {gpu_clock.describe(c8['board'])}")
         for key, what in (("trace_fp8", "one MLP per call"), ("trace_fp8_chained", "chained")):
             t = d.get(key)
             if not t:
@@ -347,6 +365,8 @@ def report(out):
             r = p[name]
             if "p50_us" in r:
                 lines.append(f"  {name:22s} {_fmt(r)}  {r['tflops']:.0f} TFLOP/s")
+                if "board" in r:
+                    lines.append(f"    {gpu_clock.describe(r['board'])}")
             else:
                 lines.append(f"  {name:22s} {r.get('error')}")
         for n, d in (("native_bf16_ragged", "dense_dot_bf16"), ("native_fp8_ragged", "dense_dot_fp8"),

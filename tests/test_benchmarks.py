@@ -722,6 +722,48 @@ def test_bench_main_runs_the_layers_with_per_layer_routing():
         assert largs.routing == want and largs.quick
 
 
+def test_gpu_clock_summary_and_report():
+    """benchlib/gpu_clock.py: nvidia-smi's samples summarised (idle samples and unparsable lines
+    left out, power-cap and thermal bits counted), and gemm.py's report line for a measurement."""
+    from benchlib import gpu_clock
+    lines = ["1980, 420.5, 0x0000000000000000", "1800, 699.0, 0x0000000000000004",
+             "1500, 700.2, 0x0000000000000084", "345, 70.4, 0x0000000000000001",  # idle: left out
+             "[N/A], [N/A], [N/A]", "", "1900, 650.0, 0x0000000000000020"]
+    s = gpu_clock.summarize(lines)
+    assert s["samples"] == 4 and s["sm_mhz_min"] == 1500 and s["sm_mhz_p50"] == pytest.approx(1850)
+    assert s["power_w_max"] == pytest.approx(700.2) and s["power_w_p50"] == pytest.approx((650.0 + 699.0) / 2)
+    assert s["power_capped"] == pytest.approx(2 / 4) and s["thermal"] == pytest.approx(1 / 4)
+    assert "why" in gpu_clock.summarize(["345, 70.4, 0x0000000000000001"])
+    text = gpu_clock.describe(s)
+    assert "SM clock p50 1850 MHz (min 1500)" in text and "power-capped in 50 % of 4 samples" in text
+    assert "thermal 25 %" in text
+    import gemm
+    timed = {"p50_us": 170.0, "min_us": 169.0, "max_us": 171.0, "board": s}
+    d = {"L": 8, "rows": 1024, "C": 512, "hbm_fp8": {"read_once_us": 120.0, "copy_GBps": 2960.0},
+         "native_fp8_ragged": timed}
+    assert "board: SM clock p50 1850 MHz" in gemm.report({"decode": [d]})
+
+
+def test_gpu_clock_log_runs_nvidia_smi_and_says_why_without(tmp_path, monkeypatch):
+    """ClockLog starts nvidia-smi for the block's length and reads what it printed; with no
+    nvidia-smi on PATH it says so."""
+    from benchlib import gpu_clock
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with gpu_clock.ClockLog() as log:
+        pass
+    assert "no nvidia-smi" in log.summary()["why"]
+    fake = tmp_path / "nvidia-smi"  # prints two busy samples, then runs until terminated
+    fake.write_text("#!/bin/sh\necho '1700, 690.0, 0x0000000000000004'\necho '1980, 400.0, 0x0'\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + "/bin" + os.pathsep + "/usr/bin")
+    t0 = time.monotonic()
+    with gpu_clock.ClockLog(interval_ms=10) as log:
+        time.sleep(0.3)
+    assert time.monotonic() - t0 < 10  # terminated, not waited for
+    s = log.summary()
+    assert s["samples"] == 2 and s["sm_mhz_min"] == 1700 and s["power_capped"] == pytest.approx(0.5), s
+
+
 def test_gemm_trace_names_and_report():
     """benchmarks/gemm.py --trace: kernel names shortened from either form the profiler gives, and
     the report's per-MLP busy / idle lines, or the trace's reason on a CPU."""
