@@ -38,7 +38,7 @@ import tempfile
 import traceback
 
 import benchlib
-from benchlib import Progress, report, shapes, timing
+from benchlib import Progress, gpu_clock, report, shapes, timing
 
 NO_CMDBUF = "--xla_gpu_enable_command_buffer="
 
@@ -258,20 +258,25 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
         y = timing.block(f_step(y, ids, w, num, params))
     progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared} compile", 2 * units)
     per_layer, enqueued = [], []
+    import contextlib
     import time
-    while timing.keep_going(len(per_layer), sum(per_layer) * args.steps * args.layers, args.repeats,
-                            getattr(args, "min_time_s", 0.0), 10 * args.repeats):
-        timing.barrier("layers")
-        y = x
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            y = f_step(y, ids, w, num, params)
-        t1 = time.perf_counter()  # every step handed to the runtime (JAX dispatches asynchronously)
-        timing.block(y)
-        per_layer.append((time.perf_counter() - t0) / (args.steps * args.layers))
-        enqueued.append((t1 - t0) / (args.steps * args.layers))
-        if len(per_layer) <= args.repeats:   # the progress bar counts the minimum
-            progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared}", units)
+    # on GPUs, the board's SM clock and power over the timed steps: layers of grouped expert GEMMs
+    # run back to back can reach the power limit and a lower clock (docs/performance.md)
+    board = gpu_clock.ClockLog() if jax.default_backend() == "gpu" else None
+    with board if board is not None else contextlib.nullcontext():
+        while timing.keep_going(len(per_layer), sum(per_layer) * args.steps * args.layers, args.repeats,
+                                getattr(args, "min_time_s", 0.0), 10 * args.repeats):
+            timing.barrier("layers")
+            y = x
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                y = f_step(y, ids, w, num, params)
+            t1 = time.perf_counter()  # every step handed to the runtime (JAX dispatches asynchronously)
+            timing.block(y)
+            per_layer.append((time.perf_counter() - t0) / (args.steps * args.layers))
+            enqueued.append((t1 - t0) / (args.steps * args.layers))
+            if len(per_layer) <= args.repeats:   # the progress bar counts the minimum
+                progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared}", units)
     device = None
     if getattr(args, "trace", False):
         from benchlib import trace
@@ -293,7 +298,7 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     # device, sets the pace (launch overhead of the step's thunks and FFI calls)
     host = float(np.percentile(np.asarray(enqueued) * 1e6, 50))
     return {"per_layer_us": {"p50": p50, "min": float(arr.min()), "max": float(arr.max()), "samples": arr.tolist()},
-            "enqueue_us_per_layer": host, "device": device,
+            "enqueue_us_per_layer": host, "device": device, "board": board.summary() if board is not None else None,
             "GBps": (moved / (p50 * 1e3)) if (p50 and not plain) else None, "finite": finite,
             "buffer_bytes_per_rank": None if plain else comm.buffer_bytes()}
 
@@ -379,7 +384,8 @@ def run(jax, args, progress_label=""):
                     if lead:
                         us = rec.get("per_layer_us", {}).get("p50")
                         progress.write(f"finished {b}/{s}/{kind}/{place}: "
-                                       + (f"{us:.1f} µs/layer" if us else rec.get("error", "")))
+                                       + (f"{us:.1f} µs/layer" if us else rec.get("error", ""))
+                                       + (f"; {gpu_clock.describe(rec['board'])}" if rec.get("board") else ""))
             comm.close()
     progress.close()
     return {"meta": meta, "results": results, "skipped": skipped}
