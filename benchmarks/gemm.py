@@ -41,6 +41,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from benchlib import gpu_clock
+
 FP8, BF16 = jnp.float8_e4m3fn, jnp.bfloat16
 H, F = 7168, 2048
 
@@ -70,7 +72,6 @@ def timeit_board(fn, *args, trials=7):
     """timeit, with the GPU's SM clock and power over the measurement (benchlib/gpu_clock.py) in
     r["board"]: back-to-back decode GEMMs can reach the board's power limit and run below the boost
     clock, and the ratios of such a run say so."""
-    from benchlib import gpu_clock
     with gpu_clock.ClockLog() as log:
         r = timeit(fn, *args, trials=trials)
     r["board"] = log.summary()
@@ -312,7 +313,6 @@ def _fmt(r):
 
 
 def report(out):
-    from benchlib import gpu_clock
     lines = []
     for d in out.get("decode", []):
         hb8 = d["hbm_fp8"]["read_once_us"]

@@ -258,12 +258,11 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
         y = timing.block(f_step(y, ids, w, num, params))
     progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared} compile", 2 * units)
     per_layer, enqueued = [], []
-    import contextlib
     import time
     # on GPUs, the board's SM clock and power over the timed steps: layers of grouped expert GEMMs
     # run back to back can reach the power limit and a lower clock (docs/performance.md)
-    board = gpu_clock.ClockLog() if jax.default_backend() == "gpu" else None
-    with board if board is not None else contextlib.nullcontext():
+    board = gpu_clock.ClockLog(enabled=jax.default_backend() != "cpu")
+    with board:
         while timing.keep_going(len(per_layer), sum(per_layer) * args.steps * args.layers, args.repeats,
                                 getattr(args, "min_time_s", 0.0), 10 * args.repeats):
             timing.barrier("layers")
@@ -298,7 +297,7 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     # device, sets the pace (launch overhead of the step's thunks and FFI calls)
     host = float(np.percentile(np.asarray(enqueued) * 1e6, 50))
     return {"per_layer_us": {"p50": p50, "min": float(arr.min()), "max": float(arr.max()), "samples": arr.tolist()},
-            "enqueue_us_per_layer": host, "device": device, "board": board.summary() if board is not None else None,
+            "enqueue_us_per_layer": host, "device": device, "board": board.summary(),
             "GBps": (moved / (p50 * 1e3)) if (p50 and not plain) else None, "finite": finite,
             "buffer_bytes_per_rank": None if plain else comm.buffer_bytes()}
 

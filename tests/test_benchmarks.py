@@ -752,16 +752,24 @@ def test_gpu_clock_log_runs_nvidia_smi_and_says_why_without(tmp_path, monkeypatc
     with gpu_clock.ClockLog() as log:
         pass
     assert "no nvidia-smi" in log.summary()["why"]
-    fake = tmp_path / "nvidia-smi"  # prints two busy samples, then runs until terminated
-    fake.write_text("#!/bin/sh\necho '1700, 690.0, 0x0000000000000004'\necho '1980, 400.0, 0x0'\nexec sleep 30\n")
+    # prints two busy samples and writes its arguments, then runs until terminated
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'args'}\n"
+                    "echo '1700, 690.0, 0x0000000000000004'\necho '1980, 400.0, 0x0'\nexec sleep 30\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + "/bin" + os.pathsep + "/usr/bin")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
     t0 = time.monotonic()
     with gpu_clock.ClockLog(interval_ms=10) as log:
         time.sleep(0.3)
     assert time.monotonic() - t0 < 10  # terminated, not waited for
     s = log.summary()
     assert s["samples"] == 2 and s["sm_mhz_min"] == 1700 and s["power_capped"] == pytest.approx(0.5), s
+    args = (tmp_path / "args").read_text().split()
+    assert args[args.index("-i") + 1] == "3" and args[args.index("-lms") + 1] == "10", args  # the first visible GPU
+    with gpu_clock.ClockLog(enabled=False) as off:  # a CPU run: nothing started, no summary
+        pass
+    assert off.summary() is None
 
 
 def test_gemm_trace_names_and_report():

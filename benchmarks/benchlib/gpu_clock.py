@@ -73,29 +73,33 @@ def describe(s: Optional[Dict]) -> str:
             f"of {s['samples']} samples" + (f", thermal {100 * s['thermal']:.0f} %" if s["thermal"] else ""))
 
 
-def _gpu_index() -> str:
-    """The physical index of the first visible GPU (CUDA_VISIBLE_DEVICES when it names indices)."""
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-    return first if first.isdigit() else "0"
+def _first_visible_gpu() -> str:
+    """The first GPU CUDA_VISIBLE_DEVICES names (an index or a UUID, as nvidia-smi -i takes them), else 0."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return first or "0"
 
 
 class ClockLog:
-    """Samples the first visible GPU every interval_ms while the with-block runs (nvidia-smi -lms)."""
+    """Samples the first visible GPU every interval_ms while the with-block runs (nvidia-smi -lms).
+    enabled=False (a CPU run) samples nothing and its summary is None."""
 
-    def __init__(self, interval_ms: int = 50):
+    def __init__(self, interval_ms: int = 50, enabled: bool = True):
         self.interval_ms = interval_ms
+        self.enabled = enabled
         self._proc: Optional[subprocess.Popen] = None
         self._lines: List[str] = []
         self._why: Optional[str] = None
 
     def __enter__(self) -> "ClockLog":
+        if not self.enabled:
+            return self
         exe = shutil.which("nvidia-smi")
         if exe is None:
             self._why = "no nvidia-smi (not a GPU machine)"
             return self
         try:
             self._proc = subprocess.Popen(
-                [exe, "-i", _gpu_index(), f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+                [exe, "-i", _first_visible_gpu(), f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
                  "-lms", str(self.interval_ms)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError as e:
             self._why = f"nvidia-smi did not start: {e}"
@@ -113,7 +117,9 @@ class ClockLog:
         self._lines = out.splitlines()
         self._proc = None
 
-    def summary(self) -> Dict:
+    def summary(self) -> Optional[Dict]:
+        if not self.enabled:
+            return None
         if self._why:
             return {"why": self._why}
         return summarize(self._lines)
