@@ -400,6 +400,15 @@ bool check(const Case& c, std::mt19937& gen, int row_step, bool serial, int swap
   return ok;
 }
 
+// The fused SwiGLU's outputs (h e4m3 [rows, n / 2], its scales [rows, n / 256]) for a gate+up case.
+void attach_swiglu(const Case& c, const Buffers& b, a2a::gemm::wgmma::Fp8LaunchParams& p, uint8_t*& h, float*& hs) {
+  CK(cudaMalloc(&h, static_cast<size_t>(b.total_rows) * (c.n / 2)));
+  CK(cudaMalloc(&hs, static_cast<size_t>(b.total_rows) * (c.n / 256) * 4));
+  p.swiglu_fp8 = true;
+  p.h = h;
+  p.h_scale = hs;
+}
+
 // The gate+up GEMM with the fused SwiGLU epilogue (swiglu_fp8): c.n = 2F. Against the reference
 // gate and up (f32 sums), rounded to bf16, h = silu(g) * u in f32, and the library's quantiser on
 // the host (core/fp8.h): each dequantised h within 8 % of the reference (e4m3's half step is 1/16;
@@ -411,18 +420,14 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial, int swap = 0) {
   Buffers b = make_buffers(c, gen, true);
   const int f = c.n / 2, nb = f / 128;
   const auto groups = row_groups(c, b.total_rows);
-  uint8_t* h = nullptr;
-  float* hs = nullptr;
-  CK(cudaMalloc(&h, std::max<size_t>(static_cast<size_t>(b.total_rows) * f, 1)));
-  CK(cudaMalloc(&hs, std::max<size_t>(static_cast<size_t>(b.total_rows) * nb, 1) * 4));
-  CK(cudaMemset(h, 0x7F, std::max<size_t>(static_cast<size_t>(b.total_rows) * f, 1)));  // e4m3 NaN
-  CK(cudaMemset(hs, 0xFF, std::max<size_t>(static_cast<size_t>(b.total_rows) * nb, 1) * 4));
   auto p = params_of(c, b);
   p.serial_promotion = serial;
   p.swap_tokens = swap;
-  p.swiglu_fp8 = true;
-  p.h = h;
-  p.h_scale = hs;
+  uint8_t* h = nullptr;
+  float* hs = nullptr;
+  attach_swiglu(c, b, p, h, hs);
+  CK(cudaMemset(h, 0x7F, static_cast<size_t>(b.total_rows) * f));  // e4m3 NaN
+  CK(cudaMemset(hs, 0xFF, static_cast<size_t>(b.total_rows) * nb * 4));
   if (const char* why = a2a::gemm::wgmma::fp8_unsupported_reason(p)) {
     std::printf("%-22s UNSUPPORTED: %s\n", c.name.c_str(), why);
     cudaFree(h);
@@ -490,15 +495,6 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial, int swap = 0) {
 float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-// The fused SwiGLU's outputs (h e4m3 [rows, n / 2], its scales [rows, n / 256]) for a gate+up case.
-void attach_swiglu(const Case& c, const Buffers& b, a2a::gemm::wgmma::Fp8LaunchParams& p, uint8_t*& h, float*& hs) {
-  CK(cudaMalloc(&h, static_cast<size_t>(b.total_rows) * (c.n / 2)));
-  CK(cudaMalloc(&hs, static_cast<size_t>(b.total_rows) * (c.n / 256) * 4));
-  p.swiglu_fp8 = true;
-  p.h = h;
-  p.h_scale = hs;
 }
 
 void time_case(const Case& c, std::mt19937& gen, int iters, bool serial, bool swiglu = false, int swap = 0, int cluster = 1,
