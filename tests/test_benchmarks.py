@@ -754,19 +754,34 @@ def test_gpu_clock_log_runs_nvidia_smi_and_says_why_without(tmp_path, monkeypatc
     assert "no nvidia-smi" in log.summary()["why"]
     # prints two busy samples and writes its arguments, then runs until terminated
     fake = tmp_path / "nvidia-smi"
-    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'args'}\n"
+    # the power field's probe (no -lms) answers one number; the log prints two busy samples slowly
+    # (the first after 0.5 s: __enter__ waits for it), then runs until terminated
+    fake.write_text("#!/bin/sh\ncase \"$*\" in *-lms*) ;; *) echo 612.5; exit 0;; esac\n"
+                    f"echo \"$@\" > {tmp_path / 'args'}\nsleep 0.5\n"
                     "echo '1700, 690.0, 0x0000000000000004'\necho '1980, 400.0, 0x0'\nexec sleep 30\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + "/bin" + os.pathsep + "/usr/bin")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
     t0 = time.monotonic()
     with gpu_clock.ClockLog(interval_ms=10) as log:
-        time.sleep(0.3)
+        pass  # an instant block: its samples are there because __enter__ waited for the first
     assert time.monotonic() - t0 < 10  # terminated, not waited for
     s = log.summary()
-    assert s["samples"] == 2 and s["sm_mhz_min"] == 1700 and s["power_capped"] == pytest.approx(0.5), s
+    assert s["samples"] >= 1 and s["sm_mhz_min"] == 1700 and s["power_field"] == "power.draw.instant", s
     args = (tmp_path / "args").read_text().split()
     assert args[args.index("-i") + 1] == "3" and args[args.index("-lms") + 1] == "10", args  # the first visible GPU
+    assert "power.draw.instant" in args[[a.startswith("--query-gpu") for a in args].index(True)]
+    assert "(1 s average)" not in gpu_clock.describe(s)
+    # a driver without the instant field: its probe fails, the log asks for power.draw and says so
+    gpu_clock._POWER_FIELD.clear()
+    fake.write_text("#!/bin/sh\ncase \"$*\" in *-lms*) ;; *) echo 'Field is not a valid field'; exit 2;; esac\n"
+                    "echo '1700, 690.0, 0x0000000000000004'\necho '1980, 400.0, 0x0'\nexec sleep 30\n")
+    with gpu_clock.ClockLog(interval_ms=10) as log:
+        time.sleep(0.3)
+    s = log.summary()
+    assert s["samples"] == 2 and s["power_capped"] == pytest.approx(0.5) and s["power_field"] == "power.draw", s
+    assert "(1 s average)" in gpu_clock.describe(s)
+    gpu_clock._POWER_FIELD.clear()
     with gpu_clock.ClockLog(enabled=False) as off:  # a CPU run: nothing started, no summary
         pass
     assert off.summary() is None

@@ -19,6 +19,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import threading
 from typing import Dict, Iterable, List, Optional
 
 # nvidia-smi's clocks_event_reasons bits (nvmlClocksEventReasons)
@@ -30,7 +31,30 @@ HW_POWER_BRAKE = 0x80
 POWER_BITS = SW_POWER_CAP | HW_POWER_BRAKE
 THERMAL_BITS = SW_THERMAL | HW_THERMAL
 
-QUERY = "clocks.sm,power.draw,clocks_event_reasons.active"
+QUERY = "clocks.sm,{power},clocks_event_reasons.active"
+_POWER_FIELD: Dict[str, str] = {}  # nvidia-smi path -> the power field it answers
+
+
+def query(exe: str, gpu: str) -> str:
+    """--query-gpu's fields: power.draw.instant where this nvidia-smi answers it (driver R530 and
+    newer), else power.draw. Asked once per nvidia-smi (~0.1-0.5 s)."""
+    if exe not in _POWER_FIELD:
+        try:
+            r = subprocess.run([exe, "-i", gpu, "--query-gpu=power.draw.instant", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, timeout=10)
+            ok = r.returncode == 0 and _number(r.stdout.splitlines()[0] if r.stdout else "")
+        except (OSError, subprocess.TimeoutExpired):
+            ok = False
+        _POWER_FIELD[exe] = "power.draw.instant" if ok else "power.draw"
+    return QUERY.format(power=_POWER_FIELD[exe])
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text.strip())
+        return True
+    except ValueError:
+        return False
 
 
 def summarize(lines: Iterable[str]) -> Dict:
@@ -68,9 +92,11 @@ def describe(s: Optional[Dict]) -> str:
         return "board: not sampled"
     if "why" in s:
         return f"board: {s['why']}"
+    avg = " (1 s average)" if s.get("power_field") == "power.draw" else ""
     return (f"board: SM clock p50 {s['sm_mhz_p50']:.0f} MHz (min {s['sm_mhz_min']:.0f}), power p50 "
-            f"{s['power_w_p50']:.0f} W (max {s['power_w_max']:.0f}), power-capped in {100 * s['power_capped']:.0f} % "
-            f"of {s['samples']} samples" + (f", thermal {100 * s['thermal']:.0f} %" if s["thermal"] else ""))
+            f"{s['power_w_p50']:.0f} W{avg} (max {s['power_w_max']:.0f}), power-capped in "
+            f"{100 * s['power_capped']:.0f} % of {s['samples']} samples"
+            + (f", thermal {100 * s['thermal']:.0f} %" if s["thermal"] else ""))
 
 
 def _first_visible_gpu() -> str:
@@ -81,14 +107,29 @@ def _first_visible_gpu() -> str:
 
 class ClockLog:
     """Samples the first visible GPU every interval_ms while the with-block runs (nvidia-smi -lms).
-    enabled=False (a CPU run) samples nothing and its summary is None."""
+    enabled=False (a CPU run) samples nothing and its summary is None.
 
-    def __init__(self, interval_ms: int = 50, enabled: bool = True):
+    nvidia-smi takes a few hundred ms to start (NVML's initialisation): __enter__ returns only once
+    its first sample came (at most start_timeout_s), so a short measurement is sampled from its
+    start; a reader thread collects the lines as they come. Power is the board's instantaneous
+    draw (power.draw.instant) where the driver has it: Ampere and newer report power.draw as a
+    1 s average, which blurs a measurement shorter than that with the idle time around it."""
+
+    def __init__(self, interval_ms: int = 20, enabled: bool = True, start_timeout_s: float = 5.0):
         self.interval_ms = interval_ms
         self.enabled = enabled
+        self.start_timeout_s = start_timeout_s
         self._proc: Optional[subprocess.Popen] = None
+        self._reader: Optional[threading.Thread] = None
+        self._first = threading.Event()
         self._lines: List[str] = []
         self._why: Optional[str] = None
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            self._lines.append(line.rstrip("\n"))
+            self._first.set()
+        self._first.set()  # exited (or terminated): nobody waits for a first line any more
 
     def __enter__(self) -> "ClockLog":
         if not self.enabled:
@@ -97,12 +138,17 @@ class ClockLog:
         if exe is None:
             self._why = "no nvidia-smi (not a GPU machine)"
             return self
+        gpu = _first_visible_gpu()
         try:
             self._proc = subprocess.Popen(
-                [exe, "-i", _first_visible_gpu(), f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+                [exe, "-i", gpu, f"--query-gpu={query(exe, gpu)}", "--format=csv,noheader,nounits",
                  "-lms", str(self.interval_ms)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError as e:
             self._why = f"nvidia-smi did not start: {e}"
+            return self
+        self._reader = threading.Thread(target=self._read, name="gpu-clock-log", daemon=True)
+        self._reader.start()
+        self._first.wait(self.start_timeout_s)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -110,11 +156,11 @@ class ClockLog:
             return
         self._proc.terminate()
         try:
-            out, _ = self._proc.communicate(timeout=5)
+            self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self._proc.kill()
-            out, _ = self._proc.communicate()
-        self._lines = out.splitlines()
+            self._proc.wait()
+        self._reader.join(timeout=5)
         self._proc = None
 
     def summary(self) -> Optional[Dict]:
@@ -122,4 +168,7 @@ class ClockLog:
             return None
         if self._why:
             return {"why": self._why}
-        return summarize(self._lines)
+        s = summarize(list(self._lines))
+        if "why" not in s:
+            s["power_field"] = _POWER_FIELD.get(shutil.which("nvidia-smi") or "", "power.draw")
+        return s
