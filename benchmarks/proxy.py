@@ -134,6 +134,10 @@ def parse_args(argv):
     p.add_argument("--nvlink-json", default=None,
                    help="halves.json of `halves.py --turns --backend cuda` at the same shape and process count (the "
                         "NVLink path, one node): prints each half's (turns) p50 against it")
+    p.add_argument("--timeline", default=None, metavar="DIR",
+                   help="record the proxies' step timelines (JAX_MOE_A2A_PROXY_TIMELINE) into DIR, one prefix per "
+                        "mode and round (the processes of one machine: process 0 reads them all), and report each "
+                        "transfer cut into its parts (benchlib/proxy_timeline.py)")
     p.add_argument("--json", default=None, help="write the record here (process 0)")
     args = p.parse_args(argv)
     if args.rounds < 1:
@@ -394,9 +398,11 @@ def framework_floor(jax, comm, glob, iters, warmup=3):
     return timing.summarize(timing.max_over_processes(samples, "floor"))["p50_us"]
 
 
-def run_mode(jax, spec, mesh, args, clock, mode):
+def run_mode(jax, spec, mesh, args, clock, mode, timeline=None):
     """Creates the communicator under the mode's environment, runs halves.bench_one recording its
-    calls, and returns the record with "samples" (per part, per iteration; collective)."""
+    calls, and returns the record with "samples" (per part, per iteration; collective). timeline: a
+    path prefix for the proxies' step timelines (JAX_MOE_A2A_PROXY_TIMELINE); process 0 reads every
+    process's files after the communicator closed and adds their parts as "timeline"."""
     import jax_moe_a2a as a2a
     from benchlib import Progress, timing
     from halves import bench_inputs, bench_one, jitted_halves, time_turns
@@ -405,7 +411,8 @@ def run_mode(jax, spec, mesh, args, clock, mode):
     if args.backend == "host":
         from jax_moe_a2a import env
         opts["node_size"] = env.get_int("NODE_SIZE", 0)
-    with environment(pb.PROXY_MODES[mode]):
+    changes = dict(pb.PROXY_MODES[mode], **({"JAX_MOE_A2A_PROXY_TIMELINE": timeline} if timeline else {}))
+    with environment(changes):
         comm = a2a.init(spec, mesh, "ep", backend=args.backend, collect_stats=False, **opts)
     try:
         before = comm.proxy_stats()
@@ -452,6 +459,11 @@ def run_mode(jax, spec, mesh, args, clock, mode):
             rec["kernel_turns"] = time_turns(jax, comm, glob, fns, args.iters, args.warmup, LandedWaiter(comm))
     finally:
         comm.close()
+    if timeline:
+        from benchlib import proxy_timeline
+        timing.barrier("timeline")  # every proxy stopped and wrote its file
+        if jax.process_index() == 0:
+            rec["timeline"] = proxy_timeline.summarize(proxy_timeline.read(timeline))
     return rec
 
 
@@ -531,6 +543,10 @@ def print_mode(rec, nbytes, wires, nvlink=None):
     for part, b in rec["breakdown"].items():
         for line in pb.format_half(part, b, nbytes[part.split(" ")[0]], wires[part][0]):
             print(line)
+    if "timeline" in rec:  # --timeline: every dispatch / combine of the mode (check, warm-up, both call forms)
+        from benchlib import proxy_timeline
+        for line in proxy_timeline.describe(rec["timeline"]):
+            print(line)
     floor = rec.get("framework_floor_us")
     if floor is not None:
         print(f"  JAX's call floor: {floor:.1f} µs per jitted call (a shard_map of the dispatch's operands returning one "
@@ -587,7 +603,10 @@ def halves(args):
         out["nvlink_turns_p50_us"] = nvlink
     transfers = {m: [] for m in args.modes}  # mode -> each round's {part: transfer p50}
     for rnd, mode in ((r, m) for r in range(args.rounds) for m in args.modes):
-        rec = run_mode(jax, spec, mesh, args, clock, mode)
+        tl = os.path.join(os.path.abspath(args.timeline), f"{mode}.round{rnd + 1}") if args.timeline else None
+        if tl and lead:
+            os.makedirs(args.timeline, exist_ok=True)
+        rec = run_mode(jax, spec, mesh, args, clock, mode, tl)
         if nbytes is None:  # routing and placement are the same in every mode
             nbytes = wire_bytes(spec, rec["num_ranks"], args.seed, rec["node_size"] or 0)
             wires = wire_parts(nbytes, engine_result)

@@ -94,6 +94,9 @@ VARS = (
     Var("PROXY_REPORT_S", "float", "the communicator's timeout_s", "cc/proxy/proxy.cc",
         "proxy: a slot with an op in flight and no step for this many seconds prints its flags and the proxy's "
         "steps to stderr, once per stall (a report, not an error); `0`: never", _NATIVE),
+    Var("PROXY_TIMELINE", "str (a path prefix)", "off", "cc/proxy/timeline.h",
+        "proxy: record the time of every protocol step and write them when the communicator closes, one file "
+        "per proxy, `<prefix>.r<rank>.p<pid>.<n>.tsv` (benchmarks/proxy.py --timeline reads them)", _NATIVE),
     Var("KERNEL_TIMING", "0|1|nosync", "0", "cc/gpu/kernel_timer.h (cuda, nvshmem: at communicator creation)",
         "GPU backends: CUDA events around each launch (`comm.kernel_seconds`); `1` with a GPU-side "
         "barrier of the EP group before each, `nosync` without",

@@ -303,7 +303,8 @@ if stage cpuproxy; then  # issue 35's CPU figure on this machine's cores: host b
     name="cpuproxy-n$n-${prov%%;*}"
     env JAX_PLATFORMS=cpu JAX_MOE_A2A_PROVIDER="$prov" JAX_MOE_A2A_IFACE="$([ "$prov" = shm ] || echo lo)" \
       timeout -k 20 $(cap 240) "${MPIRUN[@]}" -n "$n" python3 "$BENCH/proxy.py" --backend host --iters 50 --warmup 5 \
-      --engine-iters 2000 --engine-stream-mib 16 --proxy-modes "${CPUPROXY_MODES:-peer,series}" --json "$OUT/$name.json" 2>&1 \
+      --engine-iters 2000 --engine-stream-mib 16 --proxy-modes "${CPUPROXY_MODES:-peer,series}" --json "$OUT/$name.json" \
+      --timeline "$RUNDIR/$name-timeline" 2>&1 \
       | quiet | tee "$OUT/$name.log"
     echo "exit ${PIPESTATUS[0]}" >> "$OUT/$name.log"
   done

@@ -9,7 +9,8 @@
 # 2. the MPS control daemon, its pipe and log folders under /tmp (stopped at the end by its own
 #    `quit`, also when a stage fails or times out: trap)
 # 3. benchmarks/proxy.py at N = 2 and 4 over shm, node_size 1, decode shape, pipeline modes peer and
-#    series, each process CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / N (as mpsbench does)
+#    series, each process CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / N (as mpsbench does), with the
+#    proxies' step timelines (--timeline: each transfer cut into its parts)
 # 4. the proxy tests 2:1:shm and 4:2:shm under MPS (test_ops + test_slot_pairings, -x; FI_LOG_LEVEL=warn)
 # 5. `pair` (not in the default STAGES): the two tests that hang (open item 5) in variants that tell
 #    the causes apart, ~45 s each: STAGES="build pair" takes < 5 minutes (see stage 5 below)
@@ -109,7 +110,7 @@ if has bench; then
       timeout -k 5 "$limit" "${MPIRUN[@]}" -n "$n" --output-filename "$RUNDIR/$name" \
       python3 "$REPO/benchmarks/proxy.py" --shape decode --iters 30 --warmup 5 --no-turns --engine-iters 1000 \
       --engine-stream-mib 16 --proxy-modes "${PROXY_PIPELINE_MODES:-peer,series}" --rounds "${PROXY_ROUNDS:-1}" \
-      --json "$OUT/$name.json" \
+      --json "$OUT/$name.json" --timeline "$RUNDIR/$name-timeline" \
       > "$OUT/$name.full" 2>&1)
     rc=$?
     kill $DUMPER 2>/dev/null  # by its own id; its sleep ends on its own

@@ -13,6 +13,7 @@ libfabric shm / tcp;ofi_rxm under mpirun). Every result is checked against the N
 import gc
 import os
 import re
+import sys
 import time
 
 import jax
@@ -286,6 +287,46 @@ def test_proxy_threads_end_at_close(mesh, num_ranks):
     while threads() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert threads() <= before
+
+
+@pytest.mark.parametrize("pipeline", ["peer", "off"])
+def test_proxy_timeline_cuts_each_transfer_into_parts(mesh, num_ranks, tmp_path, monkeypatch, pipeline):
+    """JAX_MOE_A2A_PROXY_TIMELINE (cc/proxy/timeline.h): each proxy writes its steps when the
+    communicator closes, one file per local rank, and benchmarks/benchlib/proxy_timeline.py cuts
+    every landed dispatch and combine into parts that are never negative and add up to its transfer
+    (the proxy's counts_to_landed / comb_to_landed, which the stats' sums must match; a combine's
+    posting comes before its transfer starts). One process
+    (the files of the other processes of an mpirun would live in their own tmp_path)."""
+    if jax.process_count() > 1:
+        pytest.skip("one process: the check reads every rank's file from this process's tmp_path")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from benchlib import proxy_timeline as pt
+    prefix = str(tmp_path / "tl")
+    monkeypatch.setenv("JAX_MOE_A2A_PROXY_TIMELINE", prefix)  # read when the proxies start
+    monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", pipeline)
+    comm = proxied_three_steps(mesh, num_ranks, seed=41, priv=1)
+    stats = comm.proxy_stats()
+    comm.close()
+    by_rank = pt.read(prefix)
+    assert sorted(by_rank) == list(range(num_ranks)), sorted(by_rank)
+    for op, rows, parts, (ns_key, count_key) in (
+            ("dispatch", pt.dispatch_parts(by_rank), pt.DISPATCH_PARTS, ("counts_to_landed_ns", "dispatches_landed")),
+            ("combine", pt.combine_parts(by_rank), pt.COMBINE_PARTS, ("comb_to_landed_ns", "combines_landed"))):
+        landed = sum(s[count_key] for s in stats.values())
+        assert len(rows) == landed == 3 * num_ranks, (op, len(rows), landed)  # three steps, every rank
+        for r in rows:
+            assert all(r[k] >= 0 for k in parts), (op, r)
+            within = parts if op == "dispatch" else parts[1:]  # a combine's transfer starts after its posting
+            assert sum(r[k] for k in within) == pytest.approx(r["transfer"], abs=1e-3), (op, r)
+        # the proxy's own clock of the same interval, summed over ranks and steps (its clock reads
+        # lie a few instructions from the marks')
+        total = sum(s[ns_key] for s in stats.values()) / 1e3
+        assert sum(r["transfer"] for r in rows) == pytest.approx(total, rel=0.05, abs=50), (op, total)
+    s = pt.summarize(by_rank)
+    assert s["dispatch"]["steps"] == s["combine"]["steps"] == 3 * num_ranks
+    assert any("transfer" in line for line in pt.describe(s))
+    files = sorted(os.listdir(tmp_path))
+    assert len(files) == num_ranks and all(f.startswith("tl.r") and f.endswith(".tsv") for f in files), files
 
 
 def test_cuda_node_size_option():

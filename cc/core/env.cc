@@ -30,6 +30,7 @@ const char* const kNative[] = {
     "PROXY_MAX_SLEEP_US", "PROXY_IDLE_MS", "PROXY_IDLE_SLEEP_US", "KERNEL_TIMING", "DISPATCH_SEND",
     "GDRCOPY", "STAGING", "GDRCOPY_LIB", "GDRCOPY_DEV", "HOST_FLAG_MIRROR", "HOST_STAGED",
     "HOST_RECV_PAUSE_S", "HOST_PACK_PAUSE_S", "PRELOAD_KERNELS", "LAUNCH_INFO", "PROXY_REPORT_S",
+    "PROXY_TIMELINE",
 };
 const int kNumNative = sizeof(kNative) / sizeof(kNative[0]);
 

@@ -62,6 +62,7 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
     o.pipeline = v == "peer";
   }
   o.report_s = env::get_double("JAX_MOE_A2A_PROXY_REPORT_S", o.report_s);
+  if (const char* tl = env::get("JAX_MOE_A2A_PROXY_TIMELINE")) o.timeline = tl;
   const char* cpus = env::get("JAX_MOE_A2A_PROXY_CPUS");
   if (cpus && *cpus) {  // "3,7": CPU of local rank 0, 1; "none": no pinning
     std::stringstream ss(cpus);
@@ -82,7 +83,8 @@ Proxy::Proxy(protocol::Exchange& ex, Ctrl* ctrl, const ProxyOptions& o, FlagPath
       staging_(staging),
       source_flags_(o.pipeline && o.source_flags),
       source_flags_early_(source_flags_ && !staging && !flags_.landing_fence),
-      slots_(ex.options().slots) {
+      slots_(ex.options().slots),
+      timeline_(o.timeline) {
   if (ex.options().shape.N > kMaxRanks || ex.options().slots > kMaxSlots)
     throw std::invalid_argument("jax_moe_a2a proxy: at most 64 ranks and 8 slots");
   // The promise is shared with the thread: it may still be inside set_value when get() returns.
@@ -119,6 +121,11 @@ void Proxy::stop() {
   stop_.store(true, std::memory_order_release);
   wake();
   if (thread_.joinable()) thread_.join();
+  try {
+    timeline_.write(ex_.rank(), ex_.options().shape.N);  // once; nothing when off
+  } catch (const std::exception& e) {  // stop() runs in destructors: say it, do not throw
+    std::fprintf(stderr, "jax_moe_a2a proxy (rank %d): %s\n", ex_.rank(), e.what());
+  }
 }
 
 void Proxy::wake() {
@@ -250,7 +257,9 @@ bool Proxy::post_packed(int z, SlotState& s, uint32_t e, bool* moved) {
       done = false;
       continue;
     }
+    timeline_.mark(Mark::kDPrivPost, z, e, d);
     ex_.post_private_to(z, e, d);
+    timeline_.mark(Mark::kDPrivPosted, z, e, d);
     s.priv_posted |= 1ull << d;
     early += !all;
     *moved = true;
@@ -402,6 +411,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       }
       s.d_armed = false;
       raise(z, &SlotCtrl::d_send_ok, uint64_t(e) + 1);
+      timeline_.mark(Mark::kDSendOk, z, e);
       s.d = kDCounts;
       return true;
     case kDCounts:
@@ -409,6 +419,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       cur_op_ = kDispatchSend;
       ex_.post_counts(z, e);
       s.counts_out = Clock::now();
+      timeline_.mark(Mark::kDCountsOut, z, e);
       s.d = kDPriv;
       return true;
     case kDPriv:
@@ -429,7 +440,9 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
     case kDSendCopy:
       cur_op_ = kDispatchSend;
       if (!staged(z, s, RowBuffer::kDSend, kDispatchRecv, e)) return false;  // our recv kernel spins behind it
+      timeline_.mark(Mark::kDPrivPost, z, e);
       ex_.post_private(z, e);
+      timeline_.mark(Mark::kDPrivPosted, z, e);
       privs_out(s);
       return true;
     case kDCountsIn:
@@ -442,6 +455,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         check_late(kDispatchRecv, z, e, s.d_wait, "route counts", s.d_since);
         return false;
       }
+      timeline_.mark(Mark::kDCountsIn, z, e);  // again when a combine's post below returns first
       // The combine offsets of this dispatch replace the previous dispatch's, which a combine
       // packed but not yet posted still needs: the packer raised that c_packed before this
       // dispatch's d_counts (a slot's combine_send precedes its next dispatch_send), so post it now
@@ -470,6 +484,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       ex_.take_combine_offsets(z);
       ex_.post_overflow(z, e);
       publish_landing(z);
+      timeline_.mark(Mark::kDOverOut, z, e);
       if (source_flags_) store_release(&c.d_placed, uint64_t(e) + 1);  // over_base, c_off: valid
       s.d_wait = ex_.expect_rows(z, e);
       s.d = kDRowsIn;
@@ -482,6 +497,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         check_late(kDispatchRecv, z, e, s.d_wait, "private and overflow rows", s.d_since);
         return false;
       }
+      timeline_.mark(Mark::kDRowsIn, z, e);
       s.d_armed = false;
       s.d = kDRecvCopy;
       if (staging_) {
@@ -496,6 +512,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       if (flags_.landing_fence) flags_.landing_fence();
       if (source_flags_) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, true);  // those not raised yet (staging: all of them)
       raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);
+      timeline_.mark(Mark::kDLanded, z, e);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_.counts_to_landed_ns += ns_since(s.counts_out);
@@ -507,6 +524,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       if (load_acquire(&c.d_consumed) < uint64_t(e) + 1) return false;
       cur_op_ = kDispatchRecv;
       ex_.signal_free_d(z, e);
+      timeline_.mark(Mark::kDConsumed, z, e);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
         ++stats_.dispatches;
@@ -537,6 +555,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
       }
       s.c_armed = false;
       raise(z, &SlotCtrl::c_send_ok, uint64_t(e) + 1);
+      timeline_.mark(Mark::kCSendOk, z, e);
       s.c = kCPacked;
       return true;
     case kCPacked:
@@ -554,8 +573,10 @@ bool Proxy::step_combine(int z, SlotState& s) {
     case kCSendCopy:
       cur_op_ = kCombineSend;
       if (!staged(z, s, RowBuffer::kCSend, kCombineRecv, e)) return false;
+      timeline_.mark(Mark::kCCombPost, z, e);
       ex_.post_combine(z, e, c.rows_from, c.c_stride);
       s.comb_out = Clock::now();
+      timeline_.mark(Mark::kCCombPosted, z, e);
       s.c_wait = ex_.expect_comb(z, e);
       s.c_since = {};
       s.c = kCLanded;
@@ -568,6 +589,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
         check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
         return false;
       }
+      timeline_.mark(Mark::kCCombIn, z, e);
       s.c = kCRecvCopy;
       if (staging_) {
         stage(z, s, RowBuffer::kCRecv, s.comb_in);
@@ -581,6 +603,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
       if (flags_.landing_fence) flags_.landing_fence();
       if (source_flags_) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, true);  // those not raised yet (staging: all of them)
       raise(z, &SlotCtrl::c_landed, uint64_t(e) + 1);
+      timeline_.mark(Mark::kCLanded, z, e);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_.comb_to_landed_ns += ns_since(s.comb_out);
@@ -592,6 +615,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
       if (load_acquire(&c.c_consumed) < uint64_t(e) + 1) return false;
       cur_op_ = kCombineRecv;
       ex_.signal_free_c(z, e);
+      timeline_.mark(Mark::kCConsumed, z, e);
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
         ++stats_.combines;

@@ -37,6 +37,7 @@
 #include "protocol/exchange.h"
 #include "core/ctrl.h"
 #include "proxy/staging.h"
+#include "proxy/timeline.h"
 
 namespace a2a::proxy {
 
@@ -73,6 +74,9 @@ struct ProxyOptions {
   // many seconds prints its flags and our steps once to stderr (a report, not an error: see
   // Proxy::report_stalls); negative (unset): the exchange's timeout_s; 0: never.
   double report_s = -1;
+  // JAX_MOE_A2A_PROXY_TIMELINE=<prefix>: record every step's time and write them when the proxy
+  // stops (proxy/timeline.h); empty: off.
+  std::string timeline;
   // Not from the environment: the packer opts in when its receiver reads the per-source landing
   // flags (the host backend's does; the cuda kernels read only d_landed and c_landed).
   bool source_flags = false;
@@ -241,6 +245,7 @@ class Proxy {
   // are readable after it), rather than all together with d_landed / c_landed.
   bool source_flags_ = false, source_flags_early_ = false;
   std::vector<SlotState> slots_;
+  Timeline timeline_;  // the proxy thread's marks; written by stop() after the join
   std::atomic<bool> stop_{false};
   // wake(): wakes_ counts the calls; the thread sleeps on wake_cv_ (under wake_mu_) with
   // sleeping_ set, and wake() takes the lock and notifies only then (seq_cst on both sides: a

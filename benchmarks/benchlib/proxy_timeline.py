@@ -1,0 +1,136 @@
+"""The proxy's step timeline (JAX_MOE_A2A_PROXY_TIMELINE, cc/proxy/timeline.h) read back and cut
+into the parts of a transfer, so that the proxy benchmark's "unexplained" rest gets names.
+
+Every proxy writes "<prefix>.r<rank>.p<pid>.<n>.tsv" when it stops: one line per protocol step,
+"t_ns  mark  slot  epoch  peer", CLOCK_MONOTONIC (one clock for the processes of a machine, so the
+files of one machine can be compared with each other). The proxy's state machine takes a dispatch's
+steps in this order, so the parts below add up to its transfer (`counts_to_landed`):
+
+  dispatch, per (rank, slot, epoch):
+    pack after COUNTS   d_counts_out -> first d_priv_post: our packer still packing after it published
+                        the counts (the send kernel's packing), and the proxy's reaction to d_packed
+    posting             first d_priv_post -> last d_priv_posted: the PRIV write calls themselves
+    peers' COUNTS       -> d_counts_in: the slowest remote peer's COUNTS still to come
+    OVER out            -> d_over_out: a combine posted meanwhile, our OVER writes, the offsets published
+    rows: peer late     -> the last remote peer's start of its PRIV post to us (its file), when that
+                        came after our OVER out: the peer had not posted yet (its pack, its skew)
+    rows: wire          -> d_rows_in: from the later of the two to every peer's PRIV and OVER rows seen
+                        (the peer's post call, the transport and its progress, our polling)
+    landing             -> d_landed: the landing copy or fence, if any, and raising the flag
+  combine, per (rank, slot, epoch):
+    posting             c_comb_post -> c_comb_posted (before `comb_to_landed` starts)
+    rows: peer late     c_comb_posted -> the last remote peer's start of its COMB post, when later
+    rows: wire          -> c_comb_in
+    landing             -> c_landed
+"""
+
+from __future__ import annotations
+
+import glob
+import statistics
+from collections import defaultdict
+from typing import Dict, List, Tuple
+
+DISPATCH_PARTS = ("pack after COUNTS", "posting", "peers' COUNTS", "OVER out", "rows: peer late", "rows: wire",
+                  "landing")
+COMBINE_PARTS = ("posting", "rows: peer late", "rows: wire", "landing")
+
+Marks = Dict[Tuple[str, int, int], List[Tuple[int, int]]]  # (mark, slot, epoch) -> [(t_ns, peer)]
+
+
+def read(prefix: str) -> Dict[int, Marks]:
+    """{rank: {(mark, slot, epoch): [(t_ns, peer), ...]}} from every file of `prefix` (all files of
+    a rank merged: a process may have run several communicators under one prefix)."""
+    out: Dict[int, Marks] = {}
+    for path in sorted(glob.glob(glob.escape(prefix) + ".r*.tsv")):
+        with open(path) as f:
+            head = f.readline().split()
+            if head[:5] != ["#", "jax_moe_a2a", "proxy", "timeline", "rank"]:
+                raise ValueError(f"{path}: not a proxy timeline (header {' '.join(head)!r})")
+            marks = out.setdefault(int(head[5]), defaultdict(list))
+            for line in f:
+                t, mark, slot, epoch, peer = line.split("\t")
+                marks[(mark, int(slot), int(epoch))].append((int(t), int(peer)))
+    return out
+
+
+def _first(m: Marks, mark, z, e):
+    v = m.get((mark, z, e))
+    return min(t for t, _ in v) if v else None
+
+
+def _last(m: Marks, mark, z, e, to=None):
+    """The latest time of `mark`; with `to`, only marks about peer `to` or about every peer (-1)."""
+    v = [t for t, p in m.get((mark, z, e), ()) if to is None or p in (to, -1)]
+    return max(v) if v else None
+
+
+def dispatch_parts(by_rank: Dict[int, Marks]) -> List[Dict[str, float]]:
+    """Per (rank, slot, epoch) whose dispatch landed: the parts above in µs, and "transfer"."""
+    rows = []
+    for r, m in by_rank.items():
+        for (mark, z, e) in [k for k in m if k[0] == "d_landed"]:
+            t = {k: _first(m, k, z, e) for k in ("d_counts_out", "d_priv_post", "d_counts_in", "d_over_out",
+                                                  "d_rows_in", "d_landed")}
+            posted = _last(m, "d_priv_posted", z, e)
+            if any(v is None for v in t.values()) or posted is None:
+                continue  # a step cut by close() or not recorded
+            peers = [_last(pm, "d_priv_post", z, e, to=r) for p, pm in by_rank.items() if p != r]
+            peer_post = max((v for v in peers if v is not None), default=None)
+            over = t["d_over_out"]
+            late = max(0, peer_post - over) if peer_post is not None else 0
+            parts = {"pack after COUNTS": t["d_priv_post"] - t["d_counts_out"], "posting": posted - t["d_priv_post"],
+                     "peers' COUNTS": t["d_counts_in"] - posted, "OVER out": over - t["d_counts_in"],
+                     "rows: peer late": late, "rows: wire": t["d_rows_in"] - over - late,
+                     "landing": t["d_landed"] - t["d_rows_in"], "transfer": t["d_landed"] - t["d_counts_out"]}
+            rows.append({k: v / 1e3 for k, v in parts.items()})
+    return rows
+
+
+def combine_parts(by_rank: Dict[int, Marks]) -> List[Dict[str, float]]:
+    """Per (rank, slot, epoch) whose combine landed: the parts above in µs, and "transfer"
+    (c_comb_posted -> c_landed, the proxy's comb_to_landed)."""
+    rows = []
+    for r, m in by_rank.items():
+        for (mark, z, e) in [k for k in m if k[0] == "c_landed"]:
+            t = {k: _first(m, k, z, e) for k in ("c_comb_post", "c_comb_posted", "c_comb_in", "c_landed")}
+            if any(v is None for v in t.values()):
+                continue
+            peers = [_last(pm, "c_comb_post", z, e, to=r) for p, pm in by_rank.items() if p != r]
+            peer_post = max((v for v in peers if v is not None), default=None)
+            late = max(0, peer_post - t["c_comb_posted"]) if peer_post is not None else 0
+            parts = {"posting": t["c_comb_posted"] - t["c_comb_post"], "rows: peer late": late,
+                     "rows: wire": t["c_comb_in"] - t["c_comb_posted"] - late,
+                     "landing": t["c_landed"] - t["c_comb_in"], "transfer": t["c_landed"] - t["c_comb_posted"]}
+            rows.append({k: v / 1e3 for k, v in parts.items()})
+    return rows
+
+
+def summarize(by_rank: Dict[int, Marks]) -> Dict[str, Dict]:
+    """{"dispatch" | "combine": {"steps": n, "p50_us": {part: p50 over every rank's steps}}}. The
+    p50s of the parts need not add up to the p50 of the transfer; their means do."""
+    out = {}
+    for op, rows, parts in (("dispatch", dispatch_parts(by_rank), DISPATCH_PARTS),
+                            ("combine", combine_parts(by_rank), COMBINE_PARTS)):
+        if not rows:
+            out[op] = {"steps": 0}
+            continue
+        keys = parts + ("transfer",)
+        out[op] = {"steps": len(rows),
+                   "p50_us": {k: statistics.median(r[k] for r in rows) for k in keys},
+                   "mean_us": {k: statistics.fmean(r[k] for r in rows) for k in keys}}
+    return out
+
+
+def describe(summary: Dict[str, Dict]) -> List[str]:
+    """Report lines: each op's parts, p50 (mean) µs over every rank's steps."""
+    lines = []
+    for op, parts in (("dispatch", DISPATCH_PARTS), ("combine", COMBINE_PARTS)):
+        s = summary.get(op, {})
+        if not s.get("steps"):
+            lines.append(f"  timeline {op}: no complete steps recorded")
+            continue
+        body = " | ".join(f"{k} {s['p50_us'][k]:.1f} ({s['mean_us'][k]:.1f})" for k in parts)
+        lines.append(f"  timeline {op} (p50 (mean) µs over {s['steps']} steps of every rank): {body} "
+                     f"= transfer {s['p50_us']['transfer']:.1f} ({s['mean_us']['transfer']:.1f})")
+    return lines
