@@ -97,6 +97,9 @@ VARS = (
     Var("PROXY_TIMELINE", "str (a path prefix)", "off", "cc/proxy/timeline.h",
         "proxy: record the time of every protocol step and write them when the communicator closes, one file "
         "per proxy, `<prefix>.r<rank>.p<pid>.<n>.tsv` (benchmarks/proxy.py --timeline reads them)", _NATIVE),
+    Var("WRITE_CHUNK_KIB", "float", "0 (one write a peer)", "cc/protocol/exchange.cc",
+        "inter-node paths: a peer's PRIV and OVER rows written in pieces of at most this many KiB (the receiver "
+        "counts them); the same on every process", _NATIVE),
     Var("KERNEL_TIMING", "0|1|nosync", "0", "cc/gpu/kernel_timer.h (cuda, nvshmem: at communicator creation)",
         "GPU backends: CUDA events around each launch (`comm.kernel_seconds`); `1` with a GPU-side "
         "barrier of the EP group before each, `nosync` without",

@@ -289,6 +289,27 @@ def test_proxy_threads_end_at_close(mesh, num_ranks):
     assert threads() <= before
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("priv", [0, 1, None], ids=["over-only", "priv1", "priv-full"])
+@pytest.mark.parametrize("proxied_path", [True, False], ids=["proxied", "engine"])
+def test_rows_written_in_pieces(num_ranks, mesh, monkeypatch, priv, proxied_path):
+    """JAX_MOE_A2A_WRITE_CHUNK_KIB splits each PRIV and OVER write into pieces (cc/protocol/
+    exchange.cc write_pieces) that the receiver counts from the sources' count matrices: three
+    steps (random, skewed, one hot expert) against the oracle, outputs poisoned, with rows of ~100
+    bytes in 256-byte pieces, so most writes are several pieces and some exactly one; through the
+    proxy and through the host backend's own engine path. With the proxy its counter says the
+    writes were split (else this would test one write per peer again)."""
+    monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "0.25")  # read when the exchange is created
+    spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10,
+                    dispatch_dtype=FP8, scale_block=32)
+    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=proxied_path, max_private_tokens=priv, timeout_s=60.0)
+    check_three_steps(comm, spec, num_ranks, seed=51)
+    if proxied_path:
+        pieces = sum(s["write_pieces"] for s in comm.proxy_stats().values())
+        assert pieces > 0, comm.proxy_stats()
+    comm.close()
+
+
 @pytest.mark.parametrize("pipeline", ["peer", "off"])
 def test_proxy_timeline_cuts_each_transfer_into_parts(mesh, num_ranks, tmp_path, monkeypatch, pipeline):
     """JAX_MOE_A2A_PROXY_TIMELINE (cc/proxy/timeline.h): each proxy writes its steps when the

@@ -41,6 +41,11 @@ PROXY_MODES = {
     "series": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "off"},
     "peer-spin": {"JAX_MOE_A2A_PROXY": "spin", "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "peer"},
     "series-spin": {"JAX_MOE_A2A_PROXY": "spin", "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "off"},
+    # JAX_MOE_A2A_WRITE_CHUNK_KIB (cc/protocol/exchange.cc): a peer's PRIV and OVER rows in pieces of
+    # at most 256 KiB / 1 MiB (the engine's streaming bandwidth over shm is ~20 GB/s at 256 KiB - 1 MiB
+    # messages, ~13 GB/s at 4 MiB); `peer` writes them in one piece.
+    "chunk256": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_WRITE_CHUNK_KIB": "256"},
+    "chunk1024": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_WRITE_CHUNK_KIB": "1024"},
     # the idle back-off capped at 100 µs instead of growing to 2 ms after 20 ms idle (between steps)
     "peer-nap100": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "peer",
                     "JAX_MOE_A2A_PROXY_IDLE_SLEEP_US": "100"},

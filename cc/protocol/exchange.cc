@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "core/align.h"
+#include "core/env.h"
 #include "transfer/errors.h"
 #include "transfer/imm.h"
 
@@ -86,6 +87,10 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   if (o.shape.tp < 1 || o.shape.tp > 8) throw std::invalid_argument("jax_moe_a2a: tp_size must be in [1, 8]");
   if (o.node_size < 0) throw std::invalid_argument("jax_moe_a2a: node_size must be >= 0");
   if (int(buffers.size()) != o.slots) throw std::invalid_argument("Exchange: one SlotBuffers per slot");
+  const double chunk_kib = env::get_double("JAX_MOE_A2A_WRITE_CHUNK_KIB", 0);
+  if (!(chunk_kib >= 0) || chunk_kib > 1 << 30)
+    throw std::invalid_argument(format("JAX_MOE_A2A_WRITE_CHUNK_KIB=%g: expected KiB >= 0 (0: one write a peer)", chunk_kib));
+  chunk_ = static_cast<int64_t>(chunk_kib * 1024);
   for (int r = 0; r < o.shape.N; ++r) {
     all_.push_back(r);
     if (remote(rank_, r)) remote_.push_back(r);
@@ -171,7 +176,22 @@ Arrivals Exchange::expect(std::vector<uint32_t> tags, const std::vector<int>& ra
 Arrivals Exchange::expect_free_d(int z, uint32_t e) const { return live(z, expect({tag_of(kFreeD, z)}, remote_, e)); }
 Arrivals Exchange::expect_counts(int z, uint32_t e) const { return live(z, expect({tag_of(kCounts, z)}, all_, e)); }
 Arrivals Exchange::expect_rows(int z, uint32_t e) const {
-  return live(z, expect({tag_of(kPriv, z), tag_of(kOver, z)}, remote_, e));
+  Arrivals a = live(z, expect({tag_of(kPriv, z), tag_of(kOver, z)}, remote_, e));
+  if (chunk_ <= 0) return a;
+  // A write in pieces arrives as that many immediates: each source once per piece (post_private_to's
+  // and post_overflow's sizes, from the source's count matrix, which came with its COUNTS).
+  for (Arrivals::Part& p : a.parts) {
+    const bool priv = p.tag == tag_of(kPriv, z);
+    std::vector<int> ranks;
+    for (int r : p.ranks) {
+      const int64_t rows = rows_between(z, r, rank_);
+      const int64_t n = priv ? std::min<int64_t>(rows, lay_.priv) : std::max<int64_t>(0, rows - lay_.priv);
+      ranks.insert(ranks.end(), pieces(n * lay_.row), r);
+    }
+    p.ranks = std::move(ranks);
+    p.seen.assign(p.ranks.size(), 0);
+  }
+  return a;
 }
 Arrivals Exchange::expect_free_c(int z, uint32_t c) const { return live(z, expect({tag_of(kFreeC, z)}, remote_, c)); }
 Arrivals Exchange::expect_comb(int z, uint32_t c) const {
@@ -293,9 +313,24 @@ void Exchange::post_private(int z, uint32_t e) {
 void Exchange::post_private_to(int z, uint32_t e, int d) {
   if (!alive(z, d) || !remote(rank_, d)) return;
   const int64_t rows = std::min<int64_t>(rows_we_send(z, d), lay_.priv);
-  engine_->write(d, *regions_[z].d_send, int64_t(d) * lay_.P * lay_.row, rows * lay_.row,
-                 rows ? &regions_[z].d_recv_peer[d] : nullptr, int64_t(rank_) * lay_.priv * lay_.row,
-                 imm(tag_of(kPriv, z), e));
+  write_pieces(d, *regions_[z].d_send, int64_t(d) * lay_.P * lay_.row, rows * lay_.row,
+               rows ? &regions_[z].d_recv_peer[d] : nullptr, int64_t(rank_) * lay_.priv * lay_.row,
+               imm(tag_of(kPriv, z), e));
+}
+
+int Exchange::pieces(int64_t bytes) const {
+  return chunk_ <= 0 || bytes <= chunk_ ? 1 : static_cast<int>((bytes + chunk_ - 1) / chunk_);
+}
+
+void Exchange::write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
+                            const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t im) {
+  const int n = pieces(bytes);
+  if (n > 1) pieces_.fetch_add(n - 1, std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    const int64_t at = n == 1 ? 0 : i * chunk_;
+    const int64_t len = n == 1 ? bytes : std::min(chunk_, bytes - at);
+    engine_->write(d, src, src_off + at, len, dst, dst_off + at, im);
+  }
 }
 
 const int32_t* Exchange::counts_of(int z, int src) const {
@@ -321,9 +356,8 @@ void Exchange::post_overflow(int z, uint32_t e) {
     int64_t off = 0;
     for (int src = 0; src < rank_; ++src)
       if (remote(src, d)) off += std::max<int64_t>(0, rows_between(z, src, d) - lay_.priv);
-    engine_->write(d, *regions_[z].d_send, (int64_t(d) * lay_.P + lay_.priv) * lay_.row,
-                   over * lay_.row, over ? &regions_[z].d_recv_peer[d] : nullptr, lay_.over_off + off * lay_.row,
-                   imm(tag_of(kOver, z), e));
+    write_pieces(d, *regions_[z].d_send, (int64_t(d) * lay_.P + lay_.priv) * lay_.row, over * lay_.row,
+                 over ? &regions_[z].d_recv_peer[d] : nullptr, lay_.over_off + off * lay_.row, imm(tag_of(kOver, z), e));
   }
 }
 

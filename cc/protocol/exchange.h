@@ -30,6 +30,8 @@
 // below d. Every member computes the same index for each pair of its group (SendPlan::comb_slot).
 #pragma once
 
+#include <atomic>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -201,6 +203,9 @@ class Exchange {
   const int32_t* counts_of(int z, int src) const;
   // Rows src sends dst in this dispatch (sum over local experts).
   int64_t rows_between(int z, int src, int dst) const;
+  // Writes this exchange posted beyond one per PRIV / OVER write (JAX_MOE_A2A_WRITE_CHUNK_KIB split
+  // them); any thread may read it.
+  uint64_t pieces_posted() const { return pieces_.load(std::memory_order_relaxed); }
   // over_base[src] (N entries): first row of src's overflow in our overflow region, for sources
   // remote to us (0 for others). Valid after COUNTS.
   void overflow_bases(int z, int64_t* over_base) const;
@@ -240,6 +245,14 @@ class Exchange {
  private:
   uint32_t imm(uint32_t tag, uint32_t epoch) const;
   int64_t rows_we_send(int z, int d) const;  // from our count matrix in counts_send
+  // PRIV and OVER writes in pieces of at most chunk_ bytes (JAX_MOE_A2A_WRITE_CHUNK_KIB; 0: one
+  // write each), every piece carrying the write's immediate: pieces(bytes) writes, which the
+  // receiver expects as that many arrivals of the immediate (it knows the bytes from the counts).
+  int pieces(int64_t bytes) const;
+  void write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
+                    const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm);
+  int64_t chunk_ = 0;
+  std::atomic<uint64_t> pieces_{0};  // writes past the first of each split write (pieces_posted)
   Arrivals expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const;
   Arrivals live(int z, Arrivals a) const;  // without the ranks slot z's mask marks dead
   // even_if_masked: also when slot z's mask marks us dead (else nothing then: we write nobody)

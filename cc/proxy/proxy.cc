@@ -156,6 +156,7 @@ ProxyStats Proxy::stats() const {
   s.cpu = pinned_;
   s.flag_path = flags_.name;
   s.pipeline = o_.pipeline;
+  s.write_pieces = ex_.pieces_posted();
   return s;
 }
 

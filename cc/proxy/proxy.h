@@ -128,6 +128,8 @@ struct ProxyStats {
   // Host backend's proxied mode under `peer`: remote sources whose rows dispatch_recv unpacked
   // before d_landed was raised (the rest still in flight). 0 when it waits for d_landed.
   uint64_t recv_early = 0;
+  // PRIV / OVER writes posted beyond one per peer (JAX_MOE_A2A_WRITE_CHUNK_KIB: written in pieces).
+  uint64_t write_pieces = 0;
 };
 
 class Proxy {
