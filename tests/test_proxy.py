@@ -310,6 +310,15 @@ def test_rows_written_in_pieces(num_ranks, mesh, monkeypatch, priv, proxied_path
     comm.close()
 
 
+def test_write_chunk_must_be_a_size(num_ranks, mesh, monkeypatch):
+    """A negative or unparsable JAX_MOE_A2A_WRITE_CHUNK_KIB is refused when the exchange is created."""
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    for bad in ("-1", "lots"):
+        monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", bad)
+        with pytest.raises(Exception, match="WRITE_CHUNK_KIB"):
+            proxied(spec, mesh, timeout_s=10.0).close()
+
+
 @pytest.mark.parametrize("pipeline", ["peer", "off"])
 def test_proxy_timeline_cuts_each_transfer_into_parts(mesh, num_ranks, tmp_path, monkeypatch, pipeline):
     """JAX_MOE_A2A_PROXY_TIMELINE (cc/proxy/timeline.h): each proxy writes its steps when the

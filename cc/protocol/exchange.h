@@ -31,7 +31,6 @@
 #pragma once
 
 #include <atomic>
-
 #include <cstdint>
 #include <map>
 #include <memory>
