@@ -136,8 +136,9 @@ def parse_args(argv):
                         "NVLink path, one node): prints each half's (turns) p50 against it")
     p.add_argument("--timeline", default=None, metavar="DIR",
                    help="record the proxies' step timelines (JAX_MOE_A2A_PROXY_TIMELINE) into DIR, one prefix per "
-                        "mode and round (the processes of one machine: process 0 reads them all), and report each "
-                        "transfer cut into its parts (benchlib/proxy_timeline.py)")
+                        "mode and round (the processes of one machine: process 0 reads them all), and report the "
+                        "timed iterations' transfers (both call forms) cut into their parts and grouped by cause, "
+                        "the rows against one raw write of a peer's message (benchlib/proxy_timeline.py)")
     p.add_argument("--json", default=None, help="write the record here (process 0)")
     args = p.parse_args(argv)
     if args.rounds < 1:
@@ -175,6 +176,13 @@ def host_clock():
     if len(set(gather(socket.gethostname(), "hosts"))) == 1:
         return (lambda: time.clock_gettime_ns(time.CLOCK_MONOTONIC)), "CLOCK_MONOTONIC"
     return time.time_ns, "CLOCK_REALTIME (processes on several hosts)"
+
+
+def clock_is_monotonic(clock):
+    """Whether `clock` (host_clock's) reads CLOCK_MONOTONIC, the proxies' timeline clock."""
+    a = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    b = clock()
+    return abs(b - a) < 10**9
 
 
 @contextlib.contextmanager
@@ -424,6 +432,10 @@ def run_mode(jax, spec, mesh, args, clock, mode, timeline=None):
         rec = bench_one(jax, comm, args.shape, argparse.Namespace(seed=args.seed, no_check=False, x_dtype="f32"),
                         args.iters, args.warmup, Progress(1 + args.iters + args.warmup, False), hooks=calls)
         calls.close()
+        # The timed iterations' first call (each iteration makes every call form once; the check and
+        # warm-up come before): the timeline keeps the steps from there (one clock on one machine).
+        per_iter = len(set(calls.names))
+        timed_from = calls.stamps[max(0, len(calls.stamps) - args.iters * per_iter)] if calls.stamps else None
         after = comm.proxy_stats()
         diag = comm.diagnostics()
         rec.update(proxy_mode=mode, proxy_env=pb.PROXY_MODES[mode], node_size=diag.get("node_size"),
@@ -463,7 +475,10 @@ def run_mode(jax, spec, mesh, args, clock, mode, timeline=None):
         from benchlib import proxy_timeline
         timing.barrier("timeline")  # every proxy stopped and wrote its file
         if jax.process_index() == 0:
-            rec["timeline"] = proxy_timeline.summarize(proxy_timeline.read(timeline))
+            same_clock = clock_is_monotonic(clock)
+            rec["timeline"] = proxy_timeline.summarize(proxy_timeline.read(timeline),
+                                                       timed_from if same_clock else None)
+            rec["timeline_scope"] = "timed iterations" if same_clock else "every step (check and warm-up too)"
     return rec
 
 
@@ -545,7 +560,7 @@ def print_mode(rec, nbytes, wires, nvlink=None):
             print(line)
     if "timeline" in rec:  # --timeline: every dispatch / combine of the mode (check, warm-up, both call forms)
         from benchlib import proxy_timeline
-        for line in proxy_timeline.describe(rec["timeline"]):
+        for line in proxy_timeline.describe(rec["timeline"], rec.get("timeline_raw_wire_us")):
             print(line)
     floor = rec.get("framework_floor_us")
     if floor is not None:
@@ -614,6 +629,9 @@ def halves(args):
             out["engine"]["figures"] = {p: fig for p, (fig, _) in wires.items()}
         add_breakdown(rec, wires)
         add_packer_breakdown(rec, nbytes, engine_result)
+        if "timeline" in rec:  # the rows' part against one raw write of one peer's message
+            rec["timeline_raw_wire_us"] = {op: pb.raw_at(engine_result, message_size(nbytes[op]))
+                                           for op in ("dispatch", "combine") if nbytes[op]["peers"]}
         out["modes"][mode if args.rounds == 1 else f"{mode} (round {rnd + 1})"] = rec
         transfers[mode].append({p: b["transfer_us"] for p, b in rec["breakdown"].items()})
         if lead:

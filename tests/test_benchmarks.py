@@ -807,3 +807,43 @@ def test_gemm_trace_names_and_report():
     assert "device trace (one MLP per call), per MLP: busy 160.0, span 170.0, idle 10.0 us" in text
     assert "fp8_swap_kernel" in text and "idle before    9.0" in text
     assert "device trace (chained): no GPU device events" in text
+
+
+def test_proxy_timeline_parts_from_two_ranks_files(tmp_path):
+    """benchlib/proxy_timeline.py on hand-written timelines of two ranks (ns): rank 0's dispatch of
+    slot 0 epoch 3 is cut into its parts, rank 1's late PRIV post shows as "rows: peer late" in
+    rank 0's rows, and the combine's parts likewise; the causes add up to the mean transfer and
+    the rows are set against a raw write."""
+    from benchlib import proxy_timeline as pt
+    head = "# jax_moe_a2a proxy timeline rank {} ranks 2 dropped 0\n"
+    r0 = [(1000, "d_counts_out"), (11000, "d_priv_post", 1), (13000, "d_priv_posted", 1), (20000, "d_counts_in"),
+          (21000, "d_over_out"), (60000, "d_rows_in"), (60500, "d_landed"),
+          (70000, "c_comb_post", 1), (71000, "c_comb_posted", 1), (95000, "c_comb_in"), (95200, "c_landed")]
+    r1 = [(500, "d_counts_out"), (41000, "d_priv_post", 0), (42000, "d_priv_posted", 0), (43000, "d_counts_in"),
+          (44000, "d_over_out"), (50000, "d_rows_in"), (50100, "d_landed"),
+          (81000, "c_comb_post", 0), (82000, "c_comb_posted", 0), (90000, "c_comb_in"), (90100, "c_landed")]
+    for rank, marks in ((0, r0), (1, r1)):
+        with open(tmp_path / f"tl.r{rank}.p7.{rank}.tsv", "w") as f:
+            f.write(head.format(rank))
+            for m in marks:
+                f.write(f"{m[0]}\t{m[1]}\t0\t3\t{m[2] if len(m) > 2 else -1}\n")
+    by_rank = pt.read(str(tmp_path / "tl"))
+    d = {round(r["transfer"], 3): r for r in pt.dispatch_parts(by_rank)}
+    a = d[59.5]  # rank 0: counts out at 1 µs, landed at 60.5 µs
+    assert a["pack after COUNTS"] == 10 and a["posting"] == 2 and a["peers' COUNTS"] == 7 and a["OVER out"] == 1
+    assert a["rows: peer late"] == 20 and a["rows: wire"] == 19 and a["landing"] == 0.5  # rank 1 posted at 41 µs
+    b = d[49.6]  # rank 1: rank 0 posted at 11 µs, before rank 1's OVER out: not late
+    assert b["rows: peer late"] == 0 and b["rows: wire"] == 6
+    c = {round(r["transfer"], 3): r for r in pt.combine_parts(by_rank)}
+    assert c[24.2]["rows: peer late"] == 10 and c[24.2]["rows: wire"] == 14 and c[24.2]["posting"] == 1  # rank 1 at 81
+    assert c[8.1]["rows: peer late"] == 0 and c[8.1]["rows: wire"] == 8
+    s = pt.summarize(by_rank)
+    for op in ("dispatch", "combine"):
+        assert sum(pt.named(s, op).values()) == pytest.approx(s[op]["mean_us"]["transfer"])
+    text = "\n".join(pt.describe(s, {"dispatch": 10.0, "combine": 5.0}))
+    assert "rows / one raw write of a peer's message (10.0 µs) = 1.25x" in text  # mean rows (19 + 6) / 2
+    assert "timeline combine" in text and "2 steps" in text
+    with open(tmp_path / "bad.r0.tsv", "w") as f:
+        f.write("not a timeline\n")
+    with pytest.raises(ValueError, match="not a proxy timeline"):
+        pt.read(str(tmp_path / "bad"))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import glob
 import statistics
 from collections import defaultdict
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 DISPATCH_PARTS = ("pack after COUNTS", "posting", "peers' COUNTS", "OVER out", "rows: peer late", "rows: wire",
                   "landing")
@@ -65,8 +65,9 @@ def _last(m: Marks, mark, z, e, to=None):
     return max(v) if v else None
 
 
-def dispatch_parts(by_rank: Dict[int, Marks]) -> List[Dict[str, float]]:
-    """Per (rank, slot, epoch) whose dispatch landed: the parts above in µs, and "transfer"."""
+def dispatch_parts(by_rank: Dict[int, Marks], since_ns: Optional[int] = None) -> List[Dict[str, float]]:
+    """Per (rank, slot, epoch) whose dispatch landed: the parts above in µs, and "transfer".
+    since_ns: only steps whose COUNTS went out at or after it (e.g. the timed iterations' start)."""
     rows = []
     for r, m in by_rank.items():
         for (mark, z, e) in [k for k in m if k[0] == "d_landed"]:
@@ -75,6 +76,8 @@ def dispatch_parts(by_rank: Dict[int, Marks]) -> List[Dict[str, float]]:
             posted = _last(m, "d_priv_posted", z, e)
             if any(v is None for v in t.values()) or posted is None:
                 continue  # a step cut by close() or not recorded
+            if since_ns is not None and t["d_counts_out"] < since_ns:
+                continue
             peers = [_last(pm, "d_priv_post", z, e, to=r) for p, pm in by_rank.items() if p != r]
             peer_post = max((v for v in peers if v is not None), default=None)
             over = t["d_over_out"]
@@ -87,14 +90,17 @@ def dispatch_parts(by_rank: Dict[int, Marks]) -> List[Dict[str, float]]:
     return rows
 
 
-def combine_parts(by_rank: Dict[int, Marks]) -> List[Dict[str, float]]:
+def combine_parts(by_rank: Dict[int, Marks], since_ns: Optional[int] = None) -> List[Dict[str, float]]:
     """Per (rank, slot, epoch) whose combine landed: the parts above in µs, and "transfer"
-    (c_comb_posted -> c_landed, the proxy's comb_to_landed)."""
+    (c_comb_posted -> c_landed, the proxy's comb_to_landed); since_ns as in dispatch_parts (the
+    combine's post)."""
     rows = []
     for r, m in by_rank.items():
         for (mark, z, e) in [k for k in m if k[0] == "c_landed"]:
             t = {k: _first(m, k, z, e) for k in ("c_comb_post", "c_comb_posted", "c_comb_in", "c_landed")}
             if any(v is None for v in t.values()):
+                continue
+            if since_ns is not None and t["c_comb_post"] < since_ns:
                 continue
             peers = [_last(pm, "c_comb_post", z, e, to=r) for p, pm in by_rank.items() if p != r]
             peer_post = max((v for v in peers if v is not None), default=None)
@@ -106,12 +112,13 @@ def combine_parts(by_rank: Dict[int, Marks]) -> List[Dict[str, float]]:
     return rows
 
 
-def summarize(by_rank: Dict[int, Marks]) -> Dict[str, Dict]:
-    """{"dispatch" | "combine": {"steps": n, "p50_us": {part: p50 over every rank's steps}}}. The
-    p50s of the parts need not add up to the p50 of the transfer; their means do."""
+def summarize(by_rank: Dict[int, Marks], since_ns: Optional[int] = None) -> Dict[str, Dict]:
+    """{"dispatch" | "combine": {"steps": n, "p50_us": {part: p50 over every rank's steps},
+    "mean_us": {...}}} over the steps that started at or after since_ns (None: all). The p50s of
+    the parts need not add up to the p50 of the transfer; their means do."""
     out = {}
-    for op, rows, parts in (("dispatch", dispatch_parts(by_rank), DISPATCH_PARTS),
-                            ("combine", combine_parts(by_rank), COMBINE_PARTS)):
+    for op, rows, parts in (("dispatch", dispatch_parts(by_rank, since_ns), DISPATCH_PARTS),
+                            ("combine", combine_parts(by_rank, since_ns), COMBINE_PARTS)):
         if not rows:
             out[op] = {"steps": 0}
             continue
@@ -122,8 +129,22 @@ def summarize(by_rank: Dict[int, Marks]) -> Dict[str, Dict]:
     return out
 
 
-def describe(summary: Dict[str, Dict]) -> List[str]:
-    """Report lines: each op's parts, p50 (mean) µs over every rank's steps."""
+def named(summary: Dict[str, Dict], op: str) -> Dict[str, float]:
+    """One op's mean transfer grouped by cause (means, so that they add up to the mean transfer):
+    our packer after it published ("pack after COUNTS"), the peers ("peers' COUNTS", "rows: peer
+    late"), the proxy's own calls (posting, OVER out, landing: they may wait behind the transport's
+    copies) and the rows on the wire."""
+    m = summary[op]["mean_us"]
+    if op == "dispatch":
+        return {"our packer": m["pack after COUNTS"], "peers": m["peers' COUNTS"] + m["rows: peer late"],
+                "proxy calls": m["posting"] + m["OVER out"] + m["landing"], "rows": m["rows: wire"]}
+    # the combine's transfer starts after its posting
+    return {"peers": m["rows: peer late"], "proxy calls": m["landing"], "rows": m["rows: wire"]}
+
+
+def describe(summary: Dict[str, Dict], raw_wire_us: Optional[Dict[str, Optional[float]]] = None) -> List[str]:
+    """Report lines: each op's parts, p50 (mean) µs over every rank's steps; with raw_wire_us ({op:
+    one raw write of one peer's message, µs}) also the transfer by cause and the rows against it."""
     lines = []
     for op, parts in (("dispatch", DISPATCH_PARTS), ("combine", COMBINE_PARTS)):
         s = summary.get(op, {})
@@ -133,4 +154,10 @@ def describe(summary: Dict[str, Dict]) -> List[str]:
         body = " | ".join(f"{k} {s['p50_us'][k]:.1f} ({s['mean_us'][k]:.1f})" for k in parts)
         lines.append(f"  timeline {op} (p50 (mean) µs over {s['steps']} steps of every rank): {body} "
                      f"= transfer {s['p50_us']['transfer']:.1f} ({s['mean_us']['transfer']:.1f})")
+        raw = (raw_wire_us or {}).get(op)
+        if raw:
+            g = named(summary, op)
+            lines.append(f"    by cause (means): " + " + ".join(f"{k} {v:.1f}" for k, v in g.items())
+                         + f" = {s['mean_us']['transfer']:.1f} µs; rows / one raw write of a peer's message "
+                           f"({raw:.1f} µs) = {g['rows'] / raw:.2f}x")
     return lines
