@@ -194,7 +194,7 @@ def grouped_impl(jax) -> str:
     return "native" if why is None else f"xla ({why})"
 
 
-def make_step(comm, cfg, shared: str, num_layers: int, plain: bool, routing: str = "fixed"):
+def make_step(comm, cfg, shared: str, num_layers: int, plain: bool, routing: str = "fixed", reach: bool = False):
     """Per-rank step: x [T, H] -> x after num_layers MoE layers, each the library's layer:
     models.moe_block(comm, cfg, ..., overlap=True, shared_at=PLACEMENTS[shared], slot=i % Spec.slots)
     (the split halves), or for plain models.local_moe_block (no communication; at EP > 1 each rank
@@ -204,7 +204,9 @@ def make_step(comm, cfg, shared: str, num_layers: int, plain: bool, routing: str
     adds its output to the residual stream, x_{i+1} = x_i + layer_i(x_i): without the residual the
     chained layers' outputs collapse onto a few experts (on the H200, 2026-12-04, a 4-layer decode
     step read the weights of at most ~60 of 256 experts: 642 us a layer against 2.7 ms for all),
-    which a model with residual connections does not do."""
+    which a model with residual connections does not do. reach (plain, per-layer only): the step
+    also returns, per layer, how many of the E experts the EP group's routed ids reach ([layers]
+    int32 per rank, equal on every rank): what a layer reads of the experts' weights."""
     import dataclasses
 
     from jax_moe_a2a import models
@@ -221,13 +223,30 @@ def make_step(comm, cfg, shared: str, num_layers: int, plain: bool, routing: str
         return models.moe_block(comm, cfg, p, x, num, overlap=True, shared_at=place, slot=i % spec.slots,
                                 routing=None if ids is None else (ids, w))
 
+    if reach and not (plain and routing == "per-layer"):
+        raise ValueError("make_step(reach=True) counts the plain layers' per-layer routing only")
+
+    def reached(ids, num):  # distinct experts the group's valid routed ids name
+        import jax
+        import jax.numpy as jnp
+        valid = (jnp.arange(ids.shape[0]) < num)[:, None].astype(jnp.int32)
+        hit = jnp.zeros((cfg.num_experts,), jnp.int32).at[ids].max(jnp.broadcast_to(valid, ids.shape))
+        return jax.lax.pmax(hit, comm.axis).sum()
+
     def step(x, ids, w, num, p):
         num = num[0]
+        counts = []
         for i in range(num_layers):
             if routing == "per-layer":  # the residual stream, as a model has it (see the docstring)
-                x = x + layer(x, None, None, num, dict(p, router=p["router"][i]), i).astype(x.dtype)
+                pi = dict(p, router=p["router"][i])
+                if reach:
+                    counts.append(reached(models.route(cfg, pi["router"], x)[0], num))
+                x = x + layer(x, None, None, num, pi, i).astype(x.dtype)
             else:
                 x = layer(x, ids, w, num, p, i)
+        if reach:
+            import jax.numpy as jnp
+            return x, jnp.stack(counts)[None]
         return x
     return step
 
@@ -276,6 +295,13 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
             enqueued.append((t1 - t0) / (args.steps * args.layers))
             if len(per_layer) <= args.repeats:   # the progress bar counts the minimum
                 progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared}", units)
+    reached = None
+    if plain and args.routing == "per-layer":  # how much of the experts' weights a layer reads
+        r_step = make_step(comm, cfg, shared, args.layers, plain, args.routing, reach=True)
+        f_reach = jax.jit(testing.shard_map(r_step, mesh=mesh, in_specs=(P(axis),) * 4 + (pspec,),
+                                            out_specs=(P(axis), P(axis))))
+        shard = f_reach(x, ids, w, num, params)[1].addressable_shards[0]  # [1, layers], equal on every rank
+        reached = [int(c) for c in np.asarray(shard.data).reshape(-1)[:args.layers]]
     device = None
     if getattr(args, "trace", False):
         from benchlib import trace
@@ -298,6 +324,7 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     host = float(np.percentile(np.asarray(enqueued) * 1e6, 50))
     return {"per_layer_us": {"p50": p50, "min": float(arr.min()), "max": float(arr.max()), "samples": arr.tolist()},
             "enqueue_us_per_layer": host, "device": device, "board": board.summary(),
+            "experts_reached_per_layer": reached,
             "GBps": (moved / (p50 * 1e3)) if (p50 and not plain) else None, "finite": finite,
             "buffer_bytes_per_rank": None if plain else comm.buffer_bytes()}
 
@@ -384,7 +411,10 @@ def run(jax, args, progress_label=""):
                         us = rec.get("per_layer_us", {}).get("p50")
                         progress.write(f"finished {b}/{s}/{kind}/{place}: "
                                        + (f"{us:.1f} µs/layer" if us else rec.get("error", ""))
-                                       + (f"; {gpu_clock.describe(rec['board'])}" if rec.get("board") else ""))
+                                       + (f"; {gpu_clock.describe(rec['board'])}" if rec.get("board") else "")
+                                       + (f"; the routing reaches {rec['experts_reached_per_layer']} of "
+                                          f"{shape.experts} experts per layer" if rec.get("experts_reached_per_layer")
+                                          else ""))
             comm.close()
     progress.close()
     return {"meta": meta, "results": results, "skipped": skipped}

@@ -87,6 +87,9 @@ def test_layers_per_layer_routing(tmp_path):
     assert {r["backend"] for r in rows} == {"reference", "plain"}
     assert all(r["routing"] == "per-layer" and r["finite"] and r["per_layer_us"]["p50"] > 0 for r in rows)
     assert {r["layer"] for r in rows} == {"models.moe_block", "models.local_moe_block"}
+    reach = {r["backend"]: r["experts_reached_per_layer"] for r in rows}
+    assert reach["reference"] is None and len(reach["plain"]) == 2, reach  # plain's routing, per layer
+    assert all(1 <= c <= rows[0]["spec"]["E"] for c in reach["plain"]), reach
 
 
 @pytest.mark.parametrize("experts", ["grouped", "identity", "ragged_dot"])
@@ -158,6 +161,19 @@ def test_layers_step_is_moe_block():
     bf16 = dataclasses.replace(spec, dispatch_dtype=jnp.bfloat16)   # plain XLA moves bf16 rows
     want = np.asarray(models.dense_moe_block(cfg, bf16, p1, x[:8], 6), np.float32) + np.asarray(x[:8], np.float32)
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max(), err_msg=f"seed {seed} plain")
+    # reach=True: the plain per-layer step also counts the experts the EP group's valid ids name,
+    # per layer (layer 0 routes x itself: NumPy's count of models.route's ids of every rank's
+    # first 6 tokens); EP = n over the mesh, the same count on every rank
+    reach = layers.make_step(comm, cfg, "after", 2, True, "per-layer", reach=True)
+    params2 = layers.init_params(cfg, jax.random.key(seed), routers=2)
+    f = jax.jit(testing.shard_map(reach, mesh=mesh, in_specs=(P("ep"),) * 4 + (specs,), out_specs=(P("ep"), P("ep"))))
+    counts = np.asarray(f(x, ids, w, num, params2)[1])
+    routed = [np.asarray(models.route(cfg, params2["router"][0], x[r * 8:r * 8 + 8])[0])[:6] for r in range(n)]
+    assert counts.shape == (n, 2) and (counts == counts[0]).all(), counts
+    assert counts[0, 0] == len(np.unique(np.concatenate(routed))), (counts, seed)
+    assert 1 <= counts[0, 1] <= 16
+    with pytest.raises(ValueError, match="reach"):
+        layers.make_step(comm, cfg, "after", 1, False, "per-layer", reach=True)
 
 
 def test_trace_summary_counts_overlaps_once_and_gaps():
