@@ -26,7 +26,7 @@
 # thread's stack says which flag or arrival it waits for). Limits: build 240 s (BUILD_LIMIT; 140 s cut off a 2026-12-05 build with libfabric), benchmark 45 / 55 s,
 # tests 45 / 55 s (N = 2 / 4): 340 s at most, with the daemon's start and stop under 6 minutes;
 # `pair` 55 + 45 + 45 s (its default variants): with the build, under 5 minutes.
-# Env: OUT, STAGES (default "build bench tests"; also pair), PAIR_VARIANTS, PAIR_LIMIT (stage 5),
+# Env: OUT, STAGES (default "build bench tests"; also pair, layers (stage 6), LAYERS_LIMIT), PAIR_VARIANTS, PAIR_LIMIT (stage 5),
 # BENCH_NS (default "2 4"), TEST_RUNS (default "2:1 4:2"), PROXY_PIPELINE_MODES (default "peer,series"),
 # PROXY_ROUNDS (the modes in that many interleaved rounds, benchmarks/proxy.py --rounds; default 1), TEST_K (a pytest -k expression for the
 # tests), TEST_LIMIT (seconds per test run, default 45 / 55 for N = 2 / 4; above the communicators'
@@ -196,6 +196,29 @@ if has pair; then
       nocmdbuf) run_tests "pair-$v" 2 1 "$lim" "$PAIR_K" "${common[@]}" JAX_MOE_A2A_PRELOAD_KERNELS=0 XLA_FLAGS=--xla_gpu_enable_command_buffer= ;;
       *) say "pair: unknown variant $v" ;;
     esac
+  done
+fi
+# ---- 6. `layers` (not in the default STAGES): dispatch + combine as a model runs them --------------
+# benchmarks/layers.py (identity experts, no shared expert, fixed routing, 4 layers in one jit, 10
+# steps back to back, 5 repeats) at each N of BENCH_NS under MPS, once through the proxy path
+# (JAX_MOE_A2A_NODE_SIZE=1, every peer remote) and once through the NVLink path (NODE_SIZE=N), in
+# the same MPS session: no key-value barrier before each call (the proxy benchmark has one, and its
+# call floor under MPS is 160-220 us a call), so "µs/layer" is one dispatch + combine end to end in
+# steady state, and proxy / NVLink is issue 35's end-to-end ratio less the wire (from the `bench`
+# stage's raw figures of the same bytes). ~60 s a run.
+if has layers; then
+  for n in ${BENCH_NS:-2 4}; do
+    for path in proxy nvlink; do
+      name=layers-n$n-$path; ns=$([ "$path" = proxy ] && echo 1 || echo "$n")
+      say "layers N=$n, $path path (node_size $ns) under MPS"
+      (cd "$RUNDIR" && env $(mps_env "$n") JAX_MOE_A2A_NODE_SIZE="$ns" timeout -k 5 "${LAYERS_LIMIT:-60}" \
+        "${MPIRUN[@]}" -n "$n" python3 "$REPO/benchmarks/layers.py" --backend cuda --shape decode --experts identity \
+        --shared none --routing fixed --layers 4 --steps 10 --repeats 5 --no-plain --no-plot --out "$OUT/$name" \
+        > "$OUT/$name.full" 2>&1)
+      rc=$?
+      quiet < "$OUT/$name.full" | grep -vE "^\s+at |Traceback" | tail -30 > "$OUT/$name.log"
+      say "layers N=$n $path: exit $rc (124: timed out)"; grep -E "^cuda |finished" "$OUT/$name.log" | tail -3
+    done
   done
 fi
 say "done"
