@@ -58,6 +58,9 @@ def parse_args(argv):
                    help="comma-separated: overlap, after, none (no shared expert: dispatch + experts + combine only)")
     p.add_argument("--ffn", type=int, default=None, help="expert FFN width F (default 2048; scaled on CPU)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain-XLA layer")
+    p.add_argument("--proxied", action="store_true",
+                   help="the host backend through its proxy thread (a2a.init(proxied=True)): the cuda inter-node "
+                        "path's protocol on CPUs; against a run without it, the proxy path's end-to-end cost")
     p.add_argument("--dispatch-dtype", default="fp8", choices=("fp8", "fp8-recv-bf16", "bf16"),
                    help="dispatch dtype: fp8 e4m3 with 128-value scales (DeepSeek-V3's; identity and bf16 experts "
                         "dequantise the rows in XLA), fp8-recv-bf16 (fp8 on the wire, the rows dequantised to bf16 "
@@ -356,7 +359,9 @@ def run(jax, args, progress_label=""):
     cmdbuf = current_cmdbuf(jax)
     meta = benchlib.run_meta(jax, layers=args.layers, steps=args.steps, repeats=args.repeats, ranks=mesh.size,
                              min_time_s=args.min_time_s,
-                             cmdbuf=cmdbuf)
+                             cmdbuf=cmdbuf, proxied=bool(args.proxied))
+    if args.proxied and "host" not in backends:
+        raise SystemExit("--proxied: the host backend's option (a2a.init(proxied=True)); --backend has no host")
     runs = backends + ([] if args.no_plain else ["plain"])
     if lead:
         print(f"layer benchmark: {runs}, shapes {names}, experts {kinds}, shared expert {placements}, "
@@ -382,8 +387,9 @@ def run(jax, args, progress_label=""):
             comm = None
             try:
                 # plain: the reference backend's communicator only supplies the spec and mesh
+                opts = {"proxied": True} if (args.proxied and b == "host") else {}
                 comm = a2a.init(shape.spec(**wire), mesh, "ep", backend="reference" if b == "plain" else b,
-                                collect_stats=False)
+                                collect_stats=False, **opts)
             except Exception as e:
                 results.append({"backend": b, "shape": s, "experts": "", "overlap": False, "cmdbuf": cmdbuf,
                                 "error": f"{type(e).__name__}: {e}"})

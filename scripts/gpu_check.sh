@@ -16,7 +16,7 @@
 #      NVSHMEM_TESTS (its test files), NVSHMEM_ALL_CASES (0: test_ops's mpi subset under mpirun),
 #      JAX_MOE_A2A_NVSHMEM_REMOTE=all (every peer on the nvshmem remote path: docs/api.md),
 #      SINGLE_TESTS / MPI_TESTS (the test files of the single and mpi stages),
-#      cpuproxy (issue 35 on CPUs: the host backend proxied, benchmarks/proxy.py at N = 2 / 4 over shm and tcp;
+#      cpuproxy (issue 35 on CPUs: the host backend proxied, benchmarks/proxy.py at N = 2 / 4 over shm and tcp, then layers.py with and without --proxied;
 #      CPUPROXY_RUNS, CPUPROXY_MODES), PROXYBENCH_RUNS / PROXYBENCH_MODES / PROXYBENCH_TMAX / PROXYBENCH_ARGS (the proxybench stage, below;
 #      e.g. PROXYBENCH_ARGS="--nvlink-json DIR/halves.json" after `mpibench` with BENCH_ARGS="--turns"),
 #      BENCH_ARGS (halves.py options of the bench stages; the anchor kit's run.sh reads it too, so
@@ -307,6 +307,17 @@ if stage cpuproxy; then  # issue 35's CPU figure on this machine's cores: host b
       --timeline "$RUNDIR/$name-timeline" 2>&1 \
       | quiet | tee "$OUT/$name.log"
     echo "exit ${PIPESTATUS[0]}" >> "$OUT/$name.log"
+    # The same op pairs as a model runs them (layers.py: 4 identity layers in one jit, no barrier
+    # between calls), through the proxy and through the host backend's own engine path: the
+    # proxy's end-to-end cost without the benchmark's per-call barriers (CPUPROXY_LAYERS=0: skip).
+    if [ "${CPUPROXY_LAYERS:-1}" = 1 ]; then
+      for px in "" --proxied; do
+        env JAX_PLATFORMS=cpu JAX_MOE_A2A_PROVIDER="$prov" JAX_MOE_A2A_IFACE="$([ "$prov" = shm ] || echo lo)" \
+          timeout -k 20 $(cap 120) "${MPIRUN[@]}" -n "$n" python3 "$BENCH/layers.py" --backend host --shape decode \
+          --experts identity --shared none --routing fixed --no-plain --no-plot $px --out "$OUT/$name-layers$px" 2>&1 \
+          | quiet | grep -E "^host |Error" | sed "s/^/layers ${px:-engine}: /" | tee -a "$OUT/$name.log"
+      done
+    fi
   done
 fi
 if stage mpsbench; then

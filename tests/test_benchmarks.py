@@ -863,3 +863,18 @@ def test_proxy_timeline_parts_from_two_ranks_files(tmp_path):
         f.write("not a timeline\n")
     with pytest.raises(ValueError, match="not a proxy timeline"):
         pt.read(str(tmp_path / "bad"))
+
+
+def test_layers_proxied_host(tmp_path):
+    """layers.py --proxied: the host backend's layer through its proxy thread (a2a.init(proxied=True),
+    the cuda inter-node protocol on CPUs), recorded in the meta; refused without the host backend."""
+    import layers
+    if "host" not in a2a.available_backends():
+        pytest.skip("host backend not built")
+    args = layers.parse_args(["--quick", "--shape", "decode", "--backend", "host", "--experts", "identity",
+                              "--shared", "none", "--no-plain", "--proxied", "--out", str(tmp_path)])
+    out = layers.run(jax, args)
+    assert out["meta"]["proxied"] is True
+    assert not [r for r in out["results"] if "error" in r] and out["results"][0]["finite"], out["results"]
+    with pytest.raises(SystemExit, match="--proxied"):
+        layers.run(jax, layers.parse_args(["--quick", "--backend", "reference", "--proxied", "--out", str(tmp_path)]))
