@@ -558,8 +558,9 @@ def print_mode(rec, nbytes, wires, nvlink=None):
     for part, b in rec["breakdown"].items():
         for line in pb.format_half(part, b, nbytes[part.split(" ")[0]], wires[part][0]):
             print(line)
-    if "timeline" in rec:  # --timeline: every dispatch / combine of the mode (check, warm-up, both call forms)
+    if "timeline" in rec:  # --timeline: the timed iterations' steps (both call forms) where one clock serves all
         from benchlib import proxy_timeline
+        print(f"  proxy step timeline ({rec.get('timeline_scope')}):")
         for line in proxy_timeline.describe(rec["timeline"], rec.get("timeline_raw_wire_us")):
             print(line)
     floor = rec.get("framework_floor_us")
