@@ -22,7 +22,8 @@ blocks once; a trial is that wall time / reps; p50 and [min, max] over `trials` 
 --chain N (default 4) also times N fp8 MLPs with their own weights in one jit, per MLP (no
 executable boundary, no weights left in L2 by the previous call); --trace adds the JAX profiler's
 device view of the fp8 MLP (single and chained): busy time, idle gaps and each kernel's time with
-the idle just before it, per MLP (GPUs only). The fp8 MLPs and XLA's dense dots also report the
+the idle just before it, per MLP, and the MLP's busy time in bursts of 10 after 0.3 s idle (a cool
+board, against back to back: what the power limit costs; GPUs only). The fp8 MLPs and XLA's dense dots also report the
 board's SM clock and power over their timing (benchlib/gpu_clock.py, nvidia-smi): back to back the
 decode MLP can run at the 700 W limit, below the boost clock.
 """
@@ -215,6 +216,14 @@ def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False, fp8_only
     res["native_fp8_ragged"] = timeit_board(native_fp8, xq, wgu8, wd8, gs, xs, wgus, wds, trials=trials)
     if trace:
         res["trace_fp8"] = traced(lambda: native_fp8(xq, wgu8, wd8, gs, xs, wgus, wds), steps=5)
+
+        def burst():  # a cool board: 0.3 s idle, then 10 MLPs (the power limit's share of the time)
+            time.sleep(0.3)
+            out = None
+            for _ in range(10):
+                out = native_fp8(xq, wgu8, wd8, gs, xs, wgus, wds)
+            return jax.block_until_ready(out)
+        res["trace_fp8_bursts"] = traced(burst, steps=5, per=10)
     n = min(chain, CHAIN_BYTES // fp8_bytes)
     if n >= 2:  # the same MLP n times in one jit, each with its own weights: per MLP
         layers = [(wgu8, wd8, wgus, wds)]
@@ -329,12 +338,17 @@ def report(out):
             lines.append(f"  native fp8, {c8['chain']} in a jit {_fmt(c8)}   x{c8['p50_us'] / hb8:.2f} (per MLP, each with its own weights)")
             if "board" in c8:
                 lines.append(f"    {gpu_clock.describe(c8['board'])}")
-        for key, what in (("trace_fp8", "one MLP per call"), ("trace_fp8_chained", "chained")):
+        for key, what in (("trace_fp8", "one MLP per call"), ("trace_fp8_chained", "chained"),
+                          ("trace_fp8_bursts", "bursts of 10 after 0.3 s idle")):
             t = d.get(key)
             if not t:
                 continue
             if t.get("busy_us") is None:
                 lines.append(f"    device trace ({what}): {t.get('why')}")
+                continue
+            if key == "trace_fp8_bursts":  # the span holds the idle pauses: busy time only
+                lines.append(f"    device trace ({what}), per MLP: busy {t['busy_us']:.1f} us (against back to back "
+                             f"above: the power limit's share)")
                 continue
             lines.append(f"    device trace ({what}), per MLP: busy {t['busy_us']:.1f}, span {t['span_us']:.1f}, "
                          f"idle {t['gap_us']:.1f} us")
@@ -391,7 +405,8 @@ def main(argv=None):
                          "fit CHAIN_BYTES (1: not)")
     ap.add_argument("--trace", action="store_true",
                     help="decode: also trace the fp8 MLP (and the chained ones) with the JAX profiler: per MLP the "
-                         "device's busy time, idle gaps and each kernel's time and the idle before it (GPUs only)")
+                         "device's busy time, idle gaps and each kernel's time and the idle before it, and the MLP's busy "
+                         "time in bursts of 10 after 0.3 s idle (GPUs only)")
     ap.add_argument("--fp8-only", action="store_true",
                     help="a configuration sweep: the native fp8 MLP (and its parts) with its floor / XLA's fp8 dot only")
     ap.add_argument("--variants", default="",

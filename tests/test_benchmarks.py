@@ -818,8 +818,11 @@ def test_gemm_trace_names_and_report():
          "native_fp8_ragged": timed,
          "trace_fp8": {"busy_us": 160.0, "span_us": 170.0, "gap_us": 10.0,
                        "kernels": [{"name": "fp8_swap_kernel", "us": 152.0, "calls_per_step": 2.0, "idle_before_us": 9.0}]},
-         "trace_fp8_chained": {"busy_us": None, "why": "no GPU device events in the trace"}}
+         "trace_fp8_chained": {"busy_us": None, "why": "no GPU device events in the trace"},
+         "trace_fp8_bursts": {"busy_us": 158.5, "span_us": 1500000.0, "gap_us": 1499841.5, "kernels": []}}
     text = gemm.report({"decode": [d]})
+    assert "device trace (bursts of 10 after 0.3 s idle), per MLP: busy 158.5 us" in text
+    assert "span 1500000" not in text  # the pauses are not idle time worth a line
     assert "device trace (one MLP per call), per MLP: busy 160.0, span 170.0, idle 10.0 us" in text
     assert "fp8_swap_kernel" in text and "idle before    9.0" in text
     assert "device trace (chained): no GPU device events" in text
