@@ -23,9 +23,9 @@ blocks once; a trial is that wall time / reps; p50 and [min, max] over `trials` 
 executable boundary, no weights left in L2 by the previous call); --trace adds the JAX profiler's
 device view of the fp8 MLP (single and chained): busy time, idle gaps and each kernel's time with
 the idle just before it, per MLP, and the MLP's busy time in bursts of 10 after 0.3 s idle (a cool
-board, against back to back: what the power limit costs; GPUs only). The fp8 MLPs and XLA's dense dots also report the
-board's SM clock and power over their timing (benchlib/gpu_clock.py, nvidia-smi): back to back the
-decode MLP can run at the 700 W limit, below the boost clock.
+board, against back to back: what the power limit costs; GPUs only). The fp8 MLPs and XLA's dense
+dots also report the board's SM clock and power over their timing (benchlib/gpu_clock.py,
+nvidia-smi): back to back the decode MLP can run at the 700 W limit, below the boost clock.
 """
 
 from __future__ import annotations
