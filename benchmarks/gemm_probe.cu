@@ -192,6 +192,12 @@ struct Buffers {
   int64_t total_rows = 0;
 };
 
+// An A2A_PROBE_* switch: on when set to "1" (each caller keeps the answer in a static).
+bool env_flag(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && *e == '1';
+}
+
 // A2A_PROBE_BATCH: launches (or runs of a sequence) per timed sample, default 10. A few launches
 // run at the boost clock; hundreds back to back (as benchmarks/gemm.py's timing loop, or a model)
 // can reach the board's power limit and a lower clock: the same kernel then takes longer.
@@ -208,19 +214,13 @@ int probe_batch() {
 // so the kernel runs back to back for the whole case (iters x batch launches): the sustained power
 // draw of a model's steps, not short bursts between copies that draw less.
 bool probe_sustain() {
-  static const bool on = [] {
-    const char* e = std::getenv("A2A_PROBE_SUSTAIN");
-    return e != nullptr && *e == '1';
-  }();
+  static const bool on = env_flag("A2A_PROBE_SUSTAIN");
   return on;
 }
 
 // A2A_PROBE_RANDOM=1: the timings' inputs random too (as the checks'), not constant bytes.
 bool probe_random() {
-  static const bool on = [] {
-    const char* e = std::getenv("A2A_PROBE_RANDOM");
-    return e != nullptr && *e == '1';
-  }();
+  static const bool on = env_flag("A2A_PROBE_RANDOM");
   return on;
 }
 
@@ -400,10 +400,17 @@ bool check(const Case& c, std::mt19937& gen, int row_step, bool serial, int swap
   return ok;
 }
 
-// The fused SwiGLU's outputs (h e4m3 [rows, n / 2], its scales [rows, n / 256]) for a gate+up case.
+// The fused SwiGLU's outputs (h e4m3 [rows, n / 2], its scales [rows, n / 256]) for a gate+up case;
+// at least one byte each, as make_buffers' (a case with no rows).
+size_t swiglu_h_bytes(const Case& c, const Buffers& b) {
+  return std::max<size_t>(static_cast<size_t>(b.total_rows) * (c.n / 2), 1);
+}
+size_t swiglu_scale_bytes(const Case& c, const Buffers& b) {
+  return std::max<size_t>(static_cast<size_t>(b.total_rows) * (c.n / 256), 1) * 4;
+}
 void attach_swiglu(const Case& c, const Buffers& b, a2a::gemm::wgmma::Fp8LaunchParams& p, uint8_t*& h, float*& hs) {
-  CK(cudaMalloc(&h, static_cast<size_t>(b.total_rows) * (c.n / 2)));
-  CK(cudaMalloc(&hs, static_cast<size_t>(b.total_rows) * (c.n / 256) * 4));
+  CK(cudaMalloc(&h, swiglu_h_bytes(c, b)));
+  CK(cudaMalloc(&hs, swiglu_scale_bytes(c, b)));
   p.swiglu_fp8 = true;
   p.h = h;
   p.h_scale = hs;
@@ -426,8 +433,8 @@ bool check_swiglu(const Case& c, std::mt19937& gen, bool serial, int swap = 0) {
   uint8_t* h = nullptr;
   float* hs = nullptr;
   attach_swiglu(c, b, p, h, hs);
-  CK(cudaMemset(h, 0x7F, static_cast<size_t>(b.total_rows) * f));  // e4m3 NaN
-  CK(cudaMemset(hs, 0xFF, static_cast<size_t>(b.total_rows) * nb * 4));
+  CK(cudaMemset(h, 0x7F, swiglu_h_bytes(c, b)));  // e4m3 NaN
+  CK(cudaMemset(hs, 0xFF, swiglu_scale_bytes(c, b)));
   if (const char* why = a2a::gemm::wgmma::fp8_unsupported_reason(p)) {
     std::printf("%-22s UNSUPPORTED: %s\n", c.name.c_str(), why);
     cudaFree(h);
