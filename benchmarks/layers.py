@@ -228,10 +228,10 @@ def make_step(comm, cfg, shared: str, num_layers: int, plain: bool, routing: str
 
     if reach and not (plain and routing == "per-layer"):
         raise ValueError("make_step(reach=True) counts the plain layers' per-layer routing only")
+    import jax
+    import jax.numpy as jnp
 
     def reached(ids, num):  # distinct experts the group's valid routed ids name
-        import jax
-        import jax.numpy as jnp
         valid = (jnp.arange(ids.shape[0]) < num)[:, None].astype(jnp.int32)
         hit = jnp.zeros((cfg.num_experts,), jnp.int32).at[ids].max(jnp.broadcast_to(valid, ids.shape))
         return jax.lax.pmax(hit, comm.axis).sum()
@@ -242,15 +242,13 @@ def make_step(comm, cfg, shared: str, num_layers: int, plain: bool, routing: str
         for i in range(num_layers):
             if routing == "per-layer":  # the residual stream, as a model has it (see the docstring)
                 pi = dict(p, router=p["router"][i])
-                if reach:
-                    counts.append(reached(models.route(cfg, pi["router"], x)[0], num))
-                x = x + layer(x, None, None, num, pi, i).astype(x.dtype)
+                if reach:  # routed once, counted, and given to plain's layer (which would route the same)
+                    ids, w = models.route(cfg, pi["router"], x)
+                    counts.append(reached(ids, num))
+                x = x + layer(x, ids if reach else None, w if reach else None, num, pi, i).astype(x.dtype)
             else:
                 x = layer(x, ids, w, num, p, i)
-        if reach:
-            import jax.numpy as jnp
-            return x, jnp.stack(counts)[None]
-        return x
+        return (x, jnp.stack(counts)[None]) if reach else x
     return step
 
 

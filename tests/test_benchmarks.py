@@ -167,7 +167,12 @@ def test_layers_step_is_moe_block():
     reach = layers.make_step(comm, cfg, "after", 2, True, "per-layer", reach=True)
     params2 = layers.init_params(cfg, jax.random.key(seed), routers=2)
     f = jax.jit(testing.shard_map(reach, mesh=mesh, in_specs=(P("ep"),) * 4 + (specs,), out_specs=(P("ep"), P("ep"))))
-    counts = np.asarray(f(x, ids, w, num, params2)[1])
+    y_reach, counts = f(x, ids, w, num, params2)
+    counts = np.asarray(counts)
+    g = jax.jit(testing.shard_map(layers.make_step(comm, cfg, "after", 2, True, "per-layer"), mesh=mesh,
+                                  in_specs=(P("ep"),) * 4 + (specs,), out_specs=P("ep")))
+    np.testing.assert_array_equal(np.asarray(y_reach, np.float32), np.asarray(g(x, ids, w, num, params2), np.float32),
+                                  err_msg="counting must not change the layers")
     routed = [np.asarray(models.route(cfg, params2["router"][0], x[r * 8:r * 8 + 8])[0])[:6] for r in range(n)]
     assert counts.shape == (n, 2) and (counts == counts[0]).all(), counts
     assert counts[0, 0] == len(np.unique(np.concatenate(routed))), (counts, seed)
