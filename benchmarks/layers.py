@@ -401,6 +401,8 @@ def run(jax, args, progress_label=""):
                            "repeats": args.repeats, "ffn": shape.ffn, "scaled": shape.scaled,
                            "spec": {"T": shape.tokens, "H": shape.hidden, "E": shape.experts, "K": shape.topk}}
                     rec["layer"] = "models.local_moe_block" if b == "plain" else "models.moe_block"
+                    if b != "plain":  # the communicator's proxy threads (host --proxied, cuda's inter-node path)
+                        rec["proxy_threads"] = len(comm.proxy_stats())
                     if kind == "grouped":
                         rec["expert_impl"] = grouped_impl(jax)
                     try:

@@ -879,10 +879,13 @@ def test_layers_proxied_host(tmp_path):
     import layers
     if "host" not in a2a.available_backends():
         pytest.skip("host backend not built")
-    args = layers.parse_args(["--quick", "--shape", "decode", "--backend", "host", "--experts", "identity",
-                              "--shared", "none", "--no-plain", "--proxied", "--out", str(tmp_path)])
-    out = layers.run(jax, args)
+    argv = ["--quick", "--shape", "decode", "--backend", "host", "--experts", "identity", "--shared", "none",
+            "--no-plain", "--proxied", "--out", str(tmp_path)]
+    out = layers.run(jax, layers.parse_args(argv))
     assert out["meta"]["proxied"] is True
     assert not [r for r in out["results"] if "error" in r] and out["results"][0]["finite"], out["results"]
+    assert out["results"][0]["proxy_threads"] == jax.local_device_count()  # one proxy per local rank: it ran proxied
+    direct = layers.run(jax, layers.parse_args([a for a in argv if a != "--proxied"]))
+    assert direct["results"][0]["proxy_threads"] == 0 and direct["meta"]["proxied"] is False
     with pytest.raises(SystemExit, match="--proxied"):
         layers.run(jax, layers.parse_args(["--quick", "--backend", "reference", "--proxied", "--out", str(tmp_path)]))
