@@ -178,13 +178,6 @@ def host_clock():
     return time.time_ns, "CLOCK_REALTIME (processes on several hosts)"
 
 
-def clock_is_monotonic(clock):
-    """Whether `clock` (host_clock's) reads CLOCK_MONOTONIC, the proxies' timeline clock."""
-    a = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    b = clock()
-    return abs(b - a) < 10**9
-
-
 @contextlib.contextmanager
 def environment(changes):
     """os.environ with `changes` ({name: value, None: unset}) applied inside, restored after."""
@@ -474,11 +467,8 @@ def run_mode(jax, spec, mesh, args, clock, mode, timeline=None):
     if timeline:
         from benchlib import proxy_timeline
         timing.barrier("timeline")  # every proxy stopped and wrote its file
-        if jax.process_index() == 0:
-            same_clock = clock_is_monotonic(clock)
-            rec["timeline"] = proxy_timeline.summarize(proxy_timeline.read(timeline),
-                                                       timed_from if same_clock else None)
-            rec["timeline_scope"] = "timed iterations" if same_clock else "every step (check and warm-up too)"
+        if jax.process_index() == 0:  # the calls' stamps and the marks: one CLOCK_MONOTONIC (halves())
+            rec["timeline"] = proxy_timeline.summarize(proxy_timeline.read(timeline), timed_from)
     return rec
 
 
@@ -558,9 +548,9 @@ def print_mode(rec, nbytes, wires, nvlink=None):
     for part, b in rec["breakdown"].items():
         for line in pb.format_half(part, b, nbytes[part.split(" ")[0]], wires[part][0]):
             print(line)
-    if "timeline" in rec:  # --timeline: the timed iterations' steps (both call forms) where one clock serves all
+    if "timeline" in rec:  # --timeline: the timed iterations' steps (both call forms)
         from benchlib import proxy_timeline
-        print(f"  proxy step timeline ({rec.get('timeline_scope')}):")
+        print("  proxy step timeline (the timed iterations):")
         for line in proxy_timeline.describe(rec["timeline"], rec.get("timeline_raw_wire_us")):
             print(line)
     floor = rec.get("framework_floor_us")
@@ -617,9 +607,14 @@ def halves(args):
     nvlink = nvlink_turns(args.nvlink_json) if args.nvlink_json else None
     if nvlink:
         out["nvlink_turns_p50_us"] = nvlink
+    # The timelines are files of every process, read by process 0, and their marks compared with the
+    # calls' stamps: one machine (one CLOCK_MONOTONIC) only.
+    timeline_on = bool(args.timeline) and clock_name == "CLOCK_MONOTONIC"
+    if args.timeline and not timeline_on and lead:
+        print(f"--timeline: not recorded (processes on several hosts: {clock_name})", flush=True)
     transfers = {m: [] for m in args.modes}  # mode -> each round's {part: transfer p50}
     for rnd, mode in ((r, m) for r in range(args.rounds) for m in args.modes):
-        tl = os.path.join(os.path.abspath(args.timeline), f"{mode}.round{rnd + 1}") if args.timeline else None
+        tl = os.path.join(os.path.abspath(args.timeline), f"{mode}.round{rnd + 1}") if timeline_on else None
         if tl and lead:
             os.makedirs(args.timeline, exist_ok=True)
         rec = run_mode(jax, spec, mesh, args, clock, mode, tl)
