@@ -124,6 +124,7 @@ class ClockLog:
         self._first = threading.Event()
         self._lines: List[str] = []
         self._why: Optional[str] = None
+        self._power_field = "power.draw"  # the field asked for (query())
 
     def _read(self) -> None:
         for line in self._proc.stdout:
@@ -139,9 +140,11 @@ class ClockLog:
             self._why = "no nvidia-smi (not a GPU machine)"
             return self
         gpu = _first_visible_gpu()
+        fields = query(exe, gpu)
+        self._power_field = fields.split(",")[1]
         try:
             self._proc = subprocess.Popen(
-                [exe, "-i", gpu, f"--query-gpu={query(exe, gpu)}", "--format=csv,noheader,nounits",
+                [exe, "-i", gpu, f"--query-gpu={fields}", "--format=csv,noheader,nounits",
                  "-lms", str(self.interval_ms)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError as e:
             self._why = f"nvidia-smi did not start: {e}"
@@ -170,5 +173,5 @@ class ClockLog:
             return {"why": self._why}
         s = summarize(list(self._lines))
         if "why" not in s:
-            s["power_field"] = _POWER_FIELD.get(shutil.which("nvidia-smi") or "", "power.draw")
+            s["power_field"] = self._power_field
         return s
