@@ -197,6 +197,15 @@ def grouped_impl(jax) -> str:
     return "native" if why is None else f"xla ({why})"
 
 
+def pre_norm(x, eps: float = 1e-6):
+    """x [T, H] (bf16) -> x / rms(x) per row, in x's dtype: the RMS norm in front of every layer of
+    the benchmark's model (no learned weight; computed in f32)."""
+    import jax
+    import jax.numpy as jnp
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
 def make_step(comm, cfg, shared: str, num_layers: int, plain: bool, routing: str = "fixed", reach: bool = False):
     """Per-rank step: x [T, H] -> x after num_layers MoE layers, each the library's layer:
     models.moe_block(comm, cfg, ..., overlap=True, shared_at=PLACEMENTS[shared], slot=i % Spec.slots)
@@ -204,12 +213,17 @@ def make_step(comm, cfg, shared: str, num_layers: int, plain: bool, routing: str
     runs its own tokens on its L local experts: ids mod L). routing "fixed": every layer takes the
     step's ids [T, K] int32 / w [T, K] f32 (moe_block(routing=...)); "per-layer": layer i routes its
     input with p["router"][i] [H, E] (moe_block's router; plain: models.route, then ids mod L) and
-    adds its output to the residual stream, x_{i+1} = x_i + layer_i(x_i): without the residual the
-    chained layers' outputs collapse onto a few experts (on the H200, 2026-12-04, a 4-layer decode
-    step read the weights of at most ~60 of 256 experts: 642 us a layer against 2.7 ms for all),
-    which a model with residual connections does not do. reach (plain, per-layer only): the step
-    also returns, per layer, how many of the E experts the EP group's routed ids reach ([layers]
-    int32 per rank, equal on every rank): what a layer reads of the experts' weights."""
+    adds its output to the residual stream, x_{i+1} = x_i + layer_i(norm(x_i)): without the residual
+    the chained layers' outputs collapse onto a few experts (on the H200, 2026-12-04, a 4-layer
+    decode step read the weights of at most ~60 of 256 experts: 642 us a layer against 2.7 ms for
+    all), which a model with residual connections does not do. Every layer reads its input through
+    pre_norm (an RMS norm without weights, as DeepSeek-V3's blocks do; fixed routing: x_{i+1} =
+    layer_i(norm(x_i))): without it SwiGLU, quadratic in its input, grows the stream from layer to
+    layer until bf16 overflows (on an H100, 2026-12-06: 10 steps of 4 grouped layers ended in
+    non-finite values, and rows that are not finite route wherever top_k puts NaN). reach (plain,
+    per-layer only): the step also returns, per layer, how many of the E experts the EP group's
+    routed ids reach ([layers] int32 per rank, equal on every rank): what a layer reads of the
+    experts' weights."""
     import dataclasses
 
     from jax_moe_a2a import models
@@ -240,14 +254,15 @@ def make_step(comm, cfg, shared: str, num_layers: int, plain: bool, routing: str
         num = num[0]
         counts = []
         for i in range(num_layers):
+            h = pre_norm(x)
             if routing == "per-layer":  # the residual stream, as a model has it (see the docstring)
                 pi = dict(p, router=p["router"][i])
                 if reach:  # routed once, counted, and given to plain's layer (which would route the same)
-                    ids, w = models.route(cfg, pi["router"], x)
+                    ids, w = models.route(cfg, pi["router"], h)
                     counts.append(reached(ids, num))
-                x = x + layer(x, ids if reach else None, w if reach else None, num, pi, i).astype(x.dtype)
+                x = x + layer(h, ids if reach else None, w if reach else None, num, pi, i).astype(x.dtype)
             else:
-                x = layer(x, ids, w, num, p, i)
+                x = layer(h, ids, w, num, p, i)
         return (x, jnp.stack(counts)[None]) if reach else x
     return step
 
@@ -289,7 +304,7 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
             y = x
             t0 = time.perf_counter()
             for _ in range(args.steps):
-                y = f_step(y, ids, w, num, params)
+                last_in, y = y, f_step(y, ids, w, num, params)
             t1 = time.perf_counter()  # every step handed to the runtime (JAX dispatches asynchronously)
             timing.block(y)
             per_layer.append((time.perf_counter() - t0) / (args.steps * args.layers))
@@ -297,11 +312,12 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
             if len(per_layer) <= args.repeats:   # the progress bar counts the minimum
                 progress.update(f"{comm.backend_name if not plain else 'plain'}/{shape.name}/{experts}/{shared}", units)
     reached = None
-    if plain and args.routing == "per-layer":  # how much of the experts' weights a layer reads
+    if plain and args.routing == "per-layer":  # how much of the experts' weights a layer reads, for
+        # the input of the last timed step (the stream after steps - 1 steps of layers)
         r_step = make_step(comm, cfg, shared, args.layers, plain, args.routing, reach=True)
         f_reach = jax.jit(testing.shard_map(r_step, mesh=mesh, in_specs=(P(axis),) * 4 + (pspec,),
                                             out_specs=(P(axis), P(axis))))
-        shard = f_reach(x, ids, w, num, params)[1].addressable_shards[0]  # [1, layers], equal on every rank
+        shard = f_reach(last_in, ids, w, num, params)[1].addressable_shards[0]  # [1, layers], equal on every rank
         reached = [int(c) for c in np.asarray(shard.data).reshape(-1)[:args.layers]]
     device = None
     if getattr(args, "trace", False):
@@ -316,7 +332,9 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
         keep = os.path.join(args.out, "traces", name) if args.out else None
         device = trace.device_profile(one_step, steps=3, per=args.layers, keep_dir=keep)
     arr = timing.max_over_processes(per_layer, "layer") * 1e6
-    finite = bool(np.isfinite(np.asarray(jax.device_get(y), np.float32)).all()) if jax.process_count() == 1 else None
+    # the stream after the last timed step, this process's shards: rows that are not finite route
+    # wherever top_k puts NaN, so a timing over them says nothing (the finished line warns)
+    finite = all(bool(np.isfinite(np.asarray(sh.data, np.float32)).all()) for sh in y.addressable_shards)
     t, k = spec.max_tokens_per_rank, spec.experts_per_token
     moved = t * k * (spec.token_bytes() + spec.hidden * 2)  # dispatch + combine payload per rank
     p50 = float(np.percentile(arr, 50))
@@ -418,6 +436,8 @@ def run(jax, args, progress_label=""):
                         progress.write(f"finished {b}/{s}/{kind}/{place}: "
                                        + (f"{us:.1f} µs/layer" if us else rec.get("error", ""))
                                        + (f"; {gpu_clock.describe(rec['board'])}" if rec.get("board") else "")
+                                       + ("; WARNING: the layers' output is not finite, the timing is not a "
+                                          "model's" if rec.get("finite") is False else "")
                                        + (f"; the routing reaches {rec['experts_reached_per_layer']} of "
                                           f"{shape.experts} experts per layer" if rec.get("experts_reached_per_layer")
                                           else ""))

@@ -149,7 +149,8 @@ def test_layers_step_is_moe_block():
         for r in range(n):
             rows = slice(r * 8, r * 8 + 8)
             given = None if routing == "per-layer" else (ids[rows], w[rows])
-            want = np.asarray(models.dense_moe_block(cfg, spec, p1, x[rows], 6, routing=given), np.float32)
+            h = layers.pre_norm(x[rows])    # every layer reads its input through the RMS norm
+            want = np.asarray(models.dense_moe_block(cfg, spec, p1, h, 6, routing=given), np.float32)
             if routing == "per-layer":  # per-layer routing adds the layer to the residual stream
                 want = want + np.asarray(x[rows], np.float32)
             np.testing.assert_allclose(got[rows], want, rtol=2e-2, atol=2e-2 * np.abs(want).max(),
@@ -159,7 +160,8 @@ def test_layers_step_is_moe_block():
                              True, "per-layer")
     got = np.asarray(jax.jit(plain)(x[:8], ids[:8], w[:8], num[:1], params), np.float32)
     bf16 = dataclasses.replace(spec, dispatch_dtype=jnp.bfloat16)   # plain XLA moves bf16 rows
-    want = np.asarray(models.dense_moe_block(cfg, bf16, p1, x[:8], 6), np.float32) + np.asarray(x[:8], np.float32)
+    want = (np.asarray(models.dense_moe_block(cfg, bf16, p1, layers.pre_norm(x[:8]), 6), np.float32)
+            + np.asarray(x[:8], np.float32))
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max(), err_msg=f"seed {seed} plain")
     # reach=True: the plain per-layer step also counts the experts the EP group's valid ids name,
     # per layer (layer 0 routes x itself: NumPy's count of models.route's ids of every rank's
@@ -173,7 +175,8 @@ def test_layers_step_is_moe_block():
                                   in_specs=(P("ep"),) * 4 + (specs,), out_specs=P("ep")))
     np.testing.assert_array_equal(np.asarray(y_reach, np.float32), np.asarray(g(x, ids, w, num, params2), np.float32),
                                   err_msg="counting must not change the layers")
-    routed = [np.asarray(models.route(cfg, params2["router"][0], x[r * 8:r * 8 + 8])[0])[:6] for r in range(n)]
+    routed = [np.asarray(models.route(cfg, params2["router"][0], layers.pre_norm(x[r * 8:r * 8 + 8]))[0])[:6]
+              for r in range(n)]
     assert counts.shape == (n, 2) and (counts == counts[0]).all(), counts
     assert counts[0, 0] == len(np.unique(np.concatenate(routed))), (counts, seed)
     assert 1 <= counts[0, 1] <= 16
@@ -889,3 +892,30 @@ def test_layers_proxied_host(tmp_path):
     assert direct["results"][0]["proxy_threads"] == 0 and direct["meta"]["proxied"] is False
     with pytest.raises(SystemExit, match="--proxied"):
         layers.run(jax, layers.parse_args(["--quick", "--backend", "reference", "--proxied", "--out", str(tmp_path)]))
+
+
+def test_layers_stream_stays_finite_over_the_timed_steps():
+    """The timed loop chains steps x 4 layers of grouped SwiGLU experts plus the shared expert; the
+    stream must stay finite and bounded (each layer's input through pre_norm), or the router sends
+    NaN rows wherever top_k puts them and the timing is not a model's (an H100 run of 2026-12-06
+    ended in non-finite values without the norm; at this shape it does by the 8th step). Plain's
+    layers at the quick shape, 10 steps."""
+    import numpy as np
+    import jax.numpy as jnp
+    import layers
+    from benchlib import shapes
+    from jax_moe_a2a import testing
+    shape = shapes.QUICK["decode"]
+    spec = shape.spec()
+    comm = a2a.init(spec, testing.make_mesh(1), "ep", backend="reference", collect_stats=False)
+    cfg = layers.layer_config(spec, shape.ffn, "grouped", "overlap")
+    params = layers.init_params(cfg, jax.random.key(testing.fresh_seed()), routers=4)
+    step = jax.jit(layers.make_step(comm, cfg, "overlap", 4, True, "per-layer"))
+    i = testing.make_inputs(spec, 1, testing.fresh_seed(), num_tokens=spec.max_tokens_per_rank)[0]
+    args = (jnp.asarray(i.topk_ids), jnp.asarray(i.topk_weights), jnp.asarray([i.num_tokens], jnp.int32), params)
+    y = jnp.asarray(i.x, jnp.bfloat16)
+    peaks = []
+    for _ in range(10):
+        y = step(y, *args)
+        peaks.append(float(np.abs(np.asarray(y, np.float32)).max()))
+    assert np.isfinite(peaks).all() and peaks[-1] < 4 * peaks[0], peaks

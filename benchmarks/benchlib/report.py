@@ -248,12 +248,14 @@ def print_layers(out: dict) -> None:
             shared = _placement(r)
             enq = f"{r['enqueue_us_per_layer']:>8.1f}" if r.get("enqueue_us_per_layer") is not None else f"{'':>8}"
             print(f"{r['backend']:<11} {r['experts']:<11} {shared:<10} {r['cmdbuf']:<6} {us:>12.1f} "
-                  f"{r['per_layer_us']['min']:>9.1f} {vs} {vp} {gb} {enq}")
+                  f"{r['per_layer_us']['min']:>9.1f} {vs} {vp} {gb} {enq}"
+                  + ("  NOT FINITE" if r.get("finite") is False else ""))
     print("vs ref: the reference backend's p50 / this one's (> 1: faster), and in parentheses the range "
           "the repeats' spread allows (ref min / this max .. ref max / this min); vs plain: this time / the plain-XLA "
           "layer's (the same local compute without communication: the cost of the exchange); GB/s: dispatch + "
           "combine payload per rank / layer time; enqueue: µs per layer the host took to hand the steps to "
-          "the runtime (p50; near µs/layer: the host sets the pace)")
+          "the runtime (p50; near µs/layer: the host sets the pace); NOT FINITE: the layers' output held "
+          "NaN or inf (rows that route wherever top_k puts NaN: not a model's timing)")
     print()
     traced = [r for r in rows if (r.get("device") or {}).get("busy_us") is not None]
     if traced:
@@ -292,6 +294,8 @@ def layer_fastest(rows):
                 vs += f"; expert GEMMs: {best['expert_impl']}"
             shared = {"overlap": "shared expert overlapped", "after": "shared expert after combine",
                       "none": "no shared expert"}[_placement(best)]
+            if any(r.get("finite") is False for r in sel + xla):
+                vs += "; WARNING: a layer's output was not finite, so its routing was not a model's"
             lines.append(f"fastest MoE layer at {shape}, {experts} experts: {best['backend']} "
                          f"({best['per_layer_us']['p50']:.1f} µs/layer, {shared}, command buffers {best['cmdbuf']}{vs})")
     return lines
