@@ -109,7 +109,7 @@ RankState::RankState(const GpuOptions& o, int rank, int device, int local_index)
   peers_.assign(o_.g.N, nullptr);
   if (timer_.init("jax_moe_a2a cuda")) {
     // Benchmarks record the launch geometry next to the kernel times.
-    std::fprintf(stderr, "jax_moe_a2a cuda (rank %d, device %d): cooperative grid of %d blocks\n", rank_, device_,
+    std::fprintf(stderr, "jax_moe_a2a cuda (rank %d, device %d): grid of %d blocks\n", rank_, device_,
                  blocks_);
   }
   if (remote) {

@@ -1,5 +1,5 @@
-// Launchers of the cuda backend's kernels (one kernel per half; only the grid-routed
-// dispatch_send is cooperative: docs/gpu_kernels.md). Each returns the launch error; a failure
+// Launchers of the cuda backend's kernels (one kernel per half; the grid-routed dispatch_send is
+// two, one per routing phase: docs/gpu_kernels.md). Each returns the launch error; a failure
 // inside a kernel (a peer that never arrives) records an ErrorRecord in mapped host memory and
 // ends the op without a trap (gpu/failure.cuh, slot_failed).
 #pragma once

@@ -1,7 +1,11 @@
-// dispatch send: route, quantise/convert, push rows and counts into every peer's buffer, raise
-// each peer's arrival flag. One cooperative kernel of two phases separated by one grid sync, each
-// spread over the whole grid (gpu/route.cuh says what each routing phase reads and writes); the
-// last block to finish raises the flags.
+// dispatch send, grid-routed (tp > 1, or K / E past the block-routed kernels' limits): route,
+// quantise/convert, push rows and counts into every peer's buffer, raise each peer's arrival flag.
+// Two plain kernels, one per phase of gpu/route.cuh, each spread over the whole grid: the kernel
+// boundary is the grid-wide barrier between them. It was one cooperative kernel with a grid.sync,
+// which has no timeout and needs every block co-resident: under MPS another client's resident
+// kernels can leave part of the grid unscheduled (open item 5), and a block that read the failure
+// mark differently from the others would have left the rest waiting forever. The last block of
+// the second kernel raises the flags.
 #include <cstdlib>
 #include <string>
 
@@ -21,36 +25,40 @@ namespace a2a::cuda {
 using namespace ::a2a::gpu;  // the shared device library (cc/gpu)
 namespace {
 
-__global__ void __launch_bounds__(kThreads) dispatch_send_kernel(DispatchSendParams P) {
+// Phase 1: validity and dedup of every pair, per (member, expert) order, counts and first slots,
+// our member's tokens into staging. Block 0 also waits until peers finished reading our previous
+// rows (phase 2 overwrites them) and, with remote peers, until d_send is ours again (a timeout
+// there marks the slot failed, which phase 2 reads). Nothing here touches peers' memory or d_send.
+__global__ void __launch_bounds__(kThreads) dispatch_route_kernel(DispatchSendParams P) {
   A2A_KERNEL_START(P);
-  cg::grid_group grid = cg::this_grid();
-  const int lane = ix.lane, member = me % g.tp;
+  const int member = me % g.tp;
   const int n = max(0, min(*P.num_tokens, g.T));
   SendScratch s = send_scratch(g, P.p.priv);
   const uint64_t out = masked_ranks(g, P.p);  // elastic EP: ranks we neither wait for nor write to
   const FreeDue due = free_due(g, P.p, Half::kDispatchSend, epoch);  // ... and the FREE flag the others owe us
-  if (slot_failed(g, P.p)) {  // an earlier op of this slot failed: the host raises it
-    abandon_dispatch_send(P, ix);
-    return;
-  }
-
-  // Phase 1 (grid): validity and dedup of every pair, per (member, expert) order, counts and first
-  // slots, our member's tokens into staging. Block 0 also waits until peers finished reading our
-  // previous rows (phase 2 overwrites them) and, with remote peers, until d_send is ours again.
-  // Nothing here touches peers' memory or d_send.
+  if (slot_failed(g, P.p)) return;  // an earlier op of this slot failed: phase 2 abandons the call
   route_pairs(P, s, n, ix, &ep->dropped);
   scan_experts(P, s, n, ix);
   stage_tokens(P, n, member, ix);
   if (blockIdx.x == 0)
     remote::wait_peers_due(P.p, g, Half::kDispatchSend, [&](int r) { return &flags_of(P.p, me)->d_free[r]; }, due,
                            &P.p.remote.ctrl->d_send_ok, epoch + 1, true, out);
-  grid.sync();
-  if (slot_failed(g, P.p)) {
+}
+
+// Phase 2 (after phase 1's kernel, on the same stream): drop count and count matrix out, slots
+// out, rows and counts into every peer; the last block raises the flags.
+__global__ void __launch_bounds__(kThreads) dispatch_pack_kernel(DispatchSendParams P) {
+  A2A_KERNEL_START(P);
+  const int lane = ix.lane, member = me % g.tp;
+  const int n = max(0, min(*P.num_tokens, g.T));
+  SendScratch s = send_scratch(g, P.p.priv);
+  const uint64_t out = masked_ranks(g, P.p);
+  const FreeDue due = free_due(g, P.p, Half::kDispatchSend, epoch);
+  if (slot_failed(g, P.p)) {  // an earlier op of this slot failed, or phase 1's wait timed out
+    if (blockIdx.x == 0 && threadIdx.x == 0) ep->dropped = 0;  // phase 1 may have counted drops
     abandon_dispatch_send(P, ix);
     return;
   }
-
-  // Phase 2 (grid): drop count and count matrix out, slots out, rows and counts into every peer.
   if (blockIdx.x == 0) {
     if (threadIdx.x == 0) {
       *P.dropped = ep->dropped;
@@ -119,11 +127,15 @@ cudaError_t launch_dispatch_send(const DispatchSendParams& p, int blocks, cudaSt
     if (kind.ok()) return launch_dispatch_send_regs(p, kind, blocks, stream);
     return launch_dispatch_send_block(p, blocks, stream);
   }
-  return launch_cooperative(dispatch_send_kernel, blocks, 0, stream, p);
+  const cudaError_t e = launch_plain(dispatch_route_kernel, blocks, 0, stream, p);
+  return e != cudaSuccess ? e : launch_plain(dispatch_pack_kernel, blocks, 0, stream, p);
 }
 
 void dispatch_send_kernels(const Geometry& g, std::vector<KernelRef>* out) {
-  out->push_back({"dispatch_send (grid-routed)", reinterpret_cast<const void*>(&dispatch_send_kernel), 0, kThreads, true});
+  out->push_back({"dispatch_send (grid-routed: route)", reinterpret_cast<const void*>(&dispatch_route_kernel), 0,
+                  kThreads, false});
+  out->push_back({"dispatch_send (grid-routed: pack)", reinterpret_cast<const void*>(&dispatch_pack_kernel), 0,
+                  kThreads, false});
   dispatch_send_block_kernels(g, out);
   dispatch_send_regs_kernels(g, out);
 }
