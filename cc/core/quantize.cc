@@ -14,19 +14,33 @@ namespace {
 template <ElemKind K>
 void quantize_rows(const QuantizeParams& p, int64_t row_begin, int64_t row_end) {
   const int64_t nblocks = fp8_num_blocks(p.hidden, p.scale_block);
+  // locals, not p's fields: q is uint8_t, whose stores may alias anything, p included, so reading
+  // p.x / p.q inside the loops would reload them per value and keep the loops scalar
+  const void* const x = p.x;
+  uint8_t* const q = p.q;
   for (int64_t r = row_begin; r < row_end; ++r) {
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t base = r * p.hidden + b * p.scale_block;
       const int64_t len = fp8_block_len(p.hidden, p.scale_block, b);  // the last block may be partial
-      float amax = 0.0f;
+      // amax over the bits: the terms are finite and >= 0 (fp8_amax_term's rule: |v|, 0 for NaN and
+      // Inf), whose bit patterns order as their values do, so an integer max in signed 32-bit lanes
+      // gives the same value, and vectorises (a float max reduction does not without fast-math)
+      int32_t amax_bits = 0;
       for (int64_t i = 0; i < len; ++i) {
-        const float a = fp8_amax_term(load_as_f32(p.x, base + i, K));  // 0 for NaN and Inf
-        amax = a > amax ? a : amax;
+        const int32_t m = static_cast<int32_t>(f32_bits(load_as_f32(x, base + i, K)) & 0x7FFFFFFFu);
+        const int32_t a = m < 0x7F800000 ? m : 0;
+        amax_bits = a > amax_bits ? a : amax_bits;
       }
-      const float s = fp8_block_scale(amax, p.pow2_scale);
+      const float s = fp8_block_scale(bits_f32(static_cast<uint32_t>(amax_bits)), p.pow2_scale);
       const float inv = 1.0f / s;
       p.scale[r * nblocks + b] = s;
-      for (int64_t i = 0; i < len; ++i) p.q[base + i] = fp8_quantize_value(load_as_f32(p.x, base + i, K), inv);
+      // fp8_quantize_value's bits, the conversion done for every value and the NaN code selected
+      // after (scalar under the default -ftrapping-math: vectorised, SSE2's selects were no faster)
+      for (int64_t i = 0; i < len; ++i) {
+        const float v = load_as_f32(x, base + i, K);
+        const uint8_t code = f32_to_e4m3fn(v * inv);
+        q[base + i] = fp8_finite(v) ? code : kFp8E4M3NaN;
+      }
     }
   }
 }
