@@ -197,15 +197,6 @@ def grouped_impl(jax) -> str:
     return "native" if why is None else f"xla ({why})"
 
 
-def pre_norm(x, eps: float = 1e-6):
-    """x [T, H] (bf16) -> x / rms(x) per row, in x's dtype: the RMS norm in front of every layer of
-    the benchmark's model (no learned weight; computed in f32)."""
-    import jax
-    import jax.numpy as jnp
-    x32 = x.astype(jnp.float32)
-    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
-
-
 def make_step(comm, cfg, shared: str, num_layers: int, plain: bool, routing: str = "fixed", reach: bool = False):
     """Per-rank step: x [T, H] -> x after num_layers MoE layers, each the library's layer:
     models.moe_block(comm, cfg, ..., overlap=True, shared_at=PLACEMENTS[shared], slot=i % Spec.slots)
@@ -217,7 +208,7 @@ def make_step(comm, cfg, shared: str, num_layers: int, plain: bool, routing: str
     the chained layers' outputs collapse onto a few experts (on the H200, 2026-12-04, a 4-layer
     decode step read the weights of at most ~60 of 256 experts: 642 us a layer against 2.7 ms for
     all), which a model with residual connections does not do. Every layer reads its input through
-    pre_norm (an RMS norm without weights, as DeepSeek-V3's blocks do; fixed routing: x_{i+1} =
+    models.rms_norm (no weights, as DeepSeek-V3's blocks do; fixed routing: x_{i+1} =
     layer_i(norm(x_i))): without it SwiGLU, quadratic in its input, grows the stream from layer to
     layer until bf16 overflows (on an H100, 2026-12-06: 10 steps of 4 grouped layers ended in
     non-finite values, and rows that are not finite route wherever top_k puts NaN). reach (plain,
@@ -254,7 +245,7 @@ def make_step(comm, cfg, shared: str, num_layers: int, plain: bool, routing: str
         num = num[0]
         counts = []
         for i in range(num_layers):
-            h = pre_norm(x)
+            h = models.rms_norm(x)
             if routing == "per-layer":  # the residual stream, as a model has it (see the docstring)
                 pi = dict(p, router=p["router"][i])
                 if reach:  # routed once, counted, and given to plain's layer (which would route the same)

@@ -431,14 +431,25 @@ def local_moe_block(cfg: MoEConfig, spec, params: dict, x, num_tokens=None, *, r
     return out.astype(spec.combine_dtype)
 
 
+def rms_norm(x, eps: float = 1e-6):
+    """x [..., H] -> x / sqrt(mean(x^2 over H) + eps) in x's dtype (computed in f32; no learned
+    weight): the norm in front of each layer of toy_model and of the layer benchmark, as
+    DeepSeek-V3's blocks have it."""
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
 def toy_model(comm, cfg: MoEConfig, layers: list, x, num_tokens=None, *, remat: bool = False):
-    """A stack of residual MoE layers: x [T, H] -> [T, H] (the test model of issue 7).
+    """A stack of pre-norm residual MoE layers, x_{i+1} = x_i + moe_block(rms_norm(x_i)): x [T, H]
+    -> [T, H] in x's dtype (the test model of issue 7). Without the norm a deep stack overflows:
+    the SwiGLU experts are quadratic in their input.
 
     remat=True wraps each layer in `jax.checkpoint`: the backward pass recomputes the router,
     experts and shared expert, while the dispatch/combine results are kept (communication halves
     are never recomputed, see jax_moe_a2a.commcall)."""
     def layer(p, x, num_tokens):
-        return (x.astype(jnp.float32) + moe_block(comm, cfg, p, x, num_tokens).astype(jnp.float32)).astype(x.dtype)
+        y = moe_block(comm, cfg, p, rms_norm(x), num_tokens)
+        return (x.astype(jnp.float32) + y.astype(jnp.float32)).astype(x.dtype)
 
     if remat:
         layer = jax.checkpoint(layer)

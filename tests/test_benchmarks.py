@@ -149,7 +149,7 @@ def test_layers_step_is_moe_block():
         for r in range(n):
             rows = slice(r * 8, r * 8 + 8)
             given = None if routing == "per-layer" else (ids[rows], w[rows])
-            h = layers.pre_norm(x[rows])    # every layer reads its input through the RMS norm
+            h = models.rms_norm(x[rows])    # every layer reads its input through the RMS norm
             want = np.asarray(models.dense_moe_block(cfg, spec, p1, h, 6, routing=given), np.float32)
             if routing == "per-layer":  # per-layer routing adds the layer to the residual stream
                 want = want + np.asarray(x[rows], np.float32)
@@ -160,7 +160,7 @@ def test_layers_step_is_moe_block():
                              True, "per-layer")
     got = np.asarray(jax.jit(plain)(x[:8], ids[:8], w[:8], num[:1], params), np.float32)
     bf16 = dataclasses.replace(spec, dispatch_dtype=jnp.bfloat16)   # plain XLA moves bf16 rows
-    want = (np.asarray(models.dense_moe_block(cfg, bf16, p1, layers.pre_norm(x[:8]), 6), np.float32)
+    want = (np.asarray(models.dense_moe_block(cfg, bf16, p1, models.rms_norm(x[:8]), 6), np.float32)
             + np.asarray(x[:8], np.float32))
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max(), err_msg=f"seed {seed} plain")
     # reach=True: the plain per-layer step also counts the experts the EP group's valid ids name,
@@ -175,7 +175,7 @@ def test_layers_step_is_moe_block():
                                   in_specs=(P("ep"),) * 4 + (specs,), out_specs=P("ep")))
     np.testing.assert_array_equal(np.asarray(y_reach, np.float32), np.asarray(g(x, ids, w, num, params2), np.float32),
                                   err_msg="counting must not change the layers")
-    routed = [np.asarray(models.route(cfg, params2["router"][0], layers.pre_norm(x[r * 8:r * 8 + 8]))[0])[:6]
+    routed = [np.asarray(models.route(cfg, params2["router"][0], models.rms_norm(x[r * 8:r * 8 + 8]))[0])[:6]
               for r in range(n)]
     assert counts.shape == (n, 2) and (counts == counts[0]).all(), counts
     assert counts[0, 0] == len(np.unique(np.concatenate(routed))), (counts, seed)
@@ -896,7 +896,7 @@ def test_layers_proxied_host(tmp_path):
 
 def test_layers_stream_stays_finite_over_the_timed_steps():
     """The timed loop chains steps x 4 layers of grouped SwiGLU experts plus the shared expert; the
-    stream must stay finite and bounded (each layer's input through pre_norm), or the router sends
+    stream must stay finite and bounded (each layer's input through models.rms_norm), or the router sends
     NaN rows wherever top_k puts them and the timing is not a model's (an H100 run of 2026-12-06
     ended in non-finite values without the norm; at this shape it does by the 8th step). Plain's
     layers at the quick shape, 10 steps."""

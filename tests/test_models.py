@@ -486,3 +486,34 @@ def test_moe_block_is_the_old_benchmark_layer(backend, experts, shared, mesh, nu
     old, new_, old_plain, new_plain = (run(plain, o) for plain in (False, True) for o in (True, False))
     _close(new_, old, f"{backend}: moe_block vs the old benchmark layer", rel=1e-2)
     _close(new_plain, old_plain, "local_moe_block vs the old plain-XLA layer", rel=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rms_norm_matches_numpy(dtype):
+    """models.rms_norm against NumPy on fresh random rows (a zero row included: eps keeps it 0), in
+    x's dtype."""
+    seed = T.fresh_seed()
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((5, 3, 48)).astype(np.float32) * rng.uniform(0.01, 100, (5, 3, 1)).astype(np.float32)
+    x[0, 0] = 0
+    got = models.rms_norm(jnp.asarray(x, dtype))
+    assert got.dtype == dtype and got.shape == x.shape
+    xin = np.asarray(jnp.asarray(x, dtype), np.float32)
+    want = xin / np.sqrt(np.mean(xin * xin, axis=-1, keepdims=True) + 1e-6)
+    tol = 1e-5 if dtype == jnp.float32 else 1e-2
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=tol, atol=tol, err_msg=f"seed {seed}")
+    assert not np.asarray(got[0, 0], np.float32).any()
+
+
+def test_toy_model_deep_stack_stays_bounded(mesh, num_ranks):
+    """toy_model's layers read their input through rms_norm: 24 layers (one parameter set repeated)
+    keep the stream finite and growing at most linearly; without the norm the SwiGLU experts,
+    quadratic in their input, overflow it."""
+    cfg, spec, params, x = _small_model(num_ranks, "sigmoid")
+    comm = a2a.init(spec, mesh, "ep", backend="reference", collect_stats=False)
+    specs = [models.moe_param_specs(cfg)] * 24
+    f = jax.jit(T.shard_map(lambda x, layers: models.toy_model(comm, cfg, layers, x), mesh=mesh,
+                            in_specs=(P("ep"), specs), out_specs=P("ep"), check_vma=False))
+    out = np.asarray(f(x, [params[0]] * 24), np.float32)
+    x0 = np.abs(np.asarray(x, np.float32)).max()
+    assert np.isfinite(out).all() and np.abs(out).max() < x0 + 24 * 10, (np.abs(out).max(), x0, _model_seed())
