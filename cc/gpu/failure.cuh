@@ -17,8 +17,8 @@ __device__ __forceinline__ Epochs* epochs_of(const Geometry& g, uint8_t* priv) {
 
 // Failure without a trap. A wait that times out records the missing ranks (ErrorRecord, mapped),
 // marks the slot failed and returns false; its kernel ends after the next grid sync or kernel
-// boundary (every block reads the mark there), and every later kernel of the slot ends at once, with its outputs
-// poisoned (abandon_dispatch_recv, poison_combine_recv). The host raises the recorded error at the
+// boundary (every block reads the mark there), and every later kernel of the slot ends at once,
+// with its outputs poisoned (abandon_dispatch_recv, poison_combine_recv). The host raises the recorded error at the
 // next call of any half (RankState::check_error), and the CUDA context stays usable. (A trap here
 // left one of four processes sharing a GPU hung with its kernel resident.) The mark is set only
 // after a full timeout, so every block of a cooperative grid, resident from the start, reads the
