@@ -185,7 +185,7 @@ Arrivals Exchange::expect_rows(int z, uint32_t e) const {
     std::vector<int> ranks;
     for (int r : p.ranks) {
       const int64_t rows = rows_between(z, r, rank_);
-      const int64_t n = priv ? std::min<int64_t>(rows, lay_.priv) : std::max<int64_t>(0, rows - lay_.priv);
+      const int64_t n = priv ? priv_rows(rows) : over_rows(rows);
       ranks.insert(ranks.end(), pieces(n * lay_.row), r);
     }
     p.ranks = std::move(ranks);
@@ -312,7 +312,7 @@ void Exchange::post_private(int z, uint32_t e) {
 
 void Exchange::post_private_to(int z, uint32_t e, int d) {
   if (!alive(z, d) || !remote(rank_, d)) return;
-  const int64_t rows = std::min<int64_t>(rows_we_send(z, d), lay_.priv);
+  const int64_t rows = priv_rows(rows_we_send(z, d));
   write_pieces(d, *regions_[z].d_send, int64_t(d) * lay_.P * lay_.row, rows * lay_.row,
                rows ? &regions_[z].d_recv_peer[d] : nullptr, int64_t(rank_) * lay_.priv * lay_.row,
                imm(tag_of(kPriv, z), e));
@@ -327,8 +327,8 @@ void Exchange::write_pieces(int d, const transfer::Region& src, int64_t src_off,
   const int n = pieces(bytes);
   if (n > 1) pieces_.fetch_add(n - 1, std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
-    const int64_t at = n == 1 ? 0 : i * chunk_;
-    const int64_t len = n == 1 ? bytes : std::min(chunk_, bytes - at);
+    const int64_t at = i * chunk_;  // 0 for the only piece, whatever chunk_
+    const int64_t len = i + 1 < n ? chunk_ : bytes - at;
     engine_->write(d, src, src_off + at, len, dst, dst_off + at, im);
   }
 }
@@ -352,10 +352,10 @@ void Exchange::post_overflow(int z, uint32_t e) {
   // the lower-ranked sources remote to it: one write per destination (zero-length if none).
   for (int d : remote_) {
     if (!alive(z, d)) continue;
-    const int64_t over = std::max<int64_t>(0, rows_between(z, rank_, d) - lay_.priv);
+    const int64_t over = over_rows(rows_between(z, rank_, d));
     int64_t off = 0;
     for (int src = 0; src < rank_; ++src)
-      if (remote(src, d)) off += std::max<int64_t>(0, rows_between(z, src, d) - lay_.priv);
+      if (remote(src, d)) off += over_rows(rows_between(z, src, d));
     write_pieces(d, *regions_[z].d_send, (int64_t(d) * lay_.P + lay_.priv) * lay_.row, over * lay_.row,
                  over ? &regions_[z].d_recv_peer[d] : nullptr, lay_.over_off + off * lay_.row, imm(tag_of(kOver, z), e));
   }
@@ -365,7 +365,7 @@ void Exchange::overflow_bases(int z, int64_t* over_base) const {
   int64_t base = 0;
   for (int src = 0; src < o_.shape.N; ++src) {
     over_base[src] = remote(src, rank_) ? base : 0;
-    if (remote(src, rank_)) base += std::max<int64_t>(0, rows_between(z, src, rank_) - lay_.priv);
+    if (remote(src, rank_)) base += over_rows(rows_between(z, src, rank_));
   }
 }
 
@@ -413,8 +413,8 @@ std::vector<ByteRange> Exchange::landed_rows(int z) const {
   for (int src : remote_) {
     if (!alive(z, src)) continue;
     const int64_t n = rows_between(z, src, rank_);  // as post_overflow and overflow_bases count
-    append(out, int64_t(src) * lay_.priv * lay_.row, std::min<int64_t>(n, lay_.priv) * lay_.row);
-    over += std::max<int64_t>(0, n - lay_.priv);
+    append(out, int64_t(src) * lay_.priv * lay_.row, priv_rows(n) * lay_.row);
+    over += over_rows(n);
   }
   append(out, lay_.over_off, over * lay_.row);
   return out;

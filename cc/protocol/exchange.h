@@ -30,6 +30,7 @@
 // below d. Every member computes the same index for each pair of its group (SendPlan::comb_slot).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -244,6 +245,10 @@ class Exchange {
  private:
   uint32_t imm(uint32_t tag, uint32_t epoch) const;
   int64_t rows_we_send(int z, int d) const;  // from our count matrix in counts_send
+  // How a source's `rows` for one destination split between its private block (PRIV) and the
+  // destination's shared overflow region (OVER): every sender and receiver computes it alike.
+  int64_t priv_rows(int64_t rows) const { return std::min<int64_t>(rows, lay_.priv); }
+  int64_t over_rows(int64_t rows) const { return std::max<int64_t>(0, rows - lay_.priv); }
   // PRIV and OVER writes in pieces of at most chunk_ bytes (JAX_MOE_A2A_WRITE_CHUNK_KIB; 0: one
   // write each), every piece carrying the write's immediate: pieces(bytes) writes, which the
   // receiver expects as that many arrivals of the immediate (it knows the bytes from the counts).
