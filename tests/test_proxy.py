@@ -13,7 +13,6 @@ libfabric shm / tcp;ofi_rxm under mpirun). Every result is checked against the N
 import gc
 import os
 import re
-import sys
 import time
 
 import jax
@@ -333,7 +332,7 @@ def test_proxy_timeline_cuts_each_transfer_into_parts(mesh, num_ranks, tmp_path,
     (the files of the other processes of an mpirun would live in their own tmp_path)."""
     if jax.process_count() > 1:
         pytest.skip("one process: the check reads every rank's file from this process's tmp_path")
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
     from benchlib import proxy_timeline as pt
     prefix = str(tmp_path / "tl")
     monkeypatch.setenv("JAX_MOE_A2A_PROXY_TIMELINE", prefix)  # read when the proxies start
