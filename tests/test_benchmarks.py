@@ -57,7 +57,16 @@ def test_layers_tiny(tmp_path, capsys):
     out["results"] += more
     report.print_layers(out)
     assert report.plot_layers(out, str(tmp_path))
-    assert "fastest MoE layer at decode, identity experts" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "fastest MoE layer at decode, identity experts" in text
+    assert "NOT FINITE" not in text.split("vs ref:")[0] and "WARNING" not in text
+    # a row whose output was not finite is marked in the table and its headline warns
+    bad = next(r for r in out["results"] if r["backend"] != "plain" and r["experts"] == "identity")
+    bad["finite"] = False
+    report.print_layers(out)
+    text = capsys.readouterr().out
+    assert "  NOT FINITE" in text.split("vs ref:")[0], text
+    assert "identity experts" in text and "WARNING: a layer's output was not finite" in text, text
 
 
 def test_layers_grouped_experts(tmp_path, capsys):
@@ -896,10 +905,10 @@ def test_layers_proxied_host(tmp_path):
 
 def test_layers_stream_stays_finite_over_the_timed_steps():
     """The timed loop chains steps x 4 layers of grouped SwiGLU experts plus the shared expert; the
-    stream must stay finite and bounded (each layer's input through models.rms_norm), or the router sends
-    NaN rows wherever top_k puts them and the timing is not a model's (an H100 run of 2026-12-06
-    ended in non-finite values without the norm; at this shape it does by the 8th step). Plain's
-    layers at the quick shape, 10 steps."""
+    stream must stay finite and bounded (each layer's input through models.rms_norm), or the router
+    sends NaN rows wherever top_k puts them and the timing is not a model's (an H100 run of
+    2026-12-06 ended in non-finite values without the norm; at this shape it does by the 8th step).
+    Plain's layers at the quick shape, 10 steps."""
     import numpy as np
     import jax.numpy as jnp
     import layers
@@ -909,13 +918,14 @@ def test_layers_stream_stays_finite_over_the_timed_steps():
     spec = shape.spec()
     comm = a2a.init(spec, testing.make_mesh(1), "ep", backend="reference", collect_stats=False)
     cfg = layers.layer_config(spec, shape.ffn, "grouped", "overlap")
-    params = layers.init_params(cfg, jax.random.key(testing.fresh_seed()), routers=4)
+    seed = testing.fresh_seed()
+    params = layers.init_params(cfg, jax.random.key(seed), routers=4)
     step = jax.jit(layers.make_step(comm, cfg, "overlap", 4, True, "per-layer"))
-    i = testing.make_inputs(spec, 1, testing.fresh_seed(), num_tokens=spec.max_tokens_per_rank)[0]
+    i = testing.make_inputs(spec, 1, seed, num_tokens=spec.max_tokens_per_rank)[0]
     args = (jnp.asarray(i.topk_ids), jnp.asarray(i.topk_weights), jnp.asarray([i.num_tokens], jnp.int32), params)
     y = jnp.asarray(i.x, jnp.bfloat16)
     peaks = []
     for _ in range(10):
         y = step(y, *args)
         peaks.append(float(np.abs(np.asarray(y, np.float32)).max()))
-    assert np.isfinite(peaks).all() and peaks[-1] < 4 * peaks[0], peaks
+    assert np.isfinite(peaks).all() and peaks[-1] < 4 * peaks[0], (peaks, seed)
