@@ -14,8 +14,9 @@ two halves in flight with jax_moe_a2a.overlap; `after`: after combine_recv, behi
 barrier; `none`: no shared expert (MoEConfig.shared_ffn=0), so that with identity experts the layer
 is dispatch + combine and their glue), each layer on its own slot (slot = layer mod Spec.slots), it
 times `steps` back-to-back calls of the jitted L-layer step (each step's output is the next one's
-input) after two warm-up calls (one on CPUs), blocks at the end and divides by steps x L: one
-repeat. p50 and min over repeats, max over processes. Routing (--routing): `fixed`, the same
+input; every layer reads its input through models.rms_norm, so the chained stream stays finite:
+a row that is not finite is marked NOT FINITE) after two warm-up calls (one on CPUs), blocks at the
+end and divides by steps x L: one repeat. p50 and min over repeats, max over processes. Routing (--routing): `fixed`, the same
 precomputed top-k ids and weights for every layer (moe_block(routing=(ids, weights))), or
 `per-layer`, moe_block's router (DeepSeek-V3's: sigmoid scores, top-K renormalised; one router per
 layer). Next to every backend: `plain`, the same layer without communication on the same inputs
