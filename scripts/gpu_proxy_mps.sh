@@ -205,19 +205,25 @@ fi
 # the same MPS session: no key-value barrier before each call (the proxy benchmark has one, and its
 # call floor under MPS is 160-220 us a call), so "µs/layer" is one dispatch + combine end to end in
 # steady state, and proxy / NVLink is issue 35's end-to-end ratio less the wire (from the `bench`
-# stage's raw figures of the same bytes). ~60 s a run.
+# stage's raw figures of the same bytes). ~60 s a run. The proxy path records the proxies' step
+# timelines and prints each layer cut into transfers, kernel reactions and local compute.
 if has layers; then
   for n in ${BENCH_NS:-2 4}; do
     for path in proxy nvlink; do
       name=layers-n$n-$path; ns=$([ "$path" = proxy ] && echo 1 || echo "$n")
       say "layers N=$n, $path path (node_size $ns) under MPS"
-      (cd "$RUNDIR" && env $(mps_env "$n") JAX_MOE_A2A_NODE_SIZE="$ns" timeout -k 5 "${LAYERS_LIMIT:-60}" \
+      tl=$([ "$path" = proxy ] && echo "JAX_MOE_A2A_PROXY_TIMELINE=$RUNDIR/$name-timeline")
+      (cd "$RUNDIR" && env $(mps_env "$n") JAX_MOE_A2A_NODE_SIZE="$ns" $tl timeout -k 5 "${LAYERS_LIMIT:-60}" \
         "${MPIRUN[@]}" -n "$n" python3 "$REPO/benchmarks/layers.py" --backend cuda --shape decode --experts identity \
         --shared none --routing fixed --layers 4 --steps 10 --repeats 5 --no-plain --no-plot --out "$OUT/$name" \
         > "$OUT/$name.full" 2>&1)
       rc=$?
       quiet < "$OUT/$name.full" | grep -vE "^\s+at |Traceback" | tail -30 > "$OUT/$name.log"
       say "layers N=$n $path: exit $rc (124: timed out)"; grep -E "^cuda |finished" "$OUT/$name.log" | tail -3
+      # the proxy's steps per layer (benchlib/proxy_timeline.py: transfers and the cycle between them),
+      # the first 40 dispatches of each rank (compile, warm-up) left out
+      [ -n "$tl" ] && (cd "$REPO/benchmarks" && python3 -m benchlib.proxy_timeline "$RUNDIR/$name-timeline" --skip 40) \
+        2>&1 | tee -a "$OUT/$name.log"
     done
   done
 fi

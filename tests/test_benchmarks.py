@@ -885,6 +885,38 @@ def test_proxy_timeline_parts_from_two_ranks_files(tmp_path):
         pt.read(str(tmp_path / "bad"))
 
 
+def test_proxy_timeline_cycle_of_a_model_loop(tmp_path, capsys):
+    """proxy_timeline.cycle_parts on a hand-written rank running three layers (slots 0, 1, 0): each
+    layer's period from one COUNTS to the next is cut into the transfer, the kernels noticing the
+    landings, the local compute and the next layer's send; the parts add up to the period; the last
+    layer (no next COUNTS) and a dispatch whose successor overlapped its combine are left out; the
+    CLI prints the cycle line."""
+    from benchlib import proxy_timeline as pt
+    head = "# jax_moe_a2a proxy timeline rank 0 ranks 2 dropped 0\n"
+    steps = ("d_counts_out", "d_landed", "d_consumed", "c_comb_post", "c_comb_posted", "c_landed", "c_consumed")
+    offs = (0, 50, 55, 80, 82, 150, 153)  # µs into the layer
+    lines = []
+    for i, (slot, epoch, start) in enumerate(((0, 1, 1000), (1, 1, 1200), (0, 2, 1300), (1, 2, 1600))):
+        for k, off in zip(steps, offs):
+            lines.append(f"{(start + off) * 1000}\t{k}\t{slot}\t{epoch}\t-1\n")
+    with open(tmp_path / "tl.r0.p7.0.tsv", "w") as f:
+        f.write(head + "".join(lines))
+    rows = pt.cycle_parts(pt.read(str(tmp_path / "tl")))
+    # layer 1 (start 1000, next 1200): kept; layer 2 (1200, next 1300 < its c_consumed 1353): overlapped, left
+    # out; layer 3 (1300, next 1600): kept; layer 4: no next
+    assert [r["period"] for r in rows] == [200, 300]
+    a = rows[0]
+    assert (a["dispatch transfer"], a["to dispatch_recv"], a["to combine post"], a["combine posting"],
+            a["combine transfer"], a["to combine_recv"], a["to next COUNTS"]) == (50, 5, 25, 2, 68, 3, 47)
+    for r in rows:
+        assert sum(r[k] for k in pt.CYCLE_PARTS) == pytest.approx(r["period"])
+    assert len(pt.cycle_parts(pt.read(str(tmp_path / "tl")), skip=1)) == 1
+    assert pt.main([str(tmp_path / "tl")]) == 0
+    out = capsys.readouterr().out
+    assert "timeline cycle (p50 (mean) µs over 2 layers" in out and "period 250.0 (250.0)" in out
+    assert pt.main([str(tmp_path / "none")]) == 1
+
+
 def test_layers_proxied_host(tmp_path):
     """layers.py --proxied: the host backend's layer through its proxy thread (a2a.init(proxied=True),
     the cuda inter-node protocol on CPUs), recorded in the meta; refused without the host backend."""

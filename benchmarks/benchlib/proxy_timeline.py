@@ -22,6 +22,9 @@ steps in this order, so the parts below add up to its transfer (`counts_to_lande
     rows: peer late     c_comb_posted -> the last remote peer's start of its COMB post, when later
     rows: wire          -> c_comb_in
     landing             -> c_landed
+A model's loop (benchmarks/layers.py through the proxy) is also cut per layer (cycle_parts: the
+transfers, the kernels noticing them, the local compute, the next layer's send), and
+`python -m benchlib.proxy_timeline PREFIX --skip N` prints both from the files.
 """
 
 from __future__ import annotations
@@ -161,3 +164,75 @@ def describe(summary: Dict[str, Dict], raw_wire_us: Optional[Dict[str, Optional[
                          + f" = {s['mean_us']['transfer']:.1f} µs; rows / one raw write of a peer's message "
                            f"({raw:.1f} µs) = {g['rows'] / raw:.2f}x")
     return lines
+
+
+CYCLE_PARTS = ("dispatch transfer", "to dispatch_recv", "to combine post", "combine posting", "combine transfer",
+               "to combine_recv", "to next COUNTS")
+
+
+def cycle_parts(by_rank: Dict[int, Marks], skip: int = 0) -> List[Dict[str, float]]:
+    """A model's loop (dispatch, local compute, combine, next layer's dispatch) cut per rank into
+    what the proxy saw, µs, one row per dispatch whose combine landed and whose next dispatch sent
+    its COUNTS (the last of a run has no next), after the first `skip` of each rank:
+      dispatch transfer   d_counts_out -> d_landed (the parts above)
+      to dispatch_recv    -> d_consumed: our dispatch_recv kernel noticed the landing and consumed
+      to combine post     -> c_comb_post: the local compute and our combine_send kernel's packing
+      combine posting     -> c_comb_posted
+      combine transfer    -> c_landed
+      to combine_recv     -> c_consumed: our combine_recv kernel noticed
+      to next COUNTS      -> the next d_counts_out: the next layer's router and dispatch_send up to
+                             its counts (and the proxy's reaction)
+    and "period" (one d_counts_out to the next): the parts add up to it. A combine belongs to the
+    dispatch of its (slot, epoch)."""
+    rows = []
+    for r, m in by_rank.items():
+        starts = sorted((_first(m, "d_counts_out", z, e), z, e) for (mark, z, e) in m if mark == "d_counts_out")
+        for i, (t0, z, e) in enumerate(starts[:-1]):
+            if i < skip:
+                continue
+            t = [t0] + [_first(m, k, z, e) for k in ("d_landed", "d_consumed", "c_comb_post", "c_comb_posted",
+                                                     "c_landed", "c_consumed")]
+            nxt = starts[i + 1][0]
+            if any(v is None for v in t) or nxt < t[-1]:
+                continue  # cut by close(), or the next dispatch overlapped this one's combine (several in flight)
+            t.append(nxt)
+            row = {k: (t[j + 1] - t[j]) / 1e3 for j, k in enumerate(CYCLE_PARTS)}
+            row["period"] = (nxt - t0) / 1e3
+            rows.append(row)
+    return rows
+
+
+def describe_cycle(rows: List[Dict[str, float]]) -> List[str]:
+    """One report line: each cycle part's p50 (mean) µs and the period they add up to (means)."""
+    if not rows:
+        return ["  timeline cycle: no complete layer recorded (dispatches overlapping their combines are left out)"]
+    body = " | ".join(f"{k} {statistics.median(r[k] for r in rows):.1f} ({statistics.fmean(r[k] for r in rows):.1f})"
+                      for k in CYCLE_PARTS)
+    return [f"  timeline cycle (p50 (mean) µs over {len(rows)} layers of every rank): {body} = period "
+            f"{statistics.median(r['period'] for r in rows):.1f} ({statistics.fmean(r['period'] for r in rows):.1f})"]
+
+
+def main(argv=None) -> int:
+    """python -m benchlib.proxy_timeline PREFIX [--skip N]: every rank's files of PREFIX cut into
+    the transfers' parts and a model loop's cycle (the first N layers of each rank left out)."""
+    import argparse
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("prefix")
+    p.add_argument("--skip", type=int, default=0, help="leave out each rank's first N dispatches (warm-up)")
+    a = p.parse_args(argv)
+    by_rank = read(a.prefix)
+    if not by_rank:
+        print(f"no timeline files at {a.prefix}.r*.tsv")
+        return 1
+    since = None
+    if a.skip:  # the transfers from the (skip+1)-th COUNTS of the latest-starting rank on
+        firsts = [sorted(t for (mark, z, e), v in m.items() if mark == "d_counts_out" for t, _ in v)
+                  for m in by_rank.values()]
+        since = max(f[min(a.skip, len(f) - 1)] for f in firsts if f)
+    for line in describe(summarize(by_rank, since)) + describe_cycle(cycle_parts(by_rank, a.skip)):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
