@@ -313,6 +313,44 @@ def test_rows_written_in_pieces(num_ranks, mesh, monkeypatch, priv, proxied_path
     comm.close()
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("rails, chunk", [(2, None), (3, "16")], ids=["rails2", "rails3-chunk16"])
+@pytest.mark.parametrize("priv", [0, None], ids=["over-only", "priv-full"])
+@pytest.mark.parametrize("proxied_path", [True, False], ids=["proxied", "engine"])
+def test_rows_striped_over_rails(num_ranks, mesh, monkeypatch, rails, chunk, priv, proxied_path):
+    """JAX_MOE_A2A_RAILS: each rank's engine opens that many domains (shm: endpoints, each with its
+    own progress thread) and the protocol splits every PRIV / OVER write of >= 64 KiB into one piece
+    per rail (more with JAX_MOE_A2A_WRITE_CHUNK_KIB) and every COMB into one piece per rail, zero-
+    length ones included: three steps (random, skewed, one hot expert) against the oracle, outputs
+    poisoned, with rows of 4 KiB so that most PRIV / OVER writes are split; through the proxy and the
+    host backend's own engine path. With the proxy its counter says writes were split."""
+    monkeypatch.setenv("JAX_MOE_A2A_RAILS", str(rails))  # read when the engines are created
+    if chunk:
+        monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", chunk)
+    spec = a2a.Spec(num_experts=16, experts_per_token=4, hidden=2048, max_tokens_per_rank=48, recv_capacity=40,
+                    dispatch_dtype=jnp.bfloat16)
+    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=proxied_path, max_private_tokens=priv, timeout_s=60.0,
+                    engine="fabric")  # one process too: the in-process engine has one rail
+    seed = T.fresh_seed()
+    try:
+        check_three_steps(comm, spec, num_ranks, seed)
+    except AssertionError as e:
+        raise AssertionError(f"seed {seed}: {e}") from e
+    if proxied_path:
+        pieces = sum(s["write_pieces"] for s in comm.proxy_stats().values())
+        assert pieces > 0, comm.proxy_stats()
+    comm.close()
+
+
+def test_rails_must_be_a_small_count(num_ranks, mesh, monkeypatch):
+    """JAX_MOE_A2A_RAILS outside 1..16 or not an integer is refused when the engines are created."""
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    for bad in ("0", "17", "1.5", "many"):
+        monkeypatch.setenv("JAX_MOE_A2A_RAILS", bad)
+        with pytest.raises(ValueError, match="JAX_MOE_A2A_RAILS"):
+            a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine="fabric", timeout_s=10.0).close()
+
+
 def test_write_chunk_must_be_a_size(num_ranks, mesh, monkeypatch):
     """A negative or unparsable JAX_MOE_A2A_WRITE_CHUNK_KIB is refused when the exchange is created."""
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)

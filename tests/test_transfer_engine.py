@@ -373,6 +373,49 @@ def test_fabric_pair_in_one_process(provider, num_domains):
         e1.close()
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("domains", [(3, 3), (3, 2), (1, 2)], ids=["3to3", "3to2", "1to2"])
+def test_write_on_every_rail(provider, domains):
+    """write_on(rail, ...) (the striping of the inter-node protocol, JAX_MOE_A2A_RAILS): every rail,
+    also past the domain count (rail % num_domains) and between engines of different domain counts,
+    delivers its slice and its immediate; a negative rail is refused. The in-process engine has one
+    rail (write)."""
+    iface = provider_iface(provider) or ""
+    e = [transfer.FabricEngine(provider, domains[r], r, 2, iface) for r in range(2)]
+    for x in e:
+        x.add_peers([(r, e[r].address()) for r in range(2)])
+    e0, e1 = e
+    try:
+        src = rank_bytes(0, 8 * 512)
+        dst = np.zeros(8 * 512, np.uint8)
+        r0, r1 = e0.register_array(src), e1.register_array(dst)
+        d1 = e0.remote(r1.descriptor())
+        for rail in range(7):
+            e0.write_on(rail, 1, r0, rail * 512, 512, d1, rail * 512, 50 + rail)
+        e0.write_on(7, 1, r0, 0, 0, None, 0, 57)  # an immediate alone
+        for rail in range(8):
+            e1.wait(50 + rail, 1, T)
+        np.testing.assert_array_equal(dst[:7 * 512], src[:7 * 512])
+        assert not dst[7 * 512:].any()
+        with pytest.raises(ValueError, match="rail -1"):
+            e0.write_on(-1, 1, r0, 0, 8, d1, 0, 58)
+        e0.flush(T)
+    finally:
+        e0.close()
+        e1.close()
+    local = transfer.local_engines(2)
+    try:
+        a = np.arange(64, dtype=np.uint8)
+        b = np.zeros(64, np.uint8)
+        ra, rb = local[0].register_array(a), local[1].register_array(b)
+        local[0].write_on(5, 1, ra, 0, 64, local[0].remote(rb.descriptor()), 0, 9)
+        local[1].wait(9, 1, T)
+        np.testing.assert_array_equal(a, b)
+    finally:
+        for x in local:
+            x.close()
+
+
 def test_unknown_and_forged_descriptors_refused():
     e = transfer.FabricEngine("shm", rank=0, world_size=4)
     stranger = transfer.FabricEngine("shm", rank=1, world_size=4)

@@ -192,6 +192,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
     eo.provider = provider;
     eo.rank = rank;
     eo.world_size = xo.shape.N;
+    eo.num_domains = transfer::rails_from_env();
     open_engine(eo, dev);
     ctrl_ = reinterpret_cast<ctrl::Ctrl*>(pinned(sizeof(ctrl::Ctrl)));
     setup_flags(dev);

@@ -91,6 +91,7 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   if (!(chunk_kib >= 0) || chunk_kib > 1 << 30)
     throw std::invalid_argument(format("JAX_MOE_A2A_WRITE_CHUNK_KIB=%g: expected KiB >= 0 (0: one write a peer)", chunk_kib));
   chunk_ = static_cast<int64_t>(chunk_kib * 1024);
+  rails_ = std::max(1, engine_->num_domains());
   for (int r = 0; r < o.shape.N; ++r) {
     all_.push_back(r);
     if (remote(rank_, r)) remote_.push_back(r);
@@ -177,7 +178,7 @@ Arrivals Exchange::expect_free_d(int z, uint32_t e) const { return live(z, expec
 Arrivals Exchange::expect_counts(int z, uint32_t e) const { return live(z, expect({tag_of(kCounts, z)}, all_, e)); }
 Arrivals Exchange::expect_rows(int z, uint32_t e) const {
   Arrivals a = live(z, expect({tag_of(kPriv, z), tag_of(kOver, z)}, remote_, e));
-  if (chunk_ <= 0) return a;
+  if (chunk_ <= 0 && rails_ <= 1) return a;
   // A write in pieces arrives as that many immediates: each source once per piece (post_private_to's
   // and post_overflow's sizes, from the source's count matrix, which came with its COUNTS).
   for (Arrivals::Part& p : a.parts) {
@@ -197,7 +198,15 @@ Arrivals Exchange::expect_free_c(int z, uint32_t c) const { return live(z, expec
 Arrivals Exchange::expect_comb(int z, uint32_t c) const {
   std::vector<uint32_t> tags;
   for (int j = 0; j < o_.shape.tp; ++j) tags.push_back(comb_tag(j, z));
-  return live(z, expect(tags, remote_, c));
+  Arrivals a = live(z, expect(tags, remote_, c));
+  if (comb_pieces() > 1)  // each source's COMB in comb_pieces() writes
+    for (Arrivals::Part& p : a.parts) {
+      std::vector<int> ranks;
+      for (int r : p.ranks) ranks.insert(ranks.end(), comb_pieces(), r);
+      p.ranks = std::move(ranks);
+      p.seen.assign(p.ranks.size(), 0);
+    }
+  return a;
 }
 
 Arrivals Exchange::live(int z, Arrivals a) const {
@@ -319,17 +328,24 @@ void Exchange::post_private_to(int z, uint32_t e, int d) {
 }
 
 int Exchange::pieces(int64_t bytes) const {
-  return chunk_ <= 0 || bytes <= chunk_ ? 1 : static_cast<int>((bytes + chunk_ - 1) / chunk_);
+  int n = chunk_ <= 0 || bytes <= chunk_ ? 1 : static_cast<int>((bytes + chunk_ - 1) / chunk_);
+  if (rails_ > 1 && bytes >= kRailSplitBytes) n = std::max(n, rails_);
+  return n;
 }
 
 void Exchange::write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
-                            const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t im) {
-  const int n = pieces(bytes);
-  if (n > 1) pieces_.fetch_add(n - 1, std::memory_order_relaxed);
+                            const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t im, int n) {
+  if (n <= 1) {  // one write: the peer's own rail
+    engine_->write(d, src, src_off, bytes, dst, dst_off, im);
+    return;
+  }
+  pieces_.fetch_add(n - 1, std::memory_order_relaxed);
+  // Equal pieces (the last one shorter; empty ones carry only the immediate).
+  const int64_t each = (bytes + n - 1) / n;
   for (int i = 0; i < n; ++i) {
-    const int64_t at = i * chunk_;  // 0 for the only piece, whatever chunk_
-    const int64_t len = i + 1 < n ? chunk_ : bytes - at;
-    engine_->write(d, src, src_off + at, len, dst, dst_off + at, im);
+    const int64_t at = std::min(bytes, i * each);
+    const int64_t len = std::min(each, bytes - at);
+    engine_->write_on(i % rails_, d, src, src_off + at, len, len ? dst : nullptr, dst_off + at, im);
   }
 }
 
@@ -465,9 +481,9 @@ void Exchange::post_combine(int z, uint32_t c, const int32_t* rows_from, int64_t
                                            "most %d, and offset + rows at most %d)", rows_from[src], src,
                                            (long long)off[src], lay_.P, lay_.Q));
       const int64_t bytes = int64_t(rows_from[src]) * stride;
-      engine_->write(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride, bytes,
-                     bytes ? &regions_[z].c_recv_peer[m] : nullptr, (int64_t(j) * lay_.Q + off[src]) * stride,
-                     imm(comb_tag(j, z), c));
+      write_pieces(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride, bytes,
+                   bytes ? &regions_[z].c_recv_peer[m] : nullptr, (int64_t(j) * lay_.Q + off[src]) * stride,
+                   imm(comb_tag(j, z), c), comb_pieces());
     }
   }
 }

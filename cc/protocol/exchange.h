@@ -250,12 +250,22 @@ class Exchange {
   int64_t priv_rows(int64_t rows) const { return std::min<int64_t>(rows, lay_.priv); }
   int64_t over_rows(int64_t rows) const { return std::max<int64_t>(0, rows - lay_.priv); }
   // PRIV and OVER writes in pieces of at most chunk_ bytes (JAX_MOE_A2A_WRITE_CHUNK_KIB; 0: one
-  // write each), every piece carrying the write's immediate: pieces(bytes) writes, which the
-  // receiver expects as that many arrivals of the immediate (it knows the bytes from the counts).
+  // write each) and, with rails_ > 1, at least rails_ pieces from kRailSplitBytes on, piece i on rail
+  // i % rails_; every piece carries the write's immediate: pieces(bytes) writes, which the receiver
+  // expects as that many arrivals of the immediate (it knows the bytes from the counts).
   int pieces(int64_t bytes) const;
   void write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
-                    const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm);
+                    const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm, int n);
+  void write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
+                    const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm) {
+    write_pieces(d, src, src_off, bytes, dst, dst_off, imm, pieces(bytes));
+  }
+  // COMB writes: rails_ pieces each with rails_ > 1 (zero-length ones too: a receiver cannot know the
+  // bytes, a rank may have dropped rows over capacity), else one.
+  int comb_pieces() const { return rails_; }
+  static constexpr int64_t kRailSplitBytes = 64 << 10;
   int64_t chunk_ = 0;
+  int rails_ = 1;  // the engine's domains (JAX_MOE_A2A_RAILS)
   std::atomic<uint64_t> pieces_{0};  // writes past the first of each split write (pieces_posted)
   Arrivals expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const;
   Arrivals live(int z, Arrivals a) const;  // without the ranks slot z's mask marks dead

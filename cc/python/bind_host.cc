@@ -55,6 +55,7 @@ void bind_host(nb::module_& m) {
             eo.provider = config.provider;
             eo.rank = r;
             eo.world_size = num_ranks;
+            eo.num_domains = transfer::rails_from_env();
             engines.push_back(transfer::make_fabric_engine(eo));
           }
         } else {

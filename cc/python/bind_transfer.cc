@@ -146,6 +146,14 @@ void bind_engine(nb::module_& m) {
              e.write(peer, src, src_offset, length, dst, dst_offset, imm);
            },
            "peer"_a, "src"_a, "src_offset"_a, "length"_a, "dst"_a.none(), "dst_offset"_a, "imm"_a)
+      .def("write_on",
+           [](Engine& e, int rail, int peer, const Region& src, uint64_t src_offset, uint64_t length,
+              const RemoteRegion* dst, uint64_t dst_offset, uint32_t imm) {
+             nb::gil_scoped_release release;
+             e.write_on(rail, peer, src, src_offset, length, dst, dst_offset, imm);
+           },
+           "rail"_a, "peer"_a, "src"_a, "src_offset"_a, "length"_a, "dst"_a.none(), "dst_offset"_a, "imm"_a,
+           "write() on rail `rail`: our domain rail % num_domains to the peer's domain rail % its num_domains.")
       .def("scatter",
            [](Engine& e, const PeerGroup& g, const Region& src, nb::handle entries, uint32_t imm) {
              std::vector<ScatterEntry> list = scatter_entries(entries);

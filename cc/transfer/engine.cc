@@ -28,6 +28,13 @@ EngineOptions EngineOptions::resolved() const {
   return o;
 }
 
+int rails_from_env() {
+  const double r = env::get_double("JAX_MOE_A2A_RAILS", 1);
+  if (!(r >= 1 && r <= 16) || r != std::floor(r))
+    throw std::invalid_argument(format("JAX_MOE_A2A_RAILS=%g: expected an integer in 1..16 (domains per rank)", r));
+  return static_cast<int>(r);
+}
+
 Clock::time_point Engine::deadline_after(double timeout_s) {
   if (!(timeout_s >= 0) || std::isinf(timeout_s) || timeout_s > 1e7) timeout_s = 1e7;  // ~4 months
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(

@@ -33,7 +33,7 @@ namespace a2a::transfer {
 
 struct EngineOptions {
   std::string provider;  // "" -> $JAX_MOE_A2A_PROVIDER -> "shm"
-  int num_domains = 1;   // domains (NICs) per rank; peer r uses domain r % num_domains
+  int num_domains = 1;   // domains (NICs) per rank; peer r uses domain r % num_domains; write_on() any
   int rank = 0;
   int world_size = 1;
   std::string iface;        // "" -> $JAX_MOE_A2A_IFACE; comma-separated domain names ("lo")
@@ -45,6 +45,10 @@ struct EngineOptions {
   // Fills the empty fields from the environment and checks ranges.
   EngineOptions resolved() const;
 };
+
+// The rails (domains) a communicator's engine opens: $JAX_MOE_A2A_RAILS, default 1, at most 16.
+// The inter-node protocol stripes each large write over them (protocol/exchange.cc).
+int rails_from_env();
 
 struct PeerAddress {
   int rank;
@@ -93,6 +97,15 @@ class Engine {
   // One write to `peer` (a rank). dst may be null when length == 0.
   virtual void write(int peer, const Region& src, uint64_t src_offset, uint64_t length,
                      const RemoteRegion* dst, uint64_t dst_offset, uint32_t imm) = 0;
+  // The same on rail `rail` (>= 0): our domain rail % num_domains() to the peer's domain rail % its
+  // number of domains. A rank's rails are its domains: several NICs, or several shm endpoints whose
+  // copies run in parallel (each domain has its own progress thread). An engine of one domain has
+  // one rail: write().
+  virtual void write_on(int rail, int peer, const Region& src, uint64_t src_offset, uint64_t length,
+                        const RemoteRegion* dst, uint64_t dst_offset, uint32_t imm) {
+    (void)rail;
+    write(peer, src, src_offset, length, dst, dst_offset, imm);
+  }
   // Every entry is validated before anything is posted; then one write per entry.
   virtual void scatter(const PeerGroup& group, const Region& src,
                        const std::vector<ScatterEntry>& entries, uint32_t imm) = 0;

@@ -50,18 +50,27 @@ FabricEngine::FabricEngine(EngineOptions resolved, int)
   for (auto& p : peers_) p = std::make_unique<Peer>();
   add_peers({{rank_, address_}});  // we always know ourselves
 
-  progress_thread_ = std::make_unique<ProgressThread>(
-      opts_.progress, [this] { return progress(); }, [this] { return pending() > 0; }, &waiters_);
+  if (domains_.size() == 1) {
+    progress_threads_.push_back(std::make_unique<ProgressThread>(
+        opts_.progress, [this] { return progress(); }, [this] { return pending() > 0; }, &waiters_));
+  } else {
+    for (auto& d : domains_) {
+      Domain* dom = d.get();
+      progress_threads_.push_back(std::make_unique<ProgressThread>(
+          opts_.progress, [this, dom] { return dom->poll(*this); }, [this] { return pending() > 0; }, &waiters_));
+    }
+  }
 }
 
 FabricEngine::~FabricEngine() { close(); }
 
-WriteTemplate FabricEngine::make_template(int rank, const EngineAddress& peer) const {
+WriteTemplate FabricEngine::make_template(int rank, const EngineAddress& peer, int local_domain,
+                                          int remote_domain) const {
   WriteTemplate t;
   t.rank = rank;
   t.self = rank == rank_;
-  t.local_domain = rank % num_domains();
-  t.remote_domain = rank_ % static_cast<int>(peer.domains.size());
+  t.local_domain = local_domain;
+  t.remote_domain = remote_domain;
   t.domain = domains_[t.local_domain].get();
   t.signal = peer.domains[t.remote_domain].signal;
   t.context = &contexts_[rank];
@@ -98,12 +107,20 @@ void FabricEngine::add_peers(const std::vector<PeerAddress>& list) {
     }
     if (pa.rank == rank_ && a.instance != instance_)
       throw TransferError("add_peers: the address given for our own rank is another engine's");
-    WriteTemplate t = make_template(pa.rank, a);
-    if (!t.self)
-      t.msg.addr = t.addr =
-          t.domain->insert_address(a.domains[t.remote_domain].name, who + "'s domain " +
-                                                                       std::to_string(t.remote_domain));
-    p.tpl = t;
+    const int theirs = static_cast<int>(a.domains.size());
+    auto connect = [&](int local, int remote) {
+      WriteTemplate t = make_template(pa.rank, a, local, remote);
+      if (!t.self)
+        t.msg.addr = t.addr =
+            t.domain->insert_address(a.domains[remote].name, who + "'s domain " + std::to_string(remote));
+      return t;
+    };
+    p.tpl = connect(pa.rank % num_domains(), rank_ % theirs);
+    p.rails.clear();
+    if (num_domains() > 1)  // every domain of ours reaches one of theirs (write_on); the default pair reused
+      for (int d = 0; d < num_domains(); ++d)
+        p.rails.push_back(d == p.tpl.local_domain && d % theirs == p.tpl.remote_domain ? p.tpl
+                                                                                    : connect(d, d % theirs));
     p.instance = a.instance;
     p.num_domains = static_cast<int>(a.domains.size());
     p.address = pa.address;
@@ -216,6 +233,17 @@ void FabricEngine::write(int peer, const Region& src, uint64_t src_offset, uint6
   check_source(src, src_offset, length, "write");
   check_target(peer, dst, dst_offset, length, "write");
   post(peers_[peer]->tpl, &src, src_offset, length, dst, dst_offset, imm, "write");
+}
+
+void FabricEngine::write_on(int rail, int peer, const Region& src, uint64_t src_offset, uint64_t length,
+                            const RemoteRegion* dst, uint64_t dst_offset, uint32_t imm) {
+  check_open("write_on");
+  if (rail < 0) throw std::invalid_argument(format("write_on: rail %d < 0", rail));
+  check_source(src, src_offset, length, "write_on");
+  check_target(peer, dst, dst_offset, length, "write_on");
+  const Peer& p = *peers_[peer];
+  post(p.rails.empty() ? p.tpl : p.rails[rail % p.rails.size()], &src, src_offset, length, dst, dst_offset, imm,
+       "write_on");
 }
 
 void FabricEngine::scatter(const PeerGroup& group, const Region& src,
@@ -333,7 +361,7 @@ void FabricEngine::on_unexpected(uint64_t flags) {
 void FabricEngine::close() {
   std::lock_guard<std::mutex> lock(close_mu_);
   if (closed_.exchange(true)) return;
-  if (progress_thread_) progress_thread_->stop();
+  for (auto& t : progress_threads_) t->stop();
   // Let posted writes finish (best effort, bounded): closing an endpoint drops them.
   auto deadline = deadline_after(1.0);
   while (pending() > 0 && Clock::now() < deadline)

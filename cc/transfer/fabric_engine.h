@@ -31,6 +31,8 @@ class FabricEngine final : public Engine, private CompletionSink {
   std::shared_ptr<PeerGroup> peer_group(const std::vector<int>& ranks) override;
   void write(int peer, const Region& src, uint64_t src_offset, uint64_t length,
              const RemoteRegion* dst, uint64_t dst_offset, uint32_t imm) override;
+  void write_on(int rail, int peer, const Region& src, uint64_t src_offset, uint64_t length,
+                const RemoteRegion* dst, uint64_t dst_offset, uint32_t imm) override;
   void scatter(const PeerGroup& group, const Region& src, const std::vector<ScatterEntry>& entries,
                uint32_t imm) override;
   void signal(const PeerGroup& group, uint32_t imm) override;
@@ -57,7 +59,8 @@ class FabricEngine final : public Engine, private CompletionSink {
     uint64_t instance = 0;
     int num_domains = 0;
     Bytes address;
-    WriteTemplate tpl;
+    WriteTemplate tpl;                // write(): our domain rank % num_domains()
+    std::vector<WriteTemplate> rails;  // write_on(): one per our domain d (its domain d % num_domains)
   };
 
   // CompletionSink (called by Domain::poll).
@@ -67,7 +70,7 @@ class FabricEngine final : public Engine, private CompletionSink {
   void on_recv_error(const std::string& text) override;
   void on_unexpected(uint64_t flags) override;
 
-  WriteTemplate make_template(int rank, const EngineAddress& peer) const;
+  WriteTemplate make_template(int rank, const EngineAddress& peer, int local_domain, int remote_domain) const;
   // Posts one write (retrying -FI_EAGAIN while progressing, up to post_timeout_s). src == nullptr
   // sends a zero-byte write to the peer's signal region. Self writes are memcpy + counter.
   void post(const WriteTemplate& t, const Region* src, uint64_t src_offset, uint64_t length,
@@ -94,7 +97,9 @@ class FabricEngine final : public Engine, private CompletionSink {
   uint64_t error_count_ = 0;
   std::atomic<bool> has_errors_{false};
 
-  std::unique_ptr<ProgressThread> progress_thread_;  // last member: stops first
+  // One progress thread per domain (a domain's copies, e.g. shm's, then run beside the others'); last
+  // member: stops first.
+  std::vector<std::unique_ptr<ProgressThread>> progress_threads_;
 };
 
 }  // namespace a2a::transfer

@@ -128,6 +128,11 @@ class Engine:
 
     def write(self, peer: int, src: Region, src_offset: int, length: int, dst: RemoteRegion | None, dst_offset: int, imm: int) -> None: ...
 
+    def write_on(self, rail: int, peer: int, src: Region, src_offset: int, length: int, dst: RemoteRegion | None, dst_offset: int, imm: int) -> None:
+        """
+        write() on rail `rail`: our domain rail % num_domains to the peer's domain rail % its num_domains.
+        """
+
     def scatter(self, group: PeerGroup, src: Region, entries: object, imm: int) -> None:
         """
         entries: [(peer_index, src_offset, length, dst RemoteRegion | None, dst_offset)].
