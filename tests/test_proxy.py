@@ -342,6 +342,24 @@ def test_rows_striped_over_rails(num_ranks, mesh, monkeypatch, rails, chunk, pri
     comm.close()
 
 
+@pytest.mark.mpi
+def test_rails_over_tcp(num_ranks, mesh, monkeypatch):
+    """Two rails over tcp;ofi_rxm (loopback): every rail is a connection of its own, opened in rank
+    order rail by rail (transfer::connect_in_order); the proxied exchange against the oracle."""
+    monkeypatch.setenv("JAX_MOE_A2A_RAILS", "2")
+    monkeypatch.setenv("JAX_MOE_A2A_PROVIDER", "tcp;ofi_rxm")
+    monkeypatch.setenv("JAX_MOE_A2A_IFACE", "lo")
+    spec = a2a.Spec(num_experts=8, experts_per_token=2, hidden=1024, max_tokens_per_rank=40,
+                    dispatch_dtype=jnp.bfloat16)
+    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine="fabric", timeout_s=60.0)
+    seed = T.fresh_seed()
+    try:
+        check_three_steps(comm, spec, num_ranks, seed)
+    except AssertionError as e:
+        raise AssertionError(f"seed {seed}: {e}") from e
+    comm.close()
+
+
 def test_rails_must_be_a_small_count(num_ranks, mesh, monkeypatch):
     """JAX_MOE_A2A_RAILS outside 1..16 or not an integer is refused when the engines are created."""
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)

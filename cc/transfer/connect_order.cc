@@ -13,8 +13,11 @@ void connect_in_order(Engine& engine, double timeout_s) {
     if (r < me) lower.push_back(r);
     if (r > me) higher.push_back(r);
   }
-  if (!higher.empty()) engine.signal(*engine.peer_group(higher), pack_imm(kConnectTag, 0, me));
-  if (!lower.empty()) engine.wait_ranks(kConnectTag, 0, lower, timeout_s);
+  // Rail by rail (write_on's pairings: each is a connection of its own under ofi_rxm), epoch = rail.
+  for (int rail = 0; rail < engine.num_domains(); ++rail) {
+    if (!higher.empty()) engine.signal_on(rail, *engine.peer_group(higher), pack_imm(kConnectTag, rail, me));
+    if (!lower.empty()) engine.wait_ranks(kConnectTag, rail, lower, timeout_s);
+  }
   engine.flush(timeout_s);
 }
 

@@ -5,7 +5,7 @@
 
 namespace a2a::transfer {
 
-// Immediate-value tag reserved for connect_in_order (pack_imm(kConnectTag, 0, rank)).
+// Immediate-value tag reserved for connect_in_order (pack_imm(kConnectTag, rail, rank)).
 constexpr uint32_t kConnectTag = kImmMaxTag;
 
 // Makes the first write between every pair of known peers go one way: each rank signals every
@@ -14,7 +14,8 @@ constexpr uint32_t kConnectTag = kImmMaxTag;
 // write to a peer; with both sides of a pair connecting at the same moment, libfabric 1.17's rxm
 // over tcp once left a rank's transmit queue full for 30 s (-FI_EAGAIN on a 38-byte write, 4
 // processes on 2 cores). Collective over every known peer; cheap for connectionless providers.
-// Throws TimeoutError naming the lower ranks that never signalled.
+// With several domains (rails) every rail is opened so, rail after rail. Throws TimeoutError naming
+// the lower ranks that never signalled.
 void connect_in_order(Engine& engine, double timeout_s);
 
 }  // namespace a2a::transfer

@@ -111,6 +111,11 @@ class Engine {
                        const std::vector<ScatterEntry>& entries, uint32_t imm) = 0;
   // A zero-byte write carrying imm to every member of the group.
   virtual void signal(const PeerGroup& group, uint32_t imm) = 0;
+  // The same on rail `rail` (write_on's pairing) to every member but ourselves.
+  virtual void signal_on(int rail, const PeerGroup& group, uint32_t imm) {
+    (void)rail;
+    signal(group, imm);
+  }
   // signal(group, imm), then wait(imm, group.size()). Consecutive barriers on one group must
   // alternate between two imm values at least (e.g. epoch parity), else a fast peer's next
   // arrival could count for this one.

@@ -246,6 +246,17 @@ void FabricEngine::write_on(int rail, int peer, const Region& src, uint64_t src_
        "write_on");
 }
 
+void FabricEngine::signal_on(int rail, const PeerGroup& group, uint32_t imm) {
+  check_open("signal_on");
+  check_group(group, "signal_on");
+  if (rail < 0) throw std::invalid_argument(format("signal_on: rail %d < 0", rail));
+  for (int r : group.ranks()) {
+    const Peer& p = *peers_[r];
+    if (r != rank_) post(p.rails.empty() ? p.tpl : p.rails[rail % p.rails.size()], nullptr, 0, 0, nullptr, 0, imm,
+                         "signal_on");
+  }
+}
+
 void FabricEngine::scatter(const PeerGroup& group, const Region& src,
                            const std::vector<ScatterEntry>& entries, uint32_t imm) {
   check_open("scatter");

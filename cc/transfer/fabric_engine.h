@@ -36,6 +36,7 @@ class FabricEngine final : public Engine, private CompletionSink {
   void scatter(const PeerGroup& group, const Region& src, const std::vector<ScatterEntry>& entries,
                uint32_t imm) override;
   void signal(const PeerGroup& group, uint32_t imm) override;
+  void signal_on(int rail, const PeerGroup& group, uint32_t imm) override;
 
   void flush(double timeout_s) override;
   uint64_t pending() const override { return outstanding_.load(std::memory_order_acquire); }
