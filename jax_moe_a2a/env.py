@@ -101,9 +101,8 @@ VARS = (
         "inter-node paths: a peer's PRIV and OVER rows written in pieces of at most this many KiB (the receiver "
         "counts them); the same on every process", _NATIVE),
     Var("RAILS", "int 1..16", "1", "cc/transfer/engine.cc (at communicator creation)",
-        "fabric engines of communicators: domains (rails) per rank, `iface`'s NICs in turn (shm: endpoints), each "
-        "with its own progress thread; the inter-node protocol splits a peer's rows of >= 64 KiB and every COMB "
-        "into one piece per rail; the same on every process", _NATIVE),
+        "communicators' fabric engines: domains (rails) per rank, each with its own progress thread; large "
+        "PRIV / OVER writes and every COMB split over them; the same on every process", _NATIVE),
     Var("KERNEL_TIMING", "0|1|nosync", "0", "cc/gpu/kernel_timer.h (cuda, nvshmem: at communicator creation)",
         "GPU backends: CUDA events around each launch (`comm.kernel_seconds`); `1` with a GPU-side "
         "barrier of the EP group before each, `nosync` without",
