@@ -288,6 +288,21 @@ def test_proxy_threads_end_at_close(mesh, num_ranks):
     assert threads() <= before
 
 
+def check_split_writes(comm, spec, num_ranks, proxied):
+    """check_three_steps on a fresh seed (named in a failure), then, through the proxy, that its
+    counter saw writes split into pieces (else a test of pieces tests one write per peer again);
+    closes comm."""
+    seed = T.fresh_seed()
+    try:
+        check_three_steps(comm, spec, num_ranks, seed)
+    except AssertionError as e:
+        raise AssertionError(f"seed {seed}: {e}") from e
+    if proxied:
+        pieces = sum(s["write_pieces"] for s in comm.proxy_stats().values())
+        assert pieces > 0, comm.proxy_stats()
+    comm.close()
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("priv", [0, 1, None], ids=["over-only", "priv1", "priv-full"])
 @pytest.mark.parametrize("proxied_path", [True, False], ids=["proxied", "engine"])
@@ -302,15 +317,7 @@ def test_rows_written_in_pieces(num_ranks, mesh, monkeypatch, priv, proxied_path
     spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10,
                     dispatch_dtype=FP8, scale_block=32)
     comm = a2a.init(spec, mesh, "ep", backend="host", proxied=proxied_path, max_private_tokens=priv, timeout_s=60.0)
-    seed = T.fresh_seed()
-    try:
-        check_three_steps(comm, spec, num_ranks, seed)
-    except AssertionError as e:
-        raise AssertionError(f"seed {seed}: {e}") from e
-    if proxied_path:
-        pieces = sum(s["write_pieces"] for s in comm.proxy_stats().values())
-        assert pieces > 0, comm.proxy_stats()
-    comm.close()
+    check_split_writes(comm, spec, num_ranks, proxied_path)
 
 
 @pytest.mark.mpi
@@ -331,15 +338,7 @@ def test_rows_striped_over_rails(num_ranks, mesh, monkeypatch, rails, chunk, pri
                     dispatch_dtype=jnp.bfloat16)
     comm = a2a.init(spec, mesh, "ep", backend="host", proxied=proxied_path, max_private_tokens=priv, timeout_s=60.0,
                     engine="fabric")  # one process too: the in-process engine has one rail
-    seed = T.fresh_seed()
-    try:
-        check_three_steps(comm, spec, num_ranks, seed)
-    except AssertionError as e:
-        raise AssertionError(f"seed {seed}: {e}") from e
-    if proxied_path:
-        pieces = sum(s["write_pieces"] for s in comm.proxy_stats().values())
-        assert pieces > 0, comm.proxy_stats()
-    comm.close()
+    check_split_writes(comm, spec, num_ranks, proxied_path)
 
 
 @pytest.mark.mpi
@@ -352,12 +351,7 @@ def test_rails_over_tcp(num_ranks, mesh, monkeypatch):
     spec = a2a.Spec(num_experts=8, experts_per_token=2, hidden=1024, max_tokens_per_rank=40,
                     dispatch_dtype=jnp.bfloat16)
     comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine="fabric", timeout_s=60.0)
-    seed = T.fresh_seed()
-    try:
-        check_three_steps(comm, spec, num_ranks, seed)
-    except AssertionError as e:
-        raise AssertionError(f"seed {seed}: {e}") from e
-    comm.close()
+    check_split_writes(comm, spec, num_ranks, proxied=True)
 
 
 def test_rails_must_be_a_small_count(num_ranks, mesh, monkeypatch):
