@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/cpu_clones.h"
 #include "core/fp8.h"
 
 namespace a2a {
@@ -12,7 +13,8 @@ namespace {
 // One block: amax, scale, codes. The element kind is a template parameter so that the decode
 // inlines into the loops (the per-element switch of load_as_f32 cost as much as the rounding).
 template <ElemKind K>
-void quantize_rows(const QuantizeParams& p, int64_t row_begin, int64_t row_end) {
+inline __attribute__((always_inline)) void quantize_rows(const QuantizeParams& p, int64_t row_begin,
+                                                         int64_t row_end) {
   const int64_t nblocks = fp8_num_blocks(p.hidden, p.scale_block);
   // locals, not p's fields: q is uint8_t, whose stores may alias anything, p included, so reading
   // p.x / p.q inside the loops would reload them per value and keep the loops scalar
@@ -45,13 +47,24 @@ void quantize_rows(const QuantizeParams& p, int64_t row_begin, int64_t row_end) 
   }
 }
 
+// Each kind's loops compiled for AVX2 and the baseline (core/cpu_clones.h; the same bits either way).
+A2A_CPU_CLONES void quantize_f32(const QuantizeParams& p, int64_t b, int64_t e) {
+  quantize_rows<ElemKind::kF32>(p, b, e);
+}
+A2A_CPU_CLONES void quantize_bf16(const QuantizeParams& p, int64_t b, int64_t e) {
+  quantize_rows<ElemKind::kBF16>(p, b, e);
+}
+A2A_CPU_CLONES void quantize_f16(const QuantizeParams& p, int64_t b, int64_t e) {
+  quantize_rows<ElemKind::kF16>(p, b, e);
+}
+
 }  // namespace
 
 void quantize_fp8_rows(const QuantizeParams& p, int64_t row_begin, int64_t row_end) {
   switch (p.kind) {
-    case ElemKind::kF32: return quantize_rows<ElemKind::kF32>(p, row_begin, row_end);
-    case ElemKind::kBF16: return quantize_rows<ElemKind::kBF16>(p, row_begin, row_end);
-    case ElemKind::kF16: return quantize_rows<ElemKind::kF16>(p, row_begin, row_end);
+    case ElemKind::kF32: return quantize_f32(p, row_begin, row_end);
+    case ElemKind::kBF16: return quantize_bf16(p, row_begin, row_end);
+    case ElemKind::kF16: return quantize_f16(p, row_begin, row_end);
     case ElemKind::kF8E4M3: return;  // not a float kind: decode_quantize refuses it
   }
 }

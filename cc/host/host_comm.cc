@@ -547,10 +547,8 @@ void RankComm::combine_recv(const CombineRecvArgs& a) {
         if (a.pairs) accumulate_row(a.pairs + pk * H, row, a.y_kind, H, 1.0f);
       }
     }
-    if (a.out_in) {
-      for (int h = 0; h < H; ++h) acc[h] += load_elem(a.out_in, int64_t(t) * H + h, a.out_in_kind);
-    }
-    for (int h = 0; h < H; ++h) store_elem(a.out, int64_t(t) * H + h, a.out_kind, acc[h]);
+    if (a.out_in) add_row(acc.data(), a.out_in, int64_t(t) * H, a.out_in_kind, H);
+    store_row(a.out, int64_t(t) * H, a.out_kind, acc.data(), H);
   }
   for (auto [d, peer] : node_) raise(&peer->local(a.slot).c_free[rank_], e + 1);
   if (o_.proxied) raise(&ctrl_->slot[a.slot].c_consumed, e + 1);

@@ -48,5 +48,9 @@ class RowUnpacker {
 
 // acc[h] += w * row[h] for a row of H values in kind.
 void accumulate_row(float* acc, const uint8_t* row, ElemKind kind, int H, float w);
+// acc[h] += in[off + h] (in's element kind), h < H.
+void add_row(float* acc, const void* in, int64_t off, ElemKind kind, int H);
+// out[off + h] = acc[h] rounded to out's element kind, h < H.
+void store_row(void* out, int64_t off, ElemKind kind, const float* acc, int H);
 
 }  // namespace a2a::host
