@@ -168,3 +168,31 @@ def test_proxy_bad_value(var, value, match, monkeypatch, mesh, num_ranks):
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
     with pytest.raises(Exception, match=match):
         proxied(spec, mesh)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_staged_rows_copied_source_by_source(mode, monkeypatch, mesh, num_ranks):
+    """Row staging (JAX_MOE_A2A_HOST_STAGED: the host backend's memcpy stand-in for the cuda path's
+    copy-engine copies) copies the landed dispatch rows source by source, each as soon as its PRIV
+    and OVER rows are all here, while later sources' are still in flight: with the last rank's
+    dispatch 0.3 s late (run_ops' `late`), the others copy their early sources' rows before the late
+    one's land (proxy_stats' staged_early > 0, summed over ranks, steps and processes), and under
+    `peer` raise each source's flag after its copy. The results match the oracle (outputs
+    poisoned), three steps."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    if num_ranks < 3:
+        pytest.skip("needs a late rank and two others")
+    monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", mode)
+    monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
+    spec = a2a.Spec(num_experts=4 * num_ranks, experts_per_token=4, hidden=64, max_tokens_per_rank=32)
+    comm = proxied(spec, mesh, 0, node_size=0)
+    for step in range(3):
+        inputs = T.make_inputs(spec, num_ranks, T.fresh_seed())
+        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True, late=(num_ranks - 1, 0.3)))
+    stats = comm.proxy_stats()
+    mine = sum(s["staged_early"] for s in stats.values())
+    comm.close()
+    early = int(np.sum(multihost_utils.process_allgather(np.array([mine], np.int64))))
+    assert early > 0, f"no source's rows copied before the late rank's landed in 3 steps on any process: {stats}"

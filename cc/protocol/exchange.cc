@@ -436,6 +436,17 @@ std::vector<ByteRange> Exchange::landed_rows(int z) const {
   return out;
 }
 
+std::vector<ByteRange> Exchange::landed_rows_of(int z, int src) const {
+  std::vector<ByteRange> out;
+  if (!remote(src, rank_) || !alive(z, src)) return out;
+  const int64_t n = rows_between(z, src, rank_);
+  std::vector<int64_t> over_base(o_.shape.N);
+  overflow_bases(z, over_base.data());
+  append(out, int64_t(src) * lay_.priv * lay_.row, priv_rows(n) * lay_.row);
+  append(out, lay_.over_off + over_base[src] * lay_.row, over_rows(n) * lay_.row);
+  return out;
+}
+
 std::vector<ByteRange> Exchange::combine_send_rows(int z, const int32_t* rows_from, int64_t stride) const {
   const int tp = o_.shape.tp;
   std::vector<uint8_t> used(o_.shape.N, 0);  // sources of the groups of remote ranks we write

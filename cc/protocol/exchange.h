@@ -235,6 +235,8 @@ class Exchange {
   std::vector<ByteRange> send_rows(int z) const;
   // d_recv: what PRIV and OVER of remote sources put there this dispatch (valid after COUNTS).
   std::vector<ByteRange> landed_rows(int z) const;
+  // The same for one remote source: its PRIV block and its share of the overflow region.
+  std::vector<ByteRange> landed_rows_of(int z, int src) const;
   // c_send: what post_combine(z, c, rows_from, stride) reads.
   std::vector<ByteRange> combine_send_rows(int z, const int32_t* rows_from, int64_t stride) const;
   // c_recv: where remote expert ranks write the rows of our tp group's members in the combine of

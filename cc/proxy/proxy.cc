@@ -286,6 +286,8 @@ void Proxy::SlotState::next_dispatch() {
   d = kDFree;
   priv_posted = 0;
   src_landed = 0;
+  src_staged = 0;
+  src_copying = -1;
 }
 
 void Proxy::SlotState::next_combine() {
@@ -304,6 +306,44 @@ void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint6
     store_release(&flags[r], uint64_t(e) + 1);
     raised |= 1ull << r;
   }
+}
+
+bool Proxy::stage_landed_sources(int z, SlotState& s, uint32_t e, bool* moved) {
+  // A source's rows copied: a packer that reads per-source flags (the host backend's) may unpack it
+  // now (where no landing fence has to come first; the cuda path reads d_landed only).
+  auto copied = [&](int r) {
+    s.src_staged |= 1ull << r;
+    if (source_flags_ && !flags_.landing_fence && !(s.src_landed >> r & 1)) {
+      store_release(&ctrl_->slot[z].d_landed_from[r], uint64_t(e) + 1);
+      s.src_landed |= 1ull << r;
+    }
+  };
+  if (s.src_copying >= 0) {  // one copy at a time (RowStaging: start after the last one is done)
+    if (!staged(z, s, RowBuffer::kDRecv, kDispatchRecv, e)) return false;
+    copied(s.src_copying);
+    s.src_copying = -1;
+    *moved = true;
+  }
+  uint64_t missing = 0;  // bit r: some part of r's rows not yet here
+  for (int r : s.d_wait.missing()) missing |= 1ull << r;
+  for (const protocol::Arrivals::Part& p : s.d_wait.parts)
+    for (int r : p.ranks) {
+      if ((s.src_staged | missing) >> r & 1) continue;
+      std::vector<protocol::ByteRange> ranges = ex_.landed_rows_of(z, r);
+      if (ranges.empty()) {  // nothing of r's to copy
+        copied(r);
+        continue;
+      }
+      stage(z, s, RowBuffer::kDRecv, ranges);
+      s.src_copying = r;
+      *moved = true;
+      if (missing) {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        ++stats_.staged_early;
+      }
+      return false;
+    }
+  return missing == 0;  // every source's rows here and copied
 }
 
 std::string Proxy::slot_state(int z) const {
@@ -494,22 +534,23 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       cur_op_ = kDispatchRecv;
       const bool in = ex_.poll(s.d_wait);
       if (source_flags_early_) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, false);
+      bool copied = false;  // staging: a source complete while others are in flight is copied now
+      if (staging_ && !in) stage_landed_sources(z, s, e, &copied);
       if (!in) {
         check_late(kDispatchRecv, z, e, s.d_wait, "private and overflow rows", s.d_since);
-        return false;
+        return copied;
       }
       timeline_.mark(Mark::kDRowsIn, z, e);
       s.d_armed = false;
       s.d = kDRecvCopy;
-      if (staging_) {
-        stage(z, s, RowBuffer::kDRecv, ex_.landed_rows(z));
-        return true;
-      }
       [[fallthrough]];
     }
     case kDRecvCopy:
       cur_op_ = kDispatchRecv;
-      if (!staged(z, s, RowBuffer::kDRecv, kDispatchRecv, e)) return false;
+      if (staging_) {
+        bool copied = false;
+        if (!stage_landed_sources(z, s, e, &copied)) return copied;
+      }
       if (flags_.landing_fence) flags_.landing_fence();
       if (source_flags_) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, true);  // those not raised yet (staging: all of them)
       raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);

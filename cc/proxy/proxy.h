@@ -128,6 +128,9 @@ struct ProxyStats {
   // Host backend's proxied mode under `peer`: remote sources whose rows dispatch_recv unpacked
   // before d_landed was raised (the rest still in flight). 0 when it waits for d_landed.
   uint64_t recv_early = 0;
+  // Row staging: remote sources whose landed dispatch rows were copied to the packer's buffer
+  // while other sources' rows were still in flight (the landed rows are copied source by source).
+  uint64_t staged_early = 0;
   // PRIV / OVER writes posted beyond one per peer (JAX_MOE_A2A_WRITE_CHUNK_KIB: written in pieces).
   uint64_t write_pieces = 0;
 };
@@ -172,6 +175,8 @@ class Proxy {
     uint64_t priv_posted = 0;  // bit d: our PRIV write of this epoch to remote rank d is posted
     uint64_t src_landed = 0;   // bit src: d_landed_from[src] raised for this epoch
     uint64_t comb_landed = 0;  // bit d: c_landed_from[d] raised for this combine epoch
+    uint64_t src_staged = 0;   // row staging, bit src: src's landed dispatch rows copied this epoch
+    int src_copying = -1;      // row staging: the source whose landed rows are being copied, or -1
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
     uint64_t copy_bytes[kRowBuffers]{};
     // Stall reports (report_stalls): the steps as last seen, since when, and whether this stall
@@ -189,6 +194,10 @@ class Proxy {
 
   void run();
   bool step_dispatch(int z, SlotState& s);
+  // Row staging of the landed dispatch rows, source by source as each source's rows are complete
+  // (the next one's copy starts when the last one's is done): true once every remote source of
+  // s.d_wait is copied. Never blocks; `moved` is set when it started or finished a copy.
+  bool stage_landed_sources(int z, SlotState& s, uint32_t e, bool* moved);
   bool step_combine(int z, SlotState& s);
   // Whether the kernel of `op` waits for epoch e; starts / checks its clock. Throws on timeout.
   void check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what,
