@@ -65,16 +65,21 @@ def test_pipeline_against_oracle(mode, node_size, priv, tp, monkeypatch, mesh, n
     comm.close()
 
 
-def test_pipeline_posts_before_the_whole_pack(monkeypatch, mesh, num_ranks):
+@pytest.mark.parametrize("staged", [False, True], ids=["registered", "staged"])
+def test_pipeline_posts_before_the_whole_pack(staged, monkeypatch, mesh, num_ranks):
     """`peer` with a spinning proxy and a packer that pauses 20 ms after publishing each remote
     destination's rows but the last (JAX_MOE_A2A_HOST_PACK_PAUSE_S; every rank through the
     engine): the proxies post PRIV writes before d_packed (priv_early, summed over every process;
     without the pause a 190 µs pack was overtaken in 0.01-0.5 of the dispatches, so the pause
     makes it certain but for a proxy thread not scheduled for 20 ms, 3 times over), and the results
-    still match the oracle. Every process runs the same steps (a collective)."""
+    still match the oracle. Every process runs the same steps (a collective). Under row staging
+    (JAX_MOE_A2A_HOST_STAGED) each destination's rows are copied once packed and its PRIV posted
+    while the next destination is packed and copied (Proxy::stage_sends)."""
     import numpy as np
     from jax.experimental import multihost_utils
 
+    if staged:
+        monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
     monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", "peer")
     monkeypatch.setenv("JAX_MOE_A2A_PROXY", "spin")
     monkeypatch.setenv("JAX_MOE_A2A_HOST_PACK_PAUSE_S", "0.02")

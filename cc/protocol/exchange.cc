@@ -436,6 +436,12 @@ std::vector<ByteRange> Exchange::landed_rows(int z) const {
   return out;
 }
 
+std::vector<ByteRange> Exchange::send_rows_to(int z, int d) const {
+  std::vector<ByteRange> out;
+  if (remote(rank_, d) && alive(z, d)) append(out, int64_t(d) * lay_.P * lay_.row, rows_we_send(z, d) * lay_.row);
+  return out;
+}
+
 std::vector<ByteRange> Exchange::landed_rows_of(int z, int src) const {
   std::vector<ByteRange> out;
   if (!remote(src, rank_) || !alive(z, src)) return out;

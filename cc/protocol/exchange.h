@@ -233,6 +233,8 @@ class Exchange {
   // Ascending, adjacent ranges merged, empty ones left out. d_send: every row we send each remote
   // destination this dispatch (private and overflow; from counts_send, so after the packer wrote it).
   std::vector<ByteRange> send_rows(int z) const;
+  // The same for one remote destination d (its block of d_send).
+  std::vector<ByteRange> send_rows_to(int z, int d) const;
   // d_recv: what PRIV and OVER of remote sources put there this dispatch (valid after COUNTS).
   std::vector<ByteRange> landed_rows(int z) const;
   // The same for one remote source: its PRIV block and its share of the overflow region.

@@ -288,6 +288,7 @@ void Proxy::SlotState::next_dispatch() {
   src_landed = 0;
   src_staged = 0;
   src_copying = -1;
+  dst_copying = -1;
 }
 
 void Proxy::SlotState::next_combine() {
@@ -306,6 +307,51 @@ void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint6
     store_release(&flags[r], uint64_t(e) + 1);
     raised |= 1ull << r;
   }
+}
+
+bool Proxy::stage_sends(int z, SlotState& s, uint32_t e, bool* moved) {
+  SlotCtrl& c = ctrl_->slot[z];
+  const bool all = load_acquire(&c.d_packed) >= uint64_t(e) + 1;
+  int early = 0;
+  auto post = [&](int d) {
+    timeline_.mark(Mark::kDPrivPost, z, e, d);
+    ex_.post_private_to(z, e, d);
+    timeline_.mark(Mark::kDPrivPosted, z, e, d);
+    s.priv_posted |= 1ull << d;
+    early += !all;
+    *moved = true;
+  };
+  auto count_early = [&] {
+    if (!early) return;
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.priv_early += early;
+  };
+  if (s.dst_copying >= 0) {  // one copy at a time (RowStaging)
+    if (!staged(z, s, RowBuffer::kDSend, kDispatchRecv, e)) return false;  // our recv kernel spins behind it
+    const int d = s.dst_copying;
+    s.dst_copying = -1;
+    post(d);
+  }
+  bool done = true;
+  for (int d : ex_.remote_ranks()) {
+    if (s.priv_posted >> d & 1) continue;
+    if (!all && !(o_.pipeline && load_acquire(&c.d_packed_to[d]) >= uint64_t(e) + 1)) {
+      done = false;
+      continue;
+    }
+    std::vector<protocol::ByteRange> ranges = ex_.send_rows_to(z, d);
+    if (ranges.empty()) {  // nothing to copy: the PRIV write carries the immediate alone
+      post(d);
+      continue;
+    }
+    stage(z, s, RowBuffer::kDSend, ranges);
+    s.dst_copying = d;
+    *moved = true;
+    count_early();
+    return false;
+  }
+  count_early();
+  return done;
 }
 
 bool Proxy::stage_landed_sources(int z, SlotState& s, uint32_t e, bool* moved) {
@@ -471,16 +517,17 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         privs_out(s);
         return true;
       }
-      if (load_acquire(&c.d_packed) < uint64_t(e) + 1) return false;
+      if (!staging_ && load_acquire(&c.d_packed) < uint64_t(e) + 1) return false;
       s.d = kDSendCopy;
-      if (staging_) {
-        stage(z, s, RowBuffer::kDSend, ex_.send_rows(z));  // every row: OVER goes out from here later
-        return true;
-      }
       [[fallthrough]];
     case kDSendCopy:
       cur_op_ = kDispatchSend;
-      if (!staged(z, s, RowBuffer::kDSend, kDispatchRecv, e)) return false;  // our recv kernel spins behind it
+      if (staging_) {  // every row of a destination (PRIV and OVER: OVER goes out from there later)
+        bool moved = false;
+        if (!stage_sends(z, s, e, &moved)) return moved;
+        privs_out(s);
+        return true;
+      }
       timeline_.mark(Mark::kDPrivPost, z, e);
       ex_.post_private(z, e);
       timeline_.mark(Mark::kDPrivPosted, z, e);

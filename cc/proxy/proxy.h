@@ -177,6 +177,7 @@ class Proxy {
     uint64_t comb_landed = 0;  // bit d: c_landed_from[d] raised for this combine epoch
     uint64_t src_staged = 0;   // row staging, bit src: src's landed dispatch rows copied this epoch
     int src_copying = -1;      // row staging: the source whose landed rows are being copied, or -1
+    int dst_copying = -1;      // row staging: the destination whose send rows are being copied, or -1
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
     uint64_t copy_bytes[kRowBuffers]{};
     // Stall reports (report_stalls): the steps as last seen, since when, and whether this stall
@@ -198,6 +199,11 @@ class Proxy {
   // (the next one's copy starts when the last one's is done): true once every remote source of
   // s.d_wait is copied. Never blocks; `moved` is set when it started or finished a copy.
   bool stage_landed_sources(int z, SlotState& s, uint32_t e, bool* moved);
+  // Row staging of the send rows, destination by destination: each destination's rows copied to
+  // the registered buffer (once packed: d_packed, or under `peer` its d_packed_to), then its PRIV
+  // write posted while the next destination's copy runs. True once every remote destination's PRIV
+  // is posted (its OVER rows, copied with it, go out later). Never blocks.
+  bool stage_sends(int z, SlotState& s, uint32_t e, bool* moved);
   bool step_combine(int z, SlotState& s);
   // Whether the kernel of `op` waits for epoch e; starts / checks its clock. Throws on timeout.
   void check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what,
