@@ -181,8 +181,9 @@ def test_staged_rows_copied_source_by_source(mode, monkeypatch, mesh, num_ranks)
     copy-engine copies) copies the landed dispatch rows source by source, each as soon as its PRIV
     and OVER rows are all here, while later sources' are still in flight: with the last rank's
     dispatch 0.3 s late (run_ops' `late`), the others copy their early sources' rows before the late
-    one's land (proxy_stats' staged_early > 0, summed over ranks, steps and processes), and under
-    `peer` raise each source's flag after its copy. The results match the oracle (outputs
+    one's land (proxy_stats' staged_early > 0, summed over ranks, steps and processes), the same
+    for the combine's landed rows (comb_staged_early: the late rank's COMB rows come last too), and
+    under `peer` raise each source's flag after its copy. The results match the oracle (outputs
     poisoned), three steps."""
     import numpy as np
     from jax.experimental import multihost_utils
@@ -197,7 +198,8 @@ def test_staged_rows_copied_source_by_source(mode, monkeypatch, mesh, num_ranks)
         inputs = T.make_inputs(spec, num_ranks, T.fresh_seed())
         T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True, late=(num_ranks - 1, 0.3)))
     stats = comm.proxy_stats()
-    mine = sum(s["staged_early"] for s in stats.values())
+    mine = [sum(s[k] for s in stats.values()) for k in ("staged_early", "comb_staged_early")]
     comm.close()
-    early = int(np.sum(multihost_utils.process_allgather(np.array([mine], np.int64))))
-    assert early > 0, f"no source's rows copied before the late rank's landed in 3 steps on any process: {stats}"
+    early = np.sum(multihost_utils.process_allgather(np.array(mine, np.int64)).reshape(-1, 2), axis=0)
+    assert early[0] > 0, f"no source's dispatch rows copied before the late rank's landed in 3 steps: {stats}"
+    assert early[1] > 0, f"no expert rank's COMB rows copied before the late rank's landed in 3 steps: {stats}"

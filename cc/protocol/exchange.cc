@@ -99,6 +99,7 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   alive_.assign(o.slots, std::vector<uint8_t>(o.shape.N, 1));
   comb_off_.assign(o.slots, std::vector<int64_t>(o.shape.N, 0));
   comb_in_.assign(o.slots, {});
+  comb_in_from_.assign(o.slots, std::vector<std::vector<ByteRange>>(o.shape.N));
   owed_d_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
   owed_c_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
   for (const SlotBuffers& b : bufs_) {
@@ -398,12 +399,16 @@ void Exchange::take_combine_offsets(int z) {
   // [j * Q + combine_offset(source's counts, d), + rows the source sent d) of c_recv.
   std::vector<ByteRange>& in = comb_in_[z];
   in.clear();
+  for (auto& v : comb_in_from_[z]) v.clear();
   const int tp = o_.shape.tp, g0 = rank_ / tp * tp;
   for (int j = 0; j < tp && alive(z, rank_); ++j) {
     const int src = g0 + j;
     if (!alive(z, src)) continue;
-    for (int d : remote_)
-      append(in, int64_t(j) * lay_.Q + combine_offset(counts_of(z, src), L, d), rows_between(z, src, d));
+    for (int d : remote_) {
+      const int64_t at = int64_t(j) * lay_.Q + combine_offset(counts_of(z, src), L, d), n = rows_between(z, src, d);
+      append(in, at, n);
+      append(comb_in_from_[z][d], at, n);
+    }
   }
 }
 
@@ -414,6 +419,7 @@ void Exchange::adopt_combine_offsets(int z, int from) {
   if (from == z) return;
   comb_off_[z] = comb_off_[from];
   comb_in_[z] = comb_in_[from];
+  comb_in_from_[z] = comb_in_from_[from];
 }
 
 std::vector<ByteRange> Exchange::send_rows(int z) const {
@@ -465,6 +471,21 @@ std::vector<ByteRange> Exchange::combine_send_rows(int z, const int32_t* rows_fr
   return out;
 }
 
+std::vector<ByteRange> Exchange::combine_send_rows_to(int z, int m, const int32_t* rows_from, int64_t stride) const {
+  std::vector<ByteRange> out;
+  if (!remote(rank_, m) || !alive(z, m)) return out;
+  const int tp = o_.shape.tp, g0 = m / tp * tp;
+  for (int j = 0; j < tp; ++j)
+    append(out, int64_t(g0 + j) * lay_.P * stride, std::clamp<int64_t>(rows_from[g0 + j], 0, lay_.P) * stride);
+  return out;
+}
+
+std::vector<ByteRange> Exchange::combine_landed_rows_from(int z, int d, int64_t stride) const {
+  std::vector<ByteRange> out;
+  for (const ByteRange& r : comb_in_from_[z].at(d)) append(out, r.off * stride, r.len * stride);
+  return out;
+}
+
 std::vector<ByteRange> Exchange::combine_landed_rows(int z, int64_t stride) const {
   std::vector<ByteRange> out;
   for (const ByteRange& r : comb_in_[z]) append(out, r.off * stride, r.len * stride);
@@ -481,27 +502,28 @@ void Exchange::signal_free_d(int z, uint32_t e) { signal_remote(z, tag_of(kFreeD
 void Exchange::signal_free_c(int z, uint32_t c) { signal_remote(z, tag_of(kFreeC, z), c); }
 
 void Exchange::post_combine(int z, uint32_t c, const int32_t* rows_from, int64_t stride) {
-  const int tp = o_.shape.tp;
+  for (int m : remote_) post_combine_to(z, c, m, rows_from, stride);
+}
+
+void Exchange::post_combine_to(int z, uint32_t c, int m, const int32_t* rows_from, int64_t stride) {
   if (stride <= 0 || stride > lay_.c_row_stride_max)
     throw std::invalid_argument(format("jax_moe_a2a combine: row stride %lld outside (0, %lld]",
                                        (long long)stride, (long long)lay_.c_row_stride_max));
-  // To every remote rank m: the rows of each member j of m's tp group (source src = g0 + j), into
-  // m's region at row j * Q + off[src] (the rows src sends ranks below us come first there).
+  if (!remote(rank_, m) || !alive(z, m)) return;
+  // The rows of each member j of m's tp group (source src = g0 + j), into m's region at row
+  // j * Q + off[src] (the rows src sends ranks below us come first there).
   const int64_t* off = comb_off_[z].data();
-  for (int m : remote_) {
-    if (!alive(z, m)) continue;
-    const int g0 = m / tp * tp;
-    for (int j = 0; j < tp; ++j) {
-      const int src = g0 + j;
-      if (rows_from[src] < 0 || rows_from[src] > lay_.P || off[src] + rows_from[src] > lay_.Q)
-        throw std::invalid_argument(format("jax_moe_a2a combine: %d rows from rank %d at combine offset %lld (at "
-                                           "most %d, and offset + rows at most %d)", rows_from[src], src,
-                                           (long long)off[src], lay_.P, lay_.Q));
-      const int64_t bytes = int64_t(rows_from[src]) * stride;
-      write_pieces(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride, bytes,
-                   bytes ? &regions_[z].c_recv_peer[m] : nullptr, (int64_t(j) * lay_.Q + off[src]) * stride,
-                   imm(comb_tag(j, z), c), comb_pieces());
-    }
+  const int tp = o_.shape.tp, g0 = m / tp * tp;
+  for (int j = 0; j < tp; ++j) {
+    const int src = g0 + j;
+    if (rows_from[src] < 0 || rows_from[src] > lay_.P || off[src] + rows_from[src] > lay_.Q)
+      throw std::invalid_argument(format("jax_moe_a2a combine: %d rows from rank %d at combine offset %lld (at "
+                                         "most %d, and offset + rows at most %d)", rows_from[src], src,
+                                         (long long)off[src], lay_.P, lay_.Q));
+    const int64_t bytes = int64_t(rows_from[src]) * stride;
+    write_pieces(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride, bytes,
+                 bytes ? &regions_[z].c_recv_peer[m] : nullptr, (int64_t(j) * lay_.Q + off[src]) * stride,
+                 imm(comb_tag(j, z), c), comb_pieces());
   }
 }
 

@@ -196,6 +196,8 @@ class Exchange {
   // its tp group at row (src % tp) * Q + combine_offsets(z)[src] of m's region (the snapshot of
   // the matching dispatch); refused unless that offset + rows_from[src] <= Q.
   void post_combine(int z, uint32_t c, const int32_t* rows_from, int64_t stride);
+  // post_combine's writes to remote rank m alone.
+  void post_combine_to(int z, uint32_t c, int m, const int32_t* rows_from, int64_t stride);
   void signal_free_c(int z, uint32_t c);
 
   // ---- reading what landed -------------------------------------------------------------------
@@ -241,10 +243,14 @@ class Exchange {
   std::vector<ByteRange> landed_rows_of(int z, int src) const;
   // c_send: what post_combine(z, c, rows_from, stride) reads.
   std::vector<ByteRange> combine_send_rows(int z, const int32_t* rows_from, int64_t stride) const;
+  // The same for post_combine_to(z, c, m, ...): the runs of m's tp group's members.
+  std::vector<ByteRange> combine_send_rows_to(int z, int m, const int32_t* rows_from, int64_t stride) const;
   // c_recv: where remote expert ranks write the rows of our tp group's members in the combine of
   // the dispatch whose offsets take_combine_offsets took last (at most: a receiver that dropped
   // rows over capacity sends fewer), at `stride` bytes a row.
   std::vector<ByteRange> combine_landed_rows(int z, int64_t stride) const;
+  // The part of it remote expert rank d writes.
+  std::vector<ByteRange> combine_landed_rows_from(int z, int d, int64_t stride) const;
 
  private:
   uint32_t imm(uint32_t tag, uint32_t epoch) const;
@@ -289,6 +295,7 @@ class Exchange {
   std::vector<std::vector<uint8_t>> alive_;  // [slot][N]
   std::vector<std::vector<int64_t>> comb_off_;  // [slot][N src]: take_combine_offsets
   std::vector<std::vector<ByteRange>> comb_in_;  // [slot]: take_combine_offsets' c_recv ranges, in rows
+  std::vector<std::vector<std::vector<ByteRange>>> comb_in_from_;  // [slot][remote rank d]: d's part of them
   // [slot][N]: the FREE_D / FREE_C epoch + 1 each rank owes us (expect_owed_free_d; 0: none)
   std::vector<std::vector<uint32_t>> owed_d_, owed_c_;
 };

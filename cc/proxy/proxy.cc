@@ -296,6 +296,9 @@ void Proxy::SlotState::next_combine() {
   c = kCFree;
   comb_landed = 0;
   c_adopted = false;
+  comb_posted = 0;
+  comb_staged = 0;
+  comb_dst_copying = comb_src_copying = -1;
 }
 
 void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint64_t* flags, uint32_t e, bool all) {
@@ -352,6 +355,70 @@ bool Proxy::stage_sends(int z, SlotState& s, uint32_t e, bool* moved) {
   }
   count_early();
   return done;
+}
+
+bool Proxy::stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved) {
+  const SlotCtrl& c = ctrl_->slot[z];
+  auto post = [&](int m) {
+    timeline_.mark(Mark::kCCombPost, z, e, m);
+    ex_.post_combine_to(z, e, m, c.rows_from, c.c_stride);
+    s.comb_posted |= 1ull << m;
+    *moved = true;
+  };
+  if (s.comb_dst_copying >= 0) {  // one copy at a time (RowStaging)
+    if (!staged(z, s, RowBuffer::kCSend, kCombineRecv, e)) return false;
+    const int m = s.comb_dst_copying;
+    s.comb_dst_copying = -1;
+    post(m);
+  }
+  for (int m : ex_.remote_ranks()) {
+    if (s.comb_posted >> m & 1) continue;
+    std::vector<protocol::ByteRange> ranges = ex_.combine_send_rows_to(z, m, c.rows_from, c.c_stride);
+    if (ranges.empty()) {  // nothing to copy (no rows, or a masked rank: post_combine_to skips it)
+      post(m);
+      continue;
+    }
+    stage(z, s, RowBuffer::kCSend, ranges);
+    s.comb_dst_copying = m;
+    *moved = true;
+    return false;
+  }
+  return true;
+}
+
+bool Proxy::stage_combine_sources(int z, SlotState& s, uint32_t e, bool* moved) {
+  auto copied = [&](int d) {
+    s.comb_staged |= 1ull << d;
+    if (source_flags_ && !flags_.landing_fence && !(s.comb_landed >> d & 1)) {
+      store_release(&ctrl_->slot[z].c_landed_from[d], uint64_t(e) + 1);
+      s.comb_landed |= 1ull << d;
+    }
+  };
+  if (s.comb_src_copying >= 0) {  // one copy at a time (RowStaging)
+    if (!staged(z, s, RowBuffer::kCRecv, kCombineRecv, e)) return false;
+    copied(s.comb_src_copying);
+    s.comb_src_copying = -1;
+    *moved = true;
+  }
+  uint64_t missing = 0;  // bit d: some of d's COMB writes not yet here
+  for (int d : s.c_wait.missing()) missing |= 1ull << d;
+  for (int d : ex_.remote_ranks()) {
+    if ((s.comb_staged | missing) >> d & 1) continue;
+    const std::vector<protocol::ByteRange>& ranges = s.comb_in.at(d);
+    if (ranges.empty()) {
+      copied(d);
+      continue;
+    }
+    stage(z, s, RowBuffer::kCRecv, ranges);
+    s.comb_src_copying = d;
+    *moved = true;
+    if (missing) {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.comb_staged_early;
+    }
+    return false;
+  }
+  return missing == 0;
 }
 
 bool Proxy::stage_landed_sources(int z, SlotState& s, uint32_t e, bool* moved) {
@@ -599,7 +666,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         if (!stage_landed_sources(z, s, e, &copied)) return copied;
       }
       if (flags_.landing_fence) flags_.landing_fence();
-      if (source_flags_) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, true);  // those not raised yet (staging: all of them)
+      if (source_flags_) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, true);  // those not raised yet
       raise(z, &SlotCtrl::d_landed, uint64_t(e) + 1);
       timeline_.mark(Mark::kDLanded, z, e);
       {
@@ -654,16 +721,19 @@ bool Proxy::step_combine(int z, SlotState& s) {
       s.c = kCSendCopy;
       if (staging_) {
         // c_recv's ranges now: the next dispatch's counts replace the offsets they come from.
-        s.comb_in = ex_.combine_landed_rows(z, c.c_stride);
-        stage(z, s, RowBuffer::kCSend, ex_.combine_send_rows(z, c.rows_from, c.c_stride));
-        return true;
+        s.comb_in.assign(ex_.options().shape.N, {});
+        for (int d : ex_.remote_ranks()) s.comb_in[d] = ex_.combine_landed_rows_from(z, d, c.c_stride);
       }
       [[fallthrough]];
     case kCSendCopy:
       cur_op_ = kCombineSend;
-      if (!staged(z, s, RowBuffer::kCSend, kCombineRecv, e)) return false;
-      timeline_.mark(Mark::kCCombPost, z, e);
-      ex_.post_combine(z, e, c.rows_from, c.c_stride);
+      if (staging_) {
+        bool moved = false;
+        if (!stage_combine_sends(z, s, e, &moved)) return moved;
+      } else {
+        timeline_.mark(Mark::kCCombPost, z, e);
+        ex_.post_combine(z, e, c.rows_from, c.c_stride);
+      }
       s.comb_out = Clock::now();
       timeline_.mark(Mark::kCCombPosted, z, e);
       s.c_wait = ex_.expect_comb(z, e);
@@ -674,23 +744,24 @@ bool Proxy::step_combine(int z, SlotState& s) {
       cur_op_ = kCombineRecv;
       const bool in = ex_.poll(s.c_wait);
       if (source_flags_early_) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, false);
+      bool copied = false;  // staging: a rank's rows complete while others are in flight are copied now
+      if (staging_ && !in) stage_combine_sources(z, s, e, &copied);
       if (!in) {
         check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
-        return false;
+        return copied;
       }
       timeline_.mark(Mark::kCCombIn, z, e);
       s.c = kCRecvCopy;
-      if (staging_) {
-        stage(z, s, RowBuffer::kCRecv, s.comb_in);
-        return true;
-      }
       [[fallthrough]];
     }
     case kCRecvCopy:
       cur_op_ = kCombineRecv;
-      if (!staged(z, s, RowBuffer::kCRecv, kCombineRecv, e)) return false;
+      if (staging_) {
+        bool copied = false;
+        if (!stage_combine_sources(z, s, e, &copied)) return copied;
+      }
       if (flags_.landing_fence) flags_.landing_fence();
-      if (source_flags_) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, true);  // those not raised yet (staging: all of them)
+      if (source_flags_) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, true);  // those not raised yet
       raise(z, &SlotCtrl::c_landed, uint64_t(e) + 1);
       timeline_.mark(Mark::kCLanded, z, e);
       {

@@ -131,6 +131,7 @@ struct ProxyStats {
   // Row staging: remote sources whose landed dispatch rows were copied to the packer's buffer
   // while other sources' rows were still in flight (the landed rows are copied source by source).
   uint64_t staged_early = 0;
+  uint64_t comb_staged_early = 0;  // the same for the landed COMB rows of remote expert ranks
   // PRIV / OVER writes posted beyond one per peer (JAX_MOE_A2A_WRITE_CHUNK_KIB: written in pieces).
   uint64_t write_pieces = 0;
 };
@@ -169,7 +170,8 @@ class Proxy {
     bool d_armed = false, c_armed = false;  // d_wait / c_wait built for the current stage
     std::chrono::steady_clock::time_point d_since{}, c_since{};  // kernel started waiting (0: not yet)
     std::chrono::steady_clock::time_point counts_out{}, comb_out{};
-    std::vector<protocol::ByteRange> comb_in;  // staging: c_recv's ranges, taken when our combine was packed
+    // staging: c_recv's ranges each remote rank writes [N], taken when our combine was packed
+    std::vector<std::vector<protocol::ByteRange>> comb_in;
     // Per epoch (cleared by next_dispatch / next_combine, the only places an epoch ends):
     bool c_adopted = false;  // the packed combine took its dispatch's combine offsets (adopt())
     uint64_t priv_posted = 0;  // bit d: our PRIV write of this epoch to remote rank d is posted
@@ -178,6 +180,9 @@ class Proxy {
     uint64_t src_staged = 0;   // row staging, bit src: src's landed dispatch rows copied this epoch
     int src_copying = -1;      // row staging: the source whose landed rows are being copied, or -1
     int dst_copying = -1;      // row staging: the destination whose send rows are being copied, or -1
+    uint64_t comb_posted = 0;  // bit m: our COMB writes of this combine epoch to remote rank m are posted
+    uint64_t comb_staged = 0;  // row staging, bit d: d's landed COMB rows copied this combine epoch
+    int comb_dst_copying = -1, comb_src_copying = -1;  // row staging: the copy in flight (send / receive side)
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
     uint64_t copy_bytes[kRowBuffers]{};
     // Stall reports (report_stalls): the steps as last seen, since when, and whether this stall
@@ -204,6 +209,11 @@ class Proxy {
   // write posted while the next destination's copy runs. True once every remote destination's PRIV
   // is posted (its OVER rows, copied with it, go out later). Never blocks.
   bool stage_sends(int z, SlotState& s, uint32_t e, bool* moved);
+  // The same for the combine: each remote rank's COMB rows copied, then posted while the next
+  // rank's copy runs (true once every COMB is posted); the landed COMB rows copied rank by rank
+  // as each rank's rows are all here (true once every remote rank's are copied).
+  bool stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved);
+  bool stage_combine_sources(int z, SlotState& s, uint32_t e, bool* moved);
   bool step_combine(int z, SlotState& s);
   // Whether the kernel of `op` waits for epoch e; starts / checks its clock. Throws on timeout.
   void check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what,

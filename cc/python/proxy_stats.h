@@ -36,6 +36,7 @@ inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
   d["counts_to_priv_ns"] = s.counts_to_priv_ns;
   d["recv_early"] = s.recv_early;
   d["staged_early"] = s.staged_early;
+  d["comb_staged_early"] = s.comb_staged_early;
   d["write_pieces"] = s.write_pieces;
   for (int i = 0; i < kNumHalves; ++i) {  // protocol::Op numbers the halves as Half does
     const std::string op = half_name(static_cast<Half>(i));
