@@ -286,8 +286,7 @@ void Proxy::SlotState::next_dispatch() {
   d = kDFree;
   priv_posted = 0;
   src_landed = 0;
-  src_staged = 0;
-  src_copying = -1;
+  d_src = {};
   dst_copying = -1;
 }
 
@@ -297,8 +296,8 @@ void Proxy::SlotState::next_combine() {
   comb_landed = 0;
   c_adopted = false;
   comb_posted = 0;
-  comb_staged = 0;
-  comb_dst_copying = comb_src_copying = -1;
+  c_src = {};
+  comb_dst_copying = -1;
 }
 
 void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint64_t* flags, uint32_t e, bool all) {
@@ -386,77 +385,56 @@ bool Proxy::stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved) {
   return true;
 }
 
-bool Proxy::stage_combine_sources(int z, SlotState& s, uint32_t e, bool* moved) {
-  auto copied = [&](int d) {
-    s.comb_staged |= 1ull << d;
-    if (source_flags_ && !flags_.landing_fence && !(s.comb_landed >> d & 1)) {
-      store_release(&ctrl_->slot[z].c_landed_from[d], uint64_t(e) + 1);
-      s.comb_landed |= 1ull << d;
+bool Proxy::stage_by_source(int z, SlotState& s, uint32_t e, RowBuffer b, int op, const protocol::Arrivals& wait,
+                            SlotState::RankCopies& rc, uint64_t& flagged, uint64_t* flags,
+                            const std::function<std::vector<protocol::ByteRange>(int)>& ranges_of,
+                            uint64_t ProxyStats::*early, bool* moved) {
+  // A rank's rows copied: a packer that reads per-source flags (the host backend's) may unpack them
+  // now (where no landing fence has to come first; the cuda path reads only d_landed / c_landed).
+  auto copied = [&](int r) {
+    rc.done |= 1ull << r;
+    if (source_flags_ && !flags_.landing_fence && !(flagged >> r & 1)) {
+      store_release(&flags[r], uint64_t(e) + 1);
+      flagged |= 1ull << r;
     }
   };
-  if (s.comb_src_copying >= 0) {  // one copy at a time (RowStaging)
-    if (!staged(z, s, RowBuffer::kCRecv, kCombineRecv, e)) return false;
-    copied(s.comb_src_copying);
-    s.comb_src_copying = -1;
+  if (rc.copying >= 0) {  // one copy at a time (RowStaging: start after the last one is done)
+    if (!staged(z, s, b, op, e)) return false;
+    copied(rc.copying);
+    rc.copying = -1;
     *moved = true;
   }
-  uint64_t missing = 0;  // bit d: some of d's COMB writes not yet here
-  for (int d : s.c_wait.missing()) missing |= 1ull << d;
-  for (int d : ex_.remote_ranks()) {
-    if ((s.comb_staged | missing) >> d & 1) continue;
-    const std::vector<protocol::ByteRange>& ranges = s.comb_in.at(d);
-    if (ranges.empty()) {
-      copied(d);
+  uint64_t missing = 0;  // bit r: some of r's writes not yet here
+  for (int r : wait.missing()) missing |= 1ull << r;
+  for (int r : ex_.remote_ranks()) {
+    if ((rc.done | missing) >> r & 1) continue;
+    const std::vector<protocol::ByteRange> ranges = ranges_of(r);
+    if (ranges.empty()) {  // nothing of r's to copy (no rows, or a rank the slot's mask leaves out)
+      copied(r);
       continue;
     }
-    stage(z, s, RowBuffer::kCRecv, ranges);
-    s.comb_src_copying = d;
+    stage(z, s, b, ranges);
+    rc.copying = r;
     *moved = true;
     if (missing) {
       std::lock_guard<std::mutex> lock(stats_mu_);
-      ++stats_.comb_staged_early;
+      ++(stats_.*early);
     }
     return false;
   }
-  return missing == 0;
+  return missing == 0;  // every rank's rows here and copied
 }
 
-bool Proxy::stage_landed_sources(int z, SlotState& s, uint32_t e, bool* moved) {
-  // A source's rows copied: a packer that reads per-source flags (the host backend's) may unpack it
-  // now (where no landing fence has to come first; the cuda path reads d_landed only).
-  auto copied = [&](int r) {
-    s.src_staged |= 1ull << r;
-    if (source_flags_ && !flags_.landing_fence && !(s.src_landed >> r & 1)) {
-      store_release(&ctrl_->slot[z].d_landed_from[r], uint64_t(e) + 1);
-      s.src_landed |= 1ull << r;
-    }
-  };
-  if (s.src_copying >= 0) {  // one copy at a time (RowStaging: start after the last one is done)
-    if (!staged(z, s, RowBuffer::kDRecv, kDispatchRecv, e)) return false;
-    copied(s.src_copying);
-    s.src_copying = -1;
-    *moved = true;
-  }
-  uint64_t missing = 0;  // bit r: some part of r's rows not yet here
-  for (int r : s.d_wait.missing()) missing |= 1ull << r;
-  for (const protocol::Arrivals::Part& p : s.d_wait.parts)
-    for (int r : p.ranks) {
-      if ((s.src_staged | missing) >> r & 1) continue;
-      std::vector<protocol::ByteRange> ranges = ex_.landed_rows_of(z, r);
-      if (ranges.empty()) {  // nothing of r's to copy
-        copied(r);
-        continue;
-      }
-      stage(z, s, RowBuffer::kDRecv, ranges);
-      s.src_copying = r;
-      *moved = true;
-      if (missing) {
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        ++stats_.staged_early;
-      }
-      return false;
-    }
-  return missing == 0;  // every source's rows here and copied
+bool Proxy::stage_landed(int z, SlotState& s, uint32_t e, bool* moved) {
+  return stage_by_source(z, s, e, RowBuffer::kDRecv, kDispatchRecv, s.d_wait, s.d_src, s.src_landed,
+                         ctrl_->slot[z].d_landed_from, [&](int r) { return ex_.landed_rows_of(z, r); },
+                         &ProxyStats::staged_early, moved);
+}
+
+bool Proxy::stage_comb_landed(int z, SlotState& s, uint32_t e, bool* moved) {
+  return stage_by_source(z, s, e, RowBuffer::kCRecv, kCombineRecv, s.c_wait, s.c_src, s.comb_landed,
+                         ctrl_->slot[z].c_landed_from, [&](int r) { return s.comb_in.at(r); },
+                         &ProxyStats::comb_staged_early, moved);
 }
 
 std::string Proxy::slot_state(int z) const {
@@ -649,7 +627,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       const bool in = ex_.poll(s.d_wait);
       if (source_flags_early_) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, false);
       bool copied = false;  // staging: a source complete while others are in flight is copied now
-      if (staging_ && !in) stage_landed_sources(z, s, e, &copied);
+      if (staging_ && !in) stage_landed(z, s, e, &copied);
       if (!in) {
         check_late(kDispatchRecv, z, e, s.d_wait, "private and overflow rows", s.d_since);
         return copied;
@@ -663,7 +641,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       cur_op_ = kDispatchRecv;
       if (staging_) {
         bool copied = false;
-        if (!stage_landed_sources(z, s, e, &copied)) return copied;
+        if (!stage_landed(z, s, e, &copied)) return copied;
       }
       if (flags_.landing_fence) flags_.landing_fence();
       if (source_flags_) raise_landed(s.d_wait, s.src_landed, ctrl_->slot[z].d_landed_from, e, true);  // those not raised yet
@@ -745,7 +723,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
       const bool in = ex_.poll(s.c_wait);
       if (source_flags_early_) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, false);
       bool copied = false;  // staging: a rank's rows complete while others are in flight are copied now
-      if (staging_ && !in) stage_combine_sources(z, s, e, &copied);
+      if (staging_ && !in) stage_comb_landed(z, s, e, &copied);
       if (!in) {
         check_late(kCombineRecv, z, e, s.c_wait, "expert outputs", s.c_since);
         return copied;
@@ -758,7 +736,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
       cur_op_ = kCombineRecv;
       if (staging_) {
         bool copied = false;
-        if (!stage_combine_sources(z, s, e, &copied)) return copied;
+        if (!stage_comb_landed(z, s, e, &copied)) return copied;
       }
       if (flags_.landing_fence) flags_.landing_fence();
       if (source_flags_) raise_landed(s.c_wait, s.comb_landed, ctrl_->slot[z].c_landed_from, e, true);  // those not raised yet

@@ -177,12 +177,17 @@ class Proxy {
     uint64_t priv_posted = 0;  // bit d: our PRIV write of this epoch to remote rank d is posted
     uint64_t src_landed = 0;   // bit src: d_landed_from[src] raised for this epoch
     uint64_t comb_landed = 0;  // bit d: c_landed_from[d] raised for this combine epoch
-    uint64_t src_staged = 0;   // row staging, bit src: src's landed dispatch rows copied this epoch
-    int src_copying = -1;      // row staging: the source whose landed rows are being copied, or -1
+    // Row staging of landed rows (stage_by_source): bit r of `done`, remote rank r's rows copied this
+    // epoch; `copying`, the rank whose copy is in flight, or -1.
+    struct RankCopies {
+      uint64_t done = 0;
+      int copying = -1;
+    };
+    RankCopies d_src;  // the dispatch's landed rows
     int dst_copying = -1;      // row staging: the destination whose send rows are being copied, or -1
     uint64_t comb_posted = 0;  // bit m: our COMB writes of this combine epoch to remote rank m are posted
-    uint64_t comb_staged = 0;  // row staging, bit d: d's landed COMB rows copied this combine epoch
-    int comb_dst_copying = -1, comb_src_copying = -1;  // row staging: the copy in flight (send / receive side)
+    RankCopies c_src;          // the combine's landed COMB rows
+    int comb_dst_copying = -1;  // row staging: the remote rank whose COMB rows are being copied, or -1
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
     uint64_t copy_bytes[kRowBuffers]{};
     // Stall reports (report_stalls): the steps as last seen, since when, and whether this stall
@@ -200,10 +205,18 @@ class Proxy {
 
   void run();
   bool step_dispatch(int z, SlotState& s);
-  // Row staging of the landed dispatch rows, source by source as each source's rows are complete
-  // (the next one's copy starts when the last one's is done): true once every remote source of
-  // s.d_wait is copied. Never blocks; `moved` is set when it started or finished a copy.
-  bool stage_landed_sources(int z, SlotState& s, uint32_t e, bool* moved);
+  // Row staging of landed rows (buffer b: kDRecv or kCRecv), remote rank by remote rank as `wait`
+  // no longer misses any of its writes (the next copy starts when the last one is done): after each
+  // copy the rank's flags[r] (d_landed_from / c_landed_from) for a packer that reads them, and
+  // `early` counts the copies started while other ranks' writes were still missing. True once every
+  // remote rank is copied. Never blocks; `moved` is set when it started or finished a copy.
+  bool stage_by_source(int z, SlotState& s, uint32_t e, RowBuffer b, int op, const protocol::Arrivals& wait,
+                       SlotState::RankCopies& rc, uint64_t& flagged, uint64_t* flags,
+                       const std::function<std::vector<protocol::ByteRange>(int)>& ranges_of,
+                       uint64_t ProxyStats::*early, bool* moved);
+  // stage_by_source for the dispatch's landed PRIV / OVER rows and the combine's landed COMB rows.
+  bool stage_landed(int z, SlotState& s, uint32_t e, bool* moved);
+  bool stage_comb_landed(int z, SlotState& s, uint32_t e, bool* moved);
   // Row staging of the send rows, destination by destination: each destination's rows copied to
   // the registered buffer (once packed: d_packed, or under `peer` its d_packed_to), then its PRIV
   // write posted while the next destination's copy runs. True once every remote destination's PRIV
@@ -213,7 +226,6 @@ class Proxy {
   // rank's copy runs (true once every COMB is posted); the landed COMB rows copied rank by rank
   // as each rank's rows are all here (true once every remote rank's are copied).
   bool stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved);
-  bool stage_combine_sources(int z, SlotState& s, uint32_t e, bool* moved);
   bool step_combine(int z, SlotState& s);
   // Whether the kernel of `op` waits for epoch e; starts / checks its clock. Throws on timeout.
   void check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what,
