@@ -298,6 +298,7 @@ void Proxy::SlotState::next_combine() {
   comb_posted = 0;
   c_src = {};
   comb_dst_copying = -1;
+  comb_groups_copied = 0;
 }
 
 void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint64_t* flags, uint32_t e, bool all) {
@@ -364,16 +365,21 @@ bool Proxy::stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved) {
     s.comb_posted |= 1ull << m;
     *moved = true;
   };
+  // The rows for m are its tp group's members' runs: one copy per group, whichever member comes first.
+  const int tp = ex_.options().shape.tp;
   if (s.comb_dst_copying >= 0) {  // one copy at a time (RowStaging)
     if (!staged(z, s, RowBuffer::kCSend, kCombineRecv, e)) return false;
     const int m = s.comb_dst_copying;
     s.comb_dst_copying = -1;
+    s.comb_groups_copied |= 1ull << (m / tp * tp);
     post(m);
   }
   for (int m : ex_.remote_ranks()) {
     if (s.comb_posted >> m & 1) continue;
-    std::vector<protocol::ByteRange> ranges = ex_.combine_send_rows_to(z, m, c.rows_from, c.c_stride);
-    if (ranges.empty()) {  // nothing to copy (no rows, or a masked rank: post_combine_to skips it)
+    std::vector<protocol::ByteRange> ranges;
+    if (!(s.comb_groups_copied >> (m / tp * tp) & 1))
+      ranges = ex_.combine_send_rows_to(z, m, c.rows_from, c.c_stride);
+    if (ranges.empty()) {  // nothing to copy (no rows, the group's copied, or a masked rank: post_combine_to skips it)
       post(m);
       continue;
     }

@@ -188,6 +188,7 @@ class Proxy {
     uint64_t comb_posted = 0;  // bit m: our COMB writes of this combine epoch to remote rank m are posted
     RankCopies c_src;          // the combine's landed COMB rows
     int comb_dst_copying = -1;  // row staging: the remote rank whose COMB rows are being copied, or -1
+    uint64_t comb_groups_copied = 0;  // row staging, bit g0: the COMB rows of tp group g0.. are copied
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
     uint64_t copy_bytes[kRowBuffers]{};
     // Stall reports (report_stalls): the steps as last seen, since when, and whether this stall
