@@ -241,20 +241,15 @@ void FabricEngine::write_on(int rail, int peer, const Region& src, uint64_t src_
   if (rail < 0) throw std::invalid_argument(format("write_on: rail %d < 0", rail));
   check_source(src, src_offset, length, "write_on");
   check_target(peer, dst, dst_offset, length, "write_on");
-  const Peer& p = *peers_[peer];
-  post(p.rails.empty() ? p.tpl : p.rails[rail % p.rails.size()], &src, src_offset, length, dst, dst_offset, imm,
-       "write_on");
+  post(rail_template(*peers_[peer], rail), &src, src_offset, length, dst, dst_offset, imm, "write_on");
 }
 
 void FabricEngine::signal_on(int rail, const PeerGroup& group, uint32_t imm) {
   check_open("signal_on");
   check_group(group, "signal_on");
   if (rail < 0) throw std::invalid_argument(format("signal_on: rail %d < 0", rail));
-  for (int r : group.ranks()) {
-    const Peer& p = *peers_[r];
-    if (r != rank_) post(p.rails.empty() ? p.tpl : p.rails[rail % p.rails.size()], nullptr, 0, 0, nullptr, 0, imm,
-                         "signal_on");
-  }
+  for (int r : group.ranks())
+    if (r != rank_) post(rail_template(*peers_[r], rail), nullptr, 0, 0, nullptr, 0, imm, "signal_on");
 }
 
 void FabricEngine::scatter(const PeerGroup& group, const Region& src,

@@ -72,6 +72,10 @@ class FabricEngine final : public Engine, private CompletionSink {
   void on_unexpected(uint64_t flags) override;
 
   WriteTemplate make_template(int rank, const EngineAddress& peer, int local_domain, int remote_domain) const;
+  // write_on's template to a known peer: its rail (rail % num_domains()), or its own with one domain.
+  static const WriteTemplate& rail_template(const Peer& p, int rail) {
+    return p.rails.empty() ? p.tpl : p.rails[rail % p.rails.size()];
+  }
   // Posts one write (retrying -FI_EAGAIN while progressing, up to post_timeout_s). src == nullptr
   // sends a zero-byte write to the peer's signal region. Self writes are memcpy + counter.
   void post(const WriteTemplate& t, const Region* src, uint64_t src_offset, uint64_t length,
