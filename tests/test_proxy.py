@@ -288,18 +288,18 @@ def test_proxy_threads_end_at_close(mesh, num_ranks):
     assert threads() <= before
 
 
-def check_split_writes(comm, spec, num_ranks, proxied):
+def check_split_writes(comm, spec, num_ranks, proxied, split=("write_pieces",)):
     """check_three_steps on a fresh seed (named in a failure), then, through the proxy, that its
-    counter saw writes split into pieces (else a test of pieces tests one write per peer again);
-    closes comm."""
+    counters `split` (write_pieces: PRIV / OVER, comb_pieces: COMB) saw writes split into pieces
+    (else a test of pieces tests one write per peer again); closes comm."""
     seed = T.fresh_seed()
     try:
         check_three_steps(comm, spec, num_ranks, seed)
     except AssertionError as e:
         raise AssertionError(f"seed {seed}: {e}") from e
     if proxied:
-        pieces = sum(s["write_pieces"] for s in comm.proxy_stats().values())
-        assert pieces > 0, comm.proxy_stats()
+        for key in split:
+            assert sum(s[key] for s in comm.proxy_stats().values()) > 0, (key, comm.proxy_stats())
     comm.close()
 
 
@@ -330,7 +330,8 @@ def test_rows_striped_over_rails(num_ranks, mesh, monkeypatch, rails, chunk, pri
     per rail (more with JAX_MOE_A2A_WRITE_CHUNK_KIB) and every COMB into one piece per rail, zero-
     length ones included: three steps (random, skewed, one hot expert) against the oracle, outputs
     poisoned, with rows of 4 KiB so that most PRIV / OVER writes are split; through the proxy and the
-    host backend's own engine path. With the proxy its counter says writes were split."""
+    host backend's own engine path. With the proxy its counters say PRIV / OVER writes and COMB
+    writes were split."""
     monkeypatch.setenv("JAX_MOE_A2A_RAILS", str(rails))  # read when the engines are created
     if chunk:
         monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", chunk)
@@ -338,20 +339,21 @@ def test_rows_striped_over_rails(num_ranks, mesh, monkeypatch, rails, chunk, pri
                     dispatch_dtype=jnp.bfloat16)
     comm = a2a.init(spec, mesh, "ep", backend="host", proxied=proxied_path, max_private_tokens=priv, timeout_s=60.0,
                     engine="fabric")  # one process too: the in-process engine has one rail
-    check_split_writes(comm, spec, num_ranks, proxied_path)
+    check_split_writes(comm, spec, num_ranks, proxied_path, split=("write_pieces", "comb_pieces"))
 
 
 @pytest.mark.mpi
 def test_rails_over_tcp(num_ranks, mesh, monkeypatch):
     """Two rails over tcp;ofi_rxm (loopback): every rail is a connection of its own, opened in rank
-    order rail by rail (transfer::connect_in_order); the proxied exchange against the oracle."""
+    order rail by rail (transfer::connect_in_order); the proxied exchange against the oracle, its
+    COMB writes split over the rails (its PRIV / OVER writes are under the 64 KiB split size)."""
     monkeypatch.setenv("JAX_MOE_A2A_RAILS", "2")
     monkeypatch.setenv("JAX_MOE_A2A_PROVIDER", "tcp;ofi_rxm")
     monkeypatch.setenv("JAX_MOE_A2A_IFACE", "lo")
     spec = a2a.Spec(num_experts=8, experts_per_token=2, hidden=1024, max_tokens_per_rank=40,
                     dispatch_dtype=jnp.bfloat16)
     comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine="fabric", timeout_s=60.0)
-    check_split_writes(comm, spec, num_ranks, proxied=True)
+    check_split_writes(comm, spec, num_ranks, proxied=True, split=("comb_pieces",))
 
 
 def test_rails_must_be_a_small_count(num_ranks, mesh, monkeypatch):

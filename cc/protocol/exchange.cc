@@ -98,7 +98,6 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   }
   alive_.assign(o.slots, std::vector<uint8_t>(o.shape.N, 1));
   comb_off_.assign(o.slots, std::vector<int64_t>(o.shape.N, 0));
-  comb_in_.assign(o.slots, {});
   comb_in_from_.assign(o.slots, std::vector<std::vector<ByteRange>>(o.shape.N));
   owed_d_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
   owed_c_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
@@ -335,12 +334,13 @@ int Exchange::pieces(int64_t bytes) const {
 }
 
 void Exchange::write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
-                            const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t im, int n) {
+                            const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t im, int n,
+                            std::atomic<uint64_t>& extra) {
   if (n <= 1) {  // one write: the peer's own rail
     engine_->write(d, src, src_off, bytes, dst, dst_off, im);
     return;
   }
-  pieces_.fetch_add(n - 1, std::memory_order_relaxed);
+  extra.fetch_add(n - 1, std::memory_order_relaxed);
   // Equal pieces (the last one shorter; empty ones carry only the immediate).
   const int64_t each = (bytes + n - 1) / n;
   for (int i = 0; i < n; ++i) {
@@ -397,18 +397,13 @@ void Exchange::take_combine_offsets(int z) {
     off[src] = alive(z, src) && alive(z, rank_) ? combine_offset(counts_of(z, src), L, rank_) : 0;
   // Where remote expert ranks d will put the rows of our group's member j (source g0 + j): rows
   // [j * Q + combine_offset(source's counts, d), + rows the source sent d) of c_recv.
-  std::vector<ByteRange>& in = comb_in_[z];
-  in.clear();
   for (auto& v : comb_in_from_[z]) v.clear();
   const int tp = o_.shape.tp, g0 = rank_ / tp * tp;
   for (int j = 0; j < tp && alive(z, rank_); ++j) {
     const int src = g0 + j;
     if (!alive(z, src)) continue;
-    for (int d : remote_) {
-      const int64_t at = int64_t(j) * lay_.Q + combine_offset(counts_of(z, src), L, d), n = rows_between(z, src, d);
-      append(in, at, n);
-      append(comb_in_from_[z][d], at, n);
-    }
+    for (int d : remote_)
+      append(comb_in_from_[z][d], int64_t(j) * lay_.Q + combine_offset(counts_of(z, src), L, d), rows_between(z, src, d));
   }
 }
 
@@ -418,28 +413,7 @@ void Exchange::adopt_combine_offsets(int z, int from) {
                                        from, o_.slots));
   if (from == z) return;
   comb_off_[z] = comb_off_[from];
-  comb_in_[z] = comb_in_[from];
   comb_in_from_[z] = comb_in_from_[from];
-}
-
-std::vector<ByteRange> Exchange::send_rows(int z) const {
-  std::vector<ByteRange> out;
-  for (int d : remote_)  // as post_private + post_overflow read
-    if (alive(z, d)) append(out, int64_t(d) * lay_.P * lay_.row, rows_we_send(z, d) * lay_.row);
-  return out;
-}
-
-std::vector<ByteRange> Exchange::landed_rows(int z) const {
-  std::vector<ByteRange> out;
-  int64_t over = 0;
-  for (int src : remote_) {
-    if (!alive(z, src)) continue;
-    const int64_t n = rows_between(z, src, rank_);  // as post_overflow and overflow_bases count
-    append(out, int64_t(src) * lay_.priv * lay_.row, priv_rows(n) * lay_.row);
-    over += over_rows(n);
-  }
-  append(out, lay_.over_off, over * lay_.row);
-  return out;
 }
 
 std::vector<ByteRange> Exchange::send_rows_to(int z, int d) const {
@@ -448,26 +422,12 @@ std::vector<ByteRange> Exchange::send_rows_to(int z, int d) const {
   return out;
 }
 
-std::vector<ByteRange> Exchange::landed_rows_of(int z, int src) const {
+std::vector<ByteRange> Exchange::landed_rows_of(int z, int src, const int64_t* over_base) const {
   std::vector<ByteRange> out;
   if (!remote(src, rank_) || !alive(z, src)) return out;
-  const int64_t n = rows_between(z, src, rank_);
-  std::vector<int64_t> over_base(o_.shape.N);
-  overflow_bases(z, over_base.data());
+  const int64_t n = rows_between(z, src, rank_);  // as post_overflow and overflow_bases count
   append(out, int64_t(src) * lay_.priv * lay_.row, priv_rows(n) * lay_.row);
   append(out, lay_.over_off + over_base[src] * lay_.row, over_rows(n) * lay_.row);
-  return out;
-}
-
-std::vector<ByteRange> Exchange::combine_send_rows(int z, const int32_t* rows_from, int64_t stride) const {
-  const int tp = o_.shape.tp;
-  std::vector<uint8_t> used(o_.shape.N, 0);  // sources of the groups of remote ranks we write
-  for (int m : remote_)
-    if (alive(z, m))
-      for (int j = 0; j < tp; ++j) used[m / tp * tp + j] = 1;
-  std::vector<ByteRange> out;
-  for (int src = 0; src < o_.shape.N; ++src)
-    if (used[src]) append(out, int64_t(src) * lay_.P * stride, std::clamp<int64_t>(rows_from[src], 0, lay_.P) * stride);
   return out;
 }
 
@@ -483,12 +443,6 @@ std::vector<ByteRange> Exchange::combine_send_rows_to(int z, int m, const int32_
 std::vector<ByteRange> Exchange::combine_landed_rows_from(int z, int d, int64_t stride) const {
   std::vector<ByteRange> out;
   for (const ByteRange& r : comb_in_from_[z].at(d)) append(out, r.off * stride, r.len * stride);
-  return out;
-}
-
-std::vector<ByteRange> Exchange::combine_landed_rows(int z, int64_t stride) const {
-  std::vector<ByteRange> out;
-  for (const ByteRange& r : comb_in_[z]) append(out, r.off * stride, r.len * stride);
   return out;
 }
 
@@ -523,7 +477,7 @@ void Exchange::post_combine_to(int z, uint32_t c, int m, const int32_t* rows_fro
     const int64_t bytes = int64_t(rows_from[src]) * stride;
     write_pieces(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride, bytes,
                  bytes ? &regions_[z].c_recv_peer[m] : nullptr, (int64_t(j) * lay_.Q + off[src]) * stride,
-                 imm(comb_tag(j, z), c), comb_pieces());
+                 imm(comb_tag(j, z), c), comb_pieces(), comb_pieces_);
   }
 }
 

@@ -205,9 +205,10 @@ class Exchange {
   const int32_t* counts_of(int z, int src) const;
   // Rows src sends dst in this dispatch (sum over local experts).
   int64_t rows_between(int z, int src, int dst) const;
-  // Writes this exchange posted beyond one per PRIV / OVER write (JAX_MOE_A2A_WRITE_CHUNK_KIB split
-  // them); any thread may read it.
+  // Writes this exchange posted beyond one per PRIV / OVER write (JAX_MOE_A2A_WRITE_CHUNK_KIB and
+  // JAX_MOE_A2A_RAILS split them), and beyond one per COMB write (RAILS); any thread may read them.
   uint64_t pieces_posted() const { return pieces_.load(std::memory_order_relaxed); }
+  uint64_t comb_pieces_posted() const { return comb_pieces_.load(std::memory_order_relaxed); }
   // over_base[src] (N entries): first row of src's overflow in our overflow region, for sources
   // remote to us (0 for others). Valid after COUNTS.
   void overflow_bases(int z, int64_t* over_base) const;
@@ -226,30 +227,24 @@ class Exchange {
   const int64_t* combine_offsets(int z) const { return comb_off_[z].data(); }
   // A combine on slot z of the dispatch that ran on slot `from` (Communicator.combine_send's
   // `slot` argument): slot z's snapshot becomes slot from's (offsets and c_recv ranges). Call it
-  // before the combine's post_combine / combine_landed_rows on z, and before slot from's next
+  // before the combine's post_combine / combine_landed_rows_from on z, and before slot from's next
   // take_combine_offsets (the proxy: at the combine's "packed" step, or at that dispatch's "counts
   // in" step if that comes first). No-op when from == z.
   void adopt_combine_offsets(int z, int from);
 
-  // ---- the bytes each step moves (a packer whose rows live elsewhere: proxy/staging.h) ----------
-  // Ascending, adjacent ranges merged, empty ones left out. d_send: every row we send each remote
-  // destination this dispatch (private and overflow; from counts_send, so after the packer wrote it).
-  std::vector<ByteRange> send_rows(int z) const;
-  // The same for one remote destination d (its block of d_send).
+  // ---- the bytes each step moves, peer by peer (a packer whose rows live elsewhere: proxy/staging.h)
+  // Ascending, adjacent ranges merged, empty ones left out; none for a rank that is not remote or
+  // that slot z's mask leaves out. d_send: every row we send remote destination d this dispatch
+  // (private and overflow; from counts_send, so after the packer wrote it).
   std::vector<ByteRange> send_rows_to(int z, int d) const;
-  // d_recv: what PRIV and OVER of remote sources put there this dispatch (valid after COUNTS).
-  std::vector<ByteRange> landed_rows(int z) const;
-  // The same for one remote source: its PRIV block and its share of the overflow region.
-  std::vector<ByteRange> landed_rows_of(int z, int src) const;
-  // c_send: what post_combine(z, c, rows_from, stride) reads.
-  std::vector<ByteRange> combine_send_rows(int z, const int32_t* rows_from, int64_t stride) const;
-  // The same for post_combine_to(z, c, m, ...): the runs of m's tp group's members.
+  // d_recv: what remote source src's PRIV and OVER put there this dispatch (valid after COUNTS);
+  // over_base: overflow_bases(z)'s (the proxy's published copy).
+  std::vector<ByteRange> landed_rows_of(int z, int src, const int64_t* over_base) const;
+  // c_send: what post_combine_to(z, c, m, rows_from, stride) reads: the runs of m's tp group's members.
   std::vector<ByteRange> combine_send_rows_to(int z, int m, const int32_t* rows_from, int64_t stride) const;
-  // c_recv: where remote expert ranks write the rows of our tp group's members in the combine of
+  // c_recv: where remote expert rank d writes the rows of our tp group's members in the combine of
   // the dispatch whose offsets take_combine_offsets took last (at most: a receiver that dropped
   // rows over capacity sends fewer), at `stride` bytes a row.
-  std::vector<ByteRange> combine_landed_rows(int z, int64_t stride) const;
-  // The part of it remote expert rank d writes.
   std::vector<ByteRange> combine_landed_rows_from(int z, int d, int64_t stride) const;
 
  private:
@@ -264,11 +259,13 @@ class Exchange {
   // i % rails_; every piece carries the write's immediate: pieces(bytes) writes, which the receiver
   // expects as that many arrivals of the immediate (it knows the bytes from the counts).
   int pieces(int64_t bytes) const;
+  // n pieces; the writes past the first are added to `extra` (pieces_ or comb_pieces_).
   void write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
-                    const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm, int n);
+                    const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm, int n,
+                    std::atomic<uint64_t>& extra);
   void write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
                     const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm) {
-    write_pieces(d, src, src_off, bytes, dst, dst_off, imm, pieces(bytes));
+    write_pieces(d, src, src_off, bytes, dst, dst_off, imm, pieces(bytes), pieces_);
   }
   // COMB writes: rails_ pieces each with rails_ > 1 (zero-length ones too: a receiver cannot know the
   // bytes, a rank may have dropped rows over capacity), else one.
@@ -276,7 +273,8 @@ class Exchange {
   static constexpr int64_t kRailSplitBytes = 64 << 10;
   int64_t chunk_ = 0;
   int rails_ = 1;  // the engine's domains (JAX_MOE_A2A_RAILS)
-  std::atomic<uint64_t> pieces_{0};  // writes past the first of each split write (pieces_posted)
+  std::atomic<uint64_t> pieces_{0};       // PRIV / OVER writes past the first of each split write
+  std::atomic<uint64_t> comb_pieces_{0};  // COMB writes past the first of each split write
   Arrivals expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const;
   Arrivals live(int z, Arrivals a) const;  // without the ranks slot z's mask marks dead
   // even_if_masked: also when slot z's mask marks us dead (else nothing then: we write nobody)
@@ -294,8 +292,8 @@ class Exchange {
   std::vector<int> all_, remote_;
   std::vector<std::vector<uint8_t>> alive_;  // [slot][N]
   std::vector<std::vector<int64_t>> comb_off_;  // [slot][N src]: take_combine_offsets
-  std::vector<std::vector<ByteRange>> comb_in_;  // [slot]: take_combine_offsets' c_recv ranges, in rows
-  std::vector<std::vector<std::vector<ByteRange>>> comb_in_from_;  // [slot][remote rank d]: d's part of them
+  // [slot][remote rank d]: take_combine_offsets' c_recv ranges that d writes, in rows
+  std::vector<std::vector<std::vector<ByteRange>>> comb_in_from_;
   // [slot][N]: the FREE_D / FREE_C epoch + 1 each rank owes us (expect_owed_free_d; 0: none)
   std::vector<std::vector<uint32_t>> owed_d_, owed_c_;
 };

@@ -157,6 +157,7 @@ ProxyStats Proxy::stats() const {
   s.flag_path = flags_.name;
   s.pipeline = o_.pipeline;
   s.write_pieces = ex_.pieces_posted();
+  s.comb_pieces = ex_.comb_pieces_posted();
   return s;
 }
 
@@ -433,7 +434,7 @@ bool Proxy::stage_by_source(int z, SlotState& s, uint32_t e, RowBuffer b, int op
 
 bool Proxy::stage_landed(int z, SlotState& s, uint32_t e, bool* moved) {
   return stage_by_source(z, s, e, RowBuffer::kDRecv, kDispatchRecv, s.d_wait, s.d_src, s.src_landed,
-                         ctrl_->slot[z].d_landed_from, [&](int r) { return ex_.landed_rows_of(z, r); },
+                         ctrl_->slot[z].d_landed_from, [&](int r) { return ex_.landed_rows_of(z, r, ctrl_->slot[z].over_base); },
                          &ProxyStats::staged_early, moved);
 }
 

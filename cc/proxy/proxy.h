@@ -134,6 +134,7 @@ struct ProxyStats {
   uint64_t comb_staged_early = 0;  // the same for the landed COMB rows of remote expert ranks
   // PRIV / OVER writes posted beyond one per peer (JAX_MOE_A2A_WRITE_CHUNK_KIB: written in pieces).
   uint64_t write_pieces = 0;
+  uint64_t comb_pieces = 0;  // COMB writes posted beyond one per (rank, tp member) (JAX_MOE_A2A_RAILS)
 };
 
 class Proxy {
