@@ -39,7 +39,7 @@ import tempfile
 import traceback
 
 import benchlib
-from benchlib import Progress, gpu_clock, report, shapes, timing
+from benchlib import Progress, gpu_clock, raw_exchange, report, shapes, timing
 
 NO_CMDBUF = "--xla_gpu_enable_command_buffer="
 
@@ -62,6 +62,10 @@ def parse_args(argv):
     p.add_argument("--proxied", action="store_true",
                    help="the host backend through its proxy thread (a2a.init(proxied=True)): the cuda inter-node "
                         "path's protocol on CPUs; against a run without it, the proxy path's end-to-end cost")
+    p.add_argument("--raw-wire", action="store_true",
+                   help="through a proxy (cuda with remote peers, host --proxied): after timing, the raw wire time "
+                        "of the bytes the proxies wrote per layer, every rank writing every peer at once (raw "
+                        "fi_writedata, benchlib/raw_exchange.py), in the same processes: issue 35's denominator")
     p.add_argument("--dispatch-dtype", default="fp8", choices=("fp8", "fp8-recv-bf16", "bf16"),
                    help="dispatch dtype: fp8 e4m3 with 128-value scales (DeepSeek-V3's; identity and bf16 experts "
                         "dequantise the rows in XLA), fp8-recv-bf16 (fp8 on the wire, the rows dequantised to bf16 "
@@ -289,6 +293,8 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     # on GPUs, the board's SM clock and power over the timed steps: layers of grouped expert GEMMs
     # run back to back can reach the power limit and a lower clock (docs/performance.md)
     board = gpu_clock.ClockLog(enabled=jax.default_backend() != "cpu")
+    raw_wire = getattr(args, "raw_wire", False) and not plain and bool(comm.proxy_stats())
+    stats_before = comm.proxy_stats() if raw_wire else None
     with board:
         while timing.keep_going(len(per_layer), sum(per_layer) * args.steps * args.layers, args.repeats,
                                 getattr(args, "min_time_s", 0.0), 10 * args.repeats):
@@ -323,6 +329,9 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
                 f"-p{jax.process_index()}").replace(":", "_").replace(",", "_").replace("/", "")
         keep = os.path.join(args.out, "traces", name) if args.out else None
         device = trace.device_profile(one_step, steps=3, per=args.layers, keep_dir=keep)
+    raw = None
+    if raw_wire:  # the same bytes per layer as the proxies wrote them over the timed steps
+        raw = raw_exchange.measure(raw_exchange.sizes_per_step(stats_before, comm.proxy_stats()))
     arr = timing.max_over_processes(per_layer, "layer") * 1e6
     # the stream after the last timed step, this process's shards: rows that are not finite route
     # wherever top_k puts NaN, so a timing over them says nothing (the finished line warns)
@@ -335,7 +344,7 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     host = float(np.percentile(np.asarray(enqueued) * 1e6, 50))
     return {"per_layer_us": {"p50": p50, "min": float(arr.min()), "max": float(arr.max()), "samples": arr.tolist()},
             "enqueue_us_per_layer": host, "device": device, "board": board.summary(),
-            "experts_reached_per_layer": reached,
+            "experts_reached_per_layer": reached, "raw_exchange": raw,
             "GBps": (moved / (p50 * 1e3)) if (p50 and not plain) else None, "finite": finite,
             "buffer_bytes_per_rank": None if plain else comm.buffer_bytes()}
 
@@ -428,6 +437,8 @@ def run(jax, args, progress_label=""):
                         progress.write(f"finished {b}/{s}/{kind}/{place}: "
                                        + (f"{us:.1f} µs/layer" if us else rec.get("error", ""))
                                        + (f"; {gpu_clock.describe(rec['board'])}" if rec.get("board") else "")
+                                       + (f"; {raw_exchange.describe(rec['raw_exchange'])}"
+                                          if rec.get("raw_exchange") else "")
                                        + ("; WARNING: the layers' output is not finite, the timing is not a "
                                           "model's" if rec.get("finite") is False else "")
                                        + (f"; the routing reaches {rec['experts_reached_per_layer']} of "

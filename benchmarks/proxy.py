@@ -100,6 +100,7 @@ import time
 import numpy as np
 
 from benchlib import proxy_breakdown as pb
+from benchlib import raw_exchange
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python benchmarks/proxy.py", description=__doc__,
@@ -339,8 +340,10 @@ def wire_bytes(spec, n, seed, node_size):
     rows, remote = routed_rows(spec, n, seed), pb.remote_pairs(n, node_size)
     d_row = pb.dispatch_row_bytes(spec.token_bytes())
     c_row = spec.hidden * np.dtype(spec.combine_dtype).itemsize
-    return {"dispatch": {**pb.half_bytes(rows, remote, d_row), "row": d_row},
-            "combine": {**pb.half_bytes(rows.T, remote.T, c_row), "row": c_row}}
+    return {"dispatch": {**pb.half_bytes(rows, remote, d_row), "row": d_row, "matrix": rows.tolist(),
+                         "remote": remote.tolist()},
+            "combine": {**pb.half_bytes(rows.T, remote.T, c_row), "row": c_row, "matrix": rows.T.tolist(),
+                        "remote": remote.T.tolist()}}
 
 
 def measure_engine(jax, provider, args, extra_sizes=()):
@@ -494,19 +497,44 @@ def nvlink_turns(path):
     raise SystemExit(f"--nvlink-json {path}: no cuda result with a (turns) row (run halves.py --turns)")
 
 
-def add_packer_breakdown(rec, nbytes, engine_result):
+def add_packer_breakdown(rec, nbytes, engine_result, raw_ex=None):
     """rec["packer_breakdown"] = {group: pb.packer_breakdown(...)} (host backend's proxied mode), the
     raw wire of each group the raw fi_writedata half round trip at its per-peer message size, and
-    rest_less_floor_us: its rest less JAX's call floor (framework_floor) per jitted call."""
+    rest_less_floor_us: its rest less JAX's call floor (framework_floor) per jitted call; with the
+    raw exchange of the op's bytes (raw_exchange_of) also raw_exchange_us and ratio_exchange =
+    wall / (raw exchange + pack + unpack) per iteration, p50."""
     rec["packer_breakdown"] = {}
     for group, smp in rec.get("packer_samples", {}).items():
-        b = nbytes[group.split(" ")[0]]
+        op = group.split(" ")[0]
+        b = nbytes[op]
         raw = pb.raw_at(engine_result, message_size(b)) if b["peers"] else 0.0
         part = {"dispatch (halves)": "dispatch", "combine (halves)": "combine"}.get(group, group)
         skew = rec["samples"][part]["skew_us"] if part in rec.get("samples", {}) else None
         b = rec["packer_breakdown"][group] = pb.packer_breakdown(smp["wall_us"], smp, raw, skew)
+        if raw_ex and op in raw_ex:
+            rx = raw_ex[op]["p50_us"]
+            w, pk, up = (np.asarray(smp[k], np.float64) for k in ("wall_us", "pack", "unpack"))
+            b["raw_exchange_us"] = rx
+            b["ratio_exchange"] = float(np.median(w / (rx + pk + up))) if w.size else None
         if rec.get("framework_floor_us") is not None:  # the split op's two jitted calls pay it twice
             b["rest_less_floor_us"] = b["rest_us"] - (2 if "halves" in group else 1) * rec["framework_floor_us"]
+
+
+def raw_exchange_of(jax, nbytes, args):
+    """The raw exchange (benchlib/raw_exchange.py) of each op's bytes as this benchmark routes them:
+    rank r writes rank d rows[r, d] rows (remote pairs, not itself). Collective; one rank per process
+    (mpirun), else None, as with --no-engine."""
+    if args.no_engine or jax.process_count() < 2 or jax.local_device_count() != 1:
+        return None
+    r = jax.process_index()
+    sizes = {op: [int(rows) * nbytes[op]["row"] if (rem and d != r) else 0
+                  for d, (rows, rem) in enumerate(zip(nbytes[op]["matrix"][r], nbytes[op]["remote"][r]))]
+             for op in ("dispatch", "combine")}
+    try:
+        return raw_exchange.measure({r: sizes}, iters=10, blocks=7)
+    except Exception as e:  # report it and go on, as the engine benchmark does
+        print(f"raw exchange failed on process {r}: {type(e).__name__}: {e}", flush=True)
+        return None
 
 
 def message_size(b):
@@ -561,6 +589,9 @@ def print_mode(rec, nbytes, wires, nvlink=None):
         nb = nbytes[group.split(" ")[0]]
         for line in pb.format_packer(group, b, message_size(nb), nb["peers"]):
             print(line)
+        if b.get("ratio_exchange") is not None:
+            print(f"    against the raw exchange of the same bytes ({b['raw_exchange_us']:.1f} µs, every rank writing "
+                  f"every peer at once): wall / (raw exchange + pack + unpack) = {b['ratio_exchange']:.2f}x")
     if "priv_early_per_dispatch" in rec["proxy"]:
         print(f"  pipeline {rec['proxy']['pipeline']}: PRIV writes posted before the whole pack, per dispatch "
               f"(busiest rank): {rec['proxy']['priv_early_per_dispatch']:.2f}")
@@ -595,14 +626,16 @@ def halves(args):
     extra = [message_size(b) for b in pre_bytes.values() if b["peers"]]
     extra.append(4 * jax.device_count() * spec.local_experts(jax.device_count()))
     engine_result, why = measure_engine(jax, provider, args, extra)
+    raw_ex = raw_exchange_of(jax, pre_bytes, args)
     out = {"meta": benchlib.run_meta(jax, iters=args.iters, warmup=args.warmup, backend=args.backend,
                                      kernel_timing=os.environ.get("JAX_MOE_A2A_KERNEL_TIMING", "0")),
            "clock": clock_name, "engine": {"provider": provider, "result": engine_result, "why_none": why},
-           "modes": {}}
+           "raw_exchange": raw_ex, "modes": {}}
     if lead:
         print(f"proxy path breakdown: modes {args.modes}, {args.iters} timed + {args.warmup} warm-up iterations, "
               f"skew from {clock_name}", flush=True)
         print("\n".join(pb.format_engine(engine_result, why)), flush=True)
+        print(raw_exchange.describe(raw_ex), flush=True)
     nbytes = wires = None
     nvlink = nvlink_turns(args.nvlink_json) if args.nvlink_json else None
     if nvlink:
@@ -624,7 +657,7 @@ def halves(args):
             out["wire_bytes"] = nbytes
             out["engine"]["figures"] = {p: fig for p, (fig, _) in wires.items()}
         add_breakdown(rec, wires)
-        add_packer_breakdown(rec, nbytes, engine_result)
+        add_packer_breakdown(rec, nbytes, engine_result, raw_ex)
         if "timeline" in rec:  # the rows' part against one raw write of one peer's message
             rec["timeline_raw_wire_us"] = {op: pb.raw_at(engine_result, message_size(nbytes[op]))
                                            for op in ("dispatch", "combine") if nbytes[op]["peers"]}

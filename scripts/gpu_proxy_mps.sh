@@ -216,7 +216,7 @@ if has layers; then
       (cd "$RUNDIR" && env $(mps_env "$n") JAX_MOE_A2A_NODE_SIZE="$ns" $tl timeout -k 5 "${LAYERS_LIMIT:-60}" \
         "${MPIRUN[@]}" -n "$n" python3 "$REPO/benchmarks/layers.py" --backend cuda --shape decode --experts identity \
         --shared none --routing fixed --layers 4 --steps 10 --repeats 5 --no-plain --no-plot --out "$OUT/$name" \
-        > "$OUT/$name.full" 2>&1)
+        $([ "$path" = proxy ] && echo --raw-wire) > "$OUT/$name.full" 2>&1)
       rc=$?
       quiet < "$OUT/$name.full" | grep -vE "^\s+at |Traceback" | tail -30 > "$OUT/$name.log"
       say "layers N=$n $path: exit $rc (124: timed out)"; grep -E "^cuda |finished" "$OUT/$name.log" | tail -3
@@ -225,6 +225,21 @@ if has layers; then
       [ -n "$tl" ] && (cd "$REPO/benchmarks" && python3 -m benchlib.proxy_timeline "$RUNDIR/$name-timeline" --skip 40) \
         2>&1 | tee -a "$OUT/$name.log"
     done
+    # issue 35's measure of this N: the proxy loop against the raw exchange of its bytes (measured
+    # in its processes, --raw-wire) plus the NVLink path's loop (its kernels and framework)
+    python3 - "$OUT/layers-n$n-proxy/layers.json" "$OUT/layers-n$n-nvlink/layers.json" <<'PY' 2>&1 | tee -a "$OUT/mps.log"
+import json, sys
+try:
+    px, nv = (json.load(open(p))["results"][0] for p in sys.argv[1:3])
+    raw = px["raw_exchange"]
+    wire = sum(v["p50_us"] for v in raw.values())
+    a, b = px["per_layer_us"]["p50"], nv["per_layer_us"]["p50"]
+    print(f"issue 35, N = {px['ranks']}: proxy loop {a:.1f} µs/layer / (raw exchange {wire:.1f} + NVLink loop {b:.1f})"
+          f" = {a / (wire + b):.2f}x (" + ", ".join(f"{op} {v['p50_us']:.1f} µs, {v['bytes_max'] / 1e6:.2f} MB"
+                                                  for op, v in raw.items()) + ")")
+except Exception as e:
+    print(f"issue 35 ratio: n/a ({type(e).__name__}: {e})")
+PY
   done
 fi
 say "done"

@@ -301,6 +301,66 @@ def test_engine_timing_loops_take_the_library_engines():
         e.close()
 
 
+def test_raw_exchange_between_threads_and_its_timeout():
+    """jax_moe_a2a_bench.RawExchange (cc/bench/raw_exchange.h): three raw endpoints in one process
+    (shm), a thread per rank, every rank writing every other rank at once: the bytes land in the
+    sender's block of each receiver's buffer (not checked: a timing loop), every run returns its
+    seconds, runs of other sizes (zero bytes to one peer included) follow one another; a rank whose
+    peer never runs times out instead of hanging; bad arguments are refused."""
+    import threading
+
+    import jax_moe_a2a_bench as loops
+    from jax_moe_a2a import _ffi
+    if not _ffi.require_native().built_with_libfabric():
+        pytest.skip("built without libfabric")
+    transfer = _ffi.require_native().transfer
+    ex = [loops.RawExchange("shm", "", 1 << 16, 3, r) for r in range(3)]
+    blobs = [e.blob() for e in ex]
+    for e in ex:
+        e.connect(blobs)
+    seconds, errors = {}, []
+
+    def rank_main(r):
+        try:
+            seconds[r] = [ex[r].run([4096, 4096, 4096], 20, 20.0), ex[r].run([0, 1 << 16, 100], 5, 20.0)]
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append((r, exc))
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert all(x > 0 for r in range(3) for x in seconds[r]), seconds
+    with pytest.raises(transfer.TransferTimeoutError):  # ranks 1 and 2 never write back
+        ex[0].run([8, 8, 8], 1, 0.2)
+    with pytest.raises(ValueError):
+        ex[0].run([1 << 17, 8, 8], 1, 1.0)  # past max_size
+    with pytest.raises(ValueError):
+        ex[0].run([8, 8], 1, 1.0)  # one size per rank
+    with pytest.raises(ValueError):
+        loops.RawExchange("shm", "", 64, 2, 2)  # rank outside the world
+
+
+def test_raw_exchange_sizes_from_proxy_stats():
+    """benchlib.raw_exchange.sizes_per_step: two proxy_stats snapshots -> the bytes one step wrote each
+    peer (the average over the steps between them), the rank itself left out, an op without steps
+    left out; describe() names each op and the sum."""
+    from benchlib import raw_exchange
+    before = {0: {"dispatches": 2, "combines": 2, "row_bytes_to": [5, 100, 0], "comb_bytes_to": [0, 7, 7]},
+              1: {"dispatches": 0, "combines": 0, "row_bytes_to": [0, 0, 0], "comb_bytes_to": [0, 0, 0]}}
+    after = {0: {"dispatches": 6, "combines": 2, "row_bytes_to": [45, 500, 800], "comb_bytes_to": [0, 7, 7]},
+             1: {"dispatches": 4, "combines": 4, "row_bytes_to": [400, 40, 4], "comb_bytes_to": [8, 0, 12]}}
+    got = raw_exchange.sizes_per_step(before, after)
+    assert got == {0: {"dispatch": [0, 100, 200]},
+                   1: {"dispatch": [100, 0, 1], "combine": [2, 0, 3]}}
+    line = raw_exchange.describe({"dispatch": {"p50_us": 10.0, "min_us": 9.0, "max_us": 12.0, "bytes_max": 2_000_000},
+                                  "combine": {"p50_us": 20.0, "min_us": 19.0, "max_us": 25.0, "bytes_max": 4_000_000}})
+    assert "dispatch 10.0 [9.0, 12.0] µs (2.00 MB)" in line and "sum 30.0 µs" in line
+    assert "none" in raw_exchange.describe(None)
+
+
 # ---- benchmarks/proxy.py: the proxy path's breakdown (benchlib/proxy_breakdown.py) ------------
 
 def test_proxy_breakdown_bytes_on_the_wire():
@@ -670,6 +730,14 @@ def test_proxy_program_under_mpirun_on_cpus(tmp_path):
             assert b["unexplained_us"] == pytest.approx(b["transfer_us"] - b["skew_us"] - b["wire_us"])
     assert rec["wire_bytes"]["dispatch"]["bytes"] > 0 and rec["engine"]["figures"]["dispatch"]["latency_us"] > 0
     assert "default - spin" in rec["idle_policy"]["dispatch"]
+    # the raw exchange of each op's bytes (every rank writing every peer at once) and the ratio against it
+    assert "raw exchange of the same bytes" in text and "wall / (raw exchange + pack + unpack)" in text, text[-6000:]
+    for op in ("dispatch", "combine"):
+        rx = rec["raw_exchange"][op]
+        assert rx["p50_us"] > 0 and rx["blocks"] == 7 and rx["bytes_max"] > 0
+        for mode in rec["modes"].values():
+            b = mode["packer_breakdown"][f"{op} (one call)"]
+            assert b["raw_exchange_us"] == rx["p50_us"] and b["ratio_exchange"] > 0
     assert "kernels alone: not run (no kernel times" in text, text[-6000:]  # the host backend has none
     assert all(m["kernel_turns_why_none"].startswith("no kernel times") for m in rec["modes"].values())
 
@@ -929,6 +997,8 @@ def test_layers_proxied_host(tmp_path):
     assert out["meta"]["proxied"] is True
     assert not [r for r in out["results"] if "error" in r] and out["results"][0]["finite"], out["results"]
     assert out["results"][0]["proxy_threads"] == jax.local_device_count()  # one proxy per local rank: it ran proxied
+    raw = layers.run(jax, layers.parse_args(argv + ["--raw-wire"]))["results"][0]["raw_exchange"]
+    assert raw["dispatch"]["p50_us"] > 0 and raw["combine"]["bytes_max"] > 0, raw  # the proxies' bytes, raw
     direct = layers.run(jax, layers.parse_args([a for a in argv if a != "--proxied"]))
     assert direct["results"][0]["proxy_threads"] == 0 and direct["meta"]["proxied"] is False
     with pytest.raises(SystemExit, match="--proxied"):

@@ -17,6 +17,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jax_moe_a2a as a2a
@@ -354,6 +355,40 @@ def test_rails_over_tcp(num_ranks, mesh, monkeypatch):
                     dispatch_dtype=jnp.bfloat16)
     comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine="fabric", timeout_s=60.0)
     check_split_writes(comm, spec, num_ranks, proxied=True, split=("comb_pieces",))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("node_size, priv", [(0, 1), (2, None)], ids=["all-via-engine-priv1", "node2-hybrid"])
+def test_proxy_counts_the_row_bytes_it_writes_each_rank(num_ranks, mesh, node_size, priv):
+    """proxy_stats' row_bytes_to / comb_bytes_to: per destination rank, the bytes of dispatch rows
+    (PRIV and OVER, here split by a private block of one row) and of combine rows (COMB) the proxy
+    wrote, over two dispatch + combine steps of fresh random inputs: the oracle's routed rows times
+    the proxy's row (Spec.token_bytes + token index and weight, padded to 16) and H * 2 bytes
+    (bf16 out), rank by rank; node-local pairs (node_size 2) write nothing."""
+    skip_unless_node_fits(node_size, num_ranks)
+    from jax_moe_a2a import oracle
+    spec = a2a.Spec(**BASE, dispatch_dtype=FP8, scale_block=32)
+    comm = proxied(spec, mesh, priv=priv, node_size=node_size)
+    seed = T.fresh_seed()
+    inputs = T.make_inputs(spec, num_ranks, seed)
+    for _ in range(2):
+        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+    L = spec.local_experts(num_ranks)
+    rows = [[0] * num_ranks for _ in range(num_ranks)]  # rows[s][d]: rows rank s sends rank d
+    for s, inp in enumerate(inputs):
+        for e in np.asarray(inp.topk_ids)[oracle.routed_pairs(spec, inp)[0]]:
+            rows[s][int(e) // L] += 1
+    row = -(-(spec.token_bytes() + 8) // 16) * 16
+    remote = lambda s, d: not node_size or s // node_size != d // node_size
+    stats = comm.proxy_stats()
+    assert stats, "no proxy on this process's ranks"
+    for r, st in stats.items():
+        assert st["dispatches"] == 2 and st["combines"] == 2, (seed, r, st)
+        want_d = [2 * rows[r][d] * row if remote(r, d) else 0 for d in range(num_ranks)]
+        want_c = [2 * rows[d][r] * spec.hidden * 2 if remote(r, d) else 0 for d in range(num_ranks)]
+        assert st["row_bytes_to"] == want_d, (seed, r, st["row_bytes_to"], want_d)
+        assert st["comb_bytes_to"] == want_c, (seed, r, st["comb_bytes_to"], want_c)
+    comm.close()
 
 
 def test_rails_must_be_a_small_count(num_ranks, mesh, monkeypatch):

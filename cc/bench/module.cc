@@ -13,6 +13,7 @@
 
 #if defined(JAX_MOE_A2A_WITH_LIBFABRIC)
 #include "bench/loops.h"
+#include "bench/raw_exchange.h"
 #include "bench/raw_pingpong.h"
 #endif
 #if defined(JAX_MOE_A2A_WITH_CUDA)
@@ -64,6 +65,24 @@ void bind_transfer_loops(nb::module_& m) {
       .def("connect", [to_bytes](RawPingPong& r, const nb::bytes& b) { r.connect(to_bytes(b)); })
       .def("run", &RawPingPong::run, "size"_a, "iters"_a, "initiator"_a,
            "timeout_s"_a = kDefaultTimeout, Release());
+  nb::class_<RawExchange>(m, "RawExchange",
+                          "Raw fi_writedata all-to-all (no engine): every rank writes every other rank at once.")
+      .def(nb::init<const std::string&, const std::string&, uint64_t, int, int>(), "provider"_a, "iface"_a,
+           "max_size"_a, "world"_a, "rank"_a)
+      .def("blob", [](const RawExchange& r) {
+        const Bytes b = r.blob();
+        return nb::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+      })
+      .def("connect",
+           [to_bytes](RawExchange& r, const std::vector<nb::bytes>& blobs) {
+             std::vector<Bytes> v;
+             for (const auto& b : blobs) v.push_back(to_bytes(b));
+             r.connect(v);
+           },
+           "blobs"_a, "Every rank's blob in rank order (collective through the caller's key-value store).")
+      .def("run", &RawExchange::run, "sizes"_a, "iters"_a, "timeout_s"_a = kDefaultTimeout, Release(),
+           "Seconds of `iters` exchanges back to back: sizes[d] bytes to every rank d != ours, then wait for "
+           "our writes' completions and every peer's message.");
 }
 #endif
 

@@ -92,6 +92,10 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
     throw std::invalid_argument(format("JAX_MOE_A2A_WRITE_CHUNK_KIB=%g: expected KiB >= 0 (0: one write a peer)", chunk_kib));
   chunk_ = static_cast<int64_t>(chunk_kib * 1024);
   rails_ = std::max(1, engine_->num_domains());
+  for (WriteCounts* w : {&rows_w_, &comb_w_}) {
+    w->bytes.reset(new std::atomic<uint64_t>[o.shape.N]);
+    for (int r = 0; r < o.shape.N; ++r) w->bytes[r].store(0, std::memory_order_relaxed);
+  }
   for (int r = 0; r < o.shape.N; ++r) {
     all_.push_back(r);
     if (remote(rank_, r)) remote_.push_back(r);
@@ -335,12 +339,13 @@ int Exchange::pieces(int64_t bytes) const {
 
 void Exchange::write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
                             const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t im, int n,
-                            std::atomic<uint64_t>& extra) {
+                            WriteCounts& counts) {
+  counts.bytes[d].fetch_add(uint64_t(bytes), std::memory_order_relaxed);
   if (n <= 1) {  // one write: the peer's own rail
     engine_->write(d, src, src_off, bytes, dst, dst_off, im);
     return;
   }
-  extra.fetch_add(n - 1, std::memory_order_relaxed);
+  counts.extra.fetch_add(n - 1, std::memory_order_relaxed);
   // Equal pieces (the last one shorter; empty ones carry only the immediate).
   const int64_t each = (bytes + n - 1) / n;
   for (int i = 0; i < n; ++i) {
@@ -477,7 +482,7 @@ void Exchange::post_combine_to(int z, uint32_t c, int m, const int32_t* rows_fro
     const int64_t bytes = int64_t(rows_from[src]) * stride;
     write_pieces(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride, bytes,
                  bytes ? &regions_[z].c_recv_peer[m] : nullptr, (int64_t(j) * lay_.Q + off[src]) * stride,
-                 imm(comb_tag(j, z), c), comb_pieces(), comb_pieces_);
+                 imm(comb_tag(j, z), c), comb_pieces(), comb_w_);
   }
 }
 

@@ -207,8 +207,12 @@ class Exchange {
   int64_t rows_between(int z, int src, int dst) const;
   // Writes this exchange posted beyond one per PRIV / OVER write (JAX_MOE_A2A_WRITE_CHUNK_KIB and
   // JAX_MOE_A2A_RAILS split them), and beyond one per COMB write (RAILS); any thread may read them.
-  uint64_t pieces_posted() const { return pieces_.load(std::memory_order_relaxed); }
-  uint64_t comb_pieces_posted() const { return comb_pieces_.load(std::memory_order_relaxed); }
+  uint64_t pieces_posted() const { return rows_w_.extra.load(std::memory_order_relaxed); }
+  uint64_t comb_pieces_posted() const { return comb_w_.extra.load(std::memory_order_relaxed); }
+  // Bytes of rows this exchange wrote to rank d, summed over its steps: PRIV and OVER (row_bytes_to)
+  // and COMB (comb_bytes_to); any thread may read them. What the wire carried of the rows, per peer.
+  uint64_t row_bytes_to(int d) const { return rows_w_.bytes[d].load(std::memory_order_relaxed); }
+  uint64_t comb_bytes_to(int d) const { return comb_w_.bytes[d].load(std::memory_order_relaxed); }
   // over_base[src] (N entries): first row of src's overflow in our overflow region, for sources
   // remote to us (0 for others). Valid after COUNTS.
   void overflow_bases(int z, int64_t* over_base) const;
@@ -259,13 +263,17 @@ class Exchange {
   // i % rails_; every piece carries the write's immediate: pieces(bytes) writes, which the receiver
   // expects as that many arrivals of the immediate (it knows the bytes from the counts).
   int pieces(int64_t bytes) const;
-  // n pieces; the writes past the first are added to `extra` (pieces_ or comb_pieces_).
+  // What a kind of row write posted: writes past the first of each split write, bytes per rank.
+  struct WriteCounts {
+    std::atomic<uint64_t> extra{0};
+    std::unique_ptr<std::atomic<uint64_t>[]> bytes;  // [N]
+  };
+  // n pieces, counted in `counts` (rows_w_ or comb_w_).
   void write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
-                    const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm, int n,
-                    std::atomic<uint64_t>& extra);
+                    const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm, int n, WriteCounts& counts);
   void write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
                     const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm) {
-    write_pieces(d, src, src_off, bytes, dst, dst_off, imm, pieces(bytes), pieces_);
+    write_pieces(d, src, src_off, bytes, dst, dst_off, imm, pieces(bytes), rows_w_);
   }
   // COMB writes: rails_ pieces each with rails_ > 1 (zero-length ones too: a receiver cannot know the
   // bytes, a rank may have dropped rows over capacity), else one.
@@ -273,8 +281,8 @@ class Exchange {
   static constexpr int64_t kRailSplitBytes = 64 << 10;
   int64_t chunk_ = 0;
   int rails_ = 1;  // the engine's domains (JAX_MOE_A2A_RAILS)
-  std::atomic<uint64_t> pieces_{0};       // PRIV / OVER writes past the first of each split write
-  std::atomic<uint64_t> comb_pieces_{0};  // COMB writes past the first of each split write
+  WriteCounts rows_w_;  // PRIV / OVER writes
+  WriteCounts comb_w_;  // COMB writes
   Arrivals expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const;
   Arrivals live(int z, Arrivals a) const;  // without the ranks slot z's mask marks dead
   // even_if_masked: also when slot z's mask marks us dead (else nothing then: we write nobody)

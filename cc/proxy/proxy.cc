@@ -158,6 +158,13 @@ ProxyStats Proxy::stats() const {
   s.pipeline = o_.pipeline;
   s.write_pieces = ex_.pieces_posted();
   s.comb_pieces = ex_.comb_pieces_posted();
+  const int n = ex_.options().shape.N;
+  s.row_bytes_to.resize(n);
+  s.comb_bytes_to.resize(n);
+  for (int d = 0; d < n; ++d) {
+    s.row_bytes_to[d] = ex_.row_bytes_to(d);
+    s.comb_bytes_to[d] = ex_.comb_bytes_to(d);
+  }
   return s;
 }
 

@@ -135,6 +135,9 @@ struct ProxyStats {
   // PRIV / OVER writes posted beyond one per peer (JAX_MOE_A2A_WRITE_CHUNK_KIB: written in pieces).
   uint64_t write_pieces = 0;
   uint64_t comb_pieces = 0;  // COMB writes posted beyond one per (rank, tp member) (JAX_MOE_A2A_RAILS)
+  // Bytes of rows written to each rank [N]: PRIV + OVER (dispatch) and COMB (combine), summed over
+  // steps (protocol::Exchange::row_bytes_to / comb_bytes_to): the wire's share of the rows.
+  std::vector<uint64_t> row_bytes_to, comb_bytes_to;
 };
 
 class Proxy {

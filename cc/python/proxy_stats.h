@@ -1,11 +1,13 @@
 // A proxy thread's counters as the Python dict both bindings return (cuda inter-node path, host
 // backend's proxied mode): dispatches, combines, dispatches_landed, combines_landed, polls, sleeps, woken,
 // sleeps_under_way, counts_to_landed_ns, comb_to_landed_ns, staged_bytes, staging_ns, cpu, flag_path, row_path, pipeline, priv_early,
-// counts_to_priv_ns, recv_early, staged_early, comb_staged_early, write_pieces, comb_pieces, and per op (host backend's proxied mode) call_ns_<op>, wait_ns_<op>.
+// counts_to_priv_ns, recv_early, staged_early, comb_staged_early, write_pieces, comb_pieces, row_bytes_to,
+// comb_bytes_to (lists, one entry per rank), and per op (host backend's proxied mode) call_ns_<op>, wait_ns_<op>.
 #pragma once
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <string>
 
@@ -39,6 +41,8 @@ inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
   d["comb_staged_early"] = s.comb_staged_early;
   d["write_pieces"] = s.write_pieces;
   d["comb_pieces"] = s.comb_pieces;
+  d["row_bytes_to"] = s.row_bytes_to;
+  d["comb_bytes_to"] = s.comb_bytes_to;
   for (int i = 0; i < kNumHalves; ++i) {  // protocol::Op numbers the halves as Half does
     const std::string op = half_name(static_cast<Half>(i));
     d[("call_ns_" + op).c_str()] = s.packer_call_ns[i];
