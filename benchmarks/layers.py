@@ -331,7 +331,9 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
         device = trace.device_profile(one_step, steps=3, per=args.layers, keep_dir=keep)
     raw = None
     if raw_wire:  # the same bytes per layer as the proxies wrote them over the timed steps
-        raw = raw_exchange.measure(raw_exchange.sizes_per_step(stats_before, comm.proxy_stats()))
+        timing.barrier("raw_wire")  # every rank's outputs done: every write of the timed steps posted
+        ops = len(per_layer) * args.steps * args.layers  # dispatches (and combines) timed
+        raw = raw_exchange.measure(raw_exchange.sizes_per_step(stats_before, comm.proxy_stats(), ops))
     arr = timing.max_over_processes(per_layer, "layer") * 1e6
     # the stream after the last timed step, this process's shards: rows that are not finite route
     # wherever top_k puts NaN, so a timing over them says nothing (the finished line warns)

@@ -358,6 +358,8 @@ def test_raw_exchange_sizes_from_proxy_stats():
     line = raw_exchange.describe({"dispatch": {"p50_us": 10.0, "min_us": 9.0, "max_us": 12.0, "bytes_max": 2_000_000},
                                   "combine": {"p50_us": 20.0, "min_us": 19.0, "max_us": 25.0, "bytes_max": 4_000_000}})
     assert "dispatch 10.0 [9.0, 12.0] µs (2.00 MB)" in line and "sum 30.0 µs" in line
+    assert raw_exchange.sizes_per_step(before, after, steps=4) == {
+        0: {"dispatch": [0, 100, 200], "combine": [0, 0, 0]}, 1: {"dispatch": [100, 0, 1], "combine": [2, 0, 3]}}
     assert "none" in raw_exchange.describe(None)
 
 

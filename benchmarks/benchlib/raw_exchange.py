@@ -26,21 +26,24 @@ import numpy as np
 _KEYS = {"dispatch": ("row_bytes_to", "dispatches"), "combine": ("comb_bytes_to", "combines")}
 
 
-def sizes_per_step(before: dict, after: dict) -> Dict[int, Dict[str, List[int]]]:
+def sizes_per_step(before: dict, after: dict, steps: Optional[int] = None) -> Dict[int, Dict[str, List[int]]]:
     """Two comm.proxy_stats() snapshots ({rank: dict}) -> {rank: {op: [N] bytes one step wrote each
-    rank}} (the average over the steps between them, whole bytes; 0 for the rank itself). Ranks
-    keyed (group, rank) on meshes with several EP groups keep their keys. Empty when no step ran."""
+    rank}} (the average over the steps between them, whole bytes; 0 for the rank itself). steps:
+    the dispatches (and combines) the caller ran between the snapshots; None counts them from the
+    proxy's dispatches / combines, which count a step when its FREE went out and so may lag the
+    last one. Ranks keyed (group, rank) on meshes with several EP groups keep their keys. An op
+    without steps is left out."""
     out = {}
     for r, a in after.items():
         b = before.get(r, {})
         me = r[-1] if isinstance(r, tuple) else r
         per = {}
         for op, (key, steps_key) in _KEYS.items():
-            steps = a.get(steps_key, 0) - b.get(steps_key, 0)
-            if steps <= 0 or key not in a:
+            n = steps if steps is not None else a.get(steps_key, 0) - b.get(steps_key, 0)
+            if n <= 0 or key not in a:
                 continue
             now, then = a[key], b.get(key, [0] * len(a[key]))
-            per[op] = [0 if d == me else int(round((x - y) / steps)) for d, (x, y) in enumerate(zip(now, then))]
+            per[op] = [0 if d == me else int(round((x - y) / n)) for d, (x, y) in enumerate(zip(now, then))]
         if per:
             out[r] = per
     return out
