@@ -24,7 +24,10 @@ layer). Next to every backend: `plain`, the same layer without communication on 
 scatter-adds them back weighted): at EP=1 the whole layer, at EP>1 each rank's local compute only.
 XLA command buffers: `--cmdbuf on,off` runs one child process per setting
 (XLA_FLAGS must be set before JAX starts; the default on GPUs in one process); under mpirun or on
-CPUs (no command buffers) the current XLA_FLAGS decide. Writes layers.json (and layers.png).
+CPUs (no command buffers) the current XLA_FLAGS decide. Through a proxy (cuda with peers on other
+nodes, host --proxied) `--raw-wire` also times, after the layers and in the same processes, the raw
+exchange of the bytes the proxies wrote per layer (benchlib/raw_exchange.py: raw fi_writedata, every
+rank writing every peer at once), the wire's share of the layer. Writes layers.json (and layers.png).
 """
 
 from __future__ import annotations
