@@ -1,7 +1,7 @@
 """The proxy's pipelining (JAX_MOE_A2A_PROXY_PIPELINE, cc/proxy/proxy.h), tested on CPUs through the
 host backend's proxied mode. `peer` (the default): the packer raises d_packed_to[d] after each
 destination's rows and the proxy posts that peer's PRIV write at once (still one write per peer),
-and raises d_placed then d_landed_from[src] per source so that dispatch_recv unpacks each source's
+each OVER write as soon as its offset is known (`priv`: after every COUNTS), and raises d_placed then d_landed_from[src] per source so that dispatch_recv unpacks each source's
 rows while the rest are in flight. `off`: the series behaviour (every write after d_packed, the
 receiver after d_landed). Both against the NumPy oracle (outputs poisoned), with several slots in
 flight, under row staging and the GDRCopy-style flag mirror (which keep the receiver on d_landed);
@@ -26,7 +26,7 @@ from test_proxy import proxied, proxied_three_steps, skip_unless_node_fits
 pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif("host" not in a2a.available_backends(), reason="host backend not built")]
 
-MODES = ["peer", "off"]
+MODES = ["peer", "priv", "off"]
 
 
 def remote_peers(node_size, num_ranks):
@@ -55,7 +55,7 @@ def test_pipeline_against_oracle(mode, node_size, priv, tp, monkeypatch, mesh, n
             break
         time.sleep(0.01)
     for r, s in stats.items():
-        assert s["pipeline"] == (mode == "peer"), (r, s)
+        assert s["pipeline"] == (mode != "off"), (r, s)
         if mode == "off":
             assert s["priv_early"] == 0 and s["recv_early"] == 0, (r, s)
         assert s["dispatches_landed"] >= 3 and s["combines_landed"] >= 3, (r, s)
@@ -103,7 +103,7 @@ def test_pipeline_unpacks_before_the_last_source(mode, monkeypatch, mesh, num_ra
     (JAX_MOE_A2A_HOST_PACK_PAUSE_S), so on every other rank the late rank's PRIV and OVER rows land
     (N - 1) * 30 ms after those of the others, whose OVER writes wait only for its count matrix.
     Receivers count the sources they unpacked before d_landed (proxy_stats' recv_early): > 0 under
-    `peer`, summed over ranks, three steps and processes (missing it would take every receiver
+    `peer` and `priv`, summed over ranks, three steps and processes (missing it would take every receiver
     thread unscheduled for the whole window in every step); 0 under `off`, which waits for
     d_landed. The results match the oracle either way. Every process runs the same steps."""
     import numpy as np
@@ -122,8 +122,45 @@ def test_pipeline_unpacks_before_the_last_source(mode, monkeypatch, mesh, num_ra
     mine = sum(s["recv_early"] for s in stats.values())
     comm.close()
     early = int(np.sum(multihost_utils.process_allgather(np.array([mine], np.int64))))
-    if mode == "peer":
+    if mode != "off":
         assert early > 0, f"no source unpacked before d_landed in 3 steps with a late rank on any process: {stats}"
+    else:
+        assert early == 0, stats
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("priv", [0, 1], ids=["over-only", "priv1"])
+@pytest.mark.parametrize("staged", [False, True], ids=["registered", "staged"])
+def test_overflow_posted_once_its_offset_is_known(mode, priv, staged, monkeypatch, mesh, num_ranks):
+    """`peer` posts a destination's OVER write while COUNTS are still coming once the COUNTS of the
+    sources below us remote to it are in (Exchange::overflow_offset_known): with the last rank 0.3 s
+    late (run_ops' `late`), rank 0 (no source below it) posts every OVER before the late rank's
+    COUNTS, so proxy_stats' over_early > 0 summed over ranks and processes; `priv` and `off` post
+    OVER after every COUNTS (0). The offsets so computed match the receivers' (the oracle, outputs
+    poisoned, every row through OVER or one row through PRIV; under row staging too)."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    if num_ranks < 2:
+        pytest.skip("needs a late rank and another")
+    monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", mode)
+    if staged:
+        monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
+    spec = a2a.Spec(num_experts=4 * num_ranks, experts_per_token=4, hidden=64, max_tokens_per_rank=24)
+    comm = proxied(spec, mesh, priv, node_size=0)
+    seed = T.fresh_seed()
+    for step in range(2):
+        inputs = T.make_inputs(spec, num_ranks, seed + step, routing=["random", "skewed"][step])
+        try:
+            T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True, late=(num_ranks - 1, 0.3)))
+        except AssertionError as e:
+            raise AssertionError(f"seed {seed + step}: {e}") from e
+    stats = comm.proxy_stats()
+    mine = sum(s["over_early"] for s in stats.values())
+    comm.close()
+    early = int(np.sum(multihost_utils.process_allgather(np.array([mine], np.int64))))
+    if mode == "peer":
+        assert early > 0, f"no OVER write before every COUNTS with a late rank: {stats}"
     else:
         assert early == 0, stats
 
@@ -152,14 +189,14 @@ def test_pipeline_with_staging_or_mirror(extra, mode, monkeypatch, mesh, num_ran
     stats = comm.proxy_stats()
     assert stats, "no proxy on this process"
     for r, s in stats.items():
-        assert s["pipeline"] == (mode == "peer"), (r, s)
+        assert s["pipeline"] == (mode != "off"), (r, s)
         if mode == "off" or extra == "JAX_MOE_A2A_HOST_FLAG_MIRROR":
             assert s["recv_early"] == 0, (r, s)
     comm.close()
 
 
 @pytest.mark.parametrize("var, value, match", [
-    ("JAX_MOE_A2A_PROXY_PIPELINE", "chunk", "JAX_MOE_A2A_PROXY_PIPELINE=chunk: expected `peer` or `off`"),
+    ("JAX_MOE_A2A_PROXY_PIPELINE", "chunk", "JAX_MOE_A2A_PROXY_PIPELINE=chunk: expected `peer`, `priv` or `off`"),
     ("JAX_MOE_A2A_PROXY_SPIN_US", "20us", "JAX_MOE_A2A_PROXY_SPIN_US='20us': expected a non-negative number"),
 ], ids=["pipeline-mode", "spin-us"])
 def test_proxy_bad_value(var, value, match, monkeypatch, mesh, num_ranks):
@@ -192,6 +229,10 @@ def test_staged_rows_copied_source_by_source(mode, monkeypatch, mesh, num_ranks)
         pytest.skip("needs a late rank and two others")
     monkeypatch.setenv("JAX_MOE_A2A_PROXY_PIPELINE", mode)
     monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
+    # The late rank's COUNTS go out before it packs, its rows 30 ms apart per destination: under
+    # `peer` the others' OVER rows land before its COUNTS (they need no offset of it), so only rows
+    # landing after every COUNTS leave a window to copy the early sources in.
+    monkeypatch.setenv("JAX_MOE_A2A_HOST_PACK_PAUSE_S", "0.03")
     spec = a2a.Spec(num_experts=4 * num_ranks, experts_per_token=4, hidden=64, max_tokens_per_rank=32)
     comm = proxied(spec, mesh, 0, node_size=0)
     for step in range(3):

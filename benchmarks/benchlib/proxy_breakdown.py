@@ -36,9 +36,13 @@ PROXY_MODES = {
     "host-rows": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_STAGING": "host"},
     "copy-rows": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_STAGING": "copy"},
     # JAX_MOE_A2A_PROXY_PIPELINE (cc/proxy/proxy.h): `peer` each peer's write once its rows are
-    # packed and the receiver per source; `off` the series (every write after the whole pack).
+    # packed, each OVER once its offset is known, and the receiver per source; `off` the series
+    # (every write after the whole pack).
     "peer": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "peer"},
     "series": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "off"},
+    # `priv`: `peer` with every OVER write after every COUNTS (before 2026-12-07; `peer` posts each
+    # once its offset is known)
+    "over-late": {"JAX_MOE_A2A_PROXY": None, "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "priv"},
     "peer-spin": {"JAX_MOE_A2A_PROXY": "spin", "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "peer"},
     "series-spin": {"JAX_MOE_A2A_PROXY": "spin", "JAX_MOE_A2A_PROGRESS": None, "JAX_MOE_A2A_PROXY_PIPELINE": "off"},
     # JAX_MOE_A2A_WRITE_CHUNK_KIB (cc/protocol/exchange.cc): a peer's PRIV and OVER rows in pieces of

@@ -369,18 +369,28 @@ int64_t Exchange::rows_between(int z, int src, int dst) const {
   return n;
 }
 
-void Exchange::post_overflow(int z, uint32_t e) {
+void Exchange::post_overflow(int z, uint32_t e, uint64_t skip) {
+  for (int d : remote_)
+    if (!(skip >> d & 1)) post_overflow_to(z, e, d);
+}
+
+void Exchange::post_overflow_to(int z, uint32_t e, int d) {
   // Rows past `priv` go to each remote destination's overflow region right after the overflow of
   // the lower-ranked sources remote to it: one write per destination (zero-length if none).
-  for (int d : remote_) {
-    if (!alive(z, d)) continue;
-    const int64_t over = over_rows(rows_between(z, rank_, d));
-    int64_t off = 0;
-    for (int src = 0; src < rank_; ++src)
-      if (remote(src, d)) off += over_rows(rows_between(z, src, d));
-    write_pieces(d, *regions_[z].d_send, (int64_t(d) * lay_.P + lay_.priv) * lay_.row, over * lay_.row,
-                 over ? &regions_[z].d_recv_peer[d] : nullptr, lay_.over_off + off * lay_.row, imm(tag_of(kOver, z), e));
-  }
+  if (!alive(z, d) || !remote(rank_, d)) return;
+  const int64_t over = over_rows(rows_between(z, rank_, d));
+  int64_t off = 0;
+  for (int src = 0; src < rank_; ++src)
+    if (remote(src, d)) off += over_rows(rows_between(z, src, d));
+  write_pieces(d, *regions_[z].d_send, (int64_t(d) * lay_.P + lay_.priv) * lay_.row, over * lay_.row,
+               over ? &regions_[z].d_recv_peer[d] : nullptr, lay_.over_off + off * lay_.row, imm(tag_of(kOver, z), e));
+}
+
+bool Exchange::overflow_offset_known(int z, int d, uint64_t missing) const {
+  if (missing >> rank_ & 1) return false;  // our own count matrix, as the receiver reads it
+  for (int src = 0; src < rank_; ++src)
+    if (remote(src, d) && alive(z, src) && (missing >> src & 1)) return false;
+  return true;
 }
 
 void Exchange::overflow_bases(int z, int64_t* over_base) const {

@@ -189,7 +189,17 @@ class Exchange {
   void post_counts(int z, uint32_t e);    // our count matrix (counts_send) to every rank
   void post_private(int z, uint32_t e);   // needs our count matrix in counts_send
   void post_private_to(int z, uint32_t e, int d);  // post_private's write to remote rank d alone
-  void post_overflow(int z, uint32_t e);  // needs every rank's count matrix (after COUNTS)
+  // Our OVER writes to every remote rank whose bit in `skip` is clear (skip: those posted early);
+  // needs every rank's count matrix (after COUNTS).
+  void post_overflow(int z, uint32_t e, uint64_t skip = 0);
+  // post_overflow's write to remote rank d alone: needs our count matrix and those of the sources
+  // below us that are remote to d (overflow_offset_known).
+  void post_overflow_to(int z, uint32_t e, int d);
+  // Whether our OVER write to d can go before every COUNTS arrived: its offset in d's overflow
+  // region sums the overflow of the live sources below us remote to d, so their COUNTS must be in
+  // (`missing`: bit r set while rank r's COUNTS of this dispatch are still to come). Always true for
+  // the lowest remote source of d, e.g. both ranks at N = 2.
+  bool overflow_offset_known(int z, int d, uint64_t missing) const;
   void signal_free_d(int z, uint32_t e);
   // rows_from[src]: rows we received from src in the matching dispatch; c_send holds them at
   // [src][P][stride] (stride = H * output itemsize). Src's run goes to every remote member m of

@@ -57,9 +57,10 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
   const char* pipe = env::get("JAX_MOE_A2A_PROXY_PIPELINE");
   if (pipe && *pipe) {
     const std::string v(pipe);
-    if (v != "peer" && v != "off")
-      throw std::invalid_argument("JAX_MOE_A2A_PROXY_PIPELINE=" + v + ": expected `peer` or `off`");
-    o.pipeline = v == "peer";
+    if (v != "peer" && v != "priv" && v != "off")
+      throw std::invalid_argument("JAX_MOE_A2A_PROXY_PIPELINE=" + v + ": expected `peer`, `priv` or `off`");
+    o.pipeline = v != "off";
+    o.over_early = v == "peer";
   }
   o.report_s = env::get_double("JAX_MOE_A2A_PROXY_REPORT_S", o.report_s);
   if (const char* tl = env::get("JAX_MOE_A2A_PROXY_TIMELINE")) o.timeline = tl;
@@ -289,10 +290,32 @@ void Proxy::privs_out(SlotState& s) {
   s.d_since = {};
 }
 
+bool Proxy::post_overflow_early(int z, SlotState& s, uint32_t e) {
+  uint64_t want = 0;  // PRIV out, OVER not yet
+  for (int d : ex_.remote_ranks())
+    if ((s.priv_posted >> d & 1) && !(s.over_posted >> d & 1)) want |= 1ull << d;
+  if (!want) return false;
+  uint64_t missing = 0;
+  for (int r : s.d_wait.missing()) missing |= 1ull << r;
+  int posted = 0;
+  for (int d : ex_.remote_ranks()) {
+    if (!(want >> d & 1) || !ex_.overflow_offset_known(z, d, missing)) continue;
+    ex_.post_overflow_to(z, e, d);
+    s.over_posted |= 1ull << d;
+    ++posted;
+  }
+  if (posted) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.over_early += posted;
+  }
+  return posted > 0;
+}
+
 void Proxy::SlotState::next_dispatch() {
   ++de;
   d = kDFree;
   priv_posted = 0;
+  over_posted = 0;
   src_landed = 0;
   d_src = {};
   dst_copying = -1;
@@ -462,7 +485,8 @@ std::string Proxy::slot_state(int z) const {
                           f(c.d_counts), f(c.d_packed), f(c.d_consumed), f(c.c_packed), f(c.c_consumed),
                           f(c.waiting[0]), f(c.waiting[1]), f(c.waiting[2]), f(c.waiting[3]), f(c.d_send_ok),
                           f(c.d_landed), f(c.c_send_ok), f(c.c_landed), static_cast<int>(st.d), kDStepWaits[st.d], st.de,
-                          static_cast<int>(st.c), kCStepWaits[st.c], st.ce, o_.pipeline ? "peer" : "off");
+                          static_cast<int>(st.c), kCStepWaits[st.c], st.ce,
+                          !o_.pipeline ? "off" : o_.over_early ? "peer" : "priv");
 }
 
 void Proxy::check_late(int op, int z, uint32_t e, const protocol::Arrivals& a, const char* what, Clock::time_point& since) {
@@ -599,6 +623,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
         s.d_armed = true;
       }
       if (!ex_.poll(s.d_wait)) {
+        if (o_.over_early && post_overflow_early(z, s, e)) return true;
         check_late(kDispatchRecv, z, e, s.d_wait, "route counts", s.d_since);
         return false;
       }
@@ -629,7 +654,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
           adopt(w, o);
       }
       ex_.take_combine_offsets(z);
-      ex_.post_overflow(z, e);
+      ex_.post_overflow(z, e, s.over_posted);
       publish_landing(z);
       timeline_.mark(Mark::kDOverOut, z, e);
       if (source_flags_) store_release(&c.d_placed, uint64_t(e) + 1);  // over_base, c_off: valid

@@ -68,8 +68,11 @@ struct ProxyOptions {
   // packer raised that peer's d_packed_to (one write per peer still) and, with source_flags, raises
   // d_placed / d_landed_from[src] and c_landed_from[d] for a receiver that unpacks per source; `off`
   // waits for d_packed and posts every peer's write together, and raises only d_landed (the series
-  // behaviour before).
+  // behaviour before). `peer` also posts each OVER write as soon as its offset is known
+  // (over_early: Exchange::overflow_offset_known, before every peer's COUNTS arrived); `priv` is
+  // `peer` with the OVER writes after every COUNTS, as before 2026-12-07.
   bool pipeline = true;
+  bool over_early = true;
   // JAX_MOE_A2A_PROXY_REPORT_S: a slot with an op in flight whose steps have not moved for this
   // many seconds prints its flags and our steps once to stderr (a report, not an error: see
   // Proxy::report_stalls); negative (unset): the exchange's timeout_s; 0: never.
@@ -124,6 +127,7 @@ struct ProxyStats {
   uint64_t packer_call_ns[kNumHalves] = {}, packer_wait_ns[kNumHalves] = {};
   bool pipeline = true;              // ProxyOptions::pipeline
   uint64_t priv_early = 0;           // PRIV writes posted before the whole pack (d_packed) was done
+  uint64_t over_early = 0;           // OVER writes posted before every rank's COUNTS arrived
   uint64_t counts_to_priv_ns = 0;    // from our COUNTS out to our last PRIV write posted, per dispatch
   // Host backend's proxied mode under `peer`: remote sources whose rows dispatch_recv unpacked
   // before d_landed was raised (the rest still in flight). 0 when it waits for d_landed.
@@ -179,6 +183,7 @@ class Proxy {
     // Per epoch (cleared by next_dispatch / next_combine, the only places an epoch ends):
     bool c_adopted = false;  // the packed combine took its dispatch's combine offsets (adopt())
     uint64_t priv_posted = 0;  // bit d: our PRIV write of this epoch to remote rank d is posted
+    uint64_t over_posted = 0;  // bit d: our OVER write of this epoch to remote rank d went out early
     uint64_t src_landed = 0;   // bit src: d_landed_from[src] raised for this epoch
     uint64_t comb_landed = 0;  // bit d: c_landed_from[d] raised for this combine epoch
     // Row staging of landed rows (stage_by_source): bit r of `done`, remote rank r's rows copied this
@@ -269,6 +274,10 @@ class Proxy {
   // Every PRIV write of the dispatch is posted (pipelined or not): counts_to_priv_ns, then on to
   // the counts-in step.
   void privs_out(SlotState& s);
+  // While slot z's COUNTS are still coming (kDCountsIn): posts the OVER write of every remote rank
+  // whose PRIV is out and whose overflow offset is known already (ProxyOptions::over_early).
+  // Returns whether it posted any.
+  bool post_overflow_early(int z, SlotState& s, uint32_t e);
   void stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges);  // starts copies
   // Polls them (counts bytes and time when done; true at once without staging). Past the timeout
   // while our kernel of `op` (the receive half that spins behind the copy) waits for epoch e,

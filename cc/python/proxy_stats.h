@@ -1,7 +1,7 @@
 // A proxy thread's counters as the Python dict both bindings return (cuda inter-node path, host
 // backend's proxied mode): dispatches, combines, dispatches_landed, combines_landed, polls, sleeps, woken,
 // sleeps_under_way, counts_to_landed_ns, comb_to_landed_ns, staged_bytes, staging_ns, cpu, flag_path, row_path, pipeline, priv_early,
-// counts_to_priv_ns, recv_early, staged_early, comb_staged_early, write_pieces, comb_pieces, row_bytes_to,
+// over_early, counts_to_priv_ns, recv_early, staged_early, comb_staged_early, write_pieces, comb_pieces, row_bytes_to,
 // comb_bytes_to (lists, one entry per rank), and per op (host backend's proxied mode) call_ns_<op>, wait_ns_<op>.
 #pragma once
 
@@ -35,6 +35,7 @@ inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
   d["row_path"] = s.row_path;
   d["pipeline"] = s.pipeline;
   d["priv_early"] = s.priv_early;
+  d["over_early"] = s.over_early;
   d["counts_to_priv_ns"] = s.counts_to_priv_ns;
   d["recv_early"] = s.recv_early;
   d["staged_early"] = s.staged_early;
