@@ -84,9 +84,8 @@ VARS = (
     Var("PROXY_SPIN_US", "float", "20", "cc/proxy/proxy.cc", "proxy: keep polling this long after progress",
         _NATIVE),
     Var("PROXY_PIPELINE", "peer|priv|off", "peer", "cc/proxy/proxy.cc",
-        "proxy: `peer` writes each peer's rows once the packer published them (still one write per peer), "
-        "each OVER write once its offset is known (before every COUNTS), and lets a receiver unpack per source; "
-        "`priv` the same with OVER after every COUNTS; `off` writes all peers after the whole pack (series)",
+        "proxy: `peer` writes each peer's rows once packed, each OVER once its offset is known, and lets a "
+        "receiver unpack per source; `priv`: OVER after every COUNTS; `off`: all after the whole pack",
         _NATIVE),
     Var("PROXY_MAX_SLEEP_US", "float", "100", "cc/proxy/proxy.cc", "proxy: longest sleep in the first idle_ms",
         _NATIVE),
