@@ -253,13 +253,33 @@ def test_layers_children_get_their_own_cmdbuf():
     assert layers.without_option(["--cmdbuf=on,off", "--quick"], "--cmdbuf") == ["--quick"]
 
 
+def in_threads(n, fn, timeout_s=60.0):
+    """{r: fn(r)} for r in range(n), each in its own thread (the timing loops release the GIL and
+    wait for each other); fails naming the ranks whose call raised or did not return in time."""
+    import threading
+    out, errors = {}, []
+
+    def one(r):
+        try:
+            out[r] = fn(r)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append((r, exc))
+
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    assert not errors, errors
+    assert len(out) == n, f"ranks {sorted(set(range(n)) - set(out))} did not return within {timeout_s} s"
+    return out
+
+
 def test_engine_timing_loops_take_the_library_engines():
     """benchmarks/engine.py's C++ loops live in their own module (jax_moe_a2a_bench, cc/bench) and
     take the engines, regions and groups jax_moe_a2a._C.transfer makes (nanobind shares the types
     between the two modules): every loop once between two in-process engines, a thread per rank,
     and a timeout from the loop arrives as the library's TransferTimeoutError."""
-    import threading
-
     import numpy as np
 
     import jax_moe_a2a_bench as loops
@@ -274,26 +294,17 @@ def test_engine_timing_loops_take_the_library_engines():
     regions = [e.register_array(b) for e, b in zip(engines, bufs)]
     descs = [r.descriptor() for r in regions]
     imm = lambda tag: transfer.pack_imm(tag, 0, 0)
-    seconds, errors = {}, []
 
     def rank_main(r):
-        try:
-            e = engines[r]
-            dsts = [e.remote(d) for d in descs]
-            g = e.peer_group([0, 1])
-            seconds[r] = (loops.pingpong(e, 1 - r, regions[r], dsts[1 - r], 64, 5, 1, r == 0, imm(20), 10.0),
-                          loops.stream(e, 1 - r, regions[r], dsts[1 - r], 64, 4, r == 0, imm(22), imm(23), 10.0),
-                          loops.scatter(e, g, regions[r], dsts, 64, r, 3, 1, imm(24), 10.0),
-                          loops.barrier(e, g, 3, 1, imm(25), 10.0))
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append((r, exc))
+        e = engines[r]
+        dsts = [e.remote(d) for d in descs]
+        g = e.peer_group([0, 1])
+        return (loops.pingpong(e, 1 - r, regions[r], dsts[1 - r], 64, 5, 1, r == 0, imm(20), 10.0),
+                loops.stream(e, 1 - r, regions[r], dsts[1 - r], 64, 4, r == 0, imm(22), imm(23), 10.0),
+                loops.scatter(e, g, regions[r], dsts, 64, r, 3, 1, imm(24), 10.0),
+                loops.barrier(e, g, 3, 1, imm(25), 10.0))
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    seconds = in_threads(2, rank_main)
     assert all(s > 0 for s in seconds[0]) and seconds[1][1] == 0  # the stream's receiver reports 0
     with pytest.raises(transfer.TransferTimeoutError):  # rank 1 never answers
         loops.pingpong(engines[0], 1, regions[0], engines[0].remote(descs[1]), 8, 1, 0, True, imm(26), 0.2)
@@ -307,8 +318,6 @@ def test_raw_exchange_between_threads_and_its_timeout():
     sender's block of each receiver's buffer (not checked: a timing loop), every run returns its
     seconds, runs of other sizes (zero bytes to one peer included) follow one another; a rank whose
     peer never runs times out instead of hanging; bad arguments are refused."""
-    import threading
-
     import jax_moe_a2a_bench as loops
     from jax_moe_a2a import _ffi
     if not _ffi.require_native().built_with_libfabric():
@@ -318,20 +327,7 @@ def test_raw_exchange_between_threads_and_its_timeout():
     blobs = [e.blob() for e in ex]
     for e in ex:
         e.connect(blobs)
-    seconds, errors = {}, []
-
-    def rank_main(r):
-        try:
-            seconds[r] = [ex[r].run([4096, 4096, 4096], 20, 20.0), ex[r].run([0, 1 << 16, 100], 5, 20.0)]
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append((r, exc))
-
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    seconds = in_threads(3, lambda r: [ex[r].run([4096, 4096, 4096], 20, 20.0), ex[r].run([0, 1 << 16, 100], 5, 20.0)])
     assert all(x > 0 for r in range(3) for x in seconds[r]), seconds
     with pytest.raises(transfer.TransferTimeoutError):  # ranks 1 and 2 never write back
         ex[0].run([8, 8, 8], 1, 0.2)
