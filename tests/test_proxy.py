@@ -380,7 +380,15 @@ def test_proxy_counts_the_row_bytes_it_writes_each_rank(num_ranks, mesh, node_si
             rows[s][int(e) // L] += 1
     row = -(-(spec.token_bytes() + 8) // 16) * 16
     remote = lambda s, d: not node_size or s // node_size != d // node_size
-    stats = comm.proxy_stats()
+    # A step counts once its FREE went out, which may follow the outputs by a moment; its writes
+    # were posted before.
+    deadline = time.monotonic() + 10
+    while True:
+        stats = comm.proxy_stats()
+        done = all(st["dispatches"] == 2 and st["combines"] == 2 for st in stats.values())
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     assert stats, "no proxy on this process's ranks"
     for r, st in stats.items():
         assert st["dispatches"] == 2 and st["combines"] == 2, (seed, r, st)
