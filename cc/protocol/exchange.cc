@@ -61,6 +61,14 @@ std::vector<int> Arrivals::missing() const {
   return out;
 }
 
+uint64_t Arrivals::missing_mask() const {
+  uint64_t m = 0;
+  for (const Part& p : parts)
+    for (size_t i = 0; i < p.ranks.size(); ++i)
+      if (!p.seen[i]) m |= 1ull << p.ranks[i];
+  return m;
+}
+
 void Arrivals::keep_only(const std::vector<uint8_t>& keep) {
   for (Part& p : parts) {
     std::vector<int> ranks;

@@ -108,6 +108,9 @@ struct Arrivals {
   };
   std::vector<Part> parts;
   std::vector<int> missing() const;  // ranks not yet seen in some part, ascending, unique
+  // The same as bits (bit r: rank r not yet seen in some part; ranks < 64, as the proxy's masks),
+  // without allocating: the proxy asks it on every poll while a step waits.
+  uint64_t missing_mask() const;
   // Drops the ranks r with !keep[r] from every part (elastic EP: the ranks a slot's mask leaves
   // out now; Exchange::live).
   void keep_only(const std::vector<uint8_t>& keep);

@@ -256,27 +256,33 @@ bool Proxy::staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e) {
   return true;
 }
 
+bool Proxy::rows_packed_for(const SlotCtrl& c, uint32_t e, int d, bool all) const {
+  return all || (o_.pipeline && load_acquire(&c.d_packed_to[d]) >= uint64_t(e) + 1);
+}
+
+void Proxy::post_priv(int z, SlotState& s, uint32_t e, int d, bool early) {
+  timeline_.mark(Mark::kDPrivPost, z, e, d);
+  ex_.post_private_to(z, e, d);
+  timeline_.mark(Mark::kDPrivPosted, z, e, d);
+  s.priv_posted |= 1ull << d;
+  if (early) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.priv_early;
+  }
+}
+
 bool Proxy::post_packed(int z, SlotState& s, uint32_t e, bool* moved) {
-  SlotCtrl& c = ctrl_->slot[z];
+  const SlotCtrl& c = ctrl_->slot[z];
   const bool all = load_acquire(&c.d_packed) >= uint64_t(e) + 1;
   bool done = true;
-  int early = 0;
   for (int d : ex_.remote_ranks()) {
     if (s.priv_posted >> d & 1) continue;
-    if (!all && load_acquire(&c.d_packed_to[d]) < uint64_t(e) + 1) {
+    if (!rows_packed_for(c, e, d, all)) {
       done = false;
       continue;
     }
-    timeline_.mark(Mark::kDPrivPost, z, e, d);
-    ex_.post_private_to(z, e, d);
-    timeline_.mark(Mark::kDPrivPosted, z, e, d);
-    s.priv_posted |= 1ull << d;
-    early += !all;
+    post_priv(z, s, e, d, !all);
     *moved = true;
-  }
-  if (early) {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.priv_early += early;
   }
   return done;
 }
@@ -295,8 +301,7 @@ bool Proxy::post_overflow_early(int z, SlotState& s, uint32_t e) {
   for (int d : ex_.remote_ranks())
     if ((s.priv_posted >> d & 1) && !(s.over_posted >> d & 1)) want |= 1ull << d;
   if (!want) return false;
-  uint64_t missing = 0;
-  for (int r : s.d_wait.missing()) missing |= 1ull << r;
+  const uint64_t missing = s.d_wait.missing_mask();
   int posted = 0;
   for (int d : ex_.remote_ranks()) {
     if (!(want >> d & 1) || !ex_.overflow_offset_known(z, d, missing)) continue;
@@ -333,9 +338,8 @@ void Proxy::SlotState::next_combine() {
 }
 
 void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint64_t* flags, uint32_t e, bool all) {
-  uint64_t pending = 0;  // bit r: not yet seen in some part of the wait (PRIV and OVER rows; one part per tp member)
-  if (!all)
-    for (int r : wait.missing()) pending |= 1ull << r;
+  // bit r: not yet seen in some part of the wait (PRIV and OVER rows; one part per tp member)
+  const uint64_t pending = all ? 0 : wait.missing_mask();
   for (int r : ex_.remote_ranks()) {
     if ((raised | pending) >> r & 1) continue;
     store_release(&flags[r], uint64_t(e) + 1);
@@ -344,47 +348,31 @@ void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint6
 }
 
 bool Proxy::stage_sends(int z, SlotState& s, uint32_t e, bool* moved) {
-  SlotCtrl& c = ctrl_->slot[z];
+  const SlotCtrl& c = ctrl_->slot[z];
   const bool all = load_acquire(&c.d_packed) >= uint64_t(e) + 1;
-  int early = 0;
-  auto post = [&](int d) {
-    timeline_.mark(Mark::kDPrivPost, z, e, d);
-    ex_.post_private_to(z, e, d);
-    timeline_.mark(Mark::kDPrivPosted, z, e, d);
-    s.priv_posted |= 1ull << d;
-    early += !all;
-    *moved = true;
-  };
-  auto count_early = [&] {
-    if (!early) return;
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.priv_early += early;
-  };
   if (s.dst_copying >= 0) {  // one copy at a time (RowStaging)
     if (!staged(z, s, RowBuffer::kDSend, kDispatchRecv, e)) return false;  // our recv kernel spins behind it
-    const int d = s.dst_copying;
+    post_priv(z, s, e, s.dst_copying, !all);
     s.dst_copying = -1;
-    post(d);
+    *moved = true;
   }
   bool done = true;
   for (int d : ex_.remote_ranks()) {
     if (s.priv_posted >> d & 1) continue;
-    if (!all && !(o_.pipeline && load_acquire(&c.d_packed_to[d]) >= uint64_t(e) + 1)) {
+    if (!rows_packed_for(c, e, d, all)) {
       done = false;
       continue;
     }
+    *moved = true;
     std::vector<protocol::ByteRange> ranges = ex_.send_rows_to(z, d);
     if (ranges.empty()) {  // nothing to copy: the PRIV write carries the immediate alone
-      post(d);
+      post_priv(z, s, e, d, !all);
       continue;
     }
     stage(z, s, RowBuffer::kDSend, ranges);
     s.dst_copying = d;
-    *moved = true;
-    count_early();
     return false;
   }
-  count_early();
   return done;
 }
 
@@ -441,8 +429,7 @@ bool Proxy::stage_by_source(int z, SlotState& s, uint32_t e, RowBuffer b, int op
     rc.copying = -1;
     *moved = true;
   }
-  uint64_t missing = 0;  // bit r: some of r's writes not yet here
-  for (int r : wait.missing()) missing |= 1ull << r;
+  const uint64_t missing = wait.missing_mask();  // bit r: some of r's writes not yet here
   for (int r : ex_.remote_ranks()) {
     if ((rc.done | missing) >> r & 1) continue;
     const std::vector<protocol::ByteRange> ranges = ranges_of(r);

@@ -271,6 +271,12 @@ class Proxy {
   // Posts PRIV to each remote peer whose rows are packed (every one once d_packed is up). True
   // when every remote peer's write is posted; *moved: whether one went out now.
   bool post_packed(int z, SlotState& s, uint32_t e, bool* moved);
+  // Whether destination d's rows of epoch e are packed: every destination's once d_packed is up
+  // (`all`), d's alone under `peer` once its d_packed_to is.
+  bool rows_packed_for(const SlotCtrl& c, uint32_t e, int d, bool all) const;
+  // Posts our PRIV write of epoch e to d (timeline marks, priv_posted); `early`: before the whole
+  // pack was done (counted in priv_early).
+  void post_priv(int z, SlotState& s, uint32_t e, int d, bool early);
   // Every PRIV write of the dispatch is posted (pipelined or not): counts_to_priv_ns, then on to
   // the counts-in step.
   void privs_out(SlotState& s);
