@@ -86,9 +86,6 @@ A2A_CPU_CLONES void store_bf16(uint16_t* __restrict out, const float* __restrict
 A2A_CPU_CLONES void store_any(void* out, int64_t off, ElemKind kind, const float* __restrict acc, int H) {
   for (int h = 0; h < H; ++h) store_elem(out, off + h, kind, acc[h]);
 }
-A2A_CPU_CLONES void add_any(float* __restrict acc, const void* in, int64_t off, ElemKind kind, int H) {
-  for (int h = 0; h < H; ++h) acc[h] += load_elem(in, off + h, kind);
-}
 
 }  // namespace
 
@@ -100,7 +97,9 @@ void accumulate_row(float* acc, const uint8_t* row, ElemKind kind, int H, float 
   }
 }
 
-void add_row(float* acc, const void* in, int64_t off, ElemKind kind, int H) { add_any(acc, in, off, kind, H); }
+A2A_CPU_CLONES void add_row(float* acc, const void* in, int64_t off, ElemKind kind, int H) {
+  for (int h = 0; h < H; ++h) acc[h] += load_elem(in, off + h, kind);
+}
 
 void store_row(void* out, int64_t off, ElemKind kind, const float* acc, int H) {
   if (kind == ElemKind::kBF16) return store_bf16(static_cast<uint16_t*>(out) + off, acc, H);
