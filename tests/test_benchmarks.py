@@ -316,8 +316,9 @@ def test_raw_exchange_between_threads_and_its_timeout():
     """jax_moe_a2a_bench.RawExchange (cc/bench/raw_exchange.h): three raw endpoints in one process
     (shm), a thread per rank, every rank writing every other rank at once: the bytes land in the
     sender's block of each receiver's buffer (not checked: a timing loop), every run returns its
-    seconds, runs of other sizes (zero bytes to one peer included) follow one another; a rank whose
-    peer never runs times out instead of hanging; bad arguments are refused."""
+    seconds, runs of other sizes (zero bytes to one peer included) follow one another; two ranks
+    whose third peer never writes both time out instead of hanging or returning with one message;
+    bad arguments are refused."""
     import jax_moe_a2a_bench as loops
     from jax_moe_a2a import _ffi
     if not _ffi.require_native().built_with_libfabric():
@@ -329,8 +330,10 @@ def test_raw_exchange_between_threads_and_its_timeout():
         e.connect(blobs)
     seconds = in_threads(3, lambda r: [ex[r].run([4096, 4096, 4096], 20, 20.0), ex[r].run([0, 1 << 16, 100], 5, 20.0)])
     assert all(x > 0 for r in range(3) for x in seconds[r]), seconds
-    with pytest.raises(transfer.TransferTimeoutError):  # ranks 1 and 2 never write back
-        ex[0].run([8, 8, 8], 1, 0.2)
+    # Ranks 0 and 1 exchange, rank 2 never writes: each of the two got one of its two messages and
+    # must time out (an exchange waits for every peer, not for any one).
+    timeouts = in_threads(2, lambda r: pytest.raises(transfer.TransferTimeoutError, ex[r].run, [8, 8, 8], 1, 0.5))
+    assert all("did not come" in str(t.value) for t in timeouts.values()), timeouts
     with pytest.raises(ValueError):
         ex[0].run([1 << 17, 8, 8], 1, 1.0)  # past max_size
     with pytest.raises(ValueError):
@@ -340,22 +343,20 @@ def test_raw_exchange_between_threads_and_its_timeout():
 
 
 def test_raw_exchange_sizes_from_proxy_stats():
-    """benchlib.raw_exchange.sizes_per_step: two proxy_stats snapshots -> the bytes one step wrote each
-    peer (the average over the steps between them), the rank itself left out, an op without steps
-    left out; describe() names each op and the sum."""
+    """benchlib.raw_exchange.sizes_per_step: two proxy_stats snapshots and the steps between them ->
+    the bytes one step wrote each peer (the average), the rank itself left out; no steps, no sizes;
+    describe() names each op and the sum."""
     from benchlib import raw_exchange
-    before = {0: {"dispatches": 2, "combines": 2, "row_bytes_to": [5, 100, 0], "comb_bytes_to": [0, 7, 7]},
-              1: {"dispatches": 0, "combines": 0, "row_bytes_to": [0, 0, 0], "comb_bytes_to": [0, 0, 0]}}
-    after = {0: {"dispatches": 6, "combines": 2, "row_bytes_to": [45, 500, 800], "comb_bytes_to": [0, 7, 7]},
-             1: {"dispatches": 4, "combines": 4, "row_bytes_to": [400, 40, 4], "comb_bytes_to": [8, 0, 12]}}
-    got = raw_exchange.sizes_per_step(before, after)
-    assert got == {0: {"dispatch": [0, 100, 200]},
-                   1: {"dispatch": [100, 0, 1], "combine": [2, 0, 3]}}
+    before = {0: {"row_bytes_to": [5, 100, 0], "comb_bytes_to": [0, 7, 7]},
+              1: {"row_bytes_to": [0, 0, 0], "comb_bytes_to": [0, 0, 0]}}
+    after = {0: {"row_bytes_to": [45, 500, 800], "comb_bytes_to": [0, 7, 15]},
+             1: {"row_bytes_to": [400, 40, 4], "comb_bytes_to": [8, 0, 12]}}
+    assert raw_exchange.sizes_per_step(before, after, 4) == {
+        0: {"dispatch": [0, 100, 200], "combine": [0, 0, 2]}, 1: {"dispatch": [100, 0, 1], "combine": [2, 0, 3]}}
+    assert raw_exchange.sizes_per_step(before, after, 0) == {}
     line = raw_exchange.describe({"dispatch": {"p50_us": 10.0, "min_us": 9.0, "max_us": 12.0, "bytes_max": 2_000_000},
                                   "combine": {"p50_us": 20.0, "min_us": 19.0, "max_us": 25.0, "bytes_max": 4_000_000}})
     assert "dispatch 10.0 [9.0, 12.0] µs (2.00 MB)" in line and "sum 30.0 µs" in line
-    assert raw_exchange.sizes_per_step(before, after, steps=4) == {
-        0: {"dispatch": [0, 100, 200], "combine": [0, 0, 0]}, 1: {"dispatch": [100, 0, 1], "combine": [2, 0, 3]}}
     assert "none" in raw_exchange.describe(None)
 
 

@@ -8,9 +8,9 @@ direction; an exchange moves every rank's messages in every direction at once, w
 provider's CPU copies) and over one NIC (its bandwidth) costs more than one message alone.
 
 Sizes come from what the proxy really wrote (proxy_stats' row_bytes_to / comb_bytes_to, per
-destination rank, summed over steps): `sizes_per_step` turns two snapshots into the average bytes
-one step wrote each peer. Rows a rank writes itself (the host backend with node_size 0 routes those
-through its engine too) are left out: they cross no wire.
+destination rank, summed over steps): `sizes_per_step` turns two snapshots and the steps between
+them into the average bytes one step wrote each peer. Rows a rank writes itself (the host backend
+with node_size 0 routes those through its engine too) are left out: they cross no wire.
 """
 
 from __future__ import annotations
@@ -22,30 +22,25 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-# proxy_stats key with the bytes per destination, and the key counting the steps, per op
-_KEYS = {"dispatch": ("row_bytes_to", "dispatches"), "combine": ("comb_bytes_to", "combines")}
+# proxy_stats' key with the bytes per destination, per op
+_KEYS = {"dispatch": "row_bytes_to", "combine": "comb_bytes_to"}
 
 
-def sizes_per_step(before: dict, after: dict, steps: Optional[int] = None) -> Dict[int, Dict[str, List[int]]]:
-    """Two comm.proxy_stats() snapshots ({rank: dict}) -> {rank: {op: [N] bytes one step wrote each
-    rank}} (the average over the steps between them, whole bytes; 0 for the rank itself). steps:
-    the dispatches (and combines) the caller ran between the snapshots; None counts them from the
-    proxy's dispatches / combines, which count a step when its FREE went out and so may lag the
-    last one. Ranks keyed (group, rank) on meshes with several EP groups keep their keys. An op
-    without steps is left out."""
+def sizes_per_step(before: dict, after: dict, steps: int) -> Dict[int, Dict[str, List[int]]]:
+    """Two comm.proxy_stats() snapshots ({rank: dict}) and the dispatches (and combines) the caller
+    ran between them -> {rank: {op: [N] bytes one step wrote each rank}} (the average, whole bytes;
+    0 for the rank itself). The caller counts the steps: the proxy's own dispatches / combines
+    count a step once its FREE went out, which may lag the last one. Ranks keyed (group, rank) on
+    meshes with several EP groups keep their keys. Empty when steps <= 0."""
+    if steps <= 0:
+        return {}
     out = {}
     for r, a in after.items():
         b = before.get(r, {})
         me = r[-1] if isinstance(r, tuple) else r
-        per = {}
-        for op, (key, steps_key) in _KEYS.items():
-            n = steps if steps is not None else a.get(steps_key, 0) - b.get(steps_key, 0)
-            if n <= 0 or key not in a:
-                continue
-            now, then = a[key], b.get(key, [0] * len(a[key]))
-            per[op] = [0 if d == me else int(round((x - y) / n)) for d, (x, y) in enumerate(zip(now, then))]
-        if per:
-            out[r] = per
+        out[r] = {op: [0 if d == me else int(round((x - y) / steps))
+                       for d, (x, y) in enumerate(zip(a[key], b.get(key, [0] * len(a[key]))))]
+                  for op, key in _KEYS.items()}
     return out
 
 
@@ -61,9 +56,9 @@ def measure(sizes: Dict[int, Dict[str, List[int]]], provider: Optional[str] = No
     import jax_moe_a2a_bench as loops
 
     from . import timing
-    ranks = sorted(sizes, key=lambda r: r[-1] if isinstance(r, tuple) else r)
-    if any(isinstance(r, tuple) for r in ranks):
+    if any(isinstance(r, tuple) for r in sizes):
         raise ValueError("raw exchange: one EP group only (proxy_stats keyed by (group, rank))")
+    ranks = sorted(sizes)
     ops = [op for op in _KEYS if all(op in sizes[r] for r in ranks)]
     all_ops = timing.gather(ops, "raw_exchange_ops")
     ops = [op for op in ops if all(op in o for o in all_ops)]
