@@ -1,9 +1,10 @@
 """The proxy's pipelining (JAX_MOE_A2A_PROXY_PIPELINE, cc/proxy/proxy.h), tested on CPUs through the
 host backend's proxied mode. `peer` (the default): the packer raises d_packed_to[d] after each
 destination's rows and the proxy posts that peer's PRIV write at once (still one write per peer),
-each OVER write as soon as its offset is known (`priv`: after every COUNTS), and raises d_placed then d_landed_from[src] per source so that dispatch_recv unpacks each source's
-rows while the rest are in flight. `off`: the series behaviour (every write after d_packed, the
-receiver after d_landed). Both against the NumPy oracle (outputs poisoned), with several slots in
+each OVER write as soon as its offset is known, and raises d_placed then d_landed_from[src] per
+source so that dispatch_recv unpacks each source's rows while the rest are in flight. `priv`: the
+same with every OVER write after every COUNTS. `off`: the series behaviour (every write after
+d_packed, the receiver after d_landed). All against the NumPy oracle (outputs poisoned), with several slots in
 flight, under row staging and the GDRCopy-style flag mirror (which keep the receiver on d_landed);
 the proxies' counters show that `peer` posts before the whole pack and unpacks before the last
 source landed, and that `off` does neither.
