@@ -75,7 +75,7 @@ def test_pipeline_posts_before_the_whole_pack(staged, monkeypatch, mesh, num_ran
     makes it certain but for a proxy thread not scheduled for 20 ms, 3 times over), and the results
     still match the oracle. Every process runs the same steps (a collective). Under row staging
     (JAX_MOE_A2A_HOST_STAGED) each destination's rows are copied once packed and its PRIV posted
-    while the next destination is packed and copied (Proxy::stage_sends)."""
+    while the next destination is packed and copied (Proxy::post_sends)."""
     import numpy as np
     from jax.experimental import multihost_utils
 

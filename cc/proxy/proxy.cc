@@ -271,22 +271,6 @@ void Proxy::post_priv(int z, SlotState& s, uint32_t e, int d, bool early) {
   }
 }
 
-bool Proxy::post_packed(int z, SlotState& s, uint32_t e, bool* moved) {
-  const SlotCtrl& c = ctrl_->slot[z];
-  const bool all = load_acquire(&c.d_packed) >= uint64_t(e) + 1;
-  bool done = true;
-  for (int d : ex_.remote_ranks()) {
-    if (s.priv_posted >> d & 1) continue;
-    if (!rows_packed_for(c, e, d, all)) {
-      done = false;
-      continue;
-    }
-    post_priv(z, s, e, d, !all);
-    *moved = true;
-  }
-  return done;
-}
-
 void Proxy::privs_out(SlotState& s) {
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -347,7 +331,7 @@ void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint6
   }
 }
 
-bool Proxy::stage_sends(int z, SlotState& s, uint32_t e, bool* moved) {
+bool Proxy::post_sends(int z, SlotState& s, uint32_t e, bool* moved) {
   const SlotCtrl& c = ctrl_->slot[z];
   const bool all = load_acquire(&c.d_packed) >= uint64_t(e) + 1;
   if (s.dst_copying >= 0) {  // one copy at a time (RowStaging)
@@ -364,14 +348,15 @@ bool Proxy::stage_sends(int z, SlotState& s, uint32_t e, bool* moved) {
       continue;
     }
     *moved = true;
-    std::vector<protocol::ByteRange> ranges = ex_.send_rows_to(z, d);
-    if (ranges.empty()) {  // nothing to copy: the PRIV write carries the immediate alone
-      post_priv(z, s, e, d, !all);
-      continue;
+    if (staging_) {  // the rows copied first (none to copy: the PRIV write carries the immediate alone)
+      std::vector<protocol::ByteRange> ranges = ex_.send_rows_to(z, d);
+      if (!ranges.empty()) {
+        stage(z, s, RowBuffer::kDSend, ranges);
+        s.dst_copying = d;
+        return false;
+      }
     }
-    stage(z, s, RowBuffer::kDSend, ranges);
-    s.dst_copying = d;
-    return false;
+    post_priv(z, s, e, d, !all);
   }
   return done;
 }
@@ -583,7 +568,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       cur_op_ = kDispatchSend;
       if (o_.pipeline && !staging_) {  // each peer's write as soon as its rows are packed
         bool moved = false;
-        if (!post_packed(z, s, e, &moved)) return moved;
+        if (!post_sends(z, s, e, &moved)) return moved;
         privs_out(s);
         return true;
       }
@@ -594,7 +579,7 @@ bool Proxy::step_dispatch(int z, SlotState& s) {
       cur_op_ = kDispatchSend;
       if (staging_) {  // every row of a destination (PRIV and OVER: OVER goes out from there later)
         bool moved = false;
-        if (!stage_sends(z, s, e, &moved)) return moved;
+        if (!post_sends(z, s, e, &moved)) return moved;
         privs_out(s);
         return true;
       }

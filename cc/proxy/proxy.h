@@ -227,14 +227,14 @@ class Proxy {
   // stage_by_source for the dispatch's landed PRIV / OVER rows and the combine's landed COMB rows.
   bool stage_landed(int z, SlotState& s, uint32_t e, bool* moved);
   bool stage_comb_landed(int z, SlotState& s, uint32_t e, bool* moved);
-  // Row staging of the send rows, destination by destination: each destination's rows copied to
-  // the registered buffer (once packed: d_packed, or under `peer` its d_packed_to), then its PRIV
-  // write posted while the next destination's copy runs. True once every remote destination's PRIV
-  // is posted (its OVER rows, copied with it, go out later). Never blocks.
-  bool stage_sends(int z, SlotState& s, uint32_t e, bool* moved);
-  // The same for the combine: each remote rank's COMB rows copied, then posted while the next
-  // rank's copy runs (true once every COMB is posted); the landed COMB rows copied rank by rank
-  // as each rank's rows are all here (true once every remote rank's are copied).
+  // Posts PRIV to each remote destination whose rows are packed (every one once d_packed is up,
+  // d's alone under `peer` once its d_packed_to is). Under row staging each destination's rows are
+  // copied to the registered buffer first and its PRIV posted while the next destination's copy
+  // runs (its OVER rows, copied with it, go out later). True once every remote destination's PRIV
+  // is posted; *moved: whether a write went out or a copy started or ended. Never blocks.
+  bool post_sends(int z, SlotState& s, uint32_t e, bool* moved);
+  // Row staging's sends of the combine: each remote rank's COMB rows copied (once per tp group),
+  // then posted while the next rank's copy runs. True once every COMB is posted. Never blocks.
   bool stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved);
   bool step_combine(int z, SlotState& s);
   // Whether the kernel of `op` waits for epoch e; starts / checks its clock. Throws on timeout.
@@ -268,9 +268,6 @@ class Proxy {
   // c_landed_from of a combine's) for the remote ranks whose rows all arrived in `wait` (every
   // remote rank when `all`), once each per epoch: bit r of `raised` records it.
   void raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint64_t* flags, uint32_t e, bool all);
-  // Posts PRIV to each remote peer whose rows are packed (every one once d_packed is up). True
-  // when every remote peer's write is posted; *moved: whether one went out now.
-  bool post_packed(int z, SlotState& s, uint32_t e, bool* moved);
   // Whether destination d's rows of epoch e are packed: every destination's once d_packed is up
   // (`all`), d's alone under `peer` once its d_packed_to is.
   bool rows_packed_for(const SlotCtrl& c, uint32_t e, int d, bool all) const;
