@@ -868,6 +868,25 @@ int main(int argc, char** argv) {
     ok = check_swiglu({"swiglu-expert-major-L40", 40, 50, 512, 384, true, false, sizes_of("expert-major-L40")}, gen, true, 64) && ok;
     ok = check_swiglu({"swiglu-one-hot-L8", 8, 1024, 4096, 7168, false, false, sizes_of("one-hot-L8")}, gen, true, 160) && ok;
   }
+  if (what == "prefill") {
+    // Issue 31, prefill: the row-major kernel's 128 x 128 tile (both math warpgroups read the whole
+    // weight tile from shared memory: ~160 B a cycle at the tensor peak against the SM's 128, so at
+    // most ~80 % of it) against the swap-AB kernel's 128 weight rows x kTok tokens (at kTok 160 ~147 B
+    // a cycle), alone and in CTA pairs (x multicast); its sampled check at this shape first.
+    Case pre{"prefill-L32-sampled", 32, 32768, 4096, 7168, false, false, uniform_sizes(32, 32768, gen)};
+    for (int cluster : {1, 2}) ok = check(pre, gen, 61, true, 160, cluster) && ok;
+    const Case gu{"prefill-L32-gate+up", 32, 32768, 4096, 7168, false, false, uniform_sizes(32, 32768, gen)};
+    const Case dn{"prefill-L32-down", 32, 32768, 7168, 2048, false, false, uniform_sizes(32, 32768, gen)};
+    for (const Case& c : {gu, dn}) {
+      if (c.name.find(only) == std::string::npos) continue;
+      for (int round = 0; round < 2; ++round) {
+        time_case(c, gen, 10, false);
+        for (int swap : {128, 160})
+          for (int cluster : {1, 2}) time_case(c, gen, 10, true, false, swap, cluster);
+        if (c.name.find("gate+up") != std::string::npos) time_case(c, gen, 10, true, true, 160);  // + its SwiGLU
+      }
+    }
+  }
   if (what == "pairgap") pair_gap(gen, 20);
   if (what == "swiglugap") swiglu_gap(gen, 20);
   if (what == "fused") {

@@ -332,11 +332,15 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
                 f"-p{jax.process_index()}").replace(":", "_").replace(",", "_").replace("/", "")
         keep = os.path.join(args.out, "traces", name) if args.out else None
         device = trace.device_profile(one_step, steps=3, per=args.layers, keep_dir=keep)
-    raw = None
+    raw = counters = None
     if raw_wire:  # the same bytes per layer as the proxies wrote them over the timed steps
         timing.barrier("raw_wire")  # every rank's outputs done: every write of the timed steps posted
         ops = len(per_layer) * args.steps * args.layers  # dispatches (and combines) timed
-        raw = raw_exchange.measure(raw_exchange.sizes_per_step(stats_before, comm.proxy_stats(), ops))
+        stats_after = comm.proxy_stats()
+        raw = raw_exchange.measure(raw_exchange.sizes_per_step(stats_before, stats_after, ops))
+        # this process's proxies over the timed steps: how the rows went (pieces, staging copies)
+        counters = {k: sum(stats_after[r][k] - stats_before[r][k] for r in stats_after) / ops
+                    for k in ("write_pieces", "pieces_behind_copy", "staged_bytes", "staging_ns")}
     arr = timing.max_over_processes(per_layer, "layer") * 1e6
     # the stream after the last timed step, this process's shards: rows that are not finite route
     # wherever top_k puts NaN, so a timing over them says nothing (the finished line warns)
@@ -349,9 +353,16 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
     host = float(np.percentile(np.asarray(enqueued) * 1e6, 50))
     return {"per_layer_us": {"p50": p50, "min": float(arr.min()), "max": float(arr.max()), "samples": arr.tolist()},
             "enqueue_us_per_layer": host, "device": device, "board": board.summary(),
-            "experts_reached_per_layer": reached, "raw_exchange": raw,
+            "experts_reached_per_layer": reached, "raw_exchange": raw, "proxy_per_layer": counters,
             "GBps": (moved / (p50 * 1e3)) if (p50 and not plain) else None, "finite": finite,
             "buffer_bytes_per_rank": None if plain else comm.buffer_bytes()}
+
+
+def describe_counters(c: dict) -> str:
+    """One line: this process's proxies per layer (dispatch + combine), summed over its ranks."""
+    return (f"proxy per layer (this process): {c['write_pieces']:.1f} extra PRIV/OVER pieces, "
+            f"{c['pieces_behind_copy']:.1f} posted behind a copy, {c['staged_bytes'] / 1e6:.2f} MB staged "
+            f"in {c['staging_ns'] / 1e3:.1f} µs of copies")
 
 
 def run(jax, args, progress_label=""):
@@ -444,6 +455,8 @@ def run(jax, args, progress_label=""):
                                        + (f"; {gpu_clock.describe(rec['board'])}" if rec.get("board") else "")
                                        + (f"; {raw_exchange.describe(rec['raw_exchange'])}"
                                           if rec.get("raw_exchange") else "")
+                                       + (f"; {describe_counters(rec['proxy_per_layer'])}"
+                                          if rec.get("proxy_per_layer") else "")
                                        + ("; WARNING: the layers' output is not finite, the timing is not a "
                                           "model's" if rec.get("finite") is False else "")
                                        + (f"; the routing reaches {rec['experts_reached_per_layer']} of "

@@ -306,19 +306,27 @@ def check_split_writes(comm, spec, num_ranks, proxied, split=("write_pieces",)):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("priv", [0, 1, None], ids=["over-only", "priv1", "priv-full"])
-@pytest.mark.parametrize("proxied_path", [True, False], ids=["proxied", "engine"])
-def test_rows_written_in_pieces(num_ranks, mesh, monkeypatch, priv, proxied_path):
+@pytest.mark.parametrize("path", ["proxied", "staged", "engine"])
+def test_rows_written_in_pieces(num_ranks, mesh, monkeypatch, priv, path):
     """JAX_MOE_A2A_WRITE_CHUNK_KIB splits each PRIV and OVER write into pieces (cc/protocol/
     exchange.cc write_pieces) that the receiver counts from the sources' count matrices: three
     steps (random, skewed, one hot expert) against the oracle, outputs poisoned, with rows of ~100
     bytes in 256-byte pieces, so most writes are several pieces and some exactly one; through the
-    proxy and through the host backend's own engine path. With the proxy its counter says the
-    writes were split (else this would test one write per peer again)."""
+    proxy, through the proxy with row staging (JAX_MOE_A2A_HOST_STAGED: each PRIV piece's rows
+    copied, then the piece posted while the next piece's copy runs, the last copy with the OVER
+    rows: Proxy::stage_priv_pieces), and through the host backend's own engine path. With the
+    proxy its counters say the writes were split (else this would test one write per peer again),
+    and with staging that pieces went out while later pieces were still being copied."""
     monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "0.25")  # read when the exchange is created
+    if path == "staged":
+        monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
     spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10,
                     dispatch_dtype=FP8, scale_block=32)
-    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=proxied_path, max_private_tokens=priv, timeout_s=60.0)
-    check_split_writes(comm, spec, num_ranks, proxied_path)
+    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=path != "engine", max_private_tokens=priv,
+                    timeout_s=60.0)
+    # PRIV in several pieces: all rows private (priv 1: one row, one piece)
+    split = ("write_pieces", "pieces_behind_copy") if path == "staged" and priv is None else ("write_pieces",)
+    check_split_writes(comm, spec, num_ranks, path != "engine", split=split)
 
 
 @pytest.mark.mpi

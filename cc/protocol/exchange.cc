@@ -331,12 +331,27 @@ void Exchange::post_private(int z, uint32_t e) {
   for (int d : remote_) post_private_to(z, e, d);
 }
 
+ByteRange Exchange::private_write(int z, int d) const {
+  return {int64_t(d) * lay_.P * lay_.row, priv_rows(rows_we_send(z, d)) * lay_.row};
+}
+
 void Exchange::post_private_to(int z, uint32_t e, int d) {
-  if (!alive(z, d) || !remote(rank_, d)) return;
-  const int64_t rows = priv_rows(rows_we_send(z, d));
-  write_pieces(d, *regions_[z].d_send, int64_t(d) * lay_.P * lay_.row, rows * lay_.row,
-               rows ? &regions_[z].d_recv_peer[d] : nullptr, int64_t(rank_) * lay_.priv * lay_.row,
-               imm(tag_of(kPriv, z), e));
+  const int n = private_pieces(z, d);
+  for (int i = 0; i < n; ++i) post_private_piece(z, e, d, i);
+}
+
+int Exchange::private_pieces(int z, int d) const {
+  if (!alive(z, d) || !remote(rank_, d)) return 0;
+  return pieces(private_write(z, d).len);
+}
+
+void Exchange::post_private_piece(int z, uint32_t e, int d, int i) {
+  const int n = private_pieces(z, d);
+  if (i < 0 || i >= n)
+    throw std::logic_error(format("post_private_piece: piece %d of %d (rank %d)", i, n, d));
+  const ByteRange w = private_write(z, d);
+  write_piece(d, *regions_[z].d_send, w.off, w.len, w.len ? &regions_[z].d_recv_peer[d] : nullptr,
+              int64_t(rank_) * lay_.priv * lay_.row, imm(tag_of(kPriv, z), e), n, i, rows_w_);
 }
 
 int Exchange::pieces(int64_t bytes) const {
@@ -345,22 +360,30 @@ int Exchange::pieces(int64_t bytes) const {
   return n;
 }
 
+ByteRange Exchange::piece_of(int64_t bytes, int n, int i) {
+  const int64_t each = (bytes + n - 1) / n;
+  const int64_t at = std::min(bytes, i * each);
+  return {at, std::min(each, bytes - at)};
+}
+
 void Exchange::write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
                             const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t im, int n,
                             WriteCounts& counts) {
-  counts.bytes[d].fetch_add(uint64_t(bytes), std::memory_order_relaxed);
+  for (int i = 0; i < std::max(n, 1); ++i) write_piece(d, src, src_off, bytes, dst, dst_off, im, n, i, counts);
+}
+
+void Exchange::write_piece(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
+                           const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t im, int n, int i,
+                           WriteCounts& counts) {
   if (n <= 1) {  // one write: the peer's own rail
+    counts.bytes[d].fetch_add(uint64_t(bytes), std::memory_order_relaxed);
     engine_->write(d, src, src_off, bytes, dst, dst_off, im);
     return;
   }
-  counts.extra.fetch_add(n - 1, std::memory_order_relaxed);
-  // Equal pieces (the last one shorter; empty ones carry only the immediate).
-  const int64_t each = (bytes + n - 1) / n;
-  for (int i = 0; i < n; ++i) {
-    const int64_t at = std::min(bytes, i * each);
-    const int64_t len = std::min(each, bytes - at);
-    engine_->write_on(i % rails_, d, src, src_off + at, len, len ? dst : nullptr, dst_off + at, im);
-  }
+  const ByteRange p = piece_of(bytes, n, i);
+  counts.bytes[d].fetch_add(uint64_t(p.len), std::memory_order_relaxed);
+  if (i > 0) counts.extra.fetch_add(1, std::memory_order_relaxed);
+  engine_->write_on(i % rails_, d, src, src_off + p.off, p.len, p.len ? dst : nullptr, dst_off + p.off, im);
 }
 
 const int32_t* Exchange::counts_of(int z, int src) const {
@@ -442,6 +465,18 @@ void Exchange::adopt_combine_offsets(int z, int from) {
 std::vector<ByteRange> Exchange::send_rows_to(int z, int d) const {
   std::vector<ByteRange> out;
   if (remote(rank_, d) && alive(z, d)) append(out, int64_t(d) * lay_.P * lay_.row, rows_we_send(z, d) * lay_.row);
+  return out;
+}
+
+std::vector<ByteRange> Exchange::send_rows_of_piece(int z, int d, int i) const {
+  std::vector<ByteRange> out;
+  const int n = private_pieces(z, d);
+  if (i < 0 || i >= n) return out;
+  const ByteRange w = private_write(z, d);
+  const ByteRange p = piece_of(w.len, n, i);
+  // the last piece runs to the end of every row for d (its OVER rows follow PRIV's in d_send)
+  const int64_t end = i + 1 < n ? p.off + p.len : rows_we_send(z, d) * lay_.row;
+  append(out, w.off + p.off, end - p.off);
   return out;
 }
 

@@ -192,6 +192,12 @@ class Exchange {
   void post_counts(int z, uint32_t e);    // our count matrix (counts_send) to every rank
   void post_private(int z, uint32_t e);   // needs our count matrix in counts_send
   void post_private_to(int z, uint32_t e, int d);  // post_private's write to remote rank d alone
+  // post_private_to's write in its pieces (JAX_MOE_A2A_WRITE_CHUNK_KIB, rails: what the receiver
+  // counts, from the counts): how many there are (0 where post_private_to writes nothing: d not
+  // remote, or masked; 1 for a write in one piece), and piece i alone. For a packer whose rows live
+  // elsewhere (row staging): piece i's rows copied, then posted, while piece i + 1's copy runs.
+  int private_pieces(int z, int d) const;
+  void post_private_piece(int z, uint32_t e, int d, int i);
   // Our OVER writes to every remote rank whose bit in `skip` is clear (skip: those posted early);
   // needs every rank's count matrix (after COUNTS).
   void post_overflow(int z, uint32_t e, uint64_t skip = 0);
@@ -254,6 +260,9 @@ class Exchange {
   // that slot z's mask leaves out. d_send: every row we send remote destination d this dispatch
   // (private and overflow; from counts_send, so after the packer wrote it).
   std::vector<ByteRange> send_rows_to(int z, int d) const;
+  // The part of send_rows_to(z, d) that PRIV piece i of private_pieces(z, d) reads; the last piece's
+  // also holds the OVER rows (so every row for d is copied once PRIV is out, before OVER may go).
+  std::vector<ByteRange> send_rows_of_piece(int z, int d, int i) const;
   // d_recv: what remote source src's PRIV and OVER put there this dispatch (valid after COUNTS);
   // over_base: overflow_bases(z)'s (the proxy's published copy).
   std::vector<ByteRange> landed_rows_of(int z, int src, const int64_t* over_base) const;
@@ -276,6 +285,11 @@ class Exchange {
   // i % rails_; every piece carries the write's immediate: pieces(bytes) writes, which the receiver
   // expects as that many arrivals of the immediate (it knows the bytes from the counts).
   int pieces(int64_t bytes) const;
+  // Piece i of n of a write of `bytes`: equal pieces, the last one shorter, empty ones carrying only
+  // the immediate. {offset in the write, length}.
+  static ByteRange piece_of(int64_t bytes, int n, int i);
+  // Our PRIV write to d: its source offset in d_send and its bytes (0 rows: 0).
+  ByteRange private_write(int z, int d) const;
   // What a kind of row write posted: writes past the first of each split write, bytes per rank.
   struct WriteCounts {
     std::atomic<uint64_t> extra{0};
@@ -284,6 +298,9 @@ class Exchange {
   // n pieces, counted in `counts` (rows_w_ or comb_w_).
   void write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
                     const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm, int n, WriteCounts& counts);
+  // Piece i of n of that write alone (write_pieces posts every i in order).
+  void write_piece(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
+                   const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm, int n, int i, WriteCounts& counts);
   void write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
                     const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm) {
     write_pieces(d, src, src_off, bytes, dst, dst_off, imm, pieces(bytes), rows_w_);

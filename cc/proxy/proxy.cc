@@ -264,6 +264,10 @@ void Proxy::post_priv(int z, SlotState& s, uint32_t e, int d, bool early) {
   timeline_.mark(Mark::kDPrivPost, z, e, d);
   ex_.post_private_to(z, e, d);
   timeline_.mark(Mark::kDPrivPosted, z, e, d);
+  priv_out(s, d, early);
+}
+
+void Proxy::priv_out(SlotState& s, int d, bool early) {
   s.priv_posted |= 1ull << d;
   if (early) {
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -336,9 +340,10 @@ bool Proxy::post_sends(int z, SlotState& s, uint32_t e, bool* moved) {
   const bool all = load_acquire(&c.d_packed) >= uint64_t(e) + 1;
   if (s.dst_copying >= 0) {  // one copy at a time (RowStaging)
     if (!staged(z, s, RowBuffer::kDSend, kDispatchRecv, e)) return false;  // our recv kernel spins behind it
-    post_priv(z, s, e, s.dst_copying, !all);
+    const int d = s.dst_copying;
     s.dst_copying = -1;
     *moved = true;
+    if (!stage_priv_pieces(z, s, e, d, s.dst_piece, !all)) return false;  // its next piece's copy runs
   }
   bool done = true;
   for (int d : ex_.remote_ranks()) {
@@ -348,17 +353,40 @@ bool Proxy::post_sends(int z, SlotState& s, uint32_t e, bool* moved) {
       continue;
     }
     *moved = true;
-    if (staging_) {  // the rows copied first (none to copy: the PRIV write carries the immediate alone)
-      std::vector<protocol::ByteRange> ranges = ex_.send_rows_to(z, d);
-      if (!ranges.empty()) {
-        stage(z, s, RowBuffer::kDSend, ranges);
-        s.dst_copying = d;
-        return false;
-      }
+    if (!staging_) {
+      post_priv(z, s, e, d, !all);
+      continue;
     }
-    post_priv(z, s, e, d, !all);
+    if (!stage_priv_pieces(z, s, e, d, -1, !all)) return false;  // a copy runs
   }
   return done;
+}
+
+bool Proxy::stage_priv_pieces(int z, SlotState& s, uint32_t e, int d, int copied, bool early) {
+  const int n = ex_.private_pieces(z, d);
+  auto post_piece = [&](int i) {
+    if (i == 0) timeline_.mark(Mark::kDPrivPost, z, e, d);
+    ex_.post_private_piece(z, e, d, i);
+  };
+  if (copied >= 0) post_piece(copied);
+  for (int i = copied + 1; i < n; ++i) {
+    std::vector<protocol::ByteRange> ranges = ex_.send_rows_of_piece(z, d, i);
+    if (ranges.empty()) {  // nothing to copy: the piece carries the immediate alone
+      post_piece(i);
+      continue;
+    }
+    stage(z, s, RowBuffer::kDSend, ranges);
+    s.dst_copying = d;
+    s.dst_piece = i;
+    if (i > 0) {  // piece i - 1 is on the wire while this copy runs
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.pieces_behind_copy;
+    }
+    return false;
+  }
+  timeline_.mark(Mark::kDPrivPosted, z, e, d);
+  priv_out(s, d, early);
+  return true;
 }
 
 bool Proxy::stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved) {

@@ -136,6 +136,9 @@ struct ProxyStats {
   // while other sources' rows were still in flight (the landed rows are copied source by source).
   uint64_t staged_early = 0;
   uint64_t comb_staged_early = 0;  // the same for the landed COMB rows of remote expert ranks
+  // Row staging with PRIV in pieces: pieces posted while the copy of the same destination's next
+  // piece ran (the wire overlapping the copies; 0 with one piece a write).
+  uint64_t pieces_behind_copy = 0;
   // PRIV / OVER writes posted beyond one per peer (JAX_MOE_A2A_WRITE_CHUNK_KIB: written in pieces).
   uint64_t write_pieces = 0;
   uint64_t comb_pieces = 0;  // COMB writes posted beyond one per (rank, tp member) (JAX_MOE_A2A_RAILS)
@@ -194,6 +197,7 @@ class Proxy {
     };
     RankCopies d_src;  // the dispatch's landed rows
     int dst_copying = -1;      // row staging: the destination whose send rows are being copied, or -1
+    int dst_piece = 0;         // and the PRIV piece (Exchange::private_pieces) that copy is for
     uint64_t comb_posted = 0;  // bit m: our COMB writes of this combine epoch to remote rank m are posted
     RankCopies c_src;          // the combine's landed COMB rows
     int comb_dst_copying = -1;  // row staging: the remote rank whose COMB rows are being copied, or -1
@@ -274,6 +278,14 @@ class Proxy {
   // Posts our PRIV write of epoch e to d (timeline marks, priv_posted); `early`: before the whole
   // pack was done (counted in priv_early).
   void post_priv(int z, SlotState& s, uint32_t e, int d, bool early);
+  // Row staging's PRIV to d, piece by piece (Exchange::private_pieces: JAX_MOE_A2A_WRITE_CHUNK_KIB):
+  // `copied` (-1: none yet) is the piece whose rows were just copied; posts it and starts the copy of
+  // the next piece with rows (posting empty ones on the way), so piece i is on the wire while piece
+  // i + 1 is copied; the last piece's copy holds d's OVER rows too. True once every piece is out
+  // (then as post_priv), false while a copy runs (s.dst_copying = d, s.dst_piece). One piece: the
+  // whole copy, then the write (as before pieces).
+  bool stage_priv_pieces(int z, SlotState& s, uint32_t e, int d, int copied, bool early);
+  void priv_out(SlotState& s, int d, bool early);  // PRIV to d is out: priv_posted, priv_early
   // Every PRIV write of the dispatch is posted (pipelined or not): counts_to_priv_ns, then on to
   // the counts-in step.
   void privs_out(SlotState& s);
