@@ -99,8 +99,11 @@ VARS = (
         "proxy: record the time of every protocol step and write them when the communicator closes, one file "
         "per proxy, `<prefix>.r<rank>.p<pid>.<n>.tsv` (benchmarks/proxy.py --timeline reads them)", _NATIVE),
     Var("WRITE_CHUNK_KIB", "float", "0 (one write a peer)", "cc/protocol/exchange.cc",
-        "inter-node paths: a peer's PRIV and OVER rows written in pieces of at most this many KiB (the receiver "
-        "counts them); the same on every process", _NATIVE),
+        "inter-node paths: PRIV and OVER writes in pieces of at most this many KiB (counted by the receiver); "
+        "`STAGING=copy` posts each PRIV piece while copying the next; same on every process", _NATIVE),
+    Var("COMB_PIECES", "int 1..64", "1 (rails: one a rail)", "cc/protocol/exchange.cc",
+        "inter-node paths: each COMB write in this many pieces, empty ones too (counted by the receiver); "
+        "`STAGING=copy` posts each piece while copying the next; same on every process", _NATIVE),
     Var("RAILS", "int 1..16", "1", "cc/transfer/engine.cc (at communicator creation)",
         "communicators' fabric engines: domains (rails) per rank, each with its own progress thread; large "
         "PRIV / OVER writes and every COMB split over them; the same on every process", _NATIVE),

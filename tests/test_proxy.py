@@ -316,23 +316,26 @@ def check_split_writes(comm, spec, num_ranks, proxied, split=("write_pieces",)):
 @pytest.mark.parametrize("path", ["proxied", "staged", "engine"])
 def test_rows_written_in_pieces(num_ranks, mesh, monkeypatch, priv, path):
     """JAX_MOE_A2A_WRITE_CHUNK_KIB splits each PRIV and OVER write into pieces (cc/protocol/
-    exchange.cc write_pieces) that the receiver counts from the sources' count matrices: three
+    exchange.cc write_pieces) that the receiver counts from the sources' count matrices, and
+    JAX_MOE_A2A_COMB_PIECES each COMB write into a fixed count (zero-length ones too): three
     steps (random, skewed, one hot expert) against the oracle, outputs poisoned, with rows of ~100
     bytes in 256-byte pieces, so most writes are several pieces and some exactly one; through the
-    proxy, through the proxy with row staging (JAX_MOE_A2A_HOST_STAGED: each PRIV piece's rows
-    copied, then the piece posted while the next piece's copy runs, the last copy with the OVER
-    rows: Proxy::stage_priv_pieces), and through the host backend's own engine path. With the
-    proxy its counters say the writes were split (else this would test one write per peer again),
-    and with staging that pieces went out while later pieces were still being copied."""
+    proxy, through the proxy with row staging (JAX_MOE_A2A_HOST_STAGED: each piece's rows copied,
+    then the piece posted while the next piece's copy runs, PRIV's last copy with the OVER rows:
+    Proxy::stage_priv_pieces, stage_combine_sends), and through the host backend's own engine
+    path. With the proxy its counters say the writes were split (else this would test one write
+    per peer again), and with staging that pieces went out while later pieces were still being
+    copied."""
     monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "0.25")  # read when the exchange is created
+    monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", "3")
     if path == "staged":
         monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
     spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10,
                     dispatch_dtype=FP8, scale_block=32)
     comm = a2a.init(spec, mesh, "ep", backend="host", proxied=path != "engine", max_private_tokens=priv,
                     timeout_s=60.0)
-    # PRIV in several pieces: all rows private (priv 1: one row, one piece)
-    split = ("write_pieces", "pieces_behind_copy") if path == "staged" and priv is None else ("write_pieces",)
+    # pieces behind a copy: COMB's always (three pieces), PRIV's with all rows private (priv 1: one row, one piece)
+    split = ("write_pieces", "comb_pieces") + (("pieces_behind_copy",) if path == "staged" else ())
     check_split_writes(comm, spec, num_ranks, path != "engine", split=split)
 
 
@@ -424,12 +427,15 @@ def test_rails_must_be_a_small_count(num_ranks, mesh, monkeypatch):
 
 
 def test_write_chunk_must_be_a_size(num_ranks, mesh, monkeypatch):
-    """A negative or unparsable JAX_MOE_A2A_WRITE_CHUNK_KIB is refused when the exchange is created."""
+    """A negative or unparsable JAX_MOE_A2A_WRITE_CHUNK_KIB, and a JAX_MOE_A2A_COMB_PIECES that is
+    not an integer in [1, 64], are refused when the exchange is created, naming the variable."""
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
-    for bad in ("-1", "lots"):
-        monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", bad)
-        with pytest.raises(ValueError, match="WRITE_CHUNK_KIB"):
+    for var, bad in [("WRITE_CHUNK_KIB", "-1"), ("WRITE_CHUNK_KIB", "lots"), ("COMB_PIECES", "0"),
+                     ("COMB_PIECES", "2.5"), ("COMB_PIECES", "65")]:
+        monkeypatch.setenv("JAX_MOE_A2A_" + var, bad)
+        with pytest.raises(ValueError, match=var):
             proxied(spec, mesh, timeout_s=10.0).close()
+        monkeypatch.delenv("JAX_MOE_A2A_" + var)
 
 
 @pytest.mark.parametrize("pipeline", ["peer", "off"])

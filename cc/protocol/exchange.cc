@@ -100,6 +100,10 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
     throw std::invalid_argument(format("JAX_MOE_A2A_WRITE_CHUNK_KIB=%g: expected KiB >= 0 (0: one write a peer)", chunk_kib));
   chunk_ = static_cast<int64_t>(chunk_kib * 1024);
   rails_ = std::max(1, engine_->num_domains());
+  const double comb_split = env::get_double("JAX_MOE_A2A_COMB_PIECES", 1);
+  if (!(comb_split >= 1 && comb_split <= 64) || comb_split != static_cast<int>(comb_split))
+    throw std::invalid_argument(format("JAX_MOE_A2A_COMB_PIECES=%g: expected an integer in [1, 64]", comb_split));
+  comb_split_ = static_cast<int>(comb_split);
   for (WriteCounts* w : {&rows_w_, &comb_w_}) {
     w->bytes.reset(new std::atomic<uint64_t>[o.shape.N]);
     for (int r = 0; r < o.shape.N; ++r) w->bytes[r].store(0, std::memory_order_relaxed);
@@ -498,6 +502,19 @@ std::vector<ByteRange> Exchange::combine_send_rows_to(int z, int m, const int32_
   return out;
 }
 
+std::vector<ByteRange> Exchange::combine_send_rows_of_piece(int z, int m, const int32_t* rows_from, int64_t stride,
+                                                            int i) const {
+  std::vector<ByteRange> out;
+  if (!remote(rank_, m) || !alive(z, m) || i < 0 || i >= comb_pieces()) return out;
+  const int tp = o_.shape.tp, g0 = m / tp * tp;
+  for (int j = 0; j < tp; ++j) {
+    const int64_t bytes = std::clamp<int64_t>(rows_from[g0 + j], 0, lay_.P) * stride;
+    const ByteRange p = piece_of(bytes, comb_pieces(), i);
+    append(out, int64_t(g0 + j) * lay_.P * stride + p.off, p.len);
+  }
+  return out;
+}
+
 std::vector<ByteRange> Exchange::combine_landed_rows_from(int z, int d, int64_t stride) const {
   std::vector<ByteRange> out;
   for (const ByteRange& r : comb_in_from_[z].at(d)) append(out, r.off * stride, r.len * stride);
@@ -517,10 +534,29 @@ void Exchange::post_combine(int z, uint32_t c, const int32_t* rows_from, int64_t
   for (int m : remote_) post_combine_to(z, c, m, rows_from, stride);
 }
 
-void Exchange::post_combine_to(int z, uint32_t c, int m, const int32_t* rows_from, int64_t stride) {
+void Exchange::check_combine(int z, int m, const int32_t* rows_from, int64_t stride) const {
   if (stride <= 0 || stride > lay_.c_row_stride_max)
     throw std::invalid_argument(format("jax_moe_a2a combine: row stride %lld outside (0, %lld]",
                                        (long long)stride, (long long)lay_.c_row_stride_max));
+  if (!remote(rank_, m) || !alive(z, m)) return;  // nothing written to m: its rows are not read
+  const int64_t* off = comb_off_[z].data();
+  const int tp = o_.shape.tp, g0 = m / tp * tp;
+  for (int src = g0; src < g0 + tp; ++src)
+    if (rows_from[src] < 0 || rows_from[src] > lay_.P || off[src] + rows_from[src] > lay_.Q)
+      throw std::invalid_argument(format("jax_moe_a2a combine: %d rows from rank %d at combine offset %lld (at "
+                                         "most %d, and offset + rows at most %d)", rows_from[src], src,
+                                         (long long)off[src], lay_.P, lay_.Q));
+}
+
+void Exchange::post_combine_to(int z, uint32_t c, int m, const int32_t* rows_from, int64_t stride) {
+  check_combine(z, m, rows_from, stride);
+  for (int i = 0; i < comb_pieces(); ++i) post_combine_piece(z, c, m, rows_from, stride, i);
+}
+
+void Exchange::post_combine_piece(int z, uint32_t c, int m, const int32_t* rows_from, int64_t stride, int i) {
+  if (i < 0 || i >= comb_pieces())
+    throw std::logic_error(format("post_combine_piece: piece %d of %d (rank %d)", i, comb_pieces(), m));
+  if (i == 0) check_combine(z, m, rows_from, stride);
   if (!remote(rank_, m) || !alive(z, m)) return;
   // The rows of each member j of m's tp group (source src = g0 + j), into m's region at row
   // j * Q + off[src] (the rows src sends ranks below us come first there).
@@ -528,14 +564,10 @@ void Exchange::post_combine_to(int z, uint32_t c, int m, const int32_t* rows_fro
   const int tp = o_.shape.tp, g0 = m / tp * tp;
   for (int j = 0; j < tp; ++j) {
     const int src = g0 + j;
-    if (rows_from[src] < 0 || rows_from[src] > lay_.P || off[src] + rows_from[src] > lay_.Q)
-      throw std::invalid_argument(format("jax_moe_a2a combine: %d rows from rank %d at combine offset %lld (at "
-                                         "most %d, and offset + rows at most %d)", rows_from[src], src,
-                                         (long long)off[src], lay_.P, lay_.Q));
     const int64_t bytes = int64_t(rows_from[src]) * stride;
-    write_pieces(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride, bytes,
-                 bytes ? &regions_[z].c_recv_peer[m] : nullptr, (int64_t(j) * lay_.Q + off[src]) * stride,
-                 imm(comb_tag(j, z), c), comb_pieces(), comb_w_);
+    write_piece(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride, bytes,
+                bytes ? &regions_[z].c_recv_peer[m] : nullptr, (int64_t(j) * lay_.Q + off[src]) * stride,
+                imm(comb_tag(j, z), c), comb_pieces(), i, comb_w_);
   }
 }
 

@@ -217,6 +217,11 @@ class Exchange {
   void post_combine(int z, uint32_t c, const int32_t* rows_from, int64_t stride);
   // post_combine's writes to remote rank m alone.
   void post_combine_to(int z, uint32_t c, int m, const int32_t* rows_from, int64_t stride);
+  // post_combine_to's writes in pieces: each member's COMB write is combine_pieces() writes (the
+  // receiver expects that many: rails, JAX_MOE_A2A_COMB_PIECES); piece i of every member's write
+  // alone. For row staging: piece i's rows copied (combine_send_rows_of_piece), then posted.
+  int combine_pieces() const { return comb_pieces(); }
+  void post_combine_piece(int z, uint32_t c, int m, const int32_t* rows_from, int64_t stride, int i);
   void signal_free_c(int z, uint32_t c);
 
   // ---- reading what landed -------------------------------------------------------------------
@@ -268,6 +273,9 @@ class Exchange {
   std::vector<ByteRange> landed_rows_of(int z, int src, const int64_t* over_base) const;
   // c_send: what post_combine_to(z, c, m, rows_from, stride) reads: the runs of m's tp group's members.
   std::vector<ByteRange> combine_send_rows_to(int z, int m, const int32_t* rows_from, int64_t stride) const;
+  // The part of combine_send_rows_to that post_combine_piece(.., i) reads.
+  std::vector<ByteRange> combine_send_rows_of_piece(int z, int m, const int32_t* rows_from, int64_t stride,
+                                                    int i) const;
   // c_recv: where remote expert rank d writes the rows of our tp group's members in the combine of
   // the dispatch whose offsets take_combine_offsets took last (at most: a receiver that dropped
   // rows over capacity sends fewer), at `stride` bytes a row.
@@ -305,12 +313,15 @@ class Exchange {
                     const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm) {
     write_pieces(d, src, src_off, bytes, dst, dst_off, imm, pieces(bytes), rows_w_);
   }
-  // COMB writes: rails_ pieces each with rails_ > 1 (zero-length ones too: a receiver cannot know the
-  // bytes, a rank may have dropped rows over capacity), else one.
-  int comb_pieces() const { return rails_; }
+  // COMB writes: a fixed count, rails_ or JAX_MOE_A2A_COMB_PIECES if more (zero-length ones too: a
+  // receiver cannot know the bytes, a rank may have dropped rows over capacity), else one.
+  int comb_pieces() const { return std::max(rails_, comb_split_); }
+  // post_combine_to's check of the rows and offsets it would write (throws std::invalid_argument).
+  void check_combine(int z, int m, const int32_t* rows_from, int64_t stride) const;
   static constexpr int64_t kRailSplitBytes = 64 << 10;
   int64_t chunk_ = 0;
   int rails_ = 1;  // the engine's domains (JAX_MOE_A2A_RAILS)
+  int comb_split_ = 1;  // JAX_MOE_A2A_COMB_PIECES
   WriteCounts rows_w_;  // PRIV / OVER writes
   WriteCounts comb_w_;  // COMB writes
   Arrivals expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const;

@@ -391,34 +391,54 @@ bool Proxy::stage_priv_pieces(int z, SlotState& s, uint32_t e, int d, int copied
 
 bool Proxy::stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved) {
   const SlotCtrl& c = ctrl_->slot[z];
-  auto post = [&](int m) {
-    timeline_.mark(Mark::kCCombPost, z, e, m);
-    ex_.post_combine_to(z, e, m, c.rows_from, c.c_stride);
-    s.comb_posted |= 1ull << m;
+  const int n = ex_.combine_pieces();
+  auto post_piece = [&](int m, int i) {
+    if (i == 0) timeline_.mark(Mark::kCCombPost, z, e, m);
+    ex_.post_combine_piece(z, e, m, c.rows_from, c.c_stride, i);
+    if (i + 1 == n) s.comb_posted |= 1ull << m;
     *moved = true;
   };
-  // The rows for m are its tp group's members' runs: one copy per group, whichever member comes first.
+  // From piece i of m's COMB writes on: posts the pieces with nothing to copy and starts the copy
+  // of the first with rows (false then: s.comb_dst_copying = m, s.comb_piece = i); true once every
+  // piece of m is out. Piece i - 1 is then on the wire while piece i is copied.
+  auto pieces_from = [&](int m, int i) {
+    for (; i < n; ++i) {
+      std::vector<protocol::ByteRange> ranges = ex_.combine_send_rows_of_piece(z, m, c.rows_from, c.c_stride, i);
+      if (ranges.empty()) {
+        post_piece(m, i);
+        continue;
+      }
+      stage(z, s, RowBuffer::kCSend, ranges);
+      s.comb_dst_copying = m;
+      s.comb_piece = i;
+      *moved = true;
+      if (i > 0) {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        ++stats_.pieces_behind_copy;
+      }
+      return false;
+    }
+    return true;
+  };
+  // The rows for m are its tp group's members' runs: copied once per group, for whichever member
+  // comes first (the group's other members then get every piece at once).
   const int tp = ex_.options().shape.tp;
   if (s.comb_dst_copying >= 0) {  // one copy at a time (RowStaging)
     if (!staged(z, s, RowBuffer::kCSend, kCombineRecv, e)) return false;
     const int m = s.comb_dst_copying;
     s.comb_dst_copying = -1;
+    post_piece(m, s.comb_piece);
+    if (!pieces_from(m, s.comb_piece + 1)) return false;
     s.comb_groups_copied |= 1ull << (m / tp * tp);
-    post(m);
   }
   for (int m : ex_.remote_ranks()) {
     if (s.comb_posted >> m & 1) continue;
-    std::vector<protocol::ByteRange> ranges;
-    if (!(s.comb_groups_copied >> (m / tp * tp) & 1))
-      ranges = ex_.combine_send_rows_to(z, m, c.rows_from, c.c_stride);
-    if (ranges.empty()) {  // nothing to copy (no rows, the group's copied, or a masked rank: post_combine_to skips it)
-      post(m);
+    if (s.comb_groups_copied >> (m / tp * tp) & 1) {  // the group's rows are copied: every piece now
+      for (int i = 0; i < n; ++i) post_piece(m, i);
       continue;
     }
-    stage(z, s, RowBuffer::kCSend, ranges);
-    s.comb_dst_copying = m;
-    *moved = true;
-    return false;
+    if (!pieces_from(m, 0)) return false;  // a copy runs (a masked rank: nothing to copy, posts skip it)
+    s.comb_groups_copied |= 1ull << (m / tp * tp);
   }
   return true;
 }

@@ -136,8 +136,9 @@ struct ProxyStats {
   // while other sources' rows were still in flight (the landed rows are copied source by source).
   uint64_t staged_early = 0;
   uint64_t comb_staged_early = 0;  // the same for the landed COMB rows of remote expert ranks
-  // Row staging with PRIV in pieces: pieces posted while the copy of the same destination's next
-  // piece ran (the wire overlapping the copies; 0 with one piece a write).
+  // Row staging with PRIV (JAX_MOE_A2A_WRITE_CHUNK_KIB) or COMB (JAX_MOE_A2A_COMB_PIECES) in pieces:
+  // pieces posted while the copy of the same destination's next piece ran (the wire overlapping the
+  // copies; 0 with one piece a write).
   uint64_t pieces_behind_copy = 0;
   // PRIV / OVER writes posted beyond one per peer (JAX_MOE_A2A_WRITE_CHUNK_KIB: written in pieces).
   uint64_t write_pieces = 0;
@@ -201,6 +202,7 @@ class Proxy {
     uint64_t comb_posted = 0;  // bit m: our COMB writes of this combine epoch to remote rank m are posted
     RankCopies c_src;          // the combine's landed COMB rows
     int comb_dst_copying = -1;  // row staging: the remote rank whose COMB rows are being copied, or -1
+    int comb_piece = 0;         // and the COMB piece (Exchange::combine_pieces) that copy is for
     uint64_t comb_groups_copied = 0;  // row staging, bit g0: the COMB rows of tp group g0.. are copied
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
     uint64_t copy_bytes[kRowBuffers]{};
@@ -238,7 +240,8 @@ class Proxy {
   // is posted; *moved: whether a write went out or a copy started or ended. Never blocks.
   bool post_sends(int z, SlotState& s, uint32_t e, bool* moved);
   // Row staging's sends of the combine: each remote rank's COMB rows copied (once per tp group),
-  // then posted while the next rank's copy runs. True once every COMB is posted. Never blocks.
+  // then posted while the next rank's copy runs; with COMB in pieces (Exchange::combine_pieces) piece
+  // by piece, each posted while the next is copied. True once every COMB is posted. Never blocks.
   bool stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved);
   bool step_combine(int z, SlotState& s);
   // Whether the kernel of `op` waits for epoch e; starts / checks its clock. Throws on timeout.
