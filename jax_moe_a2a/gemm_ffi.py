@@ -42,7 +42,7 @@ _MAX_ROWS = 2**31 - 1
 # the custom call's `mode` attribute (gemm::Mode, cc/gemm/grouped_gemm.h)
 _MODE_FORWARD, _MODE_TRANSPOSE_W, _MODE_WGRAD = 0, 1, 2
 # the custom call's `kernel` attribute (gemm::KernelChoice): who runs an fp8 forward call
-_KERNEL_AUTO, _KERNEL_CUTLASS, _KERNEL_WGMMA = 0, 1, 2
+_KERNEL_AUTO, _KERNEL_CUTLASS, _KERNEL_WGMMA, _KERNEL_SWAP = 0, 1, 2, 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +50,9 @@ class Tuning:
     """The kernel configuration a call asks for (gemm::TuningRequest, cc/gemm/grouped_gemm.h):
     tile_m 0 (auto: 64-row tiles when the mean rows per expert is <= 128, else 128), 64 or 128;
     raster 0 (along M), 1 (along N) or 2 (CUTLASS's heuristic); swizzle 1, 2, 4 or 8 (maximum);
-    kernel 0 (auto: our own fp8 kernel at decode shapes, CUTLASS otherwise), 1 (CUTLASS) or 2 (wgmma:
-    our own fp8 kernel, fp8 forward calls only).
+    kernel 0 (auto: our own fp8 kernel at decode shapes, CUTLASS otherwise), 1 (CUTLASS), 2 (wgmma:
+    our own fp8 kernel, fp8 forward calls only) or 3 (swap: our own swap-AB kernel at every shape,
+    at prefill with its largest token tile; measurements).
     fuse_swiglu (Python only, not an attribute): the fp8 MLP's gate+up GEMM and its SwiGLU as one
     kernel where our own kernel runs: None (the default) where it measured faster (the swap-AB
     kernel's token tiles <= 64: _C.gemm.swiglu_by_default), True wherever our kernel runs, False
@@ -75,14 +76,15 @@ class Tuning:
 _TUNING_WORDS = {"64": ("tile_m", 64), "128": ("tile_m", 128), "rasterM": ("raster", 0), "rasterN": ("raster", 1),
                  "rasterH": ("raster", 2), "s1": ("swizzle", 1), "s2": ("swizzle", 2), "s4": ("swizzle", 4),
                  "s8": ("swizzle", 8), "cutlass": ("kernel", _KERNEL_CUTLASS), "wgmma": ("kernel", _KERNEL_WGMMA),
+                 "swap": ("kernel", _KERNEL_SWAP),
                  "fused": ("fuse_swiglu", True), "unfused": ("fuse_swiglu", False)}
 
 
 def parse_tuning(text: str | None) -> Tuning:
     """JAX_MOE_A2A_GEMM_TILE_M's value -> Tuning: None, '' or 'auto' are the defaults; otherwise a
     comma list of 64 | 128 (the tile's rows), rasterM | rasterN | rasterH (the scheduler's order),
-    s1 | s2 | s4 | s8 (its maximum swizzle), cutlass | wgmma (the fp8 forward kernel: CUTLASS's, or
-    our own, cc/gemm/fp8_wgmma.cuh), fused | unfused (the gate+up GEMM and the SwiGLU as one kernel
+    s1 | s2 | s4 | s8 (its maximum swizzle), cutlass | wgmma | swap (the fp8 forward kernel: CUTLASS's,
+    our own, cc/gemm/fp8_wgmma.cuh, or our swap-AB one at every shape), fused | unfused (the gate+up GEMM and the SwiGLU as one kernel
     wherever our kernel runs: at decode shapes, or everywhere with wgmma; or never; without either,
     where it measured faster); a later word wins. Any other word raises ValueError
     naming the accepted ones (a misspelt setting would otherwise measure the default)."""

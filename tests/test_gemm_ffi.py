@@ -158,6 +158,8 @@ def test_wgrad_asks_the_exact_workspace_of_its_mode(monkeypatch, expert_major):
     ("64,cutlass", gemm_ffi.Tuning(tile_m=64, kernel=1)),
     ("wgmma,cutlass,s2", gemm_ffi.Tuning(kernel=1, swizzle=2)),
     ("wgmma,fused", gemm_ffi.Tuning(kernel=2, fuse_swiglu=True)),
+    ("swap", gemm_ffi.Tuning(kernel=3)),
+    ("swap,fused", gemm_ffi.Tuning(kernel=3, fuse_swiglu=True)),
     ("unfused", gemm_ffi.Tuning(fuse_swiglu=False)),
     ("fused,unfused", gemm_ffi.Tuning(fuse_swiglu=False)),
 ])
@@ -207,7 +209,7 @@ def test_tuning_reaches_the_workspace_and_the_call(monkeypatch):
 def test_workspace_bytes_refuses_a_tuning_out_of_its_set():
     g = _built_gemm()
     assert g.workspace_bytes(False, False, 0, 8, 300, 384, 512, False, tile_m=64, raster=2, swizzle=8) > 0
-    for kw in (dict(tile_m=32), dict(raster=3), dict(swizzle=3), dict(swizzle=0), dict(kernel=3), dict(kernel=-1)):
+    for kw in (dict(tile_m=32), dict(raster=3), dict(swizzle=3), dict(swizzle=0), dict(kernel=4), dict(kernel=-1)):
         with pytest.raises(ValueError, match="tile_m must be 0 \\(auto\\), 64 or 128"):
             g.workspace_bytes(False, False, 0, 8, 300, 384, 512, False, **kw)
 
@@ -288,6 +290,11 @@ def test_fused_swiglu_where_our_kernel_runs(monkeypatch, rows, tune, words):
     (8, 1024, 4096, False, "64", ("cutlass", 64, 0)),
     (32, 32768, 4096, False, "wgmma", ("wgmma", 128, 0)),  # ours, row-major, at prefill
     (8, 1024, 4096, False, "wgmma", ("wgmma", 64, 160)),
+    # swap: the swap-AB kernel everywhere, at prefill its largest token tile
+    (32, 32768, 4096, False, "swap", ("wgmma", 128, 160)),
+    (4, 200, 256, True, "swap", ("wgmma", 128, 160)),
+    (8, 1024, 4096, False, "swap", ("wgmma", 64, 160)),
+    (256, 1024, 7168, False, "swap", ("wgmma", 64, 32)),
 ])
 def test_kernel_choice(L, rows, n, expert_major, tune, want):
     """Which kernel an fp8 forward call runs, from static shapes only (_C.gemm.choice: the handler's

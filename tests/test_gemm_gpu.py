@@ -385,7 +385,7 @@ def test_swiglu_non_finite_follows_the_library_rule():
 
 
 # --- every kernel configuration the choice (cc/gemm/kernels.h) or the measurement knob can pick ----------
-TUNINGS = ["64", "128", "64,rasterN,s4", "128,rasterH,s2", "wgmma"]
+TUNINGS = ["64", "128", "64,rasterN,s4", "128,rasterH,s2", "wgmma", "swap"]
 
 
 @pytest.mark.parametrize("tune", TUNINGS)
@@ -441,7 +441,26 @@ def test_misspelt_tuning_fails_the_trace(monkeypatch):
         jax.jit(lambda a, b, c: gemm_ffi.grouped_gemm(a, b, c))(x, w, jnp.zeros((2,), jnp.int32))
 
 
-@pytest.mark.parametrize("tune", ["64,rasterN", "128,s4", "wgmma"])
+@pytest.mark.parametrize("kind", ["random", "zeros", "hot"])
+@pytest.mark.parametrize("out", [BF16, jnp.float32], ids=["bf16out", "f32out"])
+def test_swap_kernel_at_prefill_shapes(kind, out, monkeypatch):
+    """JAX_MOE_A2A_GEMM_TILE_M=swap at prefill shapes (mean rows per expert > 128): our swap-AB kernel
+    with its largest token tile (160), groups of several token tiles with ragged ends, against the
+    oracle, outputs poisoned."""
+    monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", "swap")
+    rng = np.random.default_rng()
+    L, R, n, k = 3, 803, 256, 384
+    assert _swap_tokens(L, (R,), n, k, "swap") == 160
+    x, w, xs, wsc, xf, wf = _data(rng, L, (R,), n, k, True)
+    sizes = _sizes(rng, L, R - 2, kind)
+    _poison((R, n), out)
+    y = jax.jit(lambda *a: gemm_ffi.grouped_gemm(a[0], a[1], a[2], x_scale=a[3], w_scale=a[4], out_dtype=out))(
+        x, w, jnp.asarray(sizes), xs, wsc)
+    ref, valid = _oracle_ragged(xf, wf, sizes)
+    _check_ragged(y, ref, valid)
+
+
+@pytest.mark.parametrize("tune", ["64,rasterN", "128,s4", "wgmma", "swap"])
 def test_expert_major_fp8_every_config(tune, monkeypatch):
     monkeypatch.setenv("JAX_MOE_A2A_GEMM_TILE_M", tune)
     rng = np.random.default_rng()

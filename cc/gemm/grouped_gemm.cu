@@ -55,7 +55,7 @@ const char* swiglu_gemm_unsupported_reason(const GroupedGemmParams& p) {
   if (p.in != InType::kFp8 || p.mode != Mode::kForward) return "the fused SwiGLU GEMM is fp8 forward only";
   if (const char* why = wgmma::fp8_shape_reason(detail::output_rows(p), p.num_groups, p.n, p.k)) return why;
   if (!detail::choose(p).wgmma)
-    return "the fused SwiGLU GEMM runs our own fp8 kernel only (kernel = wgmma, or auto at decode shapes: rows per "
+    return "the fused SwiGLU GEMM runs our own fp8 kernel only (kernel = wgmma or swap, or auto at decode shapes: rows per "
            "expert <= 128)";
   if (p.n % 256 != 0) return "the fused SwiGLU GEMM needs w [L, 2F, K] with F % 128 == 0";
   return nullptr;

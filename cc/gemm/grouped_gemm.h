@@ -52,9 +52,10 @@ enum class Raster : int32_t { kAlongM = 0, kAlongN = 1, kHeuristic = 2 };  // CU
 // Which implementation runs an fp8 forward call: kAuto (the measured default: our own swap-AB
 // kernel at decode shapes, CUTLASS's blockwise kernels at prefill; kernels.h choose()), kCutlass,
 // or kWgmma (our own kernel everywhere: fp8_wgmma_swap.cuh at decode, fp8_wgmma.cuh's row-major
-// one with two temporary accumulators otherwise; L <= 1024 groups, else CUTLASS). The other modes
-// and bf16 always run CUTLASS.
-enum class KernelChoice : int32_t { kAuto = 0, kCutlass = 1, kWgmma = 2 };
+// one with two temporary accumulators otherwise; L <= 1024 groups, else CUTLASS), or kSwap (our
+// swap-AB kernel at every shape: at prefill its largest token tile, kernels.h swap_of; for
+// measurements). The other modes and bf16 always run CUTLASS.
+enum class KernelChoice : int32_t { kAuto = 0, kCutlass = 1, kWgmma = 2, kSwap = 3 };
 struct TuningRequest {
   TileM tile_m = TileM::kAuto;
   Raster raster = Raster::kAlongM;
@@ -68,7 +69,7 @@ inline bool tuning_from_ints(int64_t tile_m, int64_t raster, int64_t swizzle, in
   if (tile_m != 0 && tile_m != 64 && tile_m != 128) return false;
   if (raster < 0 || raster > 2) return false;
   if (swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) return false;
-  if (kernel < 0 || kernel > 2) return false;
+  if (kernel < 0 || kernel > 3) return false;
   t.tile_m = static_cast<TileM>(tile_m);
   t.raster = static_cast<Raster>(raster);
   t.swizzle = static_cast<int32_t>(swizzle);
@@ -77,7 +78,7 @@ inline bool tuning_from_ints(int64_t tile_m, int64_t raster, int64_t swizzle, in
 }
 inline constexpr const char kTuningValues[] =
     "tile_m must be 0 (auto), 64 or 128; raster 0 (along M), 1 (along N) or 2 (heuristic); swizzle 1, 2, 4 or 8; "
-    "kernel 0 (auto), 1 (cutlass) or 2 (wgmma)";
+    "kernel 0 (auto), 1 (cutlass), 2 (wgmma) or 3 (swap)";
 
 struct GroupedGemmParams {
   Layout layout = Layout::kRagged;

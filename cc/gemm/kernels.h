@@ -42,9 +42,13 @@ struct Tuning {
 // group is one tile and each weight tile is read once; prefill keeps the row-major kernel. Single
 // CTAs. Measured on the H200 (benchmarks/gemm_probe.cu, notes/benchmarks.md 2026-12-05,
 // twentieth session): L = 8 -> 160, L = 32 -> 64, L = 256 -> 32 were the fastest tiles.
-inline void swap_of(int64_t rows_total, int64_t num_groups, Tuning& t) {
+inline void swap_of(int64_t rows_total, int64_t num_groups, Tuning& t, bool at_prefill_too = false) {
   t.swap_tokens = 0;
-  if (num_groups <= 0 || rows_total > 128 * num_groups) return;
+  if (num_groups <= 0) return;
+  if (rows_total > 128 * num_groups) {  // prefill: the row-major kernel, or (kSwap) the largest token tile
+    if (at_prefill_too) t.swap_tokens = wgmma::kSwapTokens[sizeof(wgmma::kSwapTokens) / sizeof(wgmma::kSwapTokens[0]) - 1];
+    return;
+  }
   const double want = 1.25 * static_cast<double>(rows_total) / static_cast<double>(num_groups);
   for (int tok : wgmma::kSwapTokens) {
     t.swap_tokens = tok;
@@ -107,8 +111,9 @@ inline Tuning choose(const GroupedGemmParams& p) {
   const int64_t rows_total = output_rows(p);
   const bool decode = p.num_groups > 0 && rows_total <= 128 * p.num_groups;
   const bool auto_wgmma = p.tuning.kernel == KernelChoice::kAuto && p.tuning.tile_m == TileM::kAuto && decode;
-  t.wgmma = (p.tuning.kernel == KernelChoice::kWgmma || auto_wgmma) && wgmma_takes(p);
-  if (t.wgmma) swap_of(rows_total, p.num_groups, t);
+  const bool swap = p.tuning.kernel == KernelChoice::kSwap;
+  t.wgmma = (p.tuning.kernel == KernelChoice::kWgmma || swap || auto_wgmma) && wgmma_takes(p);
+  if (t.wgmma) swap_of(rows_total, p.num_groups, t, swap);
   return t;
 }
 

@@ -86,7 +86,7 @@ void bind_gemm(nb::module_& m) {
       "raster"_a = 0, "swizzle"_a = 1, "kernel"_a = 0,
       "Device workspace bytes of one grouped_gemm call in `mode` (0 forward, 1 transpose_w, 2 wgrad) with the "
       "kernel configuration tile_m (0 auto, 64, 128), raster (0 along M, 1 along N, 2 heuristic), swizzle (1, 2, 4, "
-      "8), kernel (0 auto, 1 cutlass, 2 wgmma): the custom call's attributes. On the current CUDA device: exactly what the handler checks.");
+      "8), kernel (0 auto, 1 cutlass, 2 wgmma, 3 swap): the custom call's attributes. On the current CUDA device: exactly what the handler checks.");
   g.def(
       "swiglu_reason",
       [](int64_t num_groups, int64_t rows, int64_t n, int64_t k, bool expert_major, int tile_m, int raster,
