@@ -12,7 +12,7 @@ def reason() -> str:
 
 def workspace_bytes(fp8: bool, out_f32: bool, mode: int, num_groups: int, rows: int, n: int, k: int, expert_major: bool, tile_m: int = 0, raster: int = 0, swizzle: int = 1, kernel: int = 0) -> int:
     """
-    Device workspace bytes of one grouped_gemm call in `mode` (0 forward, 1 transpose_w, 2 wgrad) with the kernel configuration tile_m (0 auto, 64, 128), raster (0 along M, 1 along N, 2 heuristic), swizzle (1, 2, 4, 8), kernel (0 auto, 1 cutlass, 2 wgmma): the custom call's attributes. On the current CUDA device: exactly what the handler checks.
+    Device workspace bytes of one grouped_gemm call in `mode` (0 forward, 1 transpose_w, 2 wgrad) with the kernel configuration tile_m (0 auto, 64, 128), raster (0 along M, 1 along N, 2 heuristic), swizzle (1, 2, 4, 8), kernel (0 auto, 1 cutlass, 2 wgmma, 3 swap): the custom call's attributes. On the current CUDA device: exactly what the handler checks.
     """
 
 def swiglu_reason(num_groups: int, rows: int, n: int, k: int, expert_major: bool, tile_m: int = 0, raster: int = 0, swizzle: int = 1, kernel: int = 0) -> str:
