@@ -466,12 +466,6 @@ void Exchange::adopt_combine_offsets(int z, int from) {
   comb_in_from_[z] = comb_in_from_[from];
 }
 
-std::vector<ByteRange> Exchange::send_rows_to(int z, int d) const {
-  std::vector<ByteRange> out;
-  if (remote(rank_, d) && alive(z, d)) append(out, int64_t(d) * lay_.P * lay_.row, rows_we_send(z, d) * lay_.row);
-  return out;
-}
-
 std::vector<ByteRange> Exchange::send_rows_of_piece(int z, int d, int i) const {
   std::vector<ByteRange> out;
   const int n = private_pieces(z, d);
@@ -490,15 +484,6 @@ std::vector<ByteRange> Exchange::landed_rows_of(int z, int src, const int64_t* o
   const int64_t n = rows_between(z, src, rank_);  // as post_overflow and overflow_bases count
   append(out, int64_t(src) * lay_.priv * lay_.row, priv_rows(n) * lay_.row);
   append(out, lay_.over_off + over_base[src] * lay_.row, over_rows(n) * lay_.row);
-  return out;
-}
-
-std::vector<ByteRange> Exchange::combine_send_rows_to(int z, int m, const int32_t* rows_from, int64_t stride) const {
-  std::vector<ByteRange> out;
-  if (!remote(rank_, m) || !alive(z, m)) return out;
-  const int tp = o_.shape.tp, g0 = m / tp * tp;
-  for (int j = 0; j < tp; ++j)
-    append(out, int64_t(g0 + j) * lay_.P * stride, std::clamp<int64_t>(rows_from[g0 + j], 0, lay_.P) * stride);
   return out;
 }
 

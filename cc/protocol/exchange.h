@@ -262,18 +262,15 @@ class Exchange {
 
   // ---- the bytes each step moves, peer by peer (a packer whose rows live elsewhere: proxy/staging.h)
   // Ascending, adjacent ranges merged, empty ones left out; none for a rank that is not remote or
-  // that slot z's mask leaves out. d_send: every row we send remote destination d this dispatch
-  // (private and overflow; from counts_send, so after the packer wrote it).
-  std::vector<ByteRange> send_rows_to(int z, int d) const;
-  // The part of send_rows_to(z, d) that PRIV piece i of private_pieces(z, d) reads; the last piece's
-  // also holds the OVER rows (so every row for d is copied once PRIV is out, before OVER may go).
+  // that slot z's mask leaves out. d_send: the rows for remote destination d that PRIV piece i of
+  // private_pieces(z, d) reads (from counts_send, so after the packer wrote it); the last piece's
+  // also holds d's OVER rows, so every row for d is copied once PRIV is out, before OVER may go.
   std::vector<ByteRange> send_rows_of_piece(int z, int d, int i) const;
   // d_recv: what remote source src's PRIV and OVER put there this dispatch (valid after COUNTS);
   // over_base: overflow_bases(z)'s (the proxy's published copy).
   std::vector<ByteRange> landed_rows_of(int z, int src, const int64_t* over_base) const;
-  // c_send: what post_combine_to(z, c, m, rows_from, stride) reads: the runs of m's tp group's members.
-  std::vector<ByteRange> combine_send_rows_to(int z, int m, const int32_t* rows_from, int64_t stride) const;
-  // The part of combine_send_rows_to that post_combine_piece(.., i) reads.
+  // c_send: what post_combine_piece(z, c, m, rows_from, stride, i) reads: piece i of the runs of m's
+  // tp group's members.
   std::vector<ByteRange> combine_send_rows_of_piece(int z, int m, const int32_t* rows_from, int64_t stride,
                                                     int i) const;
   // c_recv: where remote expert rank d writes the rows of our tp group's members in the combine of

@@ -437,8 +437,10 @@ bool Proxy::stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved) {
       for (int i = 0; i < n; ++i) post_piece(m, i);
       continue;
     }
-    if (!pieces_from(m, 0)) return false;  // a copy runs (a masked rank: nothing to copy, posts skip it)
-    s.comb_groups_copied |= 1ull << (m / tp * tp);
+    if (!pieces_from(m, 0)) return false;  // a copy runs
+    // A masked rank has nothing copied (no ranges; its posts write nothing): its group's live
+    // members still need their rows copied.
+    if (ex_.alive(z, m)) s.comb_groups_copied |= 1ull << (m / tp * tp);
   }
   return true;
 }
