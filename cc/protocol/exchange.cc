@@ -340,8 +340,10 @@ ByteRange Exchange::private_write(int z, int d) const {
 }
 
 void Exchange::post_private_to(int z, uint32_t e, int d) {
-  const int n = private_pieces(z, d);
-  for (int i = 0; i < n; ++i) post_private_piece(z, e, d, i);
+  if (!alive(z, d) || !remote(rank_, d)) return;
+  const ByteRange w = private_write(z, d);
+  write_pieces(d, *regions_[z].d_send, w.off, w.len, w.len ? &regions_[z].d_recv_peer[d] : nullptr,
+               int64_t(rank_) * lay_.priv * lay_.row, imm(tag_of(kPriv, z), e));
 }
 
 int Exchange::private_pieces(int z, int d) const {
@@ -350,10 +352,10 @@ int Exchange::private_pieces(int z, int d) const {
 }
 
 void Exchange::post_private_piece(int z, uint32_t e, int d, int i) {
-  const int n = private_pieces(z, d);
+  const ByteRange w = private_write(z, d);
+  const int n = alive(z, d) && remote(rank_, d) ? pieces(w.len) : 0;
   if (i < 0 || i >= n)
     throw std::logic_error(format("post_private_piece: piece %d of %d (rank %d)", i, n, d));
-  const ByteRange w = private_write(z, d);
   write_piece(d, *regions_[z].d_send, w.off, w.len, w.len ? &regions_[z].d_recv_peer[d] : nullptr,
               int64_t(rank_) * lay_.priv * lay_.row, imm(tag_of(kPriv, z), e), n, i, rows_w_);
 }
@@ -534,7 +536,7 @@ void Exchange::check_combine(int z, int m, const int32_t* rows_from, int64_t str
 }
 
 void Exchange::post_combine_to(int z, uint32_t c, int m, const int32_t* rows_from, int64_t stride) {
-  check_combine(z, m, rows_from, stride);
+  // piece 0 checks the rows and the stride
   for (int i = 0; i < comb_pieces(); ++i) post_combine_piece(z, c, m, rows_from, stride, i);
 }
 
