@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 
 #include <cuda_runtime_api.h>
 
@@ -46,7 +47,7 @@ inline void swap_of(int64_t rows_total, int64_t num_groups, Tuning& t, bool at_p
   t.swap_tokens = 0;
   if (num_groups <= 0) return;
   if (rows_total > 128 * num_groups) {  // prefill: the row-major kernel, or (kSwap) the largest token tile
-    if (at_prefill_too) t.swap_tokens = wgmma::kSwapTokens[sizeof(wgmma::kSwapTokens) / sizeof(wgmma::kSwapTokens[0]) - 1];
+    if (at_prefill_too) t.swap_tokens = std::end(wgmma::kSwapTokens)[-1];
     return;
   }
   const double want = 1.25 * static_cast<double>(rows_total) / static_cast<double>(num_groups);

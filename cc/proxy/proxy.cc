@@ -311,7 +311,7 @@ void Proxy::SlotState::next_dispatch() {
   over_posted = 0;
   src_landed = 0;
   d_src = {};
-  dst_copying = -1;
+  d_send_copy = {};
 }
 
 void Proxy::SlotState::next_combine() {
@@ -321,7 +321,7 @@ void Proxy::SlotState::next_combine() {
   c_adopted = false;
   comb_posted = 0;
   c_src = {};
-  comb_dst_copying = -1;
+  c_send_copy = {};
   comb_groups_copied = 0;
 }
 
@@ -335,15 +335,49 @@ void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint6
   }
 }
 
+template <class Ranges, class Post>
+bool Proxy::stage_pieces(int z, SlotState& s, RowBuffer b, SlotState::PieceCopy& at, int who, int n, int copied,
+                         const Ranges& ranges_of, const Post& post) {
+  if (copied >= 0) post(copied);
+  for (int i = copied + 1; i < n; ++i) {
+    std::vector<protocol::ByteRange> ranges = ranges_of(i);
+    if (ranges.empty()) {  // nothing to copy: the piece carries the immediate alone
+      post(i);
+      continue;
+    }
+    stage(z, s, b, ranges);
+    at = {who, i};
+    if (i > 0) {  // piece i - 1 is on the wire while this copy runs
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.pieces_behind_copy;
+    }
+    return false;
+  }
+  return true;
+}
+
 bool Proxy::post_sends(int z, SlotState& s, uint32_t e, bool* moved) {
   const SlotCtrl& c = ctrl_->slot[z];
   const bool all = load_acquire(&c.d_packed) >= uint64_t(e) + 1;
-  if (s.dst_copying >= 0) {  // one copy at a time (RowStaging)
+  // Destination d's PRIV from piece `copied` on (row staging), then priv_out once every piece is out.
+  auto stage_priv = [&](int d, int copied) {
+    auto post = [&](int i) {
+      if (i == 0) timeline_.mark(Mark::kDPrivPost, z, e, d);
+      ex_.post_private_piece(z, e, d, i);
+    };
+    if (!stage_pieces(z, s, RowBuffer::kDSend, s.d_send_copy, d, ex_.private_pieces(z, d), copied,
+                      [&](int i) { return ex_.send_rows_of_piece(z, d, i); }, post))
+      return false;
+    timeline_.mark(Mark::kDPrivPosted, z, e, d);
+    priv_out(s, d, !all);
+    return true;
+  };
+  if (s.d_send_copy.who >= 0) {  // one copy at a time (RowStaging)
     if (!staged(z, s, RowBuffer::kDSend, kDispatchRecv, e)) return false;  // our recv kernel spins behind it
-    const int d = s.dst_copying;
-    s.dst_copying = -1;
+    const SlotState::PieceCopy done = s.d_send_copy;
+    s.d_send_copy = {};
     *moved = true;
-    if (!stage_priv_pieces(z, s, e, d, s.dst_piece, !all)) return false;  // its next piece's copy runs
+    if (!stage_priv(done.who, done.piece)) return false;  // its next piece's copy runs
   }
   bool done = true;
   for (int d : ex_.remote_ranks()) {
@@ -357,90 +391,49 @@ bool Proxy::post_sends(int z, SlotState& s, uint32_t e, bool* moved) {
       post_priv(z, s, e, d, !all);
       continue;
     }
-    if (!stage_priv_pieces(z, s, e, d, -1, !all)) return false;  // a copy runs
+    if (!stage_priv(d, -1)) return false;  // a copy runs
   }
   return done;
-}
-
-bool Proxy::stage_priv_pieces(int z, SlotState& s, uint32_t e, int d, int copied, bool early) {
-  const int n = ex_.private_pieces(z, d);
-  auto post_piece = [&](int i) {
-    if (i == 0) timeline_.mark(Mark::kDPrivPost, z, e, d);
-    ex_.post_private_piece(z, e, d, i);
-  };
-  if (copied >= 0) post_piece(copied);
-  for (int i = copied + 1; i < n; ++i) {
-    std::vector<protocol::ByteRange> ranges = ex_.send_rows_of_piece(z, d, i);
-    if (ranges.empty()) {  // nothing to copy: the piece carries the immediate alone
-      post_piece(i);
-      continue;
-    }
-    stage(z, s, RowBuffer::kDSend, ranges);
-    s.dst_copying = d;
-    s.dst_piece = i;
-    if (i > 0) {  // piece i - 1 is on the wire while this copy runs
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      ++stats_.pieces_behind_copy;
-    }
-    return false;
-  }
-  timeline_.mark(Mark::kDPrivPosted, z, e, d);
-  priv_out(s, d, early);
-  return true;
 }
 
 bool Proxy::stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved) {
   const SlotCtrl& c = ctrl_->slot[z];
   const int n = ex_.combine_pieces();
-  auto post_piece = [&](int m, int i) {
-    if (i == 0) timeline_.mark(Mark::kCCombPost, z, e, m);
-    ex_.post_combine_piece(z, e, m, c.rows_from, c.c_stride, i);
-    if (i + 1 == n) s.comb_posted |= 1ull << m;
+  // Remote rank m's COMB from piece `copied` on; comb_posted once every piece is out.
+  auto stage_comb = [&](int m, int copied) {
+    auto post = [&](int i) {
+      if (i == 0) timeline_.mark(Mark::kCCombPost, z, e, m);
+      ex_.post_combine_piece(z, e, m, c.rows_from, c.c_stride, i);
+      if (i + 1 == n) s.comb_posted |= 1ull << m;
+    };
     *moved = true;
-  };
-  // From piece i of m's COMB writes on: posts the pieces with nothing to copy and starts the copy
-  // of the first with rows (false then: s.comb_dst_copying = m, s.comb_piece = i); true once every
-  // piece of m is out. Piece i - 1 is then on the wire while piece i is copied.
-  auto pieces_from = [&](int m, int i) {
-    for (; i < n; ++i) {
-      std::vector<protocol::ByteRange> ranges = ex_.combine_send_rows_of_piece(z, m, c.rows_from, c.c_stride, i);
-      if (ranges.empty()) {
-        post_piece(m, i);
-        continue;
-      }
-      stage(z, s, RowBuffer::kCSend, ranges);
-      s.comb_dst_copying = m;
-      s.comb_piece = i;
-      *moved = true;
-      if (i > 0) {
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        ++stats_.pieces_behind_copy;
-      }
-      return false;
-    }
-    return true;
+    return stage_pieces(z, s, RowBuffer::kCSend, s.c_send_copy, m, n, copied,
+                        [&](int i) { return ex_.combine_send_rows_of_piece(z, m, c.rows_from, c.c_stride, i); }, post);
   };
   // The rows for m are its tp group's members' runs: copied once per group, for whichever member
-  // comes first (the group's other members then get every piece at once).
+  // comes first; the group's other members then get every piece at once.
   const int tp = ex_.options().shape.tp;
-  if (s.comb_dst_copying >= 0) {  // one copy at a time (RowStaging)
+  auto group_copied = [&](int m) { s.comb_groups_copied |= 1ull << (m / tp * tp); };
+  if (s.c_send_copy.who >= 0) {  // one copy at a time (RowStaging)
     if (!staged(z, s, RowBuffer::kCSend, kCombineRecv, e)) return false;
-    const int m = s.comb_dst_copying;
-    s.comb_dst_copying = -1;
-    post_piece(m, s.comb_piece);
-    if (!pieces_from(m, s.comb_piece + 1)) return false;
-    s.comb_groups_copied |= 1ull << (m / tp * tp);
+    const SlotState::PieceCopy done = s.c_send_copy;
+    s.c_send_copy = {};
+    if (!stage_comb(done.who, done.piece)) return false;
+    group_copied(done.who);
   }
   for (int m : ex_.remote_ranks()) {
     if (s.comb_posted >> m & 1) continue;
     if (s.comb_groups_copied >> (m / tp * tp) & 1) {  // the group's rows are copied: every piece now
-      for (int i = 0; i < n; ++i) post_piece(m, i);
+      timeline_.mark(Mark::kCCombPost, z, e, m);
+      ex_.post_combine_to(z, e, m, c.rows_from, c.c_stride);
+      s.comb_posted |= 1ull << m;
+      *moved = true;
       continue;
     }
-    if (!pieces_from(m, 0)) return false;  // a copy runs
+    if (!stage_comb(m, -1)) return false;  // a copy runs
     // A masked rank has nothing copied (no ranges; its posts write nothing): its group's live
     // members still need their rows copied.
-    if (ex_.alive(z, m)) s.comb_groups_copied |= 1ull << (m / tp * tp);
+    if (ex_.alive(z, m)) group_copied(m);
   }
   return true;
 }

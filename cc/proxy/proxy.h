@@ -197,12 +197,15 @@ class Proxy {
       int copying = -1;
     };
     RankCopies d_src;  // the dispatch's landed rows
-    int dst_copying = -1;      // row staging: the destination whose send rows are being copied, or -1
-    int dst_piece = 0;         // and the PRIV piece (Exchange::private_pieces) that copy is for
+    // Row staging of send rows: the peer whose rows are being copied (-1: none) and the piece of
+    // its write that copy is for (Exchange::private_pieces / combine_pieces; 0 for a write in one).
+    struct PieceCopy {
+      int who = -1, piece = 0;
+    };
+    PieceCopy d_send_copy;     // our PRIV (and OVER) rows for a destination
     uint64_t comb_posted = 0;  // bit m: our COMB writes of this combine epoch to remote rank m are posted
     RankCopies c_src;          // the combine's landed COMB rows
-    int comb_dst_copying = -1;  // row staging: the remote rank whose COMB rows are being copied, or -1
-    int comb_piece = 0;         // and the COMB piece (Exchange::combine_pieces) that copy is for
+    PieceCopy c_send_copy;      // our COMB rows for a remote rank (its tp group's, once per group)
     uint64_t comb_groups_copied = 0;  // row staging, bit g0: the COMB rows of tp group g0.. are copied
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
     uint64_t copy_bytes[kRowBuffers]{};
@@ -235,9 +238,9 @@ class Proxy {
   bool stage_comb_landed(int z, SlotState& s, uint32_t e, bool* moved);
   // Posts PRIV to each remote destination whose rows are packed (every one once d_packed is up,
   // d's alone under `peer` once its d_packed_to is). Under row staging each destination's rows are
-  // copied to the registered buffer first and its PRIV posted while the next destination's copy
-  // runs (its OVER rows, copied with it, go out later). True once every remote destination's PRIV
-  // is posted; *moved: whether a write went out or a copy started or ended. Never blocks.
+  // copied to the registered buffer first, piece by piece (stage_pieces), its last copy with its
+  // OVER rows (which go out later). True once every remote destination's PRIV is posted; *moved:
+  // whether a write went out or a copy started or ended. Never blocks.
   bool post_sends(int z, SlotState& s, uint32_t e, bool* moved);
   // Row staging's sends of the combine: each remote rank's COMB rows copied (once per tp group),
   // then posted while the next rank's copy runs; with COMB in pieces (Exchange::combine_pieces) piece
@@ -281,13 +284,15 @@ class Proxy {
   // Posts our PRIV write of epoch e to d (timeline marks, priv_posted); `early`: before the whole
   // pack was done (counted in priv_early).
   void post_priv(int z, SlotState& s, uint32_t e, int d, bool early);
-  // Row staging's PRIV to d, piece by piece (Exchange::private_pieces: JAX_MOE_A2A_WRITE_CHUNK_KIB):
-  // `copied` (-1: none yet) is the piece whose rows were just copied; posts it and starts the copy of
-  // the next piece with rows (posting empty ones on the way), so piece i is on the wire while piece
-  // i + 1 is copied; the last piece's copy holds d's OVER rows too. True once every piece is out
-  // (then as post_priv), false while a copy runs (s.dst_copying = d, s.dst_piece). One piece: the
-  // whole copy, then the write (as before pieces).
-  bool stage_priv_pieces(int z, SlotState& s, uint32_t e, int d, int copied, bool early);
+  // Row staging of one peer's write in n pieces (PRIV: Exchange::private_pieces, COMB:
+  // combine_pieces): `copied` (-1: none yet) is the piece whose rows were just copied into buffer b;
+  // posts it (post(i)), then posts the pieces with nothing to copy and starts the copy of the next
+  // one with rows (ranges_of(i)), so piece i is on the wire while piece i + 1 is copied. False while
+  // a copy runs (`at` = {who, that piece}), true once every piece is out. One piece: the whole copy,
+  // then the write.
+  template <class Ranges, class Post>
+  bool stage_pieces(int z, SlotState& s, RowBuffer b, SlotState::PieceCopy& at, int who, int n, int copied,
+                    const Ranges& ranges_of, const Post& post);
   void priv_out(SlotState& s, int d, bool early);  // PRIV to d is out: priv_posted, priv_early
   // Every PRIV write of the dispatch is posted (pipelined or not): counts_to_priv_ns, then on to
   // the counts-in step.
