@@ -27,19 +27,36 @@ pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif("host" not in a2a.available_backends(), reason="host backend not built")]
 
 
+@pytest.mark.parametrize("pieces", [False, True], ids=["whole", "pieces"])
 @pytest.mark.parametrize("node_size, priv, tp", [(0, 0, 1), (0, None, 1), (2, 1, 1), (0, 1, 2)],
                          ids=["priv0", "privfull", "node2-priv1", "tp2-priv1"])
-def test_staged_rows_against_oracle(node_size, priv, tp, monkeypatch, mesh, num_ranks):
-    """Every op of several steps (random, skewed and one-hot routing; fewer tokens) against the oracle,
-    outputs poisoned, with the proxy staging every row; its counters show the copies happened."""
+def test_staged_rows_against_oracle(node_size, priv, tp, pieces, monkeypatch, mesh, num_ranks):
+    """Every op of several steps (random, skewed and one-hot routing; fewer tokens; a fresh seed)
+    against the oracle, outputs poisoned, with the proxy staging every row; its counters show the
+    copies happened. `pieces`: PRIV / OVER in 128-byte pieces and every COMB in three, each piece
+    copied, then posted while the next is copied (Proxy::stage_pieces; a tp group's COMB rows copied
+    once for all its members)."""
     monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
-    comm = proxied_three_steps(mesh, num_ranks, 700, priv, node_size, tp)
+    if pieces:
+        monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "0.125")
+        monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", "3")
+    seed = T.fresh_seed()
+    try:
+        comm = proxied_three_steps(mesh, num_ranks, seed, priv, node_size, tp)
+    except AssertionError as e:
+        raise AssertionError(f"seed {seed}: {e}") from e
     stats = comm.proxy_stats()
     assert stats, "no proxy on this process"
     for r, s in stats.items():
         assert s["dispatches"] >= 1 and s["combines"] >= 1, (r, s)  # the last step's counters may lag
         # every rank sends and receives rows through the engine in these routings (a remote peer exists)
         assert s["staged_bytes"] > 0 and s["staging_ns"] > 0, (r, s)
+    if pieces:  # pieces went out while the next was copied, summed over every process (a rank may have no rows)
+        import numpy as np
+        from jax.experimental import multihost_utils
+        mine = np.array([sum(s[k] for s in stats.values()) for k in ("comb_pieces", "pieces_behind_copy")], np.int64)
+        total = np.sum(multihost_utils.process_allgather(mine).reshape(-1, 2), axis=0)
+        assert (total > 0).all(), (total, stats)
     comm.close()
 
 
