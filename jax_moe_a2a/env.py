@@ -144,6 +144,9 @@ VARS = (
     Var("HOST_PACK_PAUSE_S", "float", "0", "cc/host/host_comm.cc (at communicator creation)",
         "host backend, proxied, tests: dispatch_send sleeps this long after publishing each remote "
         "destination's rows but the last (tests/test_proxy_pipeline.py)", _NATIVE),
+    Var("HOST_COPY_PAUSE_S", "float", "0", "cc/host/host_comm.cc (at communicator creation)",
+        "host backend, `HOST_STAGED`, tests: each row copy of the proxy takes at least this long (a slow "
+        "copy engine: the pieces of a write go out apart; tests/test_staging.py)", _NATIVE),
     # ---- tests ---------------------------------------------------------------------------------
     Var("TEST_DEVICES", "int", "8 (1 per process under mpirun)", "tests/conftest.py",
         "CPU devices per test process", _TEST),

@@ -146,7 +146,8 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
     rows_.push_back(c.packer);
     copies.push_back(c);
   }
-  if (staged) staging_ = std::make_unique<StagedRows>(std::move(copies));
+  if (staged)
+    staging_ = std::make_unique<StagedRows>(std::move(copies), env::get_double("JAX_MOE_A2A_HOST_COPY_PAUSE_S", 0));
 }
 
 RankComm::~RankComm() {

@@ -55,7 +55,7 @@ std::vector<int> Arrivals::missing() const {
   std::vector<int> out;
   for (const Part& p : parts)
     for (size_t i = 0; i < p.ranks.size(); ++i)
-      if (!p.seen[i]) out.push_back(p.ranks[i]);
+      if (!p.seen[i]) out.push_back(p.rank_at(i));
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
@@ -65,7 +65,7 @@ uint64_t Arrivals::missing_mask() const {
   uint64_t m = 0;
   for (const Part& p : parts)
     for (size_t i = 0; i < p.ranks.size(); ++i)
-      if (!p.seen[i]) m |= 1ull << p.ranks[i];
+      if (!p.seen[i]) m |= 1ull << p.rank_at(i);
   return m;
 }
 
@@ -74,7 +74,7 @@ void Arrivals::keep_only(const std::vector<uint8_t>& keep) {
     std::vector<int> ranks;
     std::vector<uint8_t> seen;
     for (size_t i = 0; i < p.ranks.size(); ++i)
-      if (p.ranks[i] < int(keep.size()) && keep[p.ranks[i]]) {
+      if (p.rank_at(i) < int(keep.size()) && keep[p.rank_at(i)]) {
         ranks.push_back(p.ranks[i]);
         seen.push_back(p.seen[i]);
       }
@@ -104,6 +104,14 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   if (!(comb_split >= 1 && comb_split <= 64) || comb_split != static_cast<int>(comb_split))
     throw std::invalid_argument(format("JAX_MOE_A2A_COMB_PIECES=%g: expected an integer in [1, 64]", comb_split));
   comb_split_ = static_cast<int>(comb_split);
+  // Every piece's immediate carries piece * N + rank in its 16-bit rank field (piece_imm).
+  const int64_t most_rows = std::max(lay_.priv, lay_.P - lay_.priv);
+  const int64_t most_pieces = std::max<int64_t>(pieces(most_rows * lay_.row), comb_pieces());
+  if (most_pieces * o.shape.N > int64_t(transfer::kImmMaxRank) + 1)
+    throw std::invalid_argument(format("JAX_MOE_A2A_WRITE_CHUNK_KIB=%g: a write of %lld bytes would go in %lld pieces; "
+                                       "with %d ranks at most %lld (a larger chunk)", chunk_kib,
+                                       (long long)(most_rows * lay_.row), (long long)most_pieces, o.shape.N,
+                                       (long long)((int64_t(transfer::kImmMaxRank) + 1) / o.shape.N)));
   for (WriteCounts* w : {&rows_w_, &comb_w_}) {
     w->bytes.reset(new std::atomic<uint64_t>[o.shape.N]);
     for (int r = 0; r < o.shape.N; ++r) w->bytes[r].store(0, std::memory_order_relaxed);
@@ -114,7 +122,8 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   }
   alive_.assign(o.slots, std::vector<uint8_t>(o.shape.N, 1));
   comb_off_.assign(o.slots, std::vector<int64_t>(o.shape.N, 0));
-  comb_in_from_.assign(o.slots, std::vector<std::vector<ByteRange>>(o.shape.N));
+  comb_runs_.assign(o.slots, std::vector<std::vector<ByteRange>>(o.shape.N));
+  comb_nominal_.assign(o.slots, std::vector<int64_t>(o.shape.N, 0));
   owed_d_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
   owed_c_.assign(o.slots, std::vector<uint32_t>(o.shape.N, 0));
   for (const SlotBuffers& b : bufs_) {
@@ -194,19 +203,20 @@ Arrivals Exchange::expect_free_d(int z, uint32_t e) const { return live(z, expec
 Arrivals Exchange::expect_counts(int z, uint32_t e) const { return live(z, expect({tag_of(kCounts, z)}, all_, e)); }
 Arrivals Exchange::expect_rows(int z, uint32_t e) const {
   Arrivals a = live(z, expect({tag_of(kPriv, z), tag_of(kOver, z)}, remote_, e));
-  if (chunk_ <= 0 && rails_ <= 1) return a;
-  // A write in pieces arrives as that many immediates: each source once per piece (post_private_to's
-  // and post_overflow's sizes, from the source's count matrix, which came with its COUNTS).
+  // A write in pieces arrives as that many immediates, piece i's naming i * N + the source
+  // (piece_imm; post_private_to's and post_overflow's sizes, from the source's count matrix, which
+  // came with its COUNTS).
   for (Arrivals::Part& p : a.parts) {
     const bool priv = p.tag == tag_of(kPriv, z);
     std::vector<int> ranks;
     for (int r : p.ranks) {
       const int64_t rows = rows_between(z, r, rank_);
-      const int64_t n = priv ? priv_rows(rows) : over_rows(rows);
-      ranks.insert(ranks.end(), pieces(n * lay_.row), r);
+      const int n = pieces((priv ? priv_rows(rows) : over_rows(rows)) * lay_.row);
+      for (int i = 0; i < n; ++i) ranks.push_back(i * o_.shape.N + r);
     }
     p.ranks = std::move(ranks);
     p.seen.assign(p.ranks.size(), 0);
+    p.piece_stride = o_.shape.N;
   }
   return a;
 }
@@ -215,13 +225,14 @@ Arrivals Exchange::expect_comb(int z, uint32_t c) const {
   std::vector<uint32_t> tags;
   for (int j = 0; j < o_.shape.tp; ++j) tags.push_back(comb_tag(j, z));
   Arrivals a = live(z, expect(tags, remote_, c));
-  if (comb_pieces() > 1)  // each source's COMB in comb_pieces() writes
-    for (Arrivals::Part& p : a.parts) {
-      std::vector<int> ranks;
-      for (int r : p.ranks) ranks.insert(ranks.end(), comb_pieces(), r);
-      p.ranks = std::move(ranks);
-      p.seen.assign(p.ranks.size(), 0);
-    }
+  for (Arrivals::Part& p : a.parts) {  // each source's COMB in comb_pieces() writes (piece_imm)
+    std::vector<int> ranks;
+    for (int r : p.ranks)
+      for (int i = 0; i < comb_pieces(); ++i) ranks.push_back(i * o_.shape.N + r);
+    p.ranks = std::move(ranks);
+    p.seen.assign(p.ranks.size(), 0);
+    p.piece_stride = o_.shape.N;
+  }
   return a;
 }
 
@@ -372,6 +383,11 @@ ByteRange Exchange::piece_of(int64_t bytes, int n, int i) {
   return {at, std::min(each, bytes - at)};
 }
 
+ByteRange Exchange::comb_piece_of(int64_t bytes, int64_t nominal, int n, int i) {
+  const ByteRange p = piece_of(nominal, n, i);
+  return {std::min(p.off, bytes), std::clamp<int64_t>(bytes - p.off, 0, p.len)};
+}
+
 void Exchange::write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
                             const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t im, int n,
                             WriteCounts& counts) {
@@ -381,15 +397,20 @@ void Exchange::write_pieces(int d, const transfer::Region& src, int64_t src_off,
 void Exchange::write_piece(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
                            const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t im, int n, int i,
                            WriteCounts& counts) {
+  write_range(d, src, src_off, n <= 1 ? ByteRange{0, bytes} : piece_of(bytes, n, i), dst, dst_off, im, n, i, counts);
+}
+
+void Exchange::write_range(int d, const transfer::Region& src, int64_t src_off, const ByteRange& p,
+                           const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t im, int n, int i,
+                           WriteCounts& counts) {
+  counts.bytes[d].fetch_add(uint64_t(p.len), std::memory_order_relaxed);
+  if (p.len == 0) dst = nullptr;  // the immediate alone
   if (n <= 1) {  // one write: the peer's own rail
-    counts.bytes[d].fetch_add(uint64_t(bytes), std::memory_order_relaxed);
-    engine_->write(d, src, src_off, bytes, dst, dst_off, im);
+    engine_->write(d, src, src_off + p.off, p.len, dst, dst_off + p.off, im);
     return;
   }
-  const ByteRange p = piece_of(bytes, n, i);
-  counts.bytes[d].fetch_add(uint64_t(p.len), std::memory_order_relaxed);
   if (i > 0) counts.extra.fetch_add(1, std::memory_order_relaxed);
-  engine_->write_on(i % rails_, d, src, src_off + p.off, p.len, p.len ? dst : nullptr, dst_off + p.off, im);
+  engine_->write_on(i % rails_, d, src, src_off + p.off, p.len, dst, dst_off + p.off, piece_imm(im, i));
 }
 
 const int32_t* Exchange::counts_of(int z, int src) const {
@@ -445,17 +466,21 @@ int64_t Exchange::landed_offset(int src, int64_t j, int64_t over_base) const {
 void Exchange::take_combine_offsets(int z) {
   const int L = o_.shape.local_experts();
   std::vector<int64_t>& off = comb_off_[z];
-  for (int src = 0; src < o_.shape.N; ++src)  // a masked rank's count matrix is stale: zeros
+  for (int src = 0; src < o_.shape.N; ++src) {  // a masked rank's count matrix is stale: zeros
     off[src] = alive(z, src) && alive(z, rank_) ? combine_offset(counts_of(z, src), L, rank_) : 0;
+    comb_nominal_[z][src] = rows_between(z, src, rank_);
+  }
   // Where remote expert ranks d will put the rows of our group's member j (source g0 + j): rows
   // [j * Q + combine_offset(source's counts, d), + rows the source sent d) of c_recv.
-  for (auto& v : comb_in_from_[z]) v.clear();
   const int tp = o_.shape.tp, g0 = rank_ / tp * tp;
-  for (int j = 0; j < tp && alive(z, rank_); ++j) {
-    const int src = g0 + j;
-    if (!alive(z, src)) continue;
-    for (int d : remote_)
-      append(comb_in_from_[z][d], int64_t(j) * lay_.Q + combine_offset(counts_of(z, src), L, d), rows_between(z, src, d));
+  for (int d : remote_) {
+    std::vector<ByteRange>& runs = comb_runs_[z][d];
+    runs.assign(tp, ByteRange{0, 0});
+    for (int j = 0; j < tp && alive(z, rank_); ++j) {
+      const int src = g0 + j;
+      if (alive(z, src))
+        runs[j] = {int64_t(j) * lay_.Q + combine_offset(counts_of(z, src), L, d), rows_between(z, src, d)};
+    }
   }
 }
 
@@ -465,7 +490,8 @@ void Exchange::adopt_combine_offsets(int z, int from) {
                                        from, o_.slots));
   if (from == z) return;
   comb_off_[z] = comb_off_[from];
-  comb_in_from_[z] = comb_in_from_[from];
+  comb_nominal_[z] = comb_nominal_[from];
+  comb_runs_[z] = comb_runs_[from];
 }
 
 std::vector<ByteRange> Exchange::send_rows_of_piece(int z, int d, int i) const {
@@ -480,13 +506,13 @@ std::vector<ByteRange> Exchange::send_rows_of_piece(int z, int d, int i) const {
   return out;
 }
 
-std::vector<ByteRange> Exchange::landed_rows_of(int z, int src, const int64_t* over_base) const {
-  std::vector<ByteRange> out;
-  if (!remote(src, rank_) || !alive(z, src)) return out;
-  const int64_t n = rows_between(z, src, rank_);  // as post_overflow and overflow_bases count
-  append(out, int64_t(src) * lay_.priv * lay_.row, priv_rows(n) * lay_.row);
-  append(out, lay_.over_off + over_base[src] * lay_.row, over_rows(n) * lay_.row);
-  return out;
+ByteRange Exchange::landed_piece(int z, int part, int src, int piece, const int64_t* over_base) const {
+  if (!remote(src, rank_) || !alive(z, src) || part < 0 || part > 1) return {0, 0};
+  const int64_t n = rows_between(z, src, rank_);  // as post_private_to and post_overflow_to count
+  const int64_t bytes = (part == 0 ? priv_rows(n) : over_rows(n)) * lay_.row;
+  const int64_t base = part == 0 ? int64_t(src) * lay_.priv * lay_.row : lay_.over_off + over_base[src] * lay_.row;
+  const ByteRange p = piece_of(bytes, pieces(bytes), piece);
+  return {base + p.off, p.len};
 }
 
 std::vector<ByteRange> Exchange::combine_send_rows_of_piece(int z, int m, const int32_t* rows_from, int64_t stride,
@@ -496,15 +522,16 @@ std::vector<ByteRange> Exchange::combine_send_rows_of_piece(int z, int m, const 
   const int tp = o_.shape.tp, g0 = m / tp * tp;
   for (int j = 0; j < tp; ++j) {
     const int64_t bytes = std::clamp<int64_t>(rows_from[g0 + j], 0, lay_.P) * stride;
-    const ByteRange p = piece_of(bytes, comb_pieces(), i);
+    const ByteRange p = comb_piece_of(bytes, comb_nominal_[z][g0 + j] * stride, comb_pieces(), i);
     append(out, int64_t(g0 + j) * lay_.P * stride + p.off, p.len);
   }
   return out;
 }
 
-std::vector<ByteRange> Exchange::combine_landed_rows_from(int z, int d, int64_t stride) const {
-  std::vector<ByteRange> out;
-  for (const ByteRange& r : comb_in_from_[z].at(d)) append(out, r.off * stride, r.len * stride);
+std::vector<ByteRange> Exchange::combine_landed_runs(int z, int d, int64_t stride) const {
+  std::vector<ByteRange> out(o_.shape.tp, ByteRange{0, 0});
+  const std::vector<ByteRange>& runs = comb_runs_[z].at(d);
+  for (size_t j = 0; j < runs.size(); ++j) out[j] = {runs[j].off * stride, runs[j].len * stride};
   return out;
 }
 
@@ -529,10 +556,10 @@ void Exchange::check_combine(int z, int m, const int32_t* rows_from, int64_t str
   const int64_t* off = comb_off_[z].data();
   const int tp = o_.shape.tp, g0 = m / tp * tp;
   for (int src = g0; src < g0 + tp; ++src)
-    if (rows_from[src] < 0 || rows_from[src] > lay_.P || off[src] + rows_from[src] > lay_.Q)
+    if (rows_from[src] < 0 || rows_from[src] > comb_nominal_[z][src] || off[src] + rows_from[src] > lay_.Q)
       throw std::invalid_argument(format("jax_moe_a2a combine: %d rows from rank %d at combine offset %lld (at "
-                                         "most %d, and offset + rows at most %d)", rows_from[src], src,
-                                         (long long)off[src], lay_.P, lay_.Q));
+                                         "most the %lld it sent, and offset + rows at most %d)", rows_from[src], src,
+                                         (long long)off[src], (long long)comb_nominal_[z][src], lay_.Q));
 }
 
 void Exchange::post_combine_to(int z, uint32_t c, int m, const int32_t* rows_from, int64_t stride) {
@@ -549,12 +576,13 @@ void Exchange::post_combine_piece(int z, uint32_t c, int m, const int32_t* rows_
   // j * Q + off[src] (the rows src sends ranks below us come first there).
   const int64_t* off = comb_off_[z].data();
   const int tp = o_.shape.tp, g0 = m / tp * tp;
+  const int n = comb_pieces();
   for (int j = 0; j < tp; ++j) {
     const int src = g0 + j;
     const int64_t bytes = int64_t(rows_from[src]) * stride;
-    write_piece(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride, bytes,
-                bytes ? &regions_[z].c_recv_peer[m] : nullptr, (int64_t(j) * lay_.Q + off[src]) * stride,
-                imm(comb_tag(j, z), c), comb_pieces(), i, comb_w_);
+    write_range(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride,
+                comb_piece_of(bytes, comb_nominal_[z][src] * stride, n, i), &regions_[z].c_recv_peer[m],
+                (int64_t(j) * lay_.Q + off[src]) * stride, imm(comb_tag(j, z), c), n, i, comb_w_);
   }
 }
 

@@ -103,8 +103,13 @@ struct Arrivals {
   struct Part {
     uint32_t tag;
     uint32_t epoch;  // as the immediates carry it (transfer::kImmMaxEpoch bits)
-    std::vector<int> ranks;
+    std::vector<int> ranks;  // the immediates' rank fields, one entry per arrival awaited
     std::vector<uint8_t> seen;
+    // > 0 (the rows' parts, N): a write in pieces, ranks[i] = piece * piece_stride + rank (piece i
+    // of a write carries its index in the immediate: Exchange::piece_imm); 0: ranks[i] is the rank.
+    int piece_stride = 0;
+    int rank_at(size_t i) const { return piece_stride > 0 ? ranks[i] % piece_stride : ranks[i]; }
+    int piece_at(size_t i) const { return piece_stride > 0 ? ranks[i] / piece_stride : 0; }
   };
   std::vector<Part> parts;
   std::vector<int> missing() const;  // ranks not yet seen in some part, ascending, unique
@@ -174,9 +179,11 @@ class Exchange {
   // ---- what each step waits for ------------------------------------------------------------
   Arrivals expect_free_d(int z, uint32_t e) const;  // FREE_D(e) from remote ranks
   Arrivals expect_counts(int z, uint32_t e) const;  // COUNTS(e) from every rank
-  Arrivals expect_rows(int z, uint32_t e) const;    // PRIV(e) and OVER(e) from remote ranks
+  // PRIV(e) and OVER(e) from remote ranks: parts [PRIV, OVER], an entry per piece of each write
+  Arrivals expect_rows(int z, uint32_t e) const;
   Arrivals expect_free_c(int z, uint32_t c) const;  // FREE_C(c) from remote ranks
-  Arrivals expect_comb(int z, uint32_t c) const;    // COMB(c) for every tp member from remote ranks
+  // COMB(c) from remote ranks: part j for tp member j's rows, an entry per piece (combine_pieces)
+  Arrivals expect_comb(int z, uint32_t c) const;
   // Non-blocking: true when everything arrived (arrivals are consumed as they are seen).
   bool poll(Arrivals& a);
   // Bit r: rank r's COUNTS(e) of slot z arrived and nobody consumed it yet (nothing is consumed
@@ -213,7 +220,8 @@ class Exchange {
   // rows_from[src]: rows we received from src in the matching dispatch; c_send holds them at
   // [src][P][stride] (stride = H * output itemsize). Src's run goes to every remote member m of
   // its tp group at row (src % tp) * Q + combine_offsets(z)[src] of m's region (the snapshot of
-  // the matching dispatch); refused unless that offset + rows_from[src] <= Q.
+  // the matching dispatch); refused unless that offset + rows_from[src] <= Q and rows_from[src] is at
+  // most the rows src sent us in that dispatch.
   void post_combine(int z, uint32_t c, const int32_t* rows_from, int64_t stride);
   // post_combine's writes to remote rank m alone.
   void post_combine_to(int z, uint32_t c, int m, const int32_t* rows_from, int64_t stride);
@@ -255,7 +263,7 @@ class Exchange {
   const int64_t* combine_offsets(int z) const { return comb_off_[z].data(); }
   // A combine on slot z of the dispatch that ran on slot `from` (Communicator.combine_send's
   // `slot` argument): slot z's snapshot becomes slot from's (offsets and c_recv ranges). Call it
-  // before the combine's post_combine / combine_landed_rows_from on z, and before slot from's next
+  // before the combine's post_combine / combine_landed_runs on z, and before slot from's next
   // take_combine_offsets (the proxy: at the combine's "packed" step, or at that dispatch's "counts
   // in" step if that comes first). No-op when from == z.
   void adopt_combine_offsets(int z, int from);
@@ -266,17 +274,25 @@ class Exchange {
   // private_pieces(z, d) reads (from counts_send, so after the packer wrote it); the last piece's
   // also holds d's OVER rows, so every row for d is copied once PRIV is out, before OVER may go.
   std::vector<ByteRange> send_rows_of_piece(int z, int d, int i) const;
-  // d_recv: what remote source src's PRIV and OVER put there this dispatch (valid after COUNTS);
-  // over_base: overflow_bases(z)'s (the proxy's published copy).
-  std::vector<ByteRange> landed_rows_of(int z, int src, const int64_t* over_base) const;
   // c_send: what post_combine_piece(z, c, m, rows_from, stride, i) reads: piece i of the runs of m's
   // tp group's members.
   std::vector<ByteRange> combine_send_rows_of_piece(int z, int m, const int32_t* rows_from, int64_t stride,
                                                     int i) const;
-  // c_recv: where remote expert rank d writes the rows of our tp group's members in the combine of
-  // the dispatch whose offsets take_combine_offsets took last (at most: a receiver that dropped
-  // rows over capacity sends fewer), at `stride` bytes a row.
-  std::vector<ByteRange> combine_landed_rows_from(int z, int d, int64_t stride) const;
+  // d_recv: where piece `piece` of remote source src's PRIV (part 0 of expect_rows) or OVER (part 1)
+  // landed (valid after COUNTS; over_base: overflow_bases(z)'s, or the proxy's published copy). A packer whose rows live elsewhere
+  // copies each piece as it lands.
+  ByteRange landed_piece(int z, int part, int src, int piece, const int64_t* over_base) const;
+  // c_recv: where remote expert rank d writes the rows of our tp group's member j, [tp] runs, in the
+  // combine of the dispatch whose offsets take_combine_offsets took last (at most: a rank that
+  // dropped rows over capacity sends fewer), at `stride` bytes a row.
+  std::vector<ByteRange> combine_landed_runs(int z, int d, int64_t stride) const;
+  // Where piece i of a COMB write into `run` (one of combine_landed_runs) lands: the writer splits
+  // by the run the receiver expects, not by the rows it has (it may have fewer), so the receiver
+  // knows each piece's bytes.
+  ByteRange combine_landed_piece(const ByteRange& run, int i) const {
+    const ByteRange p = piece_of(run.len, comb_pieces(), i);
+    return {run.off + p.off, p.len};
+  }
 
  private:
   uint32_t imm(uint32_t tag, uint32_t epoch) const;
@@ -293,6 +309,13 @@ class Exchange {
   // Piece i of n of a write of `bytes`: equal pieces, the last one shorter, empty ones carrying only
   // the immediate. {offset in the write, length}.
   static ByteRange piece_of(int64_t bytes, int n, int i);
+  // The bytes of piece i of n of a COMB write of `bytes` into a run of `nominal` bytes (the rows
+  // the source sent us, which the receiver expects back): piece_of(nominal) cut to `bytes`.
+  static ByteRange comb_piece_of(int64_t bytes, int64_t nominal, int n, int i);
+  // Piece i's immediate: the write's immediate `im` (our rank in its rank field) with the rank field
+  // i * N + rank, so the receiver tells the pieces apart (Arrivals::Part::piece_stride). Piece 0's
+  // is the write's own. The constructor refuses sizes whose pieces would not fit 16 bits.
+  uint32_t piece_imm(uint32_t im, int i) const { return im + uint32_t(i) * uint32_t(o_.shape.N); }
   // Our PRIV write to d: its source offset in d_send and its bytes (0 rows: 0).
   ByteRange private_write(int z, int d) const;
   // What a kind of row write posted: writes past the first of each split write, bytes per rank.
@@ -305,6 +328,10 @@ class Exchange {
                     const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm, int n, WriteCounts& counts);
   // Piece i of n of that write alone (write_pieces posts every i in order).
   void write_piece(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
+                   const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm, int n, int i, WriteCounts& counts);
+  // Piece i of n as the bytes p of the write (offsets from src_off / dst_off), with piece i's
+  // immediate (piece_imm); n <= 1: the whole write on the peer's own rail.
+  void write_range(int d, const transfer::Region& src, int64_t src_off, const ByteRange& p,
                    const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm, int n, int i, WriteCounts& counts);
   void write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
                     const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm) {
@@ -338,8 +365,12 @@ class Exchange {
   std::vector<int> all_, remote_;
   std::vector<std::vector<uint8_t>> alive_;  // [slot][N]
   std::vector<std::vector<int64_t>> comb_off_;  // [slot][N src]: take_combine_offsets
-  // [slot][remote rank d]: take_combine_offsets' c_recv ranges that d writes, in rows
-  std::vector<std::vector<std::vector<ByteRange>>> comb_in_from_;
+  // [slot][remote rank d][tp member j]: take_combine_offsets' c_recv run that d writes for our
+  // group's member j, in rows
+  std::vector<std::vector<std::vector<ByteRange>>> comb_runs_;
+  // [slot][N src]: take_combine_offsets' rows src sent us, the run each COMB write of ours to src's
+  // group fills (comb_piece_of's nominal)
+  std::vector<std::vector<int64_t>> comb_nominal_;
   // [slot][N]: the FREE_D / FREE_C epoch + 1 each rank owes us (expect_owed_free_d; 0: none)
   std::vector<std::vector<uint32_t>> owed_d_, owed_c_;
 };

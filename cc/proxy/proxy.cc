@@ -439,53 +439,80 @@ bool Proxy::stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved) {
 }
 
 bool Proxy::stage_by_source(int z, SlotState& s, uint32_t e, RowBuffer b, int op, const protocol::Arrivals& wait,
-                            SlotState::RankCopies& rc, uint64_t& flagged, uint64_t* flags,
-                            const std::function<std::vector<protocol::ByteRange>(int)>& ranges_of,
+                            SlotState::LandedCopies& lc, uint64_t& flagged, uint64_t* flags,
+                            const std::function<protocol::ByteRange(int, int, int)>& ranges_of,
                             uint64_t ProxyStats::*early, bool* moved) {
-  // A rank's rows copied: a packer that reads per-source flags (the host backend's) may unpack them
-  // now (where no landing fence has to come first; the cuda path reads only d_landed / c_landed).
-  auto copied = [&](int r) {
-    rc.done |= 1ull << r;
+  const size_t parts = wait.parts.size();
+  if (lc.copied.size() != parts) {  // the epoch's first look
+    lc.copied.resize(parts);
+    for (size_t p = 0; p < parts; ++p) lc.copied[p].assign(wait.parts[p].ranks.size(), 0);
+  }
+  if (!lc.in_flight.empty()) {  // one copy at a time (RowStaging: start after the last one is done)
+    if (!staged(z, s, b, op, e)) return false;
+    for (const auto& [p, k] : lc.in_flight) lc.copied[p][k] = 1;
+    lc.in_flight.clear();
+    *moved = true;
+  }
+  // Every entry that landed and is not copied goes into the next copy (adjacent pieces merged).
+  std::vector<protocol::ByteRange> ranges;
+  uint64_t pending = 0;  // bit r: an entry of rank r not landed or not copied
+  bool piece_early = false;  // the copy holds a piece of a write whose other pieces are still coming
+  for (size_t p = 0; p < parts; ++p) {
+    const protocol::Arrivals::Part& part = wait.parts[p];
+    uint64_t unseen = 0;  // bit r: a piece of rank r's write in this part still to come
+    for (size_t k = 0; k < part.ranks.size(); ++k)
+      if (!part.seen[k]) unseen |= 1ull << part.rank_at(k);
+    for (size_t k = 0; k < part.ranks.size(); ++k) {
+      if (lc.copied[p][k]) continue;
+      const int r = part.rank_at(k);
+      pending |= 1ull << r;
+      if (!part.seen[k]) continue;
+      const protocol::ByteRange got = ranges_of(int(p), r, part.piece_at(k));
+      if (got.len == 0) {  // nothing to copy (an empty piece, or a rank the slot's mask leaves out)
+        lc.copied[p][k] = 1;
+        continue;
+      }
+      if (!ranges.empty() && ranges.back().off + ranges.back().len == got.off) ranges.back().len += got.len;
+      else ranges.push_back(got);
+      lc.in_flight.emplace_back(int(p), k);
+      piece_early |= (unseen >> r & 1) != 0;
+    }
+  }
+  if (!ranges.empty()) {
+    stage(z, s, b, ranges);
+    *moved = true;
+    if (wait.missing_mask()) {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++(stats_.*early);
+      stats_.pieces_copied_early += piece_early;
+    }
+  }
+  // A rank's rows all copied: a packer that reads per-source flags (the host backend's) may unpack
+  // them now (where no landing fence has to come first; the cuda path reads only d_landed / c_landed).
+  for (int r : ex_.remote_ranks()) {
+    if ((lc.done | pending) >> r & 1) continue;
+    lc.done |= 1ull << r;
     if (source_flags_ && !flags_.landing_fence && !(flagged >> r & 1)) {
       store_release(&flags[r], uint64_t(e) + 1);
       flagged |= 1ull << r;
     }
-  };
-  if (rc.copying >= 0) {  // one copy at a time (RowStaging: start after the last one is done)
-    if (!staged(z, s, b, op, e)) return false;
-    copied(rc.copying);
-    rc.copying = -1;
-    *moved = true;
   }
-  const uint64_t missing = wait.missing_mask();  // bit r: some of r's writes not yet here
-  for (int r : ex_.remote_ranks()) {
-    if ((rc.done | missing) >> r & 1) continue;
-    const std::vector<protocol::ByteRange> ranges = ranges_of(r);
-    if (ranges.empty()) {  // nothing of r's to copy (no rows, or a rank the slot's mask leaves out)
-      copied(r);
-      continue;
-    }
-    stage(z, s, b, ranges);
-    rc.copying = r;
-    *moved = true;
-    if (missing) {
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      ++(stats_.*early);
-    }
-    return false;
-  }
-  return missing == 0;  // every rank's rows here and copied
+  return pending == 0;  // every entry here and copied
 }
 
 bool Proxy::stage_landed(int z, SlotState& s, uint32_t e, bool* moved) {
+  const int64_t* over_base = ctrl_->slot[z].over_base;
   return stage_by_source(z, s, e, RowBuffer::kDRecv, kDispatchRecv, s.d_wait, s.d_src, s.src_landed,
-                         ctrl_->slot[z].d_landed_from, [&](int r) { return ex_.landed_rows_of(z, r, ctrl_->slot[z].over_base); },
+                         ctrl_->slot[z].d_landed_from,
+                         [&](int part, int r, int piece) { return ex_.landed_piece(z, part, r, piece, over_base); },
                          &ProxyStats::staged_early, moved);
 }
 
 bool Proxy::stage_comb_landed(int z, SlotState& s, uint32_t e, bool* moved) {
+  // part j of the combine's wait: tp member j's rows
   return stage_by_source(z, s, e, RowBuffer::kCRecv, kCombineRecv, s.c_wait, s.c_src, s.comb_landed,
-                         ctrl_->slot[z].c_landed_from, [&](int r) { return s.comb_in.at(r); },
+                         ctrl_->slot[z].c_landed_from,
+                         [&](int j, int r, int piece) { return ex_.combine_landed_piece(s.comb_in.at(r).at(j), piece); },
                          &ProxyStats::comb_staged_early, moved);
 }
 
@@ -754,7 +781,7 @@ bool Proxy::step_combine(int z, SlotState& s) {
       if (staging_) {
         // c_recv's ranges now: the next dispatch's counts replace the offsets they come from.
         s.comb_in.assign(ex_.options().shape.N, {});
-        for (int d : ex_.remote_ranks()) s.comb_in[d] = ex_.combine_landed_rows_from(z, d, c.c_stride);
+        for (int d : ex_.remote_ranks()) s.comb_in[d] = ex_.combine_landed_runs(z, d, c.c_stride);
       }
       [[fallthrough]];
     case kCSendCopy:

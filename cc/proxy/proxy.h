@@ -132,10 +132,14 @@ struct ProxyStats {
   // Host backend's proxied mode under `peer`: remote sources whose rows dispatch_recv unpacked
   // before d_landed was raised (the rest still in flight). 0 when it waits for d_landed.
   uint64_t recv_early = 0;
-  // Row staging: remote sources whose landed dispatch rows were copied to the packer's buffer
-  // while other sources' rows were still in flight (the landed rows are copied source by source).
+  // Row staging: copies of landed dispatch rows to the packer's buffer started while other rows
+  // were still in flight (the landed rows are copied as they land: each copy takes every piece of
+  // every source's writes that landed since the last one).
   uint64_t staged_early = 0;
   uint64_t comb_staged_early = 0;  // the same for the landed COMB rows of remote expert ranks
+  // Of those (both), copies holding a piece of a write whose later pieces were still in flight
+  // (writes in pieces: JAX_MOE_A2A_WRITE_CHUNK_KIB, COMB_PIECES, RAILS).
+  uint64_t pieces_copied_early = 0;
   // Row staging with PRIV (JAX_MOE_A2A_WRITE_CHUNK_KIB) or COMB (JAX_MOE_A2A_COMB_PIECES) in pieces:
   // pieces posted while the copy of the same destination's next piece ran (the wire overlapping the
   // copies; 0 with one piece a write).
@@ -182,7 +186,7 @@ class Proxy {
     bool d_armed = false, c_armed = false;  // d_wait / c_wait built for the current stage
     std::chrono::steady_clock::time_point d_since{}, c_since{};  // kernel started waiting (0: not yet)
     std::chrono::steady_clock::time_point counts_out{}, comb_out{};
-    // staging: c_recv's ranges each remote rank writes [N], taken when our combine was packed
+    // staging: c_recv's runs each remote rank writes [N][tp member], taken when our combine was packed
     std::vector<std::vector<protocol::ByteRange>> comb_in;
     // Per epoch (cleared by next_dispatch / next_combine, the only places an epoch ends):
     bool c_adopted = false;  // the packed combine took its dispatch's combine offsets (adopt())
@@ -190,13 +194,16 @@ class Proxy {
     uint64_t over_posted = 0;  // bit d: our OVER write of this epoch to remote rank d went out early
     uint64_t src_landed = 0;   // bit src: d_landed_from[src] raised for this epoch
     uint64_t comb_landed = 0;  // bit d: c_landed_from[d] raised for this combine epoch
-    // Row staging of landed rows (stage_by_source): bit r of `done`, remote rank r's rows copied this
-    // epoch; `copying`, the rank whose copy is in flight, or -1.
-    struct RankCopies {
+    // Row staging of landed rows (stage_by_source), per entry of the step's wait (one piece of one
+    // remote rank's write): copied[part][k], entry k of that part copied (or nothing to copy);
+    // `in_flight`, the entries of the copy that runs ({part, k}; empty: none); bit r of `done`,
+    // every entry of remote rank r landed and copied this epoch.
+    struct LandedCopies {
       uint64_t done = 0;
-      int copying = -1;
+      std::vector<std::vector<uint8_t>> copied;
+      std::vector<std::pair<int, size_t>> in_flight;
     };
-    RankCopies d_src;  // the dispatch's landed rows
+    LandedCopies d_src;  // the dispatch's landed rows
     // Row staging of send rows: the peer whose rows are being copied (-1: none) and the piece of
     // its write that copy is for (Exchange::private_pieces / combine_pieces; 0 for a write in one).
     struct PieceCopy {
@@ -204,7 +211,7 @@ class Proxy {
     };
     PieceCopy d_send_copy;     // our PRIV (and OVER) rows for a destination
     uint64_t comb_posted = 0;  // bit m: our COMB writes of this combine epoch to remote rank m are posted
-    RankCopies c_src;          // the combine's landed COMB rows
+    LandedCopies c_src;        // the combine's landed COMB rows
     PieceCopy c_send_copy;      // our COMB rows for a remote rank (its tp group's, once per group)
     uint64_t comb_groups_copied = 0;  // row staging, bit g0: the COMB rows of tp group g0.. are copied
     std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
@@ -224,14 +231,15 @@ class Proxy {
 
   void run();
   bool step_dispatch(int z, SlotState& s);
-  // Row staging of landed rows (buffer b: kDRecv or kCRecv), remote rank by remote rank as `wait`
-  // no longer misses any of its writes (the next copy starts when the last one is done): after each
-  // copy the rank's flags[r] (d_landed_from / c_landed_from) for a packer that reads them, and
-  // `early` counts the copies started while other ranks' writes were still missing. True once every
-  // remote rank is copied. Never blocks; `moved` is set when it started or finished a copy.
+  // Row staging of landed rows (buffer b: kDRecv or kCRecv) as they land: each copy takes every
+  // entry of `wait` (a piece of a remote rank's write) seen and not yet copied, its bytes
+  // ranges_of(part, rank, piece) (the next copy starts when the last one is done). Once every entry
+  // of rank r landed and is copied, flags[r] (d_landed_from / c_landed_from) for a packer that reads
+  // them; `early` counts the copies started while other writes were still missing. True once every
+  // entry is copied. Never blocks; `moved` is set when it started or finished a copy.
   bool stage_by_source(int z, SlotState& s, uint32_t e, RowBuffer b, int op, const protocol::Arrivals& wait,
-                       SlotState::RankCopies& rc, uint64_t& flagged, uint64_t* flags,
-                       const std::function<std::vector<protocol::ByteRange>(int)>& ranges_of,
+                       SlotState::LandedCopies& lc, uint64_t& flagged, uint64_t* flags,
+                       const std::function<protocol::ByteRange(int, int, int)>& ranges_of,
                        uint64_t ProxyStats::*early, bool* moved);
   // stage_by_source for the dispatch's landed PRIV / OVER rows and the combine's landed COMB rows.
   bool stage_landed(int z, SlotState& s, uint32_t e, bool* moved);
