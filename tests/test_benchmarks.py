@@ -1000,7 +1000,8 @@ def test_layers_proxied_host(tmp_path):
     raw = rec["raw_exchange"]
     assert raw["dispatch"]["p50_us"] > 0 and raw["combine"]["bytes_max"] > 0, raw  # the proxies' bytes, raw
     per = rec["proxy_per_layer"]  # one write a peer, no staging: nothing split, nothing copied
-    assert per == {"write_pieces": 0, "pieces_behind_copy": 0, "staged_bytes": 0, "staging_ns": 0}, per
+    assert per == {"write_pieces": 0, "pieces_behind_copy": 0, "pieces_copied_early": 0, "staged_bytes": 0,
+                   "staging_ns": 0}, per
     assert "0.0 extra PRIV/OVER pieces" in layers.describe_counters(per)
     direct = layers.run(jax, layers.parse_args([a for a in argv if a != "--proxied"]))
     assert direct["results"][0]["proxy_threads"] == 0 and direct["meta"]["proxied"] is False
