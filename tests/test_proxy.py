@@ -428,13 +428,17 @@ def test_rails_must_be_a_small_count(num_ranks, mesh, monkeypatch):
 
 def test_write_chunk_must_be_a_size(num_ranks, mesh, monkeypatch):
     """A negative or unparsable JAX_MOE_A2A_WRITE_CHUNK_KIB, and a JAX_MOE_A2A_COMB_PIECES that is
-    not an integer in [1, 64], are refused when the exchange is created, naming the variable."""
+    not an integer in [1, 64], are refused when the exchange is created, naming the variable; so is
+    a chunk so small that a write's pieces times the ranks would not fit the immediate's 16-bit rank
+    field (each piece carries piece * N + rank: 1-byte pieces of 32 rows of 2 KiB)."""
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
-    for var, bad in [("WRITE_CHUNK_KIB", "-1"), ("WRITE_CHUNK_KIB", "lots"), ("COMB_PIECES", "0"),
-                     ("COMB_PIECES", "2.5"), ("COMB_PIECES", "65")]:
+    wide = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=1024, max_tokens_per_rank=16)
+    for var, bad, s in [("WRITE_CHUNK_KIB", "-1", spec), ("WRITE_CHUNK_KIB", "lots", spec), ("COMB_PIECES", "0", spec),
+                        ("COMB_PIECES", "2.5", spec), ("COMB_PIECES", "65", spec),
+                        ("WRITE_CHUNK_KIB", "0.001", wide)]:
         monkeypatch.setenv("JAX_MOE_A2A_" + var, bad)
         with pytest.raises(ValueError, match=var):
-            proxied(spec, mesh, timeout_s=10.0).close()
+            proxied(s, mesh, timeout_s=10.0).close()
         monkeypatch.delenv("JAX_MOE_A2A_" + var)
 
 
