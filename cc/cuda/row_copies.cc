@@ -17,10 +17,13 @@ RowCopies::RowCopies(int device, std::vector<Slot> slots) : device_(device), slo
     check(cudaStreamCreateWithFlags(&to_gpu_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check(cudaMalloc(&scratch_gpu_, 64), "cudaMalloc");
     check(cudaHostAlloc(&scratch_host_, 64, cudaHostAllocDefault), "cudaHostAlloc");
+    tickets_.assign(slots_.size(), {});
     for (size_t z = 0; z < slots_.size(); ++z) {
       events_.push_back({});
-      for (cudaEvent_t& ev : events_.back()) ev = nullptr;
-      for (cudaEvent_t& ev : events_.back()) check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+      for (auto& evs : events_.back())
+        for (cudaEvent_t& ev : evs) ev = nullptr;
+      for (auto& evs : events_.back())
+        for (cudaEvent_t& ev : evs) check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
     }
   } catch (...) {
     release();
@@ -34,9 +37,10 @@ void RowCopies::release() {
   // Copies still in flight finish before their buffers can go (they never wait for a kernel).
   if (to_host_) cudaStreamSynchronize(to_host_);
   if (to_gpu_) cudaStreamSynchronize(to_gpu_);
-  for (auto& evs : events_)
-    for (cudaEvent_t ev : evs)
-      if (ev) cudaEventDestroy(ev);
+  for (auto& slot : events_)
+    for (auto& evs : slot)
+      for (cudaEvent_t ev : evs)
+        if (ev) cudaEventDestroy(ev);
   events_.clear();
   if (scratch_gpu_) cudaFree(scratch_gpu_);
   if (scratch_host_) cudaFreeHost(scratch_host_);
@@ -57,17 +61,19 @@ void RowCopies::prepare() {
   on_thread();
   check(cudaMemcpyAsync(scratch_gpu_, scratch_host_, 64, cudaMemcpyHostToDevice, to_gpu_), "cudaMemcpyAsync");
   check(cudaMemcpyAsync(scratch_host_, scratch_gpu_, 64, cudaMemcpyDeviceToHost, to_host_), "cudaMemcpyAsync");
-  for (auto& evs : events_)
+  for (auto& slot : events_)
     for (int i = 0; i < proxy::kRowBuffers; ++i)
-      check(cudaEventRecord(evs[i], proxy::to_registered(static_cast<proxy::RowBuffer>(i)) ? to_host_ : to_gpu_),
-            "cudaEventRecord");
+      for (cudaEvent_t ev : slot[i])
+        check(cudaEventRecord(ev, proxy::to_registered(static_cast<proxy::RowBuffer>(i)) ? to_host_ : to_gpu_),
+              "cudaEventRecord");
   check(cudaStreamSynchronize(to_gpu_), "cudaStreamSynchronize");
   check(cudaStreamSynchronize(to_host_), "cudaStreamSynchronize");
-  for (auto& evs : events_)
-    for (cudaEvent_t ev : evs) check(cudaEventQuery(ev), "cudaEventQuery");
+  for (auto& slot : events_)
+    for (auto& evs : slot)
+      for (cudaEvent_t ev : evs) check(cudaEventQuery(ev), "cudaEventQuery");
 }
 
-void RowCopies::start(int z, proxy::RowBuffer b, const std::vector<protocol::ByteRange>& ranges) {
+uint64_t RowCopies::start(int z, proxy::RowBuffer b, const std::vector<protocol::ByteRange>& ranges) {
   on_thread();
   const int i = static_cast<int>(b);
   const Slot& s = slots_.at(z);
@@ -81,11 +87,13 @@ void RowCopies::start(int z, proxy::RowBuffer b, const std::vector<protocol::Byt
               : cudaMemcpyAsync(gpu, host, r.len, cudaMemcpyHostToDevice, stream),
           "cudaMemcpyAsync");
   }
-  check(cudaEventRecord(events_[z][i], stream), "cudaEventRecord");
+  const uint64_t ticket = ++tickets_[z][i];
+  check(cudaEventRecord(events_[z][i][ticket % proxy::kCopyDepth], stream), "cudaEventRecord");
+  return ticket;
 }
 
-bool RowCopies::done(int z, proxy::RowBuffer b) {
-  const cudaError_t rc = cudaEventQuery(events_.at(z)[static_cast<int>(b)]);
+bool RowCopies::done(int z, proxy::RowBuffer b, uint64_t ticket) {
+  const cudaError_t rc = cudaEventQuery(events_.at(z)[static_cast<int>(b)][ticket % proxy::kCopyDepth]);
   if (rc == cudaErrorNotReady) return false;
   check(rc, "cudaEventQuery");
   return true;

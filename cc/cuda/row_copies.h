@@ -1,8 +1,8 @@
 // JAX_MOE_A2A_STAGING=copy: the inter-node path's rows live in GPU memory for the kernels (they pack
 // and unpack at GPU memory speed, as on the NVLink path) and in pinned host memory for the engine;
 // the proxy thread moves each step's rows between the two with the GPU's copy engines
-// (cudaMemcpyAsync on two non-blocking streams of its own, one per direction, completion polled
-// with an event): no SM takes part, and no call waits for the kernels (which may be spinning on
+// (cudaMemcpyAsync on two non-blocking streams of its own, one per direction, each copy's completion
+// polled with an event of its own, kCopyDepth per buffer in turn): no SM takes part, and no call waits for the kernels (which may be spinning on
 // every SM for those very rows). The proxy's side of it: proxy/staging.h.
 #pragma once
 
@@ -29,8 +29,8 @@ class RowCopies final : public proxy::RowStaging {
   // event on each stream, waited for, so that nothing the runtime sets up lazily is left for a copy
   // made while our receive kernels spin (such a call can wait for them: proxy/staging.h).
   void prepare() override;
-  void start(int z, proxy::RowBuffer b, const std::vector<protocol::ByteRange>& ranges) override;
-  bool done(int z, proxy::RowBuffer b) override;
+  uint64_t start(int z, proxy::RowBuffer b, const std::vector<protocol::ByteRange>& ranges) override;
+  bool done(int z, proxy::RowBuffer b, uint64_t ticket) override;
 
  private:
   void on_thread();  // the calling thread's current device is ours (the proxy thread's first call)
@@ -41,7 +41,10 @@ class RowCopies final : public proxy::RowStaging {
   cudaStream_t to_host_ = nullptr, to_gpu_ = nullptr;
   void* scratch_gpu_ = nullptr;   // prepare()'s 64 bytes
   void* scratch_host_ = nullptr;  // pinned
-  std::vector<std::array<cudaEvent_t, proxy::kRowBuffers>> events_;  // [slot][buffer]
+  // [slot][buffer][ticket % kCopyDepth]: the event recorded after that copy
+  using Events = std::array<std::array<cudaEvent_t, proxy::kCopyDepth>, proxy::kRowBuffers>;
+  std::vector<Events> events_;
+  std::vector<std::array<uint64_t, proxy::kRowBuffers>> tickets_;  // [slot][buffer]: the last ticket given
 };
 
 }  // namespace a2a::cuda

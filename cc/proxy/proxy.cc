@@ -225,34 +225,38 @@ void Proxy::publish_landing(int z) {
   }
 }
 
-void Proxy::stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges) {
-  const int i = static_cast<int>(b);
-  s.copy_bytes[i] = 0;
-  for (const protocol::ByteRange& r : ranges) s.copy_bytes[i] += uint64_t(r.len);
-  s.copy_since[i] = Clock::now();
-  staging_->start(z, b, ranges);
+uint64_t Proxy::stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges) {
+  uint64_t bytes = 0;
+  for (const protocol::ByteRange& r : ranges) bytes += uint64_t(r.len);
+  const Clock::time_point since = Clock::now();
+  const uint64_t ticket = staging_->start(z, b, ranges);
+  s.copies[static_cast<int>(b)].push_back({ticket, bytes, since});
+  return ticket;
 }
 
 void Proxy::copy_late(int z, const SlotState& s, RowBuffer b, int op, uint32_t e) const {
-  const int i = static_cast<int>(b);
-  const double waited = std::chrono::duration<double>(Clock::now() - s.copy_since[i]).count();
+  const std::deque<SlotState::Copy>& q = s.copies[static_cast<int>(b)];
+  if (q.empty()) return;
+  const double waited = std::chrono::duration<double>(Clock::now() - q.front().since).count();
   if (waited > ex_.options().timeout_s && load_acquire(&ctrl_->slot[z].waiting[op]) >= uint64_t(e) + 1) {
     throw std::runtime_error(transfer::format("the row copies of the %s buffer (%llu bytes) did not finish within "
-                                              "%.1f s", row_buffer_name(b), (unsigned long long)s.copy_bytes[i],
+                                              "%.1f s", row_buffer_name(b), (unsigned long long)q.front().bytes,
                                               waited));
   }
 }
 
-bool Proxy::staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e) {
-  if (!staging_) return true;
-  const int i = static_cast<int>(b);
-  if (!staging_->done(z, b)) {
+bool Proxy::staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e, uint64_t ticket) {
+  if (!staging_->done(z, b, ticket)) {
     copy_late(z, s, b, op, e);
     return false;
   }
+  std::deque<SlotState::Copy>& q = s.copies[static_cast<int>(b)];
   std::lock_guard<std::mutex> lock(stats_mu_);
-  stats_.staged_bytes += s.copy_bytes[i];
-  stats_.staging_ns += ns_since(s.copy_since[i]);
+  while (!q.empty() && q.front().ticket <= ticket) {
+    stats_.staged_bytes += q.front().bytes;
+    stats_.staging_ns += ns_since(q.front().since);
+    q.pop_front();
+  }
   return true;
 }
 
@@ -311,7 +315,7 @@ void Proxy::SlotState::next_dispatch() {
   over_posted = 0;
   src_landed = 0;
   d_src = {};
-  d_send_copy = {};
+  d_send_pieces = {};
 }
 
 void Proxy::SlotState::next_combine() {
@@ -321,7 +325,8 @@ void Proxy::SlotState::next_combine() {
   c_adopted = false;
   comb_posted = 0;
   c_src = {};
-  c_send_copy = {};
+  c_send_pieces = {};
+  comb_groups_started = 0;
   comb_groups_copied = 0;
 }
 
@@ -335,49 +340,79 @@ void Proxy::raise_landed(const protocol::Arrivals& wait, uint64_t& raised, uint6
   }
 }
 
-template <class Ranges, class Post>
-bool Proxy::stage_pieces(int z, SlotState& s, RowBuffer b, SlotState::PieceCopy& at, int who, int n, int copied,
-                         const Ranges& ranges_of, const Post& post) {
-  if (copied >= 0) post(copied);
-  for (int i = copied + 1; i < n; ++i) {
-    std::vector<protocol::ByteRange> ranges = ranges_of(i);
-    if (ranges.empty()) {  // nothing to copy: the piece carries the immediate alone
-      post(i);
-      continue;
+template <class NextPeer, class Count, class Ranges, class Post, class Finish>
+void Proxy::pump_pieces(int z, SlotState& s, uint32_t e, RowBuffer b, int op, SlotState::SendPieces& q,
+                        const NextPeer& next_peer, const Count& count, const Ranges& ranges_of, const Post& post,
+                        const Finish& finish, bool* moved) {
+  auto post_ready = [&] {  // in order: a buffer's copies complete in the order started
+    while (!q.queued.empty()) {
+      const SlotState::SendPieces::Piece p = q.queued.front();
+      if (p.ticket && !staged(z, s, b, op, e, p.ticket)) return;
+      q.queued.pop_front();
+      post(p.who, p.piece);
+      *moved = true;
+      if (p.piece + 1 == count(p.who)) {
+        finish(p.who);
+      } else if (!q.queued.empty() && q.queued.front().ticket) {  // the next piece's copy runs
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        ++stats_.pieces_behind_copy;
+      }
     }
-    stage(z, s, b, ranges);
-    at = {who, i};
-    if (i > 0) {  // piece i - 1 is on the wire while this copy runs
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      ++stats_.pieces_behind_copy;
+  };
+  post_ready();
+  for (;;) {
+    if (q.who < 0) {
+      const int w = next_peer();
+      if (w < 0) break;
+      q.started |= 1ull << w;
+      *moved = true;
+      if (count(w) == 0) {  // nothing to write (a rank the slot's mask leaves out)
+        finish(w);
+        continue;
+      }
+      q.who = w;
+      q.next = 0;
     }
-    return false;
+    const int n = count(q.who);
+    for (; q.next < n; ++q.next) {
+      const std::vector<protocol::ByteRange> ranges = ranges_of(q.who, q.next);
+      uint64_t ticket = 0;  // an empty piece carries the immediate alone
+      if (!ranges.empty()) {
+        if (!can_stage(s, b)) break;
+        ticket = stage(z, s, b, ranges);
+      }
+      q.queued.push_back({q.who, q.next, ticket});
+      *moved = true;
+    }
+    if (q.next < n) break;  // kCopyDepth copies in flight
+    q.who = -1;
   }
-  return true;
+  post_ready();
 }
 
 bool Proxy::post_sends(int z, SlotState& s, uint32_t e, bool* moved) {
   const SlotCtrl& c = ctrl_->slot[z];
   const bool all = load_acquire(&c.d_packed) >= uint64_t(e) + 1;
-  // Destination d's PRIV from piece `copied` on (row staging), then priv_out once every piece is out.
-  auto stage_priv = [&](int d, int copied) {
-    auto post = [&](int i) {
+  if (staging_) {  // each destination's pieces copied back to back, each posted once its copy is done
+    auto next_peer = [&] {
+      for (int d : ex_.remote_ranks())
+        if (!(s.d_send_pieces.started >> d & 1) && rows_packed_for(c, e, d, all)) return d;
+      return -1;
+    };
+    auto post = [&](int d, int i) {
       if (i == 0) timeline_.mark(Mark::kDPrivPost, z, e, d);
       ex_.post_private_piece(z, e, d, i);
     };
-    if (!stage_pieces(z, s, RowBuffer::kDSend, s.d_send_copy, d, ex_.private_pieces(z, d), copied,
-                      [&](int i) { return ex_.send_rows_of_piece(z, d, i); }, post))
-      return false;
-    timeline_.mark(Mark::kDPrivPosted, z, e, d);
-    priv_out(s, d, !all);
+    auto finish = [&](int d) {
+      timeline_.mark(Mark::kDPrivPosted, z, e, d);
+      priv_out(s, d, !all);
+    };
+    pump_pieces(z, s, e, RowBuffer::kDSend, kDispatchRecv, s.d_send_pieces, next_peer,
+                [&](int d) { return ex_.private_pieces(z, d); },
+                [&](int d, int i) { return ex_.send_rows_of_piece(z, d, i); }, post, finish, moved);
+    for (int d : ex_.remote_ranks())
+      if (!(s.priv_posted >> d & 1)) return false;
     return true;
-  };
-  if (s.d_send_copy.who >= 0) {  // one copy at a time (RowStaging)
-    if (!staged(z, s, RowBuffer::kDSend, kDispatchRecv, e)) return false;  // our recv kernel spins behind it
-    const SlotState::PieceCopy done = s.d_send_copy;
-    s.d_send_copy = {};
-    *moved = true;
-    if (!stage_priv(done.who, done.piece)) return false;  // its next piece's copy runs
   }
   bool done = true;
   for (int d : ex_.remote_ranks()) {
@@ -387,54 +422,52 @@ bool Proxy::post_sends(int z, SlotState& s, uint32_t e, bool* moved) {
       continue;
     }
     *moved = true;
-    if (!staging_) {
-      post_priv(z, s, e, d, !all);
-      continue;
-    }
-    if (!stage_priv(d, -1)) return false;  // a copy runs
+    post_priv(z, s, e, d, !all);
   }
   return done;
 }
 
 bool Proxy::stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved) {
   const SlotCtrl& c = ctrl_->slot[z];
-  const int n = ex_.combine_pieces();
-  // Remote rank m's COMB from piece `copied` on; comb_posted once every piece is out.
-  auto stage_comb = [&](int m, int copied) {
-    auto post = [&](int i) {
-      if (i == 0) timeline_.mark(Mark::kCCombPost, z, e, m);
-      ex_.post_combine_piece(z, e, m, c.rows_from, c.c_stride, i);
-      if (i + 1 == n) s.comb_posted |= 1ull << m;
-    };
-    *moved = true;
-    return stage_pieces(z, s, RowBuffer::kCSend, s.c_send_copy, m, n, copied,
-                        [&](int i) { return ex_.combine_send_rows_of_piece(z, m, c.rows_from, c.c_stride, i); }, post);
-  };
+  SlotState::SendPieces& q = s.c_send_pieces;
   // The rows for m are its tp group's members' runs: copied once per group, for whichever member
-  // comes first; the group's other members then get every piece at once.
+  // comes first (a masked rank has nothing copied: its group's live members still need theirs);
+  // the group's other members then get every piece at once.
   const int tp = ex_.options().shape.tp;
-  auto group_copied = [&](int m) { s.comb_groups_copied |= 1ull << (m / tp * tp); };
-  if (s.c_send_copy.who >= 0) {  // one copy at a time (RowStaging)
-    if (!staged(z, s, RowBuffer::kCSend, kCombineRecv, e)) return false;
-    const SlotState::PieceCopy done = s.c_send_copy;
-    s.c_send_copy = {};
-    if (!stage_comb(done.who, done.piece)) return false;
-    group_copied(done.who);
-  }
-  for (int m : ex_.remote_ranks()) {
-    if (s.comb_posted >> m & 1) continue;
-    if (s.comb_groups_copied >> (m / tp * tp) & 1) {  // the group's rows are copied: every piece now
+  auto group = [&](int m) { return 1ull << (m / tp * tp); };
+  auto post_copied_groups = [&] {
+    for (int m : ex_.remote_ranks()) {
+      if ((q.started >> m & 1) || !(s.comb_groups_copied & group(m))) continue;
       timeline_.mark(Mark::kCCombPost, z, e, m);
       ex_.post_combine_to(z, e, m, c.rows_from, c.c_stride);
+      q.started |= 1ull << m;
       s.comb_posted |= 1ull << m;
       *moved = true;
-      continue;
     }
-    if (!stage_comb(m, -1)) return false;  // a copy runs
-    // A masked rank has nothing copied (no ranges; its posts write nothing): its group's live
-    // members still need their rows copied.
-    if (ex_.alive(z, m)) group_copied(m);
-  }
+  };
+  auto next_peer = [&] {
+    for (int m : ex_.remote_ranks()) {
+      if ((q.started >> m & 1) || (s.comb_groups_started & group(m))) continue;  // its group's copy runs
+      if (ex_.alive(z, m)) s.comb_groups_started |= group(m);
+      return m;
+    }
+    return -1;
+  };
+  auto post = [&](int m, int i) {
+    if (i == 0) timeline_.mark(Mark::kCCombPost, z, e, m);
+    ex_.post_combine_piece(z, e, m, c.rows_from, c.c_stride, i);
+  };
+  auto finish = [&](int m) {
+    s.comb_posted |= 1ull << m;
+    if (ex_.alive(z, m)) s.comb_groups_copied |= group(m);
+  };
+  post_copied_groups();
+  pump_pieces(z, s, e, RowBuffer::kCSend, kCombineRecv, q, next_peer, [&](int) { return ex_.combine_pieces(); },
+              [&](int m, int i) { return ex_.combine_send_rows_of_piece(z, m, c.rows_from, c.c_stride, i); }, post,
+              finish, moved);
+  post_copied_groups();
+  for (int m : ex_.remote_ranks())
+    if (!(s.comb_posted >> m & 1)) return false;
   return true;
 }
 
@@ -442,19 +475,22 @@ bool Proxy::stage_by_source(int z, SlotState& s, uint32_t e, RowBuffer b, int op
                             SlotState::LandedCopies& lc, uint64_t& flagged, uint64_t* flags,
                             const std::function<protocol::ByteRange(int, int, int)>& ranges_of,
                             uint64_t ProxyStats::*early, bool* moved) {
+  enum : uint8_t { kWaiting = 0, kCopying = 1, kCopied = 2 };
   const size_t parts = wait.parts.size();
-  if (lc.copied.size() != parts) {  // the epoch's first look
-    lc.copied.resize(parts);
-    for (size_t p = 0; p < parts; ++p) lc.copied[p].assign(wait.parts[p].ranks.size(), 0);
+  if (lc.state.size() != parts) {  // the epoch's first look
+    lc.state.resize(parts);
+    for (size_t p = 0; p < parts; ++p) lc.state[p].assign(wait.parts[p].ranks.size(), kWaiting);
   }
-  if (!lc.in_flight.empty()) {  // one copy at a time (RowStaging: start after the last one is done)
-    if (!staged(z, s, b, op, e)) return false;
-    for (const auto& [p, k] : lc.in_flight) lc.copied[p][k] = 1;
-    lc.in_flight.clear();
+  // Copies done, in order (a buffer's copies complete in the order started).
+  while (!lc.in_flight.empty() && staged(z, s, b, op, e, lc.in_flight.front().ticket)) {
+    for (const auto& [p, k] : lc.in_flight.front().entries) lc.state[p][k] = kCopied;
+    lc.in_flight.pop_front();
     *moved = true;
   }
-  // Every entry that landed and is not copied goes into the next copy (adjacent pieces merged).
+  // Every entry that landed and is in no copy goes into the next copy (adjacent pieces merged).
+  const bool room = can_stage(s, b);
   std::vector<protocol::ByteRange> ranges;
+  SlotState::LandedCopies::Copy copy{0, {}};
   uint64_t pending = 0;  // bit r: an entry of rank r not landed or not copied
   bool piece_early = false;  // the copy holds a piece of a write whose other pieces are still coming
   for (size_t p = 0; p < parts; ++p) {
@@ -463,23 +499,26 @@ bool Proxy::stage_by_source(int z, SlotState& s, uint32_t e, RowBuffer b, int op
     for (size_t k = 0; k < part.ranks.size(); ++k)
       if (!part.seen[k]) unseen |= 1ull << part.rank_at(k);
     for (size_t k = 0; k < part.ranks.size(); ++k) {
-      if (lc.copied[p][k]) continue;
+      uint8_t& st = lc.state[p][k];
+      if (st == kCopied) continue;
       const int r = part.rank_at(k);
       pending |= 1ull << r;
-      if (!part.seen[k]) continue;
+      if (st == kCopying || !part.seen[k] || !room) continue;
       const protocol::ByteRange got = ranges_of(int(p), r, part.piece_at(k));
       if (got.len == 0) {  // nothing to copy (an empty piece, or a rank the slot's mask leaves out)
-        lc.copied[p][k] = 1;
+        st = kCopied;
         continue;
       }
       if (!ranges.empty() && ranges.back().off + ranges.back().len == got.off) ranges.back().len += got.len;
       else ranges.push_back(got);
-      lc.in_flight.emplace_back(int(p), k);
+      st = kCopying;
+      copy.entries.emplace_back(int(p), k);
       piece_early |= (unseen >> r & 1) != 0;
     }
   }
   if (!ranges.empty()) {
-    stage(z, s, b, ranges);
+    copy.ticket = stage(z, s, b, ranges);
+    lc.in_flight.push_back(std::move(copy));
     *moved = true;
     if (wait.missing_mask()) {
       std::lock_guard<std::mutex> lock(stats_mu_);

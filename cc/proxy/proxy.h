@@ -28,6 +28,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <functional>
 #include <string>
@@ -195,27 +196,45 @@ class Proxy {
     uint64_t src_landed = 0;   // bit src: d_landed_from[src] raised for this epoch
     uint64_t comb_landed = 0;  // bit d: c_landed_from[d] raised for this combine epoch
     // Row staging of landed rows (stage_by_source), per entry of the step's wait (one piece of one
-    // remote rank's write): copied[part][k], entry k of that part copied (or nothing to copy);
-    // `in_flight`, the entries of the copy that runs ({part, k}; empty: none); bit r of `done`,
-    // every entry of remote rank r landed and copied this epoch.
+    // remote rank's write): state[part][k], entry k of that part not yet in a copy (0), in a copy
+    // in flight (1) or copied, or with nothing to copy (2); `in_flight`, the copies started, in
+    // order, each with its entries ({part, k}); bit r of `done`, every entry of remote rank r landed
+    // and copied this epoch.
     struct LandedCopies {
+      struct Copy {
+        uint64_t ticket;
+        std::vector<std::pair<int, size_t>> entries;
+      };
       uint64_t done = 0;
-      std::vector<std::vector<uint8_t>> copied;
-      std::vector<std::pair<int, size_t>> in_flight;
+      std::vector<std::vector<uint8_t>> state;
+      std::deque<Copy> in_flight;
     };
     LandedCopies d_src;  // the dispatch's landed rows
-    // Row staging of send rows: the peer whose rows are being copied (-1: none) and the piece of
-    // its write that copy is for (Exchange::private_pieces / combine_pieces; 0 for a write in one).
-    struct PieceCopy {
-      int who = -1, piece = 0;
+    // Row staging of one kind of send in pieces (Exchange::private_pieces / combine_pieces; one piece
+    // for a write in one): `queued`, pieces whose copies were started (ticket; 0: nothing to copy),
+    // in order, not yet posted; `who`, the peer whose pieces are still being started, from piece
+    // `next` (-1: none); bit d of `started`, every piece of peer d started this epoch.
+    struct SendPieces {
+      struct Piece {
+        int who, piece;
+        uint64_t ticket;
+      };
+      std::deque<Piece> queued;
+      int who = -1, next = 0;
+      uint64_t started = 0;
     };
-    PieceCopy d_send_copy;     // our PRIV (and OVER) rows for a destination
+    SendPieces d_send_pieces;  // our PRIV (and OVER) rows for each destination
     uint64_t comb_posted = 0;  // bit m: our COMB writes of this combine epoch to remote rank m are posted
     LandedCopies c_src;        // the combine's landed COMB rows
-    PieceCopy c_send_copy;      // our COMB rows for a remote rank (its tp group's, once per group)
-    uint64_t comb_groups_copied = 0;  // row staging, bit g0: the COMB rows of tp group g0.. are copied
-    std::chrono::steady_clock::time_point copy_since[kRowBuffers]{};
-    uint64_t copy_bytes[kRowBuffers]{};
+    SendPieces c_send_pieces;  // our COMB rows for each remote rank (its tp group's, once per group)
+    uint64_t comb_groups_started = 0;  // row staging, bit g0: the COMB rows of tp group g0.. are being copied
+    uint64_t comb_groups_copied = 0;   // ... are copied
+    // Row staging: each buffer's copies started and not yet seen done, in order (at most kCopyDepth).
+    struct Copy {
+      uint64_t ticket, bytes;
+      std::chrono::steady_clock::time_point since;
+    };
+    std::deque<Copy> copies[kRowBuffers];
     // Stall reports (report_stalls): the steps as last seen, since when, and whether this stall
     // was reported (once per stall; a step re-arms it).
     int seen_d = -1, seen_c = -1;
@@ -246,7 +265,7 @@ class Proxy {
   bool stage_comb_landed(int z, SlotState& s, uint32_t e, bool* moved);
   // Posts PRIV to each remote destination whose rows are packed (every one once d_packed is up,
   // d's alone under `peer` once its d_packed_to is). Under row staging each destination's rows are
-  // copied to the registered buffer first, piece by piece (stage_pieces), its last copy with its
+  // copied to the registered buffer first, piece by piece (pump_pieces), its last copy with its
   // OVER rows (which go out later). True once every remote destination's PRIV is posted; *moved:
   // whether a write went out or a copy started or ended. Never blocks.
   bool post_sends(int z, SlotState& s, uint32_t e, bool* moved);
@@ -292,15 +311,16 @@ class Proxy {
   // Posts our PRIV write of epoch e to d (timeline marks, priv_posted); `early`: before the whole
   // pack was done (counted in priv_early).
   void post_priv(int z, SlotState& s, uint32_t e, int d, bool early);
-  // Row staging of one peer's write in n pieces (PRIV: Exchange::private_pieces, COMB:
-  // combine_pieces): `copied` (-1: none yet) is the piece whose rows were just copied into buffer b;
-  // posts it (post(i)), then posts the pieces with nothing to copy and starts the copy of the next
-  // one with rows (ranges_of(i)), so piece i is on the wire while piece i + 1 is copied. False while
-  // a copy runs (`at` = {who, that piece}), true once every piece is out. One piece: the whole copy,
-  // then the write.
-  template <class Ranges, class Post>
-  bool stage_pieces(int z, SlotState& s, RowBuffer b, SlotState::PieceCopy& at, int who, int n, int copied,
-                    const Ranges& ranges_of, const Post& post);
+  // Row staging of one kind of send in pieces (PRIV, COMB), never blocking: posts every queued piece
+  // whose copy is done, in order (post(who, i); finish(who) after a peer's last piece, or at once
+  // for a peer with none), then starts copies, back to back while kCopyDepth allows, of the current
+  // peer's remaining pieces (ranges_of(who, i); count(who) pieces) and then of the peers next_peer()
+  // returns (-1: none now), then posts again. So piece i of a peer is on the wire while the copies
+  // of its later pieces run. *moved: whether a piece was posted or a copy started.
+  template <class NextPeer, class Count, class Ranges, class Post, class Finish>
+  void pump_pieces(int z, SlotState& s, uint32_t e, RowBuffer b, int op, SlotState::SendPieces& q,
+                   const NextPeer& next_peer, const Count& count, const Ranges& ranges_of, const Post& post,
+                   const Finish& finish, bool* moved);
   void priv_out(SlotState& s, int d, bool early);  // PRIV to d is out: priv_posted, priv_early
   // Every PRIV write of the dispatch is posted (pipelined or not): counts_to_priv_ns, then on to
   // the counts-in step.
@@ -309,13 +329,19 @@ class Proxy {
   // whose PRIV is out and whose overflow offset is known already (ProxyOptions::over_early).
   // Returns whether it posted any.
   bool post_overflow_early(int z, SlotState& s, uint32_t e);
-  void stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges);  // starts copies
-  // Polls them (counts bytes and time when done; true at once without staging). Past the timeout
-  // while our kernel of `op` (the receive half that spins behind the copy) waits for epoch e,
-  // throws naming the buffer (a copy engine that never finishes: no peer is missing).
-  bool staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e);
-  // Throws as staged() does when (z, b)'s copy is older than the timeout and our kernel of op
-  // waits for epoch e.
+  // Starts a copy of `ranges` of (z, b) after the ones in flight; returns its ticket. Only while
+  // can_stage(s, b): fewer than kCopyDepth of (z, b)'s copies in flight.
+  uint64_t stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges);
+  static bool can_stage(const SlotState& s, RowBuffer b) {
+    return s.copies[static_cast<int>(b)].size() < size_t(kCopyDepth);
+  }
+  // Polls copy `ticket` of (z, b): true once it (and every older one) is done, counting their bytes
+  // and time. Past the timeout while our kernel of `op` (the receive half that spins behind the
+  // copy) waits for epoch e, throws naming the buffer (a copy engine that never finishes: no peer
+  // is missing).
+  bool staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e, uint64_t ticket);
+  // Throws as staged() does when (z, b)'s oldest copy in flight is older than the timeout and our
+  // kernel of op waits for epoch e.
   void copy_late(int z, const SlotState& s, RowBuffer b, int op, uint32_t e) const;
 
   protocol::Exchange& ex_;

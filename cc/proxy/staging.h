@@ -53,6 +53,10 @@ inline void check_ranges(const StagedSlot& s, RowBuffer b, const std::vector<pro
                              std::to_string(size) + " bytes");
 }
 
+// Copies of one buffer of a slot that may be in flight at once (RowStaging::start's tickets): a
+// write's pieces are copied back to back while the proxy posts each one as its copy is done.
+constexpr int kCopyDepth = 16;
+
 class RowStaging {
  public:
   virtual ~RowStaging() = default;
@@ -63,12 +67,15 @@ class RowStaging {
   // the very copy that waits for it (the cuda path's stall of 2026-12-03).
   virtual void prepare() {}
   // Starts copying `ranges` (byte offsets, identical in both copies) of slot z's buffer b in its
-  // direction; the previous copies of (z, b) are done (the proxy polled them). Called only on the
-  // proxy's thread. Throws on failure (the proxy records it as the step's error).
-  virtual void start(int z, RowBuffer b, const std::vector<protocol::ByteRange>& ranges) = 0;
-  // Non-blocking: true once the copies last started for (z, b) are complete and visible to their
-  // reader (the engine, or the packer after the flag the proxy raises next). Throws on failure.
-  virtual bool done(int z, RowBuffer b) = 0;
+  // direction, after every copy of (z, b) started before it (one buffer's copies complete in the
+  // order started), with at most kCopyDepth of them in flight (the proxy saw every older one done).
+  // Returns the copy's ticket: 1, 2, 3, ... per (z, b). Called only on the proxy's thread. Throws on
+  // failure (the proxy records it as the step's error).
+  virtual uint64_t start(int z, RowBuffer b, const std::vector<protocol::ByteRange>& ranges) = 0;
+  // Non-blocking: true once copy `ticket` of (z, b), and so every one started before it, is complete
+  // and visible to its reader (the engine, or the packer after the flag the proxy raises next). Not
+  // asked again for a ticket once it answered true. Throws on failure.
+  virtual bool done(int z, RowBuffer b, uint64_t ticket) = 0;
 };
 
 }  // namespace a2a::proxy
