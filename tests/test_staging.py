@@ -84,7 +84,8 @@ def test_landed_pieces_copied_as_they_land(monkeypatch, mesh, num_ranks):
     (JAX_MOE_A2A_HOST_COPY_PAUSE_S: a sender's pieces go out 20 ms apart): receiving proxies copy
     the pieces that landed while the rest of the same write is still coming (proxy_stats'
     pieces_copied_early > 0, summed over every process; each piece's immediate names its index),
-    and the results match the oracle, outputs poisoned, two steps."""
+    senders start a write's piece copies back to back (copies_in_flight_max > 1), and the results
+    match the oracle, outputs poisoned, two steps."""
     import numpy as np
     from jax.experimental import multihost_utils
 
@@ -102,7 +103,10 @@ def test_landed_pieces_copied_as_they_land(monkeypatch, mesh, num_ranks):
         except AssertionError as e:
             raise AssertionError(f"seed {seed}: {e}") from e
     stats = comm.proxy_stats()
-    mine = np.array([sum(s["pieces_copied_early"] for s in stats.values())], np.int64)
+    mine = np.array([sum(s["pieces_copied_early"] for s in stats.values()),
+                     max(s["copies_in_flight_max"] for s in stats.values())], np.int64)
     comm.close()
-    total = int(np.sum(multihost_utils.process_allgather(mine)))
-    assert total > 0, f"no landed piece copied before the rest of its write in 2 steps: {stats}"
+    every = multihost_utils.process_allgather(mine).reshape(-1, 2)
+    assert every[:, 0].sum() > 0, f"no landed piece copied before the rest of its write in 2 steps: {stats}"
+    # a write's pieces are copied back to back, not one copy at a time
+    assert every[:, 1].max() > 1, f"never more than one copy of a buffer in flight: {stats}"

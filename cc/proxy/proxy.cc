@@ -230,7 +230,12 @@ uint64_t Proxy::stage(int z, SlotState& s, RowBuffer b, const std::vector<protoc
   for (const protocol::ByteRange& r : ranges) bytes += uint64_t(r.len);
   const Clock::time_point since = Clock::now();
   const uint64_t ticket = staging_->start(z, b, ranges);
-  s.copies[static_cast<int>(b)].push_back({ticket, bytes, since});
+  std::deque<SlotState::Copy>& q = s.copies[static_cast<int>(b)];
+  q.push_back({ticket, bytes, since});
+  if (q.size() > stats_.copies_in_flight_max) {  // only this thread writes it
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.copies_in_flight_max = q.size();
+  }
   return ticket;
 }
 

@@ -141,6 +141,8 @@ struct ProxyStats {
   // Of those (both), copies holding a piece of a write whose later pieces were still in flight
   // (writes in pieces: JAX_MOE_A2A_WRITE_CHUNK_KIB, COMB_PIECES, RAILS).
   uint64_t pieces_copied_early = 0;
+  // Row staging: the most copies of one buffer in flight at once (up to kCopyDepth: pipelined).
+  uint64_t copies_in_flight_max = 0;
   // Row staging with PRIV (JAX_MOE_A2A_WRITE_CHUNK_KIB) or COMB (JAX_MOE_A2A_COMB_PIECES) in pieces:
   // pieces posted while the copy of the same destination's next piece ran (the wire overlapping the
   // copies; 0 with one piece a write).
