@@ -159,6 +159,8 @@ ProxyStats Proxy::stats() const {
   s.pipeline = o_.pipeline;
   s.write_pieces = ex_.pieces_posted();
   s.comb_pieces = ex_.comb_pieces_posted();
+  s.post_ns = ex_.engine().post_ns();
+  s.post_blocked_ns = ex_.engine().post_blocked_ns();
   const int n = ex_.options().shape.N;
   s.row_bytes_to.resize(n);
   s.comb_bytes_to.resize(n);

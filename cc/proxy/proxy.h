@@ -143,6 +143,9 @@ struct ProxyStats {
   uint64_t pieces_copied_early = 0;
   // Row staging: the most copies of one buffer in flight at once (up to kCopyDepth: pipelined).
   uint64_t copies_in_flight_max = 0;
+  // The engine's time in posts and the part of it retrying on a full queue (Engine::post_ns,
+  // post_blocked_ns): whether the proxy thread waits in its writes.
+  uint64_t post_ns = 0, post_blocked_ns = 0;
   // Row staging with PRIV (JAX_MOE_A2A_WRITE_CHUNK_KIB) or COMB (JAX_MOE_A2A_COMB_PIECES) in pieces:
   // pieces posted while the copy of the same destination's next piece ran (the wire overlapping the
   // copies; 0 with one piece a write).

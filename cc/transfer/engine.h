@@ -148,6 +148,11 @@ class Engine {
   // completion errors seen since the last flush, TimeoutError if writes are still in flight.
   virtual void flush(double timeout_s) = 0;
   virtual uint64_t pending() const = 0;  // writes posted and not completed
+  // Time spent inside this engine's posts (write, write_on, signals), summed over its callers, and
+  // the part of it spent retrying on a full transmit queue (-FI_EAGAIN, progressing the transport
+  // meanwhile: over shm, the provider's copies of incoming messages), ns. 0 where never counted.
+  virtual uint64_t post_ns() const { return 0; }
+  virtual uint64_t post_blocked_ns() const { return 0; }
   virtual void close() = 0;              // idempotent
   virtual bool closed() const = 0;
 

@@ -164,6 +164,11 @@ std::shared_ptr<PeerGroup> FabricEngine::peer_group(const std::vector<int>& rank
 void FabricEngine::post(const WriteTemplate& t, const Region* src, uint64_t src_offset,
                         uint64_t length, const RemoteRegion* dst, uint64_t dst_offset, uint32_t imm,
                         const char* call) {
+  struct Timed {  // post_ns_: every return and throw below
+    std::atomic<uint64_t>& sum;
+    Clock::time_point t0 = Clock::now();
+    ~Timed() { sum.fetch_add(uint64_t(std::chrono::nanoseconds(Clock::now() - t0).count()), std::memory_order_relaxed); }
+  } timed{post_ns_};
   if (length == 0) src = nullptr, dst = nullptr;  // only the immediate travels: signal regions
   if (t.self) {
     if (length) {
@@ -195,6 +200,7 @@ void FabricEngine::post(const WriteTemplate& t, const Region* src, uint64_t src_
   outstanding_.fetch_add(1, std::memory_order_acq_rel);  // before posting: completions can't underflow
   ssize_t rc = t.domain->try_write(req.msg, flags);
   if (rc == 0) return;
+  Timed blocked{post_blocked_ns_};
   Clock::time_point deadline{};
   bool have_deadline = false;
   const double op_timeout_s = PostTimeout::current_s();  // the caller's op timeout, if it set one

@@ -40,6 +40,8 @@ class FabricEngine final : public Engine, private CompletionSink {
 
   void flush(double timeout_s) override;
   uint64_t pending() const override { return outstanding_.load(std::memory_order_acquire); }
+  uint64_t post_ns() const override { return post_ns_.load(std::memory_order_relaxed); }
+  uint64_t post_blocked_ns() const override { return post_blocked_ns_.load(std::memory_order_relaxed); }
   void close() override;
   bool closed() const override { return closed_.load(std::memory_order_acquire); }
 
@@ -93,6 +95,7 @@ class FabricEngine final : public Engine, private CompletionSink {
   std::shared_ptr<RegionRegistry> registry_ = std::make_shared<RegionRegistry>();
 
   std::atomic<uint64_t> outstanding_{0};
+  std::atomic<uint64_t> post_ns_{0}, post_blocked_ns_{0};  // post_ns(), post_blocked_ns()
   std::atomic<uint64_t> waiters_{0};  // WaiterScope
   std::atomic<bool> closed_{false};
   std::mutex close_mu_;
