@@ -76,6 +76,10 @@ VARS = (
     Var("WAIT_SPIN_US", "float", "5", "cc/transfer/progress.cc", "waiters: busy-poll this long", _NATIVE),
     Var("WAIT_YIELD_US", "float", "20000", "cc/transfer/progress.cc",
         "waiters: yield this long, then sleep 20 us per poll", _NATIVE),
+    Var("POLL_PROGRESS", "1|0", "1", "cc/transfer/progress.cc",
+        "`0`: the proxy thread's non-blocking polls only read what the progress thread delivered (over shm "
+        "the copy of an incoming message then runs there, not on the proxy thread); pair with `PROGRESS=spin`",
+        _NATIVE),
     Var("PROXY", "adaptive|spin|backoff", "adaptive", "cc/proxy/proxy.cc",
         "proxy thread (cuda inter-node path, host `proxied`): `adaptive` polls through transfers, "
         "`spin` never sleeps, `backoff` sleeps unless a packer waits", _NATIVE),

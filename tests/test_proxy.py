@@ -518,3 +518,39 @@ def test_proxy_times_its_posts(num_ranks, mesh):
         for r, st in stats.items():
             assert 0 <= st["post_blocked_ns"] <= st["post_ns"], (engine, r, st)
             assert (st["post_ns"] > 0) == (engine == "fabric"), (engine, r, st)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("staged", [False, True], ids=["registered", "staged"])
+def test_proxy_polls_leaving_the_transport_to_the_progress_thread(num_ranks, mesh, monkeypatch, staged):
+    """JAX_MOE_A2A_POLL_PROGRESS=0 with JAX_MOE_A2A_PROGRESS=spin (the fabric engine): the proxy
+    thread's non-blocking polls only read what the engine's progress thread delivered (over shm the
+    provider's copy of an incoming message then runs there). The progress thread alone must then
+    move every arrival the proxy waits for: every op of two steps matches the oracle, outputs
+    poisoned, with rows staged in pieces too, and nothing hangs. (Who made the copies is not
+    observed here; this checks that the mode is correct, not that it is faster.)"""
+    monkeypatch.setenv("JAX_MOE_A2A_POLL_PROGRESS", "0")
+    monkeypatch.setenv("JAX_MOE_A2A_PROGRESS", "spin")
+    if staged:
+        monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
+        monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "0.25")
+        monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", "2")
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=64, max_tokens_per_rank=8)
+    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine="fabric", max_private_tokens=1,
+                    timeout_s=30.0)
+    for _ in range(2):
+        seed = T.fresh_seed()
+        inputs = T.make_inputs(spec, num_ranks, seed)
+        try:
+            T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+        except AssertionError as e:
+            raise AssertionError(f"seed {seed}: {e}") from e
+    comm.close()
+
+
+def test_poll_progress_must_be_0_or_1(num_ranks, mesh, monkeypatch):
+    """JAX_MOE_A2A_POLL_PROGRESS other than 0 or 1 is refused when the engines are created, naming it."""
+    monkeypatch.setenv("JAX_MOE_A2A_POLL_PROGRESS", "no")
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    with pytest.raises(Exception, match="JAX_MOE_A2A_POLL_PROGRESS"):
+        a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine="fabric", timeout_s=10.0).close()

@@ -25,7 +25,7 @@ const char* in(const char* name, const char* const* names, int n, const char* wh
 const char* const kNative[] = {
     "PROVIDER",  // read by the Python library too (scope "library")
     "IFACE", "HMEM", "POST_TIMEOUT_S", "RX_CQ_SIZE", "FI_THREADING", "PROGRESS", "PROGRESS_SPIN_US",
-    "PROGRESS_MAX_SLEEP_US", "WAIT_SPIN_US", "WAIT_YIELD_US", "PROXY", "PROXY_CPUS", "PROXY_SPIN_US",
+    "PROGRESS_MAX_SLEEP_US", "WAIT_SPIN_US", "WAIT_YIELD_US", "POLL_PROGRESS", "PROXY", "PROXY_CPUS", "PROXY_SPIN_US",
     "PROXY_PIPELINE",
     "PROXY_MAX_SLEEP_US", "PROXY_IDLE_MS", "PROXY_IDLE_SLEEP_US", "KERNEL_TIMING", "DISPATCH_SEND",
     "GDRCOPY", "STAGING", "GDRCOPY_LIB", "GDRCOPY_DEV", "HOST_FLAG_MIRROR", "HOST_STAGED",

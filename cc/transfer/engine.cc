@@ -208,7 +208,7 @@ bool Engine::poll_ranks(uint32_t tag, uint32_t epoch, const std::vector<int>& ra
   imms.reserve(ranks.size());
   for (int r : ranks) imms.push_back(pack_imm(tag, epoch, static_cast<uint32_t>(r)));
   auto ready = [&] { return counters_.consume_each(imms.data(), seen.data(), imms.size()) == imms.size(); };
-  return await(ready, Clock::now());
+  return poll_once(ready);
 }
 
 uint64_t Engine::discard_arrivals(const std::function<bool(uint32_t)>& drop) {

@@ -162,6 +162,9 @@ class Engine {
 
   // Blocks until ready() returns true (true) or the deadline passes (false).
   virtual bool await(Predicate ready, Clock::time_point deadline) = 0;
+  // poll_ranks' one look: moves the transport once, then asks ready() (an engine may leave the
+  // transport to its progress thread: ProgressOptions::poll_progress).
+  virtual bool poll_once(Predicate ready) { return await(ready, Clock::now()); }
   // Instance id of a known peer, 0 if unknown; num_domains of that peer.
   virtual uint64_t peer_instance(int rank) const = 0;
   virtual int peer_domains(int rank) const = 0;

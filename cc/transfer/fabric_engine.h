@@ -50,6 +50,9 @@ class FabricEngine final : public Engine, private CompletionSink {
 
  protected:
   bool await(Predicate ready, Clock::time_point deadline) override;
+  bool poll_once(Predicate ready) override {
+    return opts_.progress.poll_progress ? await(ready, Clock::now()) : ready();
+  }
   uint64_t peer_instance(int rank) const override;
   int peer_domains(int rank) const override;
   std::string error_summary() const override;

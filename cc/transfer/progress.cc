@@ -31,6 +31,11 @@ ProgressOptions ProgressOptions::from_env() {
   o.max_sleep_us = env::get_double("JAX_MOE_A2A_PROGRESS_MAX_SLEEP_US", o.max_sleep_us);
   o.waiter_spin_us = env::get_double("JAX_MOE_A2A_WAIT_SPIN_US", o.waiter_spin_us);
   o.waiter_yield_us = env::get_double("JAX_MOE_A2A_WAIT_YIELD_US", o.waiter_yield_us);
+  if (const char* p = env::get("JAX_MOE_A2A_POLL_PROGRESS"); p && *p) {
+    if (std::strcmp(p, "0") == 0) o.poll_progress = false;
+    else if (std::strcmp(p, "1") != 0)
+      throw TransferError(format("JAX_MOE_A2A_POLL_PROGRESS=%s: expected 1 or 0", p));
+  }
   return o;
 }
 

@@ -30,9 +30,14 @@ struct ProgressOptions {
   // spin made every scatter round cost ~110 us, 5 us ~20 us).
   double waiter_spin_us = 5;
   double waiter_yield_us = 20000;
+  // Non-blocking polls (Engine::poll_ranks: the proxy thread's) move the transport themselves
+  // (true), or only read what the progress thread delivered (false: over shm the provider's copy
+  // of an incoming message then runs on the progress thread, not the poller's; pair it with `spin`).
+  bool poll_progress = true;
 
   // Reads JAX_MOE_A2A_PROGRESS (adaptive|spin), JAX_MOE_A2A_PROGRESS_SPIN_US,
-  // JAX_MOE_A2A_PROGRESS_MAX_SLEEP_US, JAX_MOE_A2A_WAIT_SPIN_US, JAX_MOE_A2A_WAIT_YIELD_US.
+  // JAX_MOE_A2A_PROGRESS_MAX_SLEEP_US, JAX_MOE_A2A_WAIT_SPIN_US, JAX_MOE_A2A_WAIT_YIELD_US,
+  // JAX_MOE_A2A_POLL_PROGRESS (1|0).
   static ProgressOptions from_env();
 };
 
