@@ -60,6 +60,18 @@ def check_three_steps(comm, spec, num_ranks, seed):
         T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
 
 
+def check_fresh_steps(comm, spec, num_ranks, steps):
+    """`steps` steps of every op against the oracle on fresh random inputs (a new seed each, named
+    in a failure), outputs poisoned."""
+    for _ in range(steps):
+        seed = T.fresh_seed()
+        inputs = T.make_inputs(spec, num_ranks, seed)
+        try:
+            T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+        except AssertionError as e:
+            raise AssertionError(f"seed {seed}: {e}") from e
+
+
 def proxied_three_steps(mesh, num_ranks, seed, priv=None, node_size=0, tp=1):
     """The proxied host communicator of the proxy's variant tests (staging, flag mirror,
     pipelining: the variant is the caller's environment) through check_three_steps: 16 experts,
@@ -538,13 +550,7 @@ def test_proxy_polls_leaving_the_transport_to_the_progress_thread(num_ranks, mes
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=64, max_tokens_per_rank=8)
     comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine="fabric", max_private_tokens=1,
                     timeout_s=30.0)
-    for _ in range(2):
-        seed = T.fresh_seed()
-        inputs = T.make_inputs(spec, num_ranks, seed)
-        try:
-            T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
-        except AssertionError as e:
-            raise AssertionError(f"seed {seed}: {e}") from e
+    check_fresh_steps(comm, spec, num_ranks, 2)
     comm.close()
 
 

@@ -21,7 +21,7 @@ import jax_moe_a2a as a2a
 from jax_moe_a2a import testing as T
 
 from test_protocol import check_two_slots
-from test_proxy import proxied, proxied_three_steps
+from test_proxy import check_fresh_steps, proxied, proxied_three_steps
 
 pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif("host" not in a2a.available_backends(), reason="host backend not built")]
@@ -95,13 +95,7 @@ def test_landed_pieces_copied_as_they_land(monkeypatch, mesh, num_ranks):
     monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", "4")
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=128, max_tokens_per_rank=16)
     comm = proxied(spec, mesh, 0)
-    for step in range(2):
-        seed = T.fresh_seed()
-        inputs = T.make_inputs(spec, num_ranks, seed)
-        try:
-            T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
-        except AssertionError as e:
-            raise AssertionError(f"seed {seed}: {e}") from e
+    check_fresh_steps(comm, spec, num_ranks, 2)
     stats = comm.proxy_stats()
     mine = np.array([sum(s["pieces_copied_early"] for s in stats.values()),
                      max(s["copies_in_flight_max"] for s in stats.values())], np.int64)
