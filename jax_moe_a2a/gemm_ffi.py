@@ -85,8 +85,8 @@ def parse_tuning(text: str | None) -> Tuning:
     comma list of 64 | 128 (the tile's rows), rasterM | rasterN | rasterH (the scheduler's order),
     s1 | s2 | s4 | s8 (its maximum swizzle), cutlass | wgmma | swap (the fp8 forward kernel:
     CUTLASS's, our own, cc/gemm/fp8_wgmma.cuh, or our swap-AB one at every shape), fused | unfused
-    (the gate+up GEMM and the SwiGLU as one kernel wherever our kernel runs: at decode shapes, or everywhere with wgmma; or never; without either,
-    where it measured faster); a later word wins. Any other word raises ValueError
+    (the gate+up GEMM and the SwiGLU as one kernel wherever our kernel runs: at decode shapes, or
+    everywhere with wgmma; or never; without either, where it measured faster); a later word wins. Any other word raises ValueError
     naming the accepted ones (a misspelt setting would otherwise measure the default)."""
     t = Tuning()
     if text is None or text.strip() in ("", "auto"):

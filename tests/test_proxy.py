@@ -445,11 +445,14 @@ def test_write_chunk_must_be_a_size(num_ranks, mesh, monkeypatch):
     field (each piece carries piece * N + rank: 1-byte pieces of 32 rows of 2 KiB)."""
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
     wide = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=1024, max_tokens_per_rank=16)
-    for var, bad, s in [("WRITE_CHUNK_KIB", "-1", spec), ("WRITE_CHUNK_KIB", "lots", spec), ("COMB_PIECES", "0", spec),
-                        ("COMB_PIECES", "2.5", spec), ("COMB_PIECES", "65", spec),
-                        ("WRITE_CHUNK_KIB", "0.001", wide)]:
+    for var, bad, s, why in [("WRITE_CHUNK_KIB", "-1", spec, "expected"),
+                             ("WRITE_CHUNK_KIB", "lots", spec, "expected"),
+                             ("COMB_PIECES", "0", spec, "expected an integer"),
+                             ("COMB_PIECES", "2.5", spec, "expected an integer"),
+                             ("COMB_PIECES", "65", spec, "expected an integer"),
+                             ("WRITE_CHUNK_KIB", "0.001", wide, "would go in .* pieces")]:
         monkeypatch.setenv("JAX_MOE_A2A_" + var, bad)
-        with pytest.raises(ValueError, match=var):
+        with pytest.raises(ValueError, match=f"JAX_MOE_A2A_{var}=.*{why}"):
             proxied(s, mesh, timeout_s=10.0).close()
         monkeypatch.delenv("JAX_MOE_A2A_" + var)
 

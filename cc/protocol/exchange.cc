@@ -207,11 +207,10 @@ Arrivals Exchange::expect_rows(int z, uint32_t e) const {
   // (piece_imm; post_private_to's and post_overflow's sizes, from the source's count matrix, which
   // came with its COUNTS).
   for (Arrivals::Part& p : a.parts) {
-    const bool priv = p.tag == tag_of(kPriv, z);
+    const int part = p.tag == tag_of(kPriv, z) ? 0 : 1;
     std::vector<int> ranks;
     for (int r : p.ranks) {
-      const int64_t rows = rows_between(z, r, rank_);
-      const int n = pieces((priv ? priv_rows(rows) : over_rows(rows)) * lay_.row);
+      const int n = pieces(landed_write_bytes(z, part, r));
       for (int i = 0; i < n; ++i) ranks.push_back(i * o_.shape.N + r);
     }
     p.ranks = std::move(ranks);
@@ -506,10 +505,14 @@ std::vector<ByteRange> Exchange::send_rows_of_piece(int z, int d, int i) const {
   return out;
 }
 
+int64_t Exchange::landed_write_bytes(int z, int part, int src) const {
+  const int64_t n = rows_between(z, src, rank_);  // as post_private_to and post_overflow_to count
+  return (part == 0 ? priv_rows(n) : over_rows(n)) * lay_.row;
+}
+
 ByteRange Exchange::landed_piece(int z, int part, int src, int piece, const int64_t* over_base) const {
   if (!remote(src, rank_) || !alive(z, src) || part < 0 || part > 1) return {0, 0};
-  const int64_t n = rows_between(z, src, rank_);  // as post_private_to and post_overflow_to count
-  const int64_t bytes = (part == 0 ? priv_rows(n) : over_rows(n)) * lay_.row;
+  const int64_t bytes = landed_write_bytes(z, part, src);
   const int64_t base = part == 0 ? int64_t(src) * lay_.priv * lay_.row : lay_.over_off + over_base[src] * lay_.row;
   const ByteRange p = piece_of(bytes, pieces(bytes), piece);
   return {base + p.off, p.len};

@@ -279,8 +279,8 @@ class Exchange {
   std::vector<ByteRange> combine_send_rows_of_piece(int z, int m, const int32_t* rows_from, int64_t stride,
                                                     int i) const;
   // d_recv: where piece `piece` of remote source src's PRIV (part 0 of expect_rows) or OVER (part 1)
-  // landed (valid after COUNTS; over_base: overflow_bases(z)'s, or the proxy's published copy). A packer whose rows live elsewhere
-  // copies each piece as it lands.
+  // landed (valid after COUNTS; over_base: overflow_bases(z)'s, or the proxy's published copy). A
+  // packer whose rows live elsewhere copies each piece as it lands.
   ByteRange landed_piece(int z, int part, int src, int piece, const int64_t* over_base) const;
   // c_recv: where remote expert rank d writes the rows of our tp group's member j, [tp] runs, in the
   // combine of the dispatch whose offsets take_combine_offsets took last (at most: a rank that
@@ -297,6 +297,8 @@ class Exchange {
  private:
   uint32_t imm(uint32_t tag, uint32_t epoch) const;
   int64_t rows_we_send(int z, int d) const;  // from our count matrix in counts_send
+  // Bytes of source src's PRIV (part 0) or OVER (part 1) write to us, from its count matrix.
+  int64_t landed_write_bytes(int z, int part, int src) const;
   // How a source's `rows` for one destination split between its private block (PRIV) and the
   // destination's shared overflow region (OVER): every sender and receiver computes it alike.
   int64_t priv_rows(int64_t rows) const { return std::min<int64_t>(rows, lay_.priv); }

@@ -535,14 +535,12 @@ bool Proxy::stage_by_source(int z, SlotState& s, uint32_t e, RowBuffer b, int op
   }
   // A rank's rows all copied: a packer that reads per-source flags (the host backend's) may unpack
   // them now (where no landing fence has to come first; the cuda path reads only d_landed / c_landed).
-  for (int r : ex_.remote_ranks()) {
-    if ((lc.done | pending) >> r & 1) continue;
-    lc.done |= 1ull << r;
-    if (source_flags_ && !flags_.landing_fence && !(flagged >> r & 1)) {
+  if (source_flags_ && !flags_.landing_fence)
+    for (int r : ex_.remote_ranks()) {
+      if ((flagged | pending) >> r & 1) continue;
       store_release(&flags[r], uint64_t(e) + 1);
       flagged |= 1ull << r;
     }
-  }
   return pending == 0;  // every entry here and copied
 }
 

@@ -203,14 +203,12 @@ class Proxy {
     // Row staging of landed rows (stage_by_source), per entry of the step's wait (one piece of one
     // remote rank's write): state[part][k], entry k of that part not yet in a copy (0), in a copy
     // in flight (1) or copied, or with nothing to copy (2); `in_flight`, the copies started, in
-    // order, each with its entries ({part, k}); bit r of `done`, every entry of remote rank r landed
-    // and copied this epoch.
+    // order, each with its entries ({part, k}).
     struct LandedCopies {
       struct Copy {
         uint64_t ticket;
         std::vector<std::pair<int, size_t>> entries;
       };
-      uint64_t done = 0;
       std::vector<std::vector<uint8_t>> state;
       std::deque<Copy> in_flight;
     };
@@ -255,12 +253,12 @@ class Proxy {
 
   void run();
   bool step_dispatch(int z, SlotState& s);
-  // Row staging of landed rows (buffer b: kDRecv or kCRecv) as they land: each copy takes every
-  // entry of `wait` (a piece of a remote rank's write) seen and not yet copied, its bytes
-  // ranges_of(part, rank, piece) (the next copy starts when the last one is done). Once every entry
-  // of rank r landed and is copied, flags[r] (d_landed_from / c_landed_from) for a packer that reads
-  // them; `early` counts the copies started while other writes were still missing. True once every
-  // entry is copied. Never blocks; `moved` is set when it started or finished a copy.
+  // Row staging of landed rows (buffer b: kDRecv or kCRecv) as they land: each poll starts one copy
+  // of every entry of `wait` (a piece of a remote rank's write) seen and in no copy yet, its bytes
+  // ranges_of(part, rank, piece), while earlier copies still run (up to kCopyDepth). Once every
+  // entry of rank r landed and is copied, flags[r] (d_landed_from / c_landed_from) for a packer that
+  // reads them; `early` counts the copies started while other writes were still missing. True once
+  // every entry is copied. Never blocks; `moved` is set when it started or finished a copy.
   bool stage_by_source(int z, SlotState& s, uint32_t e, RowBuffer b, int op, const protocol::Arrivals& wait,
                        SlotState::LandedCopies& lc, uint64_t& flagged, uint64_t* flags,
                        const std::function<protocol::ByteRange(int, int, int)>& ranges_of,
@@ -274,9 +272,10 @@ class Proxy {
   // OVER rows (which go out later). True once every remote destination's PRIV is posted; *moved:
   // whether a write went out or a copy started or ended. Never blocks.
   bool post_sends(int z, SlotState& s, uint32_t e, bool* moved);
-  // Row staging's sends of the combine: each remote rank's COMB rows copied (once per tp group),
-  // then posted while the next rank's copy runs; with COMB in pieces (Exchange::combine_pieces) piece
-  // by piece, each posted while the next is copied. True once every COMB is posted. Never blocks.
+  // Row staging's sends of the combine (pump_pieces): each remote rank's COMB rows copied once per
+  // tp group, piece by piece (Exchange::combine_pieces), each piece posted as its copy ends; the
+  // group's other members get every piece once the group's copies are done. True once every COMB is
+  // posted. Never blocks.
   bool stage_combine_sends(int z, SlotState& s, uint32_t e, bool* moved);
   bool step_combine(int z, SlotState& s);
   // Whether the kernel of `op` waits for epoch e; starts / checks its clock. Throws on timeout.
