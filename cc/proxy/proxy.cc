@@ -499,17 +499,16 @@ bool Proxy::stage_by_source(int z, SlotState& s, uint32_t e, RowBuffer b, int op
   std::vector<protocol::ByteRange> ranges;
   SlotState::LandedCopies::Copy copy{0, {}};
   uint64_t pending = 0;  // bit r: an entry of rank r not landed or not copied
-  bool piece_early = false;  // the copy holds a piece of a write whose other pieces are still coming
+  // [part] bit r: a piece of rank r's write in that part still to come (parts: 2, or tp <= 8)
+  std::array<uint64_t, 8> unseen{};
   for (size_t p = 0; p < parts; ++p) {
     const protocol::Arrivals::Part& part = wait.parts[p];
-    uint64_t unseen = 0;  // bit r: a piece of rank r's write in this part still to come
-    for (size_t k = 0; k < part.ranks.size(); ++k)
-      if (!part.seen[k]) unseen |= 1ull << part.rank_at(k);
     for (size_t k = 0; k < part.ranks.size(); ++k) {
       uint8_t& st = lc.state[p][k];
       if (st == kCopied) continue;
       const int r = part.rank_at(k);
       pending |= 1ull << r;
+      if (!part.seen[k]) unseen.at(p) |= 1ull << r;
       if (st == kCopying || !part.seen[k] || !room) continue;
       const protocol::ByteRange got = ranges_of(int(p), r, part.piece_at(k));
       if (got.len == 0) {  // nothing to copy (an empty piece, or a rank the slot's mask leaves out)
@@ -520,10 +519,12 @@ bool Proxy::stage_by_source(int z, SlotState& s, uint32_t e, RowBuffer b, int op
       else ranges.push_back(got);
       st = kCopying;
       copy.entries.emplace_back(int(p), k);
-      piece_early |= (unseen >> r & 1) != 0;
     }
   }
   if (!ranges.empty()) {
+    // the copy holds a piece of a write whose other pieces are still coming
+    bool piece_early = false;
+    for (const auto& [p, k] : copy.entries) piece_early |= (unseen[p] >> wait.parts[p].rank_at(k) & 1) != 0;
     copy.ticket = stage(z, s, b, ranges);
     lc.in_flight.push_back(std::move(copy));
     *moved = true;
