@@ -104,10 +104,11 @@ VARS = (
         "per proxy, `<prefix>.r<rank>.p<pid>.<n>.tsv` (benchmarks/proxy.py --timeline reads them)", _NATIVE),
     Var("WRITE_CHUNK_KIB", "float", "0 (one write a peer)", "cc/protocol/exchange.cc",
         "inter-node paths: PRIV and OVER writes in pieces of at most this many KiB (counted by the receiver); "
-        "`STAGING=copy` posts each PRIV piece while copying the next; same on every process", _NATIVE),
+        "under `STAGING=copy` the pieces are copied back to back, each posted as its copy ends, and copied "
+        "out as they land; same on every process", _NATIVE),
     Var("COMB_PIECES", "int 1..64", "1 (rails: one a rail)", "cc/protocol/exchange.cc",
         "inter-node paths: each COMB write in this many pieces, empty ones too (counted by the receiver); "
-        "`STAGING=copy` posts each piece while copying the next; same on every process", _NATIVE),
+        "copied like `WRITE_CHUNK_KIB`'s pieces under `STAGING=copy`; same on every process", _NATIVE),
     Var("RAILS", "int 1..16", "1", "cc/transfer/engine.cc (at communicator creation)",
         "communicators' fabric engines: domains (rails) per rank, each with its own progress thread; large "
         "PRIV / OVER writes and every COMB split over them; the same on every process", _NATIVE),
