@@ -103,9 +103,8 @@ VARS = (
         "proxy: record the time of every protocol step and write them when the communicator closes, one file "
         "per proxy, `<prefix>.r<rank>.p<pid>.<n>.tsv` (benchmarks/proxy.py --timeline reads them)", _NATIVE),
     Var("WRITE_CHUNK_KIB", "float", "0 (one write a peer)", "cc/protocol/exchange.cc",
-        "inter-node paths: PRIV and OVER writes in pieces of at most this many KiB (counted by the receiver); "
-        "under `STAGING=copy` the pieces are copied back to back, each posted as its copy ends, and copied "
-        "out as they land; same on every process", _NATIVE),
+        "inter-node paths: PRIV and OVER writes in pieces of at most this many KiB; under `STAGING=copy` "
+        "each piece is posted as its copy ends and copied out as it lands; same on every process", _NATIVE),
     Var("COMB_PIECES", "int 1..64", "1 (rails: one a rail)", "cc/protocol/exchange.cc",
         "inter-node paths: each COMB write in this many pieces, empty ones too (counted by the receiver); "
         "copied like `WRITE_CHUNK_KIB`'s pieces under `STAGING=copy`; same on every process", _NATIVE),
