@@ -33,9 +33,9 @@ pytestmark = [pytest.mark.mpi,
 def test_staged_rows_against_oracle(node_size, priv, tp, pieces, monkeypatch, mesh, num_ranks):
     """Every op of several steps (random, skewed and one-hot routing; fewer tokens; a fresh seed)
     against the oracle, outputs poisoned, with the proxy staging every row; its counters show the
-    copies happened. `pieces`: PRIV / OVER in 128-byte pieces and every COMB in three, each piece
-    copied, then posted while the next is copied (Proxy::stage_pieces; a tp group's COMB rows copied
-    once for all its members)."""
+    copies happened. `pieces`: PRIV / OVER in 128-byte pieces and every COMB in three, the pieces
+    copied back to back and each posted as its copy ends (Proxy::pump_pieces; a tp group's COMB rows
+    copied once for all its members), landed pieces copied as they land."""
     monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
     if pieces:
         monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "0.125")
