@@ -332,9 +332,9 @@ def test_rows_written_in_pieces(num_ranks, mesh, monkeypatch, priv, path):
     JAX_MOE_A2A_COMB_PIECES each COMB write into a fixed count (zero-length ones too): three
     steps (random, skewed, one hot expert) against the oracle, outputs poisoned, with rows of ~100
     bytes in 256-byte pieces, so most writes are several pieces and some exactly one; through the
-    proxy, through the proxy with row staging (JAX_MOE_A2A_HOST_STAGED: each piece's rows copied,
-    then the piece posted while the next piece's copy runs, PRIV's last copy with the OVER rows:
-    Proxy::stage_pieces), and through the host backend's own engine
+    proxy, through the proxy with row staging (JAX_MOE_A2A_HOST_STAGED: the pieces' rows copied back
+    to back, each piece posted as its copy ends, PRIV's last copy with the OVER rows:
+    Proxy::pump_pieces), and through the host backend's own engine
     path. With the proxy its counters say the writes were split (else this would test one write
     per peer again), and with staging that pieces went out while later pieces were still being
     copied."""
