@@ -67,8 +67,9 @@ VARS = (
     Var("RX_CQ_SIZE", "int", "16384", "cc/transfer/engine.cc", "receive completion queue entries", _NATIVE),
     Var("FI_THREADING", "domain", "provider's choice", "cc/transfer/fabric_engine.cc",
         "`domain` forces FI_THREADING_DOMAIN", _NATIVE),
-    Var("PROGRESS", "adaptive|spin", "adaptive", "cc/transfer/progress.cc",
-        "TransferEngine progress thread: `spin` never sleeps (a dedicated core)", _NATIVE),
+    Var("PROGRESS", "adaptive|spin|backoff", "adaptive", "cc/transfer/progress.cc",
+        "progress thread: `adaptive` polls during a proxy's transfers, else sleeps; `spin` never sleeps; "
+        "`backoff` sleeps in transfers too, leaving them to the proxy's polls", _NATIVE),
     Var("PROGRESS_SPIN_US", "float", "50", "cc/transfer/progress.cc",
         "progress thread: keep polling this long after progress", _NATIVE),
     Var("PROGRESS_MAX_SLEEP_US", "float", "500", "cc/transfer/progress.cc",
@@ -76,10 +77,9 @@ VARS = (
     Var("WAIT_SPIN_US", "float", "5", "cc/transfer/progress.cc", "waiters: busy-poll this long", _NATIVE),
     Var("WAIT_YIELD_US", "float", "20000", "cc/transfer/progress.cc",
         "waiters: yield this long, then sleep 20 us per poll", _NATIVE),
-    Var("POLL_PROGRESS", "1|0", "1", "cc/transfer/progress.cc",
-        "`0`: the proxy thread's non-blocking polls only read what the progress thread delivered (over shm "
-        "the copy of an incoming message then runs there, not on the proxy thread); pair with `PROGRESS=spin`",
-        _NATIVE),
+    Var("POLL_PROGRESS", "1|0", "0 (1 under PROGRESS=backoff)", "cc/transfer/progress.cc",
+        "`0`: the proxy thread's polls only read what the progress thread delivered (over shm the copy of "
+        "an incoming message runs there); `1`: they move the transport themselves", _NATIVE),
     Var("PROXY", "adaptive|spin|backoff", "adaptive", "cc/proxy/proxy.cc",
         "proxy thread (cuda inter-node path, host `proxied`): `adaptive` polls through transfers, "
         "`spin` never sleeps, `backoff` sleeps unless a packer waits", _NATIVE),

@@ -535,17 +535,30 @@ def test_proxy_times_its_posts(num_ranks, mesh):
             assert (st["post_ns"] > 0) == (engine == "fabric"), (engine, r, st)
 
 
+# (JAX_MOE_A2A_PROGRESS, JAX_MOE_A2A_POLL_PROGRESS): the default (the progress thread held polling
+# through the proxy's transfers, the proxy's polls only reading what it delivered), a spinning
+# progress thread, and the policy before the hold (backoff: the proxy's polls move the transport).
+_PROGRESS_POLICIES = {"default": (None, None), "spin": ("spin", "0"), "backoff": ("backoff", None)}
+
+
 @pytest.mark.mpi
+@pytest.mark.parametrize("policy", sorted(_PROGRESS_POLICIES))
 @pytest.mark.parametrize("staged", [False, True], ids=["registered", "staged"])
-def test_proxy_polls_leaving_the_transport_to_the_progress_thread(num_ranks, mesh, monkeypatch, staged):
-    """JAX_MOE_A2A_POLL_PROGRESS=0 with JAX_MOE_A2A_PROGRESS=spin (the fabric engine): the proxy
-    thread's non-blocking polls only read what the engine's progress thread delivered (over shm the
-    provider's copy of an incoming message then runs there). The progress thread alone must then
-    move every arrival the proxy waits for: every op of two steps matches the oracle, outputs
-    poisoned, with rows staged in pieces too, and nothing hangs. (Who made the copies is not
-    observed here; this checks that the mode is correct, not that it is faster.)"""
-    monkeypatch.setenv("JAX_MOE_A2A_POLL_PROGRESS", "0")
-    monkeypatch.setenv("JAX_MOE_A2A_PROGRESS", "spin")
+def test_proxy_progress_policies(num_ranks, mesh, monkeypatch, staged, policy):
+    """Who moves the transport while the proxy transfers (the fabric engine): by default
+    (JAX_MOE_A2A_PROGRESS=adaptive, JAX_MOE_A2A_POLL_PROGRESS=0) the proxy holds the engine's
+    progress thread polling while a transfer is under way and its own polls only read what that
+    thread delivered (over shm the provider's copy of an incoming message runs there); `spin` polls
+    always; `backoff` leaves transfers to the proxy's polls. Each must move every arrival the proxy
+    waits for: every op of two steps matches the oracle, outputs poisoned, rows staged in pieces too,
+    nothing hangs. proxy_stats tells the policies apart: held polls and completions on the progress
+    thread by default, no held polls under backoff."""
+    mode, poll = _PROGRESS_POLICIES[policy]
+    for name, value in (("JAX_MOE_A2A_PROGRESS", mode), ("JAX_MOE_A2A_POLL_PROGRESS", poll)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
     if staged:
         monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
         monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "0.25")
@@ -554,7 +567,25 @@ def test_proxy_polls_leaving_the_transport_to_the_progress_thread(num_ranks, mes
     comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine="fabric", max_private_tokens=1,
                     timeout_s=30.0)
     check_fresh_steps(comm, spec, num_ranks, 2)
+    stats = comm.proxy_stats()
     comm.close()
+    assert stats, "no proxy on this process's ranks"
+    for r, st in stats.items():
+        if policy == "backoff":
+            assert st["progress_held_polls"] == 0, (r, st)
+        else:
+            assert st["progress_held_polls"] > 0, (r, st)  # the proxy held it through its transfers
+        if policy == "default":
+            assert st["progress_events"] > 0, (r, st)  # arrivals moved by the progress thread
+
+
+def test_progress_policy_must_be_known(num_ranks, mesh, monkeypatch):
+    """JAX_MOE_A2A_PROGRESS other than adaptive, spin or backoff is refused when the engines are
+    created, naming the variable and the values it takes."""
+    monkeypatch.setenv("JAX_MOE_A2A_PROGRESS", "fast")
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    with pytest.raises(Exception, match="JAX_MOE_A2A_PROGRESS=fast: expected 'adaptive', 'spin' or 'backoff'"):
+        a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine="fabric", timeout_s=10.0).close()
 
 
 def test_poll_progress_must_be_0_or_1(num_ranks, mesh, monkeypatch):

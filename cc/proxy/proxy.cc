@@ -160,6 +160,8 @@ ProxyStats Proxy::stats() const {
   s.write_pieces = ex_.pieces_posted();
   s.comb_pieces = ex_.comb_pieces_posted();
   s.post_ns = ex_.engine().post_ns();
+  s.progress_events = ex_.engine().progress_thread_events();
+  s.progress_held_polls = ex_.engine().progress_held_polls();
   s.post_blocked_ns = ex_.engine().post_blocked_ns();
   const int n = ex_.options().shape.N;
   s.row_bytes_to.resize(n);
@@ -946,7 +948,9 @@ void Proxy::run() {
     }
     ++polls;
     progressed = progressed || moved;
+    transfer::Engine& engine = ex_.engine();
     if (progressed) {
+      engine.hold_progress(!failed());
       last_progress = Clock::now();
       if (moved) wake_deadline = {};  // the op showed up: op_under_way() takes over
       if (woken && !moved) wake_deadline = last_progress + std::chrono::microseconds(static_cast<int64_t>(o_.idle_ms * 1e3));
@@ -964,8 +968,12 @@ void Proxy::run() {
     // op called out of order or whose peer died, must not keep a core busy for long.
     const bool under_way = op_under_way();
     const bool busy = packer_waiting() || (o_.poll_in_flight && (under_way || now < wake_deadline));
-    if (o_.spin || idle_us < o_.spin_us ||
-        (!failed() && idle_us < 1e6 * std::min(2 * ex_.options().timeout_s, 10.0) && busy)) {
+    const bool polling = o_.spin || idle_us < o_.spin_us ||
+                         (!failed() && idle_us < 1e6 * std::min(2 * ex_.options().timeout_s, 10.0) && busy);
+    // While we poll, so does the engine's progress thread (our polls may only read what it
+    // delivered: POLL_PROGRESS=0); while we sleep, it backs off too.
+    engine.hold_progress(polling && !failed());
+    if (polling) {
       sched_yield();
       continue;
     }
@@ -987,6 +995,7 @@ void Proxy::run() {
       stats_.sleeps = sleeps;
     }
   }
+  ex_.engine().hold_progress(false);
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.polls = polls;
   stats_.sleeps = sleeps;

@@ -153,8 +153,23 @@ class Engine {
   // meanwhile: over shm, the provider's copies of incoming messages), ns. 0 where never counted.
   virtual uint64_t post_ns() const { return 0; }
   virtual uint64_t post_blocked_ns() const { return 0; }
+  // Completions handled by the engine's progress threads (not by its waiters or pollers), and
+  // their polls made while held (hold_progress). 0 where there is no progress thread.
+  virtual uint64_t progress_thread_events() const { return 0; }
+  virtual uint64_t progress_held_polls() const { return 0; }
   virtual void close() = 0;              // idempotent
   virtual bool closed() const = 0;
+
+  // --- progress hold ----------------------------------------------------------------------------
+  // Held (by the proxy thread while a transfer is under way), the engine's progress thread keeps
+  // polling, yielding the core between polls, instead of backing off into sleeps: arrivals then
+  // move as they come, not after a sleep of up to PROGRESS_MAX_SLEEP_US. One holder per engine.
+  void hold_progress(bool on) {
+    if (progress_held_.load(std::memory_order_relaxed) == on) return;
+    progress_held_.store(on, std::memory_order_relaxed);
+    if (on) progress_hold_began();
+  }
+  bool progress_held() const { return progress_held_.load(std::memory_order_relaxed); }
 
  protected:
   Engine(int rank, int world_size, uint64_t instance)
@@ -170,6 +185,8 @@ class Engine {
   virtual int peer_domains(int rank) const = 0;
   // Text of errors not reported yet (appended to timeout messages); "" if none.
   virtual std::string error_summary() const { return {}; }
+  // hold_progress(true) after false: wake a sleeping progress thread.
+  virtual void progress_hold_began() {}
 
   // Shared validation (throws TransferError / std::invalid_argument naming `call` and the peer).
   void check_open(const char* call) const;
@@ -185,6 +202,7 @@ class Engine {
   int world_size_;
   uint64_t instance_;
   ImmCounters counters_;
+  std::atomic<bool> progress_held_{false};
 };
 
 // The libfabric engine for opts (provider, domains, rank...).

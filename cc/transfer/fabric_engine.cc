@@ -50,14 +50,18 @@ FabricEngine::FabricEngine(EngineOptions resolved, int)
   for (auto& p : peers_) p = std::make_unique<Peer>();
   add_peers({{rank_, address_}});  // we always know ourselves
 
+  // Writes in flight (busy), or a transfer under way (held: hold_progress): the threads poll
+  // without sleeping.
+  auto busy = [this] { return pending() > 0; };
+  auto held = [this] { return opts_.progress.hold && progress_held(); };
   if (domains_.size() == 1) {
-    progress_threads_.push_back(std::make_unique<ProgressThread>(
-        opts_.progress, [this] { return progress(); }, [this] { return pending() > 0; }, &waiters_));
+    progress_threads_.push_back(
+        std::make_unique<ProgressThread>(opts_.progress, [this] { return progress(); }, busy, held, &waiters_));
   } else {
     for (auto& d : domains_) {
       Domain* dom = d.get();
       progress_threads_.push_back(std::make_unique<ProgressThread>(
-          opts_.progress, [this, dom] { return dom->poll(*this); }, [this] { return pending() > 0; }, &waiters_));
+          opts_.progress, [this, dom] { return dom->poll(*this); }, busy, held, &waiters_));
     }
   }
 }

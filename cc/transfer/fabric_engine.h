@@ -42,6 +42,16 @@ class FabricEngine final : public Engine, private CompletionSink {
   uint64_t pending() const override { return outstanding_.load(std::memory_order_acquire); }
   uint64_t post_ns() const override { return post_ns_.load(std::memory_order_relaxed); }
   uint64_t post_blocked_ns() const override { return post_blocked_ns_.load(std::memory_order_relaxed); }
+  uint64_t progress_thread_events() const override {
+    uint64_t n = 0;
+    for (const auto& t : progress_threads_) n += t->events();
+    return n;
+  }
+  uint64_t progress_held_polls() const override {
+    uint64_t n = 0;
+    for (const auto& t : progress_threads_) n += t->held_polls();
+    return n;
+  }
   void close() override;
   bool closed() const override { return closed_.load(std::memory_order_acquire); }
 
@@ -56,6 +66,9 @@ class FabricEngine final : public Engine, private CompletionSink {
   uint64_t peer_instance(int rank) const override;
   int peer_domains(int rank) const override;
   std::string error_summary() const override;
+  void progress_hold_began() override {
+    for (auto& t : progress_threads_) t->nudge();
+  }
 
  private:
   FabricEngine(EngineOptions resolved, int);  // opts already resolved

@@ -24,8 +24,9 @@ ProgressOptions ProgressOptions::from_env() {
   ProgressOptions o;
   if (const char* mode = env::get("JAX_MOE_A2A_PROGRESS"); mode && *mode) {
     if (std::strcmp(mode, "spin") == 0) o.spin = true;
+    else if (std::strcmp(mode, "backoff") == 0) o.hold = false, o.poll_progress = true;  // the old policy
     else if (std::strcmp(mode, "adaptive") != 0)
-      throw TransferError(format("JAX_MOE_A2A_PROGRESS=%s: expected 'adaptive' or 'spin'", mode));
+      throw TransferError(format("JAX_MOE_A2A_PROGRESS=%s: expected 'adaptive', 'spin' or 'backoff'", mode));
   }
   o.spin_us = env::get_double("JAX_MOE_A2A_PROGRESS_SPIN_US", o.spin_us);
   o.max_sleep_us = env::get_double("JAX_MOE_A2A_PROGRESS_MAX_SLEEP_US", o.max_sleep_us);
@@ -51,9 +52,9 @@ void Backoff::pause() {
   else std::this_thread::sleep_for(std::chrono::microseconds(20));
 }
 
-ProgressThread::ProgressThread(ProgressOptions opts, std::function<int()> poll,
-                               std::function<bool()> busy, const std::atomic<uint64_t>* waiters)
-    : opts_(opts), poll_(std::move(poll)), busy_(std::move(busy)), waiters_(waiters) {
+ProgressThread::ProgressThread(ProgressOptions opts, std::function<int()> poll, std::function<bool()> busy,
+                               std::function<bool()> held, const std::atomic<uint64_t>* waiters)
+    : opts_(opts), poll_(std::move(poll)), busy_(std::move(busy)), held_(std::move(held)), waiters_(waiters) {
   thread_ = std::thread([this] {
     set_thread_name(kProgressThreadName);
     run();
@@ -69,17 +70,31 @@ void ProgressThread::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void ProgressThread::nudge() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    nudged_ = true;
+  }
+  cv_.notify_all();
+}
+
 void ProgressThread::run() {
   auto last_event = Clock::now();
   double sleep_us = 2;
   auto sleep = [&](double us) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::duration<double, std::micro>(us), [&] { return stop_.load(); });
+    cv_.wait_for(lock, std::chrono::duration<double, std::micro>(us), [&] { return stop_.load() || nudged_; });
+    if (nudged_) {
+      nudged_ = false;
+      last_event = Clock::now();  // poll at once, and keep polling for spin_us
+      sleep_us = 2;
+    }
   };
   uint64_t seen_waits = ~uint64_t(0);
   while (!stop_.load(std::memory_order_relaxed)) {
     uint64_t w = waiters_->load(std::memory_order_relaxed);
-    if (!opts_.spin && ((w & 0xffffffffu) != 0 || (w >> 32) != seen_waits)) {
+    const bool held = held_();
+    if (!opts_.spin && !held && ((w & 0xffffffffu) != 0 || (w >> 32) != seen_waits)) {
       // Waiters poll for themselves; two pollers only fight over the CQ lock and the cores.
       seen_waits = w >> 32;
       sleep(std::max(opts_.max_sleep_us, 2.0));
@@ -91,6 +106,8 @@ void ProgressThread::run() {
     } catch (...) {
       // poll() records errors itself; never let an exception kill the process from this thread.
     }
+    if (events > 0) events_.store(events_.load(std::memory_order_relaxed) + events, std::memory_order_relaxed);
+    if (held) held_polls_.store(held_polls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     if (events > 0 || opts_.spin) {
       if (events > 0) {
         last_event = Clock::now();
@@ -98,8 +115,9 @@ void ProgressThread::run() {
       }
       continue;
     }
-    if (busy_()) {
-      sched_yield();  // writes in flight: only polling completes them (manual progress providers)
+    if (held || busy_()) {
+      seen_waits = w >> 32;  // the waits begun while held were stepped past, not owed a sleep
+      sched_yield();  // a transfer under way, or writes in flight: only polling completes them
     } else if (elapsed_us(last_event) < opts_.spin_us) {
       sched_yield();
     } else {
