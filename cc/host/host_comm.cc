@@ -87,7 +87,12 @@ struct RankComm::Slot {
 
 RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Engine> engine)
     : o_(o), rank_(rank) {
-  const protocol::ExchangeOptions xo = exchange_options(o);
+  protocol::ExchangeOptions xo = exchange_options(o);
+  // JAX_MOE_A2A_HOST_STAGED=1 (tests): the proxy copies rows between the packer's buffers and the
+  // registered ones, as the cuda path's STAGING=copy does (and cuts writes into pieces alike).
+  const char* env_staged = env::get("JAX_MOE_A2A_HOST_STAGED");
+  const bool staged = o.proxied && env_staged && std::string(env_staged) == "1";
+  xo.staged_rows = staged;
   const SlotLayout lay(xo);
   std::vector<protocol::SlotBuffers> bufs;
   for (int z = 0; z < o.slots; ++z) {
@@ -134,8 +139,6 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
       in_ = mirror_.get();
     }
   }
-  const char* env_staged = env::get("JAX_MOE_A2A_HOST_STAGED");
-  const bool staged = o.proxied && env_staged && std::string(env_staged) == "1";
   std::vector<proxy::StagedSlot> copies;
   for (const protocol::SlotBuffers& b : bufs) {
     proxy::StagedSlot c = proxy::staged_slot(b, lay);
@@ -221,7 +224,7 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
   std::map<int, std::vector<Bytes>> ex_descs;
   recov_peer_.resize(o_.shape.N);
   for (const auto& [r, ds] : descs) {
-    const size_t want = size_t(protocol::Exchange::kDescriptorsPerSlot) * o_.slots + 1;  // + the recovery table
+    const size_t want = ex_->descriptor_count() + 1;  // + the recovery table
     if (ds.size() != want)
       throw std::invalid_argument(format("jax_moe_a2a: rank %d sent %zu descriptors, expected %zu", r, ds.size(), want));
     ex_descs[r] = std::vector<Bytes>(ds.begin(), ds.end() - 1);

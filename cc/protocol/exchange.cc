@@ -95,15 +95,20 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   if (o.shape.tp < 1 || o.shape.tp > 8) throw std::invalid_argument("jax_moe_a2a: tp_size must be in [1, 8]");
   if (o.node_size < 0) throw std::invalid_argument("jax_moe_a2a: node_size must be >= 0");
   if (int(buffers.size()) != o.slots) throw std::invalid_argument("Exchange: one SlotBuffers per slot");
-  const double chunk_kib = env::get_double("JAX_MOE_A2A_WRITE_CHUNK_KIB", 0);
+  const PieceSettings def = o.staged_rows ? kStagedPieces : PieceSettings{};
+  const double chunk_kib = env::get_double("JAX_MOE_A2A_WRITE_CHUNK_KIB", def.chunk_kib);
   if (!(chunk_kib >= 0) || chunk_kib > 1 << 30)
     throw std::invalid_argument(format("JAX_MOE_A2A_WRITE_CHUNK_KIB=%g: expected KiB >= 0 (0: one write a peer)", chunk_kib));
   chunk_ = static_cast<int64_t>(chunk_kib * 1024);
   rails_ = std::max(1, engine_->num_domains());
-  const double comb_split = env::get_double("JAX_MOE_A2A_COMB_PIECES", 1);
+  const double comb_split = env::get_double("JAX_MOE_A2A_COMB_PIECES", def.comb_pieces);
   if (!(comb_split >= 1 && comb_split <= 64) || comb_split != static_cast<int>(comb_split))
     throw std::invalid_argument(format("JAX_MOE_A2A_COMB_PIECES=%g: expected an integer in [1, 64]", comb_split));
   comb_split_ = static_cast<int>(comb_split);
+  const double comb_min_kib = env::get_double("JAX_MOE_A2A_COMB_PIECE_MIN_KIB", def.comb_min_kib);
+  if (!(comb_min_kib >= 0) || comb_min_kib > 1 << 30)
+    throw std::invalid_argument(format("JAX_MOE_A2A_COMB_PIECE_MIN_KIB=%g: expected KiB >= 0", comb_min_kib));
+  comb_min_ = static_cast<int64_t>(comb_min_kib * 1024);
   // Every piece's immediate carries piece * N + rank in its 16-bit rank field (piece_imm).
   const int64_t most_rows = std::max(lay_.priv, lay_.P - lay_.priv);
   const int64_t most_pieces = std::max<int64_t>(pieces(most_rows * lay_.row), comb_pieces());
@@ -144,6 +149,11 @@ Exchange::~Exchange() {
       if (*r) (*r)->close();
 }
 
+std::string Exchange::pieces_text() const {
+  return format("PRIV/OVER pieces of at most %lld B (0: whole), COMB in %d pieces of at least %lld B, %d rail(s)",
+                (long long)chunk_, comb_pieces(), (long long)comb_min_, rails_);
+}
+
 std::vector<Bytes> Exchange::descriptors() const {
   std::vector<Bytes> out;
   for (const Regions& g : regions_) {  // kDescriptorsPerSlot
@@ -151,6 +161,8 @@ std::vector<Bytes> Exchange::descriptors() const {
     out.push_back(g.d_recv->descriptor());
     out.push_back(g.c_recv->descriptor());
   }
+  const std::string t = pieces_text();
+  out.emplace_back(t.begin(), t.end());
   return out;
 }
 
@@ -164,9 +176,15 @@ void Exchange::connect(const std::map<int, std::vector<Bytes>>& descs) {
   for (int r : all_) {
     auto it = descs.find(r);
     if (it == descs.end()) throw std::invalid_argument(format("jax_moe_a2a: no descriptors for rank %d", r));
-    if (it->second.size() != size_t(D * o_.slots))
-      throw std::invalid_argument(format("jax_moe_a2a: rank %d sent %zu descriptors, expected %d", r,
-                                         it->second.size(), D * o_.slots));
+    if (it->second.size() != descriptor_count())
+      throw std::invalid_argument(format("jax_moe_a2a: rank %d sent %zu descriptors, expected %zu", r,
+                                         it->second.size(), descriptor_count()));
+    const std::string ours = pieces_text(), theirs(it->second.back().begin(), it->second.back().end());
+    if (theirs != ours)
+      throw std::invalid_argument(format("jax_moe_a2a: rank %d cuts its row writes otherwise than rank %d: theirs "
+                                         "'%s', ours '%s' (JAX_MOE_A2A_WRITE_CHUNK_KIB, JAX_MOE_A2A_COMB_PIECES, "
+                                         "JAX_MOE_A2A_COMB_PIECE_MIN_KIB, JAX_MOE_A2A_RAILS and JAX_MOE_A2A_STAGING "
+                                         "must be alike on every process)", r, rank_, theirs.c_str(), ours.c_str()));
     for (int z = 0; z < o_.slots; ++z) {
       Regions& g = regions_[z];
       g.k_recv_peer[r] = engine_->remote(it->second[D * z]);
@@ -382,8 +400,15 @@ ByteRange Exchange::piece_of(int64_t bytes, int n, int i) {
   return {at, std::min(each, bytes - at)};
 }
 
-ByteRange Exchange::comb_piece_of(int64_t bytes, int64_t nominal, int n, int i) {
-  const ByteRange p = piece_of(nominal, n, i);
+ByteRange Exchange::comb_cut(int64_t nominal, int i) const {
+  const int n = comb_pieces();
+  const int64_t each = std::max<int64_t>((nominal + n - 1) / n, comb_min_);
+  const int64_t at = std::min(nominal, i * each);
+  return {at, std::min(each, nominal - at)};
+}
+
+ByteRange Exchange::comb_piece_of(int64_t bytes, int64_t nominal, int i) const {
+  const ByteRange p = comb_cut(nominal, i);
   return {std::min(p.off, bytes), std::clamp<int64_t>(bytes - p.off, 0, p.len)};
 }
 
@@ -525,7 +550,7 @@ std::vector<ByteRange> Exchange::combine_send_rows_of_piece(int z, int m, const 
   const int tp = o_.shape.tp, g0 = m / tp * tp;
   for (int j = 0; j < tp; ++j) {
     const int64_t bytes = std::clamp<int64_t>(rows_from[g0 + j], 0, lay_.P) * stride;
-    const ByteRange p = comb_piece_of(bytes, comb_nominal_[z][g0 + j] * stride, comb_pieces(), i);
+    const ByteRange p = comb_piece_of(bytes, comb_nominal_[z][g0 + j] * stride, i);
     append(out, int64_t(g0 + j) * lay_.P * stride + p.off, p.len);
   }
   return out;
@@ -584,7 +609,7 @@ void Exchange::post_combine_piece(int z, uint32_t c, int m, const int32_t* rows_
     const int src = g0 + j;
     const int64_t bytes = int64_t(rows_from[src]) * stride;
     write_range(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride,
-                comb_piece_of(bytes, comb_nominal_[z][src] * stride, n, i), &regions_[z].c_recv_peer[m],
+                comb_piece_of(bytes, comb_nominal_[z][src] * stride, i), &regions_[z].c_recv_peer[m],
                 (int64_t(j) * lay_.Q + off[src]) * stride, imm(comb_tag(j, z), c), n, i, comb_w_);
   }
 }
