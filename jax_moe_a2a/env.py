@@ -102,15 +102,12 @@ VARS = (
     Var("PROXY_TIMELINE", "str (a path prefix)", "off", "cc/proxy/timeline.h",
         "proxy: record the time of every protocol step and write them when the communicator closes, one file "
         "per proxy, `<prefix>.r<rank>.p<pid>.<n>.tsv` (benchmarks/proxy.py --timeline reads them)", _NATIVE),
-    Var("WRITE_CHUNK_KIB", "float", "0 (one write a peer); 512 with staged rows", "cc/protocol/exchange.cc",
-        "inter-node paths: PRIV and OVER writes in pieces of at most this many KiB; staged rows "
-        "(`STAGING=copy`): each posted as its copy ends, copied out as it lands", _NATIVE),
-    Var("COMB_PIECES", "int 1..64", "1 (rails: one a rail); 4 with staged rows", "cc/protocol/exchange.cc",
-        "inter-node paths: each COMB write in this many pieces, empty ones too (counted by the receiver); "
-        "copied like `WRITE_CHUNK_KIB`'s pieces with staged rows", _NATIVE),
-    Var("COMB_PIECE_MIN_KIB", "float", "0; 1024 with staged rows", "cc/protocol/exchange.cc",
-        "inter-node paths: `COMB_PIECES`' pieces at least this long (the last ones then empty); the "
-        "three and `RAILS` alike on every process (checked)", _NATIVE),
+    Var("WRITE_CHUNK_KIB", "float", "0 (one write a peer)", "cc/protocol/exchange.cc",
+        "inter-node paths: PRIV and OVER writes in pieces of at most this many KiB; under `STAGING=copy` "
+        "each piece posted as its copy ends, copied out as it lands; alike on every process (checked)", _NATIVE),
+    Var("COMB_PIECES", "int 1..64", "1 (rails: one a rail)", "cc/protocol/exchange.cc",
+        "inter-node paths: each COMB write in this many pieces, empty ones too (counted); "
+        "copied like `WRITE_CHUNK_KIB`'s pieces under `STAGING=copy`; alike on every process (checked)", _NATIVE),
     Var("RAILS", "int 1..16", "1", "cc/transfer/engine.cc (at communicator creation)",
         "communicators' fabric engines: domains (rails) per rank, each with its own progress thread; large "
         "PRIV / OVER writes and every COMB split over them; the same on every process", _NATIVE),

@@ -340,7 +340,6 @@ def test_rows_written_in_pieces(num_ranks, mesh, monkeypatch, priv, path):
     copied."""
     monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "0.25")  # read when the exchange is created
     monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", "3")
-    monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECE_MIN_KIB", "0")  # staged rows default to pieces >= 1 MiB
     if path == "staged":
         monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
     spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10,
@@ -353,58 +352,11 @@ def test_rows_written_in_pieces(num_ranks, mesh, monkeypatch, priv, path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("path", ["proxied", "staged", "engine"])
-def test_comb_pieces_of_a_least_size(num_ranks, mesh, monkeypatch, path):
-    """JAX_MOE_A2A_COMB_PIECE_MIN_KIB: each of JAX_MOE_A2A_COMB_PIECES' pieces at least this long, so
-    a COMB write of fewer bytes than pieces x minimum goes in fewer non-empty pieces and the last
-    ones carry only the immediate (Exchange::comb_cut; the receiver cuts its runs alike to copy each
-    piece as it lands): rows of ~130 bytes, 4 pieces of >= 512 bytes, so a write of 5 rows is one
-    piece and three empty ones, one of 9 rows two. Three steps (random, skewed, one hot expert)
-    against the oracle, outputs poisoned, through the proxy, with row staging, and through the host
-    backend's own engine path; the proxy's counters say COMB writes went in pieces."""
-    monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", "4")
-    monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECE_MIN_KIB", "0.5")
-    monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "0")
-    if path == "staged":
-        monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
-    spec = a2a.Spec(num_experts=16, experts_per_token=3, hidden=64, max_tokens_per_rank=12, recv_capacity=10)
-    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=path != "engine", timeout_s=60.0)
-    check_split_writes(comm, spec, num_ranks, path != "engine", split=("comb_pieces",))
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("staged", [False, True], ids=["registered", "staged"])
-def test_staged_rows_cut_writes_by_default(num_ranks, mesh, monkeypatch, staged):
-    """With rows staged by copies (JAX_MOE_A2A_HOST_STAGED, the host stand-in for the cuda path's
-    STAGING=copy) writes go in pieces unless the variables say otherwise (protocol::kStagedPieces:
-    PRIV / OVER in pieces of <= 512 KiB, COMB in 4 pieces of >= 1 MiB, here one piece and three
-    empty ones); rows in the registered buffers keep one write a peer. Two steps against the oracle,
-    and the proxy's count of COMB pieces beyond one a write: > 0 staged, 0 registered."""
-    for name in ("WRITE_CHUNK_KIB", "COMB_PIECES", "COMB_PIECE_MIN_KIB", "RAILS"):
-        monkeypatch.delenv("JAX_MOE_A2A_" + name, raising=False)
-    if staged:
-        monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
-    else:
-        monkeypatch.delenv("JAX_MOE_A2A_HOST_STAGED", raising=False)
-    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=64, max_tokens_per_rank=8)
-    comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine="fabric", timeout_s=30.0)
-    check_fresh_steps(comm, spec, num_ranks, 2)
-    stats = comm.proxy_stats()
-    comm.close()
-    remote = num_ranks > 1
-    for r, st in stats.items():
-        if staged and remote:
-            assert st["comb_pieces"] > 0, (r, st)
-        else:
-            assert st["comb_pieces"] == 0, (r, st)
-        assert st["write_pieces"] == 0, (r, st)  # every PRIV / OVER write here is far below 512 KiB
-
-
-@pytest.mark.mpi
 def test_processes_cutting_writes_otherwise_are_refused(num_ranks, mesh, monkeypatch):
     """Processes whose writes go in different pieces (here JAX_MOE_A2A_COMB_PIECES 1 and 2) would
-    wait for pieces that never come, or read rows whose later pieces are still in flight: the
-    communicator's creation is refused on every process, naming the other rank and both settings."""
+    wait for pieces that never come, or count a write landed on its first piece and read rows whose
+    later pieces are still in flight: the communicator's creation is refused on every process,
+    naming the other rank and both settings (Exchange::connect)."""
     if jax.process_count() < 2:
         pytest.skip("needs processes that differ (mpirun -n 2 or more)")
     monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", str(1 + jax.process_index() % 2))
@@ -513,8 +465,6 @@ def test_write_chunk_must_be_a_size(num_ranks, mesh, monkeypatch):
                              ("COMB_PIECES", "0", spec, "expected an integer"),
                              ("COMB_PIECES", "2.5", spec, "expected an integer"),
                              ("COMB_PIECES", "65", spec, "expected an integer"),
-                             ("COMB_PIECE_MIN_KIB", "-1", spec, "expected"),
-                             ("COMB_PIECE_MIN_KIB", "big", spec, "expected"),
                              ("WRITE_CHUNK_KIB", "0.001", wide, "would go in .* pieces")]:
         monkeypatch.setenv("JAX_MOE_A2A_" + var, bad)
         with pytest.raises(ValueError, match=f"JAX_MOE_A2A_{var}=.*{why}"):
@@ -628,7 +578,6 @@ def test_proxy_progress_policies(num_ranks, mesh, monkeypatch, staged, policy):
         monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
         monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "0.25")
         monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", "2")
-        monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECE_MIN_KIB", "0")
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=64, max_tokens_per_rank=8)
     comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine="fabric", max_private_tokens=1,
                     timeout_s=30.0)

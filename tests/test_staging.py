@@ -40,7 +40,6 @@ def test_staged_rows_against_oracle(node_size, priv, tp, pieces, monkeypatch, me
     if pieces:
         monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "0.125")
         monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", "3")
-        monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECE_MIN_KIB", "0")  # staged rows' default is >= 1 MiB
     seed = T.fresh_seed()
     try:
         comm = proxied_three_steps(mesh, num_ranks, seed, priv, node_size, tp)
@@ -94,7 +93,6 @@ def test_landed_pieces_copied_as_they_land(monkeypatch, mesh, num_ranks):
     monkeypatch.setenv("JAX_MOE_A2A_HOST_COPY_PAUSE_S", "0.02")
     monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "1")
     monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", "4")
-    monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECE_MIN_KIB", "0")
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=128, max_tokens_per_rank=16)
     comm = proxied(spec, mesh, 0)
     check_fresh_steps(comm, spec, num_ranks, 2)

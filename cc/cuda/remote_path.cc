@@ -218,9 +218,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
     if (row_path_ != RowPath::kHost) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the zeroing is done
     for (const proxy::StagedSlot& c : copies) kernel_rows_.push_back(c.packer);
     if (row_path_ == RowPath::kCopy) copies_ = std::make_unique<RowCopies>(dev, std::move(copies));
-    protocol::ExchangeOptions x = xo;
-    x.staged_rows = row_path_ == RowPath::kCopy;  // writes in pieces by default (protocol::kStagedPieces)
-    ex_ = std::make_unique<protocol::Exchange>(x, rank, engine_, bufs_);
+    ex_ = std::make_unique<protocol::Exchange>(xo, rank, engine_, bufs_);
   } catch (...) {
     ex_.reset();
     if (engine_) engine_->close();

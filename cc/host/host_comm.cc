@@ -87,12 +87,7 @@ struct RankComm::Slot {
 
 RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Engine> engine)
     : o_(o), rank_(rank) {
-  protocol::ExchangeOptions xo = exchange_options(o);
-  // JAX_MOE_A2A_HOST_STAGED=1 (tests): the proxy copies rows between the packer's buffers and the
-  // registered ones, as the cuda path's STAGING=copy does (and cuts writes into pieces alike).
-  const char* env_staged = env::get("JAX_MOE_A2A_HOST_STAGED");
-  const bool staged = o.proxied && env_staged && std::string(env_staged) == "1";
-  xo.staged_rows = staged;
+  const protocol::ExchangeOptions xo = exchange_options(o);
   const SlotLayout lay(xo);
   std::vector<protocol::SlotBuffers> bufs;
   for (int z = 0; z < o.slots; ++z) {
@@ -139,6 +134,8 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
       in_ = mirror_.get();
     }
   }
+  const char* env_staged = env::get("JAX_MOE_A2A_HOST_STAGED");
+  const bool staged = o.proxied && env_staged && std::string(env_staged) == "1";
   std::vector<proxy::StagedSlot> copies;
   for (const protocol::SlotBuffers& b : bufs) {
     proxy::StagedSlot c = proxy::staged_slot(b, lay);

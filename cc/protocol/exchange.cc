@@ -95,20 +95,15 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   if (o.shape.tp < 1 || o.shape.tp > 8) throw std::invalid_argument("jax_moe_a2a: tp_size must be in [1, 8]");
   if (o.node_size < 0) throw std::invalid_argument("jax_moe_a2a: node_size must be >= 0");
   if (int(buffers.size()) != o.slots) throw std::invalid_argument("Exchange: one SlotBuffers per slot");
-  const PieceSettings def = o.staged_rows ? kStagedPieces : PieceSettings{};
-  const double chunk_kib = env::get_double("JAX_MOE_A2A_WRITE_CHUNK_KIB", def.chunk_kib);
+  const double chunk_kib = env::get_double("JAX_MOE_A2A_WRITE_CHUNK_KIB", 0);
   if (!(chunk_kib >= 0) || chunk_kib > 1 << 30)
     throw std::invalid_argument(format("JAX_MOE_A2A_WRITE_CHUNK_KIB=%g: expected KiB >= 0 (0: one write a peer)", chunk_kib));
   chunk_ = static_cast<int64_t>(chunk_kib * 1024);
   rails_ = std::max(1, engine_->num_domains());
-  const double comb_split = env::get_double("JAX_MOE_A2A_COMB_PIECES", def.comb_pieces);
+  const double comb_split = env::get_double("JAX_MOE_A2A_COMB_PIECES", 1);
   if (!(comb_split >= 1 && comb_split <= 64) || comb_split != static_cast<int>(comb_split))
     throw std::invalid_argument(format("JAX_MOE_A2A_COMB_PIECES=%g: expected an integer in [1, 64]", comb_split));
   comb_split_ = static_cast<int>(comb_split);
-  const double comb_min_kib = env::get_double("JAX_MOE_A2A_COMB_PIECE_MIN_KIB", def.comb_min_kib);
-  if (!(comb_min_kib >= 0) || comb_min_kib > 1 << 30)
-    throw std::invalid_argument(format("JAX_MOE_A2A_COMB_PIECE_MIN_KIB=%g: expected KiB >= 0", comb_min_kib));
-  comb_min_ = static_cast<int64_t>(comb_min_kib * 1024);
   // Every piece's immediate carries piece * N + rank in its 16-bit rank field (piece_imm).
   const int64_t most_rows = std::max(lay_.priv, lay_.P - lay_.priv);
   const int64_t most_pieces = std::max<int64_t>(pieces(most_rows * lay_.row), comb_pieces());
@@ -150,8 +145,8 @@ Exchange::~Exchange() {
 }
 
 std::string Exchange::pieces_text() const {
-  return format("PRIV/OVER pieces of at most %lld B (0: whole), COMB in %d pieces of at least %lld B, %d rail(s)",
-                (long long)chunk_, comb_pieces(), (long long)comb_min_, rails_);
+  return format("PRIV/OVER pieces of at most %lld B (0: whole), COMB in %d pieces, %d rail(s)", (long long)chunk_,
+                comb_pieces(), rails_);
 }
 
 std::vector<Bytes> Exchange::descriptors() const {
@@ -182,9 +177,9 @@ void Exchange::connect(const std::map<int, std::vector<Bytes>>& descs) {
     const std::string ours = pieces_text(), theirs(it->second.back().begin(), it->second.back().end());
     if (theirs != ours)
       throw std::invalid_argument(format("jax_moe_a2a: rank %d cuts its row writes otherwise than rank %d: theirs "
-                                         "'%s', ours '%s' (JAX_MOE_A2A_WRITE_CHUNK_KIB, JAX_MOE_A2A_COMB_PIECES, "
-                                         "JAX_MOE_A2A_COMB_PIECE_MIN_KIB, JAX_MOE_A2A_RAILS and JAX_MOE_A2A_STAGING "
-                                         "must be alike on every process)", r, rank_, theirs.c_str(), ours.c_str()));
+                                         "'%s', ours '%s' (JAX_MOE_A2A_WRITE_CHUNK_KIB, JAX_MOE_A2A_COMB_PIECES and "
+                                         "JAX_MOE_A2A_RAILS must be alike on every process)",
+                                         r, rank_, theirs.c_str(), ours.c_str()));
     for (int z = 0; z < o_.slots; ++z) {
       Regions& g = regions_[z];
       g.k_recv_peer[r] = engine_->remote(it->second[D * z]);
@@ -400,15 +395,8 @@ ByteRange Exchange::piece_of(int64_t bytes, int n, int i) {
   return {at, std::min(each, bytes - at)};
 }
 
-ByteRange Exchange::comb_cut(int64_t nominal, int i) const {
-  const int n = comb_pieces();
-  const int64_t each = std::max<int64_t>((nominal + n - 1) / n, comb_min_);
-  const int64_t at = std::min(nominal, i * each);
-  return {at, std::min(each, nominal - at)};
-}
-
-ByteRange Exchange::comb_piece_of(int64_t bytes, int64_t nominal, int i) const {
-  const ByteRange p = comb_cut(nominal, i);
+ByteRange Exchange::comb_piece_of(int64_t bytes, int64_t nominal, int n, int i) {
+  const ByteRange p = piece_of(nominal, n, i);
   return {std::min(p.off, bytes), std::clamp<int64_t>(bytes - p.off, 0, p.len)};
 }
 
@@ -550,7 +538,7 @@ std::vector<ByteRange> Exchange::combine_send_rows_of_piece(int z, int m, const 
   const int tp = o_.shape.tp, g0 = m / tp * tp;
   for (int j = 0; j < tp; ++j) {
     const int64_t bytes = std::clamp<int64_t>(rows_from[g0 + j], 0, lay_.P) * stride;
-    const ByteRange p = comb_piece_of(bytes, comb_nominal_[z][g0 + j] * stride, i);
+    const ByteRange p = comb_piece_of(bytes, comb_nominal_[z][g0 + j] * stride, comb_pieces(), i);
     append(out, int64_t(g0 + j) * lay_.P * stride + p.off, p.len);
   }
   return out;
@@ -609,7 +597,7 @@ void Exchange::post_combine_piece(int z, uint32_t c, int m, const int32_t* rows_
     const int src = g0 + j;
     const int64_t bytes = int64_t(rows_from[src]) * stride;
     write_range(m, *regions_[z].c_send, int64_t(src) * lay_.P * stride,
-                comb_piece_of(bytes, comb_nominal_[z][src] * stride, i), &regions_[z].c_recv_peer[m],
+                comb_piece_of(bytes, comb_nominal_[z][src] * stride, n, i), &regions_[z].c_recv_peer[m],
                 (int64_t(j) * lay_.Q + off[src]) * stride, imm(comb_tag(j, z), c), n, i, comb_w_);
   }
 }

@@ -57,24 +57,7 @@ const char* op_name(int op);
 // node iff a / node_size == b / node_size; provider is the caller's (the exchange takes an engine).
 struct ExchangeOptions : TransportOptions {
   MoeShape shape{};    // shape_of(the Config)
-  // Rows copied between the packer's memory and the registered buffers (the cuda path's
-  // STAGING=copy, the host backend's stand-in): writes then go in pieces by default (kStagedPieces),
-  // each posted as its copy ends and copied out as it lands.
-  bool staged_rows = false;
 };
-
-// How row writes are cut into pieces (the env variables' defaults; every process must agree:
-// Exchange::connect compares them). One write a peer, except with staged rows, where a piece's
-// wire overlaps the next one's copy. On one H100 under MPS (shm, decode, copy rows), against one
-// write a peer: 512 KiB PRIV / OVER pieces and COMB in 4 took the layer loop to 0.85x at N = 2
-// (COMB pieces of ~920 KiB) but 1.25x at N = 4 (~230 KiB); the 512 KiB pieces alone were even at
-// both. Hence COMB pieces of at least 1 MiB: whole at N = 4, in 4 at N = 2 (docs/performance.md).
-struct PieceSettings {
-  double chunk_kib = 0;      // JAX_MOE_A2A_WRITE_CHUNK_KIB: PRIV / OVER pieces of at most this (0: whole)
-  int comb_pieces = 1;       // JAX_MOE_A2A_COMB_PIECES: every COMB write in this many pieces
-  double comb_min_kib = 0;   // JAX_MOE_A2A_COMB_PIECE_MIN_KIB: ... each at least this long (later ones empty)
-};
-constexpr PieceSettings kStagedPieces{512, 4, 1024};
 
 // Byte offsets inside one slot's buffers (identical on every rank). The count matrices live in
 // buffers of their own (host memory: the proxy and the inline driver read them), the rows in
@@ -166,7 +149,7 @@ class Exchange {
   // writes into pieces otherwise than we do is refused, naming both settings: its pieces would
   // land where we do not wait for them (a wrong result, not a timeout).
   void connect(const std::map<int, std::vector<transfer::Bytes>>& descriptors);
-  // The piece settings in effect, as text ("write pieces <= 524288 B, COMB 4 pieces >= ..., rails 1").
+  // The piece settings in effect, as text ("PRIV/OVER pieces of at most 0 B (0: whole), ...").
   std::string pieces_text() const;
 
   // ---- elastic EP: the rank mask of slot z ------------------------------------------------------
@@ -312,7 +295,7 @@ class Exchange {
   // by the run the receiver expects, not by the rows it has (it may have fewer), so the receiver
   // knows each piece's bytes.
   ByteRange combine_landed_piece(const ByteRange& run, int i) const {
-    const ByteRange p = comb_cut(run.len, i);
+    const ByteRange p = piece_of(run.len, comb_pieces(), i);
     return {run.off + p.off, p.len};
   }
 
@@ -333,12 +316,9 @@ class Exchange {
   // Piece i of n of a write of `bytes`: equal pieces, the last one shorter, empty ones carrying only
   // the immediate. {offset in the write, length}.
   static ByteRange piece_of(int64_t bytes, int n, int i);
-  // Piece i of a COMB write into a run of `nominal` bytes (the rows the source sent us, which the
-  // receiver expects back): comb_pieces() equal pieces, each at least comb_min_ bytes (then the
-  // last ones are empty, carrying only the immediate).
-  ByteRange comb_cut(int64_t nominal, int i) const;
-  // The bytes of piece i of a COMB write of `bytes` into a run of `nominal` bytes: comb_cut cut to `bytes`.
-  ByteRange comb_piece_of(int64_t bytes, int64_t nominal, int i) const;
+  // The bytes of piece i of n of a COMB write of `bytes` into a run of `nominal` bytes (the rows
+  // the source sent us, which the receiver expects back): piece_of(nominal) cut to `bytes`.
+  static ByteRange comb_piece_of(int64_t bytes, int64_t nominal, int n, int i);
   // Piece i's immediate: the write's immediate `im` (our rank in its rank field) with the rank field
   // i * N + rank, so the receiver tells the pieces apart (Arrivals::Part::piece_stride). Piece 0's
   // is the write's own. The constructor refuses sizes whose pieces would not fit 16 bits.
@@ -373,7 +353,6 @@ class Exchange {
   int64_t chunk_ = 0;
   int rails_ = 1;  // the engine's domains (JAX_MOE_A2A_RAILS)
   int comb_split_ = 1;  // JAX_MOE_A2A_COMB_PIECES
-  int64_t comb_min_ = 0;  // JAX_MOE_A2A_COMB_PIECE_MIN_KIB, bytes
   WriteCounts rows_w_;  // PRIV / OVER writes
   WriteCounts comb_w_;  // COMB writes
   Arrivals expect(std::vector<uint32_t> tags, const std::vector<int>& ranks, uint32_t epoch) const;
