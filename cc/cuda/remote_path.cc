@@ -248,6 +248,7 @@ void RemotePath::connect(const std::vector<std::tuple<int, transfer::Bytes, std:
     if (r != rank_) addrs.push_back({r, addr});
     descs[r] = ds;
   }
+  ex_->check_peers(descs);  // before the engines exchange anything: a refusal then leaves nobody waiting
   engine_->add_peers(addrs);
   transfer::connect_in_order(*engine_, ex_->options().timeout_s);  // tcp;ofi_rxm: one connect per pair
   ex_->connect(descs);

@@ -208,6 +208,21 @@ struct RankComm::OpTimer {
 
 RankComm::Local& RankComm::local(int z) const { return *local_[z]; }
 
+std::map<int, std::vector<Bytes>> RankComm::exchange_descriptors(const std::map<int, std::vector<Bytes>>& descs) const {
+  std::map<int, std::vector<Bytes>> out;
+  for (const auto& [r, ds] : descs) {
+    const size_t want = ex_->descriptor_count() + 1;  // + the recovery table
+    if (ds.size() != want)
+      throw std::invalid_argument(format("jax_moe_a2a: rank %d sent %zu descriptors, expected %zu", r, ds.size(), want));
+    out[r] = std::vector<Bytes>(ds.begin(), ds.end() - 1);
+  }
+  return out;
+}
+
+void RankComm::check_peers(const std::map<int, std::vector<Bytes>>& descs) const {
+  ex_->check_peers(exchange_descriptors(descs));
+}
+
 void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std::map<int, RankComm*>& locals) {
   for (int r = 0; r < o_.shape.N && !local_.empty(); ++r) {
     if (!on_node(r)) continue;
@@ -218,15 +233,10 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
                                          o_.node_size, r, rank_));
     node_[r] = it->second;
   }
-  std::map<int, std::vector<Bytes>> ex_descs;
+  const std::map<int, std::vector<Bytes>> ex_descs = exchange_descriptors(descs);
   recov_peer_.resize(o_.shape.N);
-  for (const auto& [r, ds] : descs) {
-    const size_t want = ex_->descriptor_count() + 1;  // + the recovery table
-    if (ds.size() != want)
-      throw std::invalid_argument(format("jax_moe_a2a: rank %d sent %zu descriptors, expected %zu", r, ds.size(), want));
-    ex_descs[r] = std::vector<Bytes>(ds.begin(), ds.end() - 1);
+  for (const auto& [r, ds] : descs)
     if (r >= 0 && r < o_.shape.N) recov_peer_[r] = engine().remote(ds.back());
-  }
   ex_->connect(ex_descs);
   if (o_.proxied) {
     // No GPU memory here: the flags stay in our (CPU) Ctrl block. Say why, as the cuda backend

@@ -133,6 +133,8 @@ class RankComm {
   // Peers' descriptors in the same order, for every rank (ours included); `locals`: this process's
   // ranks (the node-local path needs every rank of our node among them). Starts the proxy.
   void connect(const std::map<int, std::vector<transfer::Bytes>>& descriptors, const std::map<int, RankComm*>& locals);
+  // Before the engines connect: the exchange's descriptors of every rank (Exchange::check_peers).
+  void check_peers(const std::map<int, std::vector<transfer::Bytes>>& descriptors) const;
   bool connected() const { return connected_; }
   // Before the engine closes (HostComm::close): waits until every peer signalled the FREE_D /
   // FREE_C it still owes us (a peer may still be reading the last step's rows we wrote it, and
@@ -208,6 +210,9 @@ class RankComm {
   std::unique_ptr<proxy::RowStaging> staging_;
   std::vector<std::unique_ptr<Local>> local_;  // per slot: what node-local peers write into us
   std::map<int, RankComm*> node_;              // node-local ranks (ourselves included)
+  // descs without the recovery table's descriptor (the last of each rank's), counts checked.
+  std::map<int, std::vector<transfer::Bytes>> exchange_descriptors(
+      const std::map<int, std::vector<transfer::Bytes>>& descs) const;
   bool connected_ = false;
   // JAX_MOE_A2A_HOST_RECV_PAUSE_S (tests only, read at creation; 0: none): each dispatch_recv sleeps
   // this long after its rows arrived, before it reads them, so that a test can hold a receiver in

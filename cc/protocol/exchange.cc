@@ -161,25 +161,33 @@ std::vector<Bytes> Exchange::descriptors() const {
   return out;
 }
 
-void Exchange::connect(const std::map<int, std::vector<Bytes>>& descs) {
-  constexpr int D = kDescriptorsPerSlot;
-  for (Regions& g : regions_) {
-    g.k_recv_peer.resize(o_.shape.N);
-    g.d_recv_peer.resize(o_.shape.N);
-    g.c_recv_peer.resize(o_.shape.N);
-  }
+void Exchange::check_peers(const std::map<int, std::vector<Bytes>>& descs) const {
+  const std::string ours = pieces_text();
   for (int r : all_) {
     auto it = descs.find(r);
     if (it == descs.end()) throw std::invalid_argument(format("jax_moe_a2a: no descriptors for rank %d", r));
     if (it->second.size() != descriptor_count())
       throw std::invalid_argument(format("jax_moe_a2a: rank %d sent %zu descriptors, expected %zu", r,
                                          it->second.size(), descriptor_count()));
-    const std::string ours = pieces_text(), theirs(it->second.back().begin(), it->second.back().end());
+    const std::string theirs(it->second.back().begin(), it->second.back().end());
     if (theirs != ours)
       throw std::invalid_argument(format("jax_moe_a2a: rank %d cuts its row writes otherwise than rank %d: theirs "
                                          "'%s', ours '%s' (JAX_MOE_A2A_WRITE_CHUNK_KIB, JAX_MOE_A2A_COMB_PIECES and "
                                          "JAX_MOE_A2A_RAILS must be alike on every process)",
                                          r, rank_, theirs.c_str(), ours.c_str()));
+  }
+}
+
+void Exchange::connect(const std::map<int, std::vector<Bytes>>& descs) {
+  constexpr int D = kDescriptorsPerSlot;
+  check_peers(descs);
+  for (Regions& g : regions_) {
+    g.k_recv_peer.resize(o_.shape.N);
+    g.d_recv_peer.resize(o_.shape.N);
+    g.c_recv_peer.resize(o_.shape.N);
+  }
+  for (int r : all_) {
+    const auto it = descs.find(r);
     for (int z = 0; z < o_.slots; ++z) {
       Regions& g = regions_[z];
       g.k_recv_peer[r] = engine_->remote(it->second[D * z]);

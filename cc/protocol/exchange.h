@@ -145,10 +145,14 @@ class Exchange {
   static constexpr int kDescriptorsPerSlot = 3;
   std::vector<transfer::Bytes> descriptors() const;
   size_t descriptor_count() const { return size_t(kDescriptorsPerSlot) * o_.slots + 1; }
-  // Peers' descriptors in the same order, for every rank (ours included). A rank that cuts its
-  // writes into pieces otherwise than we do is refused, naming both settings: its pieces would
-  // land where we do not wait for them (a wrong result, not a timeout).
+  // Peers' descriptors in the same order, for every rank (ours included); check_peers first.
   void connect(const std::map<int, std::vector<transfer::Bytes>>& descriptors);
+  // Throws std::invalid_argument for a rank missing or sending the wrong number of descriptors, or
+  // one that cuts its writes into pieces otherwise than we do, naming both settings: its pieces
+  // would land where we do not wait for them (a wrong result, not a timeout). Call it before the
+  // engines connect (they exchange messages in rank order): every rank has every rank's
+  // descriptors, so if any two differ every rank sees a difference and refuses, none waits.
+  void check_peers(const std::map<int, std::vector<transfer::Bytes>>& descriptors) const;
   // The piece settings in effect, as text ("PRIV/OVER pieces of at most 0 B (0: whole), ...").
   std::string pieces_text() const;
 

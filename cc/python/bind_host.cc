@@ -103,6 +103,7 @@ void bind_host(nb::module_& m) {
           for (auto& d : ds) descs[r].push_back(to_bytes(d));
         }
         nb::gil_scoped_release release;
+        rc.check_peers(descs);  // before the engines exchange anything: a refusal then leaves nobody waiting
         rc.engine().add_peers(addrs);
         if (rc.engine().kind() == transfer::EngineKind::kFabric) transfer::connect_in_order(rc.engine(), rc.timeout_s());
         std::map<int, host::RankComm*> locals;
