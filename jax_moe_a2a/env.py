@@ -108,6 +108,8 @@ VARS = (
     Var("COMB_PIECES", "int 1..64", "1 (rails: one a rail)", "cc/protocol/exchange.cc",
         "inter-node paths: each COMB write in this many pieces, empty ones too (counted); "
         "copied like `WRITE_CHUNK_KIB`'s pieces under `STAGING=copy`; alike on every process (checked)", _NATIVE),
+    Var("COPY_DEPTH", "int 1..16", "16", "cc/proxy/proxy.cc",
+        "row staging (`STAGING=copy`): copies of one buffer in flight at once (1: one after another)", _NATIVE),
     Var("RAILS", "int 1..16", "1", "cc/transfer/engine.cc (at communicator creation)",
         "communicators' fabric engines: domains (rails) per rank, each with its own progress thread; large "
         "PRIV / OVER writes and every COMB split over them; the same on every process", _NATIVE),

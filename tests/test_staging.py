@@ -104,3 +104,38 @@ def test_landed_pieces_copied_as_they_land(monkeypatch, mesh, num_ranks):
     assert every[:, 0].sum() > 0, f"no landed piece copied before the rest of its write in 2 steps: {stats}"
     # a write's pieces are copied back to back, not one copy at a time
     assert every[:, 1].max() > 1, f"never more than one copy of a buffer in flight: {stats}"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("depth", [1, 2])
+def test_copy_depth_bounds_the_copies_in_flight(depth, monkeypatch, mesh, num_ranks):
+    """JAX_MOE_A2A_COPY_DEPTH caps row staging's copies of one buffer in flight (Proxy::can_stage):
+    with slowed host copies and writes in pieces (each COMB in 4, PRIV in 1 KiB pieces) the copies
+    queue up to the cap and never past it (proxy_stats' copies_in_flight_max: at most `depth` on
+    every rank, `depth` on some), and every op still matches the oracle, outputs poisoned."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
+    monkeypatch.setenv("JAX_MOE_A2A_HOST_COPY_PAUSE_S", "0.01")
+    monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "1")
+    monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", "4")
+    monkeypatch.setenv("JAX_MOE_A2A_COPY_DEPTH", str(depth))
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=128, max_tokens_per_rank=16)
+    comm = proxied(spec, mesh, 0)
+    check_fresh_steps(comm, spec, num_ranks, 2)
+    stats = comm.proxy_stats()
+    comm.close()
+    deepest = multihost_utils.process_allgather(
+        np.array([max(s["copies_in_flight_max"] for s in stats.values())], np.int64)).max()
+    assert deepest == depth, f"copies in flight at most {deepest} with JAX_MOE_A2A_COPY_DEPTH={depth}: {stats}"
+
+
+def test_copy_depth_must_be_1_to_16(monkeypatch, mesh, num_ranks):
+    """JAX_MOE_A2A_COPY_DEPTH outside the integers 1..16 is refused when the communicator is
+    created, naming the variable."""
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=32, max_tokens_per_rank=4)
+    for bad in ("0", "17", "1.5", "deep"):
+        monkeypatch.setenv("JAX_MOE_A2A_COPY_DEPTH", bad)
+        with pytest.raises(ValueError, match="JAX_MOE_A2A_COPY_DEPTH"):
+            proxied(spec, mesh, 0).close()

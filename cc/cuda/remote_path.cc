@@ -186,6 +186,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
   if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetPCIBusId(bus, sizeof(bus), dev) == cudaSuccess) bus_id_ = bus;
   if (xo.slots > ctrl::kMaxSlots || xo.shape.N > ctrl::kMaxRanks)
     throw std::invalid_argument("jax_moe_a2a cuda: the inter-node path supports at most 8 slots and 64 ranks");
+  proxy_opts_ = proxy::ProxyOptions::from_env(local_index_, bus_id_);
   try {
     const protocol::SlotLayout lay(xo);
     transfer::EngineOptions eo;
@@ -264,8 +265,7 @@ void RemotePath::connect(const std::vector<std::tuple<int, transfer::Bytes, std:
                                              "before raising a landed flag: ") + cudaGetErrorString(rc));
     };
   }
-  proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_, proxy::ProxyOptions::from_env(local_index_, bus_id_), flags_,
-                                          copies_.get());
+  proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_, proxy_opts_, flags_, copies_.get());
 }
 
 RemotePtrs RemotePath::slot_ptrs(int z) const {

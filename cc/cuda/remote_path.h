@@ -72,6 +72,9 @@ class RemotePath {
 
   int rank_, local_index_;
   std::string bus_id_;  // our GPU's PCI address (the proxy thread runs on a CPU near it)
+  // Read at creation: a bad setting is refused there, not in connect() after the engines began to
+  // connect (a peer would then wait for us until its timeout).
+  proxy::ProxyOptions proxy_opts_;
   struct Allocation {
     uint8_t* host;    // what the host side holds: the pinned pointer, or the GPU address
     uint8_t* device;  // cudaHostGetDevicePointer of host, or the GPU address

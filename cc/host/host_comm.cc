@@ -124,6 +124,7 @@ RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Eng
   pack_pause_s_ = env::get_double("JAX_MOE_A2A_HOST_PACK_PAUSE_S", 0);
   if (o.proxied) {
     if (o.shape.N > proxy::kMaxRanks) throw std::invalid_argument("host backend: proxied mode supports at most 64 ranks");
+    proxy_opts_ = proxy::ProxyOptions::from_env(0);  // here, not in connect(): see proxy_opts_
     ctrl_ = std::make_unique<proxy::Ctrl>();
     in_ = ctrl_.get();
     // JAX_MOE_A2A_HOST_FLAG_MIRROR=1 (tests): the proxy also stores its flags into a second block,
@@ -248,7 +249,7 @@ void RankComm::connect(const std::map<int, std::vector<Bytes>>& descs, const std
       flags.mirror = mirror_.get();
       flags.name = "host-mirror: the proxy's flags read from a second block (JAX_MOE_A2A_HOST_FLAG_MIRROR=1)";
     }
-    proxy::ProxyOptions po = proxy::ProxyOptions::from_env(0);
+    proxy::ProxyOptions po = proxy_opts_;
     po.source_flags = true;  // dispatch_recv and combine_recv read them (per_source_)
     per_source_ = po.pipeline && !mirror_;
     proxy_ = std::make_unique<proxy::Proxy>(*ex_, ctrl_.get(), po, flags, staging_.get());

@@ -28,6 +28,7 @@
 #include "core/floats.h"
 #include "core/moe_layout.h"
 #include "protocol/exchange.h"
+#include "proxy/proxy.h"
 #include "proxy/staging.h"
 #include "transfer/engine.h"
 
@@ -203,6 +204,9 @@ class RankComm {
   std::unique_ptr<ctrl::Ctrl> mirror_;        // JAX_MOE_A2A_HOST_FLAG_MIRROR=1: the proxy's flags also here
   const ctrl::Ctrl* in_ = nullptr;            // where we read the proxy's flags: ctrl_ or mirror_
   std::unique_ptr<proxy::Proxy> proxy_;
+  // Proxied: read at creation, so that a bad setting is refused there, not in connect() after the
+  // engines began to connect (a peer would then wait for us until its timeout).
+  proxy::ProxyOptions proxy_opts_;
   // Per slot, the row buffers we pack and unpack (proxy::RowBuffer order): the registered ones, or
   // under JAX_MOE_A2A_HOST_STAGED=1 (proxied) our own, which staging_ copies (host/staged_rows.h).
   std::vector<std::array<uint8_t*, proxy::kRowBuffers>> rows_;

@@ -63,6 +63,11 @@ ProxyOptions ProxyOptions::from_env(int local_index, const std::string& device_b
     o.over_early = v == "peer";
   }
   o.report_s = env::get_double("JAX_MOE_A2A_PROXY_REPORT_S", o.report_s);
+  const double depth = env::get_double("JAX_MOE_A2A_COPY_DEPTH", o.copy_depth);
+  if (!(depth >= 1 && depth <= kCopyDepth) || depth != static_cast<int>(depth))
+    throw std::invalid_argument(transfer::format("JAX_MOE_A2A_COPY_DEPTH=%g: expected an integer in [1, %d]", depth,
+                                                 kCopyDepth));
+  o.copy_depth = static_cast<int>(depth);
   if (const char* tl = env::get("JAX_MOE_A2A_PROXY_TIMELINE")) o.timeline = tl;
   const char* cpus = env::get("JAX_MOE_A2A_PROXY_CPUS");
   if (cpus && *cpus) {  // "3,7": CPU of local rank 0, 1; "none": no pinning

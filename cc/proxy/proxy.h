@@ -65,6 +65,10 @@ struct ProxyOptions {
   // benchmarks/proxy.py's modes).
   bool poll_in_flight = true;
   int cpu = -1;               // pin the thread to this CPU (-1: leave it to the scheduler)
+  // JAX_MOE_A2A_COPY_DEPTH: row staging's copies of one buffer in flight at once, 1..kCopyDepth
+  // (1: each copy waits for the one before; fewer copies queue on the copy engines when several
+  // processes share a GPU).
+  int copy_depth = kCopyDepth;
   // JAX_MOE_A2A_PROXY_PIPELINE: `peer` (default) posts each remote peer's PRIV write as soon as the
   // packer raised that peer's d_packed_to (one write per peer still) and, with source_flags, raises
   // d_placed / d_landed_from[src] and c_landed_from[d] for a receiver that unpacks per source; `off`
@@ -337,10 +341,10 @@ class Proxy {
   // Returns whether it posted any.
   bool post_overflow_early(int z, SlotState& s, uint32_t e);
   // Starts a copy of `ranges` of (z, b) after the ones in flight; returns its ticket. Only while
-  // can_stage(s, b): fewer than kCopyDepth of (z, b)'s copies in flight.
+  // can_stage(s, b): fewer than o_.copy_depth of (z, b)'s copies in flight.
   uint64_t stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges);
-  static bool can_stage(const SlotState& s, RowBuffer b) {
-    return s.copies[static_cast<int>(b)].size() < size_t(kCopyDepth);
+  bool can_stage(const SlotState& s, RowBuffer b) const {
+    return s.copies[static_cast<int>(b)].size() < size_t(o_.copy_depth);
   }
   // Polls copy `ticket` of (z, b): true once it (and every older one) is done, counting their bytes
   // and time. Past the timeout while our kernel of `op` (the receive half that spins behind the
