@@ -356,7 +356,7 @@ def test_processes_cutting_writes_otherwise_are_refused(num_ranks, mesh, monkeyp
     """Processes whose writes go in different pieces (here JAX_MOE_A2A_COMB_PIECES 1 and 2) would
     wait for pieces that never come, or count a write landed on its first piece and read rows whose
     later pieces are still in flight: the communicator's creation is refused on every process,
-    naming the other rank and both settings (Exchange::connect)."""
+    naming the other rank and both settings, before the engines connect (Exchange::check_peers)."""
     if jax.process_count() < 2:
         pytest.skip("needs processes that differ (mpirun -n 2 or more)")
     monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", str(1 + jax.process_index() % 2))
