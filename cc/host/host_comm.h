@@ -129,7 +129,7 @@ class RankComm {
   int rank() const { return rank_; }
   transfer::Engine& engine() { return ex_->engine(); }
   double timeout_s() const { return o_.timeout_s; }
-  // Descriptors of our remotely written regions, [slot0 d_recv, slot0 c_recv, slot1 ..., recovery table].
+  // Descriptors: the Exchange's (its regions, then its piece settings), then the recovery table's.
   std::vector<transfer::Bytes> descriptors() const;
   // Peers' descriptors in the same order, for every rank (ours included); `locals`: this process's
   // ranks (the node-local path needs every rank of our node among them). Starts the proxy.

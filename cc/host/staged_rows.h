@@ -33,7 +33,7 @@ class StagedRows final : public proxy::RowStaging {
     uint64_t ticket;
     std::vector<protocol::ByteRange> ranges;
     bool made = false;
-    std::chrono::steady_clock::time_point ready;  // start + pause_s
+    std::chrono::steady_clock::time_point ready;  // pause_s after its start or the previous copy's ready
   };
   struct Buffer {
     uint64_t last = 0;            // the last ticket given

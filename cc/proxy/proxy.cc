@@ -398,7 +398,7 @@ void Proxy::pump_pieces(int z, SlotState& s, uint32_t e, RowBuffer b, int op, Sl
       q.queued.push_back({q.who, q.next, ticket});
       *moved = true;
     }
-    if (q.next < n) break;  // kCopyDepth copies in flight
+    if (q.next < n) break;  // copy_depth copies in flight
     q.who = -1;
   }
   post_ready();
@@ -928,6 +928,7 @@ void Proxy::run() {
   double sleep_us = 1;
   uint64_t polls = 0, sleeps = 0;
   uint64_t wakes_seen = wakes_.load();
+  transfer::Engine& engine = ex_.engine();  // held polling while we poll (hold_progress)
   while (!stop_.load(std::memory_order_acquire)) {
     // Read before this round's polls: a packer's flag raised after them comes with a wake that
     // the sleep below sees.
@@ -953,7 +954,6 @@ void Proxy::run() {
     }
     ++polls;
     progressed = progressed || moved;
-    transfer::Engine& engine = ex_.engine();
     if (progressed) {
       engine.hold_progress(!failed());
       last_progress = Clock::now();
@@ -1000,7 +1000,7 @@ void Proxy::run() {
       stats_.sleeps = sleeps;
     }
   }
-  ex_.engine().hold_progress(false);
+  engine.hold_progress(false);
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.polls = polls;
   stats_.sleeps = sleeps;

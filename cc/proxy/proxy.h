@@ -145,7 +145,7 @@ struct ProxyStats {
   // Of those (both), copies holding a piece of a write whose later pieces were still in flight
   // (writes in pieces: JAX_MOE_A2A_WRITE_CHUNK_KIB, COMB_PIECES, RAILS).
   uint64_t pieces_copied_early = 0;
-  // Row staging: the most copies of one buffer in flight at once (up to kCopyDepth: pipelined).
+  // Row staging: the most copies of one buffer in flight at once (up to ProxyOptions::copy_depth).
   uint64_t copies_in_flight_max = 0;
   // The engine's time in posts and the part of it retrying on a full queue (Engine::post_ns,
   // post_blocked_ns): whether the proxy thread waits in its writes.
@@ -239,7 +239,7 @@ class Proxy {
     SendPieces c_send_pieces;  // our COMB rows for each remote rank (its tp group's, once per group)
     uint64_t comb_groups_started = 0;  // row staging, bit g0: the COMB rows of tp group g0.. are being copied
     uint64_t comb_groups_copied = 0;   // ... are copied
-    // Row staging: each buffer's copies started and not yet seen done, in order (at most kCopyDepth).
+    // Row staging: each buffer's copies started and not yet seen done, in order (at most copy_depth).
     struct Copy {
       uint64_t ticket, bytes;
       std::chrono::steady_clock::time_point since;
@@ -262,7 +262,7 @@ class Proxy {
   bool step_dispatch(int z, SlotState& s);
   // Row staging of landed rows (buffer b: kDRecv or kCRecv) as they land: each poll starts one copy
   // of every entry of `wait` (a piece of a remote rank's write) seen and in no copy yet, its bytes
-  // ranges_of(part, rank, piece), while earlier copies still run (up to kCopyDepth). Once every
+  // ranges_of(part, rank, piece), while earlier copies still run (up to copy_depth). Once every
   // entry of rank r landed and is copied, flags[r] (d_landed_from / c_landed_from) for a packer that
   // reads them; `early` counts the copies started while other writes were still missing. True once
   // every entry is copied. Never blocks; `moved` is set when it started or finished a copy.
@@ -324,7 +324,7 @@ class Proxy {
   void post_priv(int z, SlotState& s, uint32_t e, int d, bool early);
   // Row staging of one kind of send in pieces (PRIV, COMB), never blocking: posts every queued piece
   // whose copy is done, in order (post(who, i); finish(who) after a peer's last piece, or at once
-  // for a peer with none), then starts copies, back to back while kCopyDepth allows, of the current
+  // for a peer with none), then starts copies, back to back while copy_depth allows, of the current
   // peer's remaining pieces (ranges_of(who, i); count(who) pieces) and then of the peers next_peer()
   // returns (-1: none now), then posts again. So piece i of a peer is on the wire while the copies
   // of its later pieces run. *moved: whether a piece was posted or a copy started.

@@ -66,8 +66,9 @@ class FabricEngine final : public Engine, private CompletionSink {
   uint64_t peer_instance(int rank) const override;
   int peer_domains(int rank) const override;
   std::string error_summary() const override;
-  void progress_hold_began() override {
-    for (auto& t : progress_threads_) t->nudge();
+  void progress_hold_began() override {  // PROGRESS=backoff never holds: its sleeps stay as they were
+    if (opts_.progress.hold)
+      for (auto& t : progress_threads_) t->nudge();
   }
 
  private:
