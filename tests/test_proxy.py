@@ -540,8 +540,7 @@ def test_proxy_times_its_posts(num_ranks, mesh):
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=64, max_tokens_per_rank=8)
     for engine in ("fabric", "local") if jax.process_count() == 1 else ("fabric",):
         comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine=engine, timeout_s=30.0)
-        inputs = T.make_inputs(spec, num_ranks, T.fresh_seed())
-        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+        check_fresh_steps(comm, spec, num_ranks, 1)
         stats = comm.proxy_stats()
         comm.close()
         assert stats, "no proxy on this process's ranks"
@@ -566,8 +565,9 @@ def test_proxy_progress_policies(num_ranks, mesh, monkeypatch, staged, policy):
     thread delivered (over shm the provider's copy of an incoming message runs there); `spin` polls
     always; `backoff` leaves transfers to the proxy's polls. Each must move every arrival the proxy
     waits for: every op of two steps matches the oracle, outputs poisoned, rows staged in pieces too,
-    nothing hangs. proxy_stats tells the policies apart: held polls and completions on the progress
-    thread by default, no held polls under backoff."""
+    nothing hangs. proxy_stats tells the policies apart: by default held polls, completions on the
+    progress thread and no proxy poll that moved the transport; under backoff no held polls and the
+    proxy's polls moving it."""
     mode, poll = _PROGRESS_POLICIES[policy]
     for name, value in (("JAX_MOE_A2A_PROGRESS", mode), ("JAX_MOE_A2A_POLL_PROGRESS", poll)):
         if value is None:
@@ -588,8 +588,10 @@ def test_proxy_progress_policies(num_ranks, mesh, monkeypatch, staged, policy):
     for r, st in stats.items():
         if policy == "backoff":
             assert st["progress_held_polls"] == 0, (r, st)
+            assert st["progressing_polls"] > 0, (r, st)  # the proxy's polls moved the transport
         else:
             assert st["progress_held_polls"] > 0, (r, st)  # the proxy held it through its transfers
+            assert st["progressing_polls"] == 0, (r, st)  # its polls only read the counters
         if policy == "default":
             assert st["progress_events"] > 0, (r, st)  # arrivals moved by the progress thread
 

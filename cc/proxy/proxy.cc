@@ -167,6 +167,7 @@ ProxyStats Proxy::stats() const {
   s.post_ns = ex_.engine().post_ns();
   s.progress_events = ex_.engine().progress_thread_events();
   s.progress_held_polls = ex_.engine().progress_held_polls();
+  s.progressing_polls = ex_.engine().progressing_polls();
   s.post_blocked_ns = ex_.engine().post_blocked_ns();
   const int n = ex_.options().shape.N;
   s.row_bytes_to.resize(n);

@@ -153,6 +153,9 @@ struct ProxyStats {
   // The engine's progress threads: completions they handled, and their polls while this proxy
   // held them polling (a transfer under way; Engine::hold_progress; 0 under PROGRESS=backoff).
   uint64_t progress_events = 0, progress_held_polls = 0;
+  // The proxy's polls that moved the transport themselves (Engine::progressing_polls; 0 with
+  // POLL_PROGRESS=0, the default).
+  uint64_t progressing_polls = 0;
   // Row staging with PRIV (JAX_MOE_A2A_WRITE_CHUNK_KIB) or COMB (JAX_MOE_A2A_COMB_PIECES) in pieces:
   // pieces posted while the copy of the same destination's next piece ran (the wire overlapping the
   // copies; 0 with one piece a write).

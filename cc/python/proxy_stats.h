@@ -2,7 +2,7 @@
 // backend's proxied mode): dispatches, combines, dispatches_landed, combines_landed, polls, sleeps, woken,
 // sleeps_under_way, counts_to_landed_ns, comb_to_landed_ns, staged_bytes, staging_ns, cpu, flag_path, row_path, pipeline, priv_early,
 // over_early, counts_to_priv_ns, recv_early, staged_early, comb_staged_early, pieces_behind_copy, pieces_copied_early, copies_in_flight_max, post_ns, post_blocked_ns, progress_events,
-// progress_held_polls, write_pieces, comb_pieces, row_bytes_to,
+// progress_held_polls, progressing_polls, write_pieces, comb_pieces, row_bytes_to,
 // comb_bytes_to (lists, one entry per rank), and per op (host backend's proxied mode) call_ns_<op>, wait_ns_<op>.
 #pragma once
 
@@ -48,6 +48,7 @@ inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
   d["post_blocked_ns"] = s.post_blocked_ns;
   d["progress_events"] = s.progress_events;
   d["progress_held_polls"] = s.progress_held_polls;
+  d["progressing_polls"] = s.progressing_polls;
   d["write_pieces"] = s.write_pieces;
   d["comb_pieces"] = s.comb_pieces;
   d["row_bytes_to"] = s.row_bytes_to;

@@ -157,6 +157,9 @@ class Engine {
   // their polls made while held (hold_progress). 0 where there is no progress thread.
   virtual uint64_t progress_thread_events() const { return 0; }
   virtual uint64_t progress_held_polls() const { return 0; }
+  // Non-blocking polls (poll_ranks) that moved the transport themselves (POLL_PROGRESS=1); 0 where
+  // never counted.
+  virtual uint64_t progressing_polls() const { return 0; }
   virtual void close() = 0;              // idempotent
   virtual bool closed() const = 0;
 

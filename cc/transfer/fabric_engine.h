@@ -47,6 +47,7 @@ class FabricEngine final : public Engine, private CompletionSink {
     for (const auto& t : progress_threads_) n += t->events();
     return n;
   }
+  uint64_t progressing_polls() const override { return progressing_polls_.load(std::memory_order_relaxed); }
   uint64_t progress_held_polls() const override {
     uint64_t n = 0;
     for (const auto& t : progress_threads_) n += t->held_polls();
@@ -61,7 +62,9 @@ class FabricEngine final : public Engine, private CompletionSink {
  protected:
   bool await(Predicate ready, Clock::time_point deadline) override;
   bool poll_once(Predicate ready) override {
-    return opts_.progress.poll_progress ? await(ready, Clock::now()) : ready();
+    if (!opts_.progress.poll_progress) return ready();
+    progressing_polls_.fetch_add(1, std::memory_order_relaxed);
+    return await(ready, Clock::now());
   }
   uint64_t peer_instance(int rank) const override;
   int peer_domains(int rank) const override;
@@ -113,6 +116,7 @@ class FabricEngine final : public Engine, private CompletionSink {
 
   std::atomic<uint64_t> outstanding_{0};
   std::atomic<uint64_t> post_ns_{0}, post_blocked_ns_{0};  // post_ns(), post_blocked_ns()
+  std::atomic<uint64_t> progressing_polls_{0};              // progressing_polls()
   std::atomic<uint64_t> waiters_{0};  // WaiterScope
   std::atomic<bool> closed_{false};
   std::mutex close_mu_;
