@@ -5,9 +5,10 @@ timeout_s 3. Step 1 runs on all three with an all-alive mask (a device array: th
 step every later step reuses). In step 2 the victim (the last process) believes rank 0 is dead
 (mask [0, 1, 1]): it exchanges with rank 1 only and ends for real (os._exit(0) as its step ends,
 no goodbye, nobody waits for it). The survivors run step 2 with every rank alive and fail at
-different points of dispatch_recv: rank 0 waiting for the victim's counts (so it never posts its
-overflow writes), rank 1, which got everything from the victim and posted its own overflow,
-waiting for rank 0's (its timeout names rank 0, a live rank: `missing` is a hint).
+different points of the step: rank 0 in dispatch_recv, waiting for the victim's counts (so it
+never finishes its dispatch nor sends its expert outputs), rank 1, which got every count matrix and
+every row (nothing overflows the private blocks, so no OVER write is awaited), in combine_recv,
+waiting for rank 0's expert outputs (its timeout names rank 0, a live rank: `missing` is a hint).
 Then the survivors, without waiting for the victim's pid: a recover() with the full mask must
 raise a timeout naming the victim; recover() with the victim masked succeeds, and four more
 steps with that mask are checked against the oracle, in the same compiled step. ELASTIC_OK, or
@@ -78,10 +79,13 @@ def main():
         err = comm.last_error()
         log(f"step 2 failed after {time.time() - t0:.1f} s as expected; last_error().missing = {err.missing}")
         assert err is not None and err.missing, err
-        # rank 0 waits for the victim's counts (it never posted its overflow writes); rank 1 got
-        # the victim's rows, posted its overflow, and waits for rank 0's (a live rank named)
-        where = "route counts" if me == 0 else "private and overflow rows"
-        assert "dispatch_recv" in str(e) and where in str(e), f"rank {me} should fail at {where}: {e}"
+        # rank 0 waits for the victim's counts; rank 1 got every rank's counts and rows (nothing
+        # overflows, so no OVER write is awaited) and waits for rank 0's expert outputs (a live
+        # rank named)
+        where = "dispatch_recv (route counts" if me == 0 else "combine_recv (expert outputs"
+        assert where in str(e), f"rank {me} should fail at {where}: {e}"
+        if me == 1:
+            assert err.missing == (0,), err.missing
     # the next op on the failed communicator keeps refusing
     try:
         step(1003, ones)

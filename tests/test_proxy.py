@@ -403,28 +403,40 @@ def test_rails_over_tcp(num_ranks, mesh, monkeypatch):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("node_size, priv", [(0, 1), (2, None)], ids=["all-via-engine-priv1", "node2-hybrid"])
+@pytest.mark.parametrize("node_size, priv", [(0, 1), (0, 0), (0, None), (2, None)],
+                         ids=["all-via-engine-priv1", "all-via-engine-priv0", "all-via-engine-privfull",
+                              "node2-hybrid"])
 def test_proxy_counts_the_row_bytes_it_writes_each_rank(num_ranks, mesh, node_size, priv):
     """proxy_stats' row_bytes_to / comb_bytes_to: per destination rank, the bytes of dispatch rows
-    (PRIV and OVER, here split by a private block of one row) and of combine rows (COMB) the proxy
-    wrote, over two dispatch + combine steps of fresh random inputs: the oracle's routed rows times
-    the proxy's row (Spec.token_bytes + token index and weight, padded to 16) and H * 2 bytes
-    (bf16 out), rank by rank; node-local pairs (node_size 2) write nothing."""
+    (PRIV and OVER, split by a private block of one row, none, or every row) and of combine rows
+    (COMB) the proxy wrote, over a step of fresh random inputs and one where odd ranks route nothing
+    (routing "empty"): the oracle's routed rows times the proxy's row (Spec.token_bytes + token
+    index and weight, padded to 16) and H * 2 bytes (bf16 out), rank by rank; node-local pairs
+    (node_size 2) write nothing. And row_writes_to / comb_writes_to, the writes posted: a PRIV write
+    only where a private row goes, an OVER write only where rows overflow the private block (an
+    empty one is neither posted nor awaited), and one COMB write per remote rank and step, empty or
+    not (its receiver cannot know the bytes)."""
     skip_unless_node_fits(node_size, num_ranks)
     from jax_moe_a2a import oracle
     spec = a2a.Spec(**BASE, dispatch_dtype=FP8, scale_block=32)
     comm = proxied(spec, mesh, priv=priv, node_size=node_size)
     seed = T.fresh_seed()
-    inputs = T.make_inputs(spec, num_ranks, seed)
-    for _ in range(2):
-        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
     L = spec.local_experts(num_ranks)
-    rows = [[0] * num_ranks for _ in range(num_ranks)]  # rows[s][d]: rows rank s sends rank d
-    for s, inp in enumerate(inputs):
-        for e in np.asarray(inp.topk_ids)[oracle.routed_pairs(spec, inp)[0]]:
-            rows[s][int(e) // L] += 1
+    rows = [[0] * num_ranks for _ in range(num_ranks)]  # rows[s][d]: rows rank s sent rank d, both steps
+    writes = [[0] * num_ranks for _ in range(num_ranks)]  # PRIV and OVER writes s posted d, both steps
+    for step, routing in enumerate(["random", "empty"]):
+        inputs = T.make_inputs(spec, num_ranks, seed + step, routing=routing)
+        T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+        for s, inp in enumerate(inputs):
+            sent = [0] * num_ranks
+            for e in np.asarray(inp.topk_ids)[oracle.routed_pairs(spec, inp)[0]]:
+                sent[int(e) // L] += 1
+            for d, n in enumerate(sent):
+                rows[s][d] += n
+                in_priv = n if priv is None else min(n, priv)
+                writes[s][d] += (in_priv > 0) + (n - in_priv > 0)
     row = -(-(spec.token_bytes() + 8) // 16) * 16
-    remote = lambda s, d: not node_size or s // node_size != d // node_size
+    remote = lambda s, d: not node_size or s // node_size != d // node_size  # node_size 0: itself too
     # A step counts once its FREE went out, which may follow the outputs by a moment; its writes
     # were posted before.
     deadline = time.monotonic() + 10
@@ -437,10 +449,14 @@ def test_proxy_counts_the_row_bytes_it_writes_each_rank(num_ranks, mesh, node_si
     assert stats, "no proxy on this process's ranks"
     for r, st in stats.items():
         assert st["dispatches"] == 2 and st["combines"] == 2, (seed, r, st)
-        want_d = [2 * rows[r][d] * row if remote(r, d) else 0 for d in range(num_ranks)]
-        want_c = [2 * rows[d][r] * spec.hidden * 2 if remote(r, d) else 0 for d in range(num_ranks)]
+        want_d = [rows[r][d] * row if remote(r, d) else 0 for d in range(num_ranks)]
+        want_c = [rows[d][r] * spec.hidden * 2 if remote(r, d) else 0 for d in range(num_ranks)]
         assert st["row_bytes_to"] == want_d, (seed, r, st["row_bytes_to"], want_d)
         assert st["comb_bytes_to"] == want_c, (seed, r, st["comb_bytes_to"], want_c)
+        want_wd = [writes[r][d] if remote(r, d) else 0 for d in range(num_ranks)]
+        want_wc = [2 if remote(r, d) else 0 for d in range(num_ranks)]
+        assert st["row_writes_to"] == want_wd, (seed, r, st["row_writes_to"], want_wd)
+        assert st["comb_writes_to"] == want_wc, (seed, r, st["comb_writes_to"], want_wc)
     comm.close()
 
 

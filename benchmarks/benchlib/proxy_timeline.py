@@ -13,7 +13,8 @@ steps in this order, so the parts below add up to its transfer (`counts_to_lande
     peers' COUNTS       -> d_counts_in: the slowest remote peer's COUNTS still to come
     OVER out            -> d_over_out: a combine posted meanwhile, our OVER writes, the offsets published
     rows: peer late     -> the last remote peer's start of its PRIV post to us (its file), when that
-                        came after our OVER out: the peer had not posted yet (its pack, its skew)
+                        came after our OVER out: the peer had not posted yet (its pack, its skew);
+                        at most up to d_rows_in (a peer that sends us no rows writes us nothing)
     rows: wire          -> d_rows_in: from the later of the two to every peer's PRIV and OVER rows seen
                         (the peer's post call, the transport and its progress, our polling)
     landing             -> d_landed: the landing copy or fence, if any, and raising the flag
@@ -84,7 +85,9 @@ def dispatch_parts(by_rank: Dict[int, Marks], since_ns: Optional[int] = None) ->
             peers = [_last(pm, "d_priv_post", z, e, to=r) for p, pm in by_rank.items() if p != r]
             peer_post = max((v for v in peers if v is not None), default=None)
             over = t["d_over_out"]
-            late = max(0, peer_post - over) if peer_post is not None else 0
+            # a peer that sent us no rows posts nothing we wait for (an empty PRIV or OVER is not
+            # written), so its posts may come after our rows landed: late only up to rows-in
+            late = min(max(0, peer_post - over), t["d_rows_in"] - over) if peer_post is not None else 0
             parts = {"pack after COUNTS": t["d_priv_post"] - t["d_counts_out"], "posting": posted - t["d_priv_post"],
                      "peers' COUNTS": t["d_counts_in"] - posted, "OVER out": over - t["d_counts_in"],
                      "rows: peer late": late, "rows: wire": t["d_rows_in"] - over - late,

@@ -114,7 +114,11 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
                                        (long long)((int64_t(transfer::kImmMaxRank) + 1) / o.shape.N)));
   for (WriteCounts* w : {&rows_w_, &comb_w_}) {
     w->bytes.reset(new std::atomic<uint64_t>[o.shape.N]);
-    for (int r = 0; r < o.shape.N; ++r) w->bytes[r].store(0, std::memory_order_relaxed);
+    w->writes.reset(new std::atomic<uint64_t>[o.shape.N]);
+    for (int r = 0; r < o.shape.N; ++r) {
+      w->bytes[r].store(0, std::memory_order_relaxed);
+      w->writes[r].store(0, std::memory_order_relaxed);
+    }
   }
   for (int r = 0; r < o.shape.N; ++r) {
     all_.push_back(r);
@@ -226,12 +230,12 @@ Arrivals Exchange::expect_rows(int z, uint32_t e) const {
   Arrivals a = live(z, expect({tag_of(kPriv, z), tag_of(kOver, z)}, remote_, e));
   // A write in pieces arrives as that many immediates, piece i's naming i * N + the source
   // (piece_imm; post_private_to's and post_overflow's sizes, from the source's count matrix, which
-  // came with its COUNTS).
+  // came with its COUNTS); an empty PRIV or OVER is never written, so not awaited (row_pieces).
   for (Arrivals::Part& p : a.parts) {
     const int part = p.tag == tag_of(kPriv, z) ? 0 : 1;
     std::vector<int> ranks;
     for (int r : p.ranks) {
-      const int n = pieces(landed_write_bytes(z, part, r));
+      const int n = row_pieces(landed_write_bytes(z, part, r));
       for (int i = 0; i < n; ++i) ranks.push_back(i * o_.shape.N + r);
     }
     p.ranks = std::move(ranks);
@@ -265,7 +269,8 @@ Arrivals Exchange::live(int z, Arrivals a) const {
 // order our writes after a peer's reads too (our combine_recv waits for every live rank's COMB,
 // sent after its dispatch_recv; our dispatch_recv for its COUNTS, sent after its combine_recv),
 // but a slot reused by dispatch-only steps has FREE_D alone: our dispatch_recv of a step returns
-// once rank r posted its OVER, at the start of r's dispatch_recv, which may then still be reading.
+// once rank r's COUNTS and PRIV came (posted by r's dispatch_send) and, where rows overflow, its
+// OVER (posted at the start of r's dispatch_recv), while r may still be reading the step before.
 // So a rank that sat out the slot's last dispatch must still be awaited for the one before it
 // (tests/test_elastic.py::test_unmasked_rank_still_reading).
 Arrivals Exchange::expect_owed(int z, uint32_t tag, const std::vector<uint32_t>& owed, bool even_if_masked) const {
@@ -373,23 +378,26 @@ ByteRange Exchange::private_write(int z, int d) const {
 void Exchange::post_private_to(int z, uint32_t e, int d) {
   if (!alive(z, d) || !remote(rank_, d)) return;
   const ByteRange w = private_write(z, d);
-  write_pieces(d, *regions_[z].d_send, w.off, w.len, w.len ? &regions_[z].d_recv_peer[d] : nullptr,
-               int64_t(rank_) * lay_.priv * lay_.row, imm(tag_of(kPriv, z), e));
+  write_pieces(d, *regions_[z].d_send, w.off, w.len, &regions_[z].d_recv_peer[d], int64_t(rank_) * lay_.priv * lay_.row,
+               imm(tag_of(kPriv, z), e));
 }
 
 int Exchange::private_pieces(int z, int d) const {
-  if (!alive(z, d) || !remote(rank_, d)) return 0;
-  return pieces(private_write(z, d).len);
+  if (!alive(z, d) || !remote(rank_, d) || rows_we_send(z, d) == 0) return 0;
+  return pieces(private_write(z, d).len);  // no PRIV rows (priv 0) but OVER rows: one piece to stage them
 }
 
 void Exchange::post_private_piece(int z, uint32_t e, int d, int i) {
   const ByteRange w = private_write(z, d);
-  const int n = alive(z, d) && remote(rank_, d) ? pieces(w.len) : 0;
+  const int n = private_pieces(z, d);
   if (i < 0 || i >= n)
     throw std::logic_error(format("post_private_piece: piece %d of %d (rank %d)", i, n, d));
-  write_piece(d, *regions_[z].d_send, w.off, w.len, w.len ? &regions_[z].d_recv_peer[d] : nullptr,
-              int64_t(rank_) * lay_.priv * lay_.row, imm(tag_of(kPriv, z), e), n, i, rows_w_);
+  if (w.len == 0) return;  // only OVER rows (priv 0): this piece staged them; nothing to write
+  write_piece(d, *regions_[z].d_send, w.off, w.len, &regions_[z].d_recv_peer[d], int64_t(rank_) * lay_.priv * lay_.row,
+              imm(tag_of(kPriv, z), e), n, i, rows_w_);
 }
+
+int Exchange::row_pieces(int64_t bytes) const { return bytes == 0 ? 0 : pieces(bytes); }
 
 int Exchange::pieces(int64_t bytes) const {
   int n = chunk_ <= 0 || bytes <= chunk_ ? 1 : static_cast<int>((bytes + chunk_ - 1) / chunk_);
@@ -411,7 +419,7 @@ ByteRange Exchange::comb_piece_of(int64_t bytes, int64_t nominal, int n, int i) 
 void Exchange::write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
                             const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t im, int n,
                             WriteCounts& counts) {
-  for (int i = 0; i < std::max(n, 1); ++i) write_piece(d, src, src_off, bytes, dst, dst_off, im, n, i, counts);
+  for (int i = 0; i < n; ++i) write_piece(d, src, src_off, bytes, dst, dst_off, im, n, i, counts);
 }
 
 void Exchange::write_piece(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
@@ -424,6 +432,7 @@ void Exchange::write_range(int d, const transfer::Region& src, int64_t src_off, 
                            const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t im, int n, int i,
                            WriteCounts& counts) {
   counts.bytes[d].fetch_add(uint64_t(p.len), std::memory_order_relaxed);
+  counts.writes[d].fetch_add(1, std::memory_order_relaxed);
   if (p.len == 0) dst = nullptr;  // the immediate alone
   if (n <= 1) {  // one write: the peer's own rail
     engine_->write(d, src, src_off + p.off, p.len, dst, dst_off + p.off, im);
@@ -454,14 +463,15 @@ void Exchange::post_overflow(int z, uint32_t e, uint64_t skip) {
 
 void Exchange::post_overflow_to(int z, uint32_t e, int d) {
   // Rows past `priv` go to each remote destination's overflow region right after the overflow of
-  // the lower-ranked sources remote to it: one write per destination (zero-length if none).
+  // the lower-ranked sources remote to it: one write per destination, none if no rows overflow
+  // (the destination knows from our count matrix and awaits none: expect_rows).
   if (!alive(z, d) || !remote(rank_, d)) return;
   const int64_t over = over_rows(rows_between(z, rank_, d));
   int64_t off = 0;
   for (int src = 0; src < rank_; ++src)
     if (remote(src, d)) off += over_rows(rows_between(z, src, d));
   write_pieces(d, *regions_[z].d_send, (int64_t(d) * lay_.P + lay_.priv) * lay_.row, over * lay_.row,
-               over ? &regions_[z].d_recv_peer[d] : nullptr, lay_.over_off + off * lay_.row, imm(tag_of(kOver, z), e));
+               &regions_[z].d_recv_peer[d], lay_.over_off + off * lay_.row, imm(tag_of(kOver, z), e));
 }
 
 bool Exchange::overflow_offset_known(int z, int d, uint64_t missing) const {

@@ -18,6 +18,7 @@
 //   post_counts: our [N, L] count matrix (counts_send) to every rank                   (COUNTS)
 //   post_private: first `priv` rows for each remote destination into our private region (PRIV)
 //   wait COUNTS from every rank; post_overflow: rows past `priv` at the exact offset      (OVER)
+//     (a PRIV or OVER with no rows is not written, nor awaited: the counts tell the receiver)
 //   wait PRIV and OVER from remote ranks; the rows have landed; read them; signal FREE_D(e).
 //   (after COUNTS, before FREE_D(e): take_combine_offsets, the snapshot combine uses.)
 // Combine (slot z, epoch c): wait FREE_C(c-1); post_combine (COMB, one write per (remote rank,
@@ -189,6 +190,7 @@ class Exchange {
   Arrivals expect_free_d(int z, uint32_t e) const;  // FREE_D(e) from remote ranks
   Arrivals expect_counts(int z, uint32_t e) const;  // COUNTS(e) from every rank
   // PRIV(e) and OVER(e) from remote ranks: parts [PRIV, OVER], an entry per piece of each write
+  // (none for a write with no rows, which is never posted: row_pieces)
   Arrivals expect_rows(int z, uint32_t e) const;
   Arrivals expect_free_c(int z, uint32_t c) const;  // FREE_C(c) from remote ranks
   // COMB(c) from remote ranks: part j for tp member j's rows, an entry per piece (combine_pieces)
@@ -209,8 +211,9 @@ class Exchange {
   void post_private(int z, uint32_t e);   // needs our count matrix in counts_send
   void post_private_to(int z, uint32_t e, int d);  // post_private's write to remote rank d alone
   // post_private_to's write in its pieces (JAX_MOE_A2A_WRITE_CHUNK_KIB, rails: what the receiver
-  // counts, from the counts): how many there are (0 where post_private_to writes nothing: d not
-  // remote, or masked; 1 for a write in one piece), and piece i alone. For a packer whose rows live
+  // counts, from the counts): how many there are (0 where d is not remote, masked, or gets no rows
+  // from us; 1 for a write in one piece, and for no PRIV rows but OVER rows: that piece only stages
+  // them, nothing is posted), and piece i alone. For a packer whose rows live
   // elsewhere (row staging): piece i's rows copied, then posted, while piece i + 1's copy runs.
   int private_pieces(int z, int d) const;
   void post_private_piece(int z, uint32_t e, int d, int i);
@@ -254,6 +257,10 @@ class Exchange {
   // and COMB (comb_bytes_to); any thread may read them. What the wire carried of the rows, per peer.
   uint64_t row_bytes_to(int d) const { return rows_w_.bytes[d].load(std::memory_order_relaxed); }
   uint64_t comb_bytes_to(int d) const { return comb_w_.bytes[d].load(std::memory_order_relaxed); }
+  // Writes this exchange posted to rank d, every piece counted: PRIV and OVER (row_writes_to; none
+  // for an empty one) and COMB (comb_writes_to).
+  uint64_t row_writes_to(int d) const { return rows_w_.writes[d].load(std::memory_order_relaxed); }
+  uint64_t comb_writes_to(int d) const { return comb_w_.writes[d].load(std::memory_order_relaxed); }
   // over_base[src] (N entries): first row of src's overflow in our overflow region, for sources
   // remote to us (0 for others). Valid after COUNTS.
   void overflow_bases(int z, int64_t* over_base) const;
@@ -317,6 +324,11 @@ class Exchange {
   // i % rails_; every piece carries the write's immediate: pieces(bytes) writes, which the receiver
   // expects as that many arrivals of the immediate (it knows the bytes from the counts).
   int pieces(int64_t bytes) const;
+  // A PRIV or OVER write's pieces: pieces(bytes), or 0 for no bytes. An empty row write is never
+  // posted: the receiver knows each source's PRIV and OVER bytes from its count matrix (COUNTS
+  // precede every wait for rows), so it awaits none, and each dispatch spares a message per peer
+  // (OVER is empty unless rows overflow the private block; by default nothing overflows).
+  int row_pieces(int64_t bytes) const;
   // Piece i of n of a write of `bytes`: equal pieces, the last one shorter, empty ones carrying only
   // the immediate. {offset in the write, length}.
   static ByteRange piece_of(int64_t bytes, int n, int i);
@@ -332,7 +344,8 @@ class Exchange {
   // What a kind of row write posted: writes past the first of each split write, bytes per rank.
   struct WriteCounts {
     std::atomic<uint64_t> extra{0};
-    std::unique_ptr<std::atomic<uint64_t>[]> bytes;  // [N]
+    std::unique_ptr<std::atomic<uint64_t>[]> bytes;   // [N]
+    std::unique_ptr<std::atomic<uint64_t>[]> writes;  // [N]: writes posted, every piece counted
   };
   // n pieces, counted in `counts` (rows_w_ or comb_w_).
   void write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
@@ -346,7 +359,7 @@ class Exchange {
                    const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm, int n, int i, WriteCounts& counts);
   void write_pieces(int d, const transfer::Region& src, int64_t src_off, int64_t bytes,
                     const transfer::RemoteRegion* dst, int64_t dst_off, uint32_t imm) {
-    write_pieces(d, src, src_off, bytes, dst, dst_off, imm, pieces(bytes), rows_w_);
+    write_pieces(d, src, src_off, bytes, dst, dst_off, imm, row_pieces(bytes), rows_w_);
   }
   // COMB writes: a fixed count, rails_ or JAX_MOE_A2A_COMB_PIECES if more (zero-length ones too: a
   // receiver cannot know the bytes, a rank may have dropped rows over capacity), else one.

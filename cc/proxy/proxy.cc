@@ -172,9 +172,13 @@ ProxyStats Proxy::stats() const {
   const int n = ex_.options().shape.N;
   s.row_bytes_to.resize(n);
   s.comb_bytes_to.resize(n);
+  s.row_writes_to.resize(n);
+  s.comb_writes_to.resize(n);
   for (int d = 0; d < n; ++d) {
     s.row_bytes_to[d] = ex_.row_bytes_to(d);
     s.comb_bytes_to[d] = ex_.comb_bytes_to(d);
+    s.row_writes_to[d] = ex_.row_writes_to(d);
+    s.comb_writes_to[d] = ex_.comb_writes_to(d);
   }
   return s;
 }

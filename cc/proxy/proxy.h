@@ -166,6 +166,9 @@ struct ProxyStats {
   // Bytes of rows written to each rank [N]: PRIV + OVER (dispatch) and COMB (combine), summed over
   // steps (protocol::Exchange::row_bytes_to / comb_bytes_to): the wire's share of the rows.
   std::vector<uint64_t> row_bytes_to, comb_bytes_to;
+  // Writes this rank posted to each rank (Exchange::row_writes_to / comb_writes_to): PRIV and OVER,
+  // every piece counted, none for an empty one; COMB, every piece.
+  std::vector<uint64_t> row_writes_to, comb_writes_to;
 };
 
 class Proxy {

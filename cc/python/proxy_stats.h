@@ -3,7 +3,7 @@
 // sleeps_under_way, counts_to_landed_ns, comb_to_landed_ns, staged_bytes, staging_ns, cpu, flag_path, row_path, pipeline, priv_early,
 // over_early, counts_to_priv_ns, recv_early, staged_early, comb_staged_early, pieces_behind_copy, pieces_copied_early, copies_in_flight_max, post_ns, post_blocked_ns, progress_events,
 // progress_held_polls, progressing_polls, write_pieces, comb_pieces, row_bytes_to,
-// comb_bytes_to (lists, one entry per rank), and per op (host backend's proxied mode) call_ns_<op>, wait_ns_<op>.
+// comb_bytes_to, row_writes_to, comb_writes_to (lists, one entry per rank), and per op (host backend's proxied mode) call_ns_<op>, wait_ns_<op>.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -53,6 +53,8 @@ inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
   d["comb_pieces"] = s.comb_pieces;
   d["row_bytes_to"] = s.row_bytes_to;
   d["comb_bytes_to"] = s.comb_bytes_to;
+  d["row_writes_to"] = s.row_writes_to;
+  d["comb_writes_to"] = s.comb_writes_to;
   for (int i = 0; i < kNumHalves; ++i) {  // protocol::Op numbers the halves as Half does
     const std::string op = half_name(static_cast<Half>(i));
     d[("call_ns_" + op).c_str()] = s.packer_call_ns[i];
