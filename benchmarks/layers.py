@@ -84,8 +84,60 @@ def parse_args(argv):
     p.add_argument("--cmdbuf", default="auto",
                    help="XLA command buffers: on, off, on,off (one child process each), or auto (on,off on "
                         "GPUs in one process, else as XLA_FLAGS say)")
+    p.add_argument("--env-variants", default="",
+                   help="';'-separated library settings, each a space-separated list of JAX_MOE_A2A_*=VALUE "
+                        "(or 'default': none), timed one after another in the same processes, each with its own "
+                        "communicator (the library reads its settings when a communicator is created): "
+                        "same-run comparisons without a process start each; every result names its variant")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with --env-variants: the variants in this many interleaved rounds (a machine's drift "
+                        "spreads over all of them)")
     p.add_argument("--json-out", default=None, help=argparse.SUPPRESS)  # child processes: results only
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.env_variants = parse_env_variants(args.env_variants)
+    if args.rounds < 1:
+        p.error("--rounds: at least 1")
+    return args
+
+
+def parse_env_variants(arg: str) -> list:
+    """'A=1 B=2;default' -> [{'A': '1', 'B': '2'}, {}]; [{}] (one variant, the environment as it is)
+    for ''. Only the library's own settings (JAX_MOE_A2A_*) are accepted: others (XLA's, JAX's) are
+    read when the process starts, so a variant could not change them."""
+    out = []
+    for part in [v.strip() for v in arg.split(";")] if arg.strip() else ["default"]:
+        env = {}
+        for item in part.split() if part != "default" else []:
+            name, eq, value = item.partition("=")
+            if not eq or not name.startswith("JAX_MOE_A2A_"):
+                raise SystemExit(f"--env-variants: {item!r} is not JAX_MOE_A2A_<NAME>=<value>")
+            env[name] = value
+        out.append(env)
+    return out
+
+
+def variant_label(env: dict) -> str:
+    """'WRITE_CHUNK_KIB=512 COMB_PIECES=4' for those settings (prefix dropped); 'default' for none."""
+    return " ".join(f"{k[len('JAX_MOE_A2A_'):]}={v}" for k, v in env.items()) or "default"
+
+
+class with_env:
+    """Sets the variables of `env` for the block (a communicator created inside reads them), then puts
+    back what was there."""
+
+    def __init__(self, env: dict):
+        self.env, self.saved = env, {}
+
+    def __enter__(self):
+        self.saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def without_option(argv: list, name: str) -> list:
@@ -413,11 +465,28 @@ def run(jax, args, progress_label=""):
         if "grouped" in kinds:
             print(f"  grouped experts: {grouped_impl(jax)}", flush=True)
     per = {s: chosen[s].units() * args.steps * args.layers / 4 for s in names}
-    progress = Progress(len(runs) * len(kinds) * len(placements) * sum(per[s] * (args.repeats + 2) for s in names),
-                        lead, label=progress_label)
+    variants = [v for _ in range(args.rounds) for v in args.env_variants]
+    many = len(variants) > 1
+    progress = Progress(len(variants) * len(runs) * len(kinds) * len(placements)
+                        * sum(per[s] * (args.repeats + 2) for s in names), lead, label=progress_label)
     results = []
     wire = {"fp8": {}, "fp8-recv-bf16": {"recv_dtype": jax.numpy.bfloat16},
             "bf16": {"dispatch_dtype": jax.numpy.bfloat16}}[args.dispatch_dtype]
+    for i, env in enumerate(variants):
+        with with_env(env):
+            results += run_variant(jax, args, a2a, runs, names, chosen, kinds, placements, wire, mesh, cmdbuf,
+                                   per, progress, lead, gpu,
+                                   {"env": variant_label(env), "round": i // len(args.env_variants)} if many else {})
+    progress.close()
+    return {"meta": meta, "results": results, "skipped": skipped}
+
+
+def run_variant(jax, args, a2a, runs, names, chosen, kinds, placements, wire, mesh, cmdbuf, per, progress, lead, gpu,
+                tag):
+    """Every backend x shape x expert kind x shared placement under the environment as it is now;
+    `tag` (the settings' variant and round, or nothing) goes into every result and progress line."""
+    results = []
+    label = f"[{tag['env']}, round {tag['round'] + 1}] " if tag else ""
     for b in runs:
         for s in names:
             shape = chosen[s]
@@ -428,13 +497,13 @@ def run(jax, args, progress_label=""):
                 comm = a2a.init(shape.spec(**wire), mesh, "ep", backend="reference" if b == "plain" else b,
                                 collect_stats=False, **opts)
             except Exception as e:
-                results.append({"backend": b, "shape": s, "experts": "", "overlap": False, "cmdbuf": cmdbuf,
+                results.append({**tag, "backend": b, "shape": s, "experts": "", "overlap": False, "cmdbuf": cmdbuf,
                                 "error": f"{type(e).__name__}: {e}"})
                 progress.update(f"{b}/{s} failed", len(kinds) * len(placements) * per[s] * (args.repeats + 2))
                 continue
             for kind in kinds:
                 for place in placements:
-                    rec = {"backend": b, "shape": s, "experts": kind, "overlap": place == "overlap",
+                    rec = {**tag, "backend": b, "shape": s, "experts": kind, "overlap": place == "overlap",
                            "shared": place != "none", "placement": place,
                            "cmdbuf": cmdbuf, "dispatch_dtype": args.dispatch_dtype, "routing": args.routing, "ranks": mesh.size, "layers": args.layers, "steps": args.steps,
                            "repeats": args.repeats, "ffn": shape.ffn, "scaled": shape.scaled,
@@ -454,7 +523,7 @@ def run(jax, args, progress_label=""):
                     results.append(rec)
                     if lead:
                         us = rec.get("per_layer_us", {}).get("p50")
-                        progress.write(f"finished {b}/{s}/{kind}/{place}: "
+                        progress.write(f"finished {label}{b}/{s}/{kind}/{place}: "
                                        + (f"{us:.1f} µs/layer" if us else rec.get("error", ""))
                                        + (f"; {gpu_clock.describe(rec['board'])}" if rec.get("board") else "")
                                        + (f"; {raw_exchange.describe(rec['raw_exchange'])}"
@@ -467,8 +536,7 @@ def run(jax, args, progress_label=""):
                                           f"{shape.experts} experts per layer" if rec.get("experts_reached_per_layer")
                                           else ""))
             comm.close()
-    progress.close()
-    return {"meta": meta, "results": results, "skipped": skipped}
+    return results
 
 
 def run_children(argv, variants, out_dir, extra_env=None):

@@ -27,7 +27,9 @@
 # tests 45 / 55 s (N = 2 / 4): 340 s at most, with the daemon's start and stop under 6 minutes;
 # `pair` 55 + 45 + 45 s (its default variants): with the build, under 5 minutes.
 # Env: OUT, STAGES (default "build bench tests"; also pair, layers (stage 6), LAYERS_LIMIT), PAIR_VARIANTS, PAIR_LIMIT (stage 5),
-# BENCH_NS (default "2 4"), TEST_RUNS (default "2:1 4:2"), PROXY_PIPELINE_MODES (default "peer,series"),
+# BENCH_NS (default "2 4"), LAYERS_VARIANTS and LAYERS_ROUNDS (the proxy path's layers.py --env-variants and
+# --rounds, e.g. "default;JAX_MOE_A2A_COMB_PIECES=4" and 2: settings compared in the same processes, in
+# interleaved rounds; the stage's own step timeline is then off), TEST_RUNS (default "2:1 4:2"), PROXY_PIPELINE_MODES (default "peer,series"),
 # PROXY_ROUNDS (the modes in that many interleaved rounds, benchmarks/proxy.py --rounds; default 1), TEST_K (a pytest -k expression for the
 # tests), TEST_LIMIT (seconds per test run, default 45 / 55 for N = 2 / 4; above the communicators'
 # 60 s timeout_s a stuck op ends in its own TimeoutError, naming its flags).
@@ -212,11 +214,14 @@ if has layers; then
     for path in proxy nvlink; do
       name=layers-n$n-$path; ns=$([ "$path" = proxy ] && echo 1 || echo "$n")
       say "layers N=$n, $path path (node_size $ns) under MPS"
-      tl=$([ "$path" = proxy ] && echo "JAX_MOE_A2A_PROXY_TIMELINE=$RUNDIR/$name-timeline")
+      tl=$([ "$path" = proxy ] && [ -z "${LAYERS_VARIANTS:-}" ] && echo "JAX_MOE_A2A_PROXY_TIMELINE=$RUNDIR/$name-timeline")
+      extra=()
+      [ "$path" = proxy ] && extra=(--raw-wire)
+      [ "$path" = proxy ] && [ -n "${LAYERS_VARIANTS:-}" ] && extra+=(--env-variants "$LAYERS_VARIANTS" --rounds "${LAYERS_ROUNDS:-1}")
       (cd "$RUNDIR" && env $(mps_env "$n") JAX_MOE_A2A_NODE_SIZE="$ns" $tl timeout -k 5 "${LAYERS_LIMIT:-60}" \
         "${MPIRUN[@]}" -n "$n" python3 "$REPO/benchmarks/layers.py" --backend cuda --shape decode --experts identity \
         --shared none --routing fixed --layers 4 --steps 10 --repeats 5 --no-plain --no-plot --out "$OUT/$name" \
-        $([ "$path" = proxy ] && echo --raw-wire) > "$OUT/$name.full" 2>&1)
+        "${extra[@]}" > "$OUT/$name.full" 2>&1)
       rc=$?
       quiet < "$OUT/$name.full" | grep -vE "^\s+at |Traceback" | tail -30 > "$OUT/$name.log"
       say "layers N=$n $path: exit $rc (124: timed out)"; grep -E "^cuda |finished" "$OUT/$name.log" | tail -3
@@ -230,13 +235,16 @@ if has layers; then
     python3 - "$OUT/layers-n$n-proxy/layers.json" "$OUT/layers-n$n-nvlink/layers.json" <<'PY' 2>&1 | tee -a "$OUT/mps.log"
 import json, sys
 try:
-    px, nv = (json.load(open(p))["results"][0] for p in sys.argv[1:3])
-    raw = px["raw_exchange"]
-    wire = sum(v["p50_us"] for v in raw.values())
-    a, b = px["per_layer_us"]["p50"], nv["per_layer_us"]["p50"]
-    print(f"issue 35, N = {px['ranks']}: proxy loop {a:.1f} µs/layer / (raw exchange {wire:.1f} + NVLink loop {b:.1f})"
-          f" = {a / (wire + b):.2f}x (" + ", ".join(f"{op} {v['p50_us']:.1f} µs, {v['bytes_max'] / 1e6:.2f} MB"
-                                                  for op, v in raw.items()) + ")")
+    nv = json.load(open(sys.argv[2]))["results"][0]
+    b = nv["per_layer_us"]["p50"]
+    for px in json.load(open(sys.argv[1]))["results"]:  # one per --env-variants variant and round
+        raw = px["raw_exchange"]
+        wire = sum(v["p50_us"] for v in raw.values())
+        a = px["per_layer_us"]["p50"]
+        tag = f" [{px['env']}, round {px['round'] + 1}]" if "env" in px else ""
+        print(f"issue 35, N = {px['ranks']}{tag}: proxy loop {a:.1f} µs/layer / (raw exchange {wire:.1f} + NVLink loop "
+              f"{b:.1f}) = {a / (wire + b):.2f}x (" + ", ".join(f"{op} {v['p50_us']:.1f} µs, {v['bytes_max'] / 1e6:.2f} MB"
+                                                             for op, v in raw.items()) + ")")
 except Exception as e:
     print(f"issue 35 ratio: n/a ({type(e).__name__}: {e})")
 PY

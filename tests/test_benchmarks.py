@@ -100,6 +100,36 @@ def test_layers_per_layer_routing(tmp_path):
     assert reach["reference"] is None and len(reach["plain"]) == 2, reach  # plain's routing, per layer
     assert all(1 <= c <= rows[0]["spec"]["E"] for c in reach["plain"]), reach
 
+def test_layers_env_variants_run_interleaved(tmp_path, monkeypatch):
+    """--env-variants / --rounds: each variant's settings are in the environment while its
+    communicator is created and gone after (the library reads them at creation), the variants run
+    in interleaved rounds, every result names its variant and round; only JAX_MOE_A2A_* names are
+    accepted (XLA's and JAX's are read when the process starts)."""
+    import layers
+    assert layers.parse_env_variants("") == [{}]
+    assert layers.parse_env_variants("default; JAX_MOE_A2A_COMB_PIECES=4 JAX_MOE_A2A_WRITE_CHUNK_KIB=512") == \
+        [{}, {"JAX_MOE_A2A_COMB_PIECES": "4", "JAX_MOE_A2A_WRITE_CHUNK_KIB": "512"}]
+    for bad in ("XLA_FLAGS=--x", "JAX_MOE_A2A_COMB_PIECES", "default;COMB_PIECES=4"):
+        with pytest.raises(SystemExit, match="env-variants"):
+            layers.parse_env_variants(bad)
+    monkeypatch.delenv("JAX_MOE_A2A_COMB_PIECES", raising=False)
+    seen = []
+    real = layers.run_variant
+
+    def spy(*a, **kw):
+        seen.append(os.environ.get("JAX_MOE_A2A_COMB_PIECES"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(layers, "run_variant", spy)
+    args = layers.parse_args(["--quick", "--shape", "decode", "--backend", "reference", "--experts", "identity",
+                              "--shared", "none", "--no-plain", "--out", str(tmp_path), "--rounds", "2",
+                              "--env-variants", "default;JAX_MOE_A2A_COMB_PIECES=7"])
+    rows = layers.run(jax, args)["results"]
+    assert seen == [None, "7", None, "7"] and "JAX_MOE_A2A_COMB_PIECES" not in os.environ
+    assert [(r["env"], r["round"]) for r in rows] == \
+        [("default", 0), ("COMB_PIECES=7", 0), ("default", 1), ("COMB_PIECES=7", 1)]
+    assert not [r for r in rows if "error" in r], rows
+
 
 @pytest.mark.parametrize("experts", ["grouped", "identity", "ragged_dot"])
 @pytest.mark.parametrize("shared", ["overlap", "none"])

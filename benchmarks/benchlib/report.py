@@ -214,7 +214,7 @@ def _placement(r):
 
 
 def _variant(r):
-    return (r["experts"], _placement(r), r["cmdbuf"])
+    return (r["experts"], _placement(r), r["cmdbuf"], r.get("env"), r.get("round"))
 
 
 def print_layers(out: dict) -> None:
@@ -249,7 +249,8 @@ def print_layers(out: dict) -> None:
             enq = f"{r['enqueue_us_per_layer']:>8.1f}" if r.get("enqueue_us_per_layer") is not None else f"{'':>8}"
             print(f"{r['backend']:<11} {r['experts']:<11} {shared:<10} {r['cmdbuf']:<6} {us:>12.1f} "
                   f"{r['per_layer_us']['min']:>9.1f} {vs} {vp} {gb} {enq}"
-                  + ("  NOT FINITE" if r.get("finite") is False else ""))
+                  + ("  NOT FINITE" if r.get("finite") is False else "")
+                  + (f"  [{r['env']}, round {r['round'] + 1}]" if "env" in r else ""))
     print("vs ref: the reference backend's p50 / this one's (> 1: faster), and in parentheses the range "
           "the repeats' spread allows (ref min / this max .. ref max / this min); vs plain: this time / the plain-XLA "
           "layer's (the same local compute without communication: the cost of the exchange); GB/s: dispatch + "
@@ -321,7 +322,7 @@ def plot_layers(out: dict, out_dir: str) -> list:
     fig, axes = plt.subplots(len(shapes), 1, figsize=(11, 4.2 * len(shapes)), squeeze=False)
     for ax, shape in zip(axes[:, 0], shapes):
         mine = [r for r in rows if r["shape"] == shape]
-        variants = sorted({_variant(r) for r in mine})
+        variants = sorted({_variant(r) for r in mine}, key=lambda v: tuple("" if x is None else str(x) for x in v))
         scale, unit = _unit(max(r["per_layer_us"]["p50"] for r in mine))
         width = 0.8 / max(1, len(backends))
         for i, b in enumerate(backends):
@@ -332,7 +333,8 @@ def plot_layers(out: dict, out_dir: str) -> list:
             x = np.arange(len(variants)) + (i - (len(backends) - 1) / 2) * width
             ax.bar(x, vals, width, label=b)
         ax.set_xticks(np.arange(len(variants)))
-        ax.set_xticklabels([f"{e}\nshared {o}\ncmdbuf {c}" for e, o, c in variants], fontsize=8)
+        ax.set_xticklabels([f"{e}\nshared {o}\ncmdbuf {c}" + (f"\n{env} #{rnd + 1}" if env else "")
+                            for e, o, c, env, rnd in variants], fontsize=8)
         ax.set_title(_shape_note(mine, shape))
         ax.set_ylabel(f"{unit} per layer (p50)")
         ax.set_ylim(bottom=0)
