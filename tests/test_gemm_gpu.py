@@ -722,7 +722,7 @@ def test_handler_takes_the_exact_workspace_and_refuses_one_byte_less(mode):
         _raw_call(x, w, gs, ws - 1, mode, y_shape, y_dtype)
     with pytest.raises(Exception, match="mode must be"):
         _raw_call(x, w, gs, ws, 3, y_shape, y_dtype)
-    for bad in (dict(tile_m=32), dict(raster=3), dict(swizzle=3), dict(kernel=3)):
+    for bad in (dict(tile_m=32), dict(raster=3), dict(swizzle=3), dict(kernel=4), dict(kernel=-1)):
         with pytest.raises(Exception, match="tile_m must be 0"):
             _raw_call(x, w, gs, ws, mode, y_shape, y_dtype, **bad)
 
