@@ -917,6 +917,31 @@ def test_gpu_clock_log_runs_nvidia_smi_and_says_why_without(tmp_path, monkeypatc
     assert off.summary() is None
 
 
+def test_gemm_bf16_baselines_skip_when_the_card_is_full():
+    """gemm.py's bf16 baselines at L = 256 do not fit an 80 GB H100 beside the fp8 case (they ended
+    the whole benchmark there): an out-of-memory error drops what that part recorded and says so in
+    the case and its report; any other error still ends the run."""
+    import gemm
+    res = {"L": 256}
+
+    def oom():
+        res["native_bf16_ragged"] = {"p50_us": 1.0}
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 21.00GiB")
+
+    gemm.fits(oom, res, "bf16", 22.5e9)
+    assert "native_bf16_ragged" not in res and "22.5 GB of bf16 weights" in res["bf16_skipped"], res
+
+    def broken():
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError):
+        gemm.fits(broken, {}, "bf16", 1.0)
+    timed = {"p50_us": 170.0, "min_us": 169.0, "max_us": 171.0}
+    d = {"L": 256, "rows": 1024, "C": 32, "hbm_fp8": {"read_once_us": 3000.0, "copy_GBps": 2960.0},
+         "native_fp8_ragged": timed, "bf16_skipped": res["bf16_skipped"]}
+    assert "bf16 baselines skipped: out of device memory" in gemm.report({"decode": [d]})
+
+
 def test_gemm_trace_names_and_report():
     """benchmarks/gemm.py --trace: kernel names shortened from either form the profiler gives, and
     the report's per-MLP busy / idle lines, or the trace's reason on a CPU."""
