@@ -130,10 +130,10 @@ VARS = (
     Var("GDRCOPY", "auto|0|1", "auto", "cc/proxy/gdrcopy.cc, cc/cuda/remote_path.cc",
         "cuda inter-node path: the proxy writes its flags into GPU memory through GDRCopy where "
         "/dev/gdrdrv and libgdrapi.so.2 exist (`1`: required, `0`: never)", _NATIVE),
-    Var("STAGING", "host|copy|device", "host", "cc/cuda/remote_path.cc",
-        "cuda inter-node path: where rows to and from other nodes live: `host` pinned host memory, "
-        "`copy` GPU memory copied to pinned memory, `device` GPU memory (GPUDirect RDMA NICs); "
-        "docs/protocol.md", _NATIVE),
+    Var("STAGING", "auto|host|copy|device", "auto", "cc/cuda/remote_path.cc",
+        "cuda inter-node path: where rows from and to other nodes live: `host` pinned, `copy` GPU "
+        "memory copied, `device` GPU memory (GPUDirect); `auto`: `copy` under eager module loading, "
+        "else `host`", _NATIVE),
     Var("GDRCOPY_LIB", "str", "libgdrapi.so.2", "cc/proxy/gdrcopy.cc", "GDRCopy library to dlopen (tests)", _NATIVE),
     Var("GDRCOPY_DEV", "str", "/dev/gdrdrv", "cc/proxy/gdrcopy.cc", "GDRCopy device node to look for (tests)",
         _NATIVE),

@@ -21,13 +21,18 @@ void check(cudaError_t rc, const char* what) { check_cuda(rc, "jax_moe_a2a cuda 
 // JAX_MOE_A2A_STAGING's values, in RemotePath::RowPath order (also proxy_stats()["row_path"]).
 constexpr const char* kRowPathNames[] = {"host", "copy", "device"};
 
-// JAX_MOE_A2A_STAGING: host (the default), copy or device.
+// JAX_MOE_A2A_STAGING: auto (the default), host, copy or device. auto is copy where CUDA loads
+// modules eagerly (copy's precondition: open_engine) and host otherwise. Copy rows were never slower
+// than host rows in the layer loop under MPS and 0.70-0.72x their time at 4 ranks (one H100,
+// 2026-12-07; docs/performance.md): the kernels read and write GPU memory and the copy engines,
+// not the kernels' loads and stores across PCIe, move the rows to and from the NIC's memory.
 RemotePath::RowPath row_path_from_env() {
   const char* v = env::get("JAX_MOE_A2A_STAGING");
-  const std::string t = v && *v ? v : "host";
+  const std::string t = v && *v ? v : "auto";
+  if (t == "auto") return lazy_loading().empty() ? RemotePath::RowPath::kCopy : RemotePath::RowPath::kHost;
   for (int i = 0; i < 3; ++i)
     if (t == kRowPathNames[i]) return static_cast<RemotePath::RowPath>(i);
-  throw std::invalid_argument("jax_moe_a2a: JAX_MOE_A2A_STAGING must be host, copy or device, got '" + t + "'");
+  throw std::invalid_argument("jax_moe_a2a: JAX_MOE_A2A_STAGING must be auto, host, copy or device, got '" + t + "'");
 }
 
 // Rows in GPU memory need a transport that moves them without the GPU's help: a NIC reading and
@@ -75,7 +80,8 @@ void RemotePath::open_engine(transfer::EngineOptions eo, int device_id) {
   auto refuse = [this](const std::string& why) {
     return std::runtime_error(std::string("jax_moe_a2a: JAX_MOE_A2A_STAGING=") +
                               kRowPathNames[static_cast<int>(row_path_)] + " (rows in GPU memory), but " +
-                              why + "; JAX_MOE_A2A_STAGING=host (the default) keeps them in pinned host memory");
+                              why + "; JAX_MOE_A2A_STAGING=host keeps them in pinned host memory (auto, the default, "
+                              "takes copy only where CUDA loads modules eagerly)");
   };
   if (row_path_ != RowPath::kHost) {
     // Rows in GPU memory put CUDA calls on the proxy's thread (copy: its own copies; device: a
