@@ -95,8 +95,9 @@ dump_hung() {  # $1 = seconds, $2 = pgrep pattern, $3 = output prefix
 rank_logs() {  # $1 = an mpirun --output-filename folder, $2 = lines kept per file
   for f in $(find "$1" -type f 2>/dev/null | sort); do echo "== $f"; quiet < "$f" | tail -"$2"; done
 }
+# The provider: the caller's JAX_MOE_A2A_PROVIDER (e.g. "tcp;ofi_rxm" with JAX_MOE_A2A_IFACE=lo), else shm.
 mps_env() {  # $1 = n: the environment of a run with n processes on GPU 0 under MPS
-  echo JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_NODE_SIZE=1 JAX_MOE_A2A_PROVIDER=shm \
+  echo JAX_PLATFORMS=cuda,cpu JAX_MOE_A2A_LOCAL_DEVICE_IDS=0 JAX_MOE_A2A_NODE_SIZE=1 JAX_MOE_A2A_PROVIDER="${JAX_MOE_A2A_PROVIDER:-shm}" \
     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / $1)) \
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.3/$1, 3))")
 }
@@ -138,7 +139,7 @@ run_tests() {
   local rc=$?
   kill $DUMPER 2>/dev/null  # by its own id; its sleep ends on its own
   quiet < "$OUT/$name.full" | tail -30 > "$OUT/$name.log"
-  say "$name ($n:$ns:shm, $*): exit $rc (124: timed out)"; tail -8 "$OUT/$name.log"
+  say "$name ($n:$ns:${JAX_MOE_A2A_PROVIDER:-shm}, $*): exit $rc (124: timed out)"; tail -8 "$OUT/$name.log"
   # What tells the causes apart (open item 5), whatever the exit: the launch report, the proxies'
   # stall reports and timeouts, and which thread of a hung rank sits in a launch or a module load.
   grep -hE "launch report|cooperative|occupancy|no step for|did not arrive|too large|passed|failed" "$OUT/$name.full" \
