@@ -22,10 +22,10 @@ void check(cudaError_t rc, const char* what) { check_cuda(rc, "jax_moe_a2a cuda 
 constexpr const char* kRowPathNames[] = {"host", "copy", "device"};
 
 // JAX_MOE_A2A_STAGING: auto (the default), host, copy or device. auto is copy where CUDA loads
-// modules eagerly (copy's precondition: open_engine) and host otherwise. Copy rows were never slower
-// than host rows in the layer loop under MPS and 0.70-0.72x their time at 4 ranks (one H100,
-// 2026-12-07; docs/performance.md): the kernels read and write GPU memory and the copy engines,
-// not the kernels' loads and stores across PCIe, move the rows to and from the NIC's memory.
+// modules eagerly (copy's precondition: open_engine) and host otherwise. In the layer loop under MPS
+// copy rows took 0.97-1.02x host rows' time at 2 ranks and 0.70-0.72x at 4 (one H100, 2026-12-07;
+// 0.85-1.05x on other machines; docs/performance.md): the kernels read and write GPU memory and the
+// copy engines, not the kernels' loads and stores across PCIe, move the rows to and from the NIC's.
 RemotePath::RowPath row_path_from_env() {
   const char* v = env::get("JAX_MOE_A2A_STAGING");
   const std::string t = v && *v ? v : "auto";
