@@ -219,3 +219,24 @@ def test_debug_stops_every_rank_when_one_drops(backend, num_ranks, mesh):
         with comm.checked():
             T.run_ops(comm, inputs)
     assert time.monotonic() - t0 < 20, "the ranks without drops waited for the one that stopped"
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif("cuda" not in BACKENDS, reason="the cuda backend's inter-node path")
+def test_cuda_row_path_follows_module_loading(num_ranks, mesh):
+    """JAX_MOE_A2A_STAGING unset (`auto`, the default): the inter-node path keeps its rows in GPU
+    memory copied by the copy engines (`copy`) where CUDA loads modules eagerly
+    (CUDA_MODULE_LOADING=EAGER, which copy rows need) and in pinned host memory (`host`) otherwise;
+    proxy_stats()["row_path"] names the one taken, and a step on it matches the oracle."""
+    if os.environ.get("JAX_MOE_A2A_STAGING"):
+        pytest.skip("JAX_MOE_A2A_STAGING is set: the default is not what runs")
+    if num_ranks < 2:
+        pytest.skip("needs a peer on another node (node_size 1)")
+    spec = a2a.Spec(**BASE)
+    comm = a2a.init(spec, mesh, "ep", backend="cuda", node_size=1)
+    inputs = T.make_inputs(spec, num_ranks, T.fresh_seed())
+    T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+    want = "copy" if os.environ.get("CUDA_MODULE_LOADING", "").upper() == "EAGER" else "host"
+    stats = comm.proxy_stats()
+    comm.close()
+    assert stats and {s["row_path"] for s in stats.values()} == {want}, stats
