@@ -27,7 +27,8 @@
 # tests 45 / 55 s (N = 2 / 4): 340 s at most, with the daemon's start and stop under 6 minutes;
 # `pair` 55 + 45 + 45 s (its default variants): with the build, under 5 minutes.
 # Env: OUT, STAGES (default "build bench tests"; also pair, layers (stage 6), LAYERS_LIMIT), PAIR_VARIANTS, PAIR_LIMIT (stage 5),
-# BENCH_NS (default "2 4"), LAYERS_VARIANTS and LAYERS_ROUNDS (the proxy path's layers.py --env-variants and
+# BENCH_NS (default "2 4"), TEST_LOADING (the tests' CUDA module loadings, default "lazy eager": stage 4),
+# LAYERS_VARIANTS and LAYERS_ROUNDS (the proxy path's layers.py --env-variants and
 # --rounds, e.g. "default;JAX_MOE_A2A_COMB_PIECES=4" and 2: settings compared in the same processes, in
 # interleaved rounds; the stage's own step timeline is then off), TEST_RUNS (default "2:1 4:2"), PROXY_PIPELINE_MODES (default "peer,series"),
 # PROXY_ROUNDS (the modes in that many interleaved rounds, benchmarks/proxy.py --rounds; default 1), TEST_K (a pytest -k expression for the
@@ -157,11 +158,18 @@ run_tests() {
 }
 
 # ---- 4. the proxy tests under MPS --------------------------------------------------------------
+# Each run once per CUDA module loading of TEST_LOADING (default: the caller's CUDA_MODULE_LOADING, or
+# "lazy eager"): the default row path (JAX_MOE_A2A_STAGING=auto) is host rows under lazy loading and
+# copy rows under eager, so both get the tests (test_ops' test_cuda_row_path_follows_module_loading
+# checks which ran). A JAX_MOE_A2A_STAGING the caller sets wins over both.
 if has tests; then
   for run in ${TEST_RUNS:-2:1 4:2}; do
     IFS=: read -r n ns <<< "$run"
-    run_tests "tests-n$n-ns$ns" "$n" "$ns" "${TEST_LIMIT:-$((n == 2 ? 45 : 55))}" "${TEST_K:-}" \
-      JAX_MOE_A2A_LAUNCH_INFO=1
+    for ml in ${TEST_LOADING:-${CUDA_MODULE_LOADING:-lazy eager}}; do
+      ml=$(echo "$ml" | tr '[:lower:]' '[:upper:]')
+      run_tests "tests-n$n-ns$ns-${ml,,}" "$n" "$ns" "${TEST_LIMIT:-$((n == 2 ? 45 : 55))}" "${TEST_K:-}" \
+        JAX_MOE_A2A_LAUNCH_INFO=1 CUDA_MODULE_LOADING="$ml"
+    done
   done
 fi
 
