@@ -33,6 +33,7 @@ rank writing every peer at once), the wire's share of the layer. Writes layers.j
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -422,7 +423,6 @@ def describe_counters(c: dict) -> str:
 
 
 def run(jax, args, progress_label=""):
-    import jax_moe_a2a as a2a
     from jax_moe_a2a import testing
 
     lead = jax.process_index() == 0
@@ -472,19 +472,41 @@ def run(jax, args, progress_label=""):
     results = []
     wire = {"fp8": {}, "fp8-recv-bf16": {"recv_dtype": jax.numpy.bfloat16},
             "bf16": {"dispatch_dtype": jax.numpy.bfloat16}}[args.dispatch_dtype]
+    plan = Plan(runs, names, chosen, kinds, placements, wire, mesh, cmdbuf, per, progress, lead)
     for i, env in enumerate(variants):
         with with_env(env):
-            results += run_variant(jax, args, a2a, runs, names, chosen, kinds, placements, wire, mesh, cmdbuf,
-                                   per, progress, lead, gpu,
+            results += run_variant(jax, args, plan,
                                    {"env": variant_label(env), "round": i // len(args.env_variants)} if many else {})
     progress.close()
     return {"meta": meta, "results": results, "skipped": skipped}
 
 
-def run_variant(jax, args, a2a, runs, names, chosen, kinds, placements, wire, mesh, cmdbuf, per, progress, lead, gpu,
-                tag):
-    """Every backend x shape x expert kind x shared placement under the environment as it is now;
-    `tag` (the settings' variant and round, or nothing) goes into every result and progress line."""
+@dataclasses.dataclass
+class Plan:
+    """What run() decided once for every variant: the backends (and plain), shapes by name, expert
+    kinds, shared placements, the dispatch wire's Spec fields, the mesh, the command-buffer setting,
+    timing units per shape, the progress bar and whether this process reports."""
+    runs: list
+    names: list
+    chosen: dict
+    kinds: list
+    placements: list
+    wire: dict
+    mesh: object
+    cmdbuf: str
+    per: dict
+    progress: object
+    lead: bool
+
+
+def run_variant(jax, args, plan: Plan, tag: dict) -> list:
+    """Every backend x shape x expert kind x shared placement of `plan` under the environment as it
+    is now (a communicator each: the library reads its settings at creation); `tag` (the settings'
+    variant and round, or nothing) goes into every result and progress line."""
+    import jax_moe_a2a as a2a
+
+    runs, names, chosen, kinds, placements = plan.runs, plan.names, plan.chosen, plan.kinds, plan.placements
+    wire, mesh, cmdbuf, per, progress, lead = plan.wire, plan.mesh, plan.cmdbuf, plan.per, plan.progress, plan.lead
     results = []
     label = f"[{tag['env']}, round {tag['round'] + 1}] " if tag else ""
     for b in runs:

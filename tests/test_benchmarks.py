@@ -113,14 +113,14 @@ def test_layers_env_variants_run_interleaved(tmp_path, monkeypatch):
         with pytest.raises(SystemExit, match="env-variants"):
             layers.parse_env_variants(bad)
     monkeypatch.delenv("JAX_MOE_A2A_COMB_PIECES", raising=False)
-    seen = []
-    real = layers.run_variant
+    seen = []  # the setting each communicator was created under
+    real = a2a.init
 
     def spy(*a, **kw):
         seen.append(os.environ.get("JAX_MOE_A2A_COMB_PIECES"))
         return real(*a, **kw)
 
-    monkeypatch.setattr(layers, "run_variant", spy)
+    monkeypatch.setattr(a2a, "init", spy)
     args = layers.parse_args(["--quick", "--shape", "decode", "--backend", "reference", "--experts", "identity",
                               "--shared", "none", "--no-plain", "--out", str(tmp_path), "--rounds", "2",
                               "--env-variants", "default;JAX_MOE_A2A_COMB_PIECES=7"])
