@@ -341,7 +341,8 @@ class Exchange {
   uint32_t piece_imm(uint32_t im, int i) const { return im + uint32_t(i) * uint32_t(o_.shape.N); }
   // Our PRIV write to d: its source offset in d_send and its bytes (0 rows: 0).
   ByteRange private_write(int z, int d) const;
-  // What a kind of row write posted: writes past the first of each split write, bytes per rank.
+  // What a kind of row write posted: writes past the first of each split write, and per rank the
+  // bytes and the writes (every piece counted).
   struct WriteCounts {
     std::atomic<uint64_t> extra{0};
     std::unique_ptr<std::atomic<uint64_t>[]> bytes;   // [N]
