@@ -73,7 +73,7 @@ iteration taken on the process whose wall was longest:
                latency points, measured in these processes, interleaved with the engine's ping-pong
                at the same size), i.e. the remote peers' messages moving in parallel
   unexplained  recv wait - skew - raw wire per iteration: the proxy's and the engine's reactions, the
-               protocol's rounds (COUNTS, then the zero-length OVER, before rows count as landed),
+               protocol's rounds (COUNTS, then OVER where rows overflow, before rows count as landed),
                and on a small machine the threads time-slicing its cores
   ratio        wall / (raw wire + pack + unpack): the issue's measure, the packer's compute standing
                for the NVLink path's kernel time

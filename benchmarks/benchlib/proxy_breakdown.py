@@ -332,7 +332,7 @@ def packer_breakdown(walls_us, parts: Dict[str, Sequence[float]], raw_wire_us: O
     dispatch, the FFI call, Python), skew (max - min of the processes' entries, [iters], or None),
     beyond_wire = recv_wait - skew - raw_wire per iteration (what waiting costs past the raw provider
     time of the same bytes and the other processes' late start: the proxy's and engine's reactions,
-    the protocol's rounds: COUNTS, then OVER, before the rows count as landed), and
+    the protocol's rounds: COUNTS, then OVER where rows overflow, before the rows count as landed), and
     ratio = wall / (raw_wire + pack + unpack), the issue's measure (the packer's compute standing for
     the NVLink path's kernel time)."""
     w = np.asarray(walls_us, np.float64)
