@@ -102,12 +102,14 @@ VARS = (
     Var("PROXY_TIMELINE", "str (a path prefix)", "off", "cc/proxy/timeline.h",
         "proxy: record the time of every protocol step and write them when the communicator closes, one file "
         "per proxy, `<prefix>.r<rank>.p<pid>.<n>.tsv` (benchmarks/proxy.py --timeline reads them)", _NATIVE),
-    Var("WRITE_CHUNK_KIB", "float", "0 (one write a peer)", "cc/protocol/exchange.cc",
-        "inter-node paths: PRIV and OVER writes in pieces of at most this many KiB; under `STAGING=copy` "
-        "each piece posted as its copy ends, copied out as it lands; alike on every process (checked)", _NATIVE),
-    Var("COMB_PIECES", "int 1..64", "1 (rails: one a rail)", "cc/protocol/exchange.cc",
-        "inter-node paths: each COMB write in this many pieces, empty ones too (counted); "
-        "copied like `WRITE_CHUNK_KIB`'s pieces under `STAGING=copy`; alike on every process (checked)", _NATIVE),
+    Var("WRITE_CHUNK_KIB", "float", "0 (one write a peer); cuda, copy rows, one remote peer a rank: 512",
+        "cc/protocol/exchange.cc",
+        "inter-node paths: PRIV and OVER writes in pieces of at most this many KiB, each staged apart "
+        "(`STAGING=copy`); alike everywhere (checked)", _NATIVE),
+    Var("COMB_PIECES", "int 1..64", "1 (or one a rail); cuda, copy rows, one remote peer a rank: 4",
+        "cc/protocol/exchange.cc",
+        "inter-node paths: each COMB write in this many pieces, empty ones too, copied like "
+        "`WRITE_CHUNK_KIB`'s; alike everywhere (checked)", _NATIVE),
     Var("COPY_DEPTH", "int 1..16", "16", "cc/proxy/proxy.cc",
         "row staging (`STAGING=copy`): copies of one buffer in flight at once (1: one after another)", _NATIVE),
     Var("RAILS", "int 1..16", "1", "cc/transfer/engine.cc (at communicator creation)",

@@ -227,9 +227,12 @@ def test_cuda_row_path_follows_module_loading(num_ranks, mesh):
     """JAX_MOE_A2A_STAGING unset (`auto`, the default): the inter-node path keeps its rows in GPU
     memory copied by the copy engines (`copy`) where CUDA loads modules eagerly
     (CUDA_MODULE_LOADING=EAGER, which copy rows need) and in pinned host memory (`host`) otherwise;
-    proxy_stats()["row_path"] names the one taken, and a step on it matches the oracle."""
-    if os.environ.get("JAX_MOE_A2A_STAGING"):
-        pytest.skip("JAX_MOE_A2A_STAGING is set: the default is not what runs")
+    proxy_stats()["row_path"] names the one taken, and a step on it matches the oracle. The writes'
+    pieces follow (cc/cuda/remote_path.cc, pieces_default): copy rows with one remote peer a rank
+    post each COMB in 4 pieces (proxy_stats' comb_pieces: writes beyond one a peer), else in one."""
+    for var in ("JAX_MOE_A2A_STAGING", "JAX_MOE_A2A_WRITE_CHUNK_KIB", "JAX_MOE_A2A_COMB_PIECES", "JAX_MOE_A2A_RAILS"):
+        if os.environ.get(var):
+            pytest.skip(f"{var} is set: the default is not what runs")
     if num_ranks < 2:
         pytest.skip("needs a peer on another node (node_size 1)")
     spec = a2a.Spec(**BASE)
@@ -240,3 +243,5 @@ def test_cuda_row_path_follows_module_loading(num_ranks, mesh):
     stats = comm.proxy_stats()
     comm.close()
     assert stats and {s["row_path"] for s in stats.values()} == {want}, stats
+    in_pieces = want == "copy" and num_ranks == 2  # node_size 1: one remote peer a rank only at 2 ranks
+    assert all((s["comb_pieces"] > 0) == in_pieces for s in stats.values()), (in_pieces, stats)

@@ -184,8 +184,28 @@ T* RemotePath::device_ptr(T* p) const {  // the allocation's device base plus th
   throw std::logic_error("RemotePath: pointer outside the path's buffers");
 }
 
-RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std::string& provider, int local_index)
+namespace {
+
+// The writes' pieces where JAX_MOE_A2A_WRITE_CHUNK_KIB / COMB_PIECES are unset: copy rows with one
+// remote peer a rank (2 ranks, or 2 nodes of 1) post PRIV in 512 KiB pieces and COMB in 4, each
+// piece's copy overlapping the previous piece's wire; everything else one write a peer. Measured in
+// the layer loop under MPS (decode, shm, one GPU; notes/benchmarks.md, 2026-12-07): at 2 ranks the
+// pieces took 0.80-0.86x the one-write loop's time on machine A, 0.79-0.80x on C, 0.64-0.77x on B;
+// at 4 ranks (three remote peers a rank) 1.08-1.27x (four processes' copies queue on one GPU's copy
+// engines); with host rows pieces did not help (B). Every process must cut alike (checked at
+// connection), so the rule reads only what is alike everywhere: the row path's settings and the ranks.
+void pieces_default(RemotePath::RowPath path, protocol::ExchangeOptions& xo) {
+  if (path == RemotePath::RowPath::kCopy && protocol::most_remote_peers(xo, xo.shape.N) == 1) {
+    xo.chunk_kib_default = 512;
+    xo.comb_pieces_default = 4;
+  }
+}
+
+}  // namespace
+
+RemotePath::RemotePath(const protocol::ExchangeOptions& xo_in, int rank, const std::string& provider, int local_index)
     : rank_(rank), local_index_(local_index) {
+  protocol::ExchangeOptions xo = xo_in;
   if (xo.node_size <= 0) throw std::invalid_argument("RemotePath: node_size must be > 0");
   int dev = -1;
   char bus[32] = {0};
@@ -225,6 +245,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo, int rank, const std:
     if (row_path_ != RowPath::kHost) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the zeroing is done
     for (const proxy::StagedSlot& c : copies) kernel_rows_.push_back(c.packer);
     if (row_path_ == RowPath::kCopy) copies_ = std::make_unique<RowCopies>(dev, std::move(copies));
+    pieces_default(row_path_, xo);
     ex_ = std::make_unique<protocol::Exchange>(xo, rank, engine_, bufs_);
   } catch (...) {
     ex_.reset();

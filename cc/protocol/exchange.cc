@@ -88,6 +88,17 @@ struct Exchange::Regions {
   std::vector<transfer::RemoteRegion> k_recv_peer, d_recv_peer, c_recv_peer;  // [N]
 };
 
+int most_remote_peers(const TransportOptions& o, int num_ranks) {
+  if (o.node_size <= 0) return num_ranks > 0 ? num_ranks - 1 : 0;
+  int most = 0;
+  for (int r = 0; r < num_ranks; r += o.node_size) {  // the ranks of one node see the same peers
+    const int node0 = r / o.node_size * o.node_size;
+    const int local = std::min(num_ranks, node0 + o.node_size) - node0;
+    most = std::max(most, num_ranks - local);
+  }
+  return most;
+}
+
 Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer::Engine> engine,
                    const std::vector<SlotBuffers>& buffers)
     : o_(o), lay_(o), rank_(rank), engine_(std::move(engine)), bufs_(buffers) {
@@ -95,12 +106,12 @@ Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer:
   if (o.shape.tp < 1 || o.shape.tp > 8) throw std::invalid_argument("jax_moe_a2a: tp_size must be in [1, 8]");
   if (o.node_size < 0) throw std::invalid_argument("jax_moe_a2a: node_size must be >= 0");
   if (int(buffers.size()) != o.slots) throw std::invalid_argument("Exchange: one SlotBuffers per slot");
-  const double chunk_kib = env::get_double("JAX_MOE_A2A_WRITE_CHUNK_KIB", 0);
+  const double chunk_kib = env::get_double("JAX_MOE_A2A_WRITE_CHUNK_KIB", o.chunk_kib_default);
   if (!(chunk_kib >= 0) || chunk_kib > 1 << 30)
     throw std::invalid_argument(format("JAX_MOE_A2A_WRITE_CHUNK_KIB=%g: expected KiB >= 0 (0: one write a peer)", chunk_kib));
   chunk_ = static_cast<int64_t>(chunk_kib * 1024);
   rails_ = std::max(1, engine_->num_domains());
-  const double comb_split = env::get_double("JAX_MOE_A2A_COMB_PIECES", 1);
+  const double comb_split = env::get_double("JAX_MOE_A2A_COMB_PIECES", o.comb_pieces_default);
   if (!(comb_split >= 1 && comb_split <= 64) || comb_split != static_cast<int>(comb_split))
     throw std::invalid_argument(format("JAX_MOE_A2A_COMB_PIECES=%g: expected an integer in [1, 64]", comb_split));
   comb_split_ = static_cast<int>(comb_split);
@@ -177,7 +188,9 @@ void Exchange::check_peers(const std::map<int, std::vector<Bytes>>& descs) const
     if (theirs != ours)
       throw std::invalid_argument(format("jax_moe_a2a: rank %d cuts its row writes otherwise than rank %d: theirs "
                                          "'%s', ours '%s' (JAX_MOE_A2A_WRITE_CHUNK_KIB, JAX_MOE_A2A_COMB_PIECES and "
-                                         "JAX_MOE_A2A_RAILS must be alike on every process)",
+                                         "JAX_MOE_A2A_RAILS must be alike on every process; on the cuda backend "
+                                         "their defaults follow the row path: JAX_MOE_A2A_STAGING and "
+                                         "CUDA_MODULE_LOADING too)",
                                          r, rank_, theirs.c_str(), ours.c_str()));
   }
 }

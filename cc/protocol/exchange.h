@@ -58,7 +58,14 @@ const char* op_name(int op);
 // node iff a / node_size == b / node_size; provider is the caller's (the exchange takes an engine).
 struct ExchangeOptions : TransportOptions {
   MoeShape shape{};    // shape_of(the Config)
+  // The piece settings where JAX_MOE_A2A_WRITE_CHUNK_KIB / JAX_MOE_A2A_COMB_PIECES are unset (the
+  // caller's default for its row path: RemotePath's pieces_default); alike on every process (checked).
+  double chunk_kib_default = 0;  // 0: one PRIV / OVER write a peer
+  int comb_pieces_default = 1;
 };
+
+// The most ranks remote to any one rank under o.node_size (the same on every process).
+int most_remote_peers(const TransportOptions& o, int num_ranks);
 
 // Byte offsets inside one slot's buffers (identical on every rank). The count matrices live in
 // buffers of their own (host memory: the proxy and the inline driver read them), the rows in
