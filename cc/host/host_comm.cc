@@ -475,10 +475,9 @@ void RankComm::combine_send(const CombineSendArgs& a) {
     if (a.recv_counts[src] < 0 || a.recv_counts[src] > P)
       throw std::invalid_argument(format("host combine_send: %d rows from rank %d (at most %d): routing arrays "
                                          "corrupted", a.recv_counts[src], src, P));
-  for (int src = 0; src < N; ++src)  // dropped rows (capacity) come back as zeros
-    std::memset(c_send + int64_t(src) * P * stride, 0, int64_t(a.recv_counts[src]) * stride);
   const int64_t R = s.recv_rows_total();
   const uint8_t* y = static_cast<const uint8_t*>(a.y);
+  std::vector<uint8_t> written(int64_t(N) * P, 0);  // local: two slots' sends may run at once
   for (int64_t pos = 0; pos < R; ++pos) {
     const int32_t src = a.recv_src[pos * a.recv_src_stride];
     if (src < 0) continue;
@@ -486,7 +485,13 @@ void RankComm::combine_send(const CombineSendArgs& a) {
     if (src >= N || j < 0 || j >= P || j >= a.recv_counts[src])
       throw std::invalid_argument(format("host combine_send: routing arrays corrupted at row %lld", (long long)pos));
     std::memcpy(c_send + (int64_t(src) * P + j) * stride, y + pos * stride, stride);
+    written[int64_t(src) * P + j] = 1;
   }
+  // Rows a source sent that we dropped (over capacity) go back as zeros: only those are cleared
+  // (clearing every row first wrote the combine's bytes twice).
+  for (int src = 0; src < N; ++src)
+    for (int32_t j = 0; j < a.recv_counts[src]; ++j)
+      if (!written[int64_t(src) * P + j]) std::memset(c_send + (int64_t(src) * P + j) * stride, 0, stride);
   // Node-local ranks: every member j of m's tp group gets source g0 + j's run at its combine
   // offset (the Exchange's snapshot of this dispatch), as post_combine writes remote ones.
   const int64_t* off = ex_->combine_offsets(a.from_slot);  // not replaced before our next dispatch_recv there
