@@ -17,7 +17,7 @@
 #      JAX_MOE_A2A_NVSHMEM_REMOTE=all (every peer on the nvshmem remote path: docs/api.md),
 #      SINGLE_TESTS / MPI_TESTS (the test files of the single and mpi stages),
 #      cpuproxy (issue 35 on CPUs: the host backend proxied, benchmarks/proxy.py at N = 2 / 4 over shm and tcp, then layers.py with and without --proxied;
-#      CPUPROXY_RUNS, CPUPROXY_MODES), PROXYBENCH_RUNS / PROXYBENCH_MODES / PROXYBENCH_TMAX / PROXYBENCH_ARGS (the proxybench stage, below;
+#      CPUPROXY_RUNS, CPUPROXY_MODES, CPUPROXY_BENCH / CPUPROXY_LAYERS (0: skip proxy.py / the layer loops), CPUPROXY_ROUNDS), PROXYBENCH_RUNS / PROXYBENCH_MODES / PROXYBENCH_TMAX / PROXYBENCH_ARGS (the proxybench stage, below;
 #      e.g. PROXYBENCH_ARGS="--nvlink-json DIR/halves.json" after `mpibench` with BENCH_ARGS="--turns"),
 #      BENCH_ARGS (halves.py options of the bench stages; the anchor kit's run.sh reads it too, so
 #      run `anchor` in a call without it and `anchorbench` with it).
@@ -301,22 +301,48 @@ if stage cpuproxy; then  # issue 35's CPU figure on this machine's cores: host b
   for run in ${CPUPROXY_RUNS:-2:shm 4:shm "2:tcp;ofi_rxm" "4:tcp;ofi_rxm"}; do
     IFS=: read -r n prov <<< "$run"
     name="cpuproxy-n$n-${prov%%;*}"
-    env JAX_PLATFORMS=cpu JAX_MOE_A2A_PROVIDER="$prov" JAX_MOE_A2A_IFACE="$([ "$prov" = shm ] || echo lo)" \
-      timeout -k 20 $(cap 240) "${MPIRUN[@]}" -n "$n" python3 "$BENCH/proxy.py" --backend host --iters 50 --warmup 5 \
-      --engine-iters 2000 --engine-stream-mib 16 --proxy-modes "${CPUPROXY_MODES:-peer,series}" --json "$OUT/$name.json" \
-      --timeline "$RUNDIR/$name-timeline" 2>&1 \
-      | quiet | tee "$OUT/$name.log"
-    echo "exit ${PIPESTATUS[0]}" >> "$OUT/$name.log"
+    cpu_env=(env JAX_PLATFORMS=cpu JAX_MOE_A2A_PROVIDER="$prov" JAX_MOE_A2A_IFACE="$([ "$prov" = shm ] || echo lo)")
+    : > "$OUT/$name.log"
+    if [ "${CPUPROXY_BENCH:-1}" = 1 ]; then  # per call: benchmarks/proxy.py's breakdown (CPUPROXY_BENCH=0: skip)
+      "${cpu_env[@]}" timeout -k 20 $(cap 240) "${MPIRUN[@]}" -n "$n" python3 "$BENCH/proxy.py" --backend host --iters 50 --warmup 5 \
+        --engine-iters 2000 --engine-stream-mib 16 --proxy-modes "${CPUPROXY_MODES:-peer,series}" --json "$OUT/$name.json" \
+        --timeline "$RUNDIR/$name-timeline" 2>&1 \
+        | quiet | tee "$OUT/$name.log"
+      echo "exit ${PIPESTATUS[0]}" >> "$OUT/$name.log"
+    fi
     # The same op pairs as a model runs them (layers.py: 4 identity layers in one jit, no barrier
-    # between calls), through the proxy and through the host backend's own engine path: the
-    # proxy's end-to-end cost without the benchmark's per-call barriers (CPUPROXY_LAYERS=0: skip).
+    # between calls), the loop issue 35 measures on GPUs: through the proxy with every peer remote
+    # (node_size 1, --raw-wire: the raw exchange of its bytes in the same processes), against the same
+    # loop on the node-local path (node_size n: the processes' shared memory, no wire; the CPU's
+    # counterpart of the NVLink loop), CPUPROXY_ROUNDS rounds of the pair (default 2; one process
+    # start each), and once through the host backend's own engine path (node_size 0, no proxy thread).
+    # CPUPROXY_LAYERS=0: skip.
     if [ "${CPUPROXY_LAYERS:-1}" = 1 ]; then
-      for px in "" --proxied; do
-        env JAX_PLATFORMS=cpu JAX_MOE_A2A_PROVIDER="$prov" JAX_MOE_A2A_IFACE="$([ "$prov" = shm ] || echo lo)" \
-          timeout -k 20 $(cap 120) "${MPIRUN[@]}" -n "$n" python3 "$BENCH/layers.py" --backend host --shape decode \
-          --experts identity --shared none --routing fixed --no-plain --no-plot $px --out "$OUT/$name-layers$px" 2>&1 \
-          | quiet | grep -E "^host |Error" | sed "s/^/layers ${px:-engine}: /" | tee -a "$OUT/$name.log"
+      layers() {  # $1 tag, $2 node_size, then layers.py options
+        local tag=$1 ns=$2; shift 2
+        "${cpu_env[@]}" JAX_MOE_A2A_NODE_SIZE="$ns" timeout -k 20 $(cap 120) "${MPIRUN[@]}" -n "$n" python3 "$BENCH/layers.py" \
+          --backend host --shape decode --experts identity --shared none --routing fixed --no-plain --no-plot \
+          --out "$OUT/$name-layers-$tag" "$@" 2>&1 | quiet | grep -E "^host |Error" | sed "s/^/layers $tag: /" | tee -a "$OUT/$name.log"
+      }
+      for r in $(seq 1 "${CPUPROXY_ROUNDS:-2}"); do
+        layers "local$r" "$n"
+        layers "proxied$r" 1 --proxied --raw-wire
       done
+      layers engine 0
+      python3 - "$OUT/$name-layers" "${CPUPROXY_ROUNDS:-2}" <<'PY' 2>&1 | tee -a "$OUT/$name.log"
+import json, sys
+pre, rounds = sys.argv[1], int(sys.argv[2])
+for r in range(1, rounds + 1):
+    try:
+        loc = json.load(open(f"{pre}-local{r}/layers.json"))["results"][0]
+        px = json.load(open(f"{pre}-proxied{r}/layers.json"))["results"][0]
+        wire = sum(v["p50_us"] for v in px["raw_exchange"].values())
+        a, b = px["per_layer_us"]["p50"], loc["per_layer_us"]["p50"]
+        print(f"issue 35 (CPU), N = {px['ranks']}, round {r}: proxy loop {a:.1f} µs/layer / (raw exchange {wire:.1f} "
+              f"+ node-local loop {b:.1f}) = {a / (wire + b):.2f}x")
+    except Exception as e:
+        print(f"issue 35 (CPU) round {r}: n/a ({type(e).__name__}: {e})")
+PY
     fi
   done
 fi
