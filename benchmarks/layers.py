@@ -64,8 +64,10 @@ def parse_args(argv):
     p.add_argument("--ffn", type=int, default=None, help="expert FFN width F (default 2048; scaled on CPU)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain-XLA layer")
     p.add_argument("--proxied", action="store_true",
-                   help="the host backend through its proxy thread (a2a.init(proxied=True)): the cuda inter-node "
-                        "path's protocol on CPUs; against a run without it, the proxy path's end-to-end cost")
+                   help="the host backend through its proxy thread (a2a.init(proxied=True), node_size from "
+                        "$JAX_MOE_A2A_NODE_SIZE, default 0: every pair through the engine): the cuda inter-node "
+                        "path's protocol on CPUs; with NODE_SIZE=1 every peer remote, with NODE_SIZE=N none (the "
+                        "node-local path: shared memory)")
     p.add_argument("--raw-wire", action="store_true",
                    help="through a proxy (cuda with remote peers, host --proxied): after timing, the raw wire time "
                         "of the bytes the proxies wrote per layer, every rank writing every peer at once (raw "
@@ -515,7 +517,10 @@ def run_variant(jax, args, plan: Plan, tag: dict) -> list:
             comm = None
             try:
                 # plain: the reference backend's communicator only supplies the spec and mesh
-                opts = {"proxied": True} if (args.proxied and b == "host") else {}
+                opts = {}
+                if args.proxied and b == "host":  # node_size read here: --env-variants may set it per variant
+                    from jax_moe_a2a import env
+                    opts = {"proxied": True, "node_size": env.get_int("NODE_SIZE", 0)}
                 comm = a2a.init(shape.spec(**wire), mesh, "ep", backend="reference" if b == "plain" else b,
                                 collect_stats=False, **opts)
             except Exception as e:
