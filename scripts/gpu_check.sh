@@ -311,41 +311,61 @@ if stage cpuproxy; then  # issue 35's CPU figure on this machine's cores: host b
       echo "exit ${PIPESTATUS[0]}" >> "$OUT/$name.log"
     fi
     # The same op pairs as a model runs them (layers.py: 4 identity layers in one jit, no barrier
-    # between calls), the loop issue 35 measures on GPUs: n processes through the proxy with every
-    # peer remote (node_size 1, --raw-wire: the raw exchange of its bytes in the same processes),
-    # against the same loop on the node-local path (the CPU's counterpart of the NVLink loop: the host
-    # backend's node-local ranks share one process, so one process with n CPU devices, node_size n,
-    # rows copied in memory, no wire), CPUPROXY_ROUNDS rounds of the pair (default 2; one process start
-    # each), and once through the host backend's own engine path (n processes, no proxy thread).
+    # between calls): the loop issue 35 measures on GPUs, proxy loop / (raw exchange of its bytes +
+    # the loop on the node-local path, the CPU's counterpart of the NVLink loop). The host backend's
+    # node-local ranks must share a process, so the pair runs twice:
+    #   same process  one process with n CPU devices, the proxied path with every peer remote
+    #                 (NODE_SIZE=1, its raw exchange measured after: --raw-wire) and the node-local path
+    #                 (NODE_SIZE=n: rows copied in memory, no wire) as --env-variants of one run,
+    #                 interleaved in CPUPROXY_ROUNDS rounds (default 3): only the transport differs
+    #   processes     n processes through the proxy (as deployed) against the node-local loop of one
+    #                 process, one process start each (these loops drift 1.6-4.3 ms a layer between
+    #                 starts on 16 cores: read the minima too)
+    # and once through the host backend's own engine path (n processes, no proxy thread).
     # CPUPROXY_LAYERS=0: skip.
     if [ "${CPUPROXY_LAYERS:-1}" = 1 ]; then
       layers() {  # $1 tag, $2 node_size, $3 processes (0: one process with n devices), then layers.py options
         local tag=$1 ns=$2 np=$3; shift 3
         local run=("${MPIRUN[@]}" -n "$np")
         [ "$np" = 0 ] && run=(env JAX_NUM_CPU_DEVICES="$n")
-        "${cpu_env[@]}" JAX_MOE_A2A_NODE_SIZE="$ns" timeout -k 20 $(cap 120) "${run[@]}" python3 "$BENCH/layers.py" \
+        "${cpu_env[@]}" JAX_MOE_A2A_NODE_SIZE="$ns" timeout -k 20 $(cap 180) "${run[@]}" python3 "$BENCH/layers.py" \
           --backend host --shape decode --experts identity --shared none --routing fixed --no-plain --no-plot \
           --out "$OUT/$name-layers-$tag" "$@" 2>&1 | quiet | grep -E "^host |Error" | sed "s/^/layers $tag: /" | tee -a "$OUT/$name.log"
       }
-      for r in $(seq 1 "${CPUPROXY_ROUNDS:-2}"); do
+      rounds=${CPUPROXY_ROUNDS:-3}
+      layers same 1 0 --proxied --raw-wire --env-variants "JAX_MOE_A2A_NODE_SIZE=1;JAX_MOE_A2A_NODE_SIZE=$n" --rounds "$rounds"
+      for r in $(seq 1 "$rounds"); do
         layers "local$r" "$n" 0 --proxied
         layers "proxied$r" 1 "$n" --proxied --raw-wire
       done
       layers engine 0 "$n"
-      python3 - "$OUT/$name-layers" "${CPUPROXY_ROUNDS:-2}" <<'PY' 2>&1 | tee -a "$OUT/$name.log"
+      python3 - "$OUT/$name-layers" "$rounds" "$n" <<'PY' 2>&1 | tee -a "$OUT/$name.log"
 import json, sys
-pre, rounds = sys.argv[1], int(sys.argv[2])
+pre, rounds, n = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+
+def ratio(px, loc):
+    wire = sum(v["p50_us"] for v in px["raw_exchange"].values())
+    a, b = px["per_layer_us"], loc["per_layer_us"]
+    return (f"proxy loop {a['p50']:.1f} µs/layer / (raw exchange {wire:.1f} + node-local loop {b['p50']:.1f}) = "
+            f"{a['p50'] / (wire + b['p50']):.2f}x; by the repeats' minima {a['min'] / (wire + b['min']):.2f}x")
+
+
+try:
+    res = json.load(open(f"{pre}-same/layers.json"))["results"]
+    for r in range(rounds):
+        px = next(x for x in res if x.get("round") == r and x.get("env") == "NODE_SIZE=1")
+        loc = next(x for x in res if x.get("round") == r and x.get("env") == f"NODE_SIZE={n}")
+        print(f"issue 35 (CPU), N = {n}, same process, round {r + 1}: {ratio(px, loc)}")
+except Exception as e:
+    print(f"issue 35 (CPU), same process: n/a ({type(e).__name__}: {e})")
 for r in range(1, rounds + 1):
     try:
         loc = json.load(open(f"{pre}-local{r}/layers.json"))["results"][0]
         px = json.load(open(f"{pre}-proxied{r}/layers.json"))["results"][0]
-        wire = sum(v["p50_us"] for v in px["raw_exchange"].values())
-        a, b = px["per_layer_us"]["p50"], loc["per_layer_us"]["p50"]
-        print(f"issue 35 (CPU), N = {px['ranks']}, round {r}: proxy loop {a:.1f} µs/layer / (raw exchange {wire:.1f} "
-              f"+ node-local loop {b:.1f}, one process) = {a / (wire + b):.2f}x; by the repeats' minima "
-              f"{px['per_layer_us']['min'] / (wire + loc['per_layer_us']['min']):.2f}x")
+        print(f"issue 35 (CPU), N = {n}, {n} processes against one, round {r}: {ratio(px, loc)}")
     except Exception as e:
-        print(f"issue 35 (CPU) round {r}: n/a ({type(e).__name__}: {e})")
+        print(f"issue 35 (CPU), processes, round {r}: n/a ({type(e).__name__}: {e})")
 PY
     fi
   done
