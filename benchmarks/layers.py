@@ -67,7 +67,7 @@ def parse_args(argv):
                    help="the host backend through its proxy thread (a2a.init(proxied=True), node_size from "
                         "$JAX_MOE_A2A_NODE_SIZE, default 0: every pair through the engine): the cuda inter-node "
                         "path's protocol on CPUs; with NODE_SIZE=1 every peer remote, with NODE_SIZE=N none (the "
-                        "node-local path: shared memory)")
+                        "node-local path, rows copied in memory: a node's ranks must share one process)")
     p.add_argument("--raw-wire", action="store_true",
                    help="through a proxy (cuda with remote peers, host --proxied): after timing, the raw wire time "
                         "of the bytes the proxies wrote per layer, every rank writing every peer at once (raw "

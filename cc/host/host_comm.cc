@@ -83,6 +83,7 @@ struct RankComm::Slot {
   SendPlan plan;  // from the last dispatch_send
   std::vector<uint8_t> pack_cache, pack_filled;  // RowPacker's per-token rows, reused per dispatch
   std::vector<int64_t> over_base;                // [N] inline mode: from Exchange::overflow_bases
+  std::vector<uint8_t> c_written;                // [N * P] combine_send: the rows it wrote, reused per combine
 };
 
 RankComm::RankComm(const HostOptions& o, int rank, std::shared_ptr<transfer::Engine> engine)
@@ -477,7 +478,8 @@ void RankComm::combine_send(const CombineSendArgs& a) {
                                          "corrupted", a.recv_counts[src], src, P));
   const int64_t R = s.recv_rows_total();
   const uint8_t* y = static_cast<const uint8_t*>(a.y);
-  std::vector<uint8_t> written(int64_t(N) * P, 0);  // local: two slots' sends may run at once
+  std::vector<uint8_t>& written = sl.c_written;  // the slot's: two slots' sends may run at once
+  written.assign(int64_t(N) * P, 0);
   for (int64_t pos = 0; pos < R; ++pos) {
     const int32_t src = a.recv_src[pos * a.recv_src_stride];
     if (src < 0) continue;

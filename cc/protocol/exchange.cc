@@ -89,14 +89,12 @@ struct Exchange::Regions {
 };
 
 int most_remote_peers(const TransportOptions& o, int num_ranks) {
-  if (o.node_size <= 0) return num_ranks > 0 ? num_ranks - 1 : 0;
-  int most = 0;
-  for (int r = 0; r < num_ranks; r += o.node_size) {  // the ranks of one node see the same peers
-    const int node0 = r / o.node_size * o.node_size;
-    const int local = std::min(num_ranks, node0 + o.node_size) - node0;
-    most = std::max(most, num_ranks - local);
-  }
-  return most;
+  if (num_ranks <= 0) return 0;
+  if (o.node_size <= 0) return num_ranks - 1;
+  // The smallest node's ranks see the most remote peers: the last node, when node_size does not
+  // divide the ranks, else any.
+  const int smallest = num_ranks % o.node_size ? num_ranks % o.node_size : std::min(o.node_size, num_ranks);
+  return num_ranks - smallest;
 }
 
 Exchange::Exchange(const ExchangeOptions& o, int rank, std::shared_ptr<transfer::Engine> engine,
