@@ -199,6 +199,27 @@ def traced(run_step, steps, per=1):
     return out
 
 
+def fp8_parts(gemm_ffi, xq, xs, wgu8, wgus, wd8, wds, gs, trials, board=False):
+    """Where the fp8 MLP's time goes, each part jitted and timed alone: the gate+up GEMM (gu as the
+    MLP writes it: gemm_ffi.gu_dtype), the SwiGLU kernel (h fp8 with 1x128 scales), the down GEMM.
+    xq e4m3 [R, H], xs f32 [R, H/128], wgu8 e4m3 [L, 2F, H], wd8 e4m3 [L, H, F] with their block
+    scales, gs int32 [L]. board: time with the SM clock and power beside (timeit_board: prefill runs
+    power-capped, and each part's clock tells how much of its ratio is the cap's)."""
+    t = timeit_board if board else timeit
+    res = {}
+    gu_dt = gemm_ffi.gu_dtype(True)
+    gate_up = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2, out_dtype=gu_dt))
+    res["native_fp8_gate_up"] = t(gate_up, xq, wgu8, gs, xs, wgus, trials=trials)
+    gu = gate_up(xq, wgu8, gs, xs, wgus)
+    sw = jax.jit(lambda g: gemm_ffi.swiglu(g, quantize_hidden=True))
+    res["native_swiglu_fp8"] = t(sw, gu, trials=trials)
+    h, hs = sw(gu)
+    del gu
+    down = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2))
+    res["native_fp8_down"] = t(down, h, wd8, gs, hs, wds, trials=trials)
+    return res
+
+
 def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False, fp8_only=False, chain=4, trace=False):
     native_fp8, native_bf16, ragged_mlp, einsum_mlp = mlp_fns(gemm_ffi)
     sizes = sizes_uniform(rng, L, rows)
@@ -242,18 +263,8 @@ def decode_case(L, rows, trials, gemm_ffi, rng, key, native_only=False, fp8_only
         xs_em = jnp.asarray(to_expert_major(np.asarray(xs), sizes, C))
         res["native_fp8_expert_major"] = timeit(native_fp8, xq_em, wgu8, wd8, gs, xs_em, wgus, wds, trials=trials)
         del xq_em, xs_em
-    # where the MLP's time goes: the gate+up GEMM (gu as the MLP writes it: gemm_ffi.gu_dtype), the
-    # SwiGLU epilogue, the down GEMM
-    gu_dt = gemm_ffi.gu_dtype(True)
-    gate_up = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2, out_dtype=gu_dt))
-    res["native_fp8_gate_up"] = timeit(gate_up, xq, wgu8, gs, xs, wgus, trials=trials)
-    gu = gate_up(xq, wgu8, gs, xs, wgus)
-    sw = jax.jit(lambda g: gemm_ffi.swiglu(g, quantize_hidden=True))
-    res["native_swiglu_fp8"] = timeit(sw, gu, trials=trials)
-    h, hs = sw(gu)
-    down = jax.jit(lambda x, w, g, s1, s2: gemm_ffi.grouped_gemm(x, w, g, x_scale=s1, w_scale=s2))
-    res["native_fp8_down"] = timeit(down, h, wd8, gs, hs, wds, trials=trials)
-    del gu, h, hs, wgu8, wd8
+    res.update(fp8_parts(gemm_ffi, xq, xs, wgu8, wgus, wd8, wds, gs, trials))
+    del wgu8, wd8
     res["hbm_fp8"] = copy_floor(fp8_bytes)
     if fp8_only:  # a configuration sweep: the fp8 MLP, its parts and its floor only
         return res
@@ -320,7 +331,14 @@ def prefill_case(trials, gemm_ffi, rng, key, tokens=4096, topk=8, L=32, fp8_only
     r = timeit_board(native_fp8, xq, wgu8, wd8, gs, xs, wgus, wds, trials=trials)
     r["tflops"] = flops / (r["p50_us"] * 1e-6) / 1e12
     res["native_fp8_ragged"] = r
+    # the parts, each against XLA's fp8 dense dot of its own shape: which GEMM holds the ratio down,
+    # and what the SwiGLU kernel adds (the MLP's ratio counts all three against one dense dot)
+    res.update(fp8_parts(gemm_ffi, xq, xs, wgu8, wgus, wd8, wds, gs, trials, board=True))
+    for part, (k, n) in (("native_fp8_gate_up", (H, 2 * F)), ("native_fp8_down", (F, H))):
+        res[part]["tflops"] = 2 * rows * k * n / (res[part]["p50_us"] * 1e-6) / 1e12
     del wgu8, wd8
+    res["dense_dot_fp8_gate_up_shape"] = dense_dot(rows, H, 2 * F, FP8, trials)
+    res["dense_dot_fp8_down_shape"] = dense_dot(rows, F, H, FP8, trials)
     if fp8_only:  # a configuration sweep: the fp8 MLP next to XLA's fp8 dense dot
         del xb, xq
         res["dense_dot_fp8"] = dense_dot(rows, H, 3 * F, FP8, trials)
@@ -411,6 +429,22 @@ def report(out):
                      ("native_fp8_ragged", "dense_dot_bf16")):
             if "tflops" in p.get(n, {}) and "tflops" in p.get(d, {}):
                 lines.append(f"  {n} / {d}: {p[n]['tflops'] / p[d]['tflops']:.2f}x throughput")
+        if "native_fp8_down" in p:
+            lines.append("  the fp8 MLP's parts, each jitted alone, against XLA's fp8 dense dot of its shape:")
+            for part, dense in (("native_fp8_gate_up", "dense_dot_fp8_gate_up_shape"), ("native_swiglu_fp8", None),
+                                ("native_fp8_down", "dense_dot_fp8_down_shape")):
+                r = p[part]
+                line = f"    {part[7:]:12s} {_fmt(r)}"
+                dd = p.get(dense, {}) if dense else {}
+                if "tflops" in r and "tflops" in dd:
+                    line += (f"  {r['tflops']:.0f} TFLOP/s against {dd['tflops']:.0f} ({_fmt(dd).strip()}):"
+                             f" {r['tflops'] / dd['tflops']:.2f}x")
+                lines.append(line)
+                for who, x in (("ours", r), ("dense", dd)):
+                    if "board" in x:
+                        lines.append(f"      {who}: {gpu_clock.describe(x['board'])}")
+            total = sum(p[k]["p50_us"] for k in ("native_fp8_gate_up", "native_swiglu_fp8", "native_fp8_down"))
+            lines.append(f"    parts' sum {total:.1f} us against the MLP's {p['native_fp8_ragged']['p50_us']:.1f}")
     return "\n".join(lines)
 
 

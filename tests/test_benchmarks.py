@@ -967,6 +967,31 @@ def test_gemm_trace_names_and_report():
     assert "device trace (chained): no GPU device events" in text
 
 
+def test_gemm_prefill_parts_report():
+    """benchmarks/gemm.py at prefill: each part of the fp8 MLP against XLA's fp8 dense dot of its own
+    shape, the boards beside, and the parts' sum against the whole MLP."""
+    import gemm
+    board = {"samples": 10, "sm_mhz_p50": 1500, "sm_mhz_min": 1400, "power_w_p50": 700.0, "power_w_max": 710.0,
+             "power_capped": 0.7, "thermal": 0.0}
+
+    def timed(us, tflops=None, b=True):
+        r = {"p50_us": us, "min_us": us - 1, "max_us": us + 1}
+        if tflops:
+            r["tflops"] = tflops
+        if b:
+            r["board"] = board
+        return r
+    p = {"L": 32, "rows": 32768, "flops": 2.886e12, "native_fp8_ragged": timed(3400.0, 849.0),
+         "dense_dot_fp8": timed(2230.0, 1294.0), "native_fp8_gate_up": timed(2000.0, 962.0),
+         "native_swiglu_fp8": timed(180.0), "native_fp8_down": timed(1100.0, 875.0),
+         "dense_dot_fp8_gate_up_shape": timed(1500.0, 1283.0), "dense_dot_fp8_down_shape": timed(760.0, 1266.0, False)}
+    text = gemm.report({"decode": [], "prefill": p})
+    assert "gate_up" in text and "962 TFLOP/s against 1283" in text and ": 0.75x" in text
+    assert "down" in text and "875 TFLOP/s against 1266" in text and ": 0.69x" in text
+    assert "parts' sum 3280.0 us against the MLP's 3400.0" in text
+    assert text.count("SM clock p50 1500 MHz") == 6  # every timed row with a board: all but the down dot
+
+
 def test_proxy_timeline_parts_from_two_ranks_files(tmp_path):
     """benchlib/proxy_timeline.py on hand-written timelines of two ranks (ns): rank 0's dispatch of
     slot 0 epoch 3 is cut into its parts, rank 1's late PRIV post shows as "rows: peer late" in
