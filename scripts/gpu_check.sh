@@ -339,34 +339,7 @@ if stage cpuproxy; then  # issue 35's CPU figure on this machine's cores: host b
         layers "proxied$r" 1 "$n" --proxied --raw-wire
       done
       layers engine 0 "$n"
-      python3 - "$OUT/$name-layers" "$rounds" "$n" <<'PY' 2>&1 | tee -a "$OUT/$name.log"
-import json, sys
-pre, rounds, n = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-
-
-def ratio(px, loc):
-    wire = sum(v["p50_us"] for v in px["raw_exchange"].values())
-    a, b = px["per_layer_us"], loc["per_layer_us"]
-    return (f"proxy loop {a['p50']:.1f} µs/layer / (raw exchange {wire:.1f} + node-local loop {b['p50']:.1f}) = "
-            f"{a['p50'] / (wire + b['p50']):.2f}x; by the repeats' minima {a['min'] / (wire + b['min']):.2f}x")
-
-
-try:
-    res = json.load(open(f"{pre}-same/layers.json"))["results"]
-    for r in range(rounds):
-        px = next(x for x in res if x.get("round") == r and x.get("env") == "NODE_SIZE=1")
-        loc = next(x for x in res if x.get("round") == r and x.get("env") == f"NODE_SIZE={n}")
-        print(f"issue 35 (CPU), N = {n}, same process, round {r + 1}: {ratio(px, loc)}")
-except Exception as e:
-    print(f"issue 35 (CPU), same process: n/a ({type(e).__name__}: {e})")
-for r in range(1, rounds + 1):
-    try:
-        loc = json.load(open(f"{pre}-local{r}/layers.json"))["results"][0]
-        px = json.load(open(f"{pre}-proxied{r}/layers.json"))["results"][0]
-        print(f"issue 35 (CPU), N = {n}, {n} processes against one, round {r}: {ratio(px, loc)}")
-    except Exception as e:
-        print(f"issue 35 (CPU), processes, round {r}: n/a ({type(e).__name__}: {e})")
-PY
+      (cd "$BENCH" && python3 -m benchlib.loop_ratio cpu "$OUT/$name-layers" "$rounds" "$n") 2>&1 | tee -a "$OUT/$name.log"
     fi
   done
 fi

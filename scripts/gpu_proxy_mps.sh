@@ -241,22 +241,8 @@ if has layers; then
     done
     # issue 35's measure of this N: the proxy loop against the raw exchange of its bytes (measured
     # in its processes, --raw-wire) plus the NVLink path's loop (its kernels and framework)
-    python3 - "$OUT/layers-n$n-proxy/layers.json" "$OUT/layers-n$n-nvlink/layers.json" <<'PY' 2>&1 | tee -a "$OUT/mps.log"
-import json, sys
-try:
-    nv = json.load(open(sys.argv[2]))["results"][0]
-    b = nv["per_layer_us"]["p50"]
-    for px in json.load(open(sys.argv[1]))["results"]:  # one per --env-variants variant and round
-        raw = px["raw_exchange"]
-        wire = sum(v["p50_us"] for v in raw.values())
-        a = px["per_layer_us"]["p50"]
-        tag = f" [{px['env']}, round {px['round'] + 1}]" if "env" in px else ""
-        print(f"issue 35, N = {px['ranks']}{tag}: proxy loop {a:.1f} µs/layer / (raw exchange {wire:.1f} + NVLink loop "
-              f"{b:.1f}) = {a / (wire + b):.2f}x (" + ", ".join(f"{op} {v['p50_us']:.1f} µs, {v['bytes_max'] / 1e6:.2f} MB"
-                                                             for op, v in raw.items()) + ")")
-except Exception as e:
-    print(f"issue 35 ratio: n/a ({type(e).__name__}: {e})")
-PY
+    (cd "$REPO/benchmarks" && python3 -m benchlib.loop_ratio gpu "$OUT/layers-n$n-proxy/layers.json" \
+      "$OUT/layers-n$n-nvlink/layers.json") 2>&1 | tee -a "$OUT/mps.log"
   done
 fi
 say "done"

@@ -992,6 +992,54 @@ def test_gemm_prefill_parts_report():
     assert text.count("SM clock p50 1500 MHz") == 6  # every timed row with a board: all but the down dot
 
 
+def _layers_result(p50, mn, wire=None, **extra):
+    r = {"per_layer_us": {"p50": p50, "min": mn}, **extra}
+    if wire is not None:
+        r["raw_exchange"] = {"dispatch": {"p50_us": wire[0], "bytes_max": 3.81e6},
+                             "combine": {"p50_us": wire[1], "bytes_max": 7.37e6}}
+    return r
+
+
+def test_loop_ratio_cpu_and_gpu_lines(tmp_path, capsys):
+    """benchlib/loop_ratio.py, issue 35's measure as both scripts print it: proxy loop / (raw
+    exchange + local loop) by medians and minima; the CPU form pairs the variants of one process
+    by round and the separate process starts by number, and says n/a (with why) for a missing run."""
+    from benchlib import loop_ratio as lr
+    import json
+
+    def dump(name, results):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "layers.json").write_text(json.dumps({"results": results}))
+        return str(d / "layers.json")
+    px = _layers_result(1300.0, 1200.0, wire=(40.0, 60.0), ranks=2)
+    loc = _layers_result(1100.0, 1000.0)
+    assert lr.wire_us(px) == 100.0
+    assert lr.ratio(px, loc) == pytest.approx(1300 / 1200) and lr.ratio(px, loc, minima=True) == pytest.approx(1200 / 1100)
+    dump("run-same", [_layers_result(1300.0, 1200.0, wire=(40.0, 60.0), env="NODE_SIZE=1", round=0),
+                      _layers_result(1100.0, 1000.0, env="NODE_SIZE=2", round=0),
+                      _layers_result(900.0, 800.0, env="NODE_SIZE=2", round=1),
+                      _layers_result(1000.0, 900.0, wire=(50.0, 50.0), env="NODE_SIZE=1", round=1)])
+    dump("run-local1", [loc])
+    dump("run-proxied1", [px])
+    lines = lr.cpu_lines(str(tmp_path / "run"), 2, 2)
+    assert lines[0] == ("issue 35 (CPU), N = 2, same process, round 1: proxy loop 1300.0 µs/layer / (raw exchange "
+                        "100.0 + node-local loop 1100.0) = 1.08x; by the repeats' minima 1.09x")
+    assert "round 2: proxy loop 1000.0" in lines[1] and "= 1.00x" in lines[1]
+    assert lines[2].startswith("issue 35 (CPU), N = 2, 2 processes against one, round 1: proxy loop 1300.0")
+    assert lines[3].startswith("issue 35 (CPU), processes, round 2: n/a (FileNotFoundError")
+    assert lr.cpu_lines(str(tmp_path / "none"), 1, 2)[0].startswith("issue 35 (CPU), same process: n/a")
+    g = dump("gpu-proxy", [_layers_result(2222.0, 2100.0, wire=(600.0, 1200.0), ranks=2, env="default", round=2)])
+    n = dump("gpu-nvlink", [_layers_result(160.0, 150.0)])
+    assert lr.main(["gpu", g, n]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("issue 35, N = 2 [default, round 3]: proxy loop 2222.0 µs/layer / (raw exchange 1800.0 + "
+                          "NVLink loop 160.0) = 1.13x (dispatch 600.0 µs, 3.81 MB, combine 1200.0 µs, 7.37 MB)")
+    assert lr.main(["gpu", g, str(tmp_path / "missing.json")]) == 0
+    assert "issue 35 ratio: n/a (FileNotFoundError" in capsys.readouterr().out
+    assert lr.main(["gpu"]) == 2
+
+
 def test_proxy_timeline_parts_from_two_ranks_files(tmp_path):
     """benchlib/proxy_timeline.py on hand-written timelines of two ranks (ns): rank 0's dispatch of
     slot 0 epoch 3 is cut into its parts, rank 1's late PRIV post shows as "rows: peer late" in
