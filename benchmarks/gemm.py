@@ -15,7 +15,8 @@ SwiGLU epilogue, then down. Per L:
                same bytes (copy time / 2: a copy reads and writes each byte)
 Prefill: 4,096 tokens x top-8 = 32,768 rows over L = 32 experts, the same MLP, next to XLA's dense
 dot of the same FLOPs and dtype ([32768, 7168] x [7168, 6144]: bf16, and fp8 e4m3 x e4m3 -> bf16,
-XLA's fp8 dot through cuBLASLt with no block scales).
+XLA's fp8 dot through cuBLASLt with no block scales), and the fp8 MLP's parts (gate+up, SwiGLU,
+down) each timed alone against XLA's fp8 dense dot of that GEMM's own shape.
 
 Timing: each measurement enqueues `reps` jitted calls back to back (one dispatch per MLP) and
 blocks once; a trial is that wall time / reps; p50 and [min, max] over `trials` trials.
