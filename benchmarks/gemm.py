@@ -75,7 +75,10 @@ def timeit_board(fn, *args, trials=7, target_s=0.25):
     r["board"]: back-to-back decode GEMMs can reach the board's power limit and run below the boost
     clock, and the ratios of such a run say so. Each trial runs the calls back to back for about
     target_s (up to 5,000 calls), so the board's state settles as in a model's steady state and
-    the 20 ms samples see it (at timeit's default, 200 calls of a decode MLP are ~35 ms)."""
+    the 20 ms samples see it (at timeit's default, 200 calls of a decode MLP are ~35 ms). The first
+    call (tracing, compiling, XLA's autotuning of a dense dot: seconds of an idle GPU at its boost
+    clock) runs before the log starts, so the samples are the timed calls' only."""
+    jax.block_until_ready(fn(*args))
     with gpu_clock.ClockLog() as log:
         r = timeit(fn, *args, trials=trials, target_s=target_s, max_reps=5000)
     r["board"] = log.summary()

@@ -1000,6 +1000,32 @@ def _layers_result(p50, mn, wire=None, **extra):
     return r
 
 
+def test_gemm_timeit_board_compiles_before_the_board_log(monkeypatch):
+    """gemm.timeit_board: the first call (compile, autotuning) runs before the clock log starts, so
+    the board's samples cover the timed calls only (a dense dot's log was mostly idle samples)."""
+    import gemm
+    events = []
+
+    class Log:
+        def __enter__(self):
+            events.append("log on")
+            return self
+
+        def __exit__(self, *a):
+            events.append("log off")
+
+        def summary(self):
+            return {"samples": 0}
+    monkeypatch.setattr(gemm.gpu_clock, "ClockLog", Log)
+
+    def fn(x):
+        events.append("call")
+        return x
+    r = gemm.timeit_board(fn, jax.numpy.ones(2), trials=2, target_s=0.0)
+    assert events[0] == "call" and events[1] == "log on" and events[-1] == "log off"
+    assert r["board"] == {"samples": 0} and r["trials"] == 2
+
+
 def test_loop_ratio_cpu_and_gpu_lines(tmp_path, capsys):
     """benchlib/loop_ratio.py, issue 35's measure as both scripts print it: proxy loop / (raw
     exchange + local loop) by medians and minima; the CPU form pairs the variants of one process
