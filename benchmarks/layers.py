@@ -396,7 +396,7 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
         # this process's proxies over the timed steps: how the rows went (pieces, staging copies)
         counters = {k: sum(stats_after[r][k] - stats_before[r][k] for r in stats_after) / ops
                     for k in ("write_pieces", "pieces_behind_copy", "pieces_copied_early", "staged_bytes", "staging_ns",
-                              "post_ns", "post_blocked_ns", "progress_events", "progress_held_polls")}
+                              "staging_busy_ns", "post_ns", "post_blocked_ns", "progress_events", "progress_held_polls")}
     arr = timing.max_over_processes(per_layer, "layer") * 1e6
     # the stream after the last timed step, this process's shards: rows that are not finite route
     # wherever top_k puts NaN, so a timing over them says nothing (the finished line warns)
@@ -419,7 +419,8 @@ def describe_counters(c: dict) -> str:
     return (f"proxy per layer (this process): {c['write_pieces']:.1f} extra PRIV/OVER pieces, "
             f"{c['pieces_behind_copy']:.1f} posted behind a copy, {c['pieces_copied_early']:.1f} landed copies "
             f"before the rest of their write, {c['staged_bytes'] / 1e6:.2f} MB staged "
-            f"in {c['staging_ns'] / 1e3:.1f} µs of copies, {c['post_ns'] / 1e3:.1f} µs in posts "
+            f"in {c['staging_ns'] / 1e3:.1f} µs of copies ({c['staging_busy_ns'] / 1e3:.1f} µs with any in flight), "
+            f"{c['post_ns'] / 1e3:.1f} µs in posts "
             f"({c['post_blocked_ns'] / 1e3:.1f} on a full queue), {c['progress_events']:.1f} completions on the "
             f"progress thread ({c['progress_held_polls']:.0f} polls held)")
 

@@ -1154,7 +1154,7 @@ def test_layers_proxied_host(tmp_path):
     raw = rec["raw_exchange"]
     assert raw["dispatch"]["p50_us"] > 0 and raw["combine"]["bytes_max"] > 0, raw  # the proxies' bytes, raw
     per = rec["proxy_per_layer"]  # one write a peer, no staging: nothing split, nothing copied
-    nothing = ("write_pieces", "pieces_behind_copy", "pieces_copied_early", "staged_bytes", "staging_ns")
+    nothing = ("write_pieces", "pieces_behind_copy", "pieces_copied_early", "staged_bytes", "staging_ns", "staging_busy_ns")
     assert {k: per[k] for k in nothing} == dict.fromkeys(nothing, 0), per
     assert 0 <= per["post_blocked_ns"] <= per["post_ns"], per
     assert "0.0 extra PRIV/OVER pieces" in layers.describe_counters(per)

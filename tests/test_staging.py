@@ -51,6 +51,8 @@ def test_staged_rows_against_oracle(node_size, priv, tp, pieces, monkeypatch, me
         assert s["dispatches"] >= 1 and s["combines"] >= 1, (r, s)  # the last step's counters may lag
         # every rank sends and receives rows through the engine in these routings (a remote peer exists)
         assert s["staged_bytes"] > 0 and s["staging_ns"] > 0, (r, s)
+        # the copies' wall time: some, and never more than their summed durations
+        assert 0 < s["staging_busy_ns"] <= s["staging_ns"], (r, s)
     if pieces:  # pieces went out while the next was copied, summed over every process (a rank may have no rows)
         import numpy as np
         from jax.experimental import multihost_utils
@@ -75,7 +77,7 @@ def test_unstaged_counts_nothing(monkeypatch, mesh, num_ranks):
     inputs = T.make_inputs(spec, num_ranks, 42)
     T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
     for r, s in comm.proxy_stats().items():
-        assert s["staged_bytes"] == 0 and s["staging_ns"] == 0, (r, s)
+        assert s["staged_bytes"] == 0 and s["staging_ns"] == 0 and s["staging_busy_ns"] == 0, (r, s)
     comm.close()
 
 

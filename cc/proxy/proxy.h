@@ -126,6 +126,9 @@ struct ProxyStats {
   std::string row_path;              // cuda inter-node path: "host", "copy" or "device" (JAX_MOE_A2A_STAGING); "" elsewhere
   uint64_t staged_bytes = 0;         // bytes the row staging copied (both directions)
   uint64_t staging_ns = 0;           // from each copy's start to the poll that saw it done, summed
+  // The same copies' wall time: how long at least one copy was in flight (any slot, buffer or
+  // direction). Up to copy_depth copies overlap, so staging_ns can exceed it many times over.
+  uint64_t staging_busy_ns = 0;
   // The packer's side, per op (protocol::Op order), host backend's proxied mode only (the cuda
   // path's are its kernel times): time in the calls and the part spent waiting for the proxy's
   // flags, summed. pack / unpack = call - wait.
@@ -366,6 +369,10 @@ class Proxy {
   ProxyOptions o_;
   FlagPath flags_;
   RowStaging* staging_;
+  // Row copies in flight over every slot and buffer, and since when one has been (staging_busy_ns);
+  // the proxy thread's only.
+  uint64_t copies_in_flight_ = 0;
+  std::chrono::steady_clock::time_point busy_since_{};
   // Fixed at construction: raise d_placed and the per-source landing flags (pipeline and
   // source_flags), and raise each as its rows arrive, on the polls before d_landed / c_landed (not
   // under staging: staged rows are readable after their copy; nor with a landing fence: device rows
