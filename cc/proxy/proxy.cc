@@ -34,9 +34,11 @@ constexpr const char* kDStepWaits[] = {"FREE_D in",   "our d_counts", "our d_pac
 constexpr const char* kCStepWaits[] = {"FREE_C in", "our c_packed", "c_send copy", "COMB in", "c_recv copy",
                                        "our c_consumed"};
 
-uint64_t ns_since(Clock::time_point t0) {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+uint64_t ns_between(Clock::time_point t0, Clock::time_point t1) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
 }
+
+uint64_t ns_since(Clock::time_point t0) { return ns_between(t0, Clock::now()); }
 
 }  // namespace
 
@@ -272,11 +274,13 @@ bool Proxy::staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e, uint64_
   }
   std::deque<SlotState::Copy>& q = s.copies[static_cast<int>(b)];
   std::lock_guard<std::mutex> lock(stats_mu_);
+  // one end for the durations and the wall time alike (so the wall time never exceeds their sum)
+  const Clock::time_point now = Clock::now();
   while (!q.empty() && q.front().ticket <= ticket) {
     stats_.staged_bytes += q.front().bytes;
-    stats_.staging_ns += ns_since(q.front().since);
+    stats_.staging_ns += ns_between(q.front().since, now);
     q.pop_front();
-    if (--copies_in_flight_ == 0) stats_.staging_busy_ns += ns_since(busy_since_);
+    if (--copies_in_flight_ == 0) stats_.staging_busy_ns += ns_between(busy_since_, now);
   }
   return true;
 }
