@@ -87,7 +87,10 @@ def test_landed_pieces_copied_as_they_land(monkeypatch, mesh, num_ranks):
     the pieces that landed while the rest of the same write is still coming (proxy_stats'
     pieces_copied_early > 0, summed over every process; each piece's immediate names its index),
     senders start a write's piece copies back to back (copies_in_flight_max > 1), and the results
-    match the oracle, outputs poisoned, two steps."""
+    match the oracle, outputs poisoned, in every step. Two steps at a time, up to three times: a
+    piece is copied early only if a receiving proxy polls between two of a write's landings, which
+    the full suite's load once kept from happening in two steps (every process agrees on going on:
+    the counters are gathered after each round)."""
     import numpy as np
     from jax.experimental import multihost_utils
 
@@ -97,13 +100,16 @@ def test_landed_pieces_copied_as_they_land(monkeypatch, mesh, num_ranks):
     monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", "4")
     spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=128, max_tokens_per_rank=16)
     comm = proxied(spec, mesh, 0)
-    check_fresh_steps(comm, spec, num_ranks, 2)
-    stats = comm.proxy_stats()
-    mine = np.array([sum(s["pieces_copied_early"] for s in stats.values()),
-                     max(s["copies_in_flight_max"] for s in stats.values())], np.int64)
+    for rounds in range(1, 4):
+        check_fresh_steps(comm, spec, num_ranks, 2)
+        stats = comm.proxy_stats()
+        mine = np.array([sum(s["pieces_copied_early"] for s in stats.values()),
+                         max(s["copies_in_flight_max"] for s in stats.values())], np.int64)
+        every = multihost_utils.process_allgather(mine).reshape(-1, 2)
+        if every[:, 0].sum() > 0:
+            break
     comm.close()
-    every = multihost_utils.process_allgather(mine).reshape(-1, 2)
-    assert every[:, 0].sum() > 0, f"no landed piece copied before the rest of its write in 2 steps: {stats}"
+    assert every[:, 0].sum() > 0, f"no landed piece copied before the rest of its write in {2 * rounds} steps: {stats}"
     # a write's pieces are copied back to back, not one copy at a time
     assert every[:, 1].max() > 1, f"never more than one copy of a buffer in flight: {stats}"
 
