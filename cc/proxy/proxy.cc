@@ -248,7 +248,7 @@ uint64_t Proxy::stage(int z, SlotState& s, RowBuffer b, const std::vector<protoc
   const uint64_t ticket = staging_->start(z, b, ranges);
   std::deque<SlotState::Copy>& q = s.copies[static_cast<int>(b)];
   q.push_back({ticket, bytes, since});
-  if (copies_in_flight_++ == 0) busy_since_ = since;
+  if (copies_in_flight() == 1) busy_since_ = since;  // the first in flight: a busy period starts
   if (q.size() > stats_.copies_in_flight_max) {  // only this thread writes it
     std::lock_guard<std::mutex> lock(stats_mu_);
     stats_.copies_in_flight_max = q.size();
@@ -280,7 +280,7 @@ bool Proxy::staged(int z, SlotState& s, RowBuffer b, int op, uint32_t e, uint64_
     stats_.staged_bytes += q.front().bytes;
     stats_.staging_ns += ns_between(q.front().since, now);
     q.pop_front();
-    if (--copies_in_flight_ == 0) stats_.staging_busy_ns += ns_between(busy_since_, now);
+    if (copies_in_flight() == 0) stats_.staging_busy_ns += ns_between(busy_since_, now);
   }
   return true;
 }

@@ -352,6 +352,13 @@ class Proxy {
   // Starts a copy of `ranges` of (z, b) after the ones in flight; returns its ticket. Only while
   // can_stage(s, b): fewer than o_.copy_depth of (z, b)'s copies in flight.
   uint64_t stage(int z, SlotState& s, RowBuffer b, const std::vector<protocol::ByteRange>& ranges);
+  // Row copies in flight over every slot and buffer (their queues' lengths).
+  size_t copies_in_flight() const {
+    size_t n = 0;
+    for (const SlotState& s : slots_)
+      for (const auto& q : s.copies) n += q.size();
+    return n;
+  }
   bool can_stage(const SlotState& s, RowBuffer b) const {
     return s.copies[static_cast<int>(b)].size() < size_t(o_.copy_depth);
   }
@@ -369,9 +376,8 @@ class Proxy {
   ProxyOptions o_;
   FlagPath flags_;
   RowStaging* staging_;
-  // Row copies in flight over every slot and buffer, and since when one has been (staging_busy_ns);
-  // the proxy thread's only.
-  uint64_t copies_in_flight_ = 0;
+  // Since when a row copy has been in flight, over every slot and buffer (staging_busy_ns); the
+  // proxy thread's only.
   std::chrono::steady_clock::time_point busy_since_{};
   // Fixed at construction: raise d_placed and the per-source landing flags (pipeline and
   // source_flags), and raise each as its rows arrive, on the polls before d_landed / c_landed (not
