@@ -25,10 +25,12 @@ import json
 import sys
 from typing import List, Optional
 
+from benchlib import raw_exchange
+
 
 def wire_us(proxied: dict) -> float:
     """The raw exchange of one layer's bytes: the dispatch's and the combine's p50 µs, summed."""
-    return sum(v["p50_us"] for v in proxied["raw_exchange"].values())
+    return raw_exchange.total_us(proxied["raw_exchange"])
 
 
 def ratio(proxied: dict, local: dict, minima: bool = False) -> float:

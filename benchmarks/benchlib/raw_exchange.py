@@ -108,12 +108,17 @@ def measure(sizes: Dict[int, Dict[str, List[int]]], provider: Optional[str] = No
     return out
 
 
+def total_us(raw: dict) -> float:
+    """The raw exchange of one step's bytes: every op's p50 µs, summed (dispatch + combine)."""
+    return sum(v["p50_us"] for v in raw.values())
+
+
 def describe(raw: Optional[dict]) -> str:
     """One line: each op's raw exchange p50 [min, max] and their sum."""
     if not raw:
         return "raw exchange: none (no remote peer or no bytes)"
     parts = [f"{op} {v['p50_us']:.1f} [{v['min_us']:.1f}, {v['max_us']:.1f}] µs ({v['bytes_max'] / 1e6:.2f} MB)"
              for op, v in raw.items()]
-    total = sum(v["p50_us"] for v in raw.values())
+    total = total_us(raw)
     return f"raw exchange of the same bytes (every rank writing every peer at once): {', '.join(parts)}; " \
            f"sum {total:.1f} µs"
