@@ -305,6 +305,12 @@ def fits(part, res, name, weight_bytes):
                                   f"{str(e).splitlines()[0][:160]}")
 
 
+def with_tflops(r, flops):
+    """r (a timing dict with p50_us) with r["tflops"] = flops / its p50 added; r itself, returned."""
+    r["tflops"] = flops / (r["p50_us"] * 1e-6) / 1e12
+    return r
+
+
 def dense_dot(M, K, N, dtype, trials):
     ka, kb = jax.random.split(jax.random.PRNGKey(7))
     a = jax.random.uniform(ka, (M, K), jnp.float32, -1, 1).astype(dtype)
@@ -314,8 +320,7 @@ def dense_dot(M, K, N, dtype, trials):
         r = timeit_board(f, a, b, trials=trials)
     except Exception as e:  # XLA may not offer this dtype's dot
         return {"error": f"{type(e).__name__}: {e}"[:300]}
-    r["tflops"] = 2 * M * K * N / (r["p50_us"] * 1e-6) / 1e12
-    return r
+    return with_tflops(r, 2 * M * K * N)
 
 
 def prefill_case(trials, gemm_ffi, rng, key, tokens=4096, topk=8, L=32, fp8_only=False):
@@ -332,14 +337,13 @@ def prefill_case(trials, gemm_ffi, rng, key, tokens=4096, topk=8, L=32, fp8_only
     res = {"L": L, "rows": rows, "flops": flops}
     wgu8, wgus = fp8_weights(kg, (L, 2 * F, H))
     wd8, wds = fp8_weights(kd, (L, H, F))
-    r = timeit_board(native_fp8, xq, wgu8, wd8, gs, xs, wgus, wds, trials=trials)
-    r["tflops"] = flops / (r["p50_us"] * 1e-6) / 1e12
-    res["native_fp8_ragged"] = r
+    res["native_fp8_ragged"] = with_tflops(
+        timeit_board(native_fp8, xq, wgu8, wd8, gs, xs, wgus, wds, trials=trials), flops)
     # the parts, each against XLA's fp8 dense dot of its own shape: which GEMM holds the ratio down,
     # and what the SwiGLU kernel adds (the MLP's ratio counts all three against one dense dot)
     res.update(fp8_parts(gemm_ffi, xq, xs, wgu8, wgus, wd8, wds, gs, trials, board=True))
     for part, (k, n) in (("native_fp8_gate_up", (H, 2 * F)), ("native_fp8_down", (F, H))):
-        res[part]["tflops"] = 2 * rows * k * n / (res[part]["p50_us"] * 1e-6) / 1e12
+        with_tflops(res[part], 2 * rows * k * n)
     del wgu8, wd8
     res["dense_dot_fp8_gate_up_shape"] = dense_dot(rows, H, 2 * F, FP8, trials)
     res["dense_dot_fp8_down_shape"] = dense_dot(rows, F, H, FP8, trials)
@@ -349,12 +353,8 @@ def prefill_case(trials, gemm_ffi, rng, key, tokens=4096, topk=8, L=32, fp8_only
         return res
     wgu = bf16_weights(kg, (L, 2 * F, H))
     wd = bf16_weights(kd, (L, H, F))
-    r = timeit(native_bf16, xb, wgu, wd, gs, trials=trials)
-    r["tflops"] = flops / (r["p50_us"] * 1e-6) / 1e12
-    res["native_bf16_ragged"] = r
-    r = timeit(ragged_mlp, xb, wgu, wd, gs, trials=max(3, trials // 2))
-    r["tflops"] = flops / (r["p50_us"] * 1e-6) / 1e12
-    res["ragged_dot_bf16"] = r
+    res["native_bf16_ragged"] = with_tflops(timeit(native_bf16, xb, wgu, wd, gs, trials=trials), flops)
+    res["ragged_dot_bf16"] = with_tflops(timeit(ragged_mlp, xb, wgu, wd, gs, trials=max(3, trials // 2)), flops)
     del wgu, wd, xb, xq
     res["dense_dot_bf16"] = dense_dot(rows, H, 3 * F, BF16, trials)
     res["dense_dot_fp8"] = dense_dot(rows, H, 3 * F, FP8, trials)
