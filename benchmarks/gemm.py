@@ -344,6 +344,9 @@ def prefill_case(trials, gemm_ffi, rng, key, tokens=4096, topk=8, L=32, fp8_only
     res.update(fp8_parts(gemm_ffi, xq, xs, wgu8, wgus, wd8, wds, gs, trials, board=True))
     for part, (k, n) in (("native_fp8_gate_up", (H, 2 * F)), ("native_fp8_down", (F, H))):
         with_tflops(res[part], 2 * rows * k * n)
+    # the SwiGLU kernel's floor: a device copy moving the bytes it moves (reads gu bf16 [rows, 2F],
+    # writes h e4m3 [rows, F] and its f32 scales [rows, F/128]); a copy reads and writes each byte
+    res["swiglu_floor"] = copy_floor((rows * 2 * F * 2 + rows * F + rows * (F // 128) * 4) // 2)
     del wgu8, wd8
     res["dense_dot_fp8_gate_up_shape"] = dense_dot(rows, H, 2 * F, FP8, trials)
     res["dense_dot_fp8_down_shape"] = dense_dot(rows, F, H, FP8, trials)
@@ -440,6 +443,9 @@ def report(out):
                 r = p[part]
                 line = f"    {part[7:]:12s} {_fmt(r)}"
                 dd = p.get(dense, {}) if dense else {}
+                if part == "native_swiglu_fp8" and "swiglu_floor" in p:
+                    fl = p["swiglu_floor"]["p50_us"]
+                    line += f"  x{r['p50_us'] / fl:.2f} its floor ({fl:.1f} us: a device copy moving its bytes)"
                 if "tflops" in r and "tflops" in dd:
                     line += (f"  {r['tflops']:.0f} TFLOP/s against {dd['tflops']:.0f} ({_fmt(dd).strip()}):"
                              f" {r['tflops'] / dd['tflops']:.2f}x")

@@ -984,8 +984,10 @@ def test_gemm_prefill_parts_report():
     p = {"L": 32, "rows": 32768, "flops": 2.886e12, "native_fp8_ragged": timed(3400.0, 849.0),
          "dense_dot_fp8": timed(2230.0, 1294.0), "native_fp8_gate_up": timed(2000.0, 962.0),
          "native_swiglu_fp8": timed(180.0), "native_fp8_down": timed(1100.0, 875.0),
-         "dense_dot_fp8_gate_up_shape": timed(1500.0, 1283.0), "dense_dot_fp8_down_shape": timed(760.0, 1266.0, False)}
+         "dense_dot_fp8_gate_up_shape": timed(1500.0, 1283.0), "dense_dot_fp8_down_shape": timed(760.0, 1266.0, False),
+         "swiglu_floor": timed(80.0, b=False)}
     text = gemm.report({"decode": [], "prefill": p})
+    assert "x2.25 its floor (80.0 us" in text
     assert "gate_up" in text and "962 TFLOP/s against 1283" in text and ": 0.75x" in text
     assert "down" in text and "875 TFLOP/s against 1266" in text and ": 0.69x" in text
     assert "parts' sum 3280.0 us against the MLP's 3400.0" in text

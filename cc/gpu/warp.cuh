@@ -19,4 +19,14 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// The largest v over each aligned group of kWidth lanes (kWidth a power of two <= 32; every lane of
+// the warp takes part, each group gets its own result).
+template <int kWidth>
+__device__ __forceinline__ float group_max(float v) {
+  static_assert(kWidth > 0 && kWidth <= 32 && (kWidth & (kWidth - 1)) == 0, "kWidth: a power of two <= 32");
+#pragma unroll
+  for (int off = kWidth / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
 }  // namespace a2a::gpu
