@@ -81,37 +81,59 @@ def test_unstaged_counts_nothing(monkeypatch, mesh, num_ranks):
     comm.close()
 
 
-def test_landed_pieces_copied_as_they_land(monkeypatch, mesh, num_ranks):
-    """Row staging with PRIV / OVER in 1 KiB pieces and every COMB in four, each copy taking 20 ms
-    (JAX_MOE_A2A_HOST_COPY_PAUSE_S: a sender's pieces go out 20 ms apart): receiving proxies copy
-    the pieces that landed while the rest of the same write is still coming (proxy_stats'
-    pieces_copied_early > 0, summed over every process; each piece's immediate names its index),
-    senders start a write's piece copies back to back (copies_in_flight_max > 1), and the results
-    match the oracle, outputs poisoned, in every step. Two steps at a time, up to three times: a
-    piece is copied early only if a receiving proxy polls between two of a write's landings, which
-    the full suite's load once kept from happening in two steps (every process agrees on going on:
-    the counters are gathered after each round)."""
+# Each side of test_landed_pieces_copied_as_they_land: (WRITE_CHUNK_KIB, COMB_PIECES, tokens of
+# rank 0, the counter of copies started while some write had not landed).
+_EARLY_SIDES = {"dispatch": ("1", "1", 16, "staged_early"), "combine": ("0", "16", 64, "comb_staged_early")}
+
+
+@pytest.mark.parametrize("side", list(_EARLY_SIDES))
+def test_landed_pieces_copied_as_they_land(side, monkeypatch, mesh, num_ranks):
+    """Row staging with each copy taking 20 ms (JAX_MOE_A2A_HOST_COPY_PAUSE_S: a sender's pieces
+    go out 20 ms apart): a receiving proxy copies the pieces that landed while the rest of the same
+    write is still coming (proxy_stats' pieces_copied_early > 0, summed over every process; each
+    piece's immediate names its index), the sender starts a write's piece copies back to back
+    (copies_in_flight_max > 1), and the results match the oracle, outputs poisoned, in both steps.
+    A proxy looks at landed rows only once its own sends of that op are posted (step_dispatch /
+    step_combine): with every rank sending alike a peer's last piece may already be in when it
+    looks (the race that once left the counter at 0 in the full suite). So only rank 0 has tokens,
+    every row private, and each side is made one-sided:
+      dispatch: rank 0's PRIV writes in 1 KiB pieces; the other ranks send nothing, look at once
+        and watch rank 0's pieces land;
+      combine: rank 0's PRIV in one write a peer, every COMB in 16 pieces (~16 rows a peer at 64
+        tokens); rank 0's tokens go to other ranks' experts only, so its own COMB writes (itself
+        included: with node_size 0 every rank's rows go through the engine) are empty: it looks
+        at once and watches the others' pieces land, ~16 x 20 ms a peer."""
     import numpy as np
     from jax.experimental import multihost_utils
 
+    chunk_kib, comb_pieces, tokens, early = _EARLY_SIDES[side]
     monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
     monkeypatch.setenv("JAX_MOE_A2A_HOST_COPY_PAUSE_S", "0.02")
-    monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "1")
-    monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", "4")
-    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=128, max_tokens_per_rank=16)
-    comm = proxied(spec, mesh, 0)
-    for rounds in range(1, 4):
-        check_fresh_steps(comm, spec, num_ranks, 2)
-        stats = comm.proxy_stats()
-        mine = np.array([sum(s["pieces_copied_early"] for s in stats.values()),
-                         max(s["copies_in_flight_max"] for s in stats.values())], np.int64)
-        every = multihost_utils.process_allgather(mine).reshape(-1, 2)
-        if every[:, 0].sum() > 0:
-            break
+    monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", chunk_kib)
+    monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", comb_pieces)
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=128, max_tokens_per_rank=tokens)
+    comm = proxied(spec, mesh, None)
+    local = spec.local_experts(num_ranks)
+    for _ in range(2):
+        seed = T.fresh_seed()
+        inputs = T.make_inputs(spec, num_ranks, seed, num_tokens=[tokens] + [0] * (num_ranks - 1))
+        # rank 0's tokens to other ranks' experts only (distinct per token): nothing of its own
+        # comes back to it through the engine, so its combine sends are all empty
+        rng = np.random.default_rng(seed)
+        inputs[0].topk_ids[:] = [rng.choice(np.arange(local, spec.num_experts), 2, replace=False) for _ in range(tokens)]
+        try:
+            T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
+        except AssertionError as e:
+            raise AssertionError(f"{side}, seed {seed}: {e}") from e
+    stats = comm.proxy_stats()
     comm.close()
-    assert every[:, 0].sum() > 0, f"no landed piece copied before the rest of its write in {2 * rounds} steps: {stats}"
+    mine = np.array([sum(s["pieces_copied_early"] for s in stats.values()), sum(s[early] for s in stats.values()),
+                     max(s["copies_in_flight_max"] for s in stats.values())], np.int64)
+    every = multihost_utils.process_allgather(mine).reshape(-1, 3)
+    assert every[:, 0].sum() > 0, f"{side}: no landed piece copied before the rest of its write in 2 steps: {stats}"
+    assert every[:, 1].sum() > 0, f"{side}: no {early} in 2 steps: {stats}"
     # a write's pieces are copied back to back, not one copy at a time
-    assert every[:, 1].max() > 1, f"never more than one copy of a buffer in flight: {stats}"
+    assert every[:, 2].max() > 1, f"{side}: never more than one copy of a buffer in flight: {stats}"
 
 
 @pytest.mark.mpi
