@@ -136,6 +136,29 @@ def test_landed_pieces_copied_as_they_land(side, monkeypatch, mesh, num_ranks):
     assert every[:, 2].max() > 1, f"{side}: never more than one copy of a buffer in flight: {stats}"
 
 
+def test_combine_copies_landed_pieces_while_sending(monkeypatch, mesh, num_ranks):
+    """Row staging with every rank sending alike (every token present, random routing), each COMB
+    in four pieces and each copy taking 20 ms: while a proxy's own COMB pieces are still going out
+    (step_combine's kCSendCopy), it copies the peers' COMB pieces that landed meanwhile, so every
+    rank, not only the one whose sends ended first, starts a copy before every COMB is in
+    (comb_staged_early > 0 on every rank), and the results match the oracle, outputs poisoned."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    monkeypatch.setenv("JAX_MOE_A2A_HOST_STAGED", "1")
+    monkeypatch.setenv("JAX_MOE_A2A_HOST_COPY_PAUSE_S", "0.02")
+    monkeypatch.setenv("JAX_MOE_A2A_WRITE_CHUNK_KIB", "0")
+    monkeypatch.setenv("JAX_MOE_A2A_COMB_PIECES", "4")
+    spec = a2a.Spec(num_experts=2 * num_ranks, experts_per_token=2, hidden=128, max_tokens_per_rank=16)
+    comm = proxied(spec, mesh, None)
+    check_fresh_steps(comm, spec, num_ranks, 2, num_tokens=spec.max_tokens_per_rank)
+    stats = comm.proxy_stats()
+    comm.close()
+    mine = np.array([min(s["comb_staged_early"] for s in stats.values())], np.int64)
+    fewest = multihost_utils.process_allgather(mine).min()
+    assert fewest > 0, f"a rank copied no COMB rows before every COMB landed in 2 steps: {stats}"
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("depth", [1, 2])
 def test_copy_depth_bounds_the_copies_in_flight(depth, monkeypatch, mesh, num_ranks):

@@ -851,14 +851,27 @@ bool Proxy::step_combine(int z, SlotState& s) {
       cur_op_ = kCombineSend;
       if (staging_) {
         bool moved = false;
-        if (!stage_combine_sends(z, s, e, &moved)) return moved;
+        if (!stage_combine_sends(z, s, e, &moved)) {
+          // Our own pieces still going out: the peers' COMB pieces that landed meanwhile are
+          // copied now, not after our last post (the receive copies have their own buffer and,
+          // on the GPU, their own stream). The wait is armed once and kept for kCLanded.
+          if (!s.c_armed) {
+            s.c_wait = ex_.expect_comb(z, e);
+            s.c_armed = true;
+          }
+          ex_.poll(s.c_wait);
+          cur_op_ = kCombineRecv;
+          stage_comb_landed(z, s, e, &moved);
+          return moved;
+        }
       } else {
         timeline_.mark(Mark::kCCombPost, z, e);
         ex_.post_combine(z, e, c.rows_from, c.c_stride);
       }
       s.comb_out = Clock::now();
       timeline_.mark(Mark::kCCombPosted, z, e);
-      s.c_wait = ex_.expect_comb(z, e);
+      if (!s.c_armed) s.c_wait = ex_.expect_comb(z, e);
+      s.c_armed = false;
       s.c_since = {};
       s.c = kCLanded;
       return true;
