@@ -78,9 +78,9 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluParams p, 
 // The common case, vectorised (block == 128, f % 128 == 0, 16-byte aligned gu and h): every lane
 // reads 16 bytes of gate and 16 of up per item (4 f32 or 8 bf16 columns), so a 128-column block
 // takes 32 lanes of f32 or 16 of bf16 (two blocks per warp instruction); each warp takes kVecSteps
-// such steps, every load issued before any math. The scalar kernel above was profiled at 28 % of
-// DRAM bandwidth at prefill (448 us for 604 MB of f32); this kernel's first form (8-byte bf16
-// loads, 4 blocks a warp) read bf16 gu at ~2.2 TB/s on the H200 (154 us for 337 MB). The same
+// such steps, every load issued before any math. At prefill (bf16 gu [32,768, 4,096] -> e4m3 h) it
+// runs at a device copy of its bytes (benchmarks/gemm.py's floor line: 122.7 us, 1.05x, on an
+// H100); its form with 8-byte bf16 loads and 4 blocks a warp took 166 us on another H100. The same
 // arithmetic per value as swiglu_kernel (the block's maximum does not depend on the order), so both
 // give identical bits.
 constexpr int kVecSteps = 4;

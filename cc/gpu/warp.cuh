@@ -12,15 +12,8 @@ __device__ __forceinline__ T warp_sum(T v) {
   return v;
 }
 
-// The largest v over the warp (fmaxf: a NaN loses to a number).
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-
 // The largest v over each aligned group of kWidth lanes (kWidth a power of two <= 32; every lane of
-// the warp takes part, each group gets its own result).
+// the warp takes part, each group gets its own result; fmaxf: a NaN loses to a number).
 template <int kWidth>
 __device__ __forceinline__ float group_max(float v) {
   static_assert(kWidth > 0 && kWidth <= 32 && (kWidth & (kWidth - 1)) == 0, "kWidth: a power of two <= 32");
@@ -28,5 +21,8 @@ __device__ __forceinline__ float group_max(float v) {
   for (int off = kWidth / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;
 }
+
+// The largest v over the warp.
+__device__ __forceinline__ float warp_max(float v) { return group_max<32>(v); }
 
 }  // namespace a2a::gpu
