@@ -60,12 +60,15 @@ def check_three_steps(comm, spec, num_ranks, seed):
         T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
 
 
-def check_fresh_steps(comm, spec, num_ranks, steps, **input_kw):
+def check_fresh_steps(comm, spec, num_ranks, steps, adjust=None, **input_kw):
     """`steps` steps of every op against the oracle on fresh random inputs (a new seed each, named
-    in a failure; input_kw to testing.make_inputs, e.g. num_tokens), outputs poisoned."""
+    in a failure; input_kw to testing.make_inputs, e.g. num_tokens; adjust(inputs, seed), if given,
+    changes them in place before the step, the same on every process), outputs poisoned."""
     for _ in range(steps):
         seed = T.fresh_seed()
         inputs = T.make_inputs(spec, num_ranks, seed, **input_kw)
+        if adjust is not None:
+            adjust(inputs, seed)
         try:
             T.check_all(comm, inputs, T.run_ops(comm, inputs, poison=True))
         except AssertionError as e:
