@@ -397,6 +397,7 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
         counters = {k: sum(stats_after[r][k] - stats_before[r][k] for r in stats_after) / ops
                     for k in ("write_pieces", "pieces_behind_copy", "pieces_copied_early", "staged_bytes", "staging_ns",
                               "staging_busy_ns", "post_ns", "post_blocked_ns", "progress_events", "progress_held_polls")}
+        counters["rails"] = max(s["rails"] for s in stats_after.values())  # the engines' domains (RAILS or default)
     arr = timing.max_over_processes(per_layer, "layer") * 1e6
     # the stream after the last timed step, this process's shards: rows that are not finite route
     # wherever top_k puts NaN, so a timing over them says nothing (the finished line warns)
@@ -416,7 +417,8 @@ def bench_layer(jax, comm, shape, experts, shared, args, plain, progress, units)
 
 def describe_counters(c: dict) -> str:
     """One line: this process's proxies per layer (dispatch + combine), summed over its ranks."""
-    return (f"proxy per layer (this process): {c['write_pieces']:.1f} extra PRIV/OVER pieces, "
+    return (f"proxy per layer (this process, {c['rails']} rail{'s' if c['rails'] > 1 else ''}): "
+            f"{c['write_pieces']:.1f} extra PRIV/OVER pieces, "
             f"{c['pieces_behind_copy']:.1f} posted behind a copy, {c['pieces_copied_early']:.1f} landed copies "
             f"before the rest of their write, {c['staged_bytes'] / 1e6:.2f} MB staged "
             f"in {c['staging_ns'] / 1e3:.1f} µs of copies ({c['staging_busy_ns'] / 1e3:.1f} µs with any in flight), "

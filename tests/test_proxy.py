@@ -304,12 +304,12 @@ def test_proxy_threads_end_at_close(mesh, num_ranks):
     assert threads() <= before
 
 
-def check_split_writes(comm, spec, num_ranks, proxied, split=("write_pieces",)):
+def check_split_writes(comm, spec, num_ranks, proxied, split=("write_pieces",), rails=1):
     """check_three_steps on a fresh seed (named in a failure), then, through the proxy, that its
     counters `split` (write_pieces: PRIV / OVER, comb_pieces: COMB) saw writes split into pieces
     (else a test of pieces tests one write per peer again), summed over every process (under
-    mpirun -n 4 a rank's own writes may all stay below a rail split: 1 run in 3 failed so); closes
-    comm."""
+    mpirun -n 4 a rank's own writes may all stay below a rail split: 1 run in 3 failed so), and that
+    every proxy's engine has `rails` domains (proxy_stats' rails); closes comm."""
     seed = T.fresh_seed()
     try:
         check_three_steps(comm, spec, num_ranks, seed)
@@ -323,6 +323,7 @@ def check_split_writes(comm, spec, num_ranks, proxied, split=("write_pieces",)):
         total = np.sum(multihost_utils.process_allgather(mine).reshape(-1, len(split)), axis=0)
         for key, n in zip(split, total):
             assert n > 0, (key, stats)
+        assert {s["rails"] for s in stats.values()} == {rails}, stats
     comm.close()
 
 
@@ -388,7 +389,7 @@ def test_rows_striped_over_rails(num_ranks, mesh, monkeypatch, rails, chunk, pri
                     dispatch_dtype=jnp.bfloat16)
     comm = a2a.init(spec, mesh, "ep", backend="host", proxied=proxied_path, max_private_tokens=priv, timeout_s=60.0,
                     engine="fabric")  # one process too: the in-process engine has one rail
-    check_split_writes(comm, spec, num_ranks, proxied_path, split=("write_pieces", "comb_pieces"))
+    check_split_writes(comm, spec, num_ranks, proxied_path, split=("write_pieces", "comb_pieces"), rails=rails)
 
 
 @pytest.mark.mpi
@@ -402,7 +403,7 @@ def test_rails_over_tcp(num_ranks, mesh, monkeypatch):
     spec = a2a.Spec(num_experts=8, experts_per_token=2, hidden=1024, max_tokens_per_rank=40,
                     dispatch_dtype=jnp.bfloat16)
     comm = a2a.init(spec, mesh, "ep", backend="host", proxied=True, engine="fabric", timeout_s=60.0)
-    check_split_writes(comm, spec, num_ranks, proxied=True, split=("comb_pieces",))
+    check_split_writes(comm, spec, num_ranks, proxied=True, split=("comb_pieces",), rails=2)
 
 
 @pytest.mark.mpi

@@ -164,6 +164,7 @@ ProxyStats Proxy::stats() const {
   s.cpu = pinned_;
   s.flag_path = flags_.name;
   s.pipeline = o_.pipeline;
+  s.rails = ex_.engine().num_domains();
   s.write_pieces = ex_.pieces_posted();
   s.comb_pieces = ex_.comb_pieces_posted();
   s.post_ns = ex_.engine().post_ns();

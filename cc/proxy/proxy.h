@@ -124,6 +124,7 @@ struct ProxyStats {
   int cpu = -1;                      // the CPU the thread was pinned to (-1: not pinned)
   std::string flag_path;             // FlagPath::name
   std::string row_path;              // cuda inter-node path: "host", "copy" or "device" (JAX_MOE_A2A_STAGING); "" elsewhere
+  int rails = 1;                     // the engine's domains (JAX_MOE_A2A_RAILS or the backend's default)
   uint64_t staged_bytes = 0;         // bytes the row staging copied (both directions)
   uint64_t staging_ns = 0;           // from each copy's start to the poll that saw it done, summed
   // The same copies' wall time: how long at least one copy was in flight (any slot, buffer or

@@ -1,6 +1,6 @@
 // A proxy thread's counters as the Python dict both bindings return (cuda inter-node path, host
 // backend's proxied mode): dispatches, combines, dispatches_landed, combines_landed, polls, sleeps, woken,
-// sleeps_under_way, counts_to_landed_ns, comb_to_landed_ns, staged_bytes, staging_ns, staging_busy_ns, cpu, flag_path, row_path, pipeline, priv_early,
+// sleeps_under_way, counts_to_landed_ns, comb_to_landed_ns, staged_bytes, staging_ns, staging_busy_ns, cpu, flag_path, row_path, rails, pipeline, priv_early,
 // over_early, counts_to_priv_ns, recv_early, staged_early, comb_staged_early, pieces_behind_copy, pieces_copied_early, copies_in_flight_max, post_ns, post_blocked_ns, progress_events,
 // progress_held_polls, progressing_polls, write_pieces, comb_pieces, row_bytes_to,
 // comb_bytes_to, row_writes_to, comb_writes_to (lists, one entry per rank), and per op (host backend's proxied mode) call_ns_<op>, wait_ns_<op>.
@@ -35,6 +35,7 @@ inline nanobind::dict proxy_stats_dict(const proxy::ProxyStats& s) {
   d["cpu"] = s.cpu;
   d["flag_path"] = s.flag_path;
   d["row_path"] = s.row_path;
+  d["rails"] = s.rails;
   d["pipeline"] = s.pipeline;
   d["priv_early"] = s.priv_early;
   d["over_early"] = s.over_early;
