@@ -112,9 +112,9 @@ VARS = (
         "`WRITE_CHUNK_KIB`'s; alike everywhere (checked)", _NATIVE),
     Var("COPY_DEPTH", "int 1..16", "16", "cc/proxy/proxy.cc",
         "row staging (`STAGING=copy`): copies of one buffer in flight at once (1: one after another)", _NATIVE),
-    Var("RAILS", "int 1..16", "1", "cc/transfer/engine.cc (at communicator creation)",
-        "communicators' fabric engines: domains (rails) per rank, each with its own progress thread; large "
-        "PRIV / OVER writes and every COMB split over them; alike on every process (checked)", _NATIVE),
+    Var("RAILS", "int 1..16", "1; cuda, copy rows: 2", "cc/transfer/engine.cc (at communicator creation)",
+        "fabric engines' domains (rails) per rank, each with its own progress thread; large "
+        "PRIV / OVER writes and every COMB split over them; alike everywhere (checked)", _NATIVE),
     Var("KERNEL_TIMING", "0|1|nosync", "0", "cc/gpu/kernel_timer.h (cuda, nvshmem: at communicator creation)",
         "GPU backends: CUDA events around each launch (`comm.kernel_seconds`); `1` with a GPU-side "
         "barrier of the EP group before each, `nosync` without",

@@ -35,6 +35,15 @@ RemotePath::RowPath row_path_from_env() {
   throw std::invalid_argument("jax_moe_a2a: JAX_MOE_A2A_STAGING must be auto, host, copy or device, got '" + t + "'");
 }
 
+// The rails (engine domains) where JAX_MOE_A2A_RAILS is unset: two with copy rows, one otherwise.
+// Two endpoints, each with its own progress thread, take the pieces' posts in parallel instead of
+// queueing them behind one endpoint's work (over shm the provider's copies run inside the posts).
+// Measured in the layer loop under MPS with copy rows (decode, shm, one GPU, interleaved with one
+// rail in the same processes; docs/performance.md): one H100, 0.65-0.81x one rail's time at 2 ranks
+// and 0.65-0.72x at 4. Host rows were not compared, so they keep one. A node with one NIC gets two
+// domains on it (fabric.cc wraps); `JAX_MOE_A2A_RAILS` decides where set, alike on every process.
+int rails_default(RemotePath::RowPath path) { return path == RemotePath::RowPath::kCopy ? 2 : 1; }
+
 // Rows in GPU memory need a transport that moves them without the GPU's help: a NIC reading and
 // writing GPU memory (GPUDirect RDMA: efa, verbs). Providers that copy GPU memory themselves (shm,
 // tcp: cudaMemcpy on the thread that progresses the engine) stalled on one H200 with a CUDA-enabled
@@ -77,6 +86,7 @@ void RemotePath::free_all() {
 
 void RemotePath::open_engine(transfer::EngineOptions eo, int device_id) {
   row_path_ = row_path_from_env();
+  eo.num_domains = transfer::rails_from_env(rails_default(row_path_));
   auto refuse = [this](const std::string& why) {
     return std::runtime_error(std::string("jax_moe_a2a: JAX_MOE_A2A_STAGING=") +
                               kRowPathNames[static_cast<int>(row_path_)] + " (rows in GPU memory), but " +
@@ -219,8 +229,7 @@ RemotePath::RemotePath(const protocol::ExchangeOptions& xo_in, int rank, const s
     eo.provider = provider;
     eo.rank = rank;
     eo.world_size = xo.shape.N;
-    eo.num_domains = transfer::rails_from_env();
-    open_engine(eo, dev);
+    open_engine(eo, dev);  // the row path, then the rails by it
     ctrl_ = reinterpret_cast<ctrl::Ctrl*>(pinned(sizeof(ctrl::Ctrl)));
     setup_flags(dev);
     const bool registered_on_gpu = row_path_ == RowPath::kDevice;

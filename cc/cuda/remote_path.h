@@ -59,7 +59,8 @@ class RemotePath {
   RemotePtrs slot_ptrs(int z) const;
   uint8_t* pinned(int64_t bytes);  // zeroed, mapped; freed by the destructor
   uint8_t* device(int64_t bytes);  // zeroed GPU memory; freed by the destructor
-  // The engine; sets row_path_ from JAX_MOE_A2A_STAGING. Under device opened with FI_HMEM, after
+  // The engine; sets row_path_ from JAX_MOE_A2A_STAGING and its rails from JAX_MOE_A2A_RAILS (unset:
+  // two with copy rows, one otherwise; rails_default in remote_path.cc). Under device opened with FI_HMEM, after
   // checking the provider and that it registers CUDA memory of `device_id` (throws otherwise).
   void open_engine(transfer::EngineOptions eo, int device_id);
   void free_all();  // every allocation (errors ignored: the context may be gone)

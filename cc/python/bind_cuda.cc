@@ -75,7 +75,7 @@ void bind_cuda(nb::module_& m) {
         return python::proxy_stats_dict(s);
       },
       "comm_id"_a, "rank"_a, "group"_a = 0,
-      "Counters of a rank's proxy thread (zeros without one); flag_path: 'gdrcopy' or 'mapped-host: <why>'; row_path: 'host', 'copy' or 'device' (JAX_MOE_A2A_STAGING); rails: the engine's domains (JAX_MOE_A2A_RAILS); staged_bytes, staging_ns, staging_busy_ns: what the copy path's row copies moved, how long they took (summed) and their wall time (any in flight).");
+      "Counters of a rank's proxy thread (zeros without one); flag_path: 'gdrcopy' or 'mapped-host: <why>'; row_path: 'host', 'copy' or 'device' (JAX_MOE_A2A_STAGING); rails: the engine's domains (JAX_MOE_A2A_RAILS; unset: 2 with copy rows, else 1); staged_bytes, staging_ns, staging_busy_ns: what the copy path's row copies moved, how long they took (summed) and their wall time (any in flight).");
 #endif
   c.def("bootstrap_info", [](int64_t comm_id, int rank, int group) {
     std::string s = cuda::find_comm(comm_id, group)->rank(rank).bootstrap_info();

@@ -28,8 +28,9 @@ EngineOptions EngineOptions::resolved() const {
   return o;
 }
 
-int rails_from_env() {
-  const double r = env::get_double("JAX_MOE_A2A_RAILS", 1);
+int rails_from_env(int fallback) {
+  if (fallback < 1 || fallback > 16) throw std::invalid_argument(format("rails_from_env: fallback %d not in 1..16", fallback));
+  const double r = env::get_double("JAX_MOE_A2A_RAILS", fallback);
   if (!(r >= 1 && r <= 16) || r != std::floor(r))
     throw std::invalid_argument(format("JAX_MOE_A2A_RAILS=%g: expected an integer in 1..16 (domains per rank)", r));
   return static_cast<int>(r);

@@ -46,9 +46,10 @@ struct EngineOptions {
   EngineOptions resolved() const;
 };
 
-// The rails (domains) a communicator's engine opens: $JAX_MOE_A2A_RAILS, default 1, at most 16.
-// The inter-node protocol stripes each large write over them (protocol/exchange.cc).
-int rails_from_env();
+// The rails (domains) a communicator's engine opens: $JAX_MOE_A2A_RAILS, 1..16; unset, `fallback`
+// (the caller's default: 1 for the host backend, the cuda backend's by its row path). The inter-node
+// protocol stripes each large write over them (protocol/exchange.cc).
+int rails_from_env(int fallback = 1);
 
 struct PeerAddress {
   int rank;

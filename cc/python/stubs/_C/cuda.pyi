@@ -22,7 +22,7 @@ def connect_remote(comm_id: int, rank: int, peers: Sequence[tuple[int, bytes, Se
 
 def proxy_stats(comm_id: int, rank: int, group: int = 0) -> dict:
     """
-    Counters of a rank's proxy thread (zeros without one); flag_path: 'gdrcopy' or 'mapped-host: <why>'; row_path: 'host', 'copy' or 'device' (JAX_MOE_A2A_STAGING); rails: the engine's domains (JAX_MOE_A2A_RAILS); staged_bytes, staging_ns, staging_busy_ns: what the copy path's row copies moved, how long they took (summed) and their wall time (any in flight).
+    Counters of a rank's proxy thread (zeros without one); flag_path: 'gdrcopy' or 'mapped-host: <why>'; row_path: 'host', 'copy' or 'device' (JAX_MOE_A2A_STAGING); rails: the engine's domains (JAX_MOE_A2A_RAILS; unset: 2 with copy rows, else 1); staged_bytes, staging_ns, staging_busy_ns: what the copy path's row copies moved, how long they took (summed) and their wall time (any in flight).
     """
 
 def bootstrap_info(comm_id: int, rank: int, group: int = 0) -> bytes: ...
