@@ -198,8 +198,9 @@ namespace {
 
 // The writes' pieces where JAX_MOE_A2A_WRITE_CHUNK_KIB / COMB_PIECES are unset: copy rows with one
 // remote peer a rank (2 ranks, or 2 nodes of 1) post PRIV in 512 KiB pieces and COMB in 4, each
-// piece's copy overlapping the previous piece's wire; everything else one write a peer. Measured in
-// the layer loop under MPS (decode, shm, one GPU; notes/benchmarks.md, 2026-12-07): at 2 ranks the
+// piece's copy overlapping the previous piece's wire; everything else one write a peer, split only
+// by the rails (one piece a rail for COMB and PRIV / OVER >= 64 KiB; rails_default above). Measured
+// in the layer loop under MPS (decode, shm, one GPU; notes/benchmarks.md, 2026-12-07): at 2 ranks the
 // pieces took 0.80-0.86x the one-write loop's time on machine A, 0.79-0.80x on C, 0.64-0.77x on B;
 // at 4 ranks (three remote peers a rank) 1.08-1.27x (four processes' copies queue on one GPU's copy
 // engines); with host rows pieces did not help (B). Every process must cut alike (checked at
